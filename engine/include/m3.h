@@ -1,0 +1,344 @@
+/*
+ * m3.h — the public C API of libm3, a training engine for Mamba-3 SISO backbones.
+ *
+ * The math is ../shared/SPEC.md; the interface principles are ../shared/API.md:
+ *   - opaque handles with create/destroy pairs (destroy is NULL-safe);
+ *   - every fallible call returns an m3_status (M3_OK = 0); the message, with the failing
+ *     call and file:line, is kept per thread and read with m3_last_error();
+ *   - the library never exits, aborts or prints on bad input and never touches a lua_State.
+ *
+ * Everything between the M3_FFI markers is plain C (no macros, no includes) so that the
+ * LuaJIT binding's ffi.cdef is generated from this file (lua/m3/cdef.lua, at build time).
+ * Shapes are row-major; "[B, T, d]" means B·T·d contiguous values, the last index fastest.
+ */
+#ifndef M3_H
+#define M3_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* M3_FFI_BEGIN */
+
+/* ---- status and errors ------------------------------------------------------------- */
+
+typedef enum m3_status {
+  M3_OK = 0,
+  M3_ERR_ARGUMENT = 1,    /* a bad argument: NULL, out of range, wrong shape or kind */
+  M3_ERR_CONFIG = 2,      /* a model or trainer config field breaks a rule */
+  M3_ERR_IO = 3,          /* a file could not be opened, read, written or renamed */
+  M3_ERR_FORMAT = 4,      /* a malformed file: header, JSON, dtype, shape, offsets */
+  M3_ERR_MEMORY = 5,      /* out of host or device memory */
+  M3_ERR_ORDER = 6,       /* a call out of order (backward without forward, open window) */
+  M3_ERR_NONFINITE = 7,   /* a non-finite gradient: the update was not applied */
+  M3_ERR_UNSUPPORTED = 8, /* this backend or build cannot do it (graphs on CPU, sizes) */
+  M3_ERR_CUDA = 9,        /* a CUDA, cuBLAS or driver call failed */
+  M3_ERR_POISONED = 10,   /* an earlier sticky CUDA error poisoned this trainer */
+  M3_ERR_INTERRUPTED = 11,/* m3_interrupt() stopped the call; nothing was applied */
+  M3_ERR_CLOSED = 12,     /* the object was closed */
+  M3_ERR_INTERNAL = 13    /* a broken internal invariant (a bug: please report it) */
+} m3_status;
+
+int32_t m3_abi_version(void);
+const char *m3_version(void);
+/* The message of the last failing call on this thread ("" when none). */
+const char *m3_last_error(void);
+/* A short constant name for a status ("M3_ERR_CONFIG"). */
+const char *m3_status_name(int32_t status);
+
+/* Interrupts (the m3lua host calls m3_interrupt from its SIGINT handler). Long loops in the
+ * engine check the flag between layers and return M3_ERR_INTERRUPTED, leaving weights,
+ * moments and the step counter untouched. The flag stays set until cleared. */
+void m3_interrupt(void);
+void m3_interrupt_clear(void);
+int32_t m3_interrupted(void);
+
+/* Build and machine facts. */
+int32_t m3_has_cuda_build(void);   /* 1 when the library was built with the CUDA backend */
+int32_t m3_cuda_device_count(void);/* usable CUDA devices (0 without a GPU or CUDA build) */
+/* Threads used by the CPU backend (n <= 0: all cores). */
+void m3_cpu_set_threads(int32_t n);
+int32_t m3_cpu_threads(void);
+
+/* ---- model configuration (SPEC.md §1) ------------------------------------------------ */
+
+typedef enum m3_input_kind {
+  M3_INPUT_FEATURES = 0,  /* linear input_proj with bias from input_dim features */
+  M3_INPUT_IDENTITY = 1,  /* the input already is d_model wide */
+  M3_INPUT_TOKENS = 2     /* embedding lookup of int32 token ids */
+} m3_input_kind;
+
+typedef enum m3_head_kind {
+  M3_HEAD_NONE = 0,       /* the caller supplies dL/d out */
+  M3_HEAD_LM = 1,         /* cross-entropy over vocab_size logits */
+  M3_HEAD_MSE = 2         /* linear readout to out_dim, mean squared error */
+} m3_head_kind;
+
+typedef struct m3_config {
+  int32_t d_model;        /* required, >= 1 */
+  int32_t n_layers;       /* required, >= 1 */
+  int32_t d_state;        /* N, default 128 */
+  int32_t expand;         /* default 2; d_inner = expand * d_model */
+  int32_t headdim;        /* P, default 64, divides d_inner */
+  int32_t ngroups;        /* G, default 1, divides nheads */
+  double rope_fraction;   /* 0, 0.5 (default) or 1.0 */
+  double a_floor;         /* > 0, default 1e-4 */
+  int32_t outproj_norm;   /* 0/1, default 0 */
+  int32_t input;          /* m3_input_kind, default FEATURES */
+  int32_t head;           /* m3_head_kind, default NONE */
+  int32_t tie_embeddings; /* 0/1, default 1 ("lm" head only) */
+  int32_t input_dim;      /* "features": width of the input */
+  int32_t vocab_size;     /* "tokens" input or "lm" head: >= 2 */
+  int32_t out_dim;        /* "mse" head: width of the readout */
+} m3_config;
+
+typedef struct m3_config_derived {
+  int32_t d_inner;        /* expand * d_model */
+  int32_t nheads;         /* d_inner / headdim */
+  int32_t num_rope_angles;/* S */
+  int32_t in_proj_dim;    /* 2 d_inner + 2 G N + 3 H + S */
+  int32_t n_tensors;      /* parameter tensors */
+  int64_t n_params;       /* parameter elements */
+} m3_config_derived;
+
+/* Defaults of SPEC.md §1; d_model and n_layers are left 0 (required). */
+void m3_config_defaults(m3_config *cfg);
+/* Checks every rule; the error names the field, the value and the rule. */
+m3_status m3_config_validate(const m3_config *cfg);
+m3_status m3_config_derive(const m3_config *cfg, m3_config_derived *out);
+/* JSON with the SPEC.md §1 names (strings for input/head, booleans for flags). The reader
+ * ignores keys it does not know (window sizes, derived fields); to_json returns a string
+ * owned by the library, valid until the next call on this thread. */
+m3_status m3_config_from_json(const char *json, m3_config *out);
+const char *m3_config_to_json(const m3_config *cfg);
+
+/* ---- host weights (float32, SPEC.md §2 names) ---------------------------------------- */
+
+typedef struct m3_weights m3_weights;
+
+typedef struct m3_tensor_info {
+  const char *name;       /* SPEC.md §2 name, e.g. "layers.0.mixer.in_proj.weight" */
+  int32_t ndim;
+  int64_t shape[4];
+  int64_t numel;
+  int64_t offset;         /* element offset in the flat arena (m3_weights_data) */
+  int32_t no_decay;       /* 1: in the reference no-decay group (SPEC.md §7) */
+  float *data;            /* numel float32 values inside the arena */
+} m3_tensor_info;
+
+/* Zero-filled weights for a validated config. */
+m3_status m3_weights_create(const m3_config *cfg, m3_weights **out);
+void m3_weights_destroy(m3_weights *w);
+m3_status m3_weights_clone(const m3_weights *w, m3_weights **out);
+/* Initialises every tensor from one seeded generator (SPEC.md §2; same bits everywhere). */
+m3_status m3_weights_init(m3_weights *w, uint64_t seed);
+/* Loads a safetensors file. cfg may be NULL: the config is then read from the file's
+ * "config" metadata. Accepts the "backbone." prefix and ignores a lm_head.weight equal to
+ * the tied embedding; missing, extra or mis-shaped tensors are errors. */
+m3_status m3_weights_load(const char *path, const m3_config *cfg, m3_weights **out);
+/* Atomic write (temporary file, flush, rename) with the config as metadata. */
+m3_status m3_weights_save(const m3_weights *w, const char *path);
+const m3_config *m3_weights_config(const m3_weights *w);
+int32_t m3_weights_count(const m3_weights *w);
+m3_status m3_weights_tensor(const m3_weights *w, int32_t index, m3_tensor_info *out);
+/* Index of a tensor by name (the "backbone." prefix is accepted), -1 when absent. */
+int32_t m3_weights_find(const m3_weights *w, const char *name);
+float *m3_weights_data(m3_weights *w);
+int64_t m3_weights_arena_size(const m3_weights *w); /* elements, padding included */
+
+/* ---- safetensors files ----------------------------------------------------------------- */
+
+typedef enum m3_dtype {
+  M3_DTYPE_F32 = 0, M3_DTYPE_F64 = 1, M3_DTYPE_I32 = 2, M3_DTYPE_U8 = 3,
+  M3_DTYPE_F16 = 4, M3_DTYPE_BF16 = 5, M3_DTYPE_I64 = 6, M3_DTYPE_I16 = 7,
+  M3_DTYPE_I8 = 8, M3_DTYPE_BOOL = 9, M3_DTYPE_U16 = 10, M3_DTYPE_U32 = 11, M3_DTYPE_U64 = 12
+} m3_dtype;
+
+typedef struct m3_file_tensor {
+  const char *name;
+  int32_t dtype;          /* m3_dtype */
+  int32_t ndim;
+  int64_t shape[8];
+  int64_t numel;
+  size_t nbytes;
+  const void *data;       /* little-endian values inside the opened file's buffer */
+} m3_file_tensor;
+
+typedef struct m3_tensor_file m3_tensor_file;
+
+/* Reads and validates a whole file: header length, JSON, dtypes, shapes, offsets against
+ * the file size, overlaps and gaps. Anything malformed is M3_ERR_FORMAT with a message. */
+m3_status m3_tensor_file_open(const char *path, m3_tensor_file **out);
+void m3_tensor_file_close(m3_tensor_file *f);
+int32_t m3_tensor_file_count(const m3_tensor_file *f);
+m3_status m3_tensor_file_get(const m3_tensor_file *f, int32_t index, m3_file_tensor *out);
+int32_t m3_tensor_file_find(const m3_tensor_file *f, const char *name); /* -1 if absent */
+/* __metadata__ entries (string values). */
+int32_t m3_tensor_file_metadata_count(const m3_tensor_file *f);
+const char *m3_tensor_file_metadata_key(const m3_tensor_file *f, int32_t index);
+const char *m3_tensor_file_metadata(const m3_tensor_file *f, const char *key); /* NULL if absent */
+
+typedef struct m3_tensor_writer m3_tensor_writer;
+
+m3_status m3_tensor_writer_create(m3_tensor_writer **out);
+void m3_tensor_writer_destroy(m3_tensor_writer *w);
+/* The data pointer must stay valid until m3_tensor_writer_write returns. */
+m3_status m3_tensor_writer_add(m3_tensor_writer *w, const char *name, int32_t dtype,
+                               int32_t ndim, const int64_t *shape, const void *data);
+m3_status m3_tensor_writer_add_metadata(m3_tensor_writer *w, const char *key, const char *value);
+/* Writes path atomically: a temporary file beside it, flushed and fsynced, then renamed. */
+m3_status m3_tensor_writer_write(m3_tensor_writer *w, const char *path);
+
+/* ---- trainer ----------------------------------------------------------------------------- */
+
+typedef enum m3_device_kind {
+  M3_DEVICE_AUTO = 0,     /* the first CUDA device when there is one, else the CPU */
+  M3_DEVICE_CPU = 1,
+  M3_DEVICE_CUDA = 2
+} m3_device_kind;
+
+typedef enum m3_precision {
+  M3_PRECISION_F32 = 0,
+  M3_PRECISION_BF16 = 1,
+  M3_PRECISION_F16 = 2    /* with dynamic loss scaling */
+} m3_precision;
+
+typedef struct m3_trainer m3_trainer;
+
+typedef struct m3_trainer_cfg {
+  const m3_weights *weights; /* initial weights (copied; the caller keeps ownership) */
+  int32_t device;         /* m3_device_kind */
+  int32_t device_index;   /* CUDA ordinal for M3_DEVICE_CUDA */
+  int32_t precision;      /* m3_precision */
+  int32_t batch;          /* largest number of rows of a window */
+  int32_t seq_len;        /* largest window length */
+  double lr;              /* 1e-3 */
+  double weight_decay;    /* 1e-2 */
+  double beta1, beta2;    /* 0.9, 0.999 */
+  double eps;             /* 1e-8 */
+  int32_t no_decay;       /* 1: the reference no-decay group (default); 0: decay all */
+  int32_t carry_state;    /* 1: windows continue the previous window's state */
+  double clip;            /* max global grad norm for m3_trainer_step; 0 = off */
+  int32_t allow_tf32;     /* f32 GEMMs may use TF32 on the GPU */
+  uint64_t seed;          /* the trainer's RNG (saved in checkpoints) */
+} m3_trainer_cfg;
+
+/* A window of rows x len tokens (rows <= batch, len <= seq_len). Unused fields are NULL. */
+typedef struct m3_batch {
+  int32_t rows, len;
+  const float *input;         /* [rows, len, input_dim | d_model] ("features", "identity") */
+  const int32_t *tokens;      /* [rows, len] ("tokens") in [0, vocab) */
+  const int32_t *targets;     /* [rows, len] ("lm") in [0, vocab) or -1 (ignored) */
+  const float *target_values; /* [rows, len, out_dim] ("mse") */
+  const uint8_t *mask;        /* [rows, len] optional ("mse"): 1 = counted */
+  const float *d_out;         /* [rows, len, d_model] ("none"): dL/d out */
+  const uint8_t *resets;      /* [rows, len] optional: 1 = zero the state before token t */
+} m3_batch;
+
+typedef struct m3_backward_opts {
+  double clip;            /* < 0: the trainer's clip; 0: none; > 0: max norm */
+  int32_t accumulate;     /* 1: add gradients and keep the window open */
+  double scale;           /* multiplies this micro-batch's loss (1/k for k micro-batches) */
+} m3_backward_opts;
+
+typedef struct m3_metrics {
+  int64_t step;           /* optimizer steps taken after this call */
+  double loss;            /* valid when has_loss */
+  double accuracy;        /* "lm" evaluate: share of counted targets predicted (argmax) */
+  double grad_norm;       /* pre-clip global norm, valid when has_grad_norm */
+  double loss_scale;      /* f16: the scale used for this step */
+  double ms;              /* wall time of the call */
+  int64_t tokens;         /* rows * len */
+  int64_t counted;        /* positions (lm) or elements (mse) in the loss mean */
+  int32_t has_loss, has_accuracy, has_grad_norm;
+  int32_t graph_replayed, optimizer_stepped, overflow_skipped;
+} m3_metrics;
+
+typedef struct m3_trainer_info {
+  int32_t device;         /* M3_DEVICE_CPU or M3_DEVICE_CUDA */
+  int32_t device_index;
+  int32_t precision;
+  int32_t batch, seq_len;
+  int32_t carry_state;
+  int32_t no_decay;
+  double clip;
+  int64_t step;
+  int32_t pending_forward;/* 1 between a forward and its backward_step */
+  int32_t window_open;    /* 1 while accumulated gradients wait for a closing backward */
+  int32_t has_graph;
+  int32_t poisoned;
+  int64_t device_bytes;   /* bytes this trainer holds on the device (0 on the CPU) */
+} m3_trainer_info;
+
+void m3_trainer_cfg_defaults(m3_trainer_cfg *cfg);
+m3_status m3_trainer_create(const m3_trainer_cfg *cfg, m3_trainer **out);
+void m3_trainer_destroy(m3_trainer *tr);
+const m3_config *m3_trainer_config(const m3_trainer *tr);
+void m3_trainer_get_info(const m3_trainer *tr, m3_trainer_info *out);
+
+/* Fused forward + backward + optimizer (graph-replayed when captured). */
+m3_status m3_trainer_step(m3_trainer *tr, const m3_batch *b, m3_metrics *out);
+/* Split API. forward keeps the activations; out (may be NULL) receives [rows, len, d_model]. */
+m3_status m3_trainer_forward(m3_trainer *tr, const m3_batch *b, float *out);
+m3_status m3_trainer_backward_step(m3_trainer *tr, const m3_batch *b,
+                                   const m3_backward_opts *opts, m3_metrics *out);
+/* Loss (and accuracy for "lm") without gradients or state changes; out may be NULL. */
+m3_status m3_trainer_evaluate(m3_trainer *tr, const m3_batch *b, m3_metrics *metrics, float *out);
+
+m3_status m3_trainer_capture_graph(m3_trainer *tr);
+m3_status m3_trainer_drop_graph(m3_trainer *tr);
+int32_t m3_trainer_has_graph(const m3_trainer *tr);
+
+m3_status m3_trainer_set_lr(m3_trainer *tr, double lr);
+double m3_trainer_lr(const m3_trainer *tr);
+m3_status m3_trainer_set_no_decay(m3_trainer *tr, int32_t reference);
+m3_status m3_trainer_set_clip(m3_trainer *tr, double max_norm);
+
+/* Recurrent state (SPEC.md §4). rows NULL: all rows. Per layer, batch first:
+ * angle [batch, H, S], ssm [batch, H, P, N], k [batch, H, N], v [batch, H, P]; any pointer
+ * may be NULL to skip that tensor. */
+m3_status m3_trainer_reset_state(m3_trainer *tr, const int32_t *rows, int32_t n_rows);
+m3_status m3_trainer_get_state(const m3_trainer *tr, int32_t layer, float *angle, float *ssm,
+                               float *k, float *v);
+m3_status m3_trainer_set_state(m3_trainer *tr, int32_t layer, const float *angle,
+                               const float *ssm, const float *k, const float *v);
+
+/* Copies into weights of the same config: float32 masters / accumulated gradients. */
+m3_status m3_trainer_snapshot(const m3_trainer *tr, m3_weights *out);
+m3_status m3_trainer_grads(const m3_trainer *tr, m3_weights *out);
+/* Replaces the master weights (and the 16-bit shadows); moments are kept. */
+m3_status m3_trainer_load_weights(m3_trainer *tr, const m3_weights *w);
+
+int64_t m3_trainer_step_count(const m3_trainer *tr);
+/* f16 loss scaler; M3_ERR_UNSUPPORTED for other precisions. */
+m3_status m3_trainer_scaler_state(const m3_trainer *tr, double *scale, int64_t *tracker);
+m3_status m3_trainer_load_scaler_state(m3_trainer *tr, double scale, int64_t tracker);
+
+/* Full checkpoint: weights, Adam moments, step, lr, loss scale, RNG, recurrent state, model
+ * and trainer config, plus an opaque caller string (the Lua layer's `extra`). Refused while
+ * an accumulation window is open. */
+m3_status m3_trainer_save(const m3_trainer *tr, const char *path, const char *extra);
+
+typedef struct m3_load_opts {
+  int32_t device;         /* -1: as saved (falling back to the CPU without a GPU) */
+  int32_t device_index;   /* -1: as saved */
+  int32_t precision;      /* -1: as saved */
+} m3_load_opts;
+
+m3_status m3_trainer_load(const char *path, const m3_load_opts *opts, m3_trainer **out);
+/* The `extra` string of the checkpoint this trainer was loaded from ("" otherwise). */
+const char *m3_trainer_extra(const m3_trainer *tr);
+
+/* The trainer's RNG (xoshiro256**), advanced by callers that need reproducible draws. */
+uint64_t m3_trainer_rng_next(m3_trainer *tr);
+
+/* M3_FFI_END */
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* M3_H */

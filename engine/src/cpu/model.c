@@ -1,0 +1,239 @@
+/*
+ * model.c — the whole backbone on the CPU (SPEC.md §3-4): input layer, the stack of
+ * residual layers (mixer.c), the final RMSNorm, and their backward; buffers are allocated
+ * once for the largest window (B x T) and reused by shorter or narrower windows.
+ *
+ * Forward state handling: the incoming state of every layer is copied into m->incoming
+ * (zeros without carry) because the backward reads it; final states are written to a
+ * staging copy and committed to m->state only when the whole forward succeeded, so an
+ * interrupted forward leaves the carried state as it was.
+ */
+#include <omp.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "parts.h"
+#include "real.h"
+
+enum { SCAN_CHUNK = 16 };
+
+static real *alloc_real(int64_t n, int *failed) {
+  if (n <= 0) n = 1;
+  real *p = calloc((size_t)n, sizeof(real));
+  if (!p) *failed = 1;
+  return p;
+}
+
+typedef struct state_sizes {
+  int64_t angle, ssm, k, v; /* elements per layer and row */
+} state_sizes;
+
+static state_sizes sizes_of(const m3_dims *d) {
+  state_sizes s = {(int64_t)d->H * d->S, (int64_t)d->H * d->P * d->N, (int64_t)d->H * d->N, (int64_t)d->H * d->P};
+  return s;
+}
+
+static void alloc_state(cpu_state *s, const m3_dims *d, int32_t B, int *failed) {
+  state_sizes z = sizes_of(d);
+  const int64_t lb = (int64_t)d->L * B;
+  s->angle = alloc_real(lb * z.angle, failed);
+  s->ssm = alloc_real(lb * z.ssm, failed);
+  s->k = alloc_real(lb * z.k, failed);
+  s->v = alloc_real(lb * z.v, failed);
+}
+
+static void free_state(cpu_state *s) {
+  free(s->angle);
+  free(s->ssm);
+  free(s->k);
+  free(s->v);
+}
+
+m3_status NAME(cpu_model_create)(const m3_dims *d, const m3_layout *lay, int32_t B, int32_t T, cpu_model **out) {
+  cpu_model *m = calloc(1, sizeof *m);
+  if (!m) return m3_fail(M3_ERR_MEMORY, "out of memory");
+  m->d = d;
+  m->lay = lay;
+  m->B = B;
+  m->T = T;
+  m->chunk = SCAN_CHUNK;
+  m->threads = omp_get_max_threads();
+  const int64_t M0 = (int64_t)B * T, L = d->L, dm = d->dm, E = d->E, H = d->H, N = d->N, G = d->G;
+  const int64_t nch = (T + SCAN_CHUNK - 1) / SCAN_CHUNK;
+  int failed = 0;
+  alloc_state(&m->state, d, B, &failed);
+  alloc_state(&m->incoming, d, B, &failed);
+  alloc_state(&m->staged, d, B, &failed);
+  m->resid = alloc_real((L + 1) * M0 * dm, &failed);
+  m->xn = alloc_real(L * M0 * dm, &failed);
+  m->rstd = alloc_real(L * M0, &failed);
+  m->proj = alloc_real(L * M0 * d->dip, &failed);
+  m->bc_hat = alloc_real(L * M0 * 2 * G * N, &failed);
+  m->bc_rstd = alloc_real(L * M0 * 2 * G, &failed);
+  m->theta = alloc_real(L * M0 * H * d->S, &failed);
+  m->y = alloc_real(L * M0 * E, &failed);
+  m->y_rstd = alloc_real(L * M0 * H, &failed);
+  m->gated = alloc_real(L * M0 * E, &failed);
+  m->chunk_ssm = alloc_real(L * B * H * nch * d->P * N, &failed);
+  m->out = alloc_real(M0 * dm, &failed);
+  m->out_rstd = alloc_real(M0, &failed);
+  m->dout = alloc_real(M0 * dm, &failed);
+  m->dresid = alloc_real(M0 * dm, &failed);
+  m->dxn = alloc_real(M0 * dm, &failed);
+  m->dproj = alloc_real(M0 * d->dip, &failed);
+  m->dgated = alloc_real(M0 * E, &failed);
+  m->dy = alloc_real(M0 * E, &failed);
+  m->dbc_head = alloc_real(M0 * H * 2 * N, &failed);
+  m->dang_head = alloc_real(M0 * H * d->S, &failed);
+  m->part_width = part_width(d);
+  m->part = alloc_real(B * m->part_width, &failed);
+  m->row_scratch = alloc_real(B * N, &failed);
+  const int64_t head_w = d->vocab > d->out_dim ? d->vocab : d->out_dim;
+  m->logits = alloc_real(64 * (head_w > 0 ? head_w : 1), &failed);
+  m->scratch_per_thread = NAME(cpu_scan_scratch)(d, T, SCAN_CHUNK);
+  m->scratch = alloc_real(m->threads * m->scratch_per_thread, &failed);
+  if (failed) {
+    NAME(cpu_model_destroy)(m);
+    return m3_fail(M3_ERR_MEMORY, "out of host memory for a CPU model of batch %d x seq_len %d", B, T);
+  }
+  *out = m;
+  return M3_OK;
+}
+
+void NAME(cpu_model_destroy)(cpu_model *m) {
+  if (!m) return;
+  free_state(&m->state);
+  free_state(&m->incoming);
+  free_state(&m->staged);
+  real *bufs[] = {m->resid, m->xn,   m->rstd,     m->proj,     m->bc_hat,  m->bc_rstd, m->theta,  m->y,
+                  m->y_rstd, m->gated, m->chunk_ssm, m->out,    m->out_rstd, m->dout,   m->dresid, m->dxn,
+                  m->dproj,  m->dgated, m->dy,       m->dbc_head, m->dang_head, m->part, m->row_scratch,
+                  m->logits, m->scratch};
+  for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++) free(bufs[i]);
+  free(m);
+}
+
+/* dst rows [0, rows) of every layer := src rows (both batch-first with capacity B). */
+static void copy_state_rows(const cpu_model *m, cpu_state *dst, const cpu_state *src, int32_t rows) {
+  state_sizes z = sizes_of(m->d);
+  for (int32_t l = 0; l < m->d->L; l++) {
+    const int64_t base = (int64_t)l * m->B;
+#define COPY(f) memcpy(dst->f + base * z.f, src->f + base * z.f, (size_t)(rows * z.f) * sizeof(real))
+    COPY(angle);
+    COPY(ssm);
+    COPY(k);
+    COPY(v);
+#undef COPY
+  }
+}
+
+static void zero_state(const cpu_model *m, cpu_state *s) {
+  state_sizes z = sizes_of(m->d);
+  const int64_t lb = (int64_t)m->d->L * m->B;
+  memset(s->angle, 0, (size_t)(lb * z.angle) * sizeof(real));
+  memset(s->ssm, 0, (size_t)(lb * z.ssm) * sizeof(real));
+  memset(s->k, 0, (size_t)(lb * z.k) * sizeof(real));
+  memset(s->v, 0, (size_t)(lb * z.v) * sizeof(real));
+}
+
+static void input_forward(cpu_model *m, const cpu_batch *b) {
+  const m3_dims *d = m->d;
+  const int64_t M = (int64_t)b->rows * b->len;
+  real *h0 = m->resid;
+  switch (d->input) {
+    case M3_INPUT_FEATURES: {
+      const real *bias = m->params + m->lay->input_b;
+      for (int64_t i = 0; i < M; i++) memcpy(h0 + i * d->dm, bias, (size_t)d->dm * sizeof(real));
+      cblas_gemm(CblasRowMajor, CblasNoTrans, CblasTrans, (int)M, d->dm, d->input_dim, 1, b->input, d->input_dim,
+                 m->params + m->lay->input_w, d->input_dim, 1, h0, d->dm);
+      break;
+    }
+    case M3_INPUT_IDENTITY:
+      memcpy(h0, b->input, (size_t)(M * d->dm) * sizeof(real));
+      break;
+    case M3_INPUT_TOKENS: {
+      const real *emb = m->params + m->lay->embedding;
+      for (int64_t i = 0; i < M; i++)
+        memcpy(h0 + i * d->dm, emb + (int64_t)b->tokens[i] * d->dm, (size_t)d->dm * sizeof(real));
+      break;
+    }
+  }
+}
+
+m3_status NAME(cpu_model_forward)(cpu_model *m, const cpu_batch *b, int carry, int write_state) {
+  const m3_dims *d = m->d;
+  if (b->rows < 1 || b->rows > m->B || b->len < 1 || b->len > m->T)
+    return m3_fail(M3_ERR_INTERNAL, "window %d x %d outside the model's %d x %d", b->rows, b->len, m->B, m->T);
+  m->rows = b->rows;
+  m->len = b->len;
+  if (carry) copy_state_rows(m, &m->incoming, &m->state, b->rows);
+  else zero_state(m, &m->incoming);
+  input_forward(m, b);
+  for (int32_t l = 0; l < d->L; l++) {
+    if (m3_interrupted()) return m3_fail(M3_ERR_INTERRUPTED, "interrupted during the forward (layer %d)", l);
+    TRY(NAME(cpu_layer_forward)(m, l, b->resets, &m->incoming, &m->staged));
+  }
+  const int64_t M = (int64_t)b->rows * b->len;
+  NAME(rmsnorm_forward)(m->resid + (int64_t)d->L * m->B * m->T * d->dm, m->params + m->lay->norm_f, m->out,
+                        m->out_rstd, M, d->dm);
+  if (write_state) copy_state_rows(m, &m->state, &m->staged, b->rows);
+  return M3_OK;
+}
+
+static void input_backward(cpu_model *m, const cpu_batch *b) {
+  const m3_dims *d = m->d;
+  const int64_t M = (int64_t)b->rows * b->len;
+  const real *dh0 = m->dresid;
+  switch (d->input) {
+    case M3_INPUT_FEATURES: {
+      cblas_gemm(CblasRowMajor, CblasTrans, CblasNoTrans, d->dm, d->input_dim, (int)M, 1, dh0, d->dm, b->input,
+                 d->input_dim, 1, m->grads + m->lay->input_w, d->input_dim);
+      real *gb = m->grads + m->lay->input_b;
+      for (int32_t j = 0; j < d->dm; j++) {
+        real acc = 0;
+        for (int64_t i = 0; i < M; i++) acc += dh0[i * d->dm + j];
+        gb[j] += acc;
+      }
+      if (m->dinput)
+        cblas_gemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, (int)M, d->input_dim, d->dm, 1, dh0, d->dm,
+                   m->params + m->lay->input_w, d->input_dim, 0, m->dinput, d->input_dim);
+      break;
+    }
+    case M3_INPUT_IDENTITY:
+      if (m->dinput) memcpy(m->dinput, dh0, (size_t)(M * d->dm) * sizeof(real));
+      break;
+    case M3_INPUT_TOKENS: {
+      real *gemb = m->grads + m->lay->embedding;
+      for (int64_t i = 0; i < M; i++) {
+        real *row = gemb + (int64_t)b->tokens[i] * d->dm;
+        for (int32_t j = 0; j < d->dm; j++) row[j] += dh0[i * d->dm + j];
+      }
+      break;
+    }
+  }
+}
+
+m3_status NAME(cpu_model_backward)(cpu_model *m, const cpu_batch *b) {
+  const m3_dims *d = m->d;
+  if (b->rows != m->rows || b->len != m->len)
+    return m3_fail(M3_ERR_INTERNAL, "backward window %d x %d differs from the forward's %d x %d", b->rows, b->len,
+                   m->rows, m->len);
+  /* final RMSNorm */
+  const real *hL = m->resid + (int64_t)d->L * m->B * m->T * d->dm;
+  real *gnf = m->grads + m->lay->norm_f;
+  real *part = m->part;
+  memset(part, 0, (size_t)d->dm * sizeof(real) * (size_t)b->rows);
+#pragma omp parallel for schedule(static)
+  for (int32_t r = 0; r < b->rows; r++)
+    for (int64_t i = (int64_t)r * b->len; i < (int64_t)(r + 1) * b->len; i++)
+      NAME(rmsnorm_backward_row)(hL + i * d->dm, m->params + m->lay->norm_f, m->out_rstd[i], m->dout + i * d->dm,
+                                 m->dresid + i * d->dm, part + (int64_t)r * d->dm, d->dm, 0);
+  for (int32_t j = 0; j < d->dm; j++) {
+    real acc = 0;
+    for (int32_t r = 0; r < b->rows; r++) acc += part[(int64_t)r * d->dm + j];
+    gnf[j] += acc;
+  }
+  for (int32_t l = d->L - 1; l >= 0; l--) TRY(NAME(cpu_layer_backward)(m, l, b->resets));
+  input_backward(m, b);
+  return M3_OK;
+}

@@ -1,0 +1,34 @@
+/*
+ * errors.h — how engine code reports failures.
+ *
+ * A failing call sets a per-thread message with m3_fail() (status, then printf-style text;
+ * file:line is added by the macro) and returns the status. TRY() propagates a status.
+ * Nothing here prints or aborts; M3_ASSERT is for internal invariants only and also
+ * returns M3_ERR_INTERNAL instead of aborting.
+ */
+#ifndef M3_ERRORS_H
+#define M3_ERRORS_H
+
+#include "m3.h"
+
+m3_status m3_fail_at(m3_status status, const char *file, int line, const char *fmt, ...)
+    __attribute__((format(printf, 4, 5)));
+/* Prefixes the current message with more context ("loading x.safetensors: ..."). */
+m3_status m3_fail_context(m3_status status, const char *fmt, ...)
+    __attribute__((format(printf, 2, 3)));
+void m3_clear_error(void);
+
+#define m3_fail(status, ...) m3_fail_at((status), __FILE__, __LINE__, __VA_ARGS__)
+
+#define TRY(expr)                     \
+  do {                                \
+    m3_status try_st_ = (expr);       \
+    if (try_st_ != M3_OK) return try_st_; \
+  } while (0)
+
+#define M3_ASSERT(cond)                                                          \
+  do {                                                                           \
+    if (!(cond)) return m3_fail(M3_ERR_INTERNAL, "internal invariant failed: %s", #cond); \
+  } while (0)
+
+#endif
