@@ -17,6 +17,10 @@
 #include <stddef.h>
 #include <stdint.h>
 
+/* Bumped whenever a declaration below changes; the Lua binding refuses a library whose
+ * m3_abi_version() differs from the header it was generated from. */
+#define M3_ABI_VERSION 1
+
 #ifdef __cplusplus
 extern "C" {
 #endif
