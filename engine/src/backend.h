@@ -88,6 +88,8 @@ typedef struct backend_args {
 m3_status m3_cpu_backend_create(const backend_args *a, backend **out, const backend_ops **ops);
 #ifdef M3_HAVE_CUDA
 m3_status m3_cuda_backend_create(const backend_args *a, backend **out, const backend_ops **ops);
+/* usable CUDA devices; 0 when the driver or a device is missing (never an error) */
+int32_t m3_cuda_count_devices(void);
 #endif
 
 #endif
