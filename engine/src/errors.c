@@ -58,12 +58,17 @@ m3_status m3_fail_at(m3_status status, const char *file, int line, const char *f
 }
 
 m3_status m3_fail_context(m3_status status, const char *fmt, ...) {
-  char prefix[512], old[MESSAGE_CAP];
+  char prefix[512];
   va_list ap;
   va_start(ap, fmt);
   vsnprintf(prefix, sizeof prefix, fmt, ap);
   va_end(ap);
-  memcpy(old, message, MESSAGE_CAP);
-  snprintf(message, MESSAGE_CAP, "%s: %s", prefix, old);
+  size_t plen = strlen(prefix) + 2, olen = strnlen(message, MESSAGE_CAP - 1);
+  if (plen + olen >= MESSAGE_CAP) olen = MESSAGE_CAP - 1 - plen;
+  memmove(message + plen, message, olen);
+  message[plen + olen] = 0;
+  memcpy(message, prefix, plen - 2);
+  message[plen - 2] = ':';
+  message[plen - 1] = ' ';
   return status;
 }

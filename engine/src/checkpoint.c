@@ -1,0 +1,281 @@
+/*
+ * checkpoint.c — a trainer's full state in one safetensors file, and back.
+ *
+ * Tensors (F32): param.<name>, adam_m.<name>, adam_v.<name> for every parameter (SPEC.md
+ * §2 names), state.<layer>.<angle|ssm|k|v> (batch-first, all rows). Metadata (strings):
+ * format = "m3lua-checkpoint-1", config (model JSON), trainer (trainer options JSON with
+ * the live lr / clip / no-decay values), step, loss_scale, tracker, rng (four hex words),
+ * extra (the caller's opaque string). Numbers are written with 17 significant digits so
+ * a resumed run continues bit-identically on the same device and precision.
+ */
+#include <cjson/cJSON.h>
+#include <inttypes.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "errors.h"
+#include "trainer.h"
+#include "weights.h"
+
+static const char FORMAT[] = "m3lua-checkpoint-1";
+static const char *const STATE_KINDS[4] = {"angle", "ssm", "k", "v"};
+
+/* Elements per row and the shape of one layer's state tensor of a kind. */
+static int32_t state_shape(const m3_trainer *tr, int kind, int64_t shape[4]) {
+  const m3_dims *d = &tr->dims;
+  shape[0] = tr->cfg.batch;
+  shape[1] = d->H;
+  switch (kind) {
+    case 0: shape[2] = d->S; return 3;
+    case 1: shape[2] = d->P; shape[3] = d->N; return 4;
+    case 2: shape[2] = d->N; return 3;
+    default: shape[2] = d->P; return 3;
+  }
+}
+
+static int64_t numel_of(const int64_t *shape, int32_t ndim) {
+  int64_t n = 1;
+  for (int32_t i = 0; i < ndim; i++) n *= shape[i];
+  return n;
+}
+
+static void trainer_json(const m3_trainer *tr, char *buf, size_t cap) {
+  const m3_trainer_cfg *c = &tr->cfg;
+  snprintf(buf, cap,
+           "{\"device\": %d, \"device_index\": %d, \"precision\": %d, \"batch\": %d, \"seq_len\": %d, "
+           "\"lr\": %.17g, \"weight_decay\": %.17g, \"beta1\": %.17g, \"beta2\": %.17g, \"eps\": %.17g, "
+           "\"no_decay\": %d, \"carry_state\": %d, \"clip\": %.17g, \"allow_tf32\": %d, \"seed\": \"%" PRIu64 "\"}",
+           tr->device, tr->device_index, c->precision, c->batch, c->seq_len, tr->lr, c->weight_decay, c->beta1,
+           c->beta2, c->eps, tr->no_decay, c->carry_state, tr->clip, c->allow_tf32, c->seed);
+}
+
+m3_status m3_trainer_save(const m3_trainer *tr, const char *path, const char *extra) {
+  if (!tr || !path) return m3_fail(M3_ERR_ARGUMENT, "m3_trainer_save: NULL argument");
+  if (tr->poisoned) return m3_fail(M3_ERR_POISONED, "this trainer hit a sticky CUDA error; nothing to save");
+  if (tr->window_open)
+    return m3_fail(M3_ERR_ORDER, "save: an accumulation window is open; close it (backward_step without "
+                                 "accumulate) before saving");
+  const int64_t total = tr->layout.total;
+  const int64_t state_per_layer = (int64_t)tr->cfg.batch * tr->dims.H *
+                                  (tr->dims.S + (int64_t)tr->dims.P * tr->dims.N + tr->dims.N + tr->dims.P);
+  float *buf = m3_alloc_floats(3 * total + state_per_layer * tr->dims.L);
+  m3_tensor_writer *w = NULL;
+  m3_status st = buf ? m3_tensor_writer_create(&w) : m3_fail(M3_ERR_MEMORY, "out of memory saving a checkpoint");
+  float *arenas[3] = {buf, buf + total, buf + 2 * total};
+  static const arena_kind kinds[3] = {ARENA_PARAMS, ARENA_ADAM_M, ARENA_ADAM_V};
+  static const char *const prefixes[3] = {"param.", "adam_m.", "adam_v."};
+  char name[M3_NAME_CAP + 32];
+  for (int a = 0; a < 3 && st == M3_OK; a++) {
+    st = tr->ops->read_arena(tr->be, kinds[a], arenas[a]);
+    for (int32_t i = 0; i < tr->layout.n && st == M3_OK; i++) {
+      const param_desc *p = &tr->layout.t[i];
+      snprintf(name, sizeof name, "%s%s", prefixes[a], p->name);
+      st = m3_tensor_writer_add(w, name, M3_DTYPE_F32, p->ndim, p->shape, arenas[a] + p->offset);
+    }
+  }
+  float *s = buf + 3 * total;
+  for (int32_t l = 0; l < tr->dims.L && st == M3_OK; l++) {
+    float *ptr[4];
+    int64_t shapes[4][4];
+    int32_t ndims[4];
+    for (int k = 0; k < 4; k++) {
+      ndims[k] = state_shape(tr, k, shapes[k]);
+      ptr[k] = s;
+      s += numel_of(shapes[k], ndims[k]);
+    }
+    st = tr->ops->get_state(tr->be, l, ptr[0], ptr[1], ptr[2], ptr[3]);
+    for (int k = 0; k < 4 && st == M3_OK; k++) {
+      snprintf(name, sizeof name, "state.%d.%s", l, STATE_KINDS[k]);
+      st = m3_tensor_writer_add(w, name, M3_DTYPE_F32, ndims[k], shapes[k], ptr[k]);
+    }
+  }
+  char text[1024];
+  if (st == M3_OK) st = m3_tensor_writer_add_metadata(w, "format", FORMAT);
+  if (st == M3_OK) st = m3_tensor_writer_add_metadata(w, "config", m3_config_to_json(&tr->model));
+  trainer_json(tr, text, sizeof text);
+  if (st == M3_OK) st = m3_tensor_writer_add_metadata(w, "trainer", text);
+  snprintf(text, sizeof text, "%" PRId64, tr->step);
+  if (st == M3_OK) st = m3_tensor_writer_add_metadata(w, "step", text);
+  snprintf(text, sizeof text, "%.17g", tr->loss_scale);
+  if (st == M3_OK) st = m3_tensor_writer_add_metadata(w, "loss_scale", text);
+  snprintf(text, sizeof text, "%" PRId64, tr->tracker);
+  if (st == M3_OK) st = m3_tensor_writer_add_metadata(w, "tracker", text);
+  snprintf(text, sizeof text, "%016" PRIx64 " %016" PRIx64 " %016" PRIx64 " %016" PRIx64, tr->rng.s[0], tr->rng.s[1],
+           tr->rng.s[2], tr->rng.s[3]);
+  if (st == M3_OK) st = m3_tensor_writer_add_metadata(w, "rng", text);
+  if (st == M3_OK) st = m3_tensor_writer_add_metadata(w, "extra", extra ? extra : "");
+  if (st == M3_OK) st = m3_tensor_writer_write(w, path);
+  m3_tensor_writer_destroy(w);
+  free(buf);
+  return st;
+}
+
+/* ---- loading ------------------------------------------------------------------------------------ */
+
+static m3_status meta(const m3_tensor_file *f, const char *key, const char **out) {
+  *out = m3_tensor_file_metadata(f, key);
+  if (!*out) return m3_fail(M3_ERR_FORMAT, "checkpoint metadata has no \"%s\"", key);
+  return M3_OK;
+}
+
+static m3_status json_number(const cJSON *o, const char *key, double *out) {
+  const cJSON *v = cJSON_GetObjectItemCaseSensitive(o, key);
+  if (!cJSON_IsNumber(v)) return m3_fail(M3_ERR_FORMAT, "checkpoint trainer options: \"%s\" is missing", key);
+  *out = v->valuedouble;
+  return M3_OK;
+}
+
+static m3_status parse_trainer(const char *json, m3_trainer_cfg *c, double *lr, double *clip, int32_t *no_decay) {
+  cJSON *o = cJSON_Parse(json);
+  if (!cJSON_IsObject(o)) {
+    cJSON_Delete(o);
+    return m3_fail(M3_ERR_FORMAT, "checkpoint trainer options are not a JSON object");
+  }
+  m3_trainer_cfg_defaults(c);
+  double v[14];
+  static const char *const keys[14] = {"device", "device_index", "precision", "batch", "seq_len", "lr", "weight_decay",
+                                       "beta1", "beta2", "eps", "no_decay", "carry_state", "clip", "allow_tf32"};
+  m3_status st = M3_OK;
+  for (int i = 0; i < 14 && st == M3_OK; i++) st = json_number(o, keys[i], &v[i]);
+  const cJSON *seed = cJSON_GetObjectItemCaseSensitive(o, "seed");
+  if (st == M3_OK && !cJSON_IsString(seed)) st = m3_fail(M3_ERR_FORMAT, "checkpoint trainer options: no seed");
+  if (st == M3_OK) {
+    c->device = (int32_t)v[0];
+    c->device_index = (int32_t)v[1];
+    c->precision = (int32_t)v[2];
+    c->batch = (int32_t)v[3];
+    c->seq_len = (int32_t)v[4];
+    *lr = v[5];
+    c->lr = v[5];
+    c->weight_decay = v[6];
+    c->beta1 = v[7];
+    c->beta2 = v[8];
+    c->eps = v[9];
+    *no_decay = (int32_t)v[10];
+    c->no_decay = *no_decay;
+    c->carry_state = (int32_t)v[11];
+    *clip = v[12];
+    c->clip = v[12];
+    c->allow_tf32 = (int32_t)v[13];
+    c->seed = strtoull(seed->valuestring, NULL, 10);
+  }
+  cJSON_Delete(o);
+  return st;
+}
+
+/* Copies the F32 tensor `name` of exactly `ndim`/`shape` into dst. */
+static m3_status take(const m3_tensor_file *f, const char *name, int32_t ndim, const int64_t *shape, float *dst) {
+  int32_t i = m3_tensor_file_find(f, name);
+  if (i < 0) return m3_fail(M3_ERR_FORMAT, "checkpoint has no tensor \"%s\"", name);
+  m3_file_tensor t;
+  TRY(m3_tensor_file_get(f, i, &t));
+  int ok = t.dtype == M3_DTYPE_F32 && t.ndim == ndim;
+  for (int32_t k = 0; ok && k < ndim; k++) ok = t.shape[k] == shape[k];
+  if (!ok) return m3_fail(M3_ERR_FORMAT, "checkpoint tensor \"%s\" has the wrong dtype or shape", name);
+  memcpy(dst, t.data, t.nbytes);
+  return M3_OK;
+}
+
+static m3_status restore(m3_trainer *tr, const m3_tensor_file *f, int same_precision, float *buf) {
+  const char *text;
+  TRY(meta(f, "step", &text));
+  tr->step = strtoll(text, NULL, 10);
+  if (same_precision) { /* a changed precision starts its own scaler */
+    TRY(meta(f, "loss_scale", &text));
+    tr->loss_scale = strtod(text, NULL);
+    TRY(meta(f, "tracker", &text));
+    tr->tracker = strtoll(text, NULL, 10);
+  }
+  TRY(meta(f, "rng", &text));
+  if (sscanf(text, "%" SCNx64 " %" SCNx64 " %" SCNx64 " %" SCNx64, &tr->rng.s[0], &tr->rng.s[1], &tr->rng.s[2],
+             &tr->rng.s[3]) != 4)
+    return m3_fail(M3_ERR_FORMAT, "checkpoint rng \"%s\" is not four hex words", text);
+  TRY(meta(f, "extra", &text));
+  tr->extra = strdup(text);
+  if (!tr->extra) return m3_fail(M3_ERR_MEMORY, "out of memory");
+  char name[M3_NAME_CAP + 32];
+  static const arena_kind kinds[2] = {ARENA_ADAM_M, ARENA_ADAM_V};
+  static const char *const prefixes[2] = {"adam_m.", "adam_v."};
+  for (int a = 0; a < 2; a++) {
+    memset(buf, 0, (size_t)tr->layout.total * sizeof(float));
+    for (int32_t i = 0; i < tr->layout.n; i++) {
+      const param_desc *p = &tr->layout.t[i];
+      snprintf(name, sizeof name, "%s%s", prefixes[a], p->name);
+      TRY(take(f, name, p->ndim, p->shape, buf + p->offset));
+    }
+    TRY(tr->ops->write_arena(tr->be, kinds[a], buf));
+  }
+  for (int32_t l = 0; l < tr->dims.L; l++) {
+    float *ptr[4];
+    float *s = buf;
+    for (int k = 0; k < 4; k++) {
+      int64_t shape[4];
+      int32_t nd = state_shape(tr, k, shape);
+      snprintf(name, sizeof name, "state.%d.%s", l, STATE_KINDS[k]);
+      ptr[k] = s;
+      TRY(take(f, name, nd, shape, s));
+      s += numel_of(shape, nd);
+    }
+    TRY(tr->ops->set_state(tr->be, l, ptr[0], ptr[1], ptr[2], ptr[3]));
+  }
+  return M3_OK;
+}
+
+m3_status m3_trainer_load(const char *path, const m3_load_opts *opts, m3_trainer **out) {
+  if (!path || !out) return m3_fail(M3_ERR_ARGUMENT, "m3_trainer_load: NULL argument");
+  *out = NULL;
+  m3_tensor_file *f = NULL;
+  TRY(m3_tensor_file_open(path, &f));
+  const char *text;
+  m3_config model;
+  m3_trainer_cfg cfg;
+  double lr = 0, clip = 0;
+  int32_t no_decay = 1;
+  m3_status st = meta(f, "format", &text);
+  if (st == M3_OK && strcmp(text, FORMAT) != 0)
+    st = m3_fail(M3_ERR_FORMAT, "format \"%s\" is not a trainer checkpoint (%s)", text, FORMAT);
+  if (st == M3_OK) st = meta(f, "config", &text);
+  if (st == M3_OK) st = m3_config_from_json(text, &model);
+  if (st == M3_OK) st = meta(f, "trainer", &text);
+  if (st == M3_OK) st = parse_trainer(text, &cfg, &lr, &clip, &no_decay);
+  const int32_t saved_precision = cfg.precision;
+  if (st == M3_OK && opts) {
+    if (opts->device >= 0) cfg.device = opts->device;
+    else if (cfg.device == M3_DEVICE_CUDA && m3_cuda_device_count() == 0) cfg.device = M3_DEVICE_CPU;
+    if (opts->device_index >= 0) cfg.device_index = opts->device_index;
+    if (opts->precision >= 0) cfg.precision = opts->precision;
+  }
+  m3_layout layout = {0};
+  float *buf = NULL;
+  if (st == M3_OK) st = m3_layout_build(&model, &layout);
+  if (st == M3_OK) {
+    m3_dims d;
+    m3_dims_from_config(&model, &d);
+    const int64_t state_per_layer = (int64_t)cfg.batch * d.H * (d.S + (int64_t)d.P * d.N + d.N + d.P);
+    buf = m3_alloc_floats(layout.total > state_per_layer ? layout.total : state_per_layer);
+    if (!buf) st = m3_fail(M3_ERR_MEMORY, "out of memory loading a checkpoint");
+  }
+  char name[M3_NAME_CAP + 32];
+  for (int32_t i = 0; st == M3_OK && i < layout.n; i++) {
+    snprintf(name, sizeof name, "param.%s", layout.t[i].name);
+    st = take(f, name, layout.t[i].ndim, layout.t[i].shape, buf + layout.t[i].offset);
+  }
+  m3_trainer *tr = NULL;
+  if (st == M3_OK) st = m3_trainer_create_from(&cfg, &model, buf, &tr);
+  if (st == M3_OK) {
+    tr->lr = lr;
+    tr->clip = clip;
+    tr->no_decay = no_decay;
+    st = restore(tr, f, cfg.precision == saved_precision, buf);
+  }
+  free(buf);
+  m3_layout_free(&layout);
+  m3_tensor_file_close(f);
+  if (st != M3_OK) {
+    m3_trainer_destroy(tr);
+    return m3_fail_context(st, "loading checkpoint %s", path);
+  }
+  *out = tr;
+  return M3_OK;
+}

@@ -1,0 +1,45 @@
+/*
+ * info.c — library-wide facts and switches: ABI and version, the interrupt flag the
+ * m3lua host sets from its signal handler, the CUDA build/device probe, CPU threads.
+ */
+#include <cblas.h>
+#include <omp.h>
+#include <signal.h>
+
+#include "backend.h"
+
+static volatile sig_atomic_t interrupt_flag;
+
+int32_t m3_abi_version(void) { return M3_ABI_VERSION; }
+
+const char *m3_version(void) { return M3_VERSION; }
+
+void m3_interrupt(void) { interrupt_flag = 1; }
+
+void m3_interrupt_clear(void) { interrupt_flag = 0; }
+
+int32_t m3_interrupted(void) { return interrupt_flag != 0; }
+
+int32_t m3_has_cuda_build(void) {
+#ifdef M3_HAVE_CUDA
+  return 1;
+#else
+  return 0;
+#endif
+}
+
+int32_t m3_cuda_device_count(void) {
+#ifdef M3_HAVE_CUDA
+  return m3_cuda_count_devices();
+#else
+  return 0;
+#endif
+}
+
+void m3_cpu_set_threads(int32_t n) {
+  if (n <= 0) n = omp_get_num_procs();
+  omp_set_num_threads(n);
+  openblas_set_num_threads(n);
+}
+
+int32_t m3_cpu_threads(void) { return omp_get_max_threads(); }

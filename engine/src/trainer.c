@@ -1,0 +1,516 @@
+/*
+ * trainer.c — the trainer's policy (API.md): argument and batch validation, device
+ * choice, the forward / backward_step / accumulation interlocks, clipping and AdamW
+ * parameters, the step counter and the f16 dynamic loss scaler (SPEC.md §7). The math is
+ * behind the backend ops (backend.h); a failing call changes nothing it has not reported.
+ */
+#include "trainer.h"
+
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "errors.h"
+#include "weights.h"
+
+enum { SCALER_GROWTH_INTERVAL = 2000 };
+static const double SCALER_INIT = 65536.0, SCALER_MAX = 16777216.0;
+
+static double now_ms(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return ts.tv_sec * 1e3 + ts.tv_nsec * 1e-6;
+}
+
+void m3_trainer_cfg_defaults(m3_trainer_cfg *c) {
+  memset(c, 0, sizeof *c);
+  c->device = M3_DEVICE_AUTO;
+  c->precision = M3_PRECISION_F32;
+  c->batch = 8;
+  c->seq_len = 256;
+  c->lr = 1e-3;
+  c->weight_decay = 1e-2;
+  c->beta1 = 0.9;
+  c->beta2 = 0.999;
+  c->eps = 1e-8;
+  c->no_decay = 1;
+}
+
+/* ---- creation ----------------------------------------------------------------------------- */
+
+static m3_status check_cfg(const m3_trainer_cfg *c) {
+  if (c->batch < 1) return m3_fail(M3_ERR_CONFIG, "batch = %d: must be an integer >= 1", c->batch);
+  if (c->seq_len < 1) return m3_fail(M3_ERR_CONFIG, "seq_len = %d: must be an integer >= 1", c->seq_len);
+  if ((int64_t)c->batch * c->seq_len > ((int64_t)1 << 31))
+    return m3_fail(M3_ERR_CONFIG, "batch * seq_len = %lld: must be <= 2^31", (long long)c->batch * c->seq_len);
+  if (!(isfinite(c->lr) && c->lr > 0)) return m3_fail(M3_ERR_CONFIG, "lr = %g: must be a finite number > 0", c->lr);
+  if (!(isfinite(c->weight_decay) && c->weight_decay >= 0))
+    return m3_fail(M3_ERR_CONFIG, "weight_decay = %g: must be a finite number >= 0", c->weight_decay);
+  if (!(c->beta1 >= 0 && c->beta1 < 1)) return m3_fail(M3_ERR_CONFIG, "betas[1] = %g: must be in [0, 1)", c->beta1);
+  if (!(c->beta2 >= 0 && c->beta2 < 1)) return m3_fail(M3_ERR_CONFIG, "betas[2] = %g: must be in [0, 1)", c->beta2);
+  if (!(isfinite(c->eps) && c->eps > 0)) return m3_fail(M3_ERR_CONFIG, "eps = %g: must be a finite number > 0", c->eps);
+  if (!(isfinite(c->clip) && c->clip >= 0))
+    return m3_fail(M3_ERR_CONFIG, "clip = %g: must be a finite number >= 0 (0 = off)", c->clip);
+  if (c->precision < M3_PRECISION_F32 || c->precision > M3_PRECISION_F16)
+    return m3_fail(M3_ERR_CONFIG, "precision = %d: must be f32, bf16 or f16", c->precision);
+  if (c->device < M3_DEVICE_AUTO || c->device > M3_DEVICE_CUDA)
+    return m3_fail(M3_ERR_CONFIG, "device = %d: must be auto, cpu or cuda", c->device);
+  if (c->device_index < 0) return m3_fail(M3_ERR_CONFIG, "device index = %d: must be >= 0", c->device_index);
+  return M3_OK;
+}
+
+static m3_status make_backend(m3_trainer *tr, const float *params) {
+  backend_args a = {&tr->model, &tr->dims, &tr->layout, params, tr->cfg.batch, tr->cfg.seq_len,
+                    tr->cfg.precision, tr->cfg.device_index, tr->cfg.allow_tf32};
+  int32_t devices = m3_cuda_device_count();
+  int32_t want = tr->cfg.device;
+  if (want == M3_DEVICE_AUTO) want = devices > 0 ? M3_DEVICE_CUDA : M3_DEVICE_CPU;
+  tr->device = want;
+  tr->device_index = want == M3_DEVICE_CUDA ? tr->cfg.device_index : 0;
+  if (want == M3_DEVICE_CPU) {
+    if (tr->cfg.precision != M3_PRECISION_F32)
+      return m3_fail(M3_ERR_UNSUPPORTED,
+                     "dtype %s: the CPU backend computes in f32 only; bf16 and f16 need a CUDA device",
+                     tr->cfg.precision == M3_PRECISION_BF16 ? "bf16" : "f16");
+    return m3_cpu_backend_create(&a, &tr->be, &tr->ops);
+  }
+#ifdef M3_HAVE_CUDA
+  if (tr->cfg.device_index >= devices)
+    return m3_fail(M3_ERR_UNSUPPORTED, "device cuda:%d: this machine has %d usable CUDA device(s)",
+                   tr->cfg.device_index, devices);
+  return m3_cuda_backend_create(&a, &tr->be, &tr->ops);
+#else
+  return m3_fail(M3_ERR_UNSUPPORTED, "device cuda: this libm3 was built without the CUDA backend");
+#endif
+}
+
+m3_status m3_trainer_create_from(const m3_trainer_cfg *cfg, const m3_config *model, const float *params,
+                                 m3_trainer **out) {
+  TRY(check_cfg(cfg));
+  TRY(m3_config_validate(model));
+  m3_trainer *tr = calloc(1, sizeof *tr);
+  if (!tr) return m3_fail(M3_ERR_MEMORY, "out of memory");
+  tr->cfg = *cfg;
+  tr->cfg.weights = NULL;
+  tr->model = *model;
+  m3_dims_from_config(model, &tr->dims);
+  m3_status st = m3_layout_build(model, &tr->layout);
+  if (st != M3_OK) {
+    free(tr);
+    return st;
+  }
+  tr->lr = cfg->lr;
+  tr->clip = cfg->clip;
+  tr->no_decay = cfg->no_decay != 0;
+  tr->loss_scale = cfg->precision == M3_PRECISION_F16 ? SCALER_INIT : 1.0;
+  m3_rng_seed(&tr->rng, cfg->seed);
+  st = make_backend(tr, params);
+  if (st != M3_OK) {
+    m3_trainer_destroy(tr);
+    return st;
+  }
+  *out = tr;
+  return M3_OK;
+}
+
+m3_status m3_trainer_create(const m3_trainer_cfg *cfg, m3_trainer **out) {
+  if (!cfg || !out) return m3_fail(M3_ERR_ARGUMENT, "m3_trainer_create: NULL argument");
+  *out = NULL;
+  if (!cfg->weights) return m3_fail(M3_ERR_ARGUMENT, "m3_trainer_create: cfg->weights is NULL");
+  return m3_trainer_create_from(cfg, &cfg->weights->cfg, cfg->weights->arena, out);
+}
+
+void m3_trainer_destroy(m3_trainer *tr) {
+  if (!tr) return;
+  if (tr->be) tr->ops->destroy(tr->be);
+  m3_layout_free(&tr->layout);
+  free(tr->extra);
+  free(tr);
+}
+
+const m3_config *m3_trainer_config(const m3_trainer *tr) { return tr ? &tr->model : NULL; }
+
+void m3_trainer_get_info(const m3_trainer *tr, m3_trainer_info *o) {
+  memset(o, 0, sizeof *o);
+  if (!tr) return;
+  o->device = tr->device;
+  o->device_index = tr->device_index;
+  o->precision = tr->cfg.precision;
+  o->batch = tr->cfg.batch;
+  o->seq_len = tr->cfg.seq_len;
+  o->carry_state = tr->cfg.carry_state;
+  o->no_decay = tr->no_decay;
+  o->clip = tr->clip;
+  o->step = tr->step;
+  o->pending_forward = tr->pending_forward;
+  o->window_open = tr->window_open;
+  o->has_graph = tr->ops->has_graph(tr->be);
+  o->poisoned = tr->poisoned;
+  o->device_bytes = tr->ops->device_bytes(tr->be);
+}
+
+/* ---- guards -------------------------------------------------------------------------------- */
+
+static m3_status usable(const m3_trainer *tr) {
+  if (!tr) return m3_fail(M3_ERR_ARGUMENT, "trainer is NULL");
+  if (tr->poisoned)
+    return m3_fail(M3_ERR_POISONED, "this trainer hit a sticky CUDA error earlier and cannot be used; "
+                                    "save nothing from it, create a new one (other objects keep working)");
+  return M3_OK;
+}
+
+/* Marks the trainer poisoned when its backend reports a sticky device error. */
+static m3_status track(m3_trainer *tr, m3_status st) {
+  if (st == M3_ERR_POISONED) tr->poisoned = 1;
+  return st;
+}
+
+static m3_status check_batch_inputs(const m3_trainer *tr, const m3_batch *b) {
+  const m3_dims *d = &tr->dims;
+  if (!b) return m3_fail(M3_ERR_ARGUMENT, "batch is NULL");
+  if (b->rows < 1 || b->rows > tr->cfg.batch)
+    return m3_fail(M3_ERR_ARGUMENT, "batch has %d rows: must be in [1, %d] (the trainer's batch)", b->rows,
+                   tr->cfg.batch);
+  if (b->len < 1 || b->len > tr->cfg.seq_len)
+    return m3_fail(M3_ERR_ARGUMENT, "batch has length %d: must be in [1, %d] (the trainer's seq_len)", b->len,
+                   tr->cfg.seq_len);
+  const int64_t n = (int64_t)b->rows * b->len;
+  if (d->input == M3_INPUT_TOKENS) {
+    if (!b->tokens) return m3_fail(M3_ERR_ARGUMENT, "batch.tokens is missing: the model's input is \"tokens\"");
+    for (int64_t i = 0; i < n; i++)
+      if (b->tokens[i] < 0 || b->tokens[i] >= d->vocab)
+        return m3_fail(M3_ERR_ARGUMENT, "batch.tokens[%lld] (row %lld, position %lld) = %d: must be in [0, %d)",
+                       (long long)i, (long long)(i / b->len), (long long)(i % b->len), b->tokens[i], d->vocab);
+  } else if (!b->input) {
+    return m3_fail(M3_ERR_ARGUMENT, "batch.input is missing: the model's input is \"%s\"",
+                   d->input == M3_INPUT_FEATURES ? "features" : "identity");
+  }
+  return M3_OK;
+}
+
+static m3_status check_batch_targets(const m3_trainer *tr, const m3_batch *b) {
+  const m3_dims *d = &tr->dims;
+  const int64_t n = (int64_t)b->rows * b->len;
+  switch (d->head) {
+    case M3_HEAD_NONE:
+      if (!b->d_out) return m3_fail(M3_ERR_ARGUMENT, "batch.d_out is missing: the model's head is \"none\"");
+      break;
+    case M3_HEAD_LM:
+      if (!b->targets) return m3_fail(M3_ERR_ARGUMENT, "batch.targets is missing: the model's head is \"lm\"");
+      for (int64_t i = 0; i < n; i++)
+        if (b->targets[i] < -1 || b->targets[i] >= d->vocab)
+          return m3_fail(M3_ERR_ARGUMENT,
+                         "batch.targets[%lld] (row %lld, position %lld) = %d: must be in [0, %d) or -1 (ignored)",
+                         (long long)i, (long long)(i / b->len), (long long)(i % b->len), b->targets[i], d->vocab);
+      break;
+    case M3_HEAD_MSE:
+      if (!b->target_values) return m3_fail(M3_ERR_ARGUMENT, "batch.targets is missing: the model's head is \"mse\"");
+      break;
+  }
+  return M3_OK;
+}
+
+static step_params make_params(const m3_trainer *tr, double clip) {
+  const double t = (double)(tr->step + 1);
+  step_params p = {tr->lr, tr->cfg.weight_decay, tr->cfg.beta1, tr->cfg.beta2, tr->cfg.eps,
+                   1 - pow(tr->cfg.beta1, t), 1 - pow(tr->cfg.beta2, t), clip, 1.0 / tr->loss_scale, tr->no_decay};
+  return p;
+}
+
+static void fill_head(const m3_trainer *tr, m3_metrics *m, const head_result *h) {
+  m->has_loss = h->has_loss;
+  m->loss = h->loss;
+  m->counted = h->counted;
+  if (tr->dims.head == M3_HEAD_LM && h->counted > 0) {
+    m->has_accuracy = 1;
+    m->accuracy = (double)h->correct / (double)h->counted;
+  }
+}
+
+/* Applies the outcome of an update to the counters (SPEC.md §7). */
+static m3_status finish_update(m3_trainer *tr, const update_result *u, double clip, m3_metrics *m) {
+  m->has_grad_norm = clip > 0;
+  m->grad_norm = u->grad_norm;
+  if (tr->cfg.precision == M3_PRECISION_F16) m->loss_scale = tr->loss_scale;
+  if (!u->finite) {
+    if (tr->cfg.precision == M3_PRECISION_F16) {
+      tr->loss_scale = tr->loss_scale / 2 < 1 ? 1 : tr->loss_scale / 2;
+      tr->tracker = 0;
+      m->overflow_skipped = 1;
+      m->step = tr->step;
+      return M3_OK;
+    }
+    m->step = tr->step;
+    return m3_fail(M3_ERR_NONFINITE,
+                   "non-finite gradient (global norm %g): the update was skipped; weights, Adam moments and the "
+                   "step count are unchanged",
+                   u->grad_norm);
+  }
+  tr->step++;
+  m->optimizer_stepped = 1;
+  m->step = tr->step;
+  if (tr->cfg.precision == M3_PRECISION_F16 && ++tr->tracker >= SCALER_GROWTH_INTERVAL) {
+    tr->loss_scale = tr->loss_scale * 2 > SCALER_MAX ? SCALER_MAX : tr->loss_scale * 2;
+    tr->tracker = 0;
+  }
+  return M3_OK;
+}
+
+static void begin_metrics(const m3_batch *b, m3_metrics *m) {
+  memset(m, 0, sizeof *m);
+  m->tokens = (int64_t)b->rows * b->len;
+}
+
+/* ---- training calls --------------------------------------------------------------------------- */
+
+m3_status m3_trainer_step(m3_trainer *tr, const m3_batch *b, m3_metrics *out) {
+  TRY(usable(tr));
+  const double t0 = now_ms();
+  if (tr->window_open)
+    return m3_fail(M3_ERR_ORDER, "step: an accumulation window is open; close it with backward_step without "
+                                 "accumulate first");
+  if (tr->pending_forward)
+    return m3_fail(M3_ERR_ORDER, "step: a forward is pending; finish it with backward_step first");
+  TRY(check_batch_inputs(tr, b));
+  TRY(check_batch_targets(tr, b));
+  if (m3_interrupted()) return m3_fail(M3_ERR_INTERRUPTED, "interrupted before the step");
+  m3_metrics m;
+  begin_metrics(b, &m);
+  const step_params p = make_params(tr, tr->clip);
+  head_result h = {0};
+  update_result u = {0};
+  if (tr->ops->step) {
+    TRY(track(tr, tr->ops->step(tr->be, b, tr->cfg.carry_state, tr->loss_scale, &p, &h, &u, &m.graph_replayed)));
+  } else {
+    TRY(track(tr, tr->ops->forward(tr->be, b, tr->cfg.carry_state, 1, NULL)));
+    TRY(track(tr, tr->ops->backward(tr->be, b, tr->loss_scale, 1, &h)));
+    TRY(track(tr, tr->ops->update(tr->be, &p, &u)));
+  }
+  fill_head(tr, &m, &h);
+  m3_status st = finish_update(tr, &u, p.clip, &m);
+  m.ms = now_ms() - t0;
+  if (out) *out = m;
+  return st;
+}
+
+m3_status m3_trainer_forward(m3_trainer *tr, const m3_batch *b, float *out) {
+  TRY(usable(tr));
+  TRY(check_batch_inputs(tr, b));
+  if (m3_interrupted()) return m3_fail(M3_ERR_INTERRUPTED, "interrupted before the forward");
+  tr->pending_forward = 0;
+  TRY(track(tr, tr->ops->forward(tr->be, b, tr->cfg.carry_state, 1, out)));
+  tr->pending_forward = 1;
+  tr->pending_rows = b->rows;
+  tr->pending_len = b->len;
+  return M3_OK;
+}
+
+m3_status m3_trainer_backward_step(m3_trainer *tr, const m3_batch *b, const m3_backward_opts *opts,
+                                   m3_metrics *out) {
+  TRY(usable(tr));
+  const double t0 = now_ms();
+  m3_backward_opts o = {-1, 0, 1};
+  if (opts) o = *opts;
+  if (!tr->pending_forward)
+    return m3_fail(M3_ERR_ORDER, "backward_step: no pending forward; call forward(batch) first (each forward "
+                                 "allows one backward_step)");
+  if (!isfinite(o.scale) || o.scale == 0)
+    return m3_fail(M3_ERR_ARGUMENT, "backward_step: scale = %g must be a finite nonzero number", o.scale);
+  if (isnan(o.clip) || isinf(o.clip))
+    return m3_fail(M3_ERR_ARGUMENT, "backward_step: clip = %g must be finite (0 = off)", o.clip);
+  if (o.accumulate && o.clip > 0)
+    return m3_fail(M3_ERR_ARGUMENT, "backward_step: clip with accumulate; clipping applies when the window "
+                                    "closes, so pass clip to the closing backward_step");
+  if (o.accumulate && tr->cfg.precision == M3_PRECISION_F16)
+    return m3_fail(M3_ERR_UNSUPPORTED, "backward_step: accumulate is not supported with f16 (an overflow skips "
+                                       "the whole update); use bf16 or f32 for accumulation windows");
+  if (!b) return m3_fail(M3_ERR_ARGUMENT, "batch is NULL");
+  if (b->rows != tr->pending_rows || b->len != tr->pending_len)
+    return m3_fail(M3_ERR_ARGUMENT, "backward_step: batch is %d x %d but the pending forward was %d x %d", b->rows,
+                   b->len, tr->pending_rows, tr->pending_len);
+  TRY(check_batch_targets(tr, b));
+  const double clip = o.clip < 0 ? tr->clip : o.clip;
+  m3_metrics m;
+  begin_metrics(b, &m);
+  head_result h = {0};
+  TRY(track(tr, tr->ops->backward(tr->be, b, o.scale * tr->loss_scale, !tr->window_open, &h)));
+  tr->pending_forward = 0;
+  fill_head(tr, &m, &h);
+  m3_status st = M3_OK;
+  if (o.accumulate) {
+    tr->window_open = 1;
+    m.step = tr->step;
+  } else {
+    tr->window_open = 0;
+    const step_params p = make_params(tr, clip);
+    update_result u = {0};
+    TRY(track(tr, tr->ops->update(tr->be, &p, &u)));
+    st = finish_update(tr, &u, clip, &m);
+  }
+  m.ms = now_ms() - t0;
+  if (out) *out = m;
+  return st;
+}
+
+m3_status m3_trainer_evaluate(m3_trainer *tr, const m3_batch *b, m3_metrics *metrics, float *out) {
+  TRY(usable(tr));
+  const double t0 = now_ms();
+  if (tr->pending_forward)
+    return m3_fail(M3_ERR_ORDER, "evaluate: a forward is pending and evaluate would overwrite its activations; "
+                                 "call backward_step first");
+  TRY(check_batch_inputs(tr, b));
+  if (tr->dims.head != M3_HEAD_NONE) TRY(check_batch_targets(tr, b));
+  m3_metrics m;
+  begin_metrics(b, &m);
+  head_result h = {0};
+  TRY(track(tr, tr->ops->evaluate(tr->be, b, tr->cfg.carry_state, &h, out)));
+  fill_head(tr, &m, &h);
+  m.step = tr->step;
+  m.ms = now_ms() - t0;
+  if (metrics) *metrics = m;
+  return M3_OK;
+}
+
+/* ---- graphs, hyper-parameters -------------------------------------------------------------------- */
+
+m3_status m3_trainer_capture_graph(m3_trainer *tr) {
+  TRY(usable(tr));
+  if (tr->window_open || tr->pending_forward)
+    return m3_fail(M3_ERR_ORDER, "capture_graph: finish the pending forward / accumulation window first");
+  return track(tr, tr->ops->capture_graph(tr->be));
+}
+
+m3_status m3_trainer_drop_graph(m3_trainer *tr) {
+  TRY(usable(tr));
+  return track(tr, tr->ops->drop_graph(tr->be));
+}
+
+int32_t m3_trainer_has_graph(const m3_trainer *tr) { return tr && !tr->poisoned ? tr->ops->has_graph(tr->be) : 0; }
+
+m3_status m3_trainer_set_lr(m3_trainer *tr, double lr) {
+  TRY(usable(tr));
+  if (!(isfinite(lr) && lr > 0)) return m3_fail(M3_ERR_ARGUMENT, "set_lr: lr = %g must be a finite number > 0", lr);
+  tr->lr = lr;
+  return M3_OK;
+}
+
+double m3_trainer_lr(const m3_trainer *tr) { return tr ? tr->lr : 0; }
+
+m3_status m3_trainer_set_no_decay(m3_trainer *tr, int32_t reference) {
+  TRY(usable(tr));
+  tr->no_decay = reference != 0;
+  return M3_OK;
+}
+
+m3_status m3_trainer_set_clip(m3_trainer *tr, double max_norm) {
+  TRY(usable(tr));
+  if (!(isfinite(max_norm) && max_norm >= 0))
+    return m3_fail(M3_ERR_ARGUMENT, "set_clip: max_norm = %g must be a finite number >= 0 (0 = off)", max_norm);
+  tr->clip = max_norm;
+  return M3_OK;
+}
+
+/* ---- state, weights, counters --------------------------------------------------------------------- */
+
+m3_status m3_trainer_reset_state(m3_trainer *tr, const int32_t *rows, int32_t n_rows) {
+  TRY(usable(tr));
+  if (rows) {
+    if (n_rows < 0) return m3_fail(M3_ERR_ARGUMENT, "reset_state: %d rows", n_rows);
+    for (int32_t i = 0; i < n_rows; i++)
+      if (rows[i] < 0 || rows[i] >= tr->cfg.batch)
+        return m3_fail(M3_ERR_ARGUMENT, "reset_state: row %d out of range [0, %d)", rows[i], tr->cfg.batch);
+  }
+  return track(tr, tr->ops->reset_rows(tr->be, rows, n_rows));
+}
+
+static m3_status check_layer(const m3_trainer *tr, int32_t layer) {
+  if (layer < 0 || layer >= tr->dims.L)
+    return m3_fail(M3_ERR_ARGUMENT, "layer %d out of range [0, %d)", layer, tr->dims.L);
+  return M3_OK;
+}
+
+m3_status m3_trainer_get_state(const m3_trainer *tr, int32_t layer, float *angle, float *ssm, float *k, float *v) {
+  TRY(usable(tr));
+  TRY(check_layer(tr, layer));
+  return tr->ops->get_state(tr->be, layer, angle, ssm, k, v);
+}
+
+static m3_status check_finite(const float *x, int64_t n, const char *what) {
+  if (!x) return M3_OK;
+  for (int64_t i = 0; i < n; i++)
+    if (!isfinite(x[i])) return m3_fail(M3_ERR_ARGUMENT, "set_states: %s[%lld] = %g is not finite", what, (long long)i, x[i]);
+  return M3_OK;
+}
+
+m3_status m3_trainer_set_state(m3_trainer *tr, int32_t layer, const float *angle, const float *ssm, const float *k,
+                               const float *v) {
+  TRY(usable(tr));
+  TRY(check_layer(tr, layer));
+  const m3_dims *d = &tr->dims;
+  const int64_t bh = (int64_t)tr->cfg.batch * d->H;
+  TRY(check_finite(angle, bh * d->S, "angle"));
+  TRY(check_finite(ssm, bh * d->P * d->N, "ssm"));
+  TRY(check_finite(k, bh * d->N, "k"));
+  TRY(check_finite(v, bh * d->P, "v"));
+  return track(tr, tr->ops->set_state(tr->be, layer, angle, ssm, k, v));
+}
+
+static int same_config(const m3_config *a, const m3_config *b) {
+  return a->d_model == b->d_model && a->n_layers == b->n_layers && a->d_state == b->d_state &&
+         a->expand == b->expand && a->headdim == b->headdim && a->ngroups == b->ngroups &&
+         a->rope_fraction == b->rope_fraction && a->a_floor == b->a_floor && a->outproj_norm == b->outproj_norm &&
+         a->input == b->input && a->head == b->head && a->tie_embeddings == b->tie_embeddings &&
+         a->input_dim == b->input_dim && a->vocab_size == b->vocab_size && a->out_dim == b->out_dim;
+}
+
+static m3_status read_into(const m3_trainer *tr, arena_kind kind, m3_weights *out) {
+  TRY(usable(tr));
+  if (!out) return m3_fail(M3_ERR_ARGUMENT, "weights are NULL");
+  if (!same_config(&out->cfg, &tr->model))
+    return m3_fail(M3_ERR_ARGUMENT, "the weights' config differs from the trainer's");
+  return tr->ops->read_arena(tr->be, kind, out->arena);
+}
+
+m3_status m3_trainer_snapshot(const m3_trainer *tr, m3_weights *out) { return read_into(tr, ARENA_PARAMS, out); }
+
+m3_status m3_trainer_grads(const m3_trainer *tr, m3_weights *out) { return read_into(tr, ARENA_GRADS, out); }
+
+m3_status m3_trainer_load_weights(m3_trainer *tr, const m3_weights *w) {
+  TRY(usable(tr));
+  if (!w) return m3_fail(M3_ERR_ARGUMENT, "weights are NULL");
+  if (!same_config(&w->cfg, &tr->model))
+    return m3_fail(M3_ERR_ARGUMENT, "load_weights: the weights' config differs from the trainer's");
+  if (tr->window_open || tr->pending_forward)
+    return m3_fail(M3_ERR_ORDER, "load_weights: finish the pending forward / accumulation window first");
+  return track(tr, tr->ops->write_arena(tr->be, ARENA_PARAMS, w->arena));
+}
+
+int64_t m3_trainer_step_count(const m3_trainer *tr) { return tr ? tr->step : 0; }
+
+m3_status m3_trainer_scaler_state(const m3_trainer *tr, double *scale, int64_t *tracker) {
+  TRY(usable(tr));
+  if (tr->cfg.precision != M3_PRECISION_F16)
+    return m3_fail(M3_ERR_UNSUPPORTED, "scaler_state: only f16 trainers have a loss scaler");
+  if (scale) *scale = tr->loss_scale;
+  if (tracker) *tracker = tr->tracker;
+  return M3_OK;
+}
+
+m3_status m3_trainer_load_scaler_state(m3_trainer *tr, double scale, int64_t tracker) {
+  TRY(usable(tr));
+  if (tr->cfg.precision != M3_PRECISION_F16)
+    return m3_fail(M3_ERR_UNSUPPORTED, "load_scaler_state: only f16 trainers have a loss scaler");
+  if (!(isfinite(scale) && scale >= 1 && scale <= SCALER_MAX))
+    return m3_fail(M3_ERR_ARGUMENT, "load_scaler_state: scale = %g must be in [1, 2^24]", scale);
+  if (tracker < 0 || tracker >= SCALER_GROWTH_INTERVAL)
+    return m3_fail(M3_ERR_ARGUMENT, "load_scaler_state: tracker = %lld must be in [0, %d)", (long long)tracker,
+                   SCALER_GROWTH_INTERVAL);
+  tr->loss_scale = scale;
+  tr->tracker = tracker;
+  return M3_OK;
+}
+
+const char *m3_trainer_extra(const m3_trainer *tr) { return tr && tr->extra ? tr->extra : ""; }
+
+uint64_t m3_trainer_rng_next(m3_trainer *tr) { return tr ? m3_rng_next(&tr->rng) : 0; }
