@@ -99,7 +99,7 @@ m3_status N_(cpu_model_backward)(N_(cpu_model) *m, const N_(cpu_batch) *b);
 /* y = x / sqrt(mean(x^2) + 1e-5) * w over rows of n values; rstd[r] saved. w may be NULL (1). */
 void N_(rmsnorm_row)(const T_ *x, const T_ *w, T_ *y, T_ *rstd, int32_t n);
 void N_(rmsnorm_forward)(const T_ *x, const T_ *w, T_ *y, T_ *rstd, int64_t rows, int32_t n);
-/* dx (=, or += when accumulate) and dw partial (+=, may be NULL) of one row. */
+/* dx (=, or += when accumulate) and dw partial (+=, may be NULL) of one row; dx may be dy. */
 void N_(rmsnorm_backward_row)(const T_ *x, const T_ *w, T_ rstd, const T_ *dy, T_ *dx, T_ *dw,
                               int32_t n, int accumulate);
 

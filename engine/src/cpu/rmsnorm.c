@@ -30,10 +30,10 @@ void NAME(rmsnorm_backward_row)(const real *x, const real *w, real rstd, const r
   double dot = 0;
   for (int32_t i = 0; i < n; i++) dot += (double)x[i] * (w ? w[i] : 1) * dy[i];
   real c = (real)(dot / n) * rstd * rstd * rstd;
+  if (dw) /* before dx: dx may alias dy */
+    for (int32_t i = 0; i < n; i++) dw[i] += x[i] * rstd * dy[i];
   for (int32_t i = 0; i < n; i++) {
     real g = rstd * (w ? w[i] : 1) * dy[i] - x[i] * c;
     dx[i] = accumulate ? dx[i] + g : g;
   }
-  if (dw)
-    for (int32_t i = 0; i < n; i++) dw[i] += x[i] * rstd * dy[i];
 }
