@@ -1,0 +1,792 @@
+/*
+ * test_safetensors.c — checks the safetensors reader and writer and the weights file I/O.
+ *
+ * Round trips of every dtype (0-d and 0-sized shapes included) and of metadata; a catalogue
+ * of malformed files, each of which must be rejected with M3_ERR_FORMAT, plus byte-level
+ * mutations of a valid file that must never crash; atomic writes that fail and must leave
+ * the old file and no temporary behind; weights save/load (bit-exact, "backbone." prefix,
+ * F64/F16/BF16 sources, tied lm_head, missing/extra/mis-shaped tensors); and every golden
+ * file of ../shared. Prints one line per check; exits nonzero when any check fails.
+ */
+#ifndef _GNU_SOURCE
+#define _GNU_SOURCE
+#endif
+#include <dirent.h>
+#include <errno.h>
+#include <ftw.h>
+#include <math.h>
+#include <signal.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/resource.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "m3.h"
+
+static int n_pass, n_fail;
+static char tmpdir[] = "/tmp/m3_test_safetensors_XXXXXX";
+
+static void check(int ok, const char *fmt, ...) {
+  va_list ap;
+  va_start(ap, fmt);
+  printf("%s: ", ok ? "ok" : "FAIL");
+  vprintf(fmt, ap);
+  va_end(ap);
+  if (!ok) printf("  [last error: %s]", m3_last_error());
+  printf("\n");
+  if (ok)
+    n_pass++;
+  else
+    n_fail++;
+}
+
+static const char *tmp_path(const char *name) {
+  static char buf[8][512];
+  static int next;
+  char *p = buf[next++ % 8];
+  snprintf(p, 512, "%s/%s", tmpdir, name);
+  return p;
+}
+
+static void write_bytes(const char *path, const void *data, size_t n) {
+  FILE *fp = fopen(path, "wb");
+  if (!fp || fwrite(data, 1, n, fp) != n) {
+    fprintf(stderr, "cannot write %s: %s\n", path, strerror(errno));
+    exit(2);
+  }
+  fclose(fp);
+}
+
+static char *read_all(const char *path, size_t *n) {
+  FILE *fp = fopen(path, "rb");
+  if (!fp) return NULL;
+  fseek(fp, 0, SEEK_END);
+  long size = ftell(fp);
+  fseek(fp, 0, SEEK_SET);
+  char *buf = malloc((size_t)size + 1);
+  *n = fread(buf, 1, (size_t)size, fp);
+  fclose(fp);
+  return buf;
+}
+
+/* A raw safetensors file: declared header length, header text, then data_len bytes. */
+static void write_raw(const char *path, uint64_t declared, const char *header, size_t hlen, size_t data_len) {
+  size_t n = 8 + hlen + data_len;
+  unsigned char *buf = calloc(n, 1);
+  for (int i = 0; i < 8; i++) buf[i] = (unsigned char)(declared >> (8 * i));
+  memcpy(buf + 8, header, hlen);
+  for (size_t i = 0; i < data_len; i++) buf[8 + hlen + i] = (unsigned char)i;
+  write_bytes(path, buf, n);
+  free(buf);
+}
+
+static void expect_format(const char *label, const char *path) {
+  m3_tensor_file *f = (m3_tensor_file *)&n_pass; /* poison: open must reset it */
+  m3_status st = m3_tensor_file_open(path, &f);
+  int names_file = strstr(m3_last_error(), path) != NULL;
+  check(st == M3_ERR_FORMAT && f == NULL && names_file, "malformed (%s) -> %s: %s", label, m3_status_name(st),
+        m3_last_error());
+  if (st == M3_OK) m3_tensor_file_close(f);
+}
+
+static void bad_header(const char *label, const char *header, size_t data_len) {
+  const char *path = tmp_path("bad.safetensors");
+  write_raw(path, strlen(header), header, strlen(header), data_len);
+  expect_format(label, path);
+}
+
+/* ---- round trips -------------------------------------------------------------------- */
+
+typedef struct spec {
+  const char *name;
+  int32_t dtype, ndim;
+  int64_t shape[8];
+  size_t elem;
+} spec;
+
+static const spec specs[] = {
+    {"f32", M3_DTYPE_F32, 2, {2, 3}, 4},
+    {"u8.odd", M3_DTYPE_U8, 1, {3}, 1}, /* makes every later file offset unaligned */
+    {"f64", M3_DTYPE_F64, 1, {5}, 8},
+    {"scalar.i32", M3_DTYPE_I32, 0, {0}, 4},
+    {"empty.u8", M3_DTYPE_U8, 3, {3, 0, 2}, 1},
+    {"f16", M3_DTYPE_F16, 1, {7}, 2},
+    {"bf16.8d", M3_DTYPE_BF16, 8, {1, 2, 1, 1, 1, 1, 1, 3}, 2},
+    {"i64", M3_DTYPE_I64, 1, {2}, 8},
+    {"i16", M3_DTYPE_I16, 2, {1, 3}, 2},
+    {"i8", M3_DTYPE_I8, 1, {5}, 1},
+    {"bool", M3_DTYPE_BOOL, 1, {4}, 1},
+    {"u16", M3_DTYPE_U16, 1, {3}, 2},
+    {"u32", M3_DTYPE_U32, 1, {3}, 4},
+    {"u64", M3_DTYPE_U64, 1, {1}, 8},
+    {"weird \"name\"\\\t\xc3\xa9", M3_DTYPE_F32, 1, {1}, 4},
+};
+enum { N_SPECS = sizeof specs / sizeof specs[0] };
+
+static int64_t spec_numel(const spec *s) {
+  int64_t n = 1;
+  for (int i = 0; i < s->ndim; i++) n *= s->shape[i];
+  return n;
+}
+
+static const char *meta_keys[] = {"config", "quote\"back\\slash", "empty", "unicode \xe2\x82\xac"};
+static const char *meta_values[] = {"{\"d_model\": 4}", "line\nbreak\ttab\x01", "", "\xf0\x9f\x99\x82"};
+
+static void test_round_trip(void) {
+  unsigned char *data[N_SPECS];
+  m3_tensor_writer *w = NULL;
+  check(m3_tensor_writer_create(&w) == M3_OK, "writer create");
+  for (int i = 0; i < N_SPECS; i++) {
+    size_t n = (size_t)spec_numel(&specs[i]) * specs[i].elem;
+    data[i] = malloc(n + 1);
+    for (size_t j = 0; j < n; j++) data[i][j] = (unsigned char)(i * 31 + j * 7 + 1);
+    m3_status st = m3_tensor_writer_add(w, specs[i].name, specs[i].dtype, specs[i].ndim, specs[i].shape, data[i]);
+    check(st == M3_OK, "writer add %s", specs[i].name);
+  }
+  for (int i = 0; i < 4; i++)
+    check(m3_tensor_writer_add_metadata(w, meta_keys[i], meta_values[i]) == M3_OK, "add metadata %d", i);
+  const char *path = tmp_path("round.safetensors");
+  check(m3_tensor_writer_write(w, path) == M3_OK, "write %s", path);
+  m3_tensor_writer_destroy(w);
+
+  size_t raw_n = 0;
+  char *raw = read_all(path, &raw_n);
+  uint64_t hlen = 0;
+  for (int i = 7; i >= 0; i--) hlen = hlen << 8 | (unsigned char)raw[i];
+  check(hlen % 8 == 0 && hlen + 8 <= raw_n && raw[8] == '{', "header length %llu is a multiple of 8",
+        (unsigned long long)hlen);
+  int pad_ok = 1, k = (int)hlen + 7;
+  while (raw[k] == ' ') k--;
+  pad_ok = raw[k] == '}' && (int)hlen + 7 - k < 8;
+  check(pad_ok, "header padded with fewer than 8 spaces after the JSON");
+  free(raw);
+
+  m3_tensor_file *f = NULL;
+  check(m3_tensor_file_open(path, &f) == M3_OK, "reopen round-trip file");
+  if (!f) return;
+  check(m3_tensor_file_count(f) == N_SPECS, "tensor count %d", m3_tensor_file_count(f));
+  for (int i = 0; i < N_SPECS; i++) {
+    m3_file_tensor t;
+    int ok = m3_tensor_file_get(f, i, &t) == M3_OK && strcmp(t.name, specs[i].name) == 0 && t.dtype == specs[i].dtype &&
+             t.ndim == specs[i].ndim && t.numel == spec_numel(&specs[i]) &&
+             t.nbytes == (size_t)t.numel * specs[i].elem && ((uintptr_t)t.data % 64) == 0 &&
+             memcmp(t.data, data[i], t.nbytes) == 0 && m3_tensor_file_find(f, specs[i].name) == i;
+    for (int d = 0; ok && d < t.ndim; d++) ok = t.shape[d] == specs[i].shape[d];
+    check(ok, "round trip %s (dtype %d, ndim %d, insertion order, 64-byte aligned data)", specs[i].name, specs[i].dtype,
+          specs[i].ndim);
+    free(data[i]);
+  }
+  check(m3_tensor_file_find(f, "nope") == -1 && m3_tensor_file_find(f, "f3") == -1 && m3_tensor_file_find(f, "") == -1,
+        "find of absent names is -1");
+  m3_file_tensor t;
+  check(m3_tensor_file_get(f, N_SPECS, &t) == M3_ERR_ARGUMENT && m3_tensor_file_get(f, -1, &t) == M3_ERR_ARGUMENT,
+        "get out of range is M3_ERR_ARGUMENT");
+  check(m3_tensor_file_metadata_count(f) == 4, "metadata count");
+  for (int i = 0; i < 4; i++) {
+    const char *v = m3_tensor_file_metadata(f, meta_keys[i]);
+    check(v && strcmp(v, meta_values[i]) == 0 && strcmp(m3_tensor_file_metadata_key(f, i), meta_keys[i]) == 0,
+          "metadata round trip of key %d (escaping)", i);
+  }
+  check(m3_tensor_file_metadata(f, "absent") == NULL && m3_tensor_file_metadata_key(f, 4) == NULL,
+        "absent metadata is NULL");
+  m3_tensor_file_close(f);
+
+  /* an empty file: no tensors, no metadata */
+  check(m3_tensor_writer_create(&w) == M3_OK && m3_tensor_writer_write(w, tmp_path("empty.safetensors")) == M3_OK,
+        "write a file without tensors");
+  m3_tensor_writer_destroy(w);
+  f = NULL;
+  check(m3_tensor_file_open(tmp_path("empty.safetensors"), &f) == M3_OK && m3_tensor_file_count(f) == 0 &&
+            m3_tensor_file_metadata_count(f) == 0,
+        "open a file without tensors");
+  m3_tensor_file_close(f);
+}
+
+static void test_writer_arguments(void) {
+  m3_tensor_writer *w = NULL;
+  m3_tensor_writer_create(&w);
+  float x[4] = {0};
+  int64_t shape[9] = {2, 2, 1, 1, 1, 1, 1, 1, 1}, neg[1] = {-1}, huge[2] = {INT64_MAX / 2, 4};
+  check(m3_tensor_writer_add(w, "a", M3_DTYPE_F32, 2, shape, x) == M3_OK, "writer add a");
+  check(m3_tensor_writer_add(w, "a", M3_DTYPE_F32, 2, shape, x) == M3_ERR_ARGUMENT, "duplicate tensor name rejected");
+  check(m3_tensor_writer_add(w, "b", 13, 2, shape, x) == M3_ERR_ARGUMENT, "bad dtype rejected");
+  check(m3_tensor_writer_add(w, "b", M3_DTYPE_F32, 9, shape, x) == M3_ERR_ARGUMENT, "ndim 9 rejected");
+  check(m3_tensor_writer_add(w, "b", M3_DTYPE_F32, 1, neg, x) == M3_ERR_ARGUMENT, "negative dim rejected");
+  check(m3_tensor_writer_add(w, "b", M3_DTYPE_F32, 2, huge, x) == M3_ERR_ARGUMENT, "overflowing shape rejected");
+  check(m3_tensor_writer_add(w, "b", M3_DTYPE_F32, 2, shape, NULL) == M3_ERR_ARGUMENT, "NULL data rejected");
+  check(m3_tensor_writer_add(w, "__metadata__", M3_DTYPE_F32, 2, shape, x) == M3_ERR_ARGUMENT,
+        "reserved name rejected");
+  check(m3_tensor_writer_add(w, "", M3_DTYPE_F32, 2, shape, x) == M3_ERR_ARGUMENT, "empty name rejected");
+  check(m3_tensor_writer_add_metadata(w, "k", "v") == M3_OK, "metadata k");
+  check(m3_tensor_writer_add_metadata(w, "k", "w") == M3_ERR_ARGUMENT, "duplicate metadata key rejected");
+  check(m3_tensor_writer_add_metadata(w, "k2", NULL) == M3_ERR_ARGUMENT, "NULL metadata value rejected");
+  check(m3_tensor_writer_write(w, NULL) == M3_ERR_ARGUMENT, "NULL path rejected");
+  m3_tensor_writer_destroy(w);
+  m3_tensor_writer_destroy(NULL);
+  m3_tensor_file_close(NULL);
+  check(m3_tensor_file_count(NULL) == 0 && m3_tensor_file_find(NULL, "a") == -1, "NULL file accessors are safe");
+}
+
+/* ---- malformed files ---------------------------------------------------------------- */
+
+static void test_malformed(void) {
+  const char *path = tmp_path("bad.safetensors");
+  write_bytes(path, "", 0);
+  expect_format("empty file", path);
+  write_bytes(path, "\x02\0\0\0\0", 5);
+  expect_format("5-byte file", path);
+  write_raw(path, 100, "{}", 2, 0);
+  expect_format("header length beyond the file", path);
+  write_raw(path, UINT64_MAX, "{}", 2, 0);
+  expect_format("header length 2^64-1", path);
+  {
+    /* a sparse file larger than 100 MB whose header claims more than 100 MB */
+    uint64_t big = 100000001;
+    write_raw(path, big, "{}", 2, 0);
+    check(truncate(path, (off_t)(big + 8)) == 0, "make a sparse %llu-byte file", (unsigned long long)big + 8);
+    expect_format("header length over 100 MB", path);
+  }
+  bad_header("not JSON", "{abc", 0);
+  bad_header("empty header", "", 0);
+  bad_header("JSON array", "[1, 2]", 0);
+  bad_header("JSON string", "\"x\"", 0);
+  bad_header("trailing garbage", "{} x", 0);
+  write_raw(path, 4, "{}\0 ", 4, 0);
+  expect_format("NUL byte in header", path);
+  bad_header("entry not an object", "{\"a\": 5}", 0);
+  bad_header("missing dtype", "{\"a\": {\"shape\": [1], \"data_offsets\": [0, 4]}}", 4);
+  bad_header("missing shape", "{\"a\": {\"dtype\": \"F32\", \"data_offsets\": [0, 4]}}", 4);
+  bad_header("missing data_offsets", "{\"a\": {\"dtype\": \"F32\", \"shape\": [1]}}", 4);
+  bad_header("unknown dtype", "{\"a\": {\"dtype\": \"F8\", \"shape\": [1], \"data_offsets\": [0, 1]}}", 1);
+  bad_header("lower-case dtype", "{\"a\": {\"dtype\": \"f32\", \"shape\": [1], \"data_offsets\": [0, 4]}}", 4);
+  bad_header("dtype not a string", "{\"a\": {\"dtype\": 0, \"shape\": [1], \"data_offsets\": [0, 4]}}", 4);
+  bad_header("negative dim", "{\"a\": {\"dtype\": \"F32\", \"shape\": [-1], \"data_offsets\": [0, 4]}}", 4);
+  bad_header("fractional dim", "{\"a\": {\"dtype\": \"F32\", \"shape\": [1.5], \"data_offsets\": [0, 4]}}", 4);
+  bad_header("string dim", "{\"a\": {\"dtype\": \"F32\", \"shape\": [\"1\"], \"data_offsets\": [0, 4]}}", 4);
+  bad_header("shape not an array", "{\"a\": {\"dtype\": \"F32\", \"shape\": 1, \"data_offsets\": [0, 4]}}", 4);
+  bad_header("huge dim", "{\"a\": {\"dtype\": \"F32\", \"shape\": [1e300], \"data_offsets\": [0, 4]}}", 4);
+  bad_header("ndim 9", "{\"a\": {\"dtype\": \"U8\", \"shape\": [1,1,1,1,1,1,1,1,1], \"data_offsets\": [0, 1]}}", 1);
+  bad_header("numel overflow",
+             "{\"a\": {\"dtype\": \"F32\", \"shape\": [4294967296, 4294967296], \"data_offsets\": [0, 4]}}", 4);
+  bad_header("byte size overflow",
+             "{\"a\": {\"dtype\": \"F64\", \"shape\": [4503599627370496, 4096], \"data_offsets\": [0, 8]}}", 8);
+  bad_header("one data offset", "{\"a\": {\"dtype\": \"F32\", \"shape\": [1], \"data_offsets\": [4]}}", 4);
+  bad_header("three data offsets", "{\"a\": {\"dtype\": \"F32\", \"shape\": [1], \"data_offsets\": [0, 4, 8]}}", 8);
+  bad_header("string offsets", "{\"a\": {\"dtype\": \"F32\", \"shape\": [1], \"data_offsets\": [\"0\", 4]}}", 4);
+  bad_header("negative offset", "{\"a\": {\"dtype\": \"F32\", \"shape\": [1], \"data_offsets\": [-4, 0]}}", 4);
+  bad_header("begin after end", "{\"a\": {\"dtype\": \"F32\", \"shape\": [0], \"data_offsets\": [4, 0]}}", 4);
+  bad_header("end beyond data", "{\"a\": {\"dtype\": \"F32\", \"shape\": [2], \"data_offsets\": [0, 8]}}", 4);
+  bad_header("length != numel * size", "{\"a\": {\"dtype\": \"F32\", \"shape\": [2], \"data_offsets\": [0, 4]}}", 4);
+  bad_header("overlapping tensors",
+             "{\"a\": {\"dtype\": \"F32\", \"shape\": [2], \"data_offsets\": [0, 8]},"
+             " \"b\": {\"dtype\": \"F32\", \"shape\": [2], \"data_offsets\": [4, 12]}}",
+             12);
+  bad_header("same range twice",
+             "{\"a\": {\"dtype\": \"F32\", \"shape\": [1], \"data_offsets\": [0, 4]},"
+             " \"b\": {\"dtype\": \"F32\", \"shape\": [1], \"data_offsets\": [0, 4]}}",
+             4);
+  bad_header("gap between tensors",
+             "{\"a\": {\"dtype\": \"F32\", \"shape\": [1], \"data_offsets\": [0, 4]},"
+             " \"b\": {\"dtype\": \"F32\", \"shape\": [1], \"data_offsets\": [8, 12]}}",
+             12);
+  bad_header("trailing data bytes", "{\"a\": {\"dtype\": \"F32\", \"shape\": [1], \"data_offsets\": [0, 4]}}", 8);
+  bad_header("duplicate tensor name",
+             "{\"a\": {\"dtype\": \"F32\", \"shape\": [1], \"data_offsets\": [0, 4]},"
+             " \"a\": {\"dtype\": \"F32\", \"shape\": [1], \"data_offsets\": [4, 8]}}",
+             8);
+  bad_header("__metadata__ not an object", "{\"__metadata__\": \"x\"}", 0);
+  bad_header("__metadata__ null", "{\"__metadata__\": null}", 0);
+  bad_header("__metadata__ value not a string", "{\"__metadata__\": {\"a\": 1}}", 0);
+  bad_header("__metadata__ twice", "{\"__metadata__\": {}, \"__metadata__\": {}}", 0);
+  bad_header("__metadata__ duplicate key", "{\"__metadata__\": {\"a\": \"1\", \"a\": \"2\"}}", 0);
+  {
+    char deep[4200];
+    memset(deep, '[', 2000);
+    memset(deep + 2000, ']', 2000);
+    deep[4000] = 0;
+    bad_header("2000 nested arrays", deep, 0);
+  }
+  /* the accepted cases next to these: zero-sized tensors sharing an offset, any key order */
+  const char *ok_header =
+      "{\"z\": {\"data_offsets\": [4, 4], \"shape\": [0, 3], \"dtype\": \"F64\"},"
+      " \"a\": {\"dtype\": \"F32\", \"shape\": [1], \"data_offsets\": [0, 4]},"
+      " \"y\": {\"dtype\": \"I8\", \"shape\": [0], \"data_offsets\": [4, 4]}, \"__metadata__\": {}}  ";
+  write_raw(path, strlen(ok_header), ok_header, strlen(ok_header), 4);
+  m3_tensor_file *f = NULL;
+  check(m3_tensor_file_open(path, &f) == M3_OK && m3_tensor_file_count(f) == 3 && m3_tensor_file_find(f, "a") == 1,
+        "zero-sized tensors at a shared offset are accepted");
+  m3_tensor_file_close(f);
+
+  f = (m3_tensor_file *)&n_pass;
+  check(m3_tensor_file_open(tmp_path("does-not-exist"), &f) == M3_ERR_IO && f == NULL, "missing file is M3_ERR_IO");
+  check(m3_tensor_file_open(tmpdir, &f) == M3_ERR_IO && f == NULL, "a directory is M3_ERR_IO");
+  check(m3_tensor_file_open(NULL, &f) == M3_ERR_ARGUMENT && m3_tensor_file_open(path, NULL) == M3_ERR_ARGUMENT,
+        "NULL arguments are M3_ERR_ARGUMENT");
+}
+
+/* Every truncation and many single-byte changes of a valid file: any status, never a crash. */
+static void test_mutations(void) {
+  const char *src = tmp_path("round.safetensors"), *path = tmp_path("mutant.safetensors");
+  size_t n = 0;
+  unsigned char *orig = (unsigned char *)read_all(src, &n);
+  int opened = 0, rejected = 0, wrong_status = 0;
+  static const unsigned char values[] = {0, '"', '}', ']', '[', '-', '9', ' ', 0xff, '.'};
+  for (size_t len = 0; len < n; len++) {
+    write_bytes(path, orig, len);
+    m3_tensor_file *f = NULL;
+    m3_status st = m3_tensor_file_open(path, &f);
+    wrong_status += st != M3_ERR_FORMAT;
+    m3_tensor_file_close(f);
+  }
+  check(wrong_status == 0, "all %zu truncations rejected with M3_ERR_FORMAT", n);
+  for (size_t pos = 0; pos < n && pos < 8 + 4096; pos++) {
+    for (size_t v = 0; v < sizeof values; v++) {
+      unsigned char keep = orig[pos];
+      if (keep == values[v]) continue;
+      orig[pos] = values[v];
+      write_bytes(path, orig, n);
+      orig[pos] = keep;
+      m3_tensor_file *f = NULL;
+      m3_status st = m3_tensor_file_open(path, &f);
+      if (st == M3_OK) {
+        opened++;
+        for (int32_t i = 0; i < m3_tensor_file_count(f); i++) {
+          m3_file_tensor t;
+          m3_tensor_file_get(f, i, &t);
+          volatile unsigned char sink = t.nbytes ? ((const unsigned char *)t.data)[t.nbytes - 1] : 0;
+          (void)sink;
+        }
+      } else {
+        rejected++;
+        wrong_status += st != M3_ERR_FORMAT;
+      }
+      m3_tensor_file_close(f);
+    }
+  }
+  check(wrong_status == 0, "byte mutations: %d opened, %d rejected, all with M3_ERR_FORMAT, no crash", opened,
+        rejected);
+  free(orig);
+}
+
+/* ---- atomic writes ------------------------------------------------------------------ */
+
+static int count_entries(const char *dir) {
+  DIR *d = opendir(dir);
+  int n = 0;
+  for (struct dirent *e; d && (e = readdir(d));) n += e->d_name[0] != '.';
+  if (d) closedir(d);
+  return n;
+}
+
+static int same_file(const char *path, const char *content) {
+  size_t n = 0;
+  char *buf = read_all(path, &n);
+  int same = buf && n == strlen(content) && memcmp(buf, content, n) == 0;
+  free(buf);
+  return same;
+}
+
+static m3_tensor_writer *big_writer(const float *data, int64_t n) {
+  m3_tensor_writer *w = NULL;
+  m3_tensor_writer_create(&w);
+  m3_tensor_writer_add(w, "x", M3_DTYPE_F32, 1, &n, data);
+  return w;
+}
+
+static void test_atomic(void) {
+  char dir[600];
+  snprintf(dir, sizeof dir, "%s/atomic", tmpdir);
+  mkdir(dir, 0777);
+  char target[700];
+  snprintf(target, sizeof target, "%s/old.safetensors", dir);
+  const char *old = "old contents";
+  write_bytes(target, old, strlen(old));
+  enum { N = 1 << 16 };
+  float *data = calloc(N, sizeof *data);
+  m3_tensor_writer *w = big_writer(data, N);
+
+  /* a write that fails midway: a file size limit makes write() fail with EFBIG */
+  struct rlimit saved, small = {4096, 0};
+  getrlimit(RLIMIT_FSIZE, &saved);
+  small.rlim_max = saved.rlim_max;
+  signal(SIGXFSZ, SIG_IGN);
+  setrlimit(RLIMIT_FSIZE, &small);
+  m3_status st = m3_tensor_writer_write(w, target);
+  setrlimit(RLIMIT_FSIZE, &saved);
+  check(st == M3_ERR_IO && strstr(m3_last_error(), strerror(EFBIG)), "failing write is M3_ERR_IO with strerror: %s",
+        m3_last_error());
+  check(same_file(target, old) && count_entries(dir) == 1, "failed write left the old file and no temporary behind");
+
+  /* the temporary cannot be created: the directory is read-only (not for root) */
+  if (geteuid() != 0) {
+    chmod(dir, 0555);
+    st = m3_tensor_writer_write(w, target);
+    chmod(dir, 0777);
+    check(st == M3_ERR_IO && same_file(target, old) && count_entries(dir) == 1,
+          "read-only directory: M3_ERR_IO, old file intact: %s", m3_last_error());
+  } else {
+    printf("skipped: read-only directory check (running as root)\n");
+  }
+
+  /* the rename fails: the target is a non-empty directory */
+  char sub[800], inner[900];
+  snprintf(sub, sizeof sub, "%s/adir", dir);
+  snprintf(inner, sizeof inner, "%s/keep", sub);
+  mkdir(sub, 0777);
+  write_bytes(inner, "k", 1);
+  st = m3_tensor_writer_write(w, sub);
+  check(st == M3_ERR_IO && same_file(inner, "k") && count_entries(dir) == 2,
+        "rename over a directory fails cleanly: %s", m3_last_error());
+
+  char missing[800];
+  snprintf(missing, sizeof missing, "%s/no/such/dir/x.safetensors", dir);
+  st = m3_tensor_writer_write(w, missing);
+  check(st == M3_ERR_IO && strstr(m3_last_error(), strerror(ENOENT)), "missing directory: %s", m3_last_error());
+
+  st = m3_tensor_writer_write(w, target);
+  m3_tensor_file *f = NULL;
+  check(st == M3_OK && m3_tensor_file_open(target, &f) == M3_OK && m3_tensor_file_count(f) == 1 &&
+            count_entries(dir) == 2,
+        "successful write replaces the old file");
+  m3_tensor_file_close(f);
+  m3_tensor_writer_destroy(w);
+  free(data);
+}
+
+/* ---- weights ------------------------------------------------------------------------ */
+
+static m3_config small_config(void) {
+  m3_config c;
+  m3_config_defaults(&c);
+  c.d_model = 16;
+  c.n_layers = 2;
+  c.d_state = 8;
+  c.headdim = 8;
+  c.input_dim = 5;
+  return c;
+}
+
+static m3_config lm_config(int tied) {
+  m3_config c = small_config();
+  c.input = M3_INPUT_TOKENS;
+  c.head = M3_HEAD_LM;
+  c.vocab_size = 11;
+  c.tie_embeddings = tied;
+  return c;
+}
+
+static int same_weights(const m3_weights *a, const m3_weights *b) {
+  if (!a || !b || m3_weights_count(a) != m3_weights_count(b)) return 0;
+  for (int32_t i = 0; i < m3_weights_count(a); i++) {
+    m3_tensor_info x, y;
+    m3_weights_tensor(a, i, &x);
+    m3_weights_tensor(b, i, &y);
+    if (strcmp(x.name, y.name) || x.numel != y.numel || memcmp(x.data, y.data, (size_t)x.numel * 4)) return 0;
+  }
+  return 1;
+}
+
+/* How write_variant changes a weights file. */
+typedef struct variant {
+  const char *prefix;    /* prepended to every name */
+  int32_t dtype;         /* F32, F64, F16 or BF16 (converted from the floats) */
+  const char *skip;      /* this tensor is left out */
+  const char *reshape;   /* this tensor is written flat */
+  const char *duplicate; /* also written under "backbone." + name */
+  const char *extra;     /* an extra F32 [1] tensor */
+  int lm_head;           /* 1: add lm_head.weight = embedding; 2: differing; 3: wrong shape */
+  int no_config;         /* no "config" metadata */
+  const char *config;    /* this "config" metadata instead */
+} variant;
+
+static void *convert(const float *x, int64_t n, int32_t dtype) {
+  size_t elem = dtype == M3_DTYPE_F64 ? 8 : dtype == M3_DTYPE_F32 ? 4 : 2;
+  unsigned char *out = malloc((size_t)n * elem + 1);
+  for (int64_t i = 0; i < n; i++) {
+    uint32_t bits;
+    memcpy(&bits, &x[i], 4);
+    if (dtype == M3_DTYPE_F64)
+      ((double *)out)[i] = x[i];
+    else if (dtype == M3_DTYPE_F32)
+      ((float *)out)[i] = x[i];
+    else if (dtype == M3_DTYPE_BF16)
+      ((uint16_t *)out)[i] = (uint16_t)(bits >> 16);
+    else
+      ((uint16_t *)out)[i] =
+          (uint16_t)((bits >> 31) << 15 | (x[i] == 0 ? 0 : ((bits >> 23 & 0xff) - 112) << 10 | (bits >> 13 & 0x3ff)));
+  }
+  return out;
+}
+
+static m3_status write_variant(const m3_weights *wt, const char *path, const variant *v) {
+  m3_tensor_writer *w = NULL;
+  m3_tensor_writer_create(&w);
+  void *bufs[64];
+  int nb = 0;
+  char name[128];
+  int32_t dtype = v->dtype;
+  for (int32_t i = 0; i < m3_weights_count(wt); i++) {
+    m3_tensor_info t;
+    m3_weights_tensor(wt, i, &t);
+    if (v->skip && strcmp(v->skip, t.name) == 0) continue;
+    snprintf(name, sizeof name, "%s%s", v->prefix ? v->prefix : "", t.name);
+    int flat = v->reshape && strcmp(v->reshape, t.name) == 0;
+    void *data = bufs[nb++] = convert(t.data, t.numel, dtype);
+    m3_tensor_writer_add(w, name, dtype, flat ? 1 : t.ndim, flat ? &t.numel : t.shape, data);
+    if (v->duplicate && strcmp(v->duplicate, t.name) == 0) {
+      snprintf(name, sizeof name, "backbone.%s", t.name);
+      m3_tensor_writer_add(w, name, dtype, t.ndim, t.shape, data);
+    }
+    if (v->lm_head && strcmp(t.name, "embedding.weight") == 0) {
+      float *head = bufs[nb++] = malloc((size_t)t.numel * 4);
+      memcpy(head, t.data, (size_t)t.numel * 4);
+      if (v->lm_head == 2) head[t.numel - 1] += 1;
+      int64_t shape[2] = {t.shape[0] - (v->lm_head == 3), t.shape[1]};
+      m3_tensor_writer_add(w, "lm_head.weight", M3_DTYPE_F32, 2, shape, head);
+    }
+  }
+  float one = 1;
+  int64_t shape1 = 1;
+  if (v->extra) m3_tensor_writer_add(w, v->extra, M3_DTYPE_F32, 1, &shape1, &one);
+  if (!v->no_config)
+    m3_tensor_writer_add_metadata(w, "config", v->config ? v->config : m3_config_to_json(m3_weights_config(wt)));
+  m3_status st = m3_tensor_writer_write(w, path);
+  m3_tensor_writer_destroy(w);
+  while (nb) free(bufs[--nb]);
+  return st;
+}
+
+static void expect_load(const char *label, const m3_weights *ref, const variant *v, const m3_config *cfg,
+                        m3_status want, const char *needle) {
+  const char *path = tmp_path("variant.safetensors");
+  write_variant(ref, path, v);
+  m3_weights *got = (m3_weights *)&n_pass;
+  m3_status st = m3_weights_load(path, cfg, &got);
+  int ok = st == want && (want == M3_OK ? same_weights(ref, got) : got == NULL) &&
+           (!needle || strstr(m3_last_error(), needle));
+  check(ok, "weights %s -> %s%s%s", label, m3_status_name(st), st == M3_OK ? "" : ": ",
+        st == M3_OK ? "" : m3_last_error());
+  if (st == M3_OK) m3_weights_destroy(got);
+}
+
+/* Rounds weights so that they survive F16 (small magnitudes, 10-bit mantissas). */
+static void round_for_f16(m3_weights *w) {
+  float *x = m3_weights_data(w);
+  for (int64_t i = 0; i < m3_weights_arena_size(w); i++) x[i] = roundf(x[i] * 256) / 256;
+}
+
+static void test_weights(void) {
+  m3_config c = small_config();
+  m3_weights *w = NULL, *got = NULL;
+  check(m3_weights_create(&c, &w) == M3_OK && m3_weights_init(w, 1234) == M3_OK, "create + init weights");
+  const char *path = tmp_path("weights.safetensors");
+  check(m3_weights_save(w, path) == M3_OK, "weights save");
+  check(m3_weights_load(path, NULL, &got) == M3_OK && same_weights(w, got),
+        "weights load (config from file) is bit-exact");
+  check(got && strcmp(m3_config_to_json(m3_weights_config(got)), m3_config_to_json(&c)) == 0, "config round trip");
+  m3_weights_destroy(got);
+  got = NULL;
+  check(m3_weights_load(path, &c, &got) == M3_OK && same_weights(w, got), "weights load with an explicit config");
+  m3_weights_destroy(got);
+  m3_tensor_file *f = NULL;
+  check(m3_tensor_file_open(path, &f) == M3_OK && m3_tensor_file_count(f) == m3_weights_count(w) &&
+            strcmp(m3_tensor_file_metadata(f, "format"), "m3lua-weights-1") == 0,
+        "saved file: every tensor, format tag");
+  int all_f32 = 1;
+  for (int32_t i = 0; f && i < m3_tensor_file_count(f); i++) {
+    m3_file_tensor t;
+    m3_tensor_file_get(f, i, &t);
+    all_f32 &= t.dtype == M3_DTYPE_F32;
+  }
+  check(all_f32, "saved tensors are F32");
+  m3_tensor_file_close(f);
+
+  variant v = {0};
+  expect_load("plain", w, &v, NULL, M3_OK, NULL);
+  v.prefix = "backbone.";
+  expect_load("backbone. prefix", w, &v, NULL, M3_OK, NULL);
+  v = (variant){.dtype = M3_DTYPE_F64};
+  expect_load("from F64", w, &v, NULL, M3_OK, NULL);
+  v = (variant){.skip = "layers.1.mixer.D"};
+  expect_load("missing tensor", w, &v, NULL, M3_ERR_FORMAT, "missing tensor layers.1.mixer.D");
+  v = (variant){.extra = "layers.2.mixer.D"};
+  expect_load("extra tensor", w, &v, NULL, M3_ERR_FORMAT, "layers.2.mixer.D");
+  v = (variant){.extra = "param.norm_f.weight"};
+  expect_load("param. prefix is not special", w, &v, NULL, M3_ERR_FORMAT, "param.norm_f.weight");
+  v = (variant){.reshape = "layers.0.mixer.B_bias"};
+  expect_load("mis-shaped tensor", w, &v, NULL, M3_ERR_FORMAT, "expected shape [4, 1, 8], got [32]");
+  v = (variant){.duplicate = "norm_f.weight"};
+  expect_load("bare and backbone. names both present", w, &v, NULL, M3_ERR_FORMAT, "backbone.norm_f.weight");
+  v = (variant){.no_config = 1};
+  expect_load("no config metadata, no cfg", w, &v, NULL, M3_ERR_ARGUMENT, "cfg");
+  expect_load("no config metadata, cfg given", w, &v, &c, M3_OK, NULL);
+  v = (variant){.config = "{\"d_model\": 16"};
+  expect_load("broken config metadata", w, &v, NULL, M3_ERR_FORMAT, "config");
+  v = (variant){.config = "{\"d_model\": 0, \"n_layers\": 2}"};
+  expect_load("invalid config metadata", w, &v, NULL, M3_ERR_CONFIG, "d_model");
+  m3_config other = c;
+  other.d_state = 4;
+  v = (variant){0};
+  expect_load("cfg that does not match the file", w, &v, &other, M3_ERR_FORMAT, "expected shape");
+  {
+    m3_tensor_writer *tw = NULL;
+    m3_tensor_writer_create(&tw);
+    m3_tensor_info t;
+    for (int32_t i = 0; i < m3_weights_count(w); i++) {
+      m3_weights_tensor(w, i, &t);
+      int32_t dtype = i == 3 ? M3_DTYPE_I32 : M3_DTYPE_F32;
+      m3_tensor_writer_add(tw, t.name, dtype, t.ndim, t.shape, t.data);
+    }
+    m3_tensor_writer_write(tw, tmp_path("i32.safetensors"));
+    m3_tensor_writer_destroy(tw);
+    got = (m3_weights *)&n_pass;
+    check(m3_weights_load(tmp_path("i32.safetensors"), &c, &got) == M3_ERR_FORMAT && got == NULL &&
+              strstr(m3_last_error(), "I32"),
+          "integer dtype rejected: %s", m3_last_error());
+  }
+  {
+    m3_weights *big = NULL;
+    m3_weights_clone(w, &big);
+    m3_weights_data(big)[0] = 1e30f;
+    v = (variant){.dtype = M3_DTYPE_F64};
+    const char *p = tmp_path("f64big.safetensors");
+    write_variant(big, p, &v);
+    /* patch the first value to 1e300 (the first tensor's data starts the data section) */
+    size_t n = 0;
+    char *raw = read_all(p, &n);
+    uint64_t hlen = 0;
+    for (int i = 7; i >= 0; i--) hlen = hlen << 8 | (unsigned char)raw[i];
+    double huge = 1e300;
+    memcpy(raw + 8 + hlen, &huge, 8);
+    write_bytes(p, raw, n);
+    free(raw);
+    got = (m3_weights *)&n_pass;
+    check(m3_weights_load(p, NULL, &got) == M3_ERR_FORMAT && got == NULL && strstr(m3_last_error(), "float32"),
+          "F64 value beyond float32 rejected: %s", m3_last_error());
+    m3_weights_destroy(big);
+  }
+  {
+    m3_weights *r = NULL;
+    m3_weights_clone(w, &r);
+    round_for_f16(r);
+    v = (variant){.dtype = M3_DTYPE_F16};
+    expect_load("from F16", r, &v, NULL, M3_OK, NULL);
+    float *x = m3_weights_data(r);
+    for (int64_t i = 0; i < m3_weights_arena_size(r); i++) {
+      uint32_t bits;
+      memcpy(&bits, &x[i], 4);
+      bits &= 0xffff0000u;
+      memcpy(&x[i], &bits, 4);
+    }
+    v = (variant){.dtype = M3_DTYPE_BF16};
+    expect_load("from BF16", r, &v, NULL, M3_OK, NULL);
+    m3_weights_destroy(r);
+  }
+  got = (m3_weights *)&n_pass;
+  check(m3_weights_load(tmp_path("bad.safetensors"), NULL, &got) != M3_OK && got == NULL,
+        "malformed file: out is NULL");
+  check(m3_weights_load(tmp_path("absent.safetensors"), NULL, &got) == M3_ERR_IO && got == NULL,
+        "absent file: M3_ERR_IO");
+  check(m3_weights_load(NULL, NULL, &got) == M3_ERR_ARGUMENT && m3_weights_load(path, NULL, NULL) == M3_ERR_ARGUMENT,
+        "NULL arguments");
+  m3_weights_destroy(w);
+
+  /* tied and untied "lm" heads */
+  m3_config tied = lm_config(1), untied = lm_config(0);
+  w = NULL;
+  m3_weights_create(&tied, &w);
+  m3_weights_init(w, 99);
+  v = (variant){0};
+  expect_load("tied lm, no lm_head", w, &v, NULL, M3_OK, NULL);
+  v.lm_head = 1;
+  expect_load("tied lm, lm_head equal to embedding", w, &v, NULL, M3_OK, NULL);
+  v.prefix = "backbone.";
+  expect_load("tied lm, backbone. prefix, lm_head equal", w, &v, NULL, M3_OK, NULL);
+  v = (variant){.lm_head = 2};
+  expect_load("tied lm, lm_head differs", w, &v, NULL, M3_ERR_FORMAT, "differs");
+  v = (variant){.lm_head = 3};
+  expect_load("tied lm, lm_head mis-shaped", w, &v, NULL, M3_ERR_FORMAT, "expected shape [11, 16], got [10, 16]");
+  m3_weights_destroy(w);
+  w = NULL;
+  m3_weights_create(&untied, &w);
+  m3_weights_init(w, 99);
+  check(m3_weights_find(w, "lm_head.weight") >= 0, "untied lm has lm_head.weight");
+  v = (variant){0};
+  expect_load("untied lm round trip", w, &v, NULL, M3_OK, NULL);
+  v = (variant){.skip = "lm_head.weight"};
+  expect_load("untied lm without lm_head", w, &v, NULL, M3_ERR_FORMAT, "missing tensor lm_head.weight");
+  m3_weights_destroy(w);
+}
+
+/* ---- golden files ------------------------------------------------------------------- */
+
+static void test_golden(void) {
+  char dir[1024];
+  const char *shared = getenv("M3_SHARED"), *root = getenv("M3_SOURCE_ROOT");
+  if (shared)
+    snprintf(dir, sizeof dir, "%s/golden", shared);
+  else
+    snprintf(dir, sizeof dir, "%s/../shared/golden", root ? root : ".");
+  DIR *d = opendir(dir);
+  if (!d) {
+    printf("skipped: no ../shared/golden (%s)\n", dir);
+    return;
+  }
+  int files = 0;
+  for (struct dirent *e; (e = readdir(d));) {
+    size_t len = strlen(e->d_name);
+    if (len < 12 || strcmp(e->d_name + len - 12, ".safetensors") != 0) continue;
+    char path[1400];
+    snprintf(path, sizeof path, "%s/%s", dir, e->d_name);
+    m3_tensor_file *f = NULL;
+    m3_status st = m3_tensor_file_open(path, &f);
+    const char *cfg_json = f ? m3_tensor_file_metadata(f, "config") : NULL;
+    check(st == M3_OK && m3_tensor_file_count(f) > 0 && cfg_json, "golden %s: %d tensors, config metadata", e->d_name,
+          m3_tensor_file_count(f));
+    m3_config c;
+    m3_weights *w = NULL;
+    int params_ok = cfg_json && m3_config_from_json(cfg_json, &c) == M3_OK && m3_weights_create(&c, &w) == M3_OK;
+    for (int32_t i = 0; params_ok && i < m3_weights_count(w); i++) {
+      m3_tensor_info info;
+      m3_file_tensor t;
+      char name[128];
+      m3_weights_tensor(w, i, &info);
+      snprintf(name, sizeof name, "param.%s", info.name);
+      int32_t k = m3_tensor_file_find(f, name);
+      params_ok = k >= 0 && m3_tensor_file_get(f, k, &t) == M3_OK && t.dtype == M3_DTYPE_F32 && t.numel == info.numel &&
+                  t.ndim == info.ndim;
+    }
+    check(params_ok, "golden %s: config parses and every param.<name> has the layout's size", e->d_name);
+    m3_weights_destroy(w);
+    m3_tensor_file_close(f);
+    files++;
+  }
+  closedir(d);
+  check(files > 0, "golden: %d files", files);
+}
+
+static int remove_entry(const char *path, const struct stat *st, int flag, struct FTW *ftw) {
+  (void)st, (void)flag, (void)ftw;
+  return remove(path);
+}
+
+int main(void) {
+  setvbuf(stdout, NULL, _IOLBF, 0);
+  if (!mkdtemp(tmpdir)) {
+    fprintf(stderr, "mkdtemp: %s\n", strerror(errno));
+    return 2;
+  }
+  test_round_trip();
+  test_writer_arguments();
+  test_malformed();
+  test_mutations();
+  test_atomic();
+  test_weights();
+  test_golden();
+  nftw(tmpdir, remove_entry, 16, FTW_DEPTH | FTW_PHYS);
+  printf("%d passed, %d failed\n", n_pass, n_fail);
+  return n_fail ? 1 : 0;
+}
