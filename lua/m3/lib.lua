@@ -1,0 +1,84 @@
+-- m3.lib — loads libm3 through the FFI: declares the generated cdef once, binds the
+-- library (ffi.C inside the m3lua host, which links libm3; else ffi.load), refuses a
+-- library whose ABI differs from the header, and turns status codes into Lua errors
+-- that point at the user's call site.
+
+local ffi = require "ffi"
+local cdef = require "m3.cdef"
+
+ffi.cdef(cdef.cdef)
+
+local function linked_in()
+  return pcall(function() return ffi.C.m3_abi_version end)
+end
+
+local path, C
+if linked_in() then
+  path, C = "(linked into this process)", ffi.C
+else
+  path = os.getenv("M3_LIB") or cdef.library
+  -- LuaJIT dlcloses an ffi.load'ed library when the state closes; unloading libm3 (and
+  -- with it libgomp) under live OpenMP worker threads crashes the process at exit. A
+  -- first dlopen with RTLD_NODELETE keeps it mapped for the life of the process.
+  if ffi.os == "Linux" then
+    pcall(ffi.cdef, "void *dlopen(const char *file, int mode);")
+    local RTLD_LAZY, RTLD_NODELETE = 0x1, 0x1000
+    pcall(function() return ffi.C.dlopen(path, RTLD_LAZY + RTLD_NODELETE) end)
+  end
+  local ok, lib = pcall(ffi.load, path)
+  if not ok then
+    error(string.format("m3: cannot load libm3 from %s (%s); build it with `ninja -C build` "
+      .. "or point M3_LIB at it", path, tostring(lib)), 0)
+  end
+  C = lib
+end
+
+local abi = tonumber(C.m3_abi_version())
+if abi ~= cdef.abi then
+  error(string.format("m3: libm3 at %s has ABI version %d but the binding was generated "
+    .. "for ABI version %d; rebuild (ninja -C build) so that both match", path, abi, cdef.abi), 0)
+end
+
+local lib = { C = C, path = path, abi = abi }
+
+-- Sources of the binding's own files: frames from them are skipped when an error is
+-- raised, so the message carries the file:line of the code that called the binding.
+local internal = {}
+
+function lib.internal_file(source)
+  internal[source] = true
+end
+lib.internal_file(debug.getinfo(1, "S").source)
+
+-- The error() level of the first frame outside the binding, seen from the caller of
+-- user_level's caller (level 1 there is the function that calls error).
+local function user_level()
+  local level = 3
+  while true do
+    local info = debug.getinfo(level, "S")
+    if not info or not internal[info.source] then return level - 1 end
+    level = level + 1
+  end
+end
+
+-- Raises msg at the user's call site (or at an explicit level, as for error()).
+function lib.raise(msg, level)
+  error(msg, level and level + 1 or user_level())
+end
+
+local INTERRUPTED = 11
+
+-- Raises the library's last error when status is not M3_OK. level as for error(), seen
+-- from check's caller; by default, the first frame outside the binding.
+function lib.check(status, level)
+  if status == 0 then return end
+  local msg = ffi.string(C.m3_last_error())
+  if status == INTERRUPTED then
+    msg = "interrupted: " .. msg
+  else
+    msg = "m3: " .. msg
+  end
+  error(msg, level and level + 1 or user_level())
+end
+
+return lib

@@ -1,0 +1,153 @@
+-- m3.serialize — an exact text form for plain Lua values (a checkpoint's `extra` table).
+--
+-- dump(value, name) writes `return <literal>`: nil, booleans, numbers (%.17g, so every
+-- double round-trips; 1/0, -1/0, 0/0 for inf, -inf, nan), strings (%q) and nested tables
+-- whose keys are strings or numbers. Cycles, functions, userdata, cdata and threads are
+-- errors that name the path (`extra.data.fn`). Tables reached twice are written twice.
+-- load(text) accepts only that literal form (checked lexically: no names other than
+-- return/true/false/nil, no calls) and evaluates it with load() in an empty environment.
+
+local serialize = {}
+
+local function fail(msg)
+  error({ serialize_error = msg })
+end
+
+local function is_identifier(s)
+  return s:match("^[%a_][%w_]*$") ~= nil and not ({
+    ["and"] = 1, ["break"] = 1, ["do"] = 1, ["else"] = 1, ["elseif"] = 1, ["end"] = 1,
+    ["false"] = 1, ["for"] = 1, ["function"] = 1, ["goto"] = 1, ["if"] = 1, ["in"] = 1,
+    ["local"] = 1, ["nil"] = 1, ["not"] = 1, ["or"] = 1, ["repeat"] = 1, ["return"] = 1,
+    ["then"] = 1, ["true"] = 1, ["until"] = 1, ["while"] = 1 })[s]
+end
+
+local function number(v)
+  if v ~= v then return "0/0" end
+  if v == math.huge then return "1/0" end
+  if v == -math.huge then return "-1/0" end
+  return string.format("%.17g", v)
+end
+
+local function sub_path(path, k)
+  if type(k) == "string" and is_identifier(k) then return path .. "." .. k end
+  if type(k) == "string" then return path .. "[" .. string.format("%q", k) .. "]" end
+  return path .. "[" .. number(k) .. "]"
+end
+
+local function key_order(a, b)
+  local ta, tb = type(a), type(b)
+  if ta ~= tb then return ta == "number" end
+  if ta == "number" and (a ~= a or b ~= b) then return b ~= b and a == a end
+  return a < b
+end
+
+local function write(out, v, path, open)
+  local t = type(v)
+  if t == "nil" then
+    out[#out + 1] = "nil"
+  elseif t == "boolean" then
+    out[#out + 1] = tostring(v)
+  elseif t == "number" then
+    out[#out + 1] = number(v)
+  elseif t == "string" then
+    out[#out + 1] = string.format("%q", v)
+  elseif t == "table" then
+    if open[v] then fail(path .. " is a cycle (a table that contains itself)") end
+    if getmetatable(v) ~= nil then fail(path .. " has a metatable (only plain tables can be saved)") end
+    open[v] = true
+    local keys = {}
+    for k in pairs(v) do
+      local kt = type(k)
+      if kt ~= "string" and kt ~= "number" then
+        fail(string.format("%s has a %s key (only string and number keys can be saved)", path, kt))
+      end
+      if k ~= k then fail(path .. " has a nan key") end
+      keys[#keys + 1] = k
+    end
+    table.sort(keys, key_order)
+    out[#out + 1] = "{"
+    for i, k in ipairs(keys) do
+      if i > 1 then out[#out + 1] = ", " end
+      out[#out + 1] = "["
+      out[#out + 1] = type(k) == "string" and string.format("%q", k) or number(k)
+      out[#out + 1] = "] = "
+      write(out, v[k], sub_path(path, k), open)
+    end
+    out[#out + 1] = "}"
+    open[v] = nil
+  else
+    fail(string.format("%s is a %s (only nil, booleans, numbers, strings and tables can be saved)", path, t))
+  end
+end
+
+-- The text `return <value>`. name (default "value") starts the paths in error messages.
+function serialize.dump(value, name)
+  local out = { "return " }
+  local ok, err = pcall(write, out, value, name or "value", {})
+  if not ok then
+    if type(err) == "table" and err.serialize_error then error("serialize: " .. err.serialize_error, 2) end
+    error(err, 0)
+  end
+  return table.concat(out)
+end
+
+local allowed_words = { ["return"] = true, ["true"] = true, ["false"] = true, ["nil"] = true }
+
+-- Everything outside quoted strings, or nil and a message when a string does not end.
+local function outside_strings(text)
+  local parts, i, n = {}, 1, #text
+  while i <= n do
+    local q = text:find("[\"']", i)
+    if not q then
+      parts[#parts + 1] = text:sub(i)
+      break
+    end
+    parts[#parts + 1] = text:sub(i, q - 1)
+    local quote, j = text:sub(q, q), q + 1
+    while true do
+      local c = text:sub(j, j)
+      if c == "" then return nil, "unterminated string" end
+      if c == "\\" then
+        j = j + 2
+      elseif c == quote then
+        break
+      else
+        j = j + 1
+      end
+    end
+    parts[#parts + 1] = " 0 "
+    i = j + 1
+  end
+  return table.concat(parts)
+end
+
+local function check_literal(text)
+  if not text:match("^%s*return[%s{%[\"'%-%d]") and not text:match("^%s*return%s*$") then
+    return "expected text of the form `return <literal>`"
+  end
+  local rest, err = outside_strings(text)
+  if not rest then return err end
+  if rest:find("[[=", 1, true) or rest:find("[[", 1, true) or rest:find("--", 1, true) then
+    return "long strings and comments are not accepted"
+  end
+  rest = rest:gsub("%d+%.?%d*[eE][%+%-]?%d+", " "):gsub("%d+%.?%d*", " ")
+  for word in rest:gmatch("[%a_][%w_]*") do
+    if not allowed_words[word] then return "unexpected name `" .. word .. "`" end
+  end
+  local bad = rest:match("[^%s%a_{}%[%]=,%-/]")
+  if bad then return "unexpected character `" .. bad .. "`" end
+end
+
+-- The value of a text made by dump.
+function serialize.load(text)
+  if type(text) ~= "string" then error("serialize.load: expected a string, got " .. type(text), 2) end
+  local err = check_literal(text)
+  if err then error("serialize.load: " .. err, 2) end
+  local chunk, perr = load(text, "=serialized", "t", {})
+  if not chunk then error("serialize.load: " .. perr, 2) end
+  local ok, value = pcall(chunk)
+  if not ok then error("serialize.load: " .. tostring(value), 2) end
+  return value
+end
+
+return serialize

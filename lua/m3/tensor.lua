@@ -1,0 +1,319 @@
+-- m3.tensor — dense host tensors (f32, f64, i32, u8) with a shape.
+--
+-- A tensor is an FFI struct (one type per dtype) holding a typed `data` pointer, the
+-- element count and up to 8 dims; `t[i]` is bounds-checked 0-based flat access and `#t`
+-- the element count. The memory belongs to an anchor (an ffi.new array, a weights object
+-- for views, a user's FFI array for wraps) kept alive in a registry until the tensor is
+-- collected. Nothing here copies or loops over elements unless asked (from, to_table,
+-- clone, cast).
+
+local ffi = require "ffi"
+local lib = require "m3.lib"
+
+lib.internal_file(debug.getinfo(1, "S").source)
+
+local raise = lib.raise
+local floor, huge = math.floor, math.huge
+local MAXDIM = 8
+
+local ctype_of = { f32 = "float", f64 = "double", i32 = "int32_t", u8 = "uint8_t" }
+local aliases = {
+  f32 = "f32", float32 = "f32", float = "f32",
+  f64 = "f64", float64 = "f64", double = "f64",
+  i32 = "i32", int32 = "i32",
+  u8 = "u8", uint8 = "u8",
+}
+-- Element type names as ffi's tostring(ctype) spells them.
+local dtype_of_cname = { float = "f32", double = "f64", int = "i32", ["unsigned char"] = "u8" }
+
+local tensor = {}
+
+-- ---- registry of anchors ----------------------------------------------------------------
+
+local anchors, free_ids, next_id = {}, {}, 1
+
+local function anchor(owner)
+  local id = free_ids[#free_ids]
+  if id then
+    free_ids[#free_ids] = nil
+  else
+    id, next_id = next_id, next_id + 1
+  end
+  anchors[id] = owner
+  return id
+end
+
+local function release(t)
+  local id = t.anchor_
+  if id ~= 0 then
+    anchors[id] = nil
+    free_ids[#free_ids + 1] = id
+  end
+end
+
+-- ---- struct types and metatables ---------------------------------------------------------
+
+local ctypes, array_ct, ptr_ct = {}, {}, {}
+local methods = {}
+
+local function bad_index(t, k)
+  if type(k) == "number" then
+    if k ~= floor(k) then raise("tensor index " .. tostring(k) .. " is not an integer") end
+    raise(string.format("tensor index %s out of range [0, %d)", tostring(k), t.n_))
+  end
+  raise("tensor: no method or field " .. tostring(k))
+end
+
+local mt = {
+  __index = function(t, k)
+    if type(k) == "number" then
+      if k >= 0 and k < t.n_ and k == floor(k) then return t.data[k] end
+      bad_index(t, k)
+    end
+    return methods[k]
+  end,
+  __newindex = function(t, k, v)
+    if type(k) == "number" and k >= 0 and k < t.n_ and k == floor(k) then
+      t.data[k] = v
+      return
+    end
+    if type(k) ~= "number" then raise("tensor: cannot set field " .. tostring(k)) end
+    bad_index(t, k)
+  end,
+  __len = function(t) return t.n_ end,
+  __gc = release,
+}
+
+for dtype, cname in pairs(ctype_of) do
+  local sname = "m3_lua_tensor_" .. dtype
+  ffi.cdef(string.format(
+    "typedef struct %s { %s *data; double n_; int32_t ndim_; int32_t anchor_; int64_t dims_[%d]; } %s;",
+    sname, cname, MAXDIM, sname))
+  local m = {}
+  for k, v in pairs(mt) do m[k] = v end
+  m.__tostring = function(t) return tensor.tostring(t, dtype) end
+  ctypes[dtype] = ffi.metatype(sname, m)
+  array_ct[dtype] = ffi.typeof(cname .. "[?]")
+  ptr_ct[dtype] = ffi.typeof(cname .. "*")
+end
+
+local function dtype_of(t)
+  for dtype, ct in pairs(ctypes) do
+    if ffi.istype(ct, t) then return dtype end
+  end
+end
+
+function tensor.is(x)
+  return type(x) == "cdata" and dtype_of(x) ~= nil
+end
+
+-- ---- construction ------------------------------------------------------------------------
+
+function tensor.dtype_name(dtype, what)
+  local d = aliases[dtype == nil and "f32" or dtype]
+  if not d then
+    raise(string.format("%s: unknown dtype %s (use f32, f64, i32 or u8)", what or "m3.tensor",
+      tostring(dtype)))
+  end
+  return d
+end
+
+local function check_shape(shape, what)
+  if type(shape) == "number" then shape = { shape } end
+  if type(shape) ~= "table" then
+    raise(string.format("%s: shape must be a table of integers, got %s", what, type(shape)))
+  end
+  if #shape > MAXDIM then raise(string.format("%s: at most %d dims, got %d", what, MAXDIM, #shape)) end
+  local n = 1
+  for i = 1, #shape do
+    local d = shape[i]
+    if type(d) ~= "number" or d < 0 or d ~= floor(d) or d == huge then
+      raise(string.format("%s: shape[%d] = %s: expected an integer >= 0", what, i, tostring(d)))
+    end
+    n = n * d
+  end
+  if n >= 2 ^ 53 then raise(string.format("%s: %g elements is too many", what, n)) end
+  return shape, n
+end
+
+-- A tensor over data (a pointer of the dtype's element type) owned by owner.
+local function make(dtype, shape, n, data, owner)
+  local t = ctypes[dtype]()
+  t.data = data
+  t.n_ = n
+  t.ndim_ = #shape
+  for i = 1, #shape do t.dims_[i - 1] = shape[i] end
+  t.anchor_ = anchor(owner)
+  return t
+end
+
+local function zeros(dtype, shape, n)
+  local buf = array_ct[dtype](n > 0 and n or 1)
+  return make(dtype, shape, n, buf, buf)
+end
+
+function tensor.new(shape, dtype)
+  local n
+  shape, n = check_shape(shape, "m3.tensor")
+  return zeros(tensor.dtype_name(dtype), shape, n)
+end
+
+-- The dtype and kind ("array" with a byte size, or "pointer") of a plain FFI cdata.
+local function cdata_kind(x)
+  local name = tostring(ffi.typeof(x)):match("^ctype<(.*)>$")
+  name = name:gsub("const ", ""):gsub("volatile ", "")
+  local elem = name:match("^(.-)%s*%[[%d%?]*%]$")
+  if elem then return dtype_of_cname[elem], "array" end
+  elem = name:match("^(.-)%s*%*$")
+  if elem then return dtype_of_cname[elem], "pointer" end
+  return nil, name
+end
+
+-- Views a plain FFI array (or pointer) as a tensor; the array is kept alive by the view.
+function tensor.wrap(x, shape, dtype, what)
+  what = what or "m3.tensor.wrap"
+  if type(x) ~= "cdata" then raise(string.format("%s: expected an FFI array, got %s", what, type(x))) end
+  local n
+  shape, n = check_shape(shape, what)
+  local have, kind = cdata_kind(x)
+  if not have then
+    raise(string.format("%s: expected an array of float, double, int32_t or uint8_t, got %s",
+      what, tostring(ffi.typeof(x))))
+  end
+  if dtype ~= nil and tensor.dtype_name(dtype, what) ~= have then
+    raise(string.format("%s: dtype %s does not match the array's element type (%s)", what, dtype, have))
+  end
+  if kind == "array" then
+    local have_n = ffi.sizeof(x) / ffi.sizeof(ctype_of[have])
+    if have_n < n then
+      raise(string.format("%s: the array holds %d elements, the shape needs %d", what, have_n, n))
+    end
+  end
+  return make(have, shape, n, ffi.cast(ptr_ct[have], x), x)
+end
+
+-- A view of n elements at ptr (typed or not) that keeps owner alive (used for weights).
+function tensor.view(ptr, shape, dtype, owner)
+  local n = 1
+  for i = 1, #shape do n = n * shape[i] end
+  return make(dtype, shape, n, ffi.cast(ptr_ct[dtype], ptr), owner)
+end
+
+local function type_name(v)
+  if tensor.is(v) then return "a tensor" end
+  return type(v) == "nil" and "nil" or "a " .. type(v)
+end
+
+local function fill_from(dst, v, shape, depth, pos, path)
+  local want = shape[depth]
+  if type(v) ~= "table" or tensor.is(v) then
+    raise(string.format("m3.tensor.from: element %s is %s, expected a table of %d entries "
+      .. "(nested tables must be rectangular)", path, type_name(v), want))
+  end
+  if #v ~= want then
+    raise(string.format("m3.tensor.from: element %s has %d entries, expected %d (nested tables "
+      .. "must be rectangular)", path, #v, want))
+  end
+  if depth == #shape then
+    for i = 1, want do
+      local x = v[i]
+      if type(x) ~= "number" then
+        raise(string.format("m3.tensor.from: element %s[%d] is %s, expected a number", path, i, type_name(x)))
+      end
+      dst[pos] = x
+      pos = pos + 1
+    end
+    return pos
+  end
+  for i = 1, want do pos = fill_from(dst, v[i], shape, depth + 1, pos, path .. "[" .. i .. "]") end
+  return pos
+end
+
+-- A new tensor of dtype holding a copy of src (a tensor), converted element by element.
+function tensor.cast(src, dtype)
+  dtype = tensor.dtype_name(dtype)
+  local t = zeros(dtype, src:shape(), src.n_)
+  if dtype_of(src) == dtype then
+    ffi.copy(t.data, src.data, src.n_ * ffi.sizeof(ctype_of[dtype]))
+  else
+    local s, d = src.data, t.data
+    for i = 0, src.n_ - 1 do d[i] = s[i] end
+  end
+  return t
+end
+
+-- A new tensor from a (nested, rectangular) table of numbers, or a converted copy of a tensor.
+function tensor.from(v, dtype)
+  dtype = tensor.dtype_name(dtype, "m3.tensor.from")
+  if tensor.is(v) then return tensor.cast(v, dtype) end
+  if type(v) ~= "table" then
+    raise("m3.tensor.from: expected a (nested) table of numbers or a tensor, got " .. type(v))
+  end
+  local shape, x = {}, v
+  while type(x) == "table" do
+    shape[#shape + 1] = #x
+    if #x == 0 then break end
+    x = x[1]
+  end
+  local n
+  shape, n = check_shape(shape, "m3.tensor.from")
+  local t = zeros(dtype, shape, n)
+  fill_from(t.data, v, shape, 1, 0, "")
+  return t
+end
+
+-- ---- methods -------------------------------------------------------------------------------
+
+function methods.shape(t)
+  local s = {}
+  for i = 1, t.ndim_ do s[i] = tonumber(t.dims_[i - 1]) end
+  return s
+end
+
+function methods.numel(t) return t.n_ end
+
+function methods.dtype(t) return dtype_of(t) end
+
+function methods.clone(t) return tensor.cast(t, dtype_of(t)) end
+
+local function build(data, shape, depth, pos)
+  local out, d = {}, shape[depth]
+  if depth == #shape then
+    for i = 1, d do out[i] = data[pos + i - 1] end
+    return out, pos + d
+  end
+  for i = 1, d do out[i], pos = build(data, shape, depth + 1, pos) end
+  return out, pos
+end
+
+function methods.to_table(t)
+  local shape = t:shape()
+  if #shape == 0 then return { t.data[0] } end
+  return (build(t.data, shape, 1, 0))
+end
+
+local SHOW = 8
+
+function tensor.format_shape(shape)
+  return "[" .. table.concat(shape, ", ") .. "]"
+end
+
+function tensor.tostring(t, dtype)
+  local vals, n = {}, math.min(t.n_, SHOW)
+  local fmt = (dtype == "f32" or dtype == "f64") and "%.6g" or "%d"
+  for i = 0, n - 1 do vals[#vals + 1] = string.format(fmt, t.data[i]) end
+  if t.n_ > SHOW then vals[#vals + 1] = "..." end
+  return string.format("m3.tensor(%s %s: %s)", dtype, tensor.format_shape(t:shape()), table.concat(vals, ", "))
+end
+
+-- "f32 [4, 32]" for a tensor; a short description of anything else (for error messages).
+function tensor.describe(v)
+  if tensor.is(v) then return dtype_of(v) .. " " .. tensor.format_shape(v:shape()) end
+  if type(v) == "cdata" then return tostring(ffi.typeof(v)) end
+  return type_name(v)
+end
+
+tensor.ctype_of = ctype_of
+tensor.cdata_kind = cdata_kind
+
+return setmetatable(tensor, { __call = function(_, shape, dtype) return tensor.new(shape, dtype) end })
