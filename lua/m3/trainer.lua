@@ -1,0 +1,657 @@
+-- m3.trainer — the training loop's handle (API.md "Trainer") over m3_trainer_*.
+--
+-- A trainer is a Lua table holding a box (an ffi.new struct whose __gc destroys the C
+-- trainer), `config` (the validated model config) and reusable m3_batch / m3_metrics
+-- structs. Batches are Lua tables of tensors: each field is checked here (name, dtype,
+-- shape [B, T(, D)] with B <= batch and T <= seq_len taken from the first field given) so
+-- errors name the field and what was expected; token id and target ranges are checked by
+-- the engine. Float fields also accept f64 tensors (converted to a f32 copy), and any field
+-- accepts a nested Lua table, a `{data = <FFI array>, shape = {...}}` table, or a raw FFI
+-- array of exactly the expected size. The tensors of a batch stay referenced from the
+-- trainer until the engine call returns.
+
+local ffi = require "ffi"
+local lib = require "m3.lib"
+local tensor = require "m3.tensor"
+local config = require "m3.config"
+local weights = require "m3.weights"
+local serialize = require "m3.serialize"
+
+lib.internal_file(debug.getinfo(1, "S").source)
+
+local C, check, raise = lib.C, lib.check, lib.raise
+
+ffi.cdef "typedef struct m3_trainer_box { m3_trainer *p; } m3_trainer_box;"
+local Box = ffi.metatype("m3_trainer_box", {
+  __gc = function(b)
+    if b.p ~= nil then
+      C.m3_trainer_destroy(b.p)
+      b.p = nil
+    end
+  end,
+})
+
+local DEVICE_CPU, DEVICE_CUDA = 1, 2
+local PRECISIONS = { f32 = 0, bf16 = 1, f16 = 2 }
+local PRECISION_NAME = { [0] = "f32", "bf16", "f16" }
+
+local T = {}
+T.__index = T
+
+local function show(v)
+  if type(v) == "string" then return string.format("%q", v) end
+  return tostring(v)
+end
+
+local function check_keys(t, valid, what)
+  local names = {}
+  for k in pairs(valid) do names[#names + 1] = k end
+  table.sort(names)
+  for k in pairs(t) do
+    if not valid[k] then
+      raise(string.format("%s: unknown option %s%s; valid options: %s", what, show(k),
+        type(k) == "string" and config.suggest(k, names) or "", table.concat(names, ", ")))
+    end
+  end
+end
+
+local function want_int(v, name, lo)
+  if type(v) ~= "number" or v ~= math.floor(v) or v < lo or v > 2147483647 then
+    raise(string.format("%s = %s: expected an integer >= %d", name, show(v), lo))
+  end
+  return v
+end
+
+local function want_number(v, name)
+  if type(v) ~= "number" then raise(string.format("%s = %s: expected a number", name, show(v))) end
+  return v
+end
+
+local function want_bool(v, name)
+  if type(v) ~= "boolean" then raise(string.format("%s = %s: expected a boolean", name, show(v))) end
+  return v
+end
+
+-- "auto" | "cpu" | "cuda" | "cuda:N" → device kind, index (index nil for a bare "cuda").
+local function parse_device(s, what)
+  if s == "auto" then return 0, 0 end
+  if s == "cpu" then return DEVICE_CPU, 0 end
+  if s == "cuda" then return DEVICE_CUDA, nil end
+  local n = type(s) == "string" and s:match("^cuda:(%d+)$")
+  if n then return DEVICE_CUDA, tonumber(n) end
+  raise(string.format("%s: device = %s: expected \"auto\", \"cpu\", \"cuda\" or \"cuda:N\"", what, show(s)))
+end
+
+local function parse_dtype(s, what)
+  local p = PRECISIONS[s]
+  if not p then raise(string.format("%s: dtype = %s: expected \"f32\", \"bf16\" or \"f16\"", what, show(s))) end
+  return p
+end
+
+-- ---- construction -------------------------------------------------------------------------------
+
+local OPTS = { device = true, dtype = true, batch = true, seq_len = true, lr = true, weight_decay = true,
+               betas = true, eps = true, no_decay = true, carry_state = true, seed = true, clip = true,
+               allow_tf32 = true }
+
+local function fill_cfg(opts)
+  local what = "m3.trainer"
+  local c = ffi.new("m3_trainer_cfg")
+  C.m3_trainer_cfg_defaults(c)
+  if opts.device ~= nil then
+    local kind, index = parse_device(opts.device, what)
+    c.device, c.device_index = kind, index or 0
+  end
+  if opts.dtype ~= nil then c.precision = parse_dtype(opts.dtype, what) end
+  if opts.batch ~= nil then c.batch = want_int(opts.batch, "m3.trainer: batch", 1) end
+  if opts.seq_len ~= nil then c.seq_len = want_int(opts.seq_len, "m3.trainer: seq_len", 1) end
+  if opts.lr ~= nil then c.lr = want_number(opts.lr, "m3.trainer: lr") end
+  if opts.weight_decay ~= nil then c.weight_decay = want_number(opts.weight_decay, "m3.trainer: weight_decay") end
+  if opts.betas ~= nil then
+    local b = opts.betas
+    if type(b) ~= "table" or #b ~= 2 or type(b[1]) ~= "number" or type(b[2]) ~= "number" then
+      raise("m3.trainer: betas = " .. show(b) .. ": expected a table of two numbers {beta1, beta2}")
+    end
+    c.beta1, c.beta2 = b[1], b[2]
+  end
+  if opts.eps ~= nil then c.eps = want_number(opts.eps, "m3.trainer: eps") end
+  if opts.no_decay ~= nil then
+    if opts.no_decay ~= "reference" and opts.no_decay ~= "none" then
+      raise("m3.trainer: no_decay = " .. show(opts.no_decay) .. ": expected \"reference\" or \"none\"")
+    end
+    c.no_decay = opts.no_decay == "reference" and 1 or 0
+  end
+  if opts.carry_state ~= nil then c.carry_state = want_bool(opts.carry_state, "m3.trainer: carry_state") and 1 or 0 end
+  if opts.seed ~= nil then c.seed = weights.check_seed(opts.seed, "m3.trainer") end
+  if opts.clip ~= nil then c.clip = want_number(opts.clip, "m3.trainer: clip") end
+  if opts.allow_tf32 ~= nil then c.allow_tf32 = want_bool(opts.allow_tf32, "m3.trainer: allow_tf32") and 1 or 0 end
+  return c
+end
+
+-- The batch fields of a model: struct field, element dtype, trailing dim (nil: [B, T]).
+local function batch_spec(cfg)
+  local s = {}
+  if cfg.input == "tokens" then
+    s.tokens = { field = "tokens", dtype = "i32" }
+  else
+    s.input = { field = "input", dtype = "f32", dim = cfg.input == "features" and cfg.input_dim or cfg.d_model }
+  end
+  if cfg.head == "lm" then
+    s.targets = { field = "targets", dtype = "i32" }
+  elseif cfg.head == "mse" then
+    s.targets = { field = "target_values", dtype = "f32", dim = cfg.out_dim }
+    s.mask = { field = "mask", dtype = "u8" }
+  else
+    s.d_out = { field = "d_out", dtype = "f32", dim = cfg.d_model }
+  end
+  s.resets = { field = "resets", dtype = "u8" }
+  return s
+end
+
+local function wrap_trainer(p)
+  local box = Box()
+  box.p = p
+  local info = ffi.new("m3_trainer_info")
+  C.m3_trainer_get_info(p, info)
+  local cfg = config.from_c(C.m3_trainer_config(p))
+  return setmetatable({
+    _box = box,
+    config = cfg,
+    _spec = batch_spec(cfg),
+    _batch = ffi.new("m3_batch"),
+    _metrics = ffi.new("m3_metrics"),
+    _keep = {},
+    _B = tonumber(info.batch),
+    _T = tonumber(info.seq_len),
+    _precision = PRECISION_NAME[info.precision],
+    _device = info.device == DEVICE_CPU and "cpu" or "cuda:" .. tonumber(info.device_index),
+  }, T)
+end
+
+-- m3.trainer(weights_or_config, opts)
+local function new(w_or_cfg, opts)
+  if opts ~= nil and type(opts) ~= "table" then raise("m3.trainer: opts must be a table, got " .. type(opts)) end
+  opts = opts or {}
+  check_keys(opts, OPTS, "m3.trainer")
+  local c = fill_cfg(opts)
+  local w, own
+  if weights.is(w_or_cfg) then
+    w = w_or_cfg
+  elseif type(w_or_cfg) == "table" then
+    w, own = weights.init(w_or_cfg, { seed = opts.seed }), true
+  else
+    raise("m3.trainer: expected weights (m3.weights) or a config table, got " .. type(w_or_cfg))
+  end
+  c.weights = weights.ptr(w)
+  local out = ffi.new("m3_trainer *[1]")
+  local st = C.m3_trainer_create(c, out)
+  if own then w:close() end
+  check(st)
+  return wrap_trainer(out[0])
+end
+
+local function live(self)
+  if getmetatable(self) ~= T then raise("m3.trainer: expected a trainer (call methods with ':')") end
+  local p = self._box.p
+  if p == nil then raise("trainer is closed") end
+  return p
+end
+
+-- ---- batches -----------------------------------------------------------------------------------
+
+local ORDER = { "input", "tokens", "targets", "d_out", "resets", "mask" }
+local LONG = { f32 = "f32", f64 = "f64", i32 = "int32", u8 = "uint8" }
+
+local function describe(t)
+  if tensor.is(t) then return LONG[t:dtype()] .. " " .. tensor.format_shape(t:shape()) end
+  return tensor.describe(t)
+end
+
+local function expected(spec, B, T_)
+  local dims = { B or "B", T_ or "T" }
+  if spec.dim then dims[3] = spec.dim end
+  return LONG[spec.dtype] .. " [" .. table.concat(dims, ", ") .. "]"
+end
+
+-- A tensor for a batch value, or the raw cdata when its shape must come from B and T.
+local function as_tensor(name, v, spec)
+  if tensor.is(v) then return v end
+  if type(v) == "cdata" then return nil end
+  if type(v) == "table" and type(v.data) == "cdata" then
+    return tensor.wrap(v.data, v.shape, nil, "batch." .. name)
+  end
+  if type(v) == "table" then return tensor.from(v, spec.dtype) end
+  raise(string.format("batch.%s: expected %s, got %s", name, expected(spec), describe(v)))
+end
+
+local function model_help(self, name)
+  local cfg = self.config
+  if name == "tokens" or name == "input" then
+    return string.format("this model's input is %q: use batch.%s", cfg.input, cfg.input == "tokens" and "tokens" or "input")
+  end
+  if name == "mask" then return "mask applies to head \"mse\"" end
+  return string.format("this model's head is %q: use batch.%s", cfg.head, cfg.head == "none" and "d_out" or "targets")
+end
+
+local function release(self)
+  local keep = self._keep
+  for i = #keep, 1, -1 do keep[i] = nil end
+end
+
+-- Fills self._batch from a Lua batch. need: the field groups the call requires
+-- ("input" and/or "target").
+local function make_batch(self, b, need_input, need_target)
+  if type(b) ~= "table" then raise("batch: expected a table of tensors, got " .. describe(b)) end
+  release(self)
+  local spec, keep = self._spec, self._keep
+  for k in pairs(b) do
+    if not spec[k] then
+      local known = false
+      for _, n in ipairs(ORDER) do known = known or n == k end
+      if known then raise(string.format("batch.%s: not used by this model (%s)", k, model_help(self, k))) end
+      local valid = {}
+      for _, n in ipairs(ORDER) do
+        if spec[n] then valid[#valid + 1] = n end
+      end
+      raise(string.format("batch.%s: unknown field%s; valid fields: %s", tostring(k),
+        type(k) == "string" and config.suggest(k, valid) or "", table.concat(valid, ", ")))
+    end
+  end
+  local input_name = spec.tokens and "tokens" or "input"
+  local target_name = spec.d_out and "d_out" or "targets"
+  if need_input and b[input_name] == nil then
+    raise(string.format("batch.%s: missing (%s)", input_name, expected(spec[input_name])))
+  end
+  if need_target and b[target_name] == nil then
+    raise(string.format("batch.%s: missing (%s)", target_name, expected(spec[target_name])))
+  end
+  -- B and T from the first field with a shape
+  local tensors, B, T_ = {}, nil, nil
+  for _, name in ipairs(ORDER) do
+    local v = b[name]
+    if v ~= nil then
+      local t = as_tensor(name, v, spec[name])
+      tensors[name] = t or false
+      if t and not B then
+        local s = t:shape()
+        local want_nd = spec[name].dim and 3 or 2
+        if #s ~= want_nd or s[1] < 1 or s[1] > self._B or s[2] < 1 or s[2] > self._T then
+          raise(string.format("batch.%s: expected %s with B <= %d and T <= %d, got %s", name,
+            expected(spec[name]), self._B, self._T, describe(t)))
+        end
+        B, T_ = s[1], s[2]
+      end
+    end
+  end
+  B, T_ = B or self._B, T_ or self._T
+  local cb = self._batch
+  ffi.fill(cb, ffi.sizeof(cb))
+  cb.rows, cb.len = B, T_
+  for _, name in ipairs(ORDER) do
+    local t = tensors[name]
+    if t ~= nil then
+      local sp = spec[name]
+      if t == false then -- raw FFI array: exactly the expected size
+        local raw = b[name]
+        local dtype, kind = tensor.cdata_kind(raw)
+        local n = B * T_ * (sp.dim or 1)
+        local ok = kind == "array" and dtype ~= nil and ffi.sizeof(raw) == n * ffi.sizeof(tensor.ctype_of[dtype])
+        if not ok then
+          raise(string.format("batch.%s: expected %s (%d values), got %s", name, expected(sp, B, T_), n, describe(raw)))
+        end
+        t = tensor.wrap(raw, sp.dim and { B, T_, sp.dim } or { B, T_ }, dtype, "batch." .. name)
+      end
+      local s, dtype = t:shape(), t:dtype()
+      local ok = #s == (sp.dim and 3 or 2) and s[1] == B and s[2] == T_ and (not sp.dim or s[3] == sp.dim)
+      if ok and dtype == "f64" and sp.dtype == "f32" then
+        t, dtype = tensor.cast(t, "f32"), "f32"
+      end
+      if not ok or dtype ~= sp.dtype then
+        raise(string.format("batch.%s: expected %s, got %s", name, expected(sp, B, T_), describe(t)))
+      end
+      keep[#keep + 1] = t
+      cb[sp.field] = t.data
+    end
+  end
+  return cb
+end
+
+-- Calls the engine and raises its status after letting the batch's tensors go.
+local function call(self, fn, ...)
+  local st = fn(...)
+  release(self)
+  check(st)
+end
+
+local function metrics(self, m)
+  local r = {
+    step = tonumber(m.step),
+    graph_replayed = m.graph_replayed ~= 0,
+    optimizer_stepped = m.optimizer_stepped ~= 0,
+    tokens = tonumber(m.tokens),
+    ms = m.ms,
+  }
+  if m.has_loss ~= 0 then r.loss, r.counted = m.loss, tonumber(m.counted) end
+  if m.has_accuracy ~= 0 then r.accuracy = m.accuracy end
+  if m.has_grad_norm ~= 0 then r.grad_norm = m.grad_norm end
+  if self._precision == "f16" then
+    r.loss_scale, r.overflow_skipped = m.loss_scale, m.overflow_skipped ~= 0
+  end
+  return r
+end
+
+-- ---- training calls ----------------------------------------------------------------------------
+
+function T:step(batch)
+  local p = live(self)
+  local b = make_batch(self, batch, true, true)
+  local m = self._metrics
+  call(self, C.m3_trainer_step, p, b, m)
+  return metrics(self, m)
+end
+
+-- Split API: the forward of a window; returns out [B, T, d_model] and marks a backward pending.
+function T:forward(batch)
+  local p = live(self)
+  local b = make_batch(self, batch, true, false)
+  local out = tensor({ b.rows, b.len, self.config.d_model })
+  call(self, C.m3_trainer_forward, p, b, out.data)
+  return out
+end
+
+local BACKWARD_OPTS = { clip = true, accumulate = true, scale = true }
+
+local function is_tensor_like(x)
+  return tensor.is(x) or type(x) == "cdata" or (type(x) == "table" and type(x.data) == "cdata")
+end
+
+-- Split API: backward of the pending forward, then the update unless accumulate is set.
+function T:backward_step(batch_or_d_out, opts)
+  local p = live(self)
+  if opts ~= nil and type(opts) ~= "table" then raise("backward_step: opts must be a table, got " .. type(opts)) end
+  opts = opts or {}
+  check_keys(opts, BACKWARD_OPTS, "backward_step")
+  local o = ffi.new("m3_backward_opts", -1, 0, 1)
+  if opts.clip ~= nil then o.clip = want_number(opts.clip, "backward_step: clip") end
+  if opts.accumulate ~= nil then o.accumulate = want_bool(opts.accumulate, "backward_step: accumulate") and 1 or 0 end
+  if opts.scale ~= nil then o.scale = want_number(opts.scale, "backward_step: scale") end
+  local batch = batch_or_d_out
+  if is_tensor_like(batch) then batch = { d_out = batch } end
+  local b = make_batch(self, batch, false, true)
+  local m = self._metrics
+  call(self, C.m3_trainer_backward_step, p, b, o, m)
+  return metrics(self, m)
+end
+
+-- Loss (and accuracy for "lm") without gradients or state changes → metrics, out.
+function T:evaluate(batch)
+  local p = live(self)
+  local b = make_batch(self, batch, true, self.config.head ~= "none")
+  local out = tensor({ b.rows, b.len, self.config.d_model })
+  local m = self._metrics
+  call(self, C.m3_trainer_evaluate, p, b, m, out.data)
+  return metrics(self, m), out
+end
+
+function T:capture_graph()
+  check(C.m3_trainer_capture_graph(live(self)))
+end
+
+function T:drop_graph()
+  check(C.m3_trainer_drop_graph(live(self)))
+end
+
+function T:has_graph()
+  return C.m3_trainer_has_graph(live(self)) ~= 0
+end
+
+-- ---- hyper-parameters ----------------------------------------------------------------------------
+
+function T:set_lr(lr)
+  local p = live(self)
+  check(C.m3_trainer_set_lr(p, want_number(lr, "set_lr: lr")))
+end
+
+function T:lr()
+  return C.m3_trainer_lr(live(self))
+end
+
+function T:set_reference_no_decay(on)
+  local p = live(self)
+  check(C.m3_trainer_set_no_decay(p, want_bool(on, "set_reference_no_decay: on") and 1 or 0))
+end
+
+-- Max global gradient norm for step (nil or false: off).
+function T:set_clip(max_norm)
+  local p = live(self)
+  if max_norm == nil or max_norm == false then max_norm = 0 end
+  check(C.m3_trainer_set_clip(p, want_number(max_norm, "set_clip: max_norm")))
+end
+
+-- ---- recurrent state -------------------------------------------------------------------------------
+
+-- Zeroes the state of all rows, or of a list of 0-based rows.
+function T:reset_state(rows)
+  local p = live(self)
+  if rows == nil then
+    check(C.m3_trainer_reset_state(p, nil, 0))
+    return
+  end
+  if type(rows) ~= "table" then raise("reset_state: rows must be a list of 0-based row indices, got " .. type(rows)) end
+  local arr = ffi.new("int32_t[?]", math.max(#rows, 1))
+  for i = 1, #rows do arr[i - 1] = want_int(rows[i], "reset_state: rows[" .. i .. "]", 0) end
+  check(C.m3_trainer_reset_state(p, arr, #rows))
+end
+
+local STATE_KEYS = { "angle", "ssm", "k", "v" }
+
+local function state_shapes(self)
+  local c, B = self.config, self._B
+  local H, P, N, S = c.nheads, c.headdim, c.d_state, c.num_rope_angles
+  return { angle = { B, H, S }, ssm = { B, H, P, N }, k = { B, H, N }, v = { B, H, P } }
+end
+
+-- A list with one {angle=, ssm=, k=, v=} table of float32 tensors per layer (copies).
+function T:states()
+  local p = live(self)
+  local shapes, out = state_shapes(self), {}
+  for l = 1, self.config.n_layers do
+    local s = {}
+    for _, k in ipairs(STATE_KEYS) do s[k] = tensor(shapes[k]) end
+    check(C.m3_trainer_get_state(p, l - 1, s.angle.data, s.ssm.data, s.k.data, s.v.data))
+    out[l] = s
+  end
+  return out
+end
+
+-- Sets every layer's state from a list as states() returns (shapes checked first).
+function T:set_states(states)
+  local p = live(self)
+  local L = self.config.n_layers
+  if type(states) ~= "table" or #states ~= L then
+    raise(string.format("set_states: expected a list of %d layer tables {angle=, ssm=, k=, v=}, got %s", L,
+      type(states) == "table" and "a list of " .. #states or type(states)))
+  end
+  local shapes, ready = state_shapes(self), {}
+  for l = 1, L do
+    local s = states[l]
+    if type(s) ~= "table" then raise(string.format("set_states: states[%d]: expected a table {angle=, ssm=, k=, v=}", l)) end
+    for k in pairs(s) do
+      if not shapes[k] then raise(string.format("set_states: states[%d].%s: unknown field (valid: angle, ssm, k, v)", l, tostring(k))) end
+    end
+    local r = {}
+    for _, k in ipairs(STATE_KEYS) do
+      local what = string.format("set_states: states[%d].%s", l, k)
+      local want = "f32 " .. tensor.format_shape(shapes[k])
+      local t = s[k]
+      if t == nil then raise(what .. ": missing (" .. want .. ")") end
+      if not tensor.is(t) then
+        if type(t) == "table" and type(t.data) == "cdata" then
+          t = tensor.wrap(t.data, t.shape, nil, what)
+        elseif type(t) == "table" then
+          t = tensor.from(t, "f32")
+        else
+          raise(string.format("%s: expected %s, got %s", what, want, describe(t)))
+        end
+      end
+      local have, same = t:shape(), t:dtype() == "f32" or t:dtype() == "f64"
+      same = same and #have == #shapes[k]
+      for d = 1, #shapes[k] do same = same and have[d] == shapes[k][d] end
+      if not same then raise(string.format("%s: expected %s, got %s", what, want, describe(t))) end
+      r[k] = t:dtype() == "f64" and tensor.cast(t, "f32") or t
+    end
+    ready[l] = r
+  end
+  for l = 1, L do
+    local r = ready[l]
+    check(C.m3_trainer_set_state(p, l - 1, r.angle.data, r.ssm.data, r.k.data, r.v.data))
+  end
+end
+
+-- ---- weights ----------------------------------------------------------------------------------------
+
+function T:snapshot()
+  local p = live(self)
+  local w = weights.create(self.config)
+  check(C.m3_trainer_snapshot(p, weights.ptr(w)))
+  return w
+end
+
+function T:grads()
+  local p = live(self)
+  local w = weights.create(self.config)
+  check(C.m3_trainer_grads(p, weights.ptr(w)))
+  return w
+end
+
+function T:load_weights(w)
+  local p = live(self)
+  if not weights.is(w) then raise("load_weights: expected weights (m3.weights), got " .. describe(w)) end
+  check(C.m3_trainer_load_weights(p, weights.ptr(w)))
+end
+
+-- ---- facts -------------------------------------------------------------------------------------------
+
+function T:device()
+  live(self)
+  return self._device
+end
+
+function T:dtype()
+  live(self)
+  return self._precision
+end
+
+function T:batch()
+  live(self)
+  return self._B
+end
+
+function T:seq_len()
+  live(self)
+  return self._T
+end
+
+function T:step_count()
+  return tonumber(C.m3_trainer_step_count(live(self)))
+end
+
+function T:info()
+  local p = live(self)
+  local i = ffi.new("m3_trainer_info")
+  C.m3_trainer_get_info(p, i)
+  return {
+    device = i.device == DEVICE_CPU and "cpu" or "cuda",
+    device_index = tonumber(i.device_index),
+    dtype = PRECISION_NAME[i.precision],
+    batch = tonumber(i.batch),
+    seq_len = tonumber(i.seq_len),
+    carry_state = i.carry_state ~= 0,
+    no_decay = i.no_decay ~= 0 and "reference" or "none",
+    clip = i.clip,
+    step = tonumber(i.step),
+    pending_forward = i.pending_forward ~= 0,
+    window_open = i.window_open ~= 0,
+    has_graph = i.has_graph ~= 0,
+    poisoned = i.poisoned ~= 0,
+    device_bytes = tonumber(i.device_bytes),
+  }
+end
+
+-- f16 loss scaler: scale, tracker (nil for other dtypes).
+function T:scaler_state()
+  local p = live(self)
+  if self._precision ~= "f16" then return nil end
+  local scale, tracker = ffi.new("double[1]"), ffi.new("int64_t[1]")
+  check(C.m3_trainer_scaler_state(p, scale, tracker))
+  return scale[0], tonumber(tracker[0])
+end
+
+function T:load_scaler_state(scale, tracker)
+  local p = live(self)
+  check(C.m3_trainer_load_scaler_state(p, want_number(scale, "load_scaler_state: scale"),
+    want_int(tracker, "load_scaler_state: tracker", 0)))
+end
+
+-- ---- checkpoints -----------------------------------------------------------------------------------
+
+-- Full checkpoint plus `extra`, a plain Lua value (serialized exactly; see m3.serialize).
+function T:save(path, extra)
+  local p = live(self)
+  if type(path) ~= "string" then raise("save: path must be a string, got " .. type(path)) end
+  local text = ""
+  if extra ~= nil then
+    local ok, s = pcall(serialize.dump, extra, "extra")
+    if not ok then raise(s) end
+    text = s
+  end
+  check(C.m3_trainer_save(p, path, text))
+  return path
+end
+
+local LOAD_OPTS = { device = true, dtype = true }
+
+-- m3.trainer.load(path, {device=, dtype=}) → trainer, extra
+local function load(path, opts)
+  if type(path) ~= "string" then raise("m3.trainer.load: path must be a string, got " .. type(path)) end
+  if opts ~= nil and type(opts) ~= "table" then raise("m3.trainer.load: opts must be a table, got " .. type(opts)) end
+  opts = opts or {}
+  check_keys(opts, LOAD_OPTS, "m3.trainer.load")
+  local o = ffi.new("m3_load_opts", -1, -1, -1)
+  if opts.device ~= nil then
+    local kind, index = parse_device(opts.device, "m3.trainer.load")
+    o.device, o.device_index = kind, index or -1
+  end
+  if opts.dtype ~= nil then o.precision = parse_dtype(opts.dtype, "m3.trainer.load") end
+  local out = ffi.new("m3_trainer *[1]")
+  check(C.m3_trainer_load(path, o, out))
+  local tr = wrap_trainer(out[0])
+  local text = ffi.string(C.m3_trainer_extra(out[0]))
+  local extra
+  if text ~= "" then
+    local ok, v = pcall(serialize.load, text)
+    if not ok then raise("m3.trainer.load: " .. path .. ": the checkpoint's extra does not load: " .. v) end
+    extra = v
+  end
+  return tr, extra
+end
+
+-- Frees the trainer now (also on garbage collection); later calls raise "trainer is closed".
+function T:close()
+  local box = self._box
+  if box.p ~= nil then
+    C.m3_trainer_destroy(box.p)
+    box.p = nil
+  end
+end
+
+function T:__tostring()
+  if self._box.p == nil then return "m3.trainer (closed)" end
+  local c = self.config
+  return string.format("m3.trainer(%s %s, batch %d x seq_len %d, step %d; d_model %d, %d layers, input %s, head %s)",
+    self._device, self._precision, self._B, self._T, self:step_count(), c.d_model, c.n_layers, c.input, c.head)
+end
+
+return setmetatable({ new = new, load = load }, {
+  __call = function(_, w_or_cfg, opts) return new(w_or_cfg, opts) end,
+})
