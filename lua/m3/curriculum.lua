@@ -1,0 +1,140 @@
+-- m3.curriculum — training phases as data, looked up by step.
+--
+-- A curriculum is a list of phases; each phase is a plain table with `steps` (how many
+-- optimizer steps it lasts; the last phase may omit it and runs on) and any training
+-- knobs: `length` (sequence length), `min_length`, `batch` (rows per optimizer step),
+-- task difficulty (e.g. `pairs` for mqar, `ops` for arithmetic), mixture `weights`, ...
+-- A phase inherits every field it does not set from the phase before, and its fields are
+-- named like the options of m3.data sources, so a phase can be passed to src:next as is.
+-- The phase of a step is a pure function of the step, so a resumed run needs only its
+-- step to be back in the right phase.
+--
+--   local cur = curriculum.new{ {steps = 100, length = 8, batch = 32}, {steps = 100,
+--     length = 16}, {length = 32} }
+--   cur:phase(150)             -> {steps = 100, length = 16, batch = 32, index = 2,
+--                                  first = 101, last = 200}  (steps 1-based)
+--   cur:max("length")          -> 32 (allocate the trainer once for the largest shape)
+--   for step, phase in cur:iter(1, 300) do ... end
+--   curriculum.lengths{from = 8, to = 32, steps = 3000, factor = 2, min_length = 1}
+--                              -> lengths 8, 16, 32 in equal thirds of the steps
+--                                 (min_length: each sample draws its length from
+--                                 [min_length, length]; default: = length)
+
+local curriculum = {}
+local C = {}
+C.__index = C
+
+local function is_count(v)
+  return type(v) == "number" and v >= 1 and v == math.floor(v)
+end
+
+function curriculum.new(phases)
+  if type(phases) ~= "table" or #phases == 0 then
+    error("m3.curriculum.new: expected a list of phases, e.g. {{steps = 100, length = 8}, {length = 16}}", 2)
+  end
+  local self = setmetatable({ list = {} }, C)
+  local prev, first = {}, 1
+  for i, p in ipairs(phases) do
+    if type(p) ~= "table" then
+      error(string.format("m3.curriculum.new: phase %d is a %s, expected a table", i, type(p)), 2)
+    end
+    if p.steps == nil and i < #phases then
+      error(string.format("m3.curriculum.new: phase %d needs steps (only the last phase may run on)", i), 2)
+    end
+    if p.steps ~= nil and not is_count(p.steps) then
+      error(string.format("m3.curriculum.new: phase %d: steps must be an integer >= 1, got %s", i,
+        tostring(p.steps)), 2)
+    end
+    local full = {}
+    for k, v in pairs(prev) do full[k] = v end
+    for k, v in pairs(p) do full[k] = v end
+    full.steps = p.steps
+    full.index, full.first = i, first
+    full.last = p.steps and first + p.steps - 1 or math.huge
+    self.list[i] = full
+    prev, first = full, full.last + 1
+  end
+  return self
+end
+
+-- The phase of 1-based step s (the last phase for steps past the end).
+function C:phase(s)
+  if type(s) ~= "number" or s < 1 then
+    error("m3.curriculum: phase expects a step >= 1, got " .. tostring(s), 2)
+  end
+  local list = self.list
+  for i = 1, #list do
+    if s <= list[i].last then return list[i] end
+  end
+  return list[#list]
+end
+
+-- The largest value of a numeric field over all phases (nil when no phase sets it).
+function C:max(field)
+  local m
+  for _, p in ipairs(self.list) do
+    local v = p[field]
+    if type(v) == "number" and (m == nil or v > m) then m = v end
+  end
+  return m
+end
+
+-- Total steps of all phases (math.huge when the last phase runs on).
+function C:total()
+  return self.list[#self.list].last
+end
+
+function C:phases()
+  return self.list
+end
+
+-- Iterates step, phase for steps first..last.
+function C:iter(first, last)
+  local s = first - 1
+  return function()
+    s = s + 1
+    if s > last then return nil end
+    return s, self:phase(s)
+  end
+end
+
+-- A length curriculum from `from` to `to` (multiplying by `factor`, default 2, the last
+-- stage capped at `to`) over `steps` steps split evenly; extra fields of o are copied into
+-- every phase.
+function curriculum.lengths(o)
+  if type(o) ~= "table" then error("m3.curriculum.lengths: expected an options table", 2) end
+  local from, to, steps, factor = o.from, o.to, o.steps, o.factor or 2
+  if not (is_count(from) and is_count(to) and from <= to) then
+    error(string.format("m3.curriculum.lengths: expected integers 1 <= from <= to, got from = %s, to = %s",
+      tostring(from), tostring(to)), 2)
+  end
+  if not is_count(steps) then
+    error("m3.curriculum.lengths: steps must be an integer >= 1, got " .. tostring(steps), 2)
+  end
+  if type(factor) ~= "number" or factor <= 1 then
+    error("m3.curriculum.lengths: factor must be a number > 1, got " .. tostring(factor), 2)
+  end
+  local lengths, L = {}, from
+  while L < to do
+    lengths[#lengths + 1] = L
+    L = math.max(L + 1, math.floor(L * factor + 0.5))
+  end
+  lengths[#lengths + 1] = to
+  if #lengths > steps then
+    error(string.format("m3.curriculum.lengths: %d stages do not fit in %d steps", #lengths, steps), 2)
+  end
+  local phases, used = {}, 0
+  for i, len in ipairs(lengths) do
+    local n = math.floor(steps * i / #lengths) - used
+    used = used + n
+    local p = {}
+    for k, v in pairs(o) do
+      if k ~= "from" and k ~= "to" and k ~= "factor" and k ~= "steps" then p[k] = v end
+    end
+    p.length, p.steps = len, n
+    phases[i] = p
+  end
+  return curriculum.new(phases)
+end
+
+return curriculum

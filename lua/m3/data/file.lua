@@ -1,0 +1,169 @@
+-- m3.data.file — language-model windows from a token file or a text file.
+--
+-- A token file is a raw little-endian array of uint8 / uint16 / uint32 ids (no header),
+-- memory-mapped read-only through the FFI (libc open/mmap), so a file larger than memory
+-- costs nothing until read. A text file is a uint8 token file with vocab 256 (bytes).
+--
+-- A window of length L at offset o gives tokens = ids[o .. o+L-1] and targets =
+-- ids[o+1 .. o+L] (next-token prediction). The file splits into "train" (the first
+-- 1 - val_fraction of it), "val" (the rest) or "all". Window `index` of a source is
+--   order "random":     at an offset drawn from rng.new(seed, index) (default);
+--   order "sequential": the index-th of the non-overlapping windows, wrapping around;
+--   order "stream":     row r of batch k reads the k-th window of the r-th of `rows`
+--                       contiguous stretches of the split, so consecutive batches
+--                       continue each row's text (for carry_state training).
+-- The cursor is {seed =, index =} (windows consumed), as for the synthetic tasks.
+
+local ffi = require "ffi"
+local rng = require "m3.data.rng"
+
+local tensor -- m3.tensor, required on first use
+
+-- one declaration per cdef, so that one already made elsewhere does not hide the others
+for _, decl in ipairs {
+  "int open(const char *path, int flags, ...);",
+  "int close(int fd);",
+  "int64_t lseek(int fd, int64_t offset, int whence);",
+  "void *mmap(void *addr, size_t length, int prot, int flags, int fd, int64_t offset);",
+  "int munmap(void *addr, size_t length);",
+  "char *strerror(int errnum);",
+} do pcall(ffi.cdef, decl) end
+
+local C = ffi.C
+local O_RDONLY, SEEK_END, PROT_READ, MAP_PRIVATE = 0, 2, 1, 2
+local MAP_FAILED = ffi.cast("void *", -1)
+
+local elem = { u8 = "const uint8_t *", u16 = "const uint16_t *", u32 = "const uint32_t *" }
+local width = { u8 = 1, u16 = 2, u32 = 4 }
+
+local file = {}
+
+-- Maps path read-only; returns a typed pointer (unmapped when collected) and the count.
+local function map(path, dtype)
+  local fd = C.open(path, O_RDONLY)
+  if fd < 0 then
+    error(string.format("m3.data: cannot open %s: %s", path, ffi.string(C.strerror(ffi.errno()))), 0)
+  end
+  local bytes = tonumber(C.lseek(fd, 0, SEEK_END))
+  if bytes <= 0 then
+    C.close(fd)
+    error(string.format("m3.data: %s is empty", path), 0)
+  end
+  if bytes % width[dtype] ~= 0 then
+    C.close(fd)
+    error(string.format("m3.data: %s has %d bytes, not a whole number of %s ids", path, bytes, dtype), 0)
+  end
+  local p = C.mmap(nil, bytes, PROT_READ, MAP_PRIVATE, fd, 0)
+  local errno = ffi.errno()
+  C.close(fd)
+  if p == MAP_FAILED then
+    error(string.format("m3.data: cannot map %s: %s", path, ffi.string(C.strerror(errno))), 0)
+  end
+  ffi.gc(p, function(q) C.munmap(q, bytes) end)
+  return ffi.cast(elem[dtype], p), bytes / width[dtype], p
+end
+
+local F = {}
+F.__index = F
+
+local orders = { random = true, sequential = true, stream = true }
+
+-- A window source over path. opts: dtype ("u8", "u16", "u32"), vocab, split, val_fraction
+-- (0.1), order, length (default window length), seed, cursor.
+function file.open(path, opts)
+  opts = opts or {}
+  local dtype = opts.dtype or "u16"
+  if not elem[dtype] then
+    error(string.format('m3.data.tokens: dtype must be "u8", "u16" or "u32", got %s', tostring(dtype)), 2)
+  end
+  local split, frac = opts.split or "train", opts.val_fraction or 0.1
+  if frac < 0 or frac >= 1 then
+    error("m3.data.tokens: val_fraction must be in [0, 1), got " .. tostring(frac), 2)
+  end
+  local order = opts.order or "random"
+  if not orders[order] then
+    error('m3.data.tokens: order must be "random", "sequential" or "stream", got ' .. tostring(order), 2)
+  end
+  local ids, n, mapping = map(path, dtype)
+  local cut = math.floor(n * (1 - frac))
+  local lo, hi
+  if split == "train" then
+    lo, hi = 0, cut
+  elseif split == "val" then
+    lo, hi = cut, n
+  elseif split == "all" then
+    lo, hi = 0, n
+  else
+    error('m3.data.tokens: split must be "train", "val" or "all", got ' .. tostring(split), 2)
+  end
+  local self = setmetatable({
+    path = path, ids = ids, mapping = mapping, n = n, lo = lo, span = hi - lo,
+    order = order, vocab = opts.vocab or (dtype == "u8" and 256 or nil),
+    seed = opts.seed or 0, index = 0, length = opts.length or 256,
+  }, F)
+  self.classes = self.vocab
+  if opts.cursor then self:seek(opts.cursor) end
+  return self
+end
+
+-- Offset of window `index` (of a batch of `rows`) for windows of length L.
+function F:offset(index, L, rows)
+  if self.span < L + 1 then
+    error(string.format("m3.data: %s has %d ids in this split, a window of %d needs %d",
+      self.path, self.span, L, L + 1), 3)
+  end
+  if self.order == "random" then
+    return self.lo + rng.new(self.seed, index):below(self.span - L)
+  elseif self.order == "sequential" then
+    return self.lo + (index % math.floor((self.span - 1) / L)) * L
+  end
+  local per = math.floor(self.span / rows)
+  local count = math.floor((per - 1) / L)
+  if count < 1 then
+    error(string.format("m3.data: %d rows of windows of %d do not fit in %d ids", rows, L, self.span), 3)
+  end
+  local r, k = index % rows, math.floor(index / rows)
+  return self.lo + r * per + (k % count) * L
+end
+
+-- The number of distinct windows of length L in the split (order "sequential").
+function F:count(L)
+  return math.floor((self.span - 1) / (L or self.length))
+end
+
+-- rows windows of length o.length (default: the source's) as int32 tensors [rows, L].
+function F:next(rows, o)
+  tensor = tensor or require "m3.tensor"
+  local L = (o and o.length) or self.length
+  local tokens, targets = tensor({ rows, L }, "i32"), tensor({ rows, L }, "i32")
+  local tk, tg, ids = tokens.data, targets.data, self.ids
+  for r = 0, rows - 1 do
+    local off, base = self:offset(self.index + r, L, rows), r * L
+    for t = 0, L - 1 do
+      tk[base + t] = ids[off + t]
+      tg[base + t] = ids[off + t + 1]
+    end
+  end
+  self.index = self.index + rows
+  return { tokens = tokens, targets = targets }
+end
+
+-- The ids [first, first + count) of the whole file as a Lua list.
+function F:slice(first, count)
+  local out = {}
+  for i = 0, count - 1 do out[i + 1] = self.ids[first + i] end
+  return out
+end
+
+function F:cursor()
+  return { seed = self.seed, index = self.index }
+end
+
+function F:seek(c)
+  if type(c) ~= "table" or type(c.seed) ~= "number" or type(c.index) ~= "number" then
+    error("m3.data: seek expects a cursor {seed =, index =}, got " .. tostring(c), 2)
+  end
+  self.seed, self.index = c.seed, c.index
+end
+
+return file

@@ -1,0 +1,195 @@
+-- m3.data.source — batches from a synthetic task, deterministic and resumable.
+--
+-- A source draws sample `index` from its own generator rng.new(seed, index), so the
+-- whole stream is a pure function of (seed, index) and the options of each call: the
+-- cursor {seed =, index =} is all a checkpoint needs to continue with the same batches.
+--
+--   local src = source.new(tasks.parity, {seed = 1, length = 32})
+--   local batch = src:next(rows, {length = 16, min_length = 2})  -- options of this call
+--   batch.tokens, batch.targets   int32 [rows, T] m3 tensors (T = longest sample, or
+--                                 o.pad_to); shorter samples are padded with token 0
+--                                 and target -1 after their end (causal models never see
+--                                 the padding from the scored positions)
+--   src:cursor(), src:seek(cursor)
+--
+-- Options (o, per call over the source's defaults): the task's options (length,
+-- min_length, targets, ...), pad_to, and offset (added to every token and target id,
+-- to give several tasks of a mixture disjoint vocabularies).
+--
+-- source.mixture(sources, {seed =, weights =}) picks the source of each row with the
+-- given weights (a list, one per source; per call as o.weights) from its own stream.
+
+local rng = require "m3.data.rng"
+
+local tensor -- m3.tensor, required on first use: the generators work without libm3
+
+local source = {}
+
+local function overlay(...)
+  local out = {}
+  for i = 1, select("#", ...) do
+    local t = select(i, ...)
+    if t then for k, v in pairs(t) do out[k] = v end end
+  end
+  return out
+end
+source.overlay = overlay
+
+local function check_cursor(c, what)
+  if type(c) ~= "table" or type(c.seed) ~= "number" or type(c.index) ~= "number"
+      or c.index < 0 or c.index ~= math.floor(c.index) then
+    error(what .. ": expected a cursor {seed = <integer>, index = <integer >= 0>}, got "
+      .. tostring(c), 3)
+  end
+end
+
+-- Sample `index` of src for the full options opts, token and target ids shifted by
+-- opts.offset.
+local function draw(src, index, opts)
+  local toks, tgts = src.task.sample(rng.new(src.seed, index), opts)
+  local off = opts.offset or 0
+  if off ~= 0 then
+    for t = 1, #toks do
+      toks[t] = toks[t] + off
+      if tgts[t] >= 0 then tgts[t] = tgts[t] + off end
+    end
+  end
+  return toks, tgts
+end
+
+-- Packs samples (lists of {tokens, targets}) into int32 tensors [#samples, T].
+function source.pack(samples, pad_to)
+  tensor = tensor or require "m3.tensor"
+  local width = 0
+  for _, s in ipairs(samples) do width = math.max(width, #s[1]) end
+  if pad_to then
+    if pad_to < width then
+      error(string.format("m3.data: pad_to = %d is shorter than the longest sample (%d)", pad_to, width), 3)
+    end
+    width = pad_to
+  end
+  local rows = #samples
+  local tokens, targets = tensor({ rows, width }, "i32"), tensor({ rows, width }, "i32")
+  local tk, tg = tokens.data, targets.data
+  for r = 1, rows do
+    local base, toks, tgts = (r - 1) * width, samples[r][1], samples[r][2]
+    local n = #toks
+    for t = 1, n do
+      tk[base + t - 1] = toks[t]
+      tg[base + t - 1] = tgts[t]
+    end
+    for t = n + 1, width do
+      tk[base + t - 1] = 0
+      tg[base + t - 1] = -1
+    end
+  end
+  return { tokens = tokens, targets = targets }
+end
+
+local S = {}
+S.__index = S
+
+-- A source over task (see m3.data.tasks) with default options opts (seed, cursor and
+-- the task's options).
+function source.new(task, opts)
+  opts = opts or {}
+  local self = setmetatable({ task = task }, S)
+  self.defaults = overlay(task.defaults, opts)
+  self.defaults.seed, self.defaults.cursor = nil, nil
+  self.seed = opts.seed or 0
+  self.index = 0
+  if opts.cursor then self:seek(opts.cursor) end
+  if task.shape then
+    self.vocab, self.classes = task.shape(self.defaults)
+  else
+    self.vocab, self.classes = task.vocab, task.classes
+  end
+  if self.defaults.offset then self.vocab = self.vocab + self.defaults.offset end
+  return self
+end
+
+-- Sample `index` for options o (over the defaults): tokens, targets as Lua arrays.
+function S:sample(index, o)
+  return draw(self, index, overlay(self.defaults, o))
+end
+
+function S:next(rows, o)
+  local opts = overlay(self.defaults, o)
+  local samples = {}
+  for r = 1, rows do
+    local toks, tgts = draw(self, self.index + r - 1, opts)
+    samples[r] = { toks, tgts }
+  end
+  self.index = self.index + rows
+  return source.pack(samples, opts.pad_to)
+end
+
+function S:cursor()
+  return { seed = self.seed, index = self.index }
+end
+
+function S:seek(c)
+  check_cursor(c, "m3.data: seek")
+  self.seed, self.index = c.seed, c.index
+end
+
+-- ---- mixtures ---------------------------------------------------------------------------
+
+local M = setmetatable({}, { __index = S })
+M.__index = M
+
+local function pick(r, weights, n)
+  if type(weights) ~= "table" or #weights ~= n then
+    error(string.format("m3.data.mixture: expected weights, a list of %d numbers >= 0", n), 4)
+  end
+  local total = 0
+  for _, w in ipairs(weights) do
+    if type(w) ~= "number" or w < 0 then
+      error("m3.data.mixture: weights must be numbers >= 0, got " .. tostring(w), 4)
+    end
+    total = total + w
+  end
+  if total <= 0 then error("m3.data.mixture: the weights sum to 0", 4) end
+  local u, acc = r:uniform() * total, 0
+  for i, w in ipairs(weights) do
+    acc = acc + w
+    if u < acc then return i end
+  end
+  return n
+end
+
+function source.mixture(sources, opts)
+  opts = opts or {}
+  if type(sources) ~= "table" or #sources == 0 then
+    error("m3.data.mixture: expected a list of sources", 2)
+  end
+  local self = setmetatable({ sources = sources, seed = opts.seed or 0, index = 0 }, M)
+  self.weights = opts.weights or {}
+  if not opts.weights then for i = 1, #sources do self.weights[i] = 1 end end
+  self.vocab, self.classes = 0, 0
+  for _, s in ipairs(sources) do
+    self.vocab = math.max(self.vocab, s.vocab)
+    self.classes = math.max(self.classes, s.classes)
+  end
+  if opts.cursor then self:seek(opts.cursor) end
+  return self
+end
+
+-- Sample `index`: the chosen source's own sample `index` (with its offset applied).
+function M:sample(index, o)
+  local r = rng.new(self.seed, index, 1)
+  local s = self.sources[pick(r, (o and o.weights) or self.weights, #self.sources)]
+  return draw(s, index, overlay(s.defaults, o))
+end
+
+function M:next(rows, o)
+  local samples = {}
+  for r = 1, rows do
+    local toks, tgts = self:sample(self.index + r - 1, o)
+    samples[r] = { toks, tgts }
+  end
+  self.index = self.index + rows
+  return source.pack(samples, o and o.pad_to)
+end
+
+return source

@@ -1,0 +1,293 @@
+-- m3.data.tasks — exact generators for the synthetic sequence tasks.
+--
+-- A task is a table {name, vocab, classes, defaults, sample} where
+-- sample(r, o) -> tokens, targets draws one sequence from the generator r (m3.data.rng)
+-- for options o (the task's defaults overlaid with the caller's). Both results are Lua
+-- arrays of the same length; targets hold a class id or -1 where nothing is scored.
+-- The models read tokens and predict targets with an "lm" head (vocab = task.vocab).
+--
+-- parity       tokens 0/1 (bits). targets = "running" (default): the parity of the
+--              prefix at every position, a dense signal that trains fast and whose last
+--              value is the answer; "final": only the last position (the paper's metric:
+--              evaluate there). Random guessing scores 1/2.
+-- arithmetic   modulus m (default 5): tokens 0..m-1 digits, m '+', m+1 '-', m+2 '*',
+--              m+3 '(', m+4 ')', m+5 '='; vocab m+6. A sample of length L is an expression
+--              of L-1 tokens followed by '='; the target at '=' is its value mod m
+--              (standard precedence: '*' before '+' and '-', left to right).
+--              brackets = false: digits and binary operators only (Deletang et al. 2023,
+--              "modular arithmetic"; the expression length is made odd by dropping one
+--              token); targets = "running" also scores every digit with the value of the
+--              expression that ends there. brackets = true: the context-free version
+--              (every binary operation in brackets, unary minus on digits, any length >= 1;
+--              "final" targets only). ops: the operators drawn, default "+-*".
+-- mqar         multi-query associative recall (Arora et al. 2023): `pairs` key-value pairs
+--              (keys distinct, tokens 0..keys-1; values keys..keys+values-1), then
+--              `queries` keys from those pairs; the target at each query is its value.
+--              Without explicit pairs/queries a length L gives pairs = floor(L/3) and
+--              queries = L - 2*pairs.
+--
+-- Lengths: parity and arithmetic draw each sample's length uniformly from
+-- [min_length, length] (min_length defaults to length), as in length curricula where a
+-- phase trains on all lengths up to its maximum.
+
+local floor = math.floor
+
+local tasks = {}
+
+local function check_int(o, field, lo, task)
+  local v = o[field]
+  if type(v) ~= "number" or v ~= floor(v) or v < lo then
+    error(string.format("m3.data.%s: %s must be an integer >= %d, got %s", task, field, lo,
+      tostring(v)), 0)
+  end
+  return v
+end
+
+-- The length of one sample: uniform in [min_length, length].
+local function draw_length(r, o, lo, task)
+  local hi = check_int(o, "length", lo, task)
+  local min = o.min_length or hi
+  if type(min) ~= "number" or min ~= floor(min) or min < lo or min > hi then
+    error(string.format("m3.data.%s: min_length must be an integer in [%d, length = %d], got %s",
+      task, lo, hi, tostring(min)), 0)
+  end
+  return min + r:below(hi - min + 1)
+end
+
+local function check_targets(o, task, allowed)
+  local t = o.targets
+  if not allowed[t] then
+    local names = {}
+    for k in pairs(allowed) do names[#names + 1] = '"' .. k .. '"' end
+    table.sort(names)
+    error(string.format("m3.data.%s: targets must be %s, got %s", task,
+      table.concat(names, " or "), tostring(t)), 0)
+  end
+  return t
+end
+
+-- ---- parity ------------------------------------------------------------------------------
+
+tasks.parity = {
+  name = "parity", vocab = 2, classes = 2,
+  defaults = { length = 32, targets = "running" },
+}
+
+function tasks.parity.sample(r, o)
+  local targets_kind = check_targets(o, "parity", { running = true, final = true })
+  local n = draw_length(r, o, 1, "parity")
+  local tokens, targets, p = {}, {}, 0
+  for i = 1, n do
+    local b = r:below(2)
+    p = (p + b) % 2
+    tokens[i] = b
+    targets[i] = (targets_kind == "running" or i == n) and p or -1
+  end
+  return tokens, targets
+end
+
+-- ---- modular arithmetic ------------------------------------------------------------------
+
+-- Token ids of the arithmetic vocabulary for modulus m.
+function tasks.arith_symbols(m)
+  return { ["+"] = m, ["-"] = m + 1, ["*"] = m + 2, ["("] = m + 3, [")"] = m + 4, ["="] = m + 5 }
+end
+
+-- Exact value mod m of an expression given as token ids (tokens[first..last]) by recursive
+-- descent over   expr := term {('+'|'-') term};  term := unary {'*' unary};
+-- unary := '-' unary | digit | '(' expr ')'.   Returns nil and a message when malformed.
+function tasks.evaluate(tokens, m, first, last)
+  m = m or 5
+  first, last = first or 1, last or #tokens
+  local sym = tasks.arith_symbols(m)
+  local pos = first
+  local expr
+
+  local function unary()
+    local t = tokens[pos]
+    if pos > last then error("expected a digit, '-' or '(' at the end", 0) end
+    if t == sym["-"] then
+      pos = pos + 1
+      return (-unary()) % m
+    elseif t == sym["("] then
+      pos = pos + 1
+      local v = expr()
+      if tokens[pos] ~= sym[")"] or pos > last then error("expected ')' at token " .. pos, 0) end
+      pos = pos + 1
+      return v
+    elseif type(t) == "number" and t >= 0 and t < m then
+      pos = pos + 1
+      return t
+    end
+    error("expected a digit, '-' or '(' at token " .. pos, 0)
+  end
+
+  local function term()
+    local v = unary()
+    while pos <= last and tokens[pos] == sym["*"] do
+      pos = pos + 1
+      v = (v * unary()) % m
+    end
+    return v
+  end
+
+  function expr()
+    local v = term()
+    while pos <= last and (tokens[pos] == sym["+"] or tokens[pos] == sym["-"]) do
+      local op = tokens[pos]
+      pos = pos + 1
+      local w = term()
+      v = op == sym["+"] and (v + w) % m or (v - w) % m
+    end
+    return v
+  end
+
+  local ok, v = pcall(expr)
+  if not ok then return nil, v end
+  if pos <= last then return nil, "unexpected token at " .. pos end
+  return v
+end
+
+local function op_ids(o, sym)
+  local ops = o.ops
+  if type(ops) ~= "string" or #ops == 0 or ops:find("[^-+*]") then
+    error(string.format("m3.data.arithmetic: ops must be a string of '+', '-', '*', got %s",
+      tostring(ops)), 0)
+  end
+  local ids = {}
+  for c in ops:gmatch(".") do ids[#ids + 1] = sym[c] end
+  return ids
+end
+
+-- digits and binary operators; value tracked as sum + sign * product of the open term.
+local function sample_flat(r, o, m, sym, ops)
+  local targets_kind = check_targets(o, "arithmetic", { running = true, final = true })
+  local n = draw_length(r, o, 2, "arithmetic")
+  local e = n - 1
+  if e % 2 == 0 then e = e - 1 end
+  local tokens, targets = {}, {}
+  local sum, sign, prod = 0, 1, nil
+  for i = 1, e do
+    if i % 2 == 1 then
+      local d = r:below(m)
+      prod = prod and (prod * d) % m or d
+      tokens[i] = d
+      targets[i] = targets_kind == "running" and (sum + sign * prod) % m or -1
+    else
+      local op = ops[r:below(#ops) + 1]
+      if op ~= sym["*"] then
+        sum = (sum + sign * prod) % m
+        sign = op == sym["+"] and 1 or -1
+        prod = nil
+      end
+      tokens[i] = op
+      targets[i] = -1
+    end
+  end
+  tokens[e + 1] = sym["="]
+  targets[e + 1] = (sum + sign * prod) % m
+  return tokens, targets
+end
+
+-- An expression of exactly n tokens with brackets around every binary operation; appends
+-- to out and returns its value mod m.
+local function gen_bracketed(r, n, m, sym, ops, out)
+  if n == 1 then
+    local d = r:below(m)
+    out[#out + 1] = d
+    return d
+  elseif n == 2 or n == 4 then
+    if n == 4 then out[#out + 1] = sym["("] end
+    local d = r:below(m)
+    out[#out + 1] = sym["-"]
+    out[#out + 1] = d
+    if n == 4 then out[#out + 1] = sym[")"] end
+    return (-d) % m
+  elseif n == 3 then
+    local d = r:below(m)
+    out[#out + 1] = sym["("]
+    out[#out + 1] = d
+    out[#out + 1] = sym[")"]
+    return d
+  end
+  local left = 1 + r:below(n - 4)
+  local op = ops[r:below(#ops) + 1]
+  out[#out + 1] = sym["("]
+  local a = gen_bracketed(r, left, m, sym, ops, out)
+  out[#out + 1] = op
+  local b = gen_bracketed(r, n - 3 - left, m, sym, ops, out)
+  out[#out + 1] = sym[")"]
+  if op == sym["+"] then return (a + b) % m end
+  if op == sym["-"] then return (a - b) % m end
+  return (a * b) % m
+end
+
+local function sample_bracketed(r, o, m, sym, ops)
+  check_targets(o, "arithmetic", { final = true })
+  local n = draw_length(r, o, 2, "arithmetic")
+  local tokens = {}
+  local v = gen_bracketed(r, n - 1, m, sym, ops, tokens)
+  local targets = {}
+  for i = 1, n - 1 do targets[i] = -1 end
+  tokens[n], targets[n] = sym["="], v
+  return tokens, targets
+end
+
+tasks.arithmetic = {
+  name = "arithmetic", classes = 5, vocab = 11,
+  defaults = { length = 32, modulus = 5, ops = "+-*", brackets = false, targets = "final" },
+}
+
+function tasks.arithmetic.sample(r, o)
+  local m = check_int(o, "modulus", 2, "arithmetic")
+  local sym = tasks.arith_symbols(m)
+  local ops = op_ids(o, sym)
+  if o.brackets then return sample_bracketed(r, o, m, sym, ops) end
+  return sample_flat(r, o, m, sym, ops)
+end
+
+-- Vocabulary and class count of the arithmetic task for options o.
+function tasks.arithmetic.shape(o)
+  return o.modulus + 6, o.modulus
+end
+
+-- ---- multi-query associative recall ------------------------------------------------------
+
+tasks.mqar = {
+  name = "mqar", vocab = 64, classes = 32,
+  defaults = { length = 24, keys = 32, values = 32 },
+}
+
+function tasks.mqar.sample(r, o)
+  local keys = check_int(o, "keys", 1, "mqar")
+  check_int(o, "values", 1, "mqar")
+  local pairs_n = o.pairs or floor(check_int(o, "length", 3, "mqar") / 3)
+  local queries = o.queries or (o.length - 2 * pairs_n)
+  if pairs_n < 1 or pairs_n > keys then
+    error(string.format("m3.data.mqar: pairs must be in [1, keys = %d], got %s", keys, tostring(pairs_n)), 0)
+  end
+  if queries < 1 then error("m3.data.mqar: queries must be >= 1, got " .. tostring(queries), 0) end
+  -- distinct keys: a partial Fisher-Yates shuffle of 0..keys-1
+  local perm = {}
+  for i = 1, keys do perm[i] = i - 1 end
+  local tokens, targets, value_of = {}, {}, {}
+  for p = 1, pairs_n do
+    local j = p + r:below(keys - p + 1)
+    perm[p], perm[j] = perm[j], perm[p]
+    local k, v = perm[p], keys + r:below(o.values)
+    value_of[p] = v
+    tokens[#tokens + 1], targets[#targets + 1] = k, -1
+    tokens[#tokens + 1], targets[#targets + 1] = v, -1
+  end
+  for _ = 1, queries do
+    local p = 1 + r:below(pairs_n)
+    tokens[#tokens + 1], targets[#targets + 1] = perm[p], value_of[p]
+  end
+  return tokens, targets
+end
+
+function tasks.mqar.shape(o)
+  return o.keys + o.values, o.values
+end
+
+return tasks

@@ -1,0 +1,230 @@
+-- m3.schedule — learning-rate schedules as pure functions step -> lr.
+--
+-- Steps are 1-based: f(s) is the learning rate of the s-th optimizer step (apply it
+-- before that step). Internally t = s - 1 steps have been taken, as in PyTorch's
+-- LambdaLR, so a warmup of w steps rises as peak * s / w and reaches peak at s = w, and a
+-- decay over `total` steps starts at peak right after the warmup and reaches `floor` at
+-- s = total + 1: every lr of steps 1..total stays above the floor (and > 0 with the
+-- default floor 0, which the trainer requires).
+--
+--   constant(lr)                                  lr
+--   linear{from =, to =, steps =}                 from -> to over steps, then to
+--   linear_warmup{peak =, warmup =}               peak * s / warmup, then peak
+--   cosine{peak =, total =, floor = 0}            half cosine from peak to floor
+--   warmup_cosine{peak =, warmup =, total =, floor = 0}
+--   step_decay{lr =, gamma = 0.1, every = | milestones = {...}}
+--                                                 lr * gamma^k, k = decays taken: every
+--                                                 `every` steps (steps every+1, 2*every+1,
+--                                                 ... are the first decayed), or at each
+--                                                 milestone m (step m is the first decayed)
+--   wsd{peak =, warmup =, total =, decay = 0.2, floor = 0, shape = "linear"}
+--                                                 warmup-stable-decay: warmup, constant
+--                                                 peak, then a decay over the last `decay`
+--                                                 steps (a count, or a fraction of total
+--                                                 when < 1) with shape "linear", "cosine"
+--                                                 or "sqrt" (1 - sqrt(p))
+--   sequence{{f1, steps = n1}, {f2, steps = n2}, ..., {fk}}
+--                                                 f1 for n1 steps, then f2 from its own
+--                                                 step 1, ...; the last piece runs on
+--   scale(f, k)                                   k * f(s)
+--   apply(tr, f, step)                            tr:set_lr(f(step)); returns the lr
+--   values(f, n)                                  {f(1), ..., f(n)} (plots, tests)
+
+local pi, cos, sqrt, floor, min, max = math.pi, math.cos, math.sqrt, math.floor, math.min, math.max
+
+local schedule = {}
+
+local function num(o, field, what, lo, optional_default)
+  local v = o[field]
+  if v == nil and optional_default ~= nil then return optional_default end
+  if type(v) ~= "number" or v ~= v or v < lo or v == math.huge then
+    error(string.format("m3.schedule.%s: expected %s >= %s, got %s", what, field, tostring(lo),
+      tostring(v)), 3)
+  end
+  return v
+end
+
+local function int(o, field, what, lo, optional_default)
+  local v = num(o, field, what, lo, optional_default)
+  if v ~= floor(v) then
+    error(string.format("m3.schedule.%s: expected %s to be an integer, got %s", what, field, tostring(v)), 3)
+  end
+  return v
+end
+
+local function opts(o, what)
+  if type(o) ~= "table" then
+    error(string.format("m3.schedule.%s: expected an options table, got %s", what, type(o)), 3)
+  end
+  return o
+end
+
+local function positive(o, field, what)
+  local v = o[field]
+  if type(v) ~= "number" or not (v > 0) or v == math.huge then
+    error(string.format("m3.schedule.%s: expected %s > 0, got %s", what, field, tostring(v)), 3)
+  end
+  return v
+end
+
+-- Half-cosine from 1 at p = 0 to 0 at p = 1.
+local function half_cosine(p) return 0.5 * (1 + cos(pi * p)) end
+
+function schedule.constant(lr)
+  if type(lr) == "table" then lr = lr.lr end
+  if type(lr) ~= "number" or not (lr > 0) or lr == math.huge then
+    error("m3.schedule.constant: expected a learning rate > 0, got " .. tostring(lr), 2)
+  end
+  return function() return lr end
+end
+
+function schedule.linear(o)
+  opts(o, "linear")
+  local from, to = num(o, "from", "linear", 0), num(o, "to", "linear", 0)
+  local steps = int(o, "steps", "linear", 1)
+  return function(s)
+    return from + (to - from) * min((s - 1) / steps, 1)
+  end
+end
+
+function schedule.linear_warmup(o)
+  opts(o, "linear_warmup")
+  local peak, warmup = positive(o, "peak", "linear_warmup"), int(o, "warmup", "linear_warmup", 1)
+  return function(s)
+    return s < warmup and peak * s / warmup or peak
+  end
+end
+
+local function warmup_decay(what, o)
+  local peak = positive(o, "peak", what)
+  local warmup = int(o, "warmup", what, 0, 0)
+  local total = int(o, "total", what, 1)
+  local floor_lr = num(o, "floor", what, 0, 0)
+  if total <= warmup then
+    error(string.format("m3.schedule.%s: expected total > warmup, got total = %d, warmup = %d",
+      what, total, warmup), 3)
+  end
+  if floor_lr > peak then
+    error(string.format("m3.schedule.%s: expected floor <= peak, got %s > %s", what, floor_lr, peak), 3)
+  end
+  return peak, warmup, total, floor_lr
+end
+
+local function warmup_cosine(what, o)
+  local peak, warmup, total, floor_lr = warmup_decay(what, o)
+  return function(s)
+    if s <= warmup then return peak * s / warmup end
+    local p = min((s - 1 - warmup) / (total - warmup), 1)
+    return floor_lr + (peak - floor_lr) * half_cosine(p)
+  end
+end
+
+function schedule.warmup_cosine(o)
+  return warmup_cosine("warmup_cosine", opts(o, "warmup_cosine"))
+end
+
+function schedule.cosine(o)
+  opts(o, "cosine")
+  if o.warmup then error("m3.schedule.cosine: has no warmup; use warmup_cosine", 2) end
+  return warmup_cosine("cosine", o)
+end
+
+local decay_shapes = {
+  linear = function(p) return 1 - p end,
+  cosine = half_cosine,
+  sqrt = function(p) return 1 - sqrt(p) end,
+}
+
+function schedule.wsd(o)
+  local peak, warmup, total, floor_lr = warmup_decay("wsd", opts(o, "wsd"))
+  local decay = num(o, "decay", "wsd", 0, 0.2)
+  if decay < 1 then decay = floor(decay * total + 0.5) end
+  if decay ~= floor(decay) or decay < 1 or decay > total - warmup then
+    error(string.format("m3.schedule.wsd: expected decay (steps, or a fraction of total) in "
+      .. "[1, total - warmup = %d] steps, got %s", total - warmup, tostring(o.decay)), 2)
+  end
+  local shape = decay_shapes[o.shape or "linear"]
+  if not shape then
+    error('m3.schedule.wsd: shape must be "linear", "cosine" or "sqrt", got ' .. tostring(o.shape), 2)
+  end
+  local start = total - decay
+  return function(s)
+    if s <= warmup then return peak * s / warmup end
+    local t = s - 1
+    if t < start then return peak end
+    return floor_lr + (peak - floor_lr) * shape(min((t - start) / decay, 1))
+  end
+end
+
+function schedule.step_decay(o)
+  opts(o, "step_decay")
+  local lr = positive(o, "lr", "step_decay")
+  local gamma = o.gamma == nil and 0.1 or positive(o, "gamma", "step_decay")
+  local every, milestones = o.every, o.milestones
+  if (every == nil) == (milestones == nil) then
+    error("m3.schedule.step_decay: give exactly one of every (steps) and milestones (a list of steps)", 2)
+  end
+  if every then
+    every = int(o, "every", "step_decay", 1)
+    return function(s) return lr * gamma ^ floor(max(s - 1, 0) / every) end
+  end
+  for i, m in ipairs(milestones) do
+    if type(m) ~= "number" or m ~= floor(m) or (i > 1 and m <= milestones[i - 1]) then
+      error("m3.schedule.step_decay: milestones must be increasing integers", 2)
+    end
+  end
+  return function(s)
+    local k = 0
+    for _, m in ipairs(milestones) do
+      if s >= m then k = k + 1 end
+    end
+    return lr * gamma ^ k
+  end
+end
+
+function schedule.sequence(pieces)
+  if type(pieces) ~= "table" or #pieces == 0 then
+    error("m3.schedule.sequence: expected a list of pieces {f, steps = n}", 2)
+  end
+  local starts, fns = {}, {}
+  local at = 0
+  for i, p in ipairs(pieces) do
+    if type(p) ~= "table" or type(p[1]) ~= "function" then
+      error(string.format("m3.schedule.sequence: piece %d must be {f, steps = n} with f a schedule", i), 2)
+    end
+    starts[i], fns[i] = at, p[1]
+    if i < #pieces then
+      local n = p.steps
+      if type(n) ~= "number" or n < 1 or n ~= floor(n) then
+        error(string.format("m3.schedule.sequence: piece %d needs steps = an integer >= 1", i), 2)
+      end
+      at = at + n
+    end
+  end
+  return function(s)
+    for i = #fns, 1, -1 do
+      if s > starts[i] or i == 1 then return fns[i](s - starts[i]) end
+    end
+  end
+end
+
+function schedule.scale(f, k)
+  if type(f) ~= "function" or type(k) ~= "number" then
+    error("m3.schedule.scale: expected (schedule, number)", 2)
+  end
+  return function(s) return k * f(s) end
+end
+
+function schedule.apply(tr, f, step)
+  local lr = f(step)
+  tr:set_lr(lr)
+  return lr
+end
+
+function schedule.values(f, n)
+  local out = {}
+  for s = 1, n do out[s] = f(s) end
+  return out
+end
+
+return schedule

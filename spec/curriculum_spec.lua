@@ -1,0 +1,74 @@
+-- m3.curriculum: phases by step, inheritance, maxima, length curricula, validation.
+
+local curriculum = require "m3.curriculum"
+
+describe("m3.curriculum", function()
+  local cur = curriculum.new {
+    { steps = 100, length = 8, batch = 32, weights = { 1, 0 } },
+    { steps = 50, length = 16 },
+    { length = 32, batch = 16, weights = { 1, 1 } },
+  }
+
+  it("maps steps to phases (1-based, inclusive bounds)", function()
+    assert.equal(1, cur:phase(1).index)
+    assert.equal(1, cur:phase(100).index)
+    assert.equal(2, cur:phase(101).index)
+    assert.equal(2, cur:phase(150).index)
+    assert.equal(3, cur:phase(151).index)
+    assert.equal(3, cur:phase(10 ^ 9).index)
+    assert.equal(101, cur:phase(120).first)
+    assert.equal(150, cur:phase(120).last)
+    assert.equal(math.huge, cur:total())
+  end)
+
+  it("inherits fields a phase does not set", function()
+    local p = cur:phase(120)
+    assert.equal(16, p.length)
+    assert.equal(32, p.batch)
+    assert.same({ 1, 0 }, p.weights)
+    assert.equal(16, cur:phase(200).batch)
+    assert.same({ 1, 1 }, cur:phase(200).weights)
+  end)
+
+  it("gives the largest value of a field", function()
+    assert.equal(32, cur:max("length"))
+    assert.equal(32, cur:max("batch"))
+    assert.is_nil(cur:max("pairs"))
+  end)
+
+  it("iterates steps with their phases", function()
+    local seen = {}
+    for s, p in cur:iter(99, 102) do seen[#seen + 1] = s .. ":" .. p.length end
+    assert.same({ "99:8", "100:8", "101:16", "102:16" }, seen)
+  end)
+
+  it("builds length curricula in equal stages", function()
+    local c = curriculum.lengths { from = 8, to = 32, steps = 300, min_length = 1, batch = 4 }
+    local ph = c:phases()
+    assert.equal(3, #ph)
+    assert.same({ 8, 16, 32 }, { ph[1].length, ph[2].length, ph[3].length })
+    assert.same({ 100, 100, 100 }, { ph[1].steps, ph[2].steps, ph[3].steps })
+    assert.equal(1, ph[2].min_length)
+    assert.equal(4, ph[3].batch)
+    assert.equal(300, c:total())
+    local d = curriculum.lengths { from = 10, to = 160, steps = 10 }
+    local lens = {}
+    for i, p in ipairs(d:phases()) do lens[i] = p.length end
+    assert.same({ 10, 20, 40, 80, 160 }, lens)
+    local e = curriculum.lengths { from = 3, to = 40, steps = 7, factor = 3 }
+    lens = {}
+    local total = 0
+    for i, p in ipairs(e:phases()) do lens[i], total = p.length, total + p.steps end
+    assert.same({ 3, 9, 27, 40 }, lens)
+    assert.equal(7, total)
+  end)
+
+  it("explains bad input", function()
+    assert.has_error(function() curriculum.new {} end)
+    assert.has_error(function() curriculum.new { { length = 8 }, { length = 16 } } end)
+    assert.has_error(function() curriculum.new { { steps = 0 } } end)
+    assert.has_error(function() curriculum.lengths { from = 32, to = 8, steps = 10 } end)
+    assert.has_error(function() curriculum.lengths { from = 1, to = 1024, steps = 3 } end)
+    assert.has_error(function() cur:phase(0) end)
+  end)
+end)

@@ -1,0 +1,234 @@
+-- m3.data: generator labels (brute force on short inputs), determinism, cursor resume,
+-- text and token file windows.
+
+local data = require "m3.data"
+local rng = require "m3.data.rng"
+local tasks = require "m3.data.tasks"
+
+local SYMBOLS = { [5] = " + ", [6] = " - ", [7] = " * ", [8] = " ( ", [9] = " ) " }
+
+-- Lua's own parser as the independent judge of an arithmetic expression (tokens, mod 5).
+local function lua_value(tokens, last)
+  local parts = {}
+  for i = 1, last do parts[i] = SYMBOLS[tokens[i]] or tostring(tokens[i]) end
+  return assert(loadstring("return " .. table.concat(parts)))() % 5
+end
+
+local function tmpfile(bytes)
+  local path = os.tmpname()
+  local f = assert(io.open(path, "wb"))
+  f:write(bytes)
+  f:close()
+  return path
+end
+
+describe("m3.data.rng", function()
+  it("is xoshiro128** (reference outputs from state {1, 2, 3, 4})", function()
+    local r = rng.from_state { 1, 2, 3, 4 }
+    local got = {}
+    for i = 1, 6 do got[i] = r:u32() end
+    assert.same({ 11520, 0, 5927040, 70819200, 2031721883, 1637235492 }, got)
+  end)
+
+  it("gives the same stream for the same (seed, index) and different ones otherwise", function()
+    local a, b, c = rng.new(7, 3), rng.new(7, 3), rng.new(7, 4)
+    local same, differ = true, false
+    for _ = 1, 100 do
+      local x, y, z = a:u32(), b:u32(), c:u32()
+      same = same and x == y
+      differ = differ or x ~= z
+    end
+    assert.is_true(same)
+    assert.is_true(differ)
+    assert.are_not.equal(rng.new(7, 3):u32(), rng.new(7, 3, 1):u32())
+  end)
+
+  it("round-trips its state and draws in range", function()
+    local r = rng.new(1, 2)
+    r:u32()
+    local s = r:state()
+    local q = rng.from_state(s)
+    for _ = 1, 1000 do
+      local u, v = r:uniform(), q:uniform()
+      assert.equal(u, v)
+      assert.is_true(u >= 0 and u < 1)
+      local k = r:below(7)
+      assert.equal(k, q:below(7))
+      assert.is_true(k >= 0 and k < 7 and k == math.floor(k))
+    end
+  end)
+
+  it("refuses seeds that would not round-trip", function()
+    assert.has_error(function() rng.new(-1) end)
+    assert.has_error(function() rng.new(0.5) end)
+  end)
+end)
+
+describe("m3.data.parity", function()
+  it("labels every prefix with its parity (running) on all short lengths", function()
+    local src = data.parity { seed = 3, length = 10, min_length = 1 }
+    local seen = {}
+    for i = 0, 499 do
+      local toks, tgts = src:sample(i)
+      seen[#toks] = true
+      local ones = 0
+      for t = 1, #toks do
+        assert.is_true(toks[t] == 0 or toks[t] == 1)
+        if toks[t] == 1 then ones = ones + 1 end
+        assert.equal(ones % 2, tgts[t])
+      end
+    end
+    for n = 1, 10 do assert.is_true(seen[n], "length " .. n .. " drawn") end
+  end)
+
+  it("scores only the last position with targets = final", function()
+    local src = data.parity { seed = 1, length = 6, targets = "final" }
+    for i = 0, 99 do
+      local toks, tgts = src:sample(i)
+      assert.equal(6, #toks)
+      local ones = 0
+      for t = 1, 6 do ones = ones + toks[t] end
+      for t = 1, 5 do assert.equal(-1, tgts[t]) end
+      assert.equal(ones % 2, tgts[6])
+    end
+  end)
+
+  it("rejects bad options with a message naming the field", function()
+    assert.has_error(function() data.parity { targets = "all" }:sample(0) end,
+      'm3.data.parity: targets must be "final" or "running", got all')
+    assert.has_error(function() data.parity { length = 4, min_length = 5 }:sample(0) end)
+  end)
+end)
+
+describe("m3.data.evaluate", function()
+  it("agrees with Lua's parser on every expression of up to 3 digits", function()
+    local count = 0
+    local function walk(tokens, digits)
+      if digits > 0 then
+        assert.equal(lua_value(tokens, #tokens), data.evaluate(tokens, 5))
+        count = count + 1
+      end
+      if digits == 3 then return end
+      for d = 0, 4 do
+        if digits == 0 then
+          walk({ d }, 1)
+        else
+          for op = 5, 7 do
+            local t = { unpack(tokens) }
+            t[#t + 1], t[#t + 2] = op, d
+            walk(t, digits + 1)
+          end
+        end
+      end
+    end
+    walk({}, 0)
+    assert.equal(5 + 5 * 15 + 5 * 15 * 15, count)
+  end)
+
+  it("handles brackets and unary minus, and rejects malformed input", function()
+    -- (2 - (-3)) * 4 = 20 = 0 mod 5;  -(1) = 4
+    assert.equal(0, data.evaluate({ 8, 2, 6, 8, 6, 3, 9, 9, 7, 4 }, 5))
+    assert.equal(4, data.evaluate({ 6, 8, 1, 9 }, 5))
+    assert.is_nil(data.evaluate({ 8, 1, 5, 2 }, 5))
+    assert.is_nil(data.evaluate({ 1, 5 }, 5))
+    assert.is_nil(data.evaluate({ 1, 2 }, 5))
+  end)
+end)
+
+describe("m3.data.arithmetic", function()
+  it("labels expressions without brackets exactly (final and running targets)", function()
+    local src = data.arithmetic { seed = 5, length = 12, min_length = 2, targets = "running" }
+    for i = 0, 999 do
+      local toks, tgts = src:sample(i)
+      local n = #toks
+      assert.equal(10, toks[n]) -- '='
+      assert.equal(1, (n - 1) % 2)
+      assert.equal(lua_value(toks, n - 1), tgts[n])
+      for t = 1, n - 1 do
+        if t % 2 == 1 then
+          assert.is_true(toks[t] >= 0 and toks[t] < 5)
+          assert.equal(lua_value(toks, t), tgts[t])
+        else
+          assert.is_true(toks[t] >= 5 and toks[t] <= 7)
+          assert.equal(-1, tgts[t])
+        end
+      end
+    end
+  end)
+
+  it("makes bracketed expressions of the exact length, labelled by their value", function()
+    local src = data.arithmetic { seed = 9, length = 16, min_length = 2, brackets = true }
+    local lengths = {}
+    for i = 0, 1999 do
+      local toks, tgts = src:sample(i)
+      local n = #toks
+      lengths[n] = true
+      assert.equal(10, toks[n])
+      for t = 1, n - 1 do assert.equal(-1, tgts[t]) end
+      assert.equal(lua_value(toks, n - 1), tgts[n])
+      assert.equal(tgts[n], data.evaluate(toks, 5, 1, n - 1))
+    end
+    for n = 2, 16 do assert.is_true(lengths[n], "length " .. n .. " drawn") end
+  end)
+
+  it("draws only the operators asked for", function()
+    local src = data.arithmetic { seed = 2, length = 21, ops = "+-" }
+    for i = 0, 99 do
+      local toks = src:sample(i)
+      for t = 2, #toks - 1, 2 do assert.is_true(toks[t] == 5 or toks[t] == 6) end
+    end
+    assert.equal(11, src.vocab)
+    assert.equal(5, src.classes)
+    assert.has_error(function() data.arithmetic { ops = "/" }:sample(0) end)
+  end)
+end)
+
+describe("m3.data.mqar", function()
+  it("asks for values of keys seen earlier", function()
+    local src = data.mqar { seed = 4, pairs = 6, queries = 5, keys = 16, values = 8 }
+    assert.equal(24, src.vocab)
+    for i = 0, 199 do
+      local toks, tgts = src:sample(i)
+      assert.equal(17, #toks)
+      local value_of, used = {}, {}
+      for p = 1, 6 do
+        local k, v = toks[2 * p - 1], toks[2 * p]
+        assert.is_true(k >= 0 and k < 16 and not used[k])
+        assert.is_true(v >= 16 and v < 24)
+        used[k], value_of[k] = true, v
+        assert.equal(-1, tgts[2 * p - 1])
+        assert.equal(-1, tgts[2 * p])
+      end
+      for q = 13, 17 do assert.equal(value_of[toks[q]], tgts[q]) end
+    end
+  end)
+
+  it("derives pairs and queries from a length", function()
+    local toks = data.mqar { length = 30 }:sample(0)
+    assert.equal(30, #toks)
+  end)
+end)
+
+describe("m3.data sources", function()
+  it("are a pure function of (seed, index, options)", function()
+    local a, b = data.arithmetic { seed = 11, brackets = true }, data.arithmetic { seed = 11, brackets = true }
+    assert.same({ a:sample(42) }, { b:sample(42) })
+    assert.are_not.same({ a:sample(42) }, { data.arithmetic { seed = 12, brackets = true }:sample(42) })
+  end)
+
+  it("mix sources with weights, deterministically", function()
+    local p = data.parity { seed = 1, length = 8 }
+    local m = data.arithmetic { seed = 1, length = 10, offset = 2 }
+    local mix = data.mixture({ p, m }, { seed = 3, weights = { 1, 3 } })
+    assert.equal(13, mix.vocab)
+    local counts = { 0, 0 }
+    for i = 0, 399 do
+      local toks = mix:sample(i)
+      counts[#toks == 8 and 1 or 2] = counts[#toks == 8 and 1 or 2] + 1
+      if #toks == 10 then assert.equal(12, toks[10]) end
+    end
+    assert.is_true(counts[2] > 2 * counts[1] and counts[1] > 50)
+    local only_parity = mix:sample(5, { weights = { 1, 0 } })
+    assert.equal(8, #only_parity)
+  end)
+end)

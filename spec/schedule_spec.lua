@@ -1,0 +1,133 @@
+-- m3.schedule: values at known steps, composition, validation, apply.
+
+local schedule = require "m3.schedule"
+
+local function near(want, got)
+  assert.is_true(math.abs(want - got) <= 1e-12 * math.max(1, math.abs(want)),
+    string.format("expected %.17g, got %.17g", want, got))
+end
+
+describe("m3.schedule", function()
+  it("constant", function()
+    local f = schedule.constant(3e-4)
+    assert.equal(3e-4, f(1))
+    assert.equal(3e-4, f(1000))
+    assert.equal(1e-3, schedule.constant { lr = 1e-3 }(7))
+    assert.has_error(function() schedule.constant(0) end)
+  end)
+
+  it("linear", function()
+    local f = schedule.linear { from = 1, to = 0.5, steps = 10 }
+    near(1, f(1))
+    near(0.75, f(6))
+    near(0.5, f(11))
+    near(0.5, f(100))
+  end)
+
+  it("linear warmup", function()
+    local f = schedule.linear_warmup { peak = 1e-3, warmup = 4 }
+    near(2.5e-4, f(1))
+    near(5e-4, f(2))
+    near(1e-3, f(4))
+    near(1e-3, f(50))
+  end)
+
+  it("cosine", function()
+    local f = schedule.cosine { peak = 1, total = 100 }
+    near(1, f(1))
+    near(0.5, f(51))
+    near(0, f(101))
+    near(0, f(500))
+    near(0.5 * (1 + math.cos(math.pi * 0.99)), f(100))
+    assert.is_true(f(100) > 0)
+    local g = schedule.cosine { peak = 1, total = 100, floor = 0.1 }
+    near(0.55, g(51))
+    near(0.1, g(101))
+  end)
+
+  it("warmup-cosine with a floor", function()
+    local f = schedule.warmup_cosine { peak = 1e-3, warmup = 10, total = 110, floor = 1e-5 }
+    near(1e-4, f(1))
+    near(1e-3, f(10))
+    near(1e-3, f(11))
+    near(1e-5 + (1e-3 - 1e-5) * 0.5, f(61))
+    near(1e-5, f(111))
+    near(1e-5, f(10 ^ 6))
+    for s = 2, 110 do assert.is_true(f(s) > 0) end
+    for s = 12, 111 do assert.is_true(f(s) <= f(s - 1)) end
+  end)
+
+  it("step decay, every n steps and at milestones", function()
+    local f = schedule.step_decay { lr = 1, gamma = 0.5, every = 10 }
+    near(1, f(1))
+    near(1, f(10))
+    near(0.5, f(11))
+    near(0.25, f(21))
+    local g = schedule.step_decay { lr = 1, milestones = { 5, 8 } }
+    near(1, g(4))
+    near(0.1, g(5))
+    near(0.01, g(8))
+    assert.has_error(function() schedule.step_decay { lr = 1 } end)
+    assert.has_error(function() schedule.step_decay { lr = 1, every = 2, milestones = { 3 } } end)
+  end)
+
+  it("WSD: warmup, stable, decay", function()
+    local f = schedule.wsd { peak = 1, warmup = 10, total = 100, decay = 0.2 }
+    near(0.1, f(1))
+    near(1, f(10))
+    near(1, f(50))
+    near(1, f(81))
+    near(0.5, f(91))
+    near(0.05, f(100))
+    near(0, f(101))
+    local c = schedule.wsd { peak = 1, total = 100, decay = 20, shape = "cosine", floor = 0.2 }
+    near(1, c(81))
+    near(0.6, c(91))
+    near(0.2, c(101))
+    local q = schedule.wsd { peak = 1, total = 100, decay = 20, shape = "sqrt" }
+    near(1 - math.sqrt(0.25), q(86))
+    assert.has_error(function() schedule.wsd { peak = 1, warmup = 90, total = 100, decay = 20 } end)
+    assert.has_error(function() schedule.wsd { peak = 1, total = 100, shape = "exp" } end)
+  end)
+
+  it("sequence: later pieces see their own step", function()
+    local f = schedule.sequence {
+      { schedule.linear_warmup { peak = 1, warmup = 5 }, steps = 5 },
+      { schedule.constant(0.5), steps = 3 },
+      { schedule.cosine { peak = 0.5, total = 10 } },
+    }
+    near(0.2, f(1))
+    near(1, f(5))
+    near(0.5, f(6))
+    near(0.5, f(8))
+    near(0.5, f(9))
+    near(0.25, f(14))
+    near(0, f(19))
+    assert.has_error(function() schedule.sequence { { schedule.constant(1) }, { schedule.constant(1) } } end)
+  end)
+
+  it("scale", function()
+    local f = schedule.scale(schedule.cosine { peak = 1, total = 10 }, 3)
+    near(3, f(1))
+    near(1.5, f(6))
+  end)
+
+  it("names the field and the rule in errors", function()
+    assert.has_error(function() schedule.warmup_cosine { peak = 1, warmup = 10, total = 10 } end,
+      "m3.schedule.warmup_cosine: expected total > warmup, got total = 10, warmup = 10")
+    local ok, err = pcall(schedule.cosine, { total = 10 })
+    assert.is_false(ok)
+    assert.truthy(err:find("m3.schedule.cosine: expected peak > 0, got nil", 1, true))
+    assert.has_error(function() schedule.cosine(5) end)
+  end)
+
+  it("apply calls set_lr with the schedule's value and returns it", function()
+    local seen = {}
+    local tr = { set_lr = function(_, x) seen[#seen + 1] = x end }
+    local f = schedule.warmup_cosine { peak = 1, warmup = 2, total = 10 }
+    assert.equal(0.5, schedule.apply(tr, f, 1))
+    schedule.apply(tr, f, 2)
+    assert.same({ 0.5, 1 }, seen)
+    assert.same({ 0.5, 1, 1 }, schedule.values(f, 3))
+  end)
+end)
