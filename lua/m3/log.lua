@@ -1,0 +1,127 @@
+-- m3.log — progress output, metrics as JSONL, SVG plots of a run.
+--
+--   log.progress{total =, ...}     a progress bar on a terminal, plain lines otherwise
+--                                  (m3.log.progress)
+--   log.jsonl(path)                a metrics writer: w:write(record) appends one JSON
+--                                  object per line and flushes; w:close()
+--   log.read_jsonl(path)           the records of a JSONL file (a list)
+--   log.plot(records, path, opts)  an SVG of the curves in records: a panel of the keys
+--                                  with "loss" in their name (not loss_scale) and one of
+--                                  the keys with "acc" (x = opts.x or "step"; title =
+--                                  opts.title)
+--   log.plot_run(dir)              dir/metrics.jsonl -> dir/plot.svg
+--   log.svg                        the chart writer (m3.log.svg)
+--   log.now(), log.duration(s)     a monotonic clock in seconds, "3m05s"
+
+local json = require "m3.json"
+local progress = require "m3.log.progress"
+local svg = require "m3.log.svg"
+
+local log = {
+  progress = progress.new,
+  svg = svg,
+  now = progress.now,
+  duration = progress.duration,
+  is_terminal = progress.is_terminal,
+}
+
+local W = {}
+W.__index = W
+
+function log.jsonl(path, opts)
+  if type(path) ~= "string" then error("m3.log.jsonl: expected a file path, got " .. type(path), 2) end
+  local f, err = io.open(path, (opts and opts.truncate) and "w" or "a")
+  if not f then error("m3.log.jsonl: cannot open " .. tostring(err), 2) end
+  return setmetatable({ f = f, path = path }, W)
+end
+
+function W:write(record)
+  if not self.f then error("m3.log.jsonl: " .. self.path .. " is closed", 2) end
+  self.f:write(json.encode(record), "\n")
+  self.f:flush()
+end
+
+function W:close()
+  if self.f then self.f:close() end
+  self.f = nil
+end
+
+function log.read_jsonl(path)
+  local f, err = io.open(path, "r")
+  if not f then error("m3.log.read_jsonl: cannot open " .. tostring(err), 2) end
+  local out, n = {}, 0
+  for line in f:lines() do
+    n = n + 1
+    if line:find("%S") then
+      local ok, v = pcall(json.decode, line)
+      -- a line cut short by a crash ends the file: keep what came before it
+      if not ok then break end
+      out[#out + 1] = v
+    end
+  end
+  f:close()
+  return out
+end
+
+-- Series {name, x, y} for the keys of records that pass keep(key), in sorted key order.
+local function series_of(records, xkey, keep)
+  local keys, seen = {}, {}
+  for _, r in ipairs(records) do
+    for k, v in pairs(r) do
+      if k ~= xkey and type(v) == "number" and keep(k) and not seen[k] then
+        seen[k] = true
+        keys[#keys + 1] = k
+      end
+    end
+  end
+  table.sort(keys)
+  local out = {}
+  for _, k in ipairs(keys) do
+    local xs, ys = {}, {}
+    for _, r in ipairs(records) do
+      if type(r[k]) == "number" and type(r[xkey]) == "number" then
+        xs[#xs + 1], ys[#ys + 1] = r[xkey], r[k]
+      end
+    end
+    out[#out + 1] = { name = k, x = xs, y = ys }
+  end
+  return out
+end
+
+-- Log scale when every value is positive and they span more than a factor of 20.
+local function wants_log(series)
+  local lo, hi = math.huge, 0
+  for _, s in ipairs(series) do
+    for _, y in ipairs(s.y) do
+      if y <= 0 then return false end
+      lo, hi = math.min(lo, y), math.max(hi, y)
+    end
+  end
+  return hi > 20 * lo
+end
+
+function log.plot(records, path, opts)
+  opts = opts or {}
+  local xkey = opts.x or "step"
+  local losses = series_of(records, xkey, function(k)
+    return k:find("loss", 1, true) ~= nil and k ~= "loss_scale"
+  end)
+  local accs = series_of(records, xkey, function(k) return k:find("acc", 1, true) ~= nil end)
+  local charts = { svg.lines {
+    title = (opts.title and opts.title .. ": " or "") .. "loss", xlabel = xkey, ylabel = "loss",
+    series = losses, logy = wants_log(losses),
+  } }
+  if #accs > 0 then
+    charts[2] = svg.lines { title = "accuracy", xlabel = xkey, ylabel = "accuracy", series = accs }
+  end
+  svg.write(path, charts)
+  return path
+end
+
+function log.plot_run(dir, opts)
+  opts = opts or {}
+  local records = log.read_jsonl(dir .. "/metrics.jsonl")
+  return log.plot(records, dir .. "/plot.svg", { title = opts.title or dir:match("([^/]+)/*$"), x = opts.x })
+end
+
+return log

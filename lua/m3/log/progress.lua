@@ -1,0 +1,139 @@
+-- m3.log.progress — training progress: a live bar on a terminal, plain lines otherwise.
+--
+--   local p = progress.new{total = 1000, out = io.stdout, every = 50, first = 0}
+--   p:update(step, {loss =, lr =, tokens =})   tokens: processed by this step
+--   p:message("val_loss 0.12")                 a line that does not break the bar
+--   p:finish()
+--
+-- On a terminal (out is io.stdout or io.stderr and isatty says so, or tty = true) one
+-- line is redrawn at most every 0.1 s: step/total, a bar, loss, lr, tokens/s, ETA.
+-- Otherwise (a file, a pipe, a test) a plain line is written at every step that is a
+-- multiple of `every` (default: total/20) and at the last step. `first` is the step the run starts after (a
+-- resumed run), so the rates and the ETA count only this session's steps.
+
+local ffi = require "ffi"
+
+pcall(ffi.cdef, "int isatty(int fd);")
+pcall(ffi.cdef, [[
+typedef struct m3_log_timespec { int64_t tv_sec; long tv_nsec; } m3_log_timespec;
+int clock_gettime(int clk_id, m3_log_timespec *tp);
+]])
+
+local progress = {}
+
+local CLOCK_MONOTONIC = 1
+local ts = ffi.new("m3_log_timespec")
+
+-- Seconds from an arbitrary origin, monotonic, with sub-millisecond resolution.
+function progress.now()
+  ffi.C.clock_gettime(CLOCK_MONOTONIC, ts)
+  return tonumber(ts.tv_sec) + tonumber(ts.tv_nsec) * 1e-9
+end
+
+function progress.is_terminal(out)
+  local fd = (out == io.stdout and 1) or (out == io.stderr and 2) or nil
+  return fd ~= nil and ffi.C.isatty(fd) == 1
+end
+
+-- "42s", "3m05s", "2h07m"
+function progress.duration(s)
+  if s ~= s or s == math.huge then return "?" end
+  s = math.floor(s + 0.5)
+  if s < 60 then return s .. "s" end
+  if s < 3600 then return string.format("%dm%02ds", math.floor(s / 60), s % 60) end
+  return string.format("%dh%02dm", math.floor(s / 3600), math.floor(s / 60) % 60)
+end
+
+-- 950, 12.3k, 4.56M
+function progress.si(x)
+  if x >= 1e9 then return string.format("%.3gG", x / 1e9) end
+  if x >= 1e6 then return string.format("%.3gM", x / 1e6) end
+  if x >= 1e3 then return string.format("%.3gk", x / 1e3) end
+  return string.format("%.3g", x)
+end
+
+local P = {}
+P.__index = P
+
+function progress.new(o)
+  o = o or {}
+  local total = o.total
+  if type(total) ~= "number" or total < 1 then
+    error("m3.log.progress: expected total = the number of steps (>= 1), got " .. tostring(total), 2)
+  end
+  local self = setmetatable({
+    total = total, out = o.out or io.stdout, first = o.first or 0,
+    every = o.every or math.max(1, math.floor(total / 20)),
+    width = o.width or 24, tokens = 0, drawn = -math.huge, line_open = false,
+  }, P)
+  if o.tty == nil then self.tty = progress.is_terminal(self.out) else self.tty = o.tty end
+  self.start = progress.now()
+  return self
+end
+
+-- The fields of a status line for step (after this session's steps and tokens).
+function P:fields(step, m)
+  local elapsed = progress.now() - self.start
+  local done = step - self.first
+  local parts = { string.format("step %d/%d", step, self.total) }
+  if m.loss then parts[#parts + 1] = string.format("loss %.4f", m.loss) end
+  if m.lr then parts[#parts + 1] = string.format("lr %.2e", m.lr) end
+  if self.tokens > 0 and elapsed > 0 then
+    parts[#parts + 1] = progress.si(self.tokens / elapsed) .. " tok/s"
+  end
+  local eta = done > 0 and (self.total - step) * elapsed / done or math.huge
+  return parts, elapsed, eta
+end
+
+function P:update(step, m)
+  m = m or {}
+  self.tokens = self.tokens + (m.tokens or 0)
+  self.step, self.last = step, m
+  local final = step >= self.total
+  if self.tty then
+    local now = progress.now()
+    if not final and now - self.drawn < 0.1 then return end
+    self.drawn = now
+    self:draw(step, m)
+  elseif final or step % self.every == 0 then
+    local parts, elapsed, eta = self:fields(step, m)
+    parts[#parts + 1] = "elapsed " .. progress.duration(elapsed)
+    if not final then parts[#parts + 1] = "eta " .. progress.duration(eta) end
+    self.out:write(table.concat(parts, "  "), "\n")
+    self.out:flush()
+  end
+end
+
+function P:draw(step, m)
+  local parts, _, eta = self:fields(step, m)
+  local frac = math.min(math.max(step / self.total, 0), 1)
+  local fill = math.floor(frac * self.width + 0.5)
+  table.insert(parts, 2, "[" .. string.rep("#", fill) .. string.rep("-", self.width - fill) .. "]"
+    .. string.format(" %3d%%", math.floor(frac * 100)))
+  parts[#parts + 1] = "ETA " .. progress.duration(eta)
+  self.out:write("\r", table.concat(parts, "  "), "\027[K")
+  self.out:flush()
+  self.line_open = true
+end
+
+function P:message(text)
+  if self.tty and self.line_open then
+    self.out:write("\r\027[K", text, "\n")
+    if self.step then self:draw(self.step, self.last) end
+  else
+    self.out:write(text, "\n")
+  end
+  self.out:flush()
+end
+
+function P:finish()
+  if self.tty and self.line_open then
+    if self.step then self:draw(self.step, self.last) end
+    self.out:write("\n")
+    self.line_open = false
+  end
+  self.out:flush()
+  return progress.now() - self.start
+end
+
+return progress

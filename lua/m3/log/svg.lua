@@ -1,0 +1,237 @@
+-- m3.log.svg — line and bar charts as standalone SVG, written by hand (no dependency).
+--
+--   svg.lines{title =, xlabel =, ylabel =, logy =, series = {{name =, x = {...}, y = {...}}}}
+--       -> a chart (a table with width, height and body)
+--   svg.bars{title =, xlabel =, labels = {...}, values = {...}} -> a horizontal bar chart
+--   svg.document(charts) -> SVG text with the charts stacked vertically
+--   svg.write(path, charts) -> writes the document
+--
+-- Axes get "nice" ticks (1, 2, 5 times a power of ten; powers of ten on a log axis);
+-- series longer than 1500 points are averaged in buckets; non-finite points break a line.
+
+local svg = {}
+
+local floor, ceil, log10, abs, min, max = math.floor, math.ceil, math.log10, math.abs, math.min, math.max
+
+local PALETTE = { "#1f77b4", "#d62728", "#2ca02c", "#ff7f0e", "#9467bd", "#8c564b", "#e377c2", "#17becf" }
+local W, H = 720, 360
+local LEFT, RIGHT, TOP, BOTTOM = 70, 170, 34, 46
+local MAX_POINTS = 1500
+
+local function esc(s)
+  return (tostring(s):gsub("&", "&amp;"):gsub("<", "&lt;"):gsub(">", "&gt;"):gsub('"', "&quot;"))
+end
+
+local function finite(v)
+  return type(v) == "number" and v == v and v ~= math.huge and v ~= -math.huge
+end
+
+local function label(v)
+  if v == 0 then return "0" end
+  local a = abs(v)
+  if a >= 1e5 or a < 1e-3 then return (string.format("%.2g", v):gsub("e%+?(%-?)0*(%d)", "e%1%2")) end
+  return (string.format("%.4g", v))
+end
+
+-- Ticks covering [lo, hi]: about n values at a step of 1, 2 or 5 times a power of ten,
+-- and the axis range (the outer ticks).
+function svg.nice_ticks(lo, hi, n)
+  n = n or 5
+  if hi <= lo then hi = lo + (lo == 0 and 1 or abs(lo) * 0.1) end
+  local raw = (hi - lo) / n
+  local p = 10 ^ floor(log10(raw))
+  local step = p
+  for _, m in ipairs { 1, 2, 5, 10 } do
+    step = m * p
+    if step >= raw then break end
+  end
+  local ka, kb = floor(lo / step + 1e-9), ceil(hi / step - 1e-9)
+  local ticks = {}
+  for k = ka, kb do ticks[#ticks + 1] = k * step end
+  return ticks, ka * step, kb * step
+end
+
+-- Averages (x, y) into at most MAX_POINTS buckets; drops nothing else.
+local function decimate(xs, ys)
+  local n = #xs
+  if n <= MAX_POINTS then return xs, ys end
+  local bx, by, size = {}, {}, n / MAX_POINTS
+  for b = 0, MAX_POINTS - 1 do
+    local i0, i1 = floor(b * size) + 1, floor((b + 1) * size)
+    local sx, sy, c = 0, 0, 0
+    for i = i0, i1 do
+      if finite(ys[i]) then sx, sy, c = sx + xs[i], sy + ys[i], c + 1 end
+    end
+    if c > 0 then bx[#bx + 1], by[#by + 1] = sx / c, sy / c end
+  end
+  return bx, by
+end
+
+local function frame(out, title, xlabel, ylabel)
+  out[#out + 1] = string.format('<rect x="0" y="0" width="%d" height="%d" fill="white"/>', W, H)
+  out[#out + 1] = string.format(
+    '<text x="%d" y="20" text-anchor="middle" font-size="15" font-weight="bold">%s</text>',
+    LEFT + (W - LEFT - RIGHT) / 2, esc(title or ""))
+  if xlabel then
+    out[#out + 1] = string.format('<text x="%d" y="%d" text-anchor="middle" font-size="12">%s</text>',
+      LEFT + (W - LEFT - RIGHT) / 2, H - 8, esc(xlabel))
+  end
+  if ylabel then
+    out[#out + 1] = string.format(
+      '<text x="16" y="%d" text-anchor="middle" font-size="12" transform="rotate(-90 16 %d)">%s</text>',
+      TOP + (H - TOP - BOTTOM) / 2, TOP + (H - TOP - BOTTOM) / 2, esc(ylabel))
+  end
+end
+
+function svg.lines(o)
+  local series = o.series or {}
+  local x0, x1, y0, y1 = math.huge, -math.huge, math.huge, -math.huge
+  local logy = o.logy
+  local data = {}
+  for i, s in ipairs(series) do
+    local xs, ys = decimate(s.x, s.y)
+    data[i] = { xs, ys }
+    for j = 1, #xs do
+      local y = ys[j]
+      if finite(xs[j]) and finite(y) and (not logy or y > 0) then
+        x0, x1 = min(x0, xs[j]), max(x1, xs[j])
+        y0, y1 = min(y0, y), max(y1, y)
+      end
+    end
+  end
+  local out = {}
+  frame(out, o.title, o.xlabel, o.ylabel)
+  local pw, ph = W - LEFT - RIGHT, H - TOP - BOTTOM
+  if x0 > x1 then
+    out[#out + 1] = string.format('<text x="%d" y="%d" text-anchor="middle" font-size="12" fill="#888">no data</text>',
+      LEFT + pw / 2, TOP + ph / 2)
+    return { width = W, height = H, body = table.concat(out, "\n") }
+  end
+  local xt, xa, xb = svg.nice_ticks(x0, x1, 6)
+  local yt, ya, yb
+  local ty = function(v) return v end
+  if logy then
+    ty = log10
+    ya, yb = floor(log10(y0)), ceil(log10(y1))
+    if yb == ya then yb = ya + 1 end
+    yt = {}
+    for k = ya, yb do yt[#yt + 1] = 10 ^ k end
+  else
+    yt, ya, yb = svg.nice_ticks(y0, y1, 5)
+  end
+  local function px(x) return LEFT + (x - xa) / (xb - xa) * pw end
+  local function py(y) return TOP + ph - (ty(y) - ya) / (yb - ya) * ph end
+  -- grid, ticks and labels
+  for _, t in ipairs(xt) do
+    local x = px(t)
+    out[#out + 1] = string.format('<line x1="%.1f" y1="%d" x2="%.1f" y2="%d" stroke="#e5e5e5"/>', x, TOP, x, TOP + ph)
+    out[#out + 1] = string.format('<text x="%.1f" y="%d" text-anchor="middle" font-size="11">%s</text>',
+      x, TOP + ph + 16, label(t))
+  end
+  for _, t in ipairs(yt) do
+    local y = py(t)
+    out[#out + 1] = string.format('<line x1="%d" y1="%.1f" x2="%d" y2="%.1f" stroke="#e5e5e5"/>', LEFT, y, LEFT + pw, y)
+    out[#out + 1] = string.format('<text x="%d" y="%.1f" text-anchor="end" font-size="11">%s</text>',
+      LEFT - 6, y + 4, label(t))
+  end
+  out[#out + 1] = string.format('<rect x="%d" y="%d" width="%d" height="%d" fill="none" stroke="#333"/>',
+    LEFT, TOP, pw, ph)
+  -- curves (a point outside a log axis' domain or non-finite breaks the line)
+  for i, s in ipairs(series) do
+    local color = s.color or PALETTE[(i - 1) % #PALETTE + 1]
+    local xs, ys = data[i][1], data[i][2]
+    local runs, cur = {}, {}
+    for j = 1, #xs do
+      local y = ys[j]
+      if finite(xs[j]) and finite(y) and (not logy or y > 0) then
+        cur[#cur + 1] = string.format("%.1f,%.1f", px(xs[j]), py(y))
+      elseif #cur > 0 then
+        runs[#runs + 1], cur = cur, {}
+      end
+    end
+    if #cur > 0 then runs[#runs + 1] = cur end
+    for _, r in ipairs(runs) do
+      if #r == 1 then
+        local cx, cy = r[1]:match("([^,]+),(.+)")
+        out[#out + 1] = string.format('<circle cx="%s" cy="%s" r="2.5" fill="%s"/>', cx, cy, color)
+      else
+        out[#out + 1] = string.format('<polyline fill="none" stroke="%s" stroke-width="1.5" points="%s"/>',
+          color, table.concat(r, " "))
+      end
+    end
+    local ly = TOP + 10 + (i - 1) * 18
+    out[#out + 1] = string.format('<line x1="%d" y1="%d" x2="%d" y2="%d" stroke="%s" stroke-width="3"/>',
+      LEFT + pw + 12, ly, LEFT + pw + 32, ly, color)
+    out[#out + 1] = string.format('<text x="%d" y="%d" font-size="12">%s</text>', LEFT + pw + 38, ly + 4,
+      esc(s.name or ("series " .. i)))
+  end
+  return { width = W, height = H, body = table.concat(out, "\n") }
+end
+
+function svg.bars(o)
+  local labels, values = o.labels or {}, o.values or {}
+  local n = #labels
+  local bar_h, gap = 18, 6
+  local left, top = 260, 34
+  local pw = W - left - 40
+  local height = top + n * (bar_h + gap) + BOTTOM
+  local out = {}
+  out[#out + 1] = string.format('<rect x="0" y="0" width="%d" height="%d" fill="white"/>', W, height)
+  out[#out + 1] = string.format('<text x="%d" y="20" text-anchor="middle" font-size="15" font-weight="bold">%s</text>',
+    W / 2, esc(o.title or ""))
+  local lo, hi = 0, 0
+  for i = 1, n do
+    if finite(values[i]) then lo, hi = min(lo, values[i]), max(hi, values[i]) end
+  end
+  local ticks, a, b = svg.nice_ticks(lo, hi, 5)
+  local function px(v) return left + (v - a) / (b - a) * pw end
+  local axis_y = top + n * (bar_h + gap)
+  for _, t in ipairs(ticks) do
+    out[#out + 1] = string.format('<line x1="%.1f" y1="%d" x2="%.1f" y2="%d" stroke="#e5e5e5"/>', px(t), top - 4, px(t), axis_y)
+    out[#out + 1] = string.format('<text x="%.1f" y="%d" text-anchor="middle" font-size="11">%s</text>',
+      px(t), axis_y + 16, label(t))
+  end
+  for i = 1, n do
+    local y, v = top + (i - 1) * (bar_h + gap), values[i]
+    out[#out + 1] = string.format('<text x="%d" y="%d" text-anchor="end" font-size="11">%s</text>',
+      left - 6, y + bar_h - 5, esc(labels[i]))
+    if finite(v) then
+      local x0, x1 = px(min(0, v)), px(max(0, v))
+      out[#out + 1] = string.format('<rect x="%.1f" y="%d" width="%.1f" height="%d" fill="%s"/>',
+        x0, y, max(x1 - x0, 0.5), bar_h, PALETTE[1])
+      out[#out + 1] = string.format('<text x="%.1f" y="%d" font-size="11">%s</text>', x1 + 4, y + bar_h - 5, label(v))
+    end
+  end
+  if o.xlabel then
+    out[#out + 1] = string.format('<text x="%d" y="%d" text-anchor="middle" font-size="12">%s</text>',
+      left + pw / 2, axis_y + 34, esc(o.xlabel))
+  end
+  return { width = W, height = height, body = table.concat(out, "\n") }
+end
+
+function svg.document(charts)
+  local height = 0
+  for _, c in ipairs(charts) do height = height + c.height end
+  local out = { string.format(
+    '<svg xmlns="http://www.w3.org/2000/svg" width="%d" height="%d" viewBox="0 0 %d %d" font-family="sans-serif">',
+    W, height, W, height) }
+  local y = 0
+  for _, c in ipairs(charts) do
+    out[#out + 1] = string.format('<g transform="translate(0 %d)">', y)
+    out[#out + 1] = c.body
+    out[#out + 1] = "</g>"
+    y = y + c.height
+  end
+  out[#out + 1] = "</svg>\n"
+  return table.concat(out, "\n")
+end
+
+function svg.write(path, charts)
+  local tmp = path .. ".tmp"
+  local f = assert(io.open(tmp, "w"))
+  f:write(svg.document(charts))
+  f:close()
+  assert(os.rename(tmp, path))
+end
+
+return svg

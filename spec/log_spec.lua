@@ -1,0 +1,142 @@
+-- m3.log and m3.json: progress output when not a terminal, JSONL round trips, SVG plots.
+
+local log = require "m3.log"
+local json = require "m3.json"
+
+-- A file-like sink that keeps what is written.
+local function sink()
+  local s = { text = {} }
+  function s.write(self, ...)
+    for i = 1, select("#", ...) do self.text[#self.text + 1] = tostring(select(i, ...)) end
+    return self
+  end
+  function s.flush() end
+  function s.lines(self)
+    local out = {}
+    for line in table.concat(self.text):gmatch("[^\n]*\n") do out[#out + 1] = line:sub(1, -2) end
+    return out
+  end
+  return s
+end
+
+local function tmpdir()
+  local d = os.tmpname()
+  os.remove(d)
+  assert(os.execute("mkdir -p " .. d) == 0)
+  return d
+end
+
+describe("m3.log.progress", function()
+  it("writes plain lines every `every` steps and at the end when not a terminal", function()
+    local out = sink()
+    local p = log.progress { total = 10, every = 4, out = out }
+    assert.is_false(p.tty)
+    for s = 1, 10 do p:update(s, { loss = 1 / s, lr = 1e-3, tokens = 100 }) end
+    p:message("val_loss 0.5")
+    p:finish()
+    local lines = out:lines()
+    assert.equal(4, #lines)
+    assert.truthy(lines[1]:match("^step 4/10  loss 0%.2500  lr 1%.00e%-03  .* tok/s  elapsed %d+s  eta %S+$"))
+    assert.truthy(lines[2]:match("^step 8/10 "))
+    assert.truthy(lines[3]:match("^step 10/10  loss 0%.1000 "))
+    assert.is_nil(lines[3]:find("eta"))
+    assert.equal("val_loss 0.5", lines[4])
+    assert.is_nil(table.concat(out.text):find("\r", 1, true))
+  end)
+
+  it("redraws one line with a bar on a terminal", function()
+    local out = sink()
+    local p = log.progress { total = 4, out = out, tty = true, width = 8 }
+    p:update(1, { loss = 0.7 })
+    p:update(4, { loss = 0.1 })
+    p:finish()
+    local text = table.concat(out.text)
+    assert.truthy(text:find("\rstep 1/4  [##------]  25%  loss 0.7000", 1, true))
+    assert.truthy(text:find("step 4/4  [########] 100%", 1, true))
+    assert.equal("\n", text:sub(-1))
+  end)
+
+  it("is not a terminal under busted's captured output or for files", function()
+    local f = io.tmpfile()
+    assert.is_false(log.is_terminal(f))
+    f:close()
+  end)
+
+  it("formats durations", function()
+    assert.equal("42s", log.duration(42.2))
+    assert.equal("3m05s", log.duration(185))
+    assert.equal("2h07m", log.duration(2 * 3600 + 7 * 60 + 3))
+  end)
+end)
+
+describe("m3.json", function()
+  it("round-trips numbers exactly, strings, arrays and objects", function()
+    local v = { a = 0.1, b = { 1, 2, 3 }, c = "x\"y\n\1", d = true, e = { f = -1.5e-300 },
+      g = 2 ^ 53 - 1, h = 1 / 3, empty = json.array() }
+    local back = json.decode(json.encode(v))
+    assert.equal(0.1, back.a)
+    assert.equal(1 / 3, back.h)
+    assert.equal(-1.5e-300, back.e.f)
+    assert.equal(2 ^ 53 - 1, back.g)
+    assert.same({ 1, 2, 3 }, back.b)
+    assert.equal("x\"y\n\1", back.c)
+    assert.is_true(back.d)
+    assert.equal("[]", json.encode(back.empty))
+    assert.equal('{"a":1,"b":[true,null]}', json.encode { b = { true, json.null }, a = 1 })
+    assert.equal("null", json.encode(0 / 0))
+  end)
+
+  it("decodes escapes and reports errors with a position", function()
+    assert.equal("é\t", json.decode('"\\u00e9\\t"'))
+    assert.same({ x = { 1, { y = json.null } } }, json.decode(' { "x" : [ 1 , { "y" : null } ] } '))
+    local ok, err = pcall(json.decode, '{"a": }')
+    assert.is_false(ok)
+    assert.truthy(err:find("expected a JSON value at position 7", 1, true))
+  end)
+end)
+
+describe("m3.log.jsonl and plots", function()
+  it("appends records and reads them back, ignoring a torn last line", function()
+    local dir = tmpdir()
+    local w = log.jsonl(dir .. "/metrics.jsonl")
+    for s = 1, 50 do w:write { step = s, loss = 2 / s, lr = 1e-3 } end
+    w:write { step = 50, val_loss = 0.1, val_acc = 0.9 }
+    w:close()
+    local f = io.open(dir .. "/metrics.jsonl", "a")
+    f:write('{"step": 51, "lo')
+    f:close()
+    local recs = log.read_jsonl(dir .. "/metrics.jsonl")
+    assert.equal(51, #recs)
+    assert.equal(2 / 7, recs[7].loss)
+    assert.equal(0.9, recs[51].val_acc)
+    local path = log.plot_run(dir)
+    assert.equal(dir .. "/plot.svg", path)
+    local text = io.open(path):read("*a")
+    assert.truthy(text:match("^<svg xmlns"))
+    assert.truthy(text:match("</svg>\n$"))
+    local polylines = select(2, text:gsub("<polyline", ""))
+    assert.equal(1, polylines)                -- loss (val_loss and val_acc are single points)
+    assert.equal(2, select(2, text:gsub("<circle", "")))
+    assert.truthy(text:find(">val_acc<", 1, true))
+    os.execute("rm -rf " .. dir)
+  end)
+
+  it("picks nice ticks", function()
+    local t, a, b = log.svg.nice_ticks(0.13, 0.92, 5)
+    assert.same({ 0, 0.2, 0.4, 0.6, 0.8, 1 }, (function()
+      local r = {}
+      for i, v in ipairs(t) do r[i] = math.floor(v * 10 + 0.5) / 10 end
+      return r
+    end)())
+    assert.equal(0, a)
+    assert.is_true(math.abs(b - 1) < 1e-12)
+  end)
+
+  it("draws bars and escapes labels", function()
+    local c = log.svg.bars { title = "a<b", labels = { "x=1", "y&z" }, values = { 0.5, -0.25 } }
+    local doc = log.svg.document { c }
+    assert.truthy(doc:find("a&lt;b", 1, true))
+    assert.truthy(doc:find("y&amp;z", 1, true))
+    assert.equal(2, select(2, doc:gsub('height="18" fill=', "")))
+  end)
+end)
