@@ -1,0 +1,380 @@
+-- m3.sweep — grid and random search with one run folder per point.
+--
+--   local rows = m3.sweep{
+--     grid = {lr = {1e-3, 3e-3}, d_model = {32, 64}},   -- or random = {...}, trials = n
+--     defaults = {lr = 1e-3, d_model = 32, steps = 500}, -- merged under every point
+--     dir = "runs/sweep",
+--     run = function(point, run_dir) ... return {val_acc = 0.98, ...} end,
+--     metric = "val_acc", mode = "max",                -- sort key (default: loss, else the
+--                                                      -- first metric; mode: "min" for
+--                                                      -- names with "loss", else "max")
+--     parallel = 1,                                    -- N: N m3lua processes at once
+--   }
+--
+-- Points: grid = the cartesian product (keys in sorted order, or in the given order when
+-- grid is a list {{"lr", {...}}, {"d_model", {...}}}); random = `trials` points drawn with
+-- m3.data.rng from `seed` (default 0): a key's spec is a list of choices, or
+-- {"log", lo, hi} (log-uniform), {"uniform", lo, hi}, {"int", lo, hi}; drawn reals keep
+-- 3 significant digits.
+-- Folders: dir/<name>, name = the swept options whose value differs from `defaults`,
+-- "key=value" joined by "," (e.g. "d_model=64,lr=0.003"; "defaults" when none differs).
+-- A finished point leaves <run_dir>/done.json ({name, point, metrics}); a re-run reads it
+-- instead of running the point again. After every point dir/results.csv and
+-- dir/results.json (rows: run, the swept keys, the metrics; sorted by the metric) and
+-- dir/summary.svg (the metric per run) are rewritten. A point whose run raises an error
+-- is reported on stderr and left unfinished (a re-run tries it again); an interrupt
+-- ("interrupted" in the message) stops the sweep.
+-- parallel = N > 1: each point runs as `<m3lua> <script> <args>` (the running script
+-- again, found through arg) with M3_SWEEP_DIR / M3_SWEEP_POINT naming the point and
+-- CUDA_VISIBLE_DEVICES = one of `gpus` (default 0..N-1), output in <run_dir>/log.txt.
+-- In that child the same m3.sweep call runs only its point and exits. The executable is
+-- opts.command, else $M3LUA, else arg[-1].
+
+local ffi = require "ffi"
+local bit = require "bit"
+local json = require "m3.json"
+local rng = require "m3.data.rng"
+local svg = require "m3.log.svg"
+
+for _, decl in ipairs {
+  "int posix_spawnp(int *pid, const char *file, const void *file_actions, const void *attrp, char *const argv[], char *const envp[]);",
+  "int waitpid(int pid, int *status, int options);",
+  "int mkdir(const char *path, unsigned int mode);",
+  "extern char **environ;",
+} do pcall(ffi.cdef, decl) end
+
+local sweep = {}
+
+-- ---- points and names ------------------------------------------------------------------
+
+local function format_value(v)
+  if type(v) == "number" then
+    if v == math.floor(v) and math.abs(v) < 1e15 then return string.format("%d", v) end
+    return string.format("%.10g", v)
+  end
+  return (tostring(v):gsub("[/%s,=\\]", "_"))
+end
+sweep.format_value = format_value
+
+-- The folder name of point: keys (in order) whose value differs from defaults.
+function sweep.name(point, defaults, keys)
+  defaults = defaults or {}
+  if not keys then
+    keys = {}
+    for k in pairs(point) do keys[#keys + 1] = k end
+    table.sort(keys)
+  end
+  local parts = {}
+  for _, k in ipairs(keys) do
+    local v = point[k]
+    if v ~= nil and v ~= defaults[k] then parts[#parts + 1] = k .. "=" .. format_value(v) end
+  end
+  return #parts > 0 and table.concat(parts, ",") or "defaults"
+end
+
+local function sorted_keys(t)
+  local keys = {}
+  for k in pairs(t) do keys[#keys + 1] = k end
+  table.sort(keys)
+  return keys
+end
+
+-- {keys, values per key} of a grid in either form.
+local function grid_axes(grid)
+  local keys, values = {}, {}
+  if grid[1] ~= nil then
+    for i, kv in ipairs(grid) do
+      if type(kv) ~= "table" or type(kv[1]) ~= "string" or type(kv[2]) ~= "table" then
+        error(string.format("m3.sweep: grid[%d] must be {name, {values...}}", i), 3)
+      end
+      keys[i], values[kv[1]] = kv[1], kv[2]
+    end
+  else
+    keys = sorted_keys(grid)
+    for _, k in ipairs(keys) do values[k] = grid[k] end
+  end
+  for _, k in ipairs(keys) do
+    if type(values[k]) ~= "table" or #values[k] == 0 then
+      error(string.format("m3.sweep: grid.%s must be a non-empty list of values", k), 3)
+    end
+  end
+  return keys, values
+end
+
+local function grid_points(grid)
+  local keys, values = grid_axes(grid)
+  local points = { {} }
+  for _, k in ipairs(keys) do
+    local next_points = {}
+    for _, p in ipairs(points) do
+      for _, v in ipairs(values[k]) do
+        local q = {}
+        for a, b in pairs(p) do q[a] = b end
+        q[k] = v
+        next_points[#next_points + 1] = q
+      end
+    end
+    points = next_points
+  end
+  return points, keys
+end
+
+local function three_digits(x) return tonumber(string.format("%.3g", x)) end
+
+local function draw(r, spec, key)
+  local kind = spec[1]
+  if kind == "log" or kind == "uniform" or kind == "int" then
+    local lo, hi = spec[2], spec[3]
+    if type(lo) ~= "number" or type(hi) ~= "number" or lo > hi or (kind == "log" and lo <= 0) then
+      error(string.format("m3.sweep: random.%s = {%q, lo, hi} needs numbers lo <= hi%s", key, kind,
+        kind == "log" and " and lo > 0" or ""), 4)
+    end
+    if kind == "int" then return lo + r:below(hi - lo + 1) end
+    if kind == "uniform" then return three_digits(lo + (hi - lo) * r:uniform()) end
+    return three_digits(math.exp(math.log(lo) + (math.log(hi) - math.log(lo)) * r:uniform()))
+  end
+  if #spec == 0 then
+    error(string.format('m3.sweep: random.%s must be a list of choices or {"log"|"uniform"|"int", lo, hi}', key), 4)
+  end
+  return spec[1 + r:below(#spec)]
+end
+
+local function random_points(space, trials, seed)
+  if type(trials) ~= "number" or trials < 1 then
+    error("m3.sweep: random search needs trials = the number of points (>= 1)", 3)
+  end
+  local keys = sorted_keys(space)
+  local points, seen = {}, {}
+  for j = 0, trials - 1 do
+    local r, p = rng.new(seed or 0, j), {}
+    for _, k in ipairs(keys) do p[k] = draw(r, space[k], k) end
+    local id = sweep.name(p, {}, keys)
+    if not seen[id] then points[#points + 1], seen[id] = p, true end
+  end
+  return points, keys
+end
+
+-- ---- files -------------------------------------------------------------------------------
+
+local function mkdir_p(path)
+  for i in path:gmatch("()/") do
+    if i > 1 then ffi.C.mkdir(path:sub(1, i - 1), 493) end -- 0755
+  end
+  ffi.C.mkdir(path, 493)
+end
+sweep.mkdir = mkdir_p
+
+local function csv_field(v)
+  if v == nil or v == json.null then return "" end
+  local s = type(v) == "number" and format_value(v) or tostring(v)
+  if s:find('[,"\n]') then s = '"' .. s:gsub('"', '""') .. '"' end
+  return s
+end
+
+local function write_results(dir, rows, columns, metric, mode)
+  local lines = { table.concat(columns, ",") }
+  for _, r in ipairs(rows) do
+    local fields = {}
+    for i, c in ipairs(columns) do fields[i] = csv_field(r[c]) end
+    lines[#lines + 1] = table.concat(fields, ",")
+  end
+  local f = assert(io.open(dir .. "/results.csv.tmp", "w"))
+  f:write(table.concat(lines, "\n"), "\n")
+  f:close()
+  assert(os.rename(dir .. "/results.csv.tmp", dir .. "/results.csv"))
+  json.write(dir .. "/results.json", json.array(rows))
+  local labels, values = {}, {}
+  for i, r in ipairs(rows) do labels[i], values[i] = r.run, r[metric] end
+  svg.write(dir .. "/summary.svg", { svg.bars {
+    title = string.format("%s (%s, %s is best)", dir:match("([^/]+)/*$") or dir, metric,
+      mode == "max" and "highest" or "lowest"),
+    xlabel = metric, labels = labels, values = values,
+  } })
+end
+
+-- ---- running -------------------------------------------------------------------------------
+
+local function shell_quote(s)
+  return "'" .. tostring(s):gsub("'", "'\\''") .. "'"
+end
+
+local function is_interrupt(err)
+  return tostring(err):find("interrupted", 1, true) ~= nil
+end
+
+-- Runs point in this process; returns metrics or nil and the error.
+local function run_here(o, name, point, run_dir)
+  mkdir_p(run_dir)
+  local ok, metrics = xpcall(o.run, debug.traceback, point, run_dir)
+  if not ok then
+    if is_interrupt(metrics) then error(metrics, 0) end
+    return nil, metrics
+  end
+  if type(metrics) ~= "table" then
+    return nil, "run returned " .. type(metrics) .. ", expected a table of metrics"
+  end
+  json.write(run_dir .. "/done.json", { name = name, point = point, metrics = metrics })
+  return metrics
+end
+
+local function executable(o)
+  local exe = o.command or os.getenv("M3LUA") or (arg and arg[-1])
+  if not exe or not (arg and arg[0]) then
+    error("m3.sweep: parallel runs need the m3lua executable and the script (set M3LUA or opts.command)", 3)
+  end
+  local parts = { exe, shell_quote(arg[0]) }
+  for i = 1, #arg do parts[#parts + 1] = shell_quote(arg[i]) end
+  return table.concat(parts, " ")
+end
+
+local function spawn(cmd)
+  local pid = ffi.new("int[1]")
+  local argv = ffi.new("char *[4]")
+  local keep = { "sh", "-c", cmd }
+  for i = 1, 3 do argv[i - 1] = ffi.cast("char *", keep[i]) end
+  local rc = ffi.C.posix_spawnp(pid, "sh", nil, nil, argv, ffi.C.environ)
+  if rc ~= 0 then error("m3.sweep: cannot start a process (posix_spawnp error " .. rc .. ")", 0) end
+  return pid[0]
+end
+
+-- Runs the pending points as child processes, at most n at once.
+local function run_parallel(o, pending, n, report)
+  local base = executable(o)
+  local gpus = o.gpus or {}
+  if not o.gpus then for i = 1, n do gpus[i] = i - 1 end end
+  local free, running = {}, {}
+  for i = n, 1, -1 do free[#free + 1] = gpus[i] end
+  local status = ffi.new("int[1]")
+  local next_i, active = 1, 0
+  while next_i <= #pending or active > 0 do
+    while next_i <= #pending and #free > 0 do
+      local job = pending[next_i]
+      next_i = next_i + 1
+      mkdir_p(job.run_dir)
+      local gpu = table.remove(free)
+      local cmd = string.format("CUDA_VISIBLE_DEVICES=%s M3_SWEEP_DIR=%s M3_SWEEP_POINT=%s exec %s > %s 2>&1",
+        shell_quote(gpu), shell_quote(o.dir), shell_quote(job.name), base, shell_quote(job.run_dir .. "/log.txt"))
+      running[spawn(cmd)] = { job = job, gpu = gpu }
+      active = active + 1
+    end
+    local pid = ffi.C.waitpid(-1, status, 0)
+    if pid < 0 then error("m3.sweep: waitpid failed while " .. active .. " runs were active", 0) end
+    local r = running[pid]
+    if r then
+      running[pid], active = nil, active - 1
+      free[#free + 1] = r.gpu
+      local done = json.read(r.job.run_dir .. "/done.json")
+      local code = bit.band(bit.rshift(status[0], 8), 0xff)
+      if done then
+        report(r.job, done.metrics)
+      else
+        report(r.job, nil, string.format("exit status %d; see %s/log.txt", code, r.job.run_dir))
+      end
+    end
+  end
+end
+
+local function check_opts(o)
+  if type(o) ~= "table" then error("m3.sweep: expected an options table", 3) end
+  if type(o.run) ~= "function" then error("m3.sweep: run must be a function(point, run_dir) -> metrics", 3) end
+  if type(o.dir) ~= "string" or o.dir == "" then error("m3.sweep: dir must be a folder path", 3) end
+  if (o.grid == nil) == (o.random == nil) then error("m3.sweep: give exactly one of grid and random", 3) end
+  if o.parallel ~= nil and (type(o.parallel) ~= "number" or o.parallel < 1) then
+    error("m3.sweep: parallel must be a number of processes >= 1", 3)
+  end
+end
+
+function sweep.run(o)
+  check_opts(o)
+  local points, keys
+  if o.grid then points, keys = grid_points(o.grid) else points, keys = random_points(o.random, o.trials, o.seed) end
+  local defaults = o.defaults or {}
+  local jobs = {}
+  for i, p in ipairs(points) do
+    local full = {}
+    for k, v in pairs(defaults) do full[k] = v end
+    for k, v in pairs(p) do full[k] = v end
+    local name = sweep.name(p, defaults, keys)
+    jobs[i] = { name = name, point = full, swept = p, run_dir = o.dir .. "/" .. name }
+  end
+
+  -- a child started by a parallel sweep runs only its own point
+  local child_dir, child_point = os.getenv("M3_SWEEP_DIR"), os.getenv("M3_SWEEP_POINT")
+  if child_dir == o.dir and child_point then
+    for _, job in ipairs(jobs) do
+      if job.name == child_point then
+        local _, err = run_here(o, job.name, job.point, job.run_dir)
+        if err then
+          io.stderr:write("m3.sweep: ", job.name, ": ", tostring(err), "\n")
+          os.exit(1)
+        end
+        os.exit(0)
+      end
+    end
+    io.stderr:write("m3.sweep: no point named ", child_point, " in ", o.dir, "\n")
+    os.exit(1)
+  end
+  local in_child = child_point ~= nil
+
+  local metric, mode = o.metric, o.mode
+  mkdir_p(o.dir)
+  local rows, metric_keys, pending = {}, {}, {}
+  local function add_row(job, metrics)
+    local row = { run = job.name }
+    for _, k in ipairs(keys) do row[k] = job.swept[k] end
+    for k, v in pairs(metrics) do
+      if type(v) == "number" or type(v) == "string" or type(v) == "boolean" then
+        row[k] = v
+        metric_keys[k] = true
+      end
+    end
+    rows[#rows + 1] = row
+  end
+  local function finish_table()
+    local mkeys = sorted_keys(metric_keys)
+    metric = metric or (metric_keys.loss and "loss") or mkeys[1] or "run"
+    mode = mode or (metric:find("loss", 1, true) and "min" or "max")
+    table.sort(rows, function(a, b)
+      local x, y = a[metric], b[metric]
+      if type(x) ~= "number" then return false end
+      if type(y) ~= "number" then return true end
+      if x == y then return a.run < b.run end
+      if mode == "min" then return x < y end
+      return x > y
+    end)
+    local columns = { "run" }
+    for _, k in ipairs(keys) do columns[#columns + 1] = k end
+    for _, k in ipairs(mkeys) do columns[#columns + 1] = k end
+    write_results(o.dir, rows, columns, metric, mode)
+  end
+  local function report(job, metrics, err)
+    if metrics then
+      add_row(job, metrics)
+      finish_table()
+    else
+      io.stderr:write("m3.sweep: ", job.name, " failed: ", tostring(err), "\n")
+    end
+  end
+
+  for _, job in ipairs(jobs) do
+    local done = json.read(job.run_dir .. "/done.json")
+    if done and type(done.metrics) == "table" then
+      add_row(job, done.metrics)
+    else
+      pending[#pending + 1] = job
+    end
+  end
+  if in_child then pending = {} end
+  local n = o.parallel or 1
+  if n > 1 and #pending > 0 then
+    run_parallel(o, pending, math.min(n, #pending), report)
+  else
+    for _, job in ipairs(pending) do
+      report(job, run_here(o, job.name, job.point, job.run_dir))
+    end
+  end
+  finish_table()
+  return rows
+end
+
+return setmetatable(sweep, { __call = function(_, o) return sweep.run(o) end })

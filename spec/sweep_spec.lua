@@ -1,0 +1,178 @@
+-- m3.sweep: folder naming, grid and random points, results sorted by the metric,
+-- skip-on-rerun, failed points, parallel child processes.
+
+local sweep = require "m3.sweep"
+local json = require "m3.json"
+
+local function tmpdir()
+  local d = os.tmpname()
+  os.remove(d)
+  assert(os.execute("mkdir -p " .. d) == 0)
+  return d
+end
+
+local function read(path)
+  local f = io.open(path)
+  if not f then return nil end
+  local s = f:read("*a")
+  f:close()
+  return s
+end
+
+describe("m3.sweep", function()
+  it("names folders after the options that differ from the defaults", function()
+    local d = { lr = 1e-3, d_model = 32 }
+    assert.equal("d_model=64,lr=0.003", sweep.name({ lr = 3e-3, d_model = 64 }, d))
+    assert.equal("lr=0.0003", sweep.name({ lr = 3e-4, d_model = 32 }, d))
+    assert.equal("defaults", sweep.name({ lr = 1e-3, d_model = 32 }, d))
+    assert.equal("lr=0.001,d_model=64", sweep.name({ lr = 1e-3, d_model = 64 }, {}, { "lr", "d_model" }))
+    assert.equal("task=a_b,x=1e-05", sweep.name({ task = "a/b", x = 1e-5 }, {}))
+  end)
+
+  it("runs every grid point once, writes sorted results, and skips finished points", function()
+    local dir = tmpdir() .. "/sw"
+    local calls = {}
+    local function run(point, run_dir)
+      calls[#calls + 1] = run_dir
+      assert.equal(7, point.steps) -- defaults are merged in
+      return { score = point.lr * point.d_model, loss = 1 / point.d_model }
+    end
+    local opts = {
+      grid = { lr = { 1, 2 }, d_model = { 10, 20, 30 } },
+      defaults = { lr = 1, d_model = 10, steps = 7 },
+      dir = dir, run = run, metric = "score",
+    }
+    local rows = sweep(opts)
+    assert.equal(6, #calls)
+    assert.equal(6, #rows)
+    assert.same({ 60, 40, 30, 20, 20, 10 }, (function()
+      local s = {}
+      for i, r in ipairs(rows) do s[i] = r.score end
+      return s
+    end)())
+    assert.equal("d_model=30,lr=2", rows[1].run)
+    assert.equal("d_model=20,lr=2", rows[2].run)
+    assert.equal("defaults", rows[6].run)
+    assert.equal(dir .. "/defaults", calls[1])
+    local done = json.read(dir .. "/d_model=30,lr=2/done.json")
+    assert.equal(60, done.metrics.score)
+    assert.equal(7, done.point.steps)
+    local csv = read(dir .. "/results.csv")
+    local header, first = csv:match("^([^\n]+)\n([^\n]+)")
+    assert.equal("run,d_model,lr,loss,score", header)
+    assert.equal('"d_model=30,lr=2",30,2,0.03333333333,60', first)
+    assert.equal(6, #json.read(dir .. "/results.json"))
+    assert.truthy(read(dir .. "/summary.svg"):find("<svg", 1, true))
+
+    -- a re-run runs nothing and gives the same table; a new grid value runs only itself
+    calls = {}
+    local again = sweep(opts)
+    assert.equal(0, #calls)
+    assert.same(rows, again)
+    opts.grid.d_model[4] = 40
+    local more = sweep(opts)
+    assert.equal(2, #calls)
+    assert.equal(8, #more)
+    assert.equal("d_model=40,lr=2", more[1].run)
+    os.execute("rm -rf " .. dir)
+  end)
+
+  it("keeps a failed point unfinished and the others going", function()
+    local dir = tmpdir() .. "/fail"
+    local real_stderr = io.stderr
+    local messages = {}
+    io.stderr = { write = function(_, ...) messages[#messages + 1] = table.concat({ ... }) end }
+    local ok, rows = pcall(sweep, {
+      grid = { { "x", { 1, 2, 3 } } }, dir = dir, metric = "y", mode = "min",
+      run = function(p)
+        if p.x == 2 then error("boom") end
+        return { y = -p.x }
+      end,
+    })
+    io.stderr = real_stderr
+    assert.is_true(ok, rows)
+    assert.equal(2, #rows)
+    assert.equal("x=3", rows[1].run)
+    assert.truthy(messages[1]:find("x=2 failed: .*boom"))
+    assert.is_nil(read(dir .. "/x=2/done.json"))
+    os.execute("rm -rf " .. dir)
+  end)
+
+  it("stops on an interrupt", function()
+    local dir = tmpdir() .. "/int"
+    local n = 0
+    assert.has_error(function()
+      sweep { grid = { x = { 1, 2 } }, dir = dir, run = function() n = n + 1; error("interrupted: Ctrl-C") end }
+    end)
+    assert.equal(1, n)
+    os.execute("rm -rf " .. dir)
+  end)
+
+  it("draws random points deterministically from the seed", function()
+    local dir = tmpdir() .. "/rand"
+    local seen = {}
+    local opts = {
+      random = { lr = { "log", 1e-4, 1e-2 }, width = { 16, 32, 64 }, layers = { "int", 1, 3 } },
+      trials = 6, seed = 3, dir = dir, metric = "lr", mode = "min",
+      run = function(p)
+        seen[#seen + 1] = p
+        assert.is_true(p.lr >= 1e-4 and p.lr <= 1e-2)
+        assert.equal(tonumber(string.format("%.3g", p.lr)), p.lr)
+        assert.truthy(p.width == 16 or p.width == 32 or p.width == 64)
+        assert.truthy(p.layers >= 1 and p.layers <= 3 and p.layers % 1 == 0)
+        return { lr = p.lr }
+      end,
+    }
+    local rows = sweep(opts)
+    assert.equal(#seen, #rows)
+    for i = 2, #rows do assert.is_true(rows[i - 1].lr <= rows[i].lr) end
+    os.execute("rm -rf " .. dir)
+    local first = seen
+    seen = {}
+    sweep(opts)
+    assert.same(first, seen)
+    os.execute("rm -rf " .. dir)
+  end)
+
+  it("runs points as separate processes with parallel = N", function()
+    local dir = tmpdir()
+    local script = dir .. "/sweep_script.lua"
+    local f = assert(io.open(script, "w"))
+    f:write(string.format([[
+package.path = %q
+local sweep = require "m3.sweep"
+local rows = sweep {
+  grid = { a = { 1, 2, 3, 4 } }, dir = %q, parallel = 2, metric = "b",
+  run = function(p, run_dir)
+    local g = io.open(run_dir .. "/env", "w")
+    g:write(os.getenv("M3_SWEEP_POINT"), " ", os.getenv("CUDA_VISIBLE_DEVICES"))
+    g:close()
+    return { b = p.a * 10 }
+  end,
+}
+print("rows", #rows, rows[1].run, rows[1].b)
+]], package.path, dir .. "/out"))
+    f:close()
+    local p = io.popen("M3LUA=luajit luajit " .. script .. " 2>&1")
+    local out = p:read("*a")
+    p:close()
+    assert.equal("rows\t4\ta=4\t40\n", out)
+    for a = 1, 4 do
+      local env = read(dir .. "/out/a=" .. a .. "/env")
+      assert.truthy(env:match("^a=" .. a .. " [01]$"), env)
+    end
+    -- a re-run starts no process
+    os.execute("rm " .. dir .. "/out/a=*/env")
+    p = io.popen("M3LUA=luajit luajit " .. script .. " 2>&1")
+    assert.equal("rows\t4\ta=4\t40\n", p:read("*a"))
+    p:close()
+    assert.is_nil(read(dir .. "/out/a=1/env"))
+    os.execute("rm -rf " .. dir)
+  end)
+
+  it("explains bad options", function()
+    assert.has_error(function() sweep { dir = "x", run = print } end, "m3.sweep: give exactly one of grid and random")
+    assert.has_error(function() sweep { grid = { a = {} }, dir = "/tmp/x", run = print } end)
+    assert.has_error(function() sweep { grid = { a = { 1 } }, run = print } end)
+  end)
+end)
