@@ -1,0 +1,153 @@
+-- m3.config, m3.presets, m3.preset, m3.config_from_json: defaults, derived sizes, the
+-- error text of unknown fields, type errors and every SPEC.md §1 rule.
+
+local m3 = require "m3"
+local helper = require "spec.helper"
+
+local function base(over)
+  local t = { d_model = 16, n_layers = 2, headdim = 8, input = "identity" }
+  for k, v in pairs(over or {}) do t[k] = v end
+  return t
+end
+
+describe("m3.config", function()
+  it("fills defaults and derived sizes into a new table", function()
+    local src = { d_model = 64, n_layers = 2, input = "identity" }
+    local c = m3.config(src)
+    assert.are_not.equal(src, c)
+    assert.is_nil(src.d_state)
+    assert.equal(128, c.d_state)
+    assert.equal(2, c.expand)
+    assert.equal(64, c.headdim)
+    assert.equal(1, c.ngroups)
+    assert.equal(0.5, c.rope_fraction)
+    assert.equal(1e-4, c.a_floor)
+    assert.is_false(c.outproj_norm)
+    assert.equal("none", c.head)
+    assert.is_true(c.tie_embeddings)
+    assert.equal(128, c.d_inner)
+    assert.equal(2, c.nheads)
+  end)
+
+  it("derives d_inner, nheads, num_rope_angles, in_proj_dim and n_params (SPEC.md §1)", function()
+    local c = m3.config({ d_model = 16, n_layers = 2, d_state = 16, headdim = 8, input = "identity" })
+    assert.equal(32, c.d_inner)
+    assert.equal(4, c.nheads)
+    assert.equal(4, c.num_rope_angles)
+    assert.equal(2 * 32 + 2 * 16 + 3 * 4 + 4, c.in_proj_dim)
+    -- per layer: norm, in_proj, dt_bias, B_bias, C_bias, B_norm, C_norm, D, out_proj; then norm_f
+    local layer = 16 + c.in_proj_dim * 16 + 4 + 4 * 16 * 2 + 16 * 2 + 4 + 16 * 32
+    assert.equal(2 * layer + 16, c.n_params)
+    assert.equal(3, m3.config(base({ d_state = 12, headdim = 8 })).num_rope_angles)
+    assert.equal(0, m3.config(base({ d_state = 16, headdim = 8, rope_fraction = 0 })).num_rope_angles)
+    assert.equal(8, m3.config(base({ d_state = 16, headdim = 8, rope_fraction = 1.0 })).num_rope_angles)
+  end)
+
+  it("accepts its own output back, and rejects derived fields that do not match", function()
+    local c = m3.config(base({ headdim = 8 }))
+    assert.same(c, m3.config(c))
+    local wrong = {}
+    for k, v in pairs(c) do wrong[k] = v end
+    wrong.d_model = 32
+    local err = helper.error_of(m3.config, wrong)
+    assert.matches("d_inner = 32 does not match", err)
+  end)
+
+  it("names an unknown field, suggests the closest name and lists the valid ones", function()
+    local err = helper.error_of(function() local _ = m3.config(base({ d_modle = 3 })) end)
+    assert.matches('unknown field "d_modle"', err)
+    assert.matches('did you mean "d_model"%?', err)
+    assert.matches("valid fields: d_model, n_layers, d_state", err)
+    assert.matches("config_spec.lua:%d+:", err)
+  end)
+
+  it("names field, value and expected type on type errors", function()
+    assert.matches("n_layers = 1.5: expected an integer", helper.error_of(m3.config, base({ n_layers = 1.5 })))
+    assert.matches('d_state = "8": expected an integer', helper.error_of(m3.config, base({ d_state = "8" })))
+    assert.matches("outproj_norm = 1: expected a boolean", helper.error_of(m3.config, base({ outproj_norm = 1 })))
+    assert.matches('rope_fraction = "half": expected a number',
+      helper.error_of(m3.config, base({ rope_fraction = "half" })))
+    assert.matches('input = "feature": expected one of "features", "identity", "tokens"',
+      helper.error_of(m3.config, base({ input = "feature" })))
+    assert.matches('head = "ce": expected one of "none", "lm", "mse"', helper.error_of(m3.config, base({ head = "ce" })))
+    assert.matches("d_model is required", helper.error_of(m3.config, { n_layers = 1, input = "identity" }))
+    assert.matches("expected a table", helper.error_of(m3.config, 3))
+  end)
+
+  it("reports each rule with the field, the value and the rule", function()
+    local cases = {
+      { { d_model = 0 }, "d_model = 0" },
+      { { n_layers = 0 }, "n_layers = 0" },
+      { { d_state = 0 }, "d_state = 0" },
+      { { expand = 0 }, "expand = 0" },
+      { { headdim = 0 }, "headdim = 0" },
+      { { headdim = 5 }, "headdim = 5: must divide d_inner" },
+      { { headdim = 8, ngroups = 3 }, "ngroups = 3: must divide nheads" },
+      { { ngroups = 0 }, "ngroups = 0" },
+      { { rope_fraction = 0.3 }, "rope_fraction = 0.3: must be one of 0, 0.5, 1" },
+      { { a_floor = 0 }, "a_floor = 0: must be" },
+      { { a_floor = -1 }, "a_floor = %-1" },
+      { { input = "features" }, "input_dim = 0: input \"features\" needs" },
+      { { input = "tokens" }, "vocab_size = 0" },
+      { { head = "lm", vocab_size = 10 }, "tie_embeddings = true" },
+      { { head = "mse" }, "out_dim = 0: head \"mse\" needs" },
+    }
+    for _, case in ipairs(cases) do
+      local err = helper.error_of(function() local _ = m3.config(base(case[1])) end)
+      assert.matches(case[2], err)
+      assert.matches("^.-config_spec.lua:%d+: m3: ", err)
+    end
+  end)
+
+  it("accepts each kind of input and head", function()
+    assert.equal("features", m3.config(base({ input = "features", input_dim = 3 })).input)
+    local lm = m3.config(base({ input = "tokens", vocab_size = 10, head = "lm" }))
+    assert.equal(10, lm.vocab_size)
+    local untied = m3.config(base({ head = "lm", vocab_size = 10, tie_embeddings = false }))
+    assert.is_false(untied.tie_embeddings)
+    assert.equal(4, m3.config(base({ head = "mse", out_dim = 4 })).out_dim)
+  end)
+end)
+
+describe("m3.presets / m3.preset", function()
+  it("holds rl, mid and lm130", function()
+    local rl = m3.presets.rl
+    assert.same({ 128, 4, 16, 16, "identity", "none" },
+      { rl.d_model, rl.n_layers, rl.d_state, rl.headdim, rl.input, rl.head })
+    local mid = m3.presets.mid
+    assert.same({ 256, 8, 64, 32, "identity", "none" },
+      { mid.d_model, mid.n_layers, mid.d_state, mid.headdim, mid.input, mid.head })
+    local lm = m3.presets.lm130
+    assert.same({ 768, 24, 128, 64, "tokens", "lm", 50280, true },
+      { lm.d_model, lm.n_layers, lm.d_state, lm.headdim, lm.input, lm.head, lm.vocab_size, lm.tie_embeddings })
+    assert.is_true(lm.n_params > 100e6 and lm.n_params < 200e6)
+  end)
+
+  it("applies overrides and validates", function()
+    local c = m3.preset("rl", { n_layers = 2, d_state = 32 })
+    assert.equal(2, c.n_layers)
+    assert.equal(32, c.d_state)
+    assert.equal(128, c.d_model)
+    assert.equal(m3.presets.rl.n_params, m3.preset("rl").n_params)
+    assert.matches('unknown preset "lm13"', helper.error_of(m3.preset, "lm13"))
+    assert.matches('did you mean "lm130"', helper.error_of(m3.preset, "lm13"))
+    assert.matches("headdim = 7", helper.error_of(m3.preset, "rl", { headdim = 7 }))
+  end)
+end)
+
+describe("m3.config_from_json", function()
+  it("reads SPEC.md names and ignores unknown keys", function()
+    local c = m3.config_from_json('{"d_model": 16, "n_layers": 1, "d_state": 8, "headdim": 8, "input": "tokens", '
+      .. '"vocab_size": 7, "head": "lm", "outproj_norm": true, "batch": 2, "seq_len": 5}')
+    assert.equal(16, c.d_model)
+    assert.is_true(c.outproj_norm)
+    assert.equal("lm", c.head)
+    assert.equal(7, c.vocab_size)
+    assert.equal(m3.config(c).n_params, c.n_params)
+  end)
+
+  it("reports malformed JSON and broken rules", function()
+    assert.matches("m3: ", helper.error_of(m3.config_from_json, "{"))
+    assert.matches("headdim = 5", helper.error_of(m3.config_from_json, '{"d_model": 16, "n_layers": 1, "headdim": 5}'))
+  end)
+end)

@@ -1,0 +1,257 @@
+-- spec/helper.lua — shared utilities of the m3 busted specs: error measures, raw-byte
+-- comparisons, small configs, a seeded generator and random batches, temporary paths and
+-- the location of ../shared.
+
+local ffi = require "ffi"
+local m3 = require "m3"
+
+local helper = {}
+
+-- ---- measures ------------------------------------------------------------------------------------
+
+local function values(x)
+  if m3.tensor.is(x) then return x.data, x:numel() end
+  local t = m3.tensor.from(x, "f64")
+  return t.data, t:numel()
+end
+
+-- Relative L2 error ‖a − b‖ / ‖b‖ (‖a − b‖ when b is zero), in double precision.
+function helper.rel_l2(a, b)
+  local pa, na = values(a)
+  local pb, nb = values(b)
+  assert(na == nb, string.format("rel_l2: %d vs %d elements", na, nb))
+  local num, den = 0, 0
+  for i = 0, na - 1 do
+    local d = pa[i] - pb[i]
+    num, den = num + d * d, den + pb[i] * pb[i]
+  end
+  if den == 0 then return math.sqrt(num) end
+  return math.sqrt(num / den)
+end
+
+function helper.cosine(a, b)
+  local pa, na = values(a)
+  local pb = values(b)
+  local ab, aa, bb = 0, 0, 0
+  for i = 0, na - 1 do
+    ab, aa, bb = ab + pa[i] * pb[i], aa + pa[i] * pa[i], bb + pb[i] * pb[i]
+  end
+  if aa == 0 and bb == 0 then return 1 end
+  return ab / math.sqrt(aa * bb)
+end
+
+local ESIZE = { f32 = 4, f64 = 8, i32 = 4, u8 = 1 }
+
+function helper.bytes(t)
+  return ffi.string(t.data, t:numel() * ESIZE[t:dtype()])
+end
+
+-- True when two weights objects hold the same bits in every tensor (else false, name).
+function helper.same_weights(a, b)
+  for _, name in ipairs(a:names()) do
+    if helper.bytes(a:get(name)) ~= helper.bytes(b:get(name)) then return false, name end
+  end
+  return true
+end
+
+-- True when two states() lists hold the same bits (else false, "layer.field").
+function helper.same_states(a, b)
+  if #a ~= #b then return false, "layer count" end
+  for l = 1, #a do
+    for _, k in ipairs({ "angle", "ssm", "k", "v" }) do
+      if helper.bytes(a[l][k]) ~= helper.bytes(b[l][k]) then return false, l .. "." .. k end
+    end
+  end
+  return true
+end
+
+-- Largest relative L2 error over the tensors of two weights objects (and its name).
+function helper.weights_rel(a, b)
+  local worst, at = 0, nil
+  for _, name in ipairs(a:names()) do
+    local e = helper.rel_l2(a:get(name), b:get(name))
+    if e > worst then worst, at = e, name end
+  end
+  return worst, at
+end
+
+-- ---- configs -------------------------------------------------------------------------------------
+
+local function merge(base, over)
+  local t = {}
+  for k, v in pairs(base) do t[k] = v end
+  for k, v in pairs(over or {}) do t[k] = v end
+  return t
+end
+
+-- Small models of each input/head kind (a few thousand parameters).
+function helper.features_none(over)
+  return merge({ d_model = 16, n_layers = 2, d_state = 8, headdim = 8, input = "features", input_dim = 5,
+                 head = "none" }, over)
+end
+
+function helper.tokens_lm(over)
+  return merge({ d_model = 16, n_layers = 2, d_state = 8, headdim = 8, input = "tokens", vocab_size = 13,
+                 head = "lm" }, over)
+end
+
+function helper.identity_mse(over)
+  return merge({ d_model = 16, n_layers = 2, d_state = 8, headdim = 8, input = "identity", head = "mse",
+                 out_dim = 3 }, over)
+end
+
+-- ---- seeded generator and batches ----------------------------------------------------------------
+
+local Rng = {}
+Rng.__index = Rng
+
+-- A small deterministic generator (splitmix64 on uint64 cdata).
+function helper.rng(seed)
+  return setmetatable({ s = ffi.new("uint64_t", seed or 1) }, Rng)
+end
+
+function Rng:u32()
+  self.s = self.s + 0x9E3779B97F4A7C15ULL
+  local z = self.s
+  z = (bit.bxor(z, bit.rshift(z, 30))) * 0xBF58476D1CE4E5B9ULL
+  z = (bit.bxor(z, bit.rshift(z, 27))) * 0x94D049BB133111EBULL
+  z = bit.bxor(z, bit.rshift(z, 31))
+  return tonumber(bit.rshift(z, 32))
+end
+
+function Rng:uniform()
+  return (self:u32() + 0.5) / 4294967296
+end
+
+function Rng:normal()
+  return math.sqrt(-2 * math.log(self:uniform())) * math.cos(2 * math.pi * self:uniform())
+end
+
+function Rng:int(n)
+  return self:u32() % n
+end
+
+-- A tensor of shape with N(0, scale²) values (dtype default f32).
+function helper.randn(rng, shape, scale, dtype)
+  local t = m3.tensor(shape, dtype or "f32")
+  scale = scale or 1
+  for i = 0, t:numel() - 1 do t[i] = rng:normal() * scale end
+  return t
+end
+
+function helper.randint(rng, shape, n)
+  local t = m3.tensor(shape, "i32")
+  for i = 0, t:numel() - 1 do t[i] = rng:int(n) end
+  return t
+end
+
+-- A random batch of B rows x T tokens for a validated config (inputs and targets/d_out).
+-- opts: resets = {{row, t}, ...} (0-based), ignore = fraction of lm targets set to -1.
+function helper.batch(cfg, B, T, rng, opts)
+  opts = opts or {}
+  local b = {}
+  if cfg.input == "tokens" then
+    b.tokens = helper.randint(rng, { B, T }, cfg.vocab_size)
+  else
+    b.input = helper.randn(rng, { B, T, cfg.input == "features" and cfg.input_dim or cfg.d_model })
+  end
+  if cfg.head == "lm" then
+    b.targets = helper.randint(rng, { B, T }, cfg.vocab_size)
+    if opts.ignore then
+      for i = 0, B * T - 1 do
+        if rng:uniform() < opts.ignore then b.targets[i] = -1 end
+      end
+    end
+  elseif cfg.head == "mse" then
+    b.targets = helper.randn(rng, { B, T, cfg.out_dim })
+  else
+    b.d_out = helper.randn(rng, { B, T, cfg.d_model }, 0.1)
+  end
+  if opts.resets then
+    b.resets = m3.tensor({ B, T }, "u8")
+    for _, rt in ipairs(opts.resets) do b.resets[rt[1] * T + rt[2]] = 1 end
+  end
+  return b
+end
+
+-- Rows [r0, r0 + n) of a batch (a copy of each field).
+function helper.rows(b, r0, n)
+  local out = {}
+  for k, t in pairs(b) do
+    local s = t:shape()
+    local per = t:numel() / s[1]
+    s[1] = n
+    local c = m3.tensor(s, t:dtype())
+    ffi.copy(c.data, t.data + r0 * per, n * per * ESIZE[t:dtype()])
+    out[k] = c
+  end
+  return out
+end
+
+-- Positions [t0, t0 + n) of every row of a batch (a copy of each field).
+function helper.window(b, t0, n)
+  local out = {}
+  for k, t in pairs(b) do
+    local s = t:shape()
+    local B, T = s[1], s[2]
+    local per = t:numel() / (B * T)
+    s[2] = n
+    local c = m3.tensor(s, t:dtype())
+    local esz = ESIZE[t:dtype()]
+    for r = 0, B - 1 do
+      ffi.copy(c.data + r * n * per, t.data + (r * T + t0) * per, n * per * esz)
+    end
+    out[k] = c
+  end
+  return out
+end
+
+-- ---- files ---------------------------------------------------------------------------------------
+
+local temp = {}
+
+-- A fresh temporary path (removed by helper.cleanup()).
+function helper.tmpname(suffix)
+  local p = os.tmpname()
+  os.remove(p)
+  p = p .. (suffix or "")
+  temp[#temp + 1] = p
+  return p
+end
+
+function helper.cleanup()
+  for i = #temp, 1, -1 do
+    os.remove(temp[i])
+    temp[i] = nil
+  end
+end
+
+local function dir_of(path)
+  return path:match("^(.*)/[^/]*$") or "."
+end
+
+-- The repository root (the folder above spec/).
+function helper.repo_dir()
+  local src = debug.getinfo(1, "S").source:gsub("^@", "")
+  return dir_of(dir_of(src))
+end
+
+-- ../shared: $M3_SHARED, else <repo>/../shared.
+function helper.shared_dir()
+  return os.getenv("M3_SHARED") or helper.repo_dir() .. "/../shared"
+end
+
+function helper.exists(path)
+  local f = io.open(path, "rb")
+  if f then f:close() end
+  return f ~= nil
+end
+
+-- Calls fn and returns its error message (fails the caller's test when it does not raise).
+function helper.error_of(fn, ...)
+  local ok, err = pcall(fn, ...)
+  assert(not ok, "expected an error, got none")
+  return tostring(err)
+end
+
+return helper

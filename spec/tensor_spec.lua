@@ -1,0 +1,184 @@
+-- m3.tensor and m3.load_tensors / m3.save_tensors: constructors, dtypes, bounds checks,
+-- nested tables, FFI wraps, and safetensors round trips and conversions.
+
+local ffi = require "ffi"
+local m3 = require "m3"
+local helper = require "spec.helper"
+
+describe("m3.tensor", function()
+  it("makes zero tensors of each dtype and alias", function()
+    for dtype, want in pairs({ f32 = "f32", float32 = "f32", float = "f32", f64 = "f64", float64 = "f64",
+                               double = "f64", i32 = "i32", int32 = "i32", u8 = "u8", uint8 = "u8" }) do
+      local t = m3.tensor({ 2, 3 }, dtype)
+      assert.equal(want, t:dtype())
+      assert.same({ 2, 3 }, t:shape())
+      assert.equal(6, t:numel())
+      assert.equal(6, #t)
+      for i = 0, 5 do assert.equal(0, t[i]) end
+    end
+    assert.equal("f32", m3.tensor({ 4 }):dtype())
+    assert.same({ 0, 3 }, m3.tensor({ 0, 3 }):shape())
+  end)
+
+  it("rejects bad shapes and dtypes with a clear error", function()
+    assert.matches("shape%[2%] = %-1", helper.error_of(m3.tensor, { 2, -1 }))
+    assert.matches("shape%[1%] = 1.5", helper.error_of(m3.tensor, { 1.5 }))
+    assert.matches("unknown dtype f16", helper.error_of(m3.tensor, { 2 }, "f16"))
+  end)
+
+  it("checks bounds on 0-based flat access", function()
+    local t = m3.tensor({ 2, 2 })
+    t[3] = 4.5
+    assert.equal(4.5, t[3])
+    assert.matches("index 4 out of range %[0, 4%)", helper.error_of(function() return t[4] end))
+    assert.matches("index %-1 out of range", helper.error_of(function() t[-1] = 1 end))
+    assert.matches("not an integer", helper.error_of(function() return t[0.5] end))
+    assert.matches("cannot set field", helper.error_of(function() t.foo = 1 end))
+  end)
+
+  it("points errors at the caller's line", function()
+    local t = m3.tensor({ 1 })
+    local err = helper.error_of(function() return t[7] end)
+    assert.matches("tensor_spec.lua:%d+: ", err)
+  end)
+
+  it("builds from nested tables and converts back", function()
+    local src = { { { 1, 2 }, { 3, 4 }, { 5, 6 } }, { { 7, 8 }, { 9, 10 }, { 11, 12 } } }
+    local t = m3.tensor.from(src, "i32")
+    assert.same({ 2, 3, 2 }, t:shape())
+    assert.equal("i32", t:dtype())
+    assert.equal(6, t[5])
+    assert.same(src, t:to_table())
+    local flat = m3.tensor.from({ 0.5, -1.25 })
+    assert.equal("f32", flat:dtype())
+    assert.same({ 0.5, -1.25 }, flat:to_table())
+    assert.same({ 0 }, m3.tensor.from({}):shape())
+  end)
+
+  it("rejects ragged and non-numeric nested tables", function()
+    assert.matches("element %[2%] has 1 entries, expected 2", helper.error_of(m3.tensor.from, { { 1, 2 }, { 3 } }))
+    assert.matches("element %[1%]%[2%] is a string", helper.error_of(m3.tensor.from, { { 1, "x" } }))
+    assert.matches("element %[2%] is a number, expected a table",
+      helper.error_of(m3.tensor.from, { { 1, 2 }, 3 }))
+  end)
+
+  it("clones into independent memory and converts dtypes", function()
+    local t = m3.tensor.from({ 1.5, 2.5 })
+    local c = t:clone()
+    c[0] = 9
+    assert.equal(1.5, t[0])
+    local i = m3.tensor.from(t, "i32")
+    assert.same({ 1, 2 }, i:to_table())
+  end)
+
+  it("wraps plain FFI arrays as views and checks their size", function()
+    local a = ffi.new("double[6]", 1, 2, 3, 4, 5, 6)
+    local t = m3.tensor.wrap(a, { 3, 2 })
+    assert.equal("f64", t:dtype())
+    t[0] = 10
+    assert.equal(10, a[0])
+    local v = m3.tensor.wrap(ffi.new("uint8_t[?]", 4), { 4 })
+    collectgarbage()
+    collectgarbage()
+    v[3] = 7
+    assert.equal(7, v[3])
+    assert.matches("holds 6 elements, the shape needs 8", helper.error_of(m3.tensor.wrap, a, { 8 }))
+    assert.matches("does not match", helper.error_of(m3.tensor.wrap, a, { 6 }, "f32"))
+  end)
+
+  it("prints dtype, shape and a few values", function()
+    local s = tostring(m3.tensor.from({ { 1, 2 }, { 3, 4 } }))
+    assert.matches("f32", s)
+    assert.matches("%[2, 2%]", s)
+    assert.matches("1, 2, 3, 4", s)
+  end)
+end)
+
+-- A safetensors file written byte by byte (dtype names and raw little-endian values).
+local function write_safetensors(path, entries)
+  local header, data, offset = {}, {}, 0
+  for i, e in ipairs(entries) do
+    header[i] = string.format('"%s":{"dtype":"%s","shape":[%s],"data_offsets":[%d,%d]}', e.name, e.dtype,
+      table.concat(e.shape, ","), offset, offset + #e.bytes)
+    data[i] = e.bytes
+    offset = offset + #e.bytes
+  end
+  local h = "{" .. table.concat(header, ",") .. "}"
+  h = h .. string.rep(" ", (8 - #h % 8) % 8)
+  local len = ffi.new("uint64_t[1]", #h)
+  local f = assert(io.open(path, "wb"))
+  f:write(ffi.string(len, 8), h, table.concat(data))
+  f:close()
+end
+
+local function raw(ctype, values)
+  local a = ffi.new(ctype .. "[?]", #values, values)
+  return ffi.string(a, ffi.sizeof(a))
+end
+
+describe("m3.load_tensors / m3.save_tensors", function()
+  after_each(helper.cleanup)
+
+  it("round-trips every dtype and the metadata exactly", function()
+    local path = helper.tmpname(".safetensors")
+    local src = {
+      a = m3.tensor.from({ { 1.5, -2 }, { 3.25, 1e-30 } }),
+      b = m3.tensor.from({ 1 / 3, -1e300 }, "f64"),
+      c = m3.tensor.from({ -7, 2147483647 }, "i32"),
+      d = m3.tensor.from({ 0, 255, 3 }, "u8"),
+    }
+    m3.save_tensors(path, src, { note = "hello", n = 3 })
+    local got, meta = m3.load_tensors(path)
+    for k, t in pairs(src) do
+      assert.equal(t:dtype(), got[k]:dtype())
+      assert.same(t:shape(), got[k]:shape())
+      assert.equal(helper.bytes(t), helper.bytes(got[k]))
+    end
+    assert.equal("hello", meta.note)
+    assert.equal("3", meta.n)
+  end)
+
+  it("converts F16, BF16, BOOL and the integer types", function()
+    local path = helper.tmpname(".safetensors")
+    write_safetensors(path, {
+      { name = "h", dtype = "F16", shape = { 5 }, bytes = raw("uint16_t", { 0x3C00, 0xC000, 0x0001, 0x7C00, 0x3555 }) },
+      { name = "bf", dtype = "BF16", shape = { 2 }, bytes = raw("uint16_t", { 0x3F80, 0xC0A0 }) },
+      { name = "l", dtype = "I64", shape = { 2 }, bytes = raw("int64_t", { -5, 2147483647 }) },
+      { name = "s", dtype = "I16", shape = { 2 }, bytes = raw("int16_t", { -300, 300 }) },
+      { name = "q", dtype = "I8", shape = { 1 }, bytes = raw("int8_t", { -128 }) },
+      { name = "us", dtype = "U16", shape = { 1 }, bytes = raw("uint16_t", { 65535 }) },
+      { name = "ui", dtype = "U32", shape = { 1 }, bytes = raw("uint32_t", { 4000000 }) },
+      { name = "flag", dtype = "BOOL", shape = { 2 }, bytes = raw("uint8_t", { 1, 0 }) },
+    })
+    local t = m3.load_tensors(path)
+    assert.equal("f32", t.h:dtype())
+    assert.same({ 1, -2, 2 ^ -24, math.huge }, { t.h[0], t.h[1], t.h[2], t.h[3] })
+    assert.near(0.33325195, t.h[4], 1e-8)
+    assert.same({ 1, -5 }, t.bf:to_table())
+    assert.equal("i32", t.l:dtype())
+    assert.same({ -5, 2147483647 }, t.l:to_table())
+    assert.same({ -300, 300 }, t.s:to_table())
+    assert.same({ -128 }, t.q:to_table())
+    assert.same({ 65535 }, t.us:to_table())
+    assert.same({ 4000000 }, t.ui:to_table())
+    assert.equal("u8", t.flag:dtype())
+    assert.same({ 1, 0 }, t.flag:to_table())
+  end)
+
+  it("refuses integers that do not fit in int32, naming the tensor", function()
+    local path = helper.tmpname(".safetensors")
+    write_safetensors(path, { { name = "big", dtype = "I64", shape = { 2 }, bytes = raw("int64_t", { 1, 2 ^ 40 }) } })
+    local err = helper.error_of(m3.load_tensors, path)
+    assert.matches('"big"', err)
+    assert.matches("int32", err)
+  end)
+
+  it("reports missing and malformed files", function()
+    assert.matches("^.-m3: ", helper.error_of(m3.load_tensors, "/nonexistent/x.safetensors"))
+    local path = helper.tmpname(".safetensors")
+    local f = assert(io.open(path, "wb"))
+    f:write("garbage")
+    f:close()
+    assert.matches("m3: ", helper.error_of(m3.load_tensors, path))
+  end)
+end)

@@ -1,0 +1,142 @@
+-- m3.weights: deterministic init, views that share memory, set with checks, names in
+-- layout order, bit-exact save/load, clone, close.
+
+local ffi = require "ffi"
+local m3 = require "m3"
+local helper = require "spec.helper"
+
+describe("m3.weights", function()
+  after_each(helper.cleanup)
+
+  local cfg = helper.features_none()
+
+  it("initialises deterministically from the seed", function()
+    local a = m3.weights.init(cfg, { seed = 7 })
+    local b = m3.weights.init(cfg, { seed = 7 })
+    local c = m3.weights.init(cfg, { seed = 8 })
+    assert.is_true(helper.same_weights(a, b))
+    assert.is_false(helper.same_weights(a, c))
+    assert.is_true(helper.same_weights(m3.weights.init(cfg), m3.weights.init(cfg, { seed = 0 })))
+    assert.matches("seed = %-1", helper.error_of(m3.weights.init, cfg, { seed = -1 }))
+    assert.matches("unknown option", helper.error_of(m3.weights.init, cfg, { sed = 1 }))
+  end)
+
+  it("follows SPEC.md §2 init rules for the constant tensors", function()
+    local w = m3.weights.init(cfg, { seed = 1 })
+    local ones = w:get("layers.0.norm.weight")
+    for i = 0, ones:numel() - 1 do assert.equal(1, ones[i]) end
+    local bias = w:get("input_proj.bias")
+    for i = 0, bias:numel() - 1 do assert.equal(0, bias[i]) end
+    local b = w:get("layers.1.mixer.B_bias")
+    assert.same({ 4, 1, 8 }, b:shape())
+    local inp = w:get("layers.0.mixer.in_proj.weight")
+    local bound = 1 / math.sqrt(16)
+    for i = 0, inp:numel() - 1 do assert.is_true(math.abs(inp[i]) <= bound) end
+  end)
+
+  it("creates zeros and lists names in layout order", function()
+    local w = m3.weights.create(cfg)
+    local names = w:names()
+    assert.equal("input_proj.weight", names[1])
+    assert.equal("input_proj.bias", names[2])
+    assert.equal("layers.0.norm.weight", names[3])
+    assert.equal("norm_f.weight", names[#names])
+    local total = 0
+    for _, n in ipairs(names) do
+      local t = w:get(n)
+      total = total + t:numel()
+      for i = 0, t:numel() - 1 do assert.equal(0, t[i]) end
+    end
+    assert.equal(w.config.n_params, total)
+    assert.equal(total, w:numel())
+    assert.equal(5, w.config.input_dim)
+  end)
+
+  it("gives views that share memory and keep the weights alive", function()
+    local w = m3.weights.init(cfg, { seed = 1 })
+    local v = w:get("norm_f.weight")
+    v[3] = 42
+    assert.equal(42, w:get("norm_f.weight")[3])
+    w = nil -- luacheck: ignore
+    collectgarbage()
+    collectgarbage()
+    assert.equal(42, v[3])
+    v[0] = 1
+  end)
+
+  it("sets tensors with shape and dtype checks", function()
+    local w = m3.weights.create(cfg)
+    w:set("norm_f.weight", m3.tensor.from({ 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16 }))
+    assert.equal(16, w:get("norm_f.weight")[15])
+    local d = m3.tensor({ 4 }, "f64")
+    d[2] = 0.1
+    w:set("layers.0.mixer.D", d)
+    assert.equal(ffi.cast("float", 0.1), ffi.cast("float", w:get("layers.0.mixer.D")[2]))
+    local flat = {}
+    for i = 1, 32 do flat[i] = i end
+    w:set("layers.0.mixer.B_bias", flat)
+    assert.equal(32, w:get("layers.0.mixer.B_bias")[31])
+    local err = helper.error_of(function() w:set("norm_f.weight", m3.tensor({ 15 })) end)
+    assert.matches('weights:set%("norm_f.weight"%): expected f32 %[16%], got f32 %[15%]', err)
+    assert.matches("weights_spec.lua:%d+:", err)
+    assert.matches("got i32", helper.error_of(function() w:set("norm_f.weight", m3.tensor({ 16 }, "i32")) end))
+    assert.matches('no tensor named "norm_f.weigth"', helper.error_of(function() w:get("norm_f.weigth") end))
+    assert.matches('did you mean "norm_f.weight"', helper.error_of(function() w:get("norm_f.weigth") end))
+  end)
+
+  it("saves and loads bit-exactly, with and without a config", function()
+    local w = m3.weights.init(cfg, { seed = 3 })
+    local path = helper.tmpname(".safetensors")
+    w:save(path)
+    local a = m3.weights.load(path)
+    local b = m3.weights.load(path, cfg)
+    assert.is_true(helper.same_weights(w, a))
+    assert.is_true(helper.same_weights(w, b))
+    assert.same(w.config, a.config)
+    local tensors = m3.load_tensors(path)
+    assert.equal(helper.bytes(w:get("layers.1.mixer.in_proj.weight")),
+      helper.bytes(tensors["layers.1.mixer.in_proj.weight"]))
+    assert.matches("m3: ", helper.error_of(m3.weights.load, path, helper.features_none({ d_state = 16 })))
+    assert.matches("m3: ", helper.error_of(m3.weights.load, "/nonexistent.safetensors"))
+  end)
+
+  it("loads the backbone. prefix", function()
+    local w = m3.weights.init(cfg, { seed = 4 })
+    local tensors = {}
+    for _, n in ipairs(w:names()) do tensors["backbone." .. n] = w:get(n) end
+    local path = helper.tmpname(".safetensors")
+    m3.save_tensors(path, tensors)
+    assert.is_true(helper.same_weights(w, m3.weights.load(path, cfg)))
+  end)
+
+  it("clones into independent memory", function()
+    local w = m3.weights.init(cfg, { seed = 5 })
+    local c = w:clone()
+    assert.is_true(helper.same_weights(w, c))
+    c:get("norm_f.weight")[0] = -1
+    assert.equal(1, w:get("norm_f.weight")[0])
+  end)
+
+  it("closes idempotently and refuses later calls", function()
+    local w = m3.weights.init(cfg)
+    assert.matches("m3.weights: %d+ tensors", tostring(w))
+    w:close()
+    w:close()
+    assert.matches("closed", tostring(w))
+    for _, call in ipairs({
+      function() w:get("norm_f.weight") end, function() w:names() end, function() w:clone() end,
+      function() w:save(helper.tmpname()) end, function() w:set("norm_f.weight", {}) end, function() w:numel() end,
+    }) do
+      assert.matches("weights are closed", helper.error_of(call))
+    end
+    assert.matches("weights are closed", helper.error_of(m3.trainer, w, { device = "cpu" }))
+  end)
+
+  it("keeps a view usable after close", function()
+    local w = m3.weights.init(cfg)
+    local v = w:get("norm_f.weight")
+    w:close()
+    collectgarbage()
+    assert.equal(1, v[0])
+  end)
+end)
