@@ -161,6 +161,8 @@ local function wrap_trainer(p)
     _batch = ffi.new("m3_batch"),
     _metrics = ffi.new("m3_metrics"),
     _keep = {},
+    _forward_inputs = {},
+    _info = info,
     _B = tonumber(info.batch),
     _T = tonumber(info.seq_len),
     _precision = PRECISION_NAME[info.precision],
@@ -235,7 +237,7 @@ end
 
 local function release(self)
   local keep = self._keep
-  for i = #keep, 1, -1 do keep[i] = nil end
+  for k in pairs(keep) do keep[k] = nil end
 end
 
 -- Fills self._batch from a Lua batch. need: the field groups the call requires
@@ -309,7 +311,7 @@ local function make_batch(self, b, need_input, need_target)
       if not ok or dtype ~= sp.dtype then
         raise(string.format("batch.%s: expected %s, got %s", name, expected(sp, B, T_), describe(t)))
       end
-      keep[#keep + 1] = t
+      keep[name] = t
       cb[sp.field] = t.data
     end
   end
@@ -350,12 +352,23 @@ function T:step(batch)
   return metrics(self, m)
 end
 
+-- The forward's input fields, which the engine's backward reads again: backward_step
+-- passes them on when its batch leaves them out (e.g. a bare d_out).
+local REPLAYED = { "input", "tokens", "resets" }
+
 -- Split API: the forward of a window; returns out [B, T, d_model] and marks a backward pending.
 function T:forward(batch)
   local p = live(self)
   local b = make_batch(self, batch, true, false)
   local out = tensor({ b.rows, b.len, self.config.d_model })
-  call(self, C.m3_trainer_forward, p, b, out.data)
+  local fwd, keep = self._forward_inputs, self._keep
+  for _, name in ipairs(REPLAYED) do fwd[name] = keep[name] end
+  local st = C.m3_trainer_forward(p, b, out.data)
+  release(self)
+  if st ~= 0 then
+    for _, name in ipairs(REPLAYED) do fwd[name] = nil end
+  end
+  check(st)
   return out
 end
 
@@ -378,8 +391,23 @@ function T:backward_step(batch_or_d_out, opts)
   local batch = batch_or_d_out
   if is_tensor_like(batch) then batch = { d_out = batch } end
   local b = make_batch(self, batch, false, true)
+  local fwd, keep = self._forward_inputs, self._keep
+  for _, name in ipairs(REPLAYED) do
+    local t, field = fwd[name], self._spec[name] and self._spec[name].field
+    if t and keep[name] == nil then
+      keep[name] = t
+      b[field] = t.data
+    end
+  end
   local m = self._metrics
-  call(self, C.m3_trainer_backward_step, p, b, o, m)
+  local st = C.m3_trainer_backward_step(p, b, o, m)
+  release(self)
+  local info = self._info
+  C.m3_trainer_get_info(p, info)
+  if info.pending_forward == 0 then
+    for _, name in ipairs(REPLAYED) do fwd[name] = nil end
+  end
+  check(st)
   return metrics(self, m)
 end
 
