@@ -1,0 +1,546 @@
+-- m3.trainer contract (API.md): split = fused bit for bit, accumulation, interlocks, input
+-- errors, non-finite steps, learning rate, closed handles, carried state and resets,
+-- states round trip, short windows, evaluate, checkpoints, graphs. CPU unless tagged #gpu.
+
+local m3 = require "m3"
+local helper = require "spec.helper"
+
+local CPU = { device = "cpu" }
+
+local function opts(over)
+  local t = { device = "cpu", batch = 3, seq_len = 7 }
+  for k, v in pairs(over or {}) do t[k] = v end
+  return t
+end
+
+-- Two trainers starting from the same weights.
+local function pair(cfg, o)
+  local w = m3.weights.init(cfg, { seed = 11 })
+  return m3.trainer(w, o), m3.trainer(w, o), w
+end
+
+local function row_window(t, r, t0, n)
+  return helper.window(helper.rows({ x = t }, r, 1), t0, n).x
+end
+
+local KINDS = { features_none = helper.features_none, tokens_lm = helper.tokens_lm, identity_mse = helper.identity_mse }
+
+describe("m3.trainer", function()
+  after_each(helper.cleanup)
+
+  describe("construction", function()
+    it("builds from weights or from a config with a seed", function()
+      local cfg = helper.tokens_lm()
+      local tr = m3.trainer(cfg, opts({ seed = 5 }))
+      assert.is_true(helper.same_weights(tr:snapshot(), m3.weights.init(cfg, { seed = 5 })))
+      assert.equal("cpu", tr:device())
+      assert.equal("f32", tr:dtype())
+      assert.equal(3, tr:batch())
+      assert.equal(7, tr:seq_len())
+      assert.equal(0, tr:step_count())
+      assert.equal(16, tr.config.d_model)
+      assert.equal(m3.config(cfg).n_params, tr.config.n_params)
+      local info = tr:info()
+      assert.equal("cpu", info.device)
+      assert.is_false(info.pending_forward)
+      assert.is_nil(tr:scaler_state())
+      assert.matches("m3.trainer%(cpu f32, batch 3 x seq_len 7", tostring(tr))
+    end)
+
+    it("rejects unknown and malformed options", function()
+      local cfg = helper.features_none()
+      local err = helper.error_of(function() local _ = m3.trainer(cfg, { bach = 2 }) end)
+      assert.matches('unknown option "bach" %(did you mean "batch"%?%)', err)
+      assert.matches("trainer_spec.lua:%d+:", err)
+      assert.matches('device = "gpu"', helper.error_of(m3.trainer, cfg, { device = "gpu" }))
+      assert.matches('dtype = "fp32"', helper.error_of(m3.trainer, cfg, { dtype = "fp32" }))
+      assert.matches("batch = 0", helper.error_of(m3.trainer, cfg, { device = "cpu", batch = 0 }))
+      assert.matches("betas", helper.error_of(m3.trainer, cfg, { device = "cpu", betas = { 0.9 } }))
+      assert.matches("m3: lr = %-1", helper.error_of(m3.trainer, cfg, { device = "cpu", lr = -1 }))
+      assert.matches("carry_state = 1", helper.error_of(m3.trainer, cfg, { carry_state = 1 }))
+      assert.matches("expected weights", helper.error_of(m3.trainer, "rl"))
+    end)
+  end)
+
+  describe("split API", function()
+    for kind, make in pairs(KINDS) do
+      it("forward + backward_step equals step bit for bit over 3 steps (" .. kind .. ")", function()
+        local fused, split = pair(make(), opts({ carry_state = true }))
+        local rng = helper.rng(1)
+        for _ = 1, 3 do
+          local b = helper.batch(fused.config, 3, 7, rng)
+          local mf = fused:step(b)
+          local out = split:forward(b)
+          assert.same({ 3, 7, 16 }, out:shape())
+          local ms = split:backward_step(b)
+          assert.equal(mf.loss, ms.loss)
+          assert.equal(mf.step, ms.step)
+          assert.is_true(ms.optimizer_stepped)
+        end
+        assert.is_true(helper.same_weights(fused:snapshot(), split:snapshot()))
+        assert.is_true(helper.same_states(fused:states(), split:states()))
+        assert.equal(3, split:step_count())
+      end)
+    end
+
+    it("takes a bare d_out tensor in backward_step", function()
+      local fused, split = pair(helper.features_none(), opts())
+      local b = helper.batch(fused.config, 3, 7, helper.rng(2))
+      fused:step(b)
+      split:forward(b)
+      split:backward_step(b.d_out)
+      assert.is_true(helper.same_weights(fused:snapshot(), split:snapshot()))
+    end)
+  end)
+
+  describe("accumulation", function()
+    for kind, make in pairs(KINDS) do
+      it("k = 2 micro-batches equal one step on the whole batch (" .. kind .. ")", function()
+        local whole, acc = pair(make(), opts({ batch = 4 }))
+        local b = helper.batch(whole.config, 4, 6, helper.rng(3))
+        whole:step(b)
+        -- "none" has a summed loss: the halves add up without scaling
+        local scale = kind == "features_none" and 1 or 0.5
+        local b1, b2 = helper.rows(b, 0, 2), helper.rows(b, 2, 2)
+        acc:forward(b1)
+        local m1 = acc:backward_step(b1, { accumulate = true, scale = scale })
+        assert.is_false(m1.optimizer_stepped)
+        assert.equal(0, m1.step)
+        assert.is_true(acc:info().window_open)
+        acc:forward(b2)
+        local m2 = acc:backward_step(b2, { scale = scale })
+        assert.is_true(m2.optimizer_stepped)
+        assert.equal(1, acc:step_count())
+        local err, name = helper.weights_rel(acc:snapshot(), whole:snapshot())
+        assert.is_true(err <= 1e-5, string.format("weights: rel %g at %s", err, tostring(name)))
+        err, name = helper.weights_rel(acc:grads(), whole:grads())
+        assert.is_true(err <= 1e-5, string.format("grads: rel %g at %s", err, tostring(name)))
+      end)
+    end
+  end)
+
+  describe("interlocks", function()
+    local tr, b
+    before_each(function()
+      tr = m3.trainer(helper.features_none(), opts())
+      b = helper.batch(tr.config, 3, 7, helper.rng(4))
+    end)
+
+    it("backward_step needs a pending forward, once per forward", function()
+      assert.matches("no pending forward", helper.error_of(tr.backward_step, tr, b))
+      tr:forward(b)
+      assert.is_true(tr:info().pending_forward)
+      tr:backward_step(b)
+      assert.matches("no pending forward", helper.error_of(tr.backward_step, tr, b))
+      assert.equal(1, tr:step_count())
+    end)
+
+    it("refuses clip with accumulate", function()
+      tr:forward(b)
+      assert.matches("clip", helper.error_of(tr.backward_step, tr, b, { clip = 1, accumulate = true }))
+      local m = tr:backward_step(b, { clip = 1 })
+      assert.is_number(m.grad_norm)
+      assert.matches("unknown option", helper.error_of(tr.backward_step, tr, b, { acumulate = true }))
+    end)
+
+    it("refuses step while a window is open, until it is closed", function()
+      tr:forward(b)
+      tr:backward_step(b, { accumulate = true })
+      assert.matches("window is open", helper.error_of(tr.step, tr, b))
+      tr:forward(b)
+      tr:backward_step(b)
+      assert.equal(1, tr:step_count())
+      tr:step(b)
+      assert.equal(2, tr:step_count())
+    end)
+
+    it("refuses evaluate while a forward is pending", function()
+      tr:forward(b)
+      assert.matches("forward is pending", helper.error_of(tr.evaluate, tr, b))
+      tr:backward_step(b)
+      tr:evaluate(b)
+    end)
+
+    it("raises at the caller's line", function()
+      local err = helper.error_of(function() tr:backward_step(b) end)
+      assert.matches("^[^\n]-trainer_spec.lua:%d+: m3: backward_step: no pending forward", err)
+    end)
+  end)
+
+  describe("bad input", function()
+    local tr, b
+    before_each(function()
+      tr = m3.trainer(helper.tokens_lm(), opts({ batch = 2, seq_len = 8 }))
+      b = helper.batch(tr.config, 2, 8, helper.rng(5))
+    end)
+
+    local function with(field, value)
+      local t = {}
+      for k, v in pairs(b) do t[k] = v end
+      t[field] = value
+      return t
+    end
+
+    it("names the field and what was expected, and the trainer still works", function()
+      local cases = {
+        { with("tokens", m3.tensor({ 2, 8 })), "batch.tokens: expected int32 %[2, 8%], got f32 %[2, 8%]" },
+        { with("tokens", m3.tensor({ 2, 9 }, "i32")), "batch.tokens: expected int32 %[B, T%] with B <= 2 and T <= 8, got int32 %[2, 9%]" },
+        { with("tokens", m3.tensor({ 3, 8 }, "i32")), "batch.tokens: .*B <= 2" },
+        { with("targets", m3.tensor({ 2, 7 }, "i32")), "batch.targets: expected int32 %[2, 8%], got int32 %[2, 7%]" },
+        { with("targets", nil), "batch.targets: missing" },
+        { with("tokens", nil), "batch.tokens: missing" },
+        { with("tokens", "abc"), "batch.tokens: expected int32 %[B, T%], got a string" },
+        { with("resets", m3.tensor({ 2, 8 }, "i32")), "batch.resets: expected uint8 %[2, 8%], got int32 %[2, 8%]" },
+        { with("input", m3.tensor({ 2, 8, 16 })), "batch.input: not used by this model" },
+        { with("tagrets", b.targets), 'batch.tagrets: unknown field %(did you mean "targets"%?%)' },
+        { with("mask", m3.tensor({ 2, 8 }, "u8")), "batch.mask: not used by this model" },
+      }
+      for _, case in ipairs(cases) do
+        local err = helper.error_of(function() tr:step(case[1]) end)
+        assert.matches(case[2], err)
+        assert.matches("trainer_spec.lua:%d+:", err)
+      end
+      assert.matches("batch: expected a table", helper.error_of(tr.step, tr, 42))
+      assert.equal(0, tr:step_count())
+      tr:step(b)
+      assert.equal(1, tr:step_count())
+    end)
+
+    it("reports out-of-range token ids and targets with index and value", function()
+      local bad = b.tokens:clone()
+      bad[9] = 13
+      assert.matches("batch.tokens%[9%] %(row 1, position 1%) = 13", helper.error_of(tr.step, tr, with("tokens", bad)))
+      local neg = b.targets:clone()
+      neg[0] = -2
+      assert.matches("batch.targets%[0%]", helper.error_of(tr.step, tr, with("targets", neg)))
+      tr:step(b)
+      assert.equal(1, tr:step_count())
+    end)
+
+    it("accepts nested tables, {data=, shape=} tables, raw FFI arrays and f64 floats", function()
+      local ffi = require "ffi"
+      local ref = m3.trainer(helper.tokens_lm(), opts({ batch = 2, seq_len = 8, seed = 1 }))
+      local alt = m3.trainer(helper.tokens_lm(), opts({ batch = 2, seq_len = 8, seed = 1 }))
+      local raw = ffi.new("int32_t[?]", 16)
+      ffi.copy(raw, b.targets.data, 64)
+      local plain = ffi.new("int32_t[16]")
+      ffi.copy(plain, b.tokens.data, 64)
+      local m1 = ref:step(b)
+      local m2 = alt:step({ tokens = { data = plain, shape = { 2, 8 } }, targets = raw })
+      assert.equal(m1.loss, m2.loss)
+      local m3_ = alt:evaluate({ tokens = b.tokens:to_table(), targets = b.targets:to_table() })
+      assert.equal(alt:evaluate(b).loss, m3_.loss)
+      assert.matches("batch.targets: expected int32 %[2, 8%] %(16 values%)",
+        helper.error_of(alt.step, alt, { tokens = b.tokens, targets = ffi.new("int32_t[?]", 15) }))
+
+      local f = m3.trainer(helper.features_none(), opts({ seed = 2 }))
+      local g = m3.trainer(helper.features_none(), opts({ seed = 2 }))
+      local fb = helper.batch(f.config, 3, 7, helper.rng(6))
+      local f64 = { input = m3.tensor.from(fb.input, "f64"), d_out = m3.tensor.from(fb.d_out, "f64") }
+      f:step(fb)
+      g:step(f64)
+      assert.is_true(helper.same_weights(f:snapshot(), g:snapshot()))
+    end)
+  end)
+
+  it("raises on a non-finite step and leaves weights and step count unchanged", function()
+    local tr = m3.trainer(helper.features_none(), opts())
+    local b = helper.batch(tr.config, 3, 7, helper.rng(7))
+    tr:step(b)
+    local before = tr:snapshot()
+    local bad = { input = b.input:clone(), d_out = b.d_out }
+    bad.input[4] = 0 / 0
+    assert.matches("non%-finite", helper.error_of(tr.step, tr, bad))
+    assert.is_true(helper.same_weights(before, tr:snapshot()))
+    assert.equal(1, tr:step_count())
+    tr:step(b)
+    assert.equal(2, tr:step_count())
+  end)
+
+  it("validates set_lr and applies it", function()
+    local a, b2 = pair(helper.features_none(), opts())
+    local w0 = a:snapshot()
+    for _, bad in ipairs({ 0, -1, 0 / 0, 1 / 0 }) do
+      assert.matches("lr", helper.error_of(a.set_lr, a, bad))
+    end
+    assert.matches("expected a number", helper.error_of(a.set_lr, a, "x"))
+    assert.equal(1e-3, a:lr())
+    b2:set_lr(2e-3)
+    assert.equal(2e-3, b2:lr())
+    local batch = helper.batch(a.config, 3, 7, helper.rng(8))
+    a:step(batch)
+    b2:step(batch)
+    local wa, wb = a:snapshot(), b2:snapshot()
+    local da, db = 0, 0
+    for _, name in ipairs(w0:names()) do
+      local p0, pa, pb = w0:get(name), wa:get(name), wb:get(name)
+      for i = 0, p0:numel() - 1 do
+        da, db = da + (pa[i] - p0[i]) ^ 2, db + (pb[i] - p0[i]) ^ 2
+      end
+    end
+    assert.near(2, math.sqrt(db / da), 1e-3)
+  end)
+
+  it("reports the grad norm when clipping", function()
+    local tr = m3.trainer(helper.features_none(), opts({ clip = 1 }))
+    local b = helper.batch(tr.config, 3, 7, helper.rng(9))
+    assert.is_number(tr:step(b).grad_norm)
+    tr:set_clip(nil)
+    assert.is_nil(tr:step(b).grad_norm)
+    tr:set_clip(0.5)
+    assert.is_number(tr:step(b).grad_norm)
+    assert.matches("max_norm", helper.error_of(tr.set_clip, tr, -1))
+  end)
+
+  it("closes idempotently and refuses later calls", function()
+    local tr = m3.trainer(helper.features_none(), opts())
+    local b = helper.batch(tr.config, 3, 7, helper.rng(10))
+    tr:close()
+    tr:close()
+    assert.equal("m3.trainer (closed)", tostring(tr))
+    local calls = {
+      "step", "forward", "backward_step", "evaluate", "capture_graph", "drop_graph", "has_graph", "lr",
+      "reset_state", "states", "snapshot", "grads", "device", "dtype", "batch", "seq_len", "step_count",
+      "info", "scaler_state",
+    }
+    for _, name in ipairs(calls) do
+      assert.matches("trainer is closed", helper.error_of(tr[name], tr, b), name)
+    end
+    assert.matches("trainer is closed", helper.error_of(tr.set_lr, tr, 1e-3))
+    assert.matches("trainer is closed", helper.error_of(tr.save, tr, helper.tmpname()))
+    assert.matches("trainer is closed", helper.error_of(tr.load_weights, tr, m3.weights.create(tr.config)))
+    assert.equal(16, tr.config.d_model)
+  end)
+
+  describe("recurrent state", function()
+    local cfg = helper.features_none()
+
+    it("two windows with carry_state equal one long window", function()
+      local long, short = pair(cfg, opts({ batch = 2, seq_len = 8, carry_state = true }))
+      local b = helper.batch(long.config, 2, 8, helper.rng(12))
+      local out = long:forward(b)
+      local o1 = short:forward(helper.window(b, 0, 3))
+      local o2 = short:forward(helper.window(b, 3, 5))
+      assert.is_true(helper.rel_l2(o1, helper.window({ x = out }, 0, 3).x) <= 1e-5)
+      assert.is_true(helper.rel_l2(o2, helper.window({ x = out }, 3, 5).x) <= 1e-5)
+      local sl, ss = long:states(), short:states()
+      for l = 1, #sl do
+        for _, k in ipairs({ "angle", "ssm", "k", "v" }) do
+          assert.is_true(helper.rel_l2(ss[l][k], sl[l][k]) <= 1e-5, l .. "." .. k)
+        end
+      end
+    end)
+
+    it("without carry_state every window starts from zero", function()
+      local tr = m3.trainer(cfg, opts({ batch = 2, seq_len = 8 }))
+      local b = helper.batch(tr.config, 2, 8, helper.rng(13))
+      local o1 = tr:forward(b)
+      local o2 = tr:forward(b)
+      assert.equal(helper.bytes(o1), helper.bytes(o2))
+    end)
+
+    it("a reset at t makes that row a fresh start from t", function()
+      local tr, fresh = pair(cfg, opts({ batch = 2, seq_len = 8, carry_state = true }))
+      local rng = helper.rng(14)
+      tr:forward(helper.batch(tr.config, 2, 8, rng)) -- nonzero incoming state
+      local b = helper.batch(tr.config, 2, 8, rng, { resets = { { 1, 3 } } })
+      local out = tr:forward(b)
+      local tail = helper.window(b, 3, 5)
+      tail.resets = nil
+      local ref = fresh:forward(tail)
+      assert.is_true(helper.rel_l2(row_window(out, 1, 3, 5), row_window(ref, 1, 0, 5)) <= 1e-5)
+      assert.is_true(helper.rel_l2(row_window(out, 0, 3, 5), row_window(ref, 0, 0, 5)) > 1e-3)
+    end)
+
+    it("reset_state zeroes all rows or the rows given", function()
+      local tr = m3.trainer(cfg, opts({ batch = 2, seq_len = 8, carry_state = true }))
+      tr:forward(helper.batch(tr.config, 2, 8, helper.rng(15)))
+      local s1 = tr:states()
+      tr:reset_state({ 1 })
+      local s2 = tr:states()
+      for l = 1, #s1 do
+        for _, k in ipairs({ "angle", "ssm", "k", "v" }) do
+          local r0a, r0b = helper.rows({ x = s1[l][k] }, 0, 1).x, helper.rows({ x = s2[l][k] }, 0, 1).x
+          assert.equal(helper.bytes(r0a), helper.bytes(r0b))
+          local r1 = helper.rows({ x = s2[l][k] }, 1, 1).x
+          for i = 0, r1:numel() - 1 do assert.equal(0, r1[i]) end
+        end
+      end
+      assert.is_true(helper.rel_l2(s1[1].ssm, s2[1].ssm) > 0)
+      tr:reset_state()
+      for _, s in ipairs(tr:states()) do
+        for _, k in ipairs({ "angle", "ssm", "k", "v" }) do
+          for i = 0, s[k]:numel() - 1 do assert.equal(0, s[k][i]) end
+        end
+      end
+      assert.matches("row 2 out of range", helper.error_of(tr.reset_state, tr, { 2 }))
+      assert.matches("rows%[1%] = 0.5", helper.error_of(tr.reset_state, tr, { 0.5 }))
+    end)
+
+    it("states / set_states round-trip and check shapes", function()
+      local tr = m3.trainer(cfg, opts({ batch = 2, seq_len = 8, carry_state = true }))
+      local rng = helper.rng(16)
+      local s = tr:states()
+      assert.equal(2, #s)
+      assert.same({ 2, 4, 2 }, s[1].angle:shape())
+      assert.same({ 2, 4, 8, 8 }, s[1].ssm:shape())
+      assert.same({ 2, 4, 8 }, s[1].k:shape())
+      assert.same({ 2, 4, 8 }, s[1].v:shape())
+      for l = 1, #s do
+        for _, k in ipairs({ "angle", "ssm", "k", "v" }) do s[l][k] = helper.randn(rng, s[l][k]:shape(), 0.5) end
+        for i = 0, s[l].angle:numel() - 1 do s[l].angle[i] = math.abs(s[l].angle[i]) end
+      end
+      tr:set_states(s)
+      assert.is_true(helper.same_states(s, tr:states()))
+      local b = helper.batch(tr.config, 2, 8, rng)
+      local carried = tr:forward(b)
+      tr:reset_state()
+      assert.is_true(helper.rel_l2(tr:forward(b), carried) > 1e-3)
+
+      local bad = tr:states()
+      bad[1].ssm = m3.tensor({ 2, 4, 8, 7 })
+      assert.matches("states%[1%].ssm: expected f32 %[2, 4, 8, 8%], got f32 %[2, 4, 8, 7%]",
+        helper.error_of(tr.set_states, tr, bad))
+      bad = tr:states()
+      bad[2].k = nil
+      assert.matches("states%[2%].k: missing", helper.error_of(tr.set_states, tr, bad))
+      assert.matches("list of 2 layer tables", helper.error_of(tr.set_states, tr, { bad[1] }))
+      bad = tr:states()
+      bad[1].q = bad[1].k
+      assert.matches("states%[1%].q: unknown field", helper.error_of(tr.set_states, tr, bad))
+    end)
+  end)
+
+  it("works with windows shorter than seq_len and fewer rows than batch", function()
+    local tr = m3.trainer(helper.tokens_lm(), opts({ batch = 4, seq_len = 8 }))
+    local b = helper.batch(tr.config, 2, 5, helper.rng(17))
+    local m = tr:step(b)
+    assert.equal(10, m.tokens)
+    assert.same({ 2, 5, 16 }, tr:forward(b):shape())
+    tr:backward_step(b)
+    local em, out = tr:evaluate(helper.batch(tr.config, 1, 3, helper.rng(18)))
+    assert.same({ 1, 3, 16 }, out:shape())
+    assert.is_number(em.loss)
+    assert.equal(2, tr:step_count())
+  end)
+
+  it("evaluate changes neither weights nor states", function()
+    local tr = m3.trainer(helper.tokens_lm(), opts({ carry_state = true }))
+    local rng = helper.rng(19)
+    tr:step(helper.batch(tr.config, 3, 7, rng))
+    tr:step(helper.batch(tr.config, 3, 7, rng))
+    local w0, s0 = tr:snapshot(), tr:states()
+    local b = helper.batch(tr.config, 3, 7, rng, { ignore = 0.2 })
+    local m, out = tr:evaluate(b)
+    assert.is_true(helper.same_weights(w0, tr:snapshot()))
+    assert.is_true(helper.same_states(s0, tr:states()))
+    assert.equal(2, tr:step_count())
+    assert.is_number(m.loss)
+    assert.is_true(m.accuracy >= 0 and m.accuracy <= 1)
+    assert.same({ 3, 7, 16 }, out:shape())
+    assert.near(m.loss, tr:step(b).loss, 1e-6 * math.abs(m.loss))
+  end)
+
+  describe("checkpoints", function()
+    it("5 steps + save + load + 5 steps equals 10 steps bit for bit (carry_state)", function()
+      local cfg = helper.tokens_lm()
+      local o = opts({ carry_state = true, clip = 1 })
+      local a, b = pair(cfg, o)
+      local rng = helper.rng(20)
+      local batches = {}
+      for i = 1, 10 do batches[i] = helper.batch(a.config, 3, 7, rng, { ignore = 0.1 }) end
+      for i = 1, 10 do a:step(batches[i]) end
+      for i = 1, 5 do b:step(batches[i]) end
+      b:set_lr(a:lr())
+      local extra = { cursor = { file = "x.bin", offset = 12345 }, lrs = { 1e-3, 0.1, 1 / 3 }, name = "run\n1",
+                      done = false, big = 2 ^ 60, inf = 1 / 0 }
+      local path = helper.tmpname(".ckpt")
+      b:save(path, extra)
+      local c, got = m3.trainer.load(path)
+      assert.same(extra, got)
+      assert.equal(5, c:step_count())
+      assert.same(b.config, c.config)
+      assert.equal(3, c:batch())
+      assert.equal(7, c:seq_len())
+      assert.is_true(c:info().carry_state)
+      for i = 6, 10 do c:step(batches[i]) end
+      assert.equal(10, c:step_count())
+      assert.is_true(helper.same_weights(a:snapshot(), c:snapshot()))
+      assert.is_true(helper.same_states(a:states(), c:states()))
+    end)
+
+    it("round-trips a missing extra as nil and rejects unsaveable values", function()
+      local tr = m3.trainer(helper.features_none(), opts())
+      local path = helper.tmpname(".ckpt")
+      tr:save(path)
+      local c, extra = m3.trainer.load(path, { device = "cpu", dtype = "f32" })
+      assert.is_nil(extra)
+      assert.equal("cpu", c:device())
+      local err = helper.error_of(function() tr:save(path, { data = { fn = print } }) end)
+      assert.matches("extra.data.fn is a function", err)
+      assert.matches("trainer_spec.lua:%d+:", err)
+      assert.matches("unknown option", helper.error_of(m3.trainer.load, path, { batch = 2 }))
+      assert.matches("m3: ", helper.error_of(m3.trainer.load, "/nonexistent.ckpt"))
+    end)
+
+    it("refuses to save while an accumulation window is open", function()
+      local tr = m3.trainer(helper.features_none(), opts())
+      local b = helper.batch(tr.config, 3, 7, helper.rng(21))
+      tr:forward(b)
+      tr:backward_step(b, { accumulate = true })
+      assert.matches("m3: ", helper.error_of(tr.save, tr, helper.tmpname()))
+    end)
+  end)
+
+  it("snapshot, grads and load_weights use the trainer's config", function()
+    local tr = m3.trainer(helper.features_none(), opts())
+    local w = m3.weights.init(tr.config, { seed = 99 })
+    tr:load_weights(w)
+    assert.is_true(helper.same_weights(w, tr:snapshot()))
+    assert.equal(tr.config.n_params, tr:grads():numel())
+    assert.matches("m3: ", helper.error_of(tr.load_weights, tr, m3.weights.init(helper.features_none({ d_state = 4 }))))
+  end)
+
+  it("refuses capture_graph on the CPU, naming CUDA", function()
+    local tr = m3.trainer(helper.features_none(), CPU)
+    assert.matches("CUDA", helper.error_of(tr.capture_graph, tr))
+    assert.is_false(tr:has_graph())
+  end)
+
+  it("has no loss scaler outside f16", function()
+    local tr = m3.trainer(helper.features_none(), CPU)
+    assert.is_nil(tr:scaler_state())
+    assert.matches("f16", helper.error_of(tr.load_scaler_state, tr, 2, 0))
+  end)
+end)
+
+describe("m3.trainer on CUDA #gpu", function()
+  local gpus = m3.cuda_device_count()
+
+  it("matches fused and split steps and replays a captured graph", function()
+    if gpus == 0 then
+      pending("no CUDA device")
+      return
+    end
+    local cfg = helper.tokens_lm()
+    local o = { device = "cuda", batch = 3, seq_len = 7, carry_state = true }
+    local a, b = pair(cfg, o)
+    local rng = helper.rng(30)
+    local batches = {}
+    for i = 1, 4 do batches[i] = helper.batch(a.config, 3, 7, rng) end
+    for i = 1, 4 do a:step(batches[i]) end
+    b:step(batches[1])
+    b:capture_graph()
+    assert.is_true(b:has_graph())
+    for i = 2, 4 do assert.is_true(b:step(batches[i]).graph_replayed) end
+    assert.is_true(helper.weights_rel(b:snapshot(), a:snapshot()) <= 1e-6)
+    local s, f = pair(cfg, o)
+    for i = 1, 2 do
+      s:forward(batches[i])
+      s:backward_step(batches[i])
+      f:step(batches[i])
+    end
+    assert.is_true(helper.same_weights(s:snapshot(), f:snapshot()))
+    assert.matches("^cuda:%d+$", a:device())
+  end)
+end)
