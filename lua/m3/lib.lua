@@ -68,17 +68,15 @@ end
 
 local INTERRUPTED = 11
 
--- Raises the library's last error when status is not M3_OK. level as for error(), seen
--- from check's caller; by default, the first frame outside the binding.
+-- Raises the library's last error when status is not M3_OK: "m3: <message>" at the given
+-- level (as for error(), seen from check's caller; by default the first frame outside the
+-- binding), or "interrupted: <message>" without a position for M3_ERR_INTERRUPTED, so
+-- that callers (the REPL) can recognise an interrupt by its first word.
 function lib.check(status, level)
   if status == 0 then return end
   local msg = ffi.string(C.m3_last_error())
-  if status == INTERRUPTED then
-    msg = "interrupted: " .. msg
-  else
-    msg = "m3: " .. msg
-  end
-  error(msg, level and level + 1 or user_level())
+  if status == INTERRUPTED then error("interrupted: " .. msg, 0) end
+  error("m3: " .. msg, level and level + 1 or user_level())
 end
 
 return lib

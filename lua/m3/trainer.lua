@@ -240,9 +240,10 @@ local function release(self)
   for k in pairs(keep) do keep[k] = nil end
 end
 
--- Fills self._batch from a Lua batch. need: the field groups the call requires
--- ("input" and/or "target").
-local function make_batch(self, b, need_input, need_target)
+-- Fills self._batch from a Lua batch: need_input / need_target say which field groups the
+-- call requires; B0, T0 size raw FFI arrays when no field has a shape (default: the
+-- trainer's batch and seq_len).
+local function make_batch(self, b, need_input, need_target, B0, T0)
   if type(b) ~= "table" then raise("batch: expected a table of tensors, got " .. describe(b)) end
   release(self)
   local spec, keep = self._spec, self._keep
@@ -285,7 +286,7 @@ local function make_batch(self, b, need_input, need_target)
       end
     end
   end
-  B, T_ = B or self._B, T_ or self._T
+  B, T_ = B or B0 or self._B, T_ or T0 or self._T
   local cb = self._batch
   ffi.fill(cb, ffi.sizeof(cb))
   cb.rows, cb.len = B, T_
@@ -390,8 +391,11 @@ function T:backward_step(batch_or_d_out, opts)
   if opts.scale ~= nil then o.scale = want_number(opts.scale, "backward_step: scale") end
   local batch = batch_or_d_out
   if is_tensor_like(batch) then batch = { d_out = batch } end
-  local b = make_batch(self, batch, false, true)
-  local fwd, keep = self._forward_inputs, self._keep
+  local fwd = self._forward_inputs
+  local shaped = fwd.input or fwd.tokens
+  local b = make_batch(self, batch, false, true, shaped and tonumber(shaped.dims_[0]),
+    shaped and tonumber(shaped.dims_[1]))
+  local keep = self._keep
   for _, name in ipairs(REPLAYED) do
     local t, field = fwd[name], self._spec[name] and self._spec[name].field
     if t and keep[name] == nil then
