@@ -76,6 +76,12 @@ describe("m3.weights", function()
     for i = 1, 32 do flat[i] = i end
     w:set("layers.0.mixer.B_bias", flat)
     assert.equal(32, w:get("layers.0.mixer.B_bias")[31])
+    w:set("layers.1.mixer.D", ffi.new("float[4]", 1, 2, 3, 4))
+    assert.equal(4, w:get("layers.1.mixer.D")[3])
+    w:set("layers.1.mixer.D", { data = ffi.new("double[4]", 5, 6, 7, 8), shape = { 4 } })
+    assert.equal(8, w:get("layers.1.mixer.D")[3])
+    assert.matches("expected f32 %[4%], got ctype<float %[3%]>",
+      helper.error_of(function() w:set("layers.1.mixer.D", ffi.new("float[3]")) end))
     local err = helper.error_of(function() w:set("norm_f.weight", m3.tensor({ 15 })) end)
     assert.matches('weights:set%("norm_f.weight"%): expected f32 %[16%], got f32 %[15%]', err)
     assert.matches("weights_spec.lua:%d+:", err)

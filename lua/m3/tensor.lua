@@ -199,6 +199,27 @@ function tensor.view(ptr, shape, dtype, owner)
   return make(dtype, shape, n, ffi.cast(ptr_ct[dtype], ptr), owner)
 end
 
+-- A tensor for anything accepted where a tensor is: a tensor; {data = <FFI array>, shape =
+-- {...}}; a nested Lua table (made as dtype); a raw FFI array whose size is exactly that of
+-- shape (nil when no shape is given, so the caller can size it later). Anything else is an
+-- error "<what>: expected <expect>, got ...".
+function tensor.coerce(v, what, dtype, shape, expect)
+  if tensor.is(v) then return v end
+  if type(v) == "table" and type(v.data) == "cdata" then return tensor.wrap(v.data, v.shape, nil, what) end
+  if type(v) == "table" then return tensor.from(v, dtype) end
+  if type(v) == "cdata" then
+    if not shape then return nil end
+    local have, kind = cdata_kind(v)
+    local n = 1
+    for i = 1, #shape do n = n * shape[i] end
+    if kind == "array" and have and ffi.sizeof(v) == n * ffi.sizeof(ctype_of[have]) then
+      return make(have, shape, n, ffi.cast(ptr_ct[have], v), v)
+    end
+  end
+  raise(string.format("%s: expected %s, got %s", what,
+    expect or (shape and (dtype or "f32") .. " " .. tensor.format_shape(shape) or "a tensor"), tensor.describe(v)))
+end
+
 local function type_name(v)
   if tensor.is(v) then return "a tensor" end
   return type(v) == "nil" and "nil" or "a " .. type(v)
@@ -312,8 +333,5 @@ function tensor.describe(v)
   if type(v) == "cdata" then return tostring(ffi.typeof(v)) end
   return type_name(v)
 end
-
-tensor.ctype_of = ctype_of
-tensor.cdata_kind = cdata_kind
 
 return setmetatable(tensor, { __call = function(_, shape, dtype) return tensor.new(shape, dtype) end })

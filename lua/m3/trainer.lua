@@ -215,17 +215,6 @@ local function expected(spec, B, T_)
   return LONG[spec.dtype] .. " [" .. table.concat(dims, ", ") .. "]"
 end
 
--- A tensor for a batch value, or the raw cdata when its shape must come from B and T.
-local function as_tensor(name, v, spec)
-  if tensor.is(v) then return v end
-  if type(v) == "cdata" then return nil end
-  if type(v) == "table" and type(v.data) == "cdata" then
-    return tensor.wrap(v.data, v.shape, nil, "batch." .. name)
-  end
-  if type(v) == "table" then return tensor.from(v, spec.dtype) end
-  raise(string.format("batch.%s: expected %s, got %s", name, expected(spec), describe(v)))
-end
-
 local function model_help(self, name)
   local cfg = self.config
   if name == "tokens" or name == "input" then
@@ -273,7 +262,7 @@ local function make_batch(self, b, need_input, need_target, B0, T0)
   for _, name in ipairs(ORDER) do
     local v = b[name]
     if v ~= nil then
-      local t = as_tensor(name, v, spec[name])
+      local t = tensor.coerce(v, "batch." .. name, spec[name].dtype, nil, expected(spec[name]))
       tensors[name] = t or false
       if t and not B then
         local s = t:shape()
@@ -295,14 +284,8 @@ local function make_batch(self, b, need_input, need_target, B0, T0)
     if t ~= nil then
       local sp = spec[name]
       if t == false then -- raw FFI array: exactly the expected size
-        local raw = b[name]
-        local dtype, kind = tensor.cdata_kind(raw)
-        local n = B * T_ * (sp.dim or 1)
-        local ok = kind == "array" and dtype ~= nil and ffi.sizeof(raw) == n * ffi.sizeof(tensor.ctype_of[dtype])
-        if not ok then
-          raise(string.format("batch.%s: expected %s (%d values), got %s", name, expected(sp, B, T_), n, describe(raw)))
-        end
-        t = tensor.wrap(raw, sp.dim and { B, T_, sp.dim } or { B, T_ }, dtype, "batch." .. name)
+        t = tensor.coerce(b[name], "batch." .. name, sp.dtype, sp.dim and { B, T_, sp.dim } or { B, T_ },
+          string.format("%s (%d values)", expected(sp, B, T_), B * T_ * (sp.dim or 1)))
       end
       local s, dtype = t:shape(), t:dtype()
       local ok = #s == (sp.dim and 3 or 2) and s[1] == B and s[2] == T_ and (not sp.dim or s[3] == sp.dim)
@@ -515,17 +498,8 @@ function T:set_states(states)
     for _, k in ipairs(STATE_KEYS) do
       local what = string.format("set_states: states[%d].%s", l, k)
       local want = "f32 " .. tensor.format_shape(shapes[k])
-      local t = s[k]
-      if t == nil then raise(what .. ": missing (" .. want .. ")") end
-      if not tensor.is(t) then
-        if type(t) == "table" and type(t.data) == "cdata" then
-          t = tensor.wrap(t.data, t.shape, nil, what)
-        elseif type(t) == "table" then
-          t = tensor.from(t, "f32")
-        else
-          raise(string.format("%s: expected %s, got %s", what, want, describe(t)))
-        end
-      end
+      if s[k] == nil then raise(what .. ": missing (" .. want .. ")") end
+      local t = tensor.coerce(s[k], what, "f32", shapes[k], want)
       local have, same = t:shape(), t:dtype() == "f32" or t:dtype() == "f64"
       same = same and #have == #shapes[k]
       for d = 1, #shapes[k] do same = same and have[d] == shapes[k][d] end

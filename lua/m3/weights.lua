@@ -137,13 +137,9 @@ function W:set(name, value)
   local p = ptr(self)
   local info, shape = info_of(p, index_of(self, p, name))
   local what = "weights:set(" .. string.format("%q", name) .. ")"
-  local t = value
-  if not tensor.is(t) then
-    if type(t) ~= "table" then
-      raise(string.format("%s: expected a tensor or a table of numbers, got %s", what, tensor.describe(t)))
-    end
-    t = tensor.from(t, "f32")
-    if t:numel() == tonumber(info.numel) and #t:shape() == 1 then t = tensor.view(t.data, shape, "f32", t) end
+  local t = tensor.coerce(value, what, "f32", shape)
+  if type(value) == "table" and not value.data and t:numel() == tonumber(info.numel) and #t:shape() == 1 then
+    t = tensor.view(t.data, shape, "f32", t) -- a flat Lua list of numel values
   end
   local have = t:shape()
   local same = #have == #shape and (t:dtype() == "f32" or t:dtype() == "f64")
