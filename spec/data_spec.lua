@@ -232,3 +232,70 @@ describe("m3.data sources", function()
     assert.equal(8, #only_parity)
   end)
 end)
+
+describe("m3.data batches and files", function()
+  it("pack samples into int32 tensors, padded, and resume from a cursor", function()
+    local a = data.arithmetic { seed = 8, length = 12, min_length = 4, brackets = true }
+    local b1 = a:next(3)
+    local c = a:cursor()
+    assert.same({ seed = 8, index = 3 }, c)
+    local b2 = a:next(3, { pad_to = 16 })
+    local b = data.arithmetic { seed = 8, length = 12, min_length = 4, brackets = true, cursor = c }
+    local b2_again = b:next(3, { pad_to = 16 })
+    assert.same(b2.tokens:to_table(), b2_again.tokens:to_table())
+    assert.same(b2.targets:to_table(), b2_again.targets:to_table())
+    assert.equal("i32", b1.tokens:dtype())
+    assert.equal(16, b2.tokens:shape()[2])
+    -- row r is sample index r; padding after the sample has target -1
+    local toks, tgts = a:sample(4)
+    local row = b2.targets:to_table()[2]
+    for t = 1, 16 do assert.equal(tgts[t] or -1, row[t]) end
+    assert.equal(toks[1], b2.tokens:to_table()[2][1])
+  end)
+
+  it("read text windows: targets are the next bytes; random, sequential and stream orders", function()
+    local path = tmpfile("abcdefghijklmnopqrstuvwxyz0123456789")
+    local s = data.text(path, { order = "sequential", split = "all", length = 5 })
+    assert.equal(256, s.vocab)
+    assert.equal(7, s:count())
+    local b = s:next(2)
+    assert.same({ { 97, 98, 99, 100, 101 }, { 102, 103, 104, 105, 106 } }, b.tokens:to_table())
+    assert.same({ 98, 99, 100, 101, 102 }, b.targets:to_table()[1])
+    local st = data.text(path, { order = "stream", split = "all" })
+    local x, y = st:next(2, { length = 4 }), st:next(2, { length = 4 })
+    assert.same({ 97, 98, 99, 100 }, x.tokens:to_table()[1])
+    assert.same({ 101, 102, 103, 104 }, y.tokens:to_table()[1])   -- row 0 continues
+    assert.same({ 115, 116, 117, 118 }, x.tokens:to_table()[2]) -- "stuv": the second half
+    local r1 = data.text(path, { seed = 4, length = 6 })
+    local first = r1:next(4).tokens:to_table()
+    local again = data.text(path, { seed = 4, length = 6 }):next(4).tokens:to_table()
+    assert.same(first, again)
+    local text = "abcdefghijklmnopqrstuvwxyz0123456789"
+    for _, row in ipairs(first) do
+      assert.truthy(text:find(string.char(unpack(row)), 1, true))
+    end
+    local val = data.text(path, { split = "val", order = "sequential", val_fraction = 0.25, length = 3 })
+    assert.same({ 49, 50, 51 }, val:next(1).tokens:to_table()[1]) -- "123": from byte 27 on
+    os.remove(path)
+  end)
+
+  it("map uint16 and uint32 token files", function()
+    local ffi = require "ffi"
+    for _, dt in ipairs { { "u16", "uint16_t", 2 }, { "u32", "uint32_t", 4 } } do
+      local ids = ffi.new(dt[2] .. "[?]", 100)
+      for i = 0, 99 do ids[i] = 1000 + i * 7 end
+      local path = tmpfile(ffi.string(ids, 100 * dt[3]))
+      local s = data.tokens(path, { dtype = dt[1], vocab = 2000, order = "sequential", split = "all", length = 10 })
+      s:seek { seed = 0, index = 3 }
+      local b = s:next(1)
+      assert.equal(1000 + 30 * 7, b.tokens[0])
+      assert.equal(1000 + 31 * 7, b.targets[0])
+      assert.equal(1000 + 40 * 7, b.targets[9])
+      os.remove(path)
+    end
+    assert.has_error(function() data.tokens("/nonexistent/file", { dtype = "u16" }) end)
+    local odd = tmpfile("abc")
+    assert.has_error(function() data.tokens(odd, { dtype = "u16" }) end)
+    os.remove(odd)
+  end)
+end)

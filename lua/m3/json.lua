@@ -7,6 +7,8 @@
 -- decode: the full JSON grammar; null becomes json.null (a sentinel), so arrays keep
 -- their length. Errors name the position and what was expected.
 
+local fs = require "m3.fs"
+
 local json = {}
 
 json.null = setmetatable({}, { __tostring = function() return "null" end })
@@ -221,10 +223,8 @@ end
 
 -- Reads and decodes a whole file; nil and a message when it cannot be read or parsed.
 function json.read(path)
-  local f, err = io.open(path, "rb")
-  if not f then return nil, err end
-  local s = f:read("*a")
-  f:close()
+  local s, err = fs.read(path)
+  if not s then return nil, err end
   local ok, v = pcall(json.decode, s)
   if not ok then return nil, path .. ": " .. v end
   return v
@@ -232,11 +232,7 @@ end
 
 -- Writes v as JSON to path through a temporary file and a rename (never half-written).
 function json.write(path, v)
-  local tmp = path .. ".tmp"
-  local f = assert(io.open(tmp, "wb"))
-  f:write(json.encode(v), "\n")
-  f:close()
-  assert(os.rename(tmp, path))
+  fs.write(path, json.encode(v) .. "\n")
 end
 
 return json

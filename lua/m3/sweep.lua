@@ -32,6 +32,7 @@
 
 local ffi = require "ffi"
 local bit = require "bit"
+local fs = require "m3.fs"
 local json = require "m3.json"
 local rng = require "m3.data.rng"
 local svg = require "m3.log.svg"
@@ -39,7 +40,6 @@ local svg = require "m3.log.svg"
 for _, decl in ipairs {
   "int posix_spawnp(int *pid, const char *file, const void *file_actions, const void *attrp, char *const argv[], char *const envp[]);",
   "int waitpid(int pid, int *status, int options);",
-  "int mkdir(const char *path, unsigned int mode);",
   "extern char **environ;",
 } do pcall(ffi.cdef, decl) end
 
@@ -156,14 +156,6 @@ end
 
 -- ---- files -------------------------------------------------------------------------------
 
-local function mkdir_p(path)
-  for i in path:gmatch("()/") do
-    if i > 1 then ffi.C.mkdir(path:sub(1, i - 1), 493) end -- 0755
-  end
-  ffi.C.mkdir(path, 493)
-end
-sweep.mkdir = mkdir_p
-
 local function csv_field(v)
   if v == nil or v == json.null then return "" end
   local s = type(v) == "number" and format_value(v) or tostring(v)
@@ -178,10 +170,7 @@ local function write_results(dir, rows, columns, metric, mode)
     for i, c in ipairs(columns) do fields[i] = csv_field(r[c]) end
     lines[#lines + 1] = table.concat(fields, ",")
   end
-  local f = assert(io.open(dir .. "/results.csv.tmp", "w"))
-  f:write(table.concat(lines, "\n"), "\n")
-  f:close()
-  assert(os.rename(dir .. "/results.csv.tmp", dir .. "/results.csv"))
+  fs.write(dir .. "/results.csv", table.concat(lines, "\n") .. "\n")
   json.write(dir .. "/results.json", json.array(rows))
   local labels, values = {}, {}
   for i, r in ipairs(rows) do labels[i], values[i] = r.run, r[metric] end
@@ -204,7 +193,7 @@ end
 
 -- Runs point in this process; returns metrics or nil and the error.
 local function run_here(o, name, point, run_dir)
-  mkdir_p(run_dir)
+  fs.mkdir(run_dir)
   local ok, metrics = xpcall(o.run, debug.traceback, point, run_dir)
   if not ok then
     if is_interrupt(metrics) then error(metrics, 0) end
@@ -250,7 +239,7 @@ local function run_parallel(o, pending, n, report)
     while next_i <= #pending and #free > 0 do
       local job = pending[next_i]
       next_i = next_i + 1
-      mkdir_p(job.run_dir)
+      fs.mkdir(job.run_dir)
       local gpu = table.remove(free)
       local cmd = string.format("CUDA_VISIBLE_DEVICES=%s M3_SWEEP_DIR=%s M3_SWEEP_POINT=%s exec %s > %s 2>&1",
         shell_quote(gpu), shell_quote(o.dir), shell_quote(job.name), base, shell_quote(job.run_dir .. "/log.txt"))
@@ -317,7 +306,7 @@ function sweep.run(o)
   local in_child = child_point ~= nil
 
   local metric, mode = o.metric, o.mode
-  mkdir_p(o.dir)
+  fs.mkdir(o.dir)
   local rows, metric_keys, pending = {}, {}, {}
   local function add_row(job, metrics)
     local row = { run = job.name }

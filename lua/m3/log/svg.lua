@@ -9,6 +9,8 @@
 -- Axes get "nice" ticks (1, 2, 5 times a power of ten; powers of ten on a log axis);
 -- series longer than 1500 points are averaged in buckets; non-finite points break a line.
 
+local fs = require "m3.fs"
+
 local svg = {}
 
 local floor, ceil, log10, abs, min, max = math.floor, math.ceil, math.log10, math.abs, math.min, math.max
@@ -227,11 +229,7 @@ function svg.document(charts)
 end
 
 function svg.write(path, charts)
-  local tmp = path .. ".tmp"
-  local f = assert(io.open(tmp, "w"))
-  f:write(svg.document(charts))
-  f:close()
-  assert(os.rename(tmp, path))
+  fs.write(path, svg.document(charts))
 end
 
 return svg

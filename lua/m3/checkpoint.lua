@@ -1,0 +1,117 @@
+-- m3.checkpoint — periodic checkpoints of a training run, the last k kept, and resume.
+--
+--   local ck = checkpoint.new{dir = "runs/x/checkpoints", every = 100, keep = 3}
+--   ck:maybe_save(tr, step, extra)   saves when step is a multiple of `every`
+--   ck:save(tr, step, extra)         dir/step-00000100.ckpt; then removes all but the
+--                                    newest `keep` (0: keep all)
+--   ck:list()                        {{step =, path =}, ...} oldest first
+--   ck:resume(opts) / checkpoint.resume(dir, opts)
+--                                    -> tr, extra, step of the newest checkpoint that loads
+--                                    (a damaged one is reported on stderr and skipped);
+--                                    nil when there is none. opts: m3.trainer.load's
+--   ck:save_interrupted(tr, step, extra)
+--                                    after an "interrupted" error: clears the engine's
+--                                    interrupt flag (the host keeps its pending signal, so
+--                                    the script still exits with 128 + signo) and saves;
+--                                    returns the path, or nil and why not
+--
+-- A checkpoint is the trainer's full state (m3 tr:save: weights, Adam moments, step, lr,
+-- loss scale, RNG, recurrent state, configs; written to a temporary file, fsynced and
+-- renamed, so a crash never leaves a half-written step-N.ckpt) plus the Lua table
+-- {step = step, extra = extra}: the loop's step and the caller's state (data cursor,
+-- schedule position, curriculum phase, RNG states). Restoring all of them continues the
+-- run bit-identically on the same device and dtype.
+
+local trainer = require "m3.trainer"
+local lib = require "m3.lib"
+local fs = require "m3.fs"
+
+local checkpoint = {}
+local K = {}
+K.__index = K
+
+local function is_count(v, lo)
+  return type(v) == "number" and v >= lo and v == math.floor(v)
+end
+
+function checkpoint.new(o)
+  if type(o) ~= "table" or type(o.dir) ~= "string" or o.dir == "" then
+    error("m3.checkpoint.new: expected {dir = <folder>, every = <steps>, keep = <count>}", 2)
+  end
+  local every, keep = o.every or 0, o.keep or 3
+  if not is_count(every, 0) then
+    error("m3.checkpoint.new: every must be an integer >= 0 (0: only explicit saves), got " .. tostring(o.every), 2)
+  end
+  if not is_count(keep, 0) then
+    error("m3.checkpoint.new: keep must be an integer >= 0 (0: keep all), got " .. tostring(o.keep), 2)
+  end
+  return setmetatable({ dir = o.dir, every = every, keep = keep }, K)
+end
+
+function K:path(step)
+  return string.format("%s/step-%08d.ckpt", self.dir, step)
+end
+
+function K:list()
+  local out = {}
+  for _, name in ipairs(fs.list(self.dir)) do
+    local step = name:match("^step%-(%d+)%.ckpt$")
+    if step then out[#out + 1] = { step = tonumber(step), path = self.dir .. "/" .. name } end
+  end
+  table.sort(out, function(a, b) return a.step < b.step end)
+  return out
+end
+
+function K:save(tr, step, extra)
+  if not is_count(step, 0) then
+    error("m3.checkpoint: save expects a step (an integer >= 0), got " .. tostring(step), 2)
+  end
+  fs.mkdir(self.dir)
+  local path = tr:save(self:path(step), { step = step, extra = extra })
+  if self.keep > 0 then
+    local all = self:list()
+    for i = 1, #all - self.keep do os.remove(all[i].path) end
+  end
+  return path
+end
+
+function K:maybe_save(tr, step, extra)
+  if self.every > 0 and step % self.every == 0 then return self:save(tr, step, extra) end
+end
+
+function K:resume(opts)
+  local all = self:list()
+  for i = #all, 1, -1 do
+    local ok, tr, saved = pcall(trainer.load, all[i].path, opts)
+    if ok then
+      if type(saved) ~= "table" or type(saved.step) ~= "number" then
+        error("m3.checkpoint: " .. all[i].path .. " was not written by m3.checkpoint (no step in its extra)", 2)
+      end
+      return tr, saved.extra, saved.step
+    end
+    io.stderr:write("m3.checkpoint: skipping ", all[i].path, ": ", tostring(tr), "\n")
+  end
+  return nil
+end
+
+function checkpoint.resume(dir, opts)
+  return checkpoint.new { dir = dir }:resume(opts)
+end
+
+function K:save_interrupted(tr, step, extra)
+  lib.C.m3_interrupt_clear()
+  local info = tr:info()
+  if info.window_open or info.pending_forward then
+    return nil, "the interrupt came inside an accumulation window"
+  end
+  local ok, path = pcall(self.save, self, tr, step, extra)
+  if not ok then return nil, tostring(path) end
+  return path
+end
+
+-- Whether an error is an interrupt (Ctrl-C / SIGTERM through the engine or the host).
+function checkpoint.is_interrupt(err)
+  return tostring(err):find("interrupted", 1, true) ~= nil
+end
+
+return checkpoint

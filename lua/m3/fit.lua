@@ -1,0 +1,187 @@
+-- m3.fit — the training loop that ties schedule, curriculum, data, accumulation,
+-- checkpoints and logging together, resumable bit-identically.
+--
+--   local ck = m3.checkpoint.new{dir = run_dir .. "/checkpoints", every = 200, keep = 3}
+--   local tr, start = fit.resume(ck, {device = "auto"})   -- nil, nil without a checkpoint
+--   tr = tr or m3.trainer(cfg, {batch = 16, seq_len = cur:max("length")})
+--   local result = fit.run{
+--     trainer = tr, data = src, steps = 2000,
+--     schedule = m3.schedule.warmup_cosine{peak = 3e-3, warmup = 100, total = 2000},
+--     curriculum = cur,      -- the phase of each step is passed to data:next as options
+--     batch = 64,            -- rows per optimizer step (a phase's `batch` wins); more rows
+--                            -- than the trainer's batch run as accumulated micro-batches
+--     clip = 1.0, checkpoint = ck, start = start, dir = run_dir,
+--     eval = function(tr, step) return {val_loss =, val_acc =} end, eval_every = 200,
+--     extra = function() return my_state end,   -- saved too (start.extra.user on resume)
+--   }
+--
+-- Each step: phase = curriculum:phase(step); lr = schedule(step) (tr:set_lr); rows from
+-- data:next(n, phase); tr:step, or m3.accumulate.step over k micro-batches; metrics to
+-- dir/metrics.jsonl (one record per step, one per evaluation) and the progress display
+-- (m3.log.progress); a checkpoint every `every` steps and at the end, with extra =
+-- {data = cursor, phase = index, lr = lr, user = extra()}. At the end dir/plot.svg.
+-- Resuming (start = {step, extra} from fit.resume) seeks the data back, drops the
+-- metrics records past the checkpoint and continues: schedule and curriculum are pure
+-- functions of the step, so the run goes on exactly as if never stopped.
+-- Interrupts (Ctrl-C / SIGTERM make a trainer call, or the host's hook, raise an error
+-- containing "interrupted"): the state that matches the trainer's own step count is
+-- saved as a checkpoint (unless inside an accumulation window: then the last periodic
+-- checkpoint stands) and the error is raised again with the checkpoint's path, so the
+-- host exits with 128 + the signal number. An f16 step skipped for overflow at the very
+-- moment of an interrupt is replayed after the resume.
+--
+--   fit.evaluate(tr, src, {batches = 4, rows =, ...data options}) -> {loss, accuracy}
+--       over the first batches of src (from index 0: the same set every time)
+
+local accumulate = require "m3.accumulate"
+local checkpoint = require "m3.checkpoint"
+local fs = require "m3.fs"
+local json = require "m3.json"
+local log = require "m3.log"
+local source = require "m3.data.source"
+
+local fit = {}
+
+function fit.resume(ck, opts)
+  local tr, extra, step = ck:resume(opts)
+  if not tr then return nil end
+  return tr, { step = step, extra = extra }
+end
+
+function fit.evaluate(tr, src, o)
+  o = o or {}
+  local saved = src:cursor()
+  src:seek { seed = saved.seed, index = 0 }
+  local loss, acc, counted = 0, 0, 0
+  for _ = 1, o.batches or 4 do
+    local m = tr:evaluate(src:next(o.rows or tr:batch(), o))
+    local c = m.counted or 1
+    loss, counted = loss + m.loss * c, counted + c
+    if m.accuracy then acc = acc + m.accuracy * c end
+  end
+  src:seek(saved)
+  return { loss = loss / counted, accuracy = acc / counted }
+end
+
+-- Keeps only the records of dir/metrics.jsonl up to step (a resumed run rewrites the rest).
+local function truncate_metrics(path, step)
+  if not fs.exists(path) then return end
+  local keep = {}
+  for _, r in ipairs(log.read_jsonl(path)) do
+    if type(r.step) == "number" and r.step <= step then keep[#keep + 1] = json.encode(r) end
+  end
+  fs.write(path, #keep > 0 and table.concat(keep, "\n") .. "\n" or "")
+end
+
+local function check(o)
+  if type(o) ~= "table" then error("m3.fit.run: expected an options table", 3) end
+  if type(o.trainer) ~= "table" then error("m3.fit.run: trainer = an m3.trainer is required", 3) end
+  if type(o.data) ~= "table" or type(o.data.next) ~= "function" then
+    error("m3.fit.run: data = a source with :next(rows, opts) is required (m3.data)", 3)
+  end
+  if type(o.steps) ~= "number" or o.steps < 1 then error("m3.fit.run: steps must be >= 1", 3) end
+end
+
+function fit.run(o)
+  check(o)
+  local tr, src, total = o.trainer, o.data, o.steps
+  local micro = tr:batch()
+  if o.clip then tr:set_clip(o.clip) end
+  local step = 0
+  if o.start then
+    step = o.start.step
+    src:seek(o.start.extra.data)
+  end
+  local metrics_path = o.dir and o.dir .. "/metrics.jsonl"
+  local writer
+  if o.dir then
+    fs.mkdir(o.dir)
+    if o.start then truncate_metrics(metrics_path, step) else fs.write(metrics_path, "") end
+    writer = log.jsonl(metrics_path)
+  end
+  local show = o.progress ~= false
+  local bar = show and log.progress { total = total, first = step, out = o.out, every = o.print_every } or nil
+  local function say(text)
+    if bar then bar:message(text) end
+  end
+
+  local lr, phase = tr:lr(), nil
+  local function state_now()
+    return { data = src:cursor(), phase = phase and phase.index, lr = lr, user = o.extra and o.extra() }
+  end
+  local committed = { count = tr:step_count(), step = step, extra = state_now() }
+  local pending = committed
+  local result = { step = step, tokens = 0 }
+
+  local function evaluate(s)
+    local e = o.eval(tr, s)
+    local rec = { step = s }
+    local parts = { string.format("eval step %d:", s) }
+    local keys = {}
+    for k in pairs(e) do keys[#keys + 1] = k end
+    table.sort(keys)
+    for _, k in ipairs(keys) do
+      rec[k] = e[k]
+      parts[#parts + 1] = type(e[k]) == "number" and string.format("%s %.4f", k, e[k]) or k .. " " .. tostring(e[k])
+    end
+    if writer then writer:write(rec) end
+    say(table.concat(parts, "  "))
+    result.eval = e
+  end
+
+  local function body()
+    while step < total do
+      local s = step + 1
+      phase = o.curriculum and o.curriculum:phase(s) or nil
+      if o.schedule then
+        lr = o.schedule(s)
+        tr:set_lr(lr)
+      end
+      local opts = source.overlay(o.data_opts, phase)
+      local rows = (phase and phase.batch) or o.batch or micro
+      local batches, left = {}, rows
+      while left > 0 do
+        local n = math.min(micro, left)
+        batches[#batches + 1] = src:next(n, opts)
+        left = left - n
+      end
+      pending = { count = committed.count + 1, step = s, extra = state_now() }
+      local m
+      if #batches == 1 then
+        m = tr:step(batches[1])
+      else
+        m = accumulate.step(tr, batches, { clip = o.clip })
+      end
+      step = s
+      committed = { count = tr:step_count(), step = s, extra = pending.extra }
+      result.step, result.loss, result.tokens = s, m.loss, result.tokens + (m.tokens or 0)
+      if writer then
+        writer:write { step = s, loss = m.loss, lr = lr, tokens = m.tokens, ms = m.ms,
+          length = opts.length, rows = rows, grad_norm = m.grad_norm, accuracy = m.accuracy }
+      end
+      if bar then bar:update(s, { loss = m.loss, lr = lr, tokens = m.tokens }) end
+      if o.eval and ((o.eval_every and s % o.eval_every == 0) or s == total) then evaluate(s) end
+      if o.checkpoint and s < total then o.checkpoint:maybe_save(tr, s, committed.extra) end
+    end
+    if o.checkpoint then o.checkpoint:save(tr, step, committed.extra) end
+  end
+
+  local ok, err = xpcall(body, debug.traceback)
+  if bar then result.elapsed = bar:finish() end
+  if writer then writer:close() end
+  if not ok then
+    if checkpoint.is_interrupt(err) and o.checkpoint then
+      local at = tr:step_count() == pending.count and pending or committed
+      local path, why = o.checkpoint:save_interrupted(tr, at.step, at.extra)
+      if path then
+        error(string.format("interrupted at step %d; saved %s (resume from it)", at.step, path), 0)
+      end
+      error(string.format("interrupted at step %d; no checkpoint saved (%s)", at.step, why), 0)
+    end
+    error(err, 0)
+  end
+  if o.dir then log.plot_run(o.dir, { title = o.title }) end
+  return result
+end
+
+return fit

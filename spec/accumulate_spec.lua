@@ -1,0 +1,83 @@
+-- m3.accumulate: k micro-batches with backward_step{accumulate} and a clipped closing call
+-- give the update of one big batch (ragged target counts included).
+
+local m3 = require "m3"
+local data = require "m3.data"
+local accumulate = require "m3.accumulate"
+
+local cfg = m3.config { d_model = 16, n_layers = 1, d_state = 8, headdim = 8, input = "tokens",
+  head = "lm", vocab_size = 2 }
+
+local function new_trainer(batch)
+  return m3.trainer(cfg, { device = "cpu", batch = batch, seq_len = 12, seed = 1, lr = 1e-2 })
+end
+
+-- Largest relative L2 difference over the tensors of two weight sets.
+local function max_rel_diff(a, b)
+  local worst = 0
+  for _, name in ipairs(a:names()) do
+    local x, y = a:get(name), b:get(name)
+    local num, den = 0, 0
+    for i = 0, x:numel() - 1 do
+      local d = x[i] - y[i]
+      num, den = num + d * d, den + y[i] * y[i]
+    end
+    worst = math.max(worst, math.sqrt(num / math.max(den, 1e-30)))
+  end
+  return worst
+end
+
+describe("m3.accumulate", function()
+  -- running parity targets on lengths 2..12: the halves count different numbers of targets
+  local big = data.parity { seed = 3, length = 12, min_length = 2 }:next(8, { pad_to = 12 })
+
+  it("counts the scored positions of a micro-batch", function()
+    local halves = accumulate.split(big, 2)
+    local tr = new_trainer(8)
+    local c1, c2 = accumulate.counted(tr, halves[1]), accumulate.counted(tr, halves[2])
+    assert.equal(accumulate.counted(tr, big), c1 + c2)
+    assert.are_not.equal(c1, c2)
+  end)
+
+  it("splits a batch into row views", function()
+    local parts = accumulate.split(big, 4)
+    assert.equal(4, #parts)
+    assert.same({ 2, 12 }, parts[3].tokens:shape())
+    assert.equal(big.tokens[4 * 12 + 5], parts[3].tokens[5])
+    assert.has_error(function() accumulate.split(big, 3) end,
+      "m3.accumulate.split: k must divide the batch's 8 rows, got 3")
+  end)
+
+  for _, k in ipairs { 2, 4 } do
+    it("gives the big batch's update with k = " .. k .. " (clipped)", function()
+      local a, b = new_trainer(8), new_trainer(8 / k)
+      for _ = 1, 3 do
+        a:forward(big)
+        local ma = a:backward_step(big, { clip = 0.05 })
+        local mb = accumulate.step(b, accumulate.split(big, k), { clip = 0.05 })
+        assert.is_true(math.abs(ma.loss - mb.loss) <= 1e-6 * ma.loss)
+        assert.is_true(math.abs(ma.accuracy - mb.accuracy) <= 1e-6)
+        assert.is_true(math.abs(ma.grad_norm - mb.grad_norm) <= 1e-5 * ma.grad_norm)
+        assert.is_true(ma.grad_norm > 0.05) -- clipping was active
+        assert.equal(ma.step, mb.step)
+        assert.equal(k, mb.micro)
+        assert.equal(8 * 12, mb.tokens)
+      end
+      assert.is_true(max_rel_diff(b:snapshot(), a:snapshot()) < 1e-5)
+      assert.is_false(b:info().window_open)
+    end)
+  end
+
+  it("with one micro-batch equals a fused step", function()
+    local a, b = new_trainer(8), new_trainer(8)
+    local ma = a:step(big)
+    local mb = accumulate.step(b, { big })
+    assert.equal(ma.loss, mb.loss)
+    assert.is_true(max_rel_diff(b:snapshot(), a:snapshot()) < 1e-6)
+  end)
+
+  it("refuses an empty list", function()
+    assert.has_error(function() accumulate.step(new_trainer(8), {}) end,
+      "m3.accumulate.step: expected a list of micro-batches")
+  end)
+end)
