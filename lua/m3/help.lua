@@ -1,0 +1,263 @@
+-- m3.help — short help texts for the REPL's `?topic` and for tab completion.
+--
+--   help.show("trainer")          prints the text (or the closest topics)
+--   help.show(tr) / help.show(m3.schedule.cosine)   a value: its kind or its name
+--   help.text(topic) -> text | nil, {suggestions}
+--   help.topics() -> sorted topic names;  help.complete(prefix) -> topics starting with it
+--
+-- Topic names: "m3", "trainer", "trainer:step" (any method), "tensor", "config",
+-- "weights", "infer", "m3.schedule", "schedule.cosine", "m3.data", "data.parity", ...
+-- Lookups are forgiving: "tr:step", "trainer.step", "step", "m3.schedule.cosine",
+-- "schedule" and "?cosine" all find their topic.
+
+local help = {}
+
+local T = {}
+
+T["m3"] = [[
+m3 — train Mamba-3 models from Lua.   local m3 = require "m3"
+  m3.config{...}, m3.presets, m3.weights, m3.trainer(w_or_cfg, opts), m3.tensor, m3.infer
+  training library: m3.schedule, m3.curriculum, m3.data, m3.accumulate, m3.checkpoint,
+  m3.log, m3.sweep, m3.fit
+  ?trainer, ?trainer:step, ?m3.schedule, ?schedule.cosine ... for details]]
+
+T["trainer"] = [[
+m3.trainer(weights_or_config, {device = "auto", dtype = "f32", batch = 8, seq_len = 256,
+  lr = 1e-3, weight_decay = 1e-2, betas = {0.9, 0.999}, eps = 1e-8, no_decay = "reference",
+  carry_state = false, clip = 0, seed = 0})
+A batch: {tokens = int32 [B,T] | input = float [B,T,D], targets = int32 [B,T] (-1 ignored)
+  | float [B,T,out_dim], d_out = ..., resets = uint8 [B,T], mask = ...}; B <= batch, T <= seq_len.
+methods: step forward backward_step evaluate capture_graph drop_graph has_graph set_lr lr
+  set_clip set_reference_no_decay reset_state states set_states snapshot grads save
+  scaler_state load_scaler_state info device dtype batch seq_len step_count close
+  m3.trainer.load(path, {device =, dtype =}) -> trainer, extra]]
+
+local methods = {
+  step = "tr:step(batch) -> metrics\n  fused forward + backward + AdamW (graph-replayed when captured).\n  metrics: step, loss, accuracy, grad_norm, tokens, counted, ms, optimizer_stepped, ...",
+  forward = "tr:forward(batch) -> out [B,T,d_model]\n  split API: keeps activations; a backward_step must follow.",
+  backward_step = "tr:backward_step(batch_or_d_out, {clip =, accumulate =, scale =}) -> metrics\n  backward of the pending forward; accumulate = true adds gradients without stepping,\n  a later call without it closes the window (clip applies there). See ?m3.accumulate.",
+  evaluate = "tr:evaluate(batch) -> metrics, out\n  loss (and accuracy for \"lm\") without gradients or state changes.",
+  capture_graph = "tr:capture_graph()\n  CUDA graph of the fused step (after >= 1 eager step); set_lr needs no recapture.",
+  drop_graph = "tr:drop_graph()  forget the captured graph",
+  has_graph = "tr:has_graph() -> boolean",
+  set_lr = "tr:set_lr(x)  learning rate (> 0, finite); see ?m3.schedule",
+  lr = "tr:lr() -> the current learning rate",
+  set_clip = "tr:set_clip(max_norm)  global gradient-norm clipping for tr:step (0: off)",
+  set_reference_no_decay = "tr:set_reference_no_decay(on)  norms, dt_bias and D without weight decay",
+  reset_state = "tr:reset_state(rows?)  zero the recurrent state (all rows or 0-based rows)",
+  states = "tr:states() -> {{angle =, ssm =, k =, v =}, ...} one table per layer",
+  set_states = "tr:set_states(s)  replace the recurrent state",
+  snapshot = "tr:snapshot() -> weights  float32 master weights",
+  grads = "tr:grads() -> weights  the accumulated gradients",
+  save = "tr:save(path, extra)  full checkpoint (weights, moments, step, lr, RNG, state) plus a\n  plain Lua table; see ?m3.checkpoint",
+  load = "m3.trainer.load(path, {device =, dtype =}) -> trainer, extra",
+  scaler_state = "tr:scaler_state() -> scale, tracker  (f16 only)",
+  load_scaler_state = "tr:load_scaler_state(scale, tracker)",
+  info = "tr:info() -> {device, dtype, batch, seq_len, step, window_open, pending_forward, ...}",
+  device = "tr:device() -> \"cpu\" | \"cuda:N\"",
+  dtype = "tr:dtype() -> \"f32\" | \"bf16\" | \"f16\"",
+  batch = "tr:batch() -> rows the trainer was allocated for",
+  seq_len = "tr:seq_len() -> the longest window",
+  step_count = "tr:step_count() -> optimizer steps taken",
+  close = "tr:close()  free device memory now; later calls raise \"trainer is closed\"",
+}
+for name, text in pairs(methods) do T["trainer:" .. name] = text end
+
+T["tensor"] = [[
+m3.tensor(shape, dtype)  zeros; dtype "f32" | "f64" | "i32" | "u8"
+m3.tensor.from(nested_table, dtype); t:shape() t:numel() t:dtype() t[i] (0-based) t.data
+t:to_table() t:clone()]]
+
+T["config"] = [[
+m3.config{d_model =, n_layers =, d_state = 128, expand = 2, headdim = 64, ngroups = 1,
+  rope_fraction = 0.5 (0 = no RoPE), input = "features" | "identity" | "tokens",
+  head = "none" | "lm" | "mse", vocab_size =, input_dim =, out_dim =, tie_embeddings = true}
+  -> a validated copy with d_inner, nheads, num_rope_angles, n_params.  m3.presets.rl, .lm130]]
+
+T["weights"] = [[
+m3.weights.init(cfg, {seed =}), m3.weights.load(path), w:save(path), w:get(name),
+w:set(name, tensor), w:names(), w.config]]
+
+T["infer"] = [[
+m3.infer(weights, {device =, dtype =, batch =}) -> :step(batch) (out, logits), :reset(rows?),
+:states(), :set_states(s), :generate(prompt_tokens, n, {temperature =, top_k =, top_p =, seed =})]]
+
+T["m3.schedule"] = [[
+m3.schedule — pure functions step -> lr (1-based: f(s) is the lr of the s-th step).
+  constant(lr)  linear{from, to, steps}  linear_warmup{peak, warmup}
+  cosine{peak, total, floor = 0}  warmup_cosine{peak, warmup, total, floor = 0}
+  step_decay{lr, gamma = 0.1, every = | milestones =}
+  wsd{peak, warmup, total, decay = 0.2, floor = 0, shape = "linear"|"cosine"|"sqrt"}
+  sequence{{f1, steps = n1}, {f2, steps = n2}, {f3}}  scale(f, k)
+  apply(tr, f, step) -> tr:set_lr(f(step))   values(f, n) -> {f(1), ..., f(n)}
+Warmup reaches peak at s = warmup; a decay over total steps ends at floor at s = total + 1.]]
+T["schedule.constant"] = "schedule.constant(lr)  the same lr at every step"
+T["schedule.linear"] = "schedule.linear{from =, to =, steps =}  from at step 1, to from step steps + 1 on"
+T["schedule.linear_warmup"] = "schedule.linear_warmup{peak =, warmup =}  peak * s / warmup, then peak"
+T["schedule.cosine"] = "schedule.cosine{peak =, total =, floor = 0}\n  floor + (peak - floor) * (1 + cos(pi * (s - 1) / total)) / 2, floor after total"
+T["schedule.warmup_cosine"] = "schedule.warmup_cosine{peak =, warmup =, total =, floor = 0}\n  linear warmup to peak at s = warmup, then a half cosine reaching floor at s = total + 1"
+T["schedule.step_decay"] = "schedule.step_decay{lr =, gamma = 0.1, every = n | milestones = {m1, m2, ...}}\n  lr * gamma^k: k = floor((s - 1) / every), or the number of milestones <= s"
+T["schedule.wsd"] = "schedule.wsd{peak =, warmup = 0, total =, decay = 0.2, floor = 0, shape = \"linear\"}\n  warmup, constant peak, then decay over the last `decay` steps (or fraction of total)"
+T["schedule.sequence"] = "schedule.sequence{{f1, steps = n1}, {f2, steps = n2}, ..., {fk}}\n  pieces one after another; each sees its own 1-based step"
+T["schedule.scale"] = "schedule.scale(f, k)  k * f(s)"
+T["schedule.apply"] = "schedule.apply(tr, f, step)  tr:set_lr(f(step)); returns the lr (no graph recapture)"
+
+T["m3.curriculum"] = [[
+m3.curriculum — phases as data: {steps =, length =, min_length =, batch =, <task options>,
+  weights = <mixture>}; a phase inherits unset fields; the last may omit steps.
+  local cur = m3.curriculum.new{{steps = 500, length = 8}, {steps = 500, length = 16}, {length = 32}}
+  cur:phase(step) -> phase (with index, first, last)   cur:max("length")   cur:total()
+  for step, phase in cur:iter(1, n) do ... end
+  m3.curriculum.lengths{from = 8, to = 32, steps = 3000, factor = 2, min_length = 1}]]
+T["curriculum.new"] = "curriculum.new{phase1, phase2, ...}  see ?m3.curriculum"
+T["curriculum.lengths"] = "curriculum.lengths{from =, to =, steps =, factor = 2, <fields for every phase>}\n  lengths from, from*factor, ..., to in equal shares of steps"
+
+T["m3.data"] = [[
+m3.data — deterministic, resumable sources: src:next(rows, opts) -> {tokens =, targets =}
+  src:cursor() -> {seed =, index =}; src:seek(cursor); src.vocab, src.classes
+  data.parity{length =, min_length =, targets = "running" | "final", seed =}
+  data.arithmetic{length =, brackets = false, ops = "+-*", modulus = 5, targets = "final"}
+  data.mqar{keys = 32, values = 32, pairs =, queries = | length =}
+  data.mixture({src1, src2}, {weights = {w1, w2}, seed =})
+  data.text(path, {split = "train" | "val" | "all", order = "random" | "sequential" | "stream", length =})
+  data.tokens(path, {dtype = "u16" | "u32", vocab =, ...})   memory-mapped
+  data.evaluate(tokens, modulus)   data.scaled_accuracy(acc, classes)   data.rng]]
+T["data.parity"] = "data.parity{length = 32, min_length = length, targets = \"running\", seed = 0}\n  bits 0/1; targets: the parity of each prefix (running) or only at the end (final)"
+T["data.arithmetic"] = "data.arithmetic{length = 32, min_length =, brackets = false, ops = \"+-*\", modulus = 5,\n  targets = \"final\"}  an expression of length - 1 tokens, then '='; target: its value mod 5"
+T["data.mqar"] = "data.mqar{keys = 32, values = 32, pairs =, queries = | length =}\n  key-value pairs, then queried keys; target at each query: its value"
+T["data.text"] = "data.text(path, {split =, val_fraction = 0.1, order =, length = 256, seed =})\n  byte-level windows (vocab 256); targets are the next bytes"
+T["data.tokens"] = "data.tokens(path, {dtype = \"u16\" | \"u32\", vocab =, split =, order =, length =, seed =})\n  raw token ids, memory-mapped"
+T["data.mixture"] = "data.mixture({src1, src2, ...}, {weights =, seed =})  each row from a source drawn by weight"
+
+T["m3.accumulate"] = [[
+m3.accumulate.step(tr, {b1, ..., bk}, {clip =}) -> metrics
+  k micro-batches with backward_step{accumulate = true}, the window closed (and clipped) on
+  bk; each loss scaled by its share of the counted targets: the big batch's update.
+m3.accumulate.split(batch, k) -> k row views;  m3.accumulate.counted(tr, batch)]]
+
+T["m3.checkpoint"] = [[
+m3.checkpoint.new{dir =, every = N, keep = 3}
+  ck:maybe_save(tr, step, extra)  ck:save(tr, step, extra)  ck:list()  ck:resume(opts)
+  m3.checkpoint.resume(dir, opts) -> tr, extra, step  (the newest checkpoint that loads)
+Files dir/step-00000100.ckpt, written atomically; extra: data cursor, schedule position,
+curriculum phase, RNG states. m3.fit saves one on Ctrl-C / SIGTERM.]]
+
+T["m3.fit"] = [[
+m3.fit.run{trainer =, data =, steps =, schedule =, curriculum =, batch =, clip =,
+  checkpoint =, start =, dir =, eval = function(tr, step) ... end, eval_every =, extra =}
+  the training loop: lr per step, curriculum phase -> data options, accumulation when a
+  step has more rows than the trainer's batch, metrics.jsonl + progress + plot.svg in dir,
+  checkpoints (also on interrupts), bit-identical resume:
+  local tr, start = m3.fit.resume(ck, opts)
+m3.fit.evaluate(tr, src, {batches = 4, rows =, length =}) -> {loss =, accuracy =}]]
+
+T["m3.log"] = [[
+m3.log.progress{total =, every =, out =}  p:update(step, {loss =, lr =, tokens =})
+  p:message(text)  p:finish()   a bar on a terminal, plain lines otherwise
+m3.log.jsonl(path) -> w:write(record), w:close();  m3.log.read_jsonl(path)
+m3.log.plot(records, path), m3.log.plot_run(dir)  SVG loss / accuracy curves
+m3.log.svg.lines{...}, .bars{...}, .write(path, charts)]]
+
+T["m3.sweep"] = [[
+m3.sweep{grid = {lr = {1e-3, 3e-3}, d_model = {32, 64}} | random = {lr = {"log", 1e-4, 1e-2}},
+  trials =, seed =, defaults = {...}, dir =, run = function(point, run_dir) return metrics end,
+  metric =, mode = "max" | "min", parallel = N, gpus = {...}} -> rows
+  one folder per point named after the options that differ from defaults; done.json
+  marks finished points (skipped on re-run); results.csv, results.json, summary.svg.]]
+
+-- ---- lookup ------------------------------------------------------------------------------
+
+local names
+local function all_names()
+  if not names then
+    names = {}
+    for k in pairs(T) do names[#names + 1] = k end
+    table.sort(names)
+  end
+  return names
+end
+
+function help.topics()
+  local out = {}
+  for i, n in ipairs(all_names()) do out[i] = n end
+  return out
+end
+
+function help.complete(prefix)
+  local out = {}
+  for _, n in ipairs(all_names()) do
+    if n:sub(1, #prefix) == prefix then out[#out + 1] = n end
+  end
+  return out
+end
+
+-- The topic a user's spelling means, or nil.
+local function resolve(q)
+  q = q:gsub("^%s*%?*%s*", ""):gsub("%s+$", ""):gsub("%(%)$", "")
+  if T[q] then return q end
+  local bare = q:gsub("^m3%.", "")
+  if T[bare] then return bare end
+  if T["m3." .. bare] then return "m3." .. bare end
+  local mod, fn = bare:match("^([%w_]+)[.:]([%w_]+)$")
+  if mod then
+    if mod == "tr" or mod == "trainer" then return T["trainer:" .. fn] and "trainer:" .. fn end
+    if T[mod .. "." .. fn] then return mod .. "." .. fn end
+    bare = fn
+  end
+  if T["trainer:" .. bare] then return "trainer:" .. bare end
+  local found
+  for _, n in ipairs(all_names()) do
+    if n:match("[.:]" .. bare:gsub("%p", "%%%0") .. "$") then
+      if found then return nil end -- ambiguous
+      found = n
+    end
+  end
+  return found
+end
+
+local function suggestions(q)
+  local out = {}
+  local key = q:gsub("^%s*%?*%s*", ""):gsub("^m3%.", ""):lower()
+  for _, n in ipairs(all_names()) do
+    if key ~= "" and n:lower():find(key, 1, true) then out[#out + 1] = n end
+  end
+  return out
+end
+
+-- The topic for a value: an m3 function by its name, a trainer, a module table.
+local function topic_of_value(v)
+  for modname, mod in pairs(package.loaded) do
+    if type(mod) == "table" and modname:match("^m3%.") then
+      if mod == v and T[modname] then return modname end
+      for k, f in pairs(mod) do
+        if f == v and type(v) == "function" then
+          local t = modname:gsub("^m3%.", "") .. "." .. k
+          if T[t] then return t end
+        end
+      end
+    end
+  end
+  local mt = type(v) == "table" and getmetatable(v)
+  if mt and type(v.step) == "function" and type(v.backward_step) == "function" then return "trainer" end
+  if package.loaded.m3 == v then return "m3" end
+end
+
+function help.text(topic)
+  local t
+  if type(topic) == "string" then t = resolve(topic) else t = topic_of_value(topic) end
+  if t then return T[t] end
+  return nil, type(topic) == "string" and suggestions(topic) or {}
+end
+
+function help.show(topic)
+  local text, near = help.text(topic == nil and "m3" or topic)
+  if text then
+    print(text)
+  elseif #near > 0 then
+    print("no help for " .. tostring(topic) .. "; try: " .. table.concat(near, ", "))
+  else
+    print("no help for " .. tostring(topic) .. "; topics: ?m3, ?trainer, ?m3.schedule, ?m3.data, ...")
+  end
+end
+
+return help
