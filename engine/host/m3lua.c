@@ -1,0 +1,677 @@
+/*
+ * m3lua.c — the m3lua host: a LuaJIT interpreter shaped like the standalone `luajit`
+ * binary (script and args, -e, -l, -i, -j, -O, -v, -h, --, -) with libm3 and libedit
+ * linked in, so the Lua module `m3` reaches the engine through ffi.C and the REPL
+ * (lua/m3/repl.lua) reaches libedit the same way.
+ *
+ * Module path: $M3LUA_PATH, the build tree's lua/ (generated files such as m3/cdef.lua),
+ * the source tree's lua/ and the install location are put in front of package.path; an
+ * installed binary looks in the install location first. package.loaded["m3.host"]
+ * describes the host and offers the interrupt controls used by the REPL.
+ *
+ * Interrupts: SIGINT and SIGTERM set the engine's flag (m3_interrupt: a running step
+ * stops between layers with M3_ERR_INTERRUPTED) and, while Lua code runs under the
+ * host's protection, set a Lua hook that raises "interrupted!" in interpreted code. The
+ * handler resets itself to the default action, so a second signal kills a hung program.
+ * JIT-compiled loops never look at hooks: a watchdog timer checks, after a grace period
+ * without the hook having run, whether the main thread is executing machine code that
+ * belongs to no loaded object (code made by the JIT); if so it ends the process with the
+ * signal. A script that dies while a signal is pending exits with 128 + signo.
+ */
+
+#include <dlfcn.h>
+#include <errno.h>
+#include <limits.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <ucontext.h>
+#include <unistd.h>
+
+#include <editline/readline.h>
+#include <lauxlib.h>
+#include <lua.h>
+#include <luajit.h>
+#include <lualib.h>
+
+#include "m3.h"
+
+#ifndef sigev_notify_thread_id
+#define sigev_notify_thread_id _sigev_un._tid
+#endif
+
+enum { WATCHDOG_MS = 500 };
+
+static const char usage_text[] =
+  "usage: m3lua [options]... [script [args]...]\n"
+  "Runs a Lua script (or the REPL) with the m3 training engine loaded.\n"
+  "Options:\n"
+  "  -e chunk      execute the string 'chunk'\n"
+  "  -l name       require library 'name' (and set the global 'name')\n"
+  "  -j cmd        perform a LuaJIT control command (-jon, -joff, -jflush, -jv, -jdump, ...)\n"
+  "  -O[opt]       control LuaJIT optimizations\n"
+  "  -i            enter the REPL after running 'script'\n"
+  "  -v, --version show version information\n"
+  "  -h, --help    show this help\n"
+  "  --            stop handling options\n"
+  "  -             execute stdin and stop handling options\n"
+  "Without a script the REPL opens when stdin is a terminal; otherwise stdin runs.\n"
+  "Environment: M3LUA_PATH (Lua module path templates, searched first),\n"
+  "  M3LUA_HISTORY (REPL history file, default ~/.m3lua_history).\n";
+
+/* ---- interrupts ---------------------------------------------------------------------- */
+
+static lua_State *main_state;
+static volatile sig_atomic_t pending_sig; /* first interrupting signal since the last clear */
+static volatile sig_atomic_t sig_count;   /* interrupting signals ever received */
+static volatile sig_atomic_t hook_armed;  /* a signal should raise an error in Lua code */
+static volatile sig_atomic_t hook_set;    /* the Lua hook is set and has not run yet */
+static volatile sig_atomic_t resized;     /* SIGWINCH: the terminal changed size */
+static sig_atomic_t line_ended_at;        /* sig_count when read_key last ended a line */
+static int ignored_at_start;              /* bit i: caught[i] was ignored, leave it so */
+static timer_t watchdog;
+static int have_watchdog;
+
+static const int caught[] = { SIGINT, SIGTERM };
+#define N_CAUGHT ((int)(sizeof caught / sizeof caught[0]))
+
+static void watchdog_set(long ms)
+{
+  struct itimerspec t = { .it_value = { ms / 1000, (ms % 1000) * 1000000L } };
+  if (have_watchdog)
+    timer_settime(watchdog, 0, &t, NULL);
+}
+
+static void on_hook(lua_State *L, lua_Debug *ar)
+{
+  (void)ar;
+  lua_sethook(L, NULL, 0, 0);
+  hook_set = 0;
+  watchdog_set(0);
+  luaL_error(L, "interrupted!");
+}
+
+/* Removes a hook that a signal set but that has not run yet. */
+static void drop_hook(void)
+{
+  watchdog_set(0);
+  if (hook_set) {
+    hook_set = 0;
+    lua_sethook(main_state, NULL, 0, 0);
+  }
+}
+
+/* SA_RESETHAND has already put back the default action: a second signal kills. */
+static void on_signal(int sig)
+{
+  int saved_errno = errno;
+  if (!pending_sig)
+    pending_sig = sig;
+  sig_count++;
+  m3_interrupt();
+  if (hook_armed && !hook_set) {
+    hook_set = 1;
+    lua_sethook(main_state, on_hook, LUA_MASKCALL | LUA_MASKRET | LUA_MASKCOUNT, 1);
+    watchdog_set(WATCHDOG_MS);
+  }
+  errno = saved_errno;
+}
+
+/* (Re)installs the handlers. No SA_RESTART: a blocking read ends with EINTR. */
+static void catch_signals(void)
+{
+  struct sigaction sa = { .sa_handler = on_signal, .sa_flags = SA_RESETHAND };
+  sigemptyset(&sa.sa_mask);
+  for (int i = 0; i < N_CAUGHT; i++)
+    sigaddset(&sa.sa_mask, caught[i]);
+  for (int i = 0; i < N_CAUGHT; i++)
+    if (!(ignored_at_start & (1 << i)))
+      sigaction(caught[i], &sa, NULL);
+}
+
+/* Whether the interrupted thread was running code outside every loaded object. dladdr
+ * is not async-signal-safe in theory; it only reads the loader's list here. */
+static int in_jit_code(const void *context)
+{
+#if defined(__x86_64__) || defined(__aarch64__)
+  const ucontext_t *uc = context;
+  Dl_info info;
+#if defined(__x86_64__)
+  return dladdr((const void *)uc->uc_mcontext.gregs[REG_RIP], &info) == 0;
+#else
+  return dladdr((const void *)uc->uc_mcontext.pc, &info) == 0;
+#endif
+#else
+  (void)context;
+  return 1; /* no program counter to look at: assume the worst */
+#endif
+}
+
+static void on_watchdog(int sig, siginfo_t *si, void *context)
+{
+  static const char msg[] =
+    "m3lua: interrupted inside JIT-compiled code that cannot stop; exiting\n";
+  int fatal = pending_sig ? pending_sig : SIGINT;
+  ssize_t written;
+  (void)sig;
+  (void)si;
+  if (!hook_set)
+    return;
+  if (!in_jit_code(context)) {
+    watchdog_set(WATCHDOG_MS);
+    return;
+  }
+  written = write(STDERR_FILENO, msg, sizeof msg - 1);
+  (void)written;
+  signal(fatal, SIG_DFL);
+  raise(fatal);
+}
+
+static void on_winch(int sig)
+{
+  (void)sig;
+  resized = 1;
+}
+
+/* The watchdog's timer signals the main thread, whose program counter it inspects.
+ * SIGWINCH only marks the terminal as resized for read_key. */
+static void init_interrupts(lua_State *L)
+{
+  struct sigaction sa = { .sa_sigaction = on_watchdog, .sa_flags = SA_SIGINFO | SA_RESTART };
+  struct sigaction winch = { .sa_handler = on_winch, .sa_flags = SA_RESTART };
+  struct sigevent ev = { .sigev_notify = SIGEV_THREAD_ID, .sigev_signo = SIGRTMIN };
+  main_state = L;
+  for (int i = 0; i < N_CAUGHT; i++) {
+    struct sigaction old;
+    if (sigaction(caught[i], NULL, &old) == 0 && old.sa_handler == SIG_IGN)
+      ignored_at_start |= 1 << i;
+  }
+  catch_signals();
+  sigemptyset(&winch.sa_mask);
+  sigaction(SIGWINCH, &winch, NULL);
+  sigemptyset(&sa.sa_mask);
+  ev.sigev_notify_thread_id = gettid();
+  have_watchdog = sigaction(SIGRTMIN, &sa, NULL) == 0 &&
+                  timer_create(CLOCK_MONOTONIC, &ev, &watchdog) == 0;
+}
+
+/* libedit's key reader (rl_getc_function): an interrupting signal ends the line being
+ * edited, once per signal (the REPL sees the pending signal and drops that line); a
+ * resized terminal is measured again before the next key is handled. */
+static int read_key(FILE *in)
+{
+  int fd = in ? fileno(in) : STDIN_FILENO;
+  unsigned char c;
+  for (;;) {
+    if (line_ended_at != sig_count) {
+      line_ended_at = sig_count;
+      return '\n';
+    }
+    ssize_t n = read(fd, &c, 1);
+    if (resized) {
+      resized = 0;
+      rl_resize_terminal();
+    }
+    if (n == 1)
+      return c;
+    if (n == 0 || errno != EINTR)
+      return EOF;
+  }
+}
+
+/* ---- protected calls and error reports ----------------------------------------------- */
+
+/* Message handler: any error value becomes a string with a traceback. */
+static int traceback(lua_State *L)
+{
+  const char *msg = lua_tostring(L, 1);
+  if (msg == NULL) {
+    if (luaL_callmeta(L, 1, "__tostring") && lua_isstring(L, -1))
+      msg = lua_tostring(L, -1);
+    else
+      msg = lua_pushfstring(L, "(error object is a %s value)", luaL_typename(L, 1));
+  }
+  luaL_traceback(L, L, msg, 1);
+  return 1;
+}
+
+/* lua_pcall with signals raising "interrupted!" in the called Lua code. */
+static int pcall_interruptible(lua_State *L, int narg, int nres, int errfunc)
+{
+  int was_armed = hook_armed;
+  int status;
+  hook_armed = 1;
+  status = lua_pcall(L, narg, nres, errfunc);
+  hook_armed = was_armed;
+  if (!was_armed)
+    drop_hook();
+  return status;
+}
+
+/* Calls the function below the narg arguments on top of the stack, interruptibly, with
+ * the traceback handler. */
+static int docall(lua_State *L, int narg, int nres)
+{
+  int base = lua_gettop(L) - narg;
+  int status;
+  lua_pushcfunction(L, traceback);
+  lua_insert(L, base);
+  status = pcall_interruptible(L, narg, nres, base);
+  lua_remove(L, base);
+  return status;
+}
+
+static int report(lua_State *L, int status)
+{
+  if (status != 0 && !lua_isnil(L, -1)) {
+    const char *msg = lua_tostring(L, -1);
+    fprintf(stderr, "m3lua: %s\n", msg ? msg : "(error object is not a string)");
+    fflush(stderr);
+    lua_pop(L, 1);
+  }
+  return status;
+}
+
+/* ---- the m3.host table --------------------------------------------------------------- */
+
+/* host.pcall(f, handler, ...): like xpcall with arguments; SIGINT and SIGTERM raise
+ * "interrupted!" inside f. */
+static int host_pcall(lua_State *L)
+{
+  int status;
+  luaL_checkany(L, 2);
+  lua_pushvalue(L, 2);
+  lua_remove(L, 2);
+  lua_insert(L, 1);
+  status = pcall_interruptible(L, lua_gettop(L) - 2, LUA_MULTRET, 1);
+  lua_pushboolean(L, status == 0);
+  lua_replace(L, 1);
+  return lua_gettop(L);
+}
+
+/* host.clear_interrupt(): forgets a pending signal (also the engine's flag) and catches
+ * SIGINT and SIGTERM again. */
+static int host_clear_interrupt(lua_State *L)
+{
+  (void)L;
+  drop_hook();
+  pending_sig = 0;
+  line_ended_at = sig_count;
+  m3_interrupt_clear();
+  catch_signals();
+  return 0;
+}
+
+/* host.pending_signal(): the number of the signal received since the last clear, or nil. */
+static int host_pending_signal(lua_State *L)
+{
+  if (pending_sig)
+    lua_pushinteger(L, pending_sig);
+  else
+    lua_pushnil(L);
+  return 1;
+}
+
+static void register_host(lua_State *L)
+{
+  static const luaL_Reg fns[] = {
+    { "pcall", host_pcall },
+    { "clear_interrupt", host_clear_interrupt },
+    { "pending_signal", host_pending_signal },
+    { NULL, NULL },
+  };
+  lua_getfield(L, LUA_REGISTRYINDEX, "_LOADED");
+  lua_newtable(L);
+  luaL_register(L, NULL, fns);
+  lua_pushliteral(L, "m3lua");
+  lua_setfield(L, -2, "name");
+  lua_pushstring(L, m3_version());
+  lua_setfield(L, -2, "version");
+  lua_pushboolean(L, m3_has_cuda_build());
+  lua_setfield(L, -2, "cuda_build");
+  lua_pushliteral(L, M3LUA_SOURCE_DIR);
+  lua_setfield(L, -2, "source_dir");
+  lua_pushliteral(L, M3LUA_BUILD_DIR);
+  lua_setfield(L, -2, "build_dir");
+  lua_pushliteral(L, M3LUA_LUA_DIR);
+  lua_setfield(L, -2, "lua_dir");
+  lua_setfield(L, -2, "m3.host");
+  lua_pop(L, 1);
+}
+
+/* ---- module path ----------------------------------------------------------------------- */
+
+#define TEMPLATES(dir) dir "/?.lua;" dir "/?/init.lua;"
+#define TREE_PATH TEMPLATES(M3LUA_BUILD_DIR "/lua") TEMPLATES(M3LUA_SOURCE_DIR "/lua")
+#define INSTALL_PATH TEMPLATES(M3LUA_LUA_DIR)
+
+/* Whether this executable lives in the build tree (then the tree's modules come first). */
+static int running_from_build_tree(void)
+{
+  char exe[PATH_MAX], build[PATH_MAX];
+  size_t n;
+  if (realpath("/proc/self/exe", exe) == NULL || realpath(M3LUA_BUILD_DIR, build) == NULL)
+    return 0;
+  n = strlen(build);
+  return strncmp(exe, build, n) == 0 && exe[n] == '/';
+}
+
+static void set_path(lua_State *L)
+{
+  const char *env = getenv("M3LUA_PATH");
+  lua_getglobal(L, "package");
+  lua_getfield(L, -1, "path");
+  lua_pushfstring(L, "%s%s%s%s", env ? env : "", env && *env ? ";" : "",
+                  running_from_build_tree() ? TREE_PATH INSTALL_PATH : INSTALL_PATH TREE_PATH,
+                  lua_tostring(L, -1));
+  lua_setfield(L, -3, "path");
+  lua_pop(L, 2);
+}
+
+/* ---- options ------------------------------------------------------------------------- */
+
+enum { OPT_EXEC = 1, OPT_INTERACTIVE = 2, OPT_VERSION = 4, OPT_HELP = 8 };
+
+/* Index in argv of the script (argc when there is none), or -1 on a bad option. */
+static int collect_args(char **argv, int *flags)
+{
+  int i;
+  for (i = 1; argv[i] != NULL; i++) {
+    const char *a = argv[i];
+    if (a[0] != '-')
+      return i;
+    if (strcmp(a, "--help") == 0) {
+      *flags |= OPT_HELP;
+      continue;
+    }
+    if (strcmp(a, "--version") == 0) {
+      *flags |= OPT_VERSION;
+      continue;
+    }
+    switch (a[1]) {
+    case '-':
+      if (a[2] != '\0')
+        return -1;
+      return i + 1;
+    case '\0':
+      return i;
+    case 'i':
+    case 'v':
+    case 'h':
+      if (a[2] != '\0')
+        return -1;
+      *flags |= a[1] == 'i' ? OPT_INTERACTIVE : a[1] == 'v' ? OPT_VERSION : OPT_HELP;
+      break;
+    case 'e':
+      *flags |= OPT_EXEC;
+      /* fall through */
+    case 'l':
+    case 'j':
+      if (a[2] == '\0' && argv[++i] == NULL)
+        return -1;
+      break;
+    case 'O':
+      break;
+    default:
+      return -1;
+    }
+  }
+  return i;
+}
+
+/* Calls the function on top of the stack with the comma-separated words of opt. */
+static int call_with_words(lua_State *L, const char *opt)
+{
+  int n = 0;
+  while (opt != NULL && *opt != '\0') {
+    const char *comma = strchr(opt, ',');
+    lua_pushlstring(L, opt, comma ? (size_t)(comma - opt) : strlen(opt));
+    n++;
+    opt = comma ? comma + 1 : NULL;
+  }
+  return report(L, docall(L, n, 0));
+}
+
+static int no_jit_command(const char *cmd, size_t len)
+{
+  fprintf(stderr, "m3lua: unknown LuaJIT command or jit.* module not installed: %.*s\n",
+          (int)len, cmd);
+  return 1;
+}
+
+/* -j cmd[=arg,...]: jit.on/off/flush/... or require("jit.cmd").start(arg, ...). */
+static int jit_command(lua_State *L, const char *cmd)
+{
+  const char *eq = strchr(cmd, '=');
+  size_t len = eq ? (size_t)(eq - cmd) : strlen(cmd);
+  lua_getglobal(L, "jit");
+  lua_pushlstring(L, cmd, len);
+  lua_gettable(L, -2);
+  lua_remove(L, -2);
+  if (!lua_isfunction(L, -1)) {
+    lua_pop(L, 1);
+    lua_getglobal(L, "require");
+    lua_pushliteral(L, "jit.");
+    lua_pushlstring(L, cmd, len);
+    lua_concat(L, 2);
+    if (lua_pcall(L, 1, 1, 0) != 0) {
+      const char *msg = lua_tostring(L, -1);
+      if (msg == NULL || strncmp(msg, "module ", 7) != 0)
+        return report(L, 1);
+      lua_pop(L, 1);
+      return no_jit_command(cmd, len);
+    }
+    lua_getfield(L, -1, "start");
+    lua_remove(L, -2);
+    if (!lua_isfunction(L, -1)) {
+      lua_pop(L, 1);
+      return no_jit_command(cmd, len);
+    }
+  }
+  return call_with_words(L, eq ? eq + 1 : NULL);
+}
+
+/* -O[opt,...]: require("jit.opt").start(opt, ...). */
+static int jit_optimize(lua_State *L, const char *opt)
+{
+  lua_getglobal(L, "require");
+  lua_pushliteral(L, "jit.opt");
+  if (report(L, docall(L, 1, 1)) != 0)
+    return 1;
+  lua_getfield(L, -1, "start");
+  lua_remove(L, -2);
+  return call_with_words(L, opt);
+}
+
+/* -l name: require it; a plain name also becomes a global. */
+static int require_library(lua_State *L, const char *name)
+{
+  lua_getglobal(L, "require");
+  lua_pushstring(L, name);
+  if (report(L, docall(L, 1, 1)) != 0)
+    return 1;
+  if (strchr(name, '.') == NULL)
+    lua_setglobal(L, name);
+  else
+    lua_pop(L, 1);
+  return 0;
+}
+
+/* Runs -e, -l, -j and -O in order. */
+static int run_options(lua_State *L, char **argv, int script)
+{
+  for (int i = 1; i < script; i++) {
+    const char *a = argv[i];
+    int status = 0;
+    if (a[0] != '-' || a[1] == '-' || a[1] == '\0')
+      continue;
+    const char *value = a[2] != '\0' ? a + 2 : argv[i + 1];
+    switch (a[1]) {
+    case 'e':
+      status = luaL_loadbuffer(L, value, strlen(value), "=(command line)");
+      status = report(L, status != 0 ? status : docall(L, 0, 0));
+      break;
+    case 'l':
+      status = require_library(L, value);
+      break;
+    case 'j':
+      status = jit_command(L, value);
+      break;
+    case 'O':
+      status = jit_optimize(L, a + 2);
+      break;
+    default:
+      continue;
+    }
+    if (status != 0)
+      return status;
+    if (a[2] == '\0' && a[1] != 'O')
+      i++;
+  }
+  return 0;
+}
+
+/* The global arg: script at 0, its arguments after, the interpreter and options before. */
+static void create_arg_table(lua_State *L, char **argv, int argc, int script)
+{
+  lua_createtable(L, argc - script, script);
+  for (int i = 0; i < argc; i++) {
+    lua_pushstring(L, argv[i]);
+    lua_rawseti(L, -2, i - script);
+  }
+  lua_setglobal(L, "arg");
+}
+
+/* Runs argv[script] ("-" is stdin unless after "--") with arg[1..n] as its `...`. */
+static int run_script(lua_State *L, char **argv, int script)
+{
+  const char *name = argv[script];
+  int narg = 0;
+  if (strcmp(name, "-") == 0 && strcmp(argv[script - 1], "--") != 0)
+    name = NULL;
+  if (report(L, luaL_loadfile(L, name)) != 0)
+    return 1;
+  lua_getglobal(L, "arg");
+  if (lua_istable(L, -1)) {
+    int n = (int)lua_objlen(L, -1);
+    luaL_checkstack(L, n + 1, "too many arguments to script");
+    for (narg = 1; narg <= n; narg++)
+      lua_rawgeti(L, -narg, narg);
+    narg = n;
+    lua_remove(L, -narg - 1);
+  } else {
+    lua_pop(L, 1);
+  }
+  return report(L, docall(L, narg, 0));
+}
+
+/* require("m3.repl").run(); its result is the exit status. Signals are the REPL's
+ * business between its commands, so this call is not interruptible. */
+static int run_repl(lua_State *L, int *code)
+{
+  int status;
+  lua_pushcfunction(L, traceback);
+  lua_getglobal(L, "require");
+  lua_pushliteral(L, "m3.repl");
+  status = lua_pcall(L, 1, 1, -3);
+  if (status == 0) {
+    lua_getfield(L, -1, "run");
+    lua_remove(L, -2);
+    status = lua_pcall(L, 0, 1, -2);
+  }
+  if (status == 0)
+    *code = lua_isnumber(L, -1) ? (int)lua_tointeger(L, -1) : 0;
+  report(L, status);
+  lua_settop(L, 0);
+  return status;
+}
+
+static void print_version(void)
+{
+  printf("m3lua %s (%s, CUDA backend %s)\n", m3_version(), LUAJIT_VERSION,
+         m3_has_cuda_build() ? "built" : "not built");
+  fflush(stdout);
+}
+
+/* ---- main ------------------------------------------------------------------------------ */
+
+struct run {
+  int argc;
+  char **argv;
+  int code; /* exit status */
+};
+
+static int exit_code(int status)
+{
+  return status == 0 ? 0 : pending_sig ? 128 + pending_sig : 1;
+}
+
+static int pmain(lua_State *L)
+{
+  struct run *r = lua_touserdata(L, 1);
+  char **argv = r->argv;
+  int flags = 0;
+  int script = collect_args(argv, &flags);
+  int status;
+  lua_settop(L, 0);
+  if (script < 0 || (flags & OPT_HELP)) {
+    fputs(usage_text, script < 0 ? stderr : stdout);
+    r->code = script < 0;
+    return 0;
+  }
+  lua_gc(L, LUA_GCSTOP, 0);
+  luaL_openlibs(L);
+  lua_gc(L, LUA_GCRESTART, -1);
+  set_path(L);
+  register_host(L);
+  create_arg_table(L, argv, r->argc, script);
+  if (flags & OPT_VERSION)
+    print_version();
+  status = run_options(L, argv, script);
+  if (status == 0 && script < r->argc)
+    status = run_script(L, argv, script);
+  r->code = exit_code(status);
+  if (status != 0)
+    return 0;
+  if ((flags & OPT_INTERACTIVE) ||
+      (script == r->argc && !(flags & (OPT_EXEC | OPT_VERSION)) && isatty(STDIN_FILENO))) {
+    if (run_repl(L, &r->code) != 0)
+      r->code = 1;
+  } else if (script == r->argc && !(flags & (OPT_EXEC | OPT_VERSION))) {
+    status = luaL_loadfile(L, NULL);
+    r->code = exit_code(report(L, status != 0 ? status : docall(L, 0, 0)));
+  }
+  return 0;
+}
+
+int main(int argc, char **argv)
+{
+  static char *no_args[] = { "m3lua", NULL };
+  struct run r = { argc, argv, 0 };
+  lua_State *L;
+  if (argc == 0 || argv[0] == NULL) {
+    r.argc = 1;
+    r.argv = no_args;
+  }
+  /* Keeps libm3 linked under --as-needed; the binding checks the version itself. */
+  if (m3_abi_version() <= 0) {
+    fputs("m3lua: libm3 reports no ABI version\n", stderr);
+    return 1;
+  }
+  rl_catch_signals = 0;        /* libedit leaves SIGINT and SIGTERM to the host */
+  rl_getc_function = read_key; /* and Ctrl-C ends the line being edited */
+  L = luaL_newstate();
+  if (L == NULL) {
+    fputs("m3lua: cannot create the Lua state: not enough memory\n", stderr);
+    return 1;
+  }
+  init_interrupts(L);
+  if (lua_cpcall(L, pmain, &r) != 0) {
+    report(L, 1);
+    r.code = 1;
+  }
+  lua_close(L);
+  return r.code;
+}

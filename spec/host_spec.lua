@@ -1,0 +1,226 @@
+-- spec/host_spec.lua — the m3lua host as a program: options and `arg`, the module path,
+-- errors and exit codes, piped REPL sessions, SIGINT and SIGTERM; and the REPL's pretty
+-- printer and completion in-process. The binary is $M3LUA (default build/m3lua); each
+-- run goes through /bin/sh with files for stdin, stdout and stderr. Signals come from
+-- `timeout --foreground`, which sends one signal to m3lua (not a second to its group).
+
+local repl = require "m3.repl"
+
+local function binary()
+  local path = os.getenv("M3LUA") or "build/m3lua"
+  if path:sub(1, 1) == "/" then return path end
+  local pwd = io.popen("pwd")
+  local dir = pwd:read("*l")
+  pwd:close()
+  return dir .. "/" .. path
+end
+
+local M3LUA = binary()
+local base = os.tmpname()
+
+local function quote(s)
+  return "'" .. s:gsub("'", "'\\''") .. "'"
+end
+
+local function slurp(path)
+  local f = assert(io.open(path, "rb"))
+  local s = f:read("*a")
+  f:close()
+  return s
+end
+
+local function spit(path, s)
+  local f = assert(io.open(path, "wb"))
+  f:write(s)
+  f:close()
+end
+
+-- Runs `prefix m3lua args...` with stdin text; returns stdout, stderr, exit status.
+local function run(args, stdin, prefix)
+  local words = {}
+  for i, a in ipairs(args) do words[i] = quote(a) end
+  spit(base .. ".in", stdin or "")
+  os.execute(("M3LUA_HISTORY= %s %s %s < %s > %s 2> %s; echo $? > %s"):format(
+    prefix or "", quote(M3LUA), table.concat(words, " "), quote(base .. ".in"),
+    quote(base .. ".out"), quote(base .. ".err"), quote(base .. ".rc")))
+  return slurp(base .. ".out"), slurp(base .. ".err"), tonumber(slurp(base .. ".rc"))
+end
+
+teardown(function()
+  for _, ext in ipairs { "", ".in", ".out", ".err", ".rc", ".lua" } do os.remove(base .. ext) end
+end)
+
+describe("m3lua", function()
+  it("runs a script with arg and ...", function()
+    spit(base .. ".lua", [[
+      print(arg[0], arg[1], arg[2], arg[-1] ~= nil, select("#", ...), ...)]])
+    local out, err, rc = run { base .. ".lua", "a", "b c" }
+    assert.equal("", err)
+    assert.equal(0, rc)
+    assert.equal(base .. ".lua\ta\tb c\ttrue\t2\ta\tb c\n", out)
+  end)
+
+  it("runs -e chunks in order, and stdin with -", function()
+    local out, _, rc = run { "-e", "x = 20", "-e", "print(x + 22)" }
+    assert.equal("42\n", out)
+    assert.equal(0, rc)
+    out = run({ "-", "p", "q" }, "print(...)")
+    assert.equal("p\tq\n", out)
+  end)
+
+  it("requires -l libraries from M3LUA_PATH and sets their globals", function()
+    local dir = base:match("^(.*)/")
+    local name = base:match("([^/]*)$"):gsub("%W", "_")
+    spit(dir .. "/" .. name .. ".lua", "return { answer = 42 }")
+    local out, err, rc = run({ "-l", name, "-e", "print(" .. name .. ".answer)" }, nil,
+      "M3LUA_PATH=" .. quote(dir .. "/?.lua"))
+    os.remove(dir .. "/" .. name .. ".lua")
+    assert.equal("", err)
+    assert.equal("42\n", out)
+    assert.equal(0, rc)
+    local _, err2, rc2 = run { "-l", "no_such_module_here" }
+    assert.equal(1, rc2)
+    assert.matches("module 'no_such_module_here' not found", err2, 1, true)
+  end)
+
+  it("finds the project's modules from any directory and describes itself", function()
+    local out, err, rc = run({ "-e", [[
+      local host = require "m3.host"
+      print(host.name, type(require("m3.repl").run), host.source_dir ~= nil)]] }, nil, "cd / &&")
+    assert.equal("", err)
+    assert.equal("m3lua\tfunction\ttrue\n", out)
+    assert.equal(0, rc)
+  end)
+
+  it("performs -j commands", function()
+    local out, _, rc = run { "-joff", "-e", "print((jit.status()))" }
+    assert.equal("false\n", out)
+    assert.equal(0, rc)
+    local _, err
+    _, err, rc = run { "-jnonsense" }
+    assert.equal(1, rc)
+    assert.matches("unknown LuaJIT command", err, 1, true)
+  end)
+
+  it("prints --version, --help, and the usage for a bad option", function()
+    local out, _, rc = run { "--version" }
+    assert.matches("^m3lua %S+ %(LuaJIT 2%.1[^,]*, CUDA backend [a-z ]+%)\n$", out)
+    assert.equal(0, rc)
+    out, _, rc = run { "--help" }
+    assert.matches("^usage: m3lua", out)
+    assert.equal(0, rc)
+    assert.equal(out, (run { "-h" }))
+    local err
+    out, err, rc = run { "-x" }
+    assert.equal("", out)
+    assert.matches("^usage: m3lua", err)
+    assert.equal(1, rc)
+  end)
+
+  it("reports an error in a script with a traceback and status 1", function()
+    spit(base .. ".lua", "local function f() error('boom') end\nf()\n")
+    local out, err, rc = run { base .. ".lua" }
+    assert.equal("", out)
+    assert.equal(1, rc)
+    assert.matches("^m3lua: [^\n]*%.lua:1: boom\nstack traceback:\n", err)
+    assert.matches("in function 'f'", err, 1, true)
+  end)
+
+  it("honours os.exit", function()
+    local _, _, rc = run { "-e", "os.exit(3)" }
+    assert.equal(3, rc)
+  end)
+
+  it("keeps a piped REPL session going past errors", function()
+    local out, err, rc = run({ "-i" },
+      '1+1\nx = 5;\nx\nfor i=1,2 do\nprint(i)\nend\nerror("boom")\nprint("still alive")\n')
+    assert.equal("2\n5\n1\n2\nstill alive\n", out)
+    assert.matches("^stdin:1: boom\nstack traceback:\n", err)
+    assert.not_matches("repl%.lua", err)
+    assert.equal(0, rc)
+  end)
+
+  it("REPL: results, ';', syntax errors, help, the lazy m3 global, os.exit", function()
+    local out, err, rc = run({ "-i" }, table.concat({
+      "1, nil, 'a'",
+      "{ b = 1, a = { 1, 2 } }",
+      "2 + 2;",
+      "x = = 1",
+      "saved_path, package.path = package.path, ''",
+      "?trainer",
+      "package.path = saved_path",
+      "package.preload['m3.help'] = function() return { show = print } end",
+      "? m3.schedule ",
+      "package.preload.m3 = function() return { presets = 'P' } end",
+      "rawget(_G, 'm3'), m3.presets, rawget(_G, 'm3') ~= nil",
+      "os.exit(4)",
+      "print('not reached')",
+    }, "\n") .. "\n")
+    assert.equal(table.concat({
+      '1\tnil\t"a"',
+      "{ a = { 1, 2 }, b = 1 }",
+      "no help available for trainer",
+      "m3.schedule",
+      'nil\t"P"\ttrue',
+    }, "\n") .. "\n", out)
+    assert.matches("^stdin:1: unexpected symbol near '='\n$", err)
+    assert.equal(4, rc)
+  end)
+
+  it("stops interpreted code on SIGINT with status 128 + 2", function()
+    local _, err, rc = run({ "-joff", "-e", "while true do end" }, nil,
+      "timeout --foreground --preserve-status -k 2 -s INT 0.3")
+    assert.equal(130, rc)
+    assert.matches("interrupted!\nstack traceback:", err, 1, true)
+  end)
+
+  it("ends a JIT-compiled loop that cannot see the interrupt", function()
+    local _, err, rc = run({ "-e", "while true do end" }, nil,
+      "timeout --foreground --preserve-status -k 2 -s INT 0.3")
+    assert.equal(130, rc)
+    assert.matches("JIT-compiled", err, 1, true)
+  end)
+
+  it("lets a script catch SIGTERM and read the pending signal", function()
+    local out, _, rc = run({ "-joff", "-e", [[
+      local ok, err = pcall(function() while true do end end)
+      print(ok, err, require("m3.host").pending_signal())]] }, nil,
+      "timeout --foreground --preserve-status -k 2 -s TERM 0.3")
+    assert.equal("false\tinterrupted!\t15\n", out)
+    assert.equal(0, rc)
+  end)
+end)
+
+describe("m3.repl", function()
+  it("pretty-prints values shallowly, sorted, cycle-safe", function()
+    local t = { 1, 2, z = true, [10] = "ten", n = { deep = { deeper = {} } } }
+    t.self = t
+    assert.equal('{ 1, 2, [10] = "ten", n = { deep = {...} }, self = <cycle>, z = true }',
+      repl.pretty(t))
+    assert.equal('"a\\nb\\"c"', repl.pretty('a\nb"c'))
+    assert.equal("{}", repl.pretty({}))
+    assert.equal("obj!", repl.pretty(setmetatable({}, { __tostring = function() return "obj!" end })))
+    local long = {}
+    for i = 1, 30 do long["key" .. i] = i end
+    assert.matches("^{\n  key1 = 1,\n  key10 = 10,\n", repl.pretty(long))
+  end)
+
+  it("completes globals, fields and methods", function()
+    assert.same({ "string.format" }, repl.completions("string.fo"))
+    assert.same({ "os.execute", "os.exit" }, repl.completions("os.ex"))
+    assert.same({ "s:upper" }, (function()
+      _G.s = "text"
+      local c = repl.completions("s:up")
+      _G.s = nil
+      return c
+    end)())
+    local obj = setmetatable({ field = 1 }, { __index = { method = function() end } })
+    _G.completion_probe = obj
+    assert.same({ "completion_probe.field", "completion_probe.method" },
+      repl.completions("completion_probe."))
+    assert.same({ "completion_probe:method" }, repl.completions("completion_probe:"))
+    _G.completion_probe = nil
+    assert.same({ "while" }, repl.completions("whil"))
+    assert.same({}, repl.completions("nosuchthing.x"))
+  end)
+end)
