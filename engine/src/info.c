@@ -2,7 +2,6 @@
  * info.c — library-wide facts and switches: ABI and version, the interrupt flag the
  * m3lua host sets from its signal handler, the CUDA build/device probe, CPU threads.
  */
-#include <cblas.h>
 #include <omp.h>
 #include <signal.h>
 
@@ -39,7 +38,6 @@ int32_t m3_cuda_device_count(void) {
 void m3_cpu_set_threads(int32_t n) {
   if (n <= 0) n = omp_get_num_procs();
   omp_set_num_threads(n);
-  openblas_set_num_threads(n);
 }
 
 int32_t m3_cpu_threads(void) { return omp_get_max_threads(); }

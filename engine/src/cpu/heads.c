@@ -40,7 +40,7 @@ static void head_lm(cpu_model *m, const cpu_batch *b, real weight, int want_grad
   for (int64_t i0 = 0; i0 < M; i0 += HEAD_BLOCK) {
     const int32_t nb = (int32_t)(M - i0 < HEAD_BLOCK ? M - i0 : HEAD_BLOCK);
     const real *outb = m->out + i0 * dm;
-    cblas_gemm(CblasRowMajor, CblasNoTrans, CblasTrans, nb, V, dm, 1, outb, dm, W, dm, 0, m->logits, V);
+    NAME(cpu_gemm)(m, CblasNoTrans, CblasTrans, nb, V, dm, 1, outb, dm, W, dm, 0, m->logits, V);
 #pragma omp parallel for schedule(static)
     for (int32_t r = 0; r < nb; r++) {
       real *lg = m->logits + (int64_t)r * V;
@@ -71,9 +71,9 @@ static void head_lm(cpu_model *m, const cpu_batch *b, real weight, int want_grad
       correct += row_hit[r];
     }
     if (want_grad) {
-      cblas_gemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, nb, dm, V, 1, m->logits, V, W, dm, 0, m->dout + i0 * dm,
+      NAME(cpu_gemm)(m, CblasNoTrans, CblasNoTrans, nb, dm, V, 1, m->logits, V, W, dm, 0, m->dout + i0 * dm,
                  dm);
-      cblas_gemm(CblasRowMajor, CblasTrans, CblasNoTrans, V, dm, nb, 1, m->logits, V, outb, dm, 1, gW, dm);
+      NAME(cpu_gemm)(m, CblasTrans, CblasNoTrans, V, dm, nb, 1, m->logits, V, outb, dm, 1, gW, dm);
     }
   }
   res->has_loss = 1;
@@ -96,7 +96,7 @@ static void head_mse(cpu_model *m, const cpu_batch *b, real weight, int want_gra
   for (int64_t i0 = 0; i0 < M; i0 += HEAD_BLOCK) {
     const int32_t nb = (int32_t)(M - i0 < HEAD_BLOCK ? M - i0 : HEAD_BLOCK);
     const real *outb = m->out + i0 * dm;
-    cblas_gemm(CblasRowMajor, CblasNoTrans, CblasTrans, nb, od, dm, 1, outb, dm, R, dm, 0, m->logits, od);
+    NAME(cpu_gemm)(m, CblasNoTrans, CblasTrans, nb, od, dm, 1, outb, dm, R, dm, 0, m->logits, od);
     for (int32_t r = 0; r < nb; r++) {
       real *pr = m->logits + (int64_t)r * od;
       const real *tg = b->target_values + (i0 + r) * od;
@@ -109,9 +109,9 @@ static void head_mse(cpu_model *m, const cpu_batch *b, real weight, int want_gra
       }
     }
     if (want_grad) {
-      cblas_gemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, nb, dm, od, 1, m->logits, od, R, dm, 0, m->dout + i0 * dm,
+      NAME(cpu_gemm)(m, CblasNoTrans, CblasNoTrans, nb, dm, od, 1, m->logits, od, R, dm, 0, m->dout + i0 * dm,
                  dm);
-      cblas_gemm(CblasRowMajor, CblasTrans, CblasNoTrans, od, dm, nb, 1, m->logits, od, outb, dm, 1, gR, dm);
+      NAME(cpu_gemm)(m, CblasTrans, CblasNoTrans, od, dm, nb, 1, m->logits, od, outb, dm, 1, gR, dm);
     }
   }
   res->has_loss = 1;

@@ -29,16 +29,19 @@ m3_status NAME(cpu_layer_forward)(cpu_model *m, int32_t l, const uint8_t *resets
   real *y = m->y + l * M0 * E, *y_rstd = m->y_rstd + l * M0 * H, *gated = m->gated + l * M0 * E;
 
   NAME(rmsnorm_forward)(resid_in, W + lo->norm, xn, rstd, M, dm);
-  cblas_gemm(CblasRowMajor, CblasNoTrans, CblasTrans, (int)M, d->dip, dm, 1, xn, dm, W + lo->in_proj, dm, 0, proj,
+  NAME(cpu_gemm)(m, CblasNoTrans, CblasTrans, (int)M, d->dip, dm, 1, xn, dm, W + lo->in_proj, dm, 0, proj,
              d->dip);
 
+  real *ang_tanh = m->ang_tanh + l * M0 * d->S;
 #pragma omp parallel for schedule(static)
-  for (int64_t mi = 0; mi < M; mi++)
+  for (int64_t mi = 0; mi < M; mi++) {
     for (int32_t which = 0; which < 2; which++)
       for (int32_t g = 0; g < G; g++)
         NAME(rmsnorm_row)(proj + mi * d->dip + (which ? d->C_off : d->B_off) + (int64_t)g * N,
                           W + (which ? lo->C_norm : lo->B_norm), bc_hat + ((mi * 2 + which) * G + g) * N,
                           bc_rstd + (mi * 2 + which) * G + g, N);
+    for (int32_t a = 0; a < d->S; a++) ang_tanh[mi * d->S + a] = R_TANH(proj[mi * d->dip + d->ang_off + a]);
+  }
 
   NAME(cpu_scan_forward)(m, l, resets, in, fin);
 
@@ -53,7 +56,7 @@ m3_status NAME(cpu_layer_forward)(cpu_model *m, int32_t l, const uint8_t *resets
     }
 
   memcpy(resid_out, resid_in, (size_t)(M * dm) * sizeof(real));
-  cblas_gemm(CblasRowMajor, CblasNoTrans, CblasTrans, (int)M, dm, E, 1, gated, E, W + lo->out_proj, E, 1, resid_out,
+  NAME(cpu_gemm)(m, CblasNoTrans, CblasTrans, (int)M, dm, E, 1, gated, E, W + lo->out_proj, E, 1, resid_out,
              dm);
   return M3_OK;
 }
@@ -81,9 +84,9 @@ m3_status NAME(cpu_layer_backward)(cpu_model *m, int32_t l, const uint8_t *reset
   const real *y = m->y + l * M0 * E, *y_rstd = m->y_rstd + l * M0 * H, *gated = m->gated + l * M0 * E;
 
   /* out_proj */
-  cblas_gemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, (int)M, E, dm, 1, m->dresid, dm, W + lo->out_proj, E, 0,
+  NAME(cpu_gemm)(m, CblasNoTrans, CblasNoTrans, (int)M, E, dm, 1, m->dresid, dm, W + lo->out_proj, E, 0,
              m->dgated, E);
-  cblas_gemm(CblasRowMajor, CblasTrans, CblasNoTrans, dm, E, (int)M, 1, m->dresid, dm, gated, E, 1,
+  NAME(cpu_gemm)(m, CblasTrans, CblasNoTrans, dm, E, (int)M, 1, m->dresid, dm, gated, E, 1,
              gr + lo->out_proj, E);
   memset(m->part, 0, (size_t)(m->rows * m->part_width) * sizeof(real));
 
@@ -146,9 +149,9 @@ m3_status NAME(cpu_layer_backward)(cpu_model *m, int32_t l, const uint8_t *reset
   if (d->outproj_norm) reduce_parts(m, part_outnorm(d), 0, 1, E, gr + lo->out_norm, 0);
 
   /* in_proj */
-  cblas_gemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, (int)M, dm, dip, 1, m->dproj, dip, W + lo->in_proj, dm, 0,
+  NAME(cpu_gemm)(m, CblasNoTrans, CblasNoTrans, (int)M, dm, dip, 1, m->dproj, dip, W + lo->in_proj, dm, 0,
              m->dxn, dm);
-  cblas_gemm(CblasRowMajor, CblasTrans, CblasNoTrans, dip, dm, (int)M, 1, m->dproj, dip, xn, dm, 1, gr + lo->in_proj,
+  NAME(cpu_gemm)(m, CblasTrans, CblasNoTrans, dip, dm, (int)M, 1, m->dproj, dip, xn, dm, 1, gr + lo->in_proj,
              dm);
 
   /* RMSNorm: dresid (= dL/d resid_out, the identity path) += norm path */

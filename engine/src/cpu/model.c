@@ -58,6 +58,7 @@ m3_status NAME(cpu_model_create)(const m3_dims *d, const m3_layout *lay, int32_t
   m->T = T;
   m->chunk = SCAN_CHUNK;
   m->threads = omp_get_max_threads();
+  openblas_set_num_threads(1); /* the model parallelises around BLAS (gemm.c) */
   const int64_t M0 = (int64_t)B * T, L = d->L, dm = d->dm, E = d->E, H = d->H, N = d->N, G = d->G;
   const int64_t nch = (T + SCAN_CHUNK - 1) / SCAN_CHUNK;
   int failed = 0;
@@ -70,6 +71,7 @@ m3_status NAME(cpu_model_create)(const m3_dims *d, const m3_layout *lay, int32_t
   m->proj = alloc_real(L * M0 * d->dip, &failed);
   m->bc_hat = alloc_real(L * M0 * 2 * G * N, &failed);
   m->bc_rstd = alloc_real(L * M0 * 2 * G, &failed);
+  m->ang_tanh = alloc_real(L * M0 * d->S, &failed);
   m->theta = alloc_real(L * M0 * H * d->S, &failed);
   m->y = alloc_real(L * M0 * E, &failed);
   m->y_rstd = alloc_real(L * M0 * H, &failed);
@@ -105,7 +107,7 @@ void NAME(cpu_model_destroy)(cpu_model *m) {
   free_state(&m->state);
   free_state(&m->incoming);
   free_state(&m->staged);
-  real *bufs[] = {m->resid, m->xn,   m->rstd,     m->proj,     m->bc_hat,  m->bc_rstd, m->theta,  m->y,
+  real *bufs[] = {m->resid, m->xn,   m->rstd,     m->proj,     m->bc_hat,  m->bc_rstd, m->ang_tanh, m->theta,  m->y,
                   m->y_rstd, m->gated, m->chunk_ssm, m->out,    m->out_rstd, m->dout,   m->dresid, m->dxn,
                   m->dproj,  m->dgated, m->dy,       m->dbc_head, m->dang_head, m->part, m->row_scratch,
                   m->logits, m->scratch};
@@ -144,7 +146,7 @@ static void input_forward(cpu_model *m, const cpu_batch *b) {
     case M3_INPUT_FEATURES: {
       const real *bias = m->params + m->lay->input_b;
       for (int64_t i = 0; i < M; i++) memcpy(h0 + i * d->dm, bias, (size_t)d->dm * sizeof(real));
-      cblas_gemm(CblasRowMajor, CblasNoTrans, CblasTrans, (int)M, d->dm, d->input_dim, 1, b->input, d->input_dim,
+      NAME(cpu_gemm)(m, CblasNoTrans, CblasTrans, (int)M, d->dm, d->input_dim, 1, b->input, d->input_dim,
                  m->params + m->lay->input_w, d->input_dim, 1, h0, d->dm);
       break;
     }
@@ -186,7 +188,7 @@ static void input_backward(cpu_model *m, const cpu_batch *b) {
   const real *dh0 = m->dresid;
   switch (d->input) {
     case M3_INPUT_FEATURES: {
-      cblas_gemm(CblasRowMajor, CblasTrans, CblasNoTrans, d->dm, d->input_dim, (int)M, 1, dh0, d->dm, b->input,
+      NAME(cpu_gemm)(m, CblasTrans, CblasNoTrans, d->dm, d->input_dim, (int)M, 1, dh0, d->dm, b->input,
                  d->input_dim, 1, m->grads + m->lay->input_w, d->input_dim);
       real *gb = m->grads + m->lay->input_b;
       for (int32_t j = 0; j < d->dm; j++) {
@@ -195,7 +197,7 @@ static void input_backward(cpu_model *m, const cpu_batch *b) {
         gb[j] += acc;
       }
       if (m->dinput)
-        cblas_gemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, (int)M, d->input_dim, d->dm, 1, dh0, d->dm,
+        NAME(cpu_gemm)(m, CblasNoTrans, CblasNoTrans, (int)M, d->input_dim, d->dm, 1, dh0, d->dm,
                    m->params + m->lay->input_w, d->input_dim, 0, m->dinput, d->input_dim);
       break;
     }

@@ -4,6 +4,7 @@
 #ifndef M3_CPU_MODEL_H
 #define M3_CPU_MODEL_H
 
+#include <cblas.h>
 #include <stdint.h>
 
 #include "../errors.h"

@@ -48,6 +48,7 @@ typedef struct N_(cpu_model) {
   T_ *proj;                 /* [L, M, dip] in_proj output: z | x | B | C | dd_dt | dd_A | trap | ang */
   T_ *bc_hat;               /* [L, M, 2, G, N] normalised B then C (before bias) */
   T_ *bc_rstd;              /* [L, M, 2, G] */
+  T_ *ang_tanh;             /* [L, M, S] tanh of the angle logits */
   T_ *theta;                /* [L, M, H, S] angles after each token */
   T_ *y;                    /* [L, M, E] scan output (with D x), before the gate */
   T_ *y_rstd;               /* [L, M, H] per-head RMS of y (outproj_norm) */
@@ -72,6 +73,7 @@ typedef struct N_(cpu_model) {
   T_ *scratch;              /* per-thread scan scratch [threads, scratch_per_thread] */
   int64_t scratch_per_thread;
   int32_t threads;
+  double gemm_seconds;      /* time spent in matrix products since creation */
 } N_(cpu_model);
 
 typedef struct N_(cpu_head_result) {
@@ -95,6 +97,10 @@ m3_status N_(cpu_model_head)(N_(cpu_model) *m, const N_(cpu_batch) *b, T_ weight
 m3_status N_(cpu_model_backward)(N_(cpu_model) *m, const N_(cpu_batch) *b);
 
 /* ---- pieces shared by the files of this folder --------------------------------------- */
+
+/* C = alpha op(A) op(B) + beta C, row-major, over the model's threads (gemm.c). */
+void N_(cpu_gemm)(N_(cpu_model) *m, CBLAS_TRANSPOSE ta, CBLAS_TRANSPOSE tb, int M, int N, int K, T_ alpha,
+                  const T_ *A, int lda, const T_ *B, int ldb, T_ beta, T_ *C, int ldc);
 
 /* y = x / sqrt(mean(x^2) + 1e-5) * w over rows of n values; rstd[r] saved. w may be NULL (1). */
 void N_(rmsnorm_row)(const T_ *x, const T_ *w, T_ *y, T_ *rstd, int32_t n);

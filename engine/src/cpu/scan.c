@@ -62,11 +62,19 @@ static real wrap_angle(real v) {
   return v;
 }
 
-/* out = rot(base + bias, theta): pairs (2a, 2a+1) for a < S rotate, the rest pass. */
-static void rotate(const real *base, const real *bias, const real *theta, int32_t N, int32_t S, real *out) {
+/* cs[2a], cs[2a+1] = cos, sin of theta[a] for a < S. */
+static void sincos_of(const real *theta, int32_t S, real *cs) {
   for (int32_t a = 0; a < S; a++) {
-    real u0 = base[2 * a] + bias[2 * a], u1 = base[2 * a + 1] + bias[2 * a + 1];
-    real c = R_COS(theta[a]), s = R_SIN(theta[a]);
+    cs[2 * a] = R_COS(theta[a]);
+    cs[2 * a + 1] = R_SIN(theta[a]);
+  }
+}
+
+/* out = rot(base + bias): pairs (2a, 2a+1) for a < S rotate by cs[a], the rest pass. */
+static void rotate(const real *base, const real *bias, const real *cs, int32_t N, int32_t S, real *out) {
+  for (int32_t a = 0; a < S; a++) {
+    const real u0 = base[2 * a] + bias[2 * a], u1 = base[2 * a + 1] + bias[2 * a + 1];
+    const real c = cs[2 * a], s = cs[2 * a + 1];
     out[2 * a] = u0 * c - u1 * s;
     out[2 * a + 1] = u0 * s + u1 * c;
   }
@@ -77,9 +85,12 @@ static void rotate(const real *base, const real *bias, const real *theta, int32_
 static int64_t cap_m(const cpu_model *m) { return (int64_t)m->B * m->T; }
 static int32_t n_chunks(const cpu_model *m) { return (m->T + m->chunk - 1) / m->chunk; }
 
+/* Per-thread scratch of the backward (the forward needs less): chunk states, dH, and per
+ * token k, q, cos/sin and scalars for the whole window, plus a few vectors. */
 int64_t NAME(cpu_scan_scratch)(const m3_dims *d, int32_t T, int32_t chunk) {
-  int64_t PN = (int64_t)d->P * d->N;
-  return PN * (chunk + 2) + (int64_t)T * (2 * d->N) + 8 * (int64_t)(d->P + d->N) + 2 * d->S + 64;
+  const int64_t PN = (int64_t)d->P * d->N, tok_reals = sizeof(tok) / sizeof(real);
+  return PN * (chunk + 2) + (int64_t)T * (2 * d->N + 2 * d->S + tok_reals) + 8 * (int64_t)(d->P + d->N) +
+         2 * d->S + 64;
 }
 
 /* Offsets of one (layer, row, head) inside the batch-first state tensors. */
@@ -101,6 +112,7 @@ void NAME(cpu_scan_forward)(cpu_model *m, int32_t layer, const uint8_t *resets, 
   const layer_offsets *lo = &m->lay->layer[layer];
   const real *proj = m->proj + layer * M0 * d->dip;
   const real *bc_hat = m->bc_hat + layer * M0 * 2 * d->G * N;
+  const real *ang_tanh = m->ang_tanh + layer * M0 * S;
   real *theta_out = m->theta + layer * M0 * H * S;
   real *y_out = m->y + layer * M0 * d->E;
   const real *dt_bias = m->params + lo->dt_bias, *Dp = m->params + lo->D;
@@ -111,7 +123,8 @@ void NAME(cpu_scan_forward)(cpu_model *m, int32_t layer, const uint8_t *resets, 
   for (int32_t bh = 0; bh < rows * H; bh++) {
     const int32_t b = bh / H, h = bh % H, g = h / d->heads_per_group;
     real *sc = m->scratch + (int64_t)omp_get_thread_num() * m->scratch_per_thread;
-    real *Hs = sc, *kprev = Hs + PN, *xprev = kprev + N, *kcur = xprev + P, *qcur = kcur + N, *th = qcur + N;
+    real *Hs = sc, *kprev = Hs + PN, *xprev = kprev + N, *kcur = xprev + P, *qcur = kcur + N, *th = qcur + N,
+         *cs = th + S;
     real *in_angle, *in_ssm, *in_k, *in_v;
     state_ptrs(m, in, layer, b, h, &in_angle, &in_ssm, &in_k, &in_v);
     memcpy(Hs, in_ssm, (size_t)PN * sizeof(real));
@@ -134,13 +147,12 @@ void NAME(cpu_scan_forward)(cpu_model *m, int32_t layer, const uint8_t *resets, 
       token_scalars(d, prow, h, dt_bias[h], &s);
       real *th_out = theta_out + (mi * H + h) * S;
       for (int32_t a = 0; a < S; a++) {
-        th[a] = wrap_angle(th[a] + PI_R * R_TANH(prow[d->ang_off + a]) * s.dt);
+        th[a] = wrap_angle(th[a] + PI_R * ang_tanh[mi * S + a] * s.dt);
         th_out[a] = th[a];
       }
-      const real *bh_k = bc_hat + (mi * 2 + 0) * d->G * N + (int64_t)g * N;
-      const real *bh_q = bc_hat + (mi * 2 + 1) * d->G * N + (int64_t)g * N;
-      rotate(bh_k, Bb + (int64_t)h * N, th, N, S, kcur);
-      rotate(bh_q, Cb + (int64_t)h * N, th, N, S, qcur);
+      sincos_of(th, S, cs);
+      rotate(bc_hat + (mi * 2 + 0) * d->G * N + (int64_t)g * N, Bb + (int64_t)h * N, cs, N, S, kcur);
+      rotate(bc_hat + (mi * 2 + 1) * d->G * N + (int64_t)g * N, Cb + (int64_t)h * N, cs, N, S, qcur);
       x = prow + d->x_off + (int64_t)h * P;
       real *y = y_out + mi * d->E + (int64_t)h * P;
       for (int32_t p = 0; p < P; p++) {
@@ -174,6 +186,7 @@ void NAME(cpu_scan_backward)(cpu_model *m, int32_t layer, const uint8_t *resets)
   const layer_offsets *lo = &m->lay->layer[layer];
   const real *proj = m->proj + layer * M0 * d->dip;
   const real *bc_hat = m->bc_hat + layer * M0 * 2 * d->G * N;
+  const real *ang_tanh = m->ang_tanh + layer * M0 * S;
   const real *theta = m->theta + layer * M0 * H * S;
   const real *dt_bias = m->params + lo->dt_bias, *Dp = m->params + lo->D;
   const real *Bb = m->params + lo->B_bias, *Cb = m->params + lo->C_bias;
@@ -183,11 +196,13 @@ void NAME(cpu_scan_backward)(cpu_model *m, int32_t layer, const uint8_t *resets)
   for (int32_t bh = 0; bh < rows * H; bh++) {
     const int32_t b = bh / H, h = bh % H, g = h / d->heads_per_group;
     real *sc = m->scratch + (int64_t)omp_get_thread_num() * m->scratch_per_thread;
-    real *Hc = sc;                        /* [chunk, P, N] states of the current chunk */
-    real *dH = Hc + (int64_t)m->chunk * PN; /* [P, N] */
-    real *k_all = dH + PN;                /* [len, N] */
-    real *q_all = k_all + (int64_t)len * N; /* [len, N] */
-    real *zero = q_all + (int64_t)len * N;  /* [max(P, N)] zeros */
+    real *Hc = sc;                            /* [chunk, P, N] states of the current chunk */
+    real *dH = Hc + (int64_t)m->chunk * PN;   /* [P, N] */
+    real *k_all = dH + PN;                    /* [len, N] */
+    real *q_all = k_all + (int64_t)len * N;   /* [len, N] */
+    real *cs_all = q_all + (int64_t)len * N;  /* [len, 2S] */
+    tok *toks = (tok *)(cs_all + (int64_t)len * 2 * S); /* [len] */
+    real *zero = (real *)(toks + len);        /* [P + N] zeros */
     real *dxc = zero + P + N, *dkc = dxc + P, *dHk = dkc + N, *dHkp = dHk + P, *dHtx = dHkp + P,
          *dHtxp = dHtx + N, *dq = dHtxp + N, *dk = dq + N, *Dth = dk + N;
     memset(zero, 0, (size_t)(P + N) * sizeof(real));
@@ -198,9 +213,11 @@ void NAME(cpu_scan_backward)(cpu_model *m, int32_t layer, const uint8_t *resets)
 
     for (int32_t t = 0; t < len; t++) {
       const int64_t mi = (int64_t)b * len + t;
-      const real *th = theta + (mi * H + h) * S;
-      rotate(bc_hat + (mi * 2 + 0) * d->G * N + (int64_t)g * N, Bb + (int64_t)h * N, th, N, S, k_all + (int64_t)t * N);
-      rotate(bc_hat + (mi * 2 + 1) * d->G * N + (int64_t)g * N, Cb + (int64_t)h * N, th, N, S, q_all + (int64_t)t * N);
+      real *cs = cs_all + (int64_t)t * 2 * S;
+      token_scalars(d, proj + mi * d->dip, h, dt_bias[h], &toks[t]);
+      sincos_of(theta + (mi * H + h) * S, S, cs);
+      rotate(bc_hat + (mi * 2 + 0) * d->G * N + (int64_t)g * N, Bb + (int64_t)h * N, cs, N, S, k_all + (int64_t)t * N);
+      rotate(bc_hat + (mi * 2 + 1) * d->G * N + (int64_t)g * N, Cb + (int64_t)h * N, cs, N, S, q_all + (int64_t)t * N);
     }
     real *in_angle, *in_ssm, *in_k, *in_v;
     state_ptrs(m, &m->incoming, layer, b, h, &in_angle, &in_ssm, &in_k, &in_v);
@@ -208,24 +225,23 @@ void NAME(cpu_scan_backward)(cpu_model *m, int32_t layer, const uint8_t *resets)
     real *part = m->part + (int64_t)b * m->part_width + (int64_t)h * scan_part_stride(d);
     real *p_dtb = part + SCAN_PART_DT_BIAS, *p_D = part + SCAN_PART_D, *p_Bb = part + SCAN_PART_BIAS,
          *p_Cb = p_Bb + N;
+    real carry = 0; /* alpha of token t+1, or 0 at the window end and where t+1 is a reset */
 
     for (int32_t c = (len + m->chunk - 1) / m->chunk - 1; c >= 0; c--) {
       const int32_t t0 = c * m->chunk, t1 = t0 + m->chunk < len ? t0 + m->chunk : len;
       /* recompute the chunk's states */
       for (int32_t t = t0; t < t1; t++) {
         const int64_t mi = (int64_t)b * len + t;
-        const real *prow = proj + mi * d->dip;
+        const tok *s = &toks[t];
         const int reset = resets && resets[mi];
-        tok s;
-        token_scalars(d, prow, h, dt_bias[h], &s);
         const real *Hp = t == t0 ? chunk_ssm + (int64_t)c * PN : Hc + (int64_t)(t - t0 - 1) * PN;
         const real *xp = reset ? zero : t == 0 ? in_v : proj + (mi - 1) * d->dip + d->x_off + (int64_t)h * P;
         const real *kp = reset ? zero : t == 0 ? in_k : k_all + (int64_t)(t - 1) * N;
-        const real *x = prow + d->x_off + (int64_t)h * P, *k = k_all + (int64_t)t * N;
+        const real *x = proj + mi * d->dip + d->x_off + (int64_t)h * P, *k = k_all + (int64_t)t * N;
         real *Ht = Hc + (int64_t)(t - t0) * PN;
-        const real a_ = (reset && t > t0) ? 0 : s.alpha; /* at t0 the saved state is already reset */
+        const real a_ = (reset && t > t0) ? 0 : s->alpha; /* at t0 the saved state is already reset */
         for (int32_t p = 0; p < P; p++) {
-          const real bx = s.beta * xp[p], gx = s.gamma * x[p];
+          const real bx = s->beta * xp[p], gx = s->gamma * x[p];
           for (int32_t n = 0; n < N; n++)
             Ht[(int64_t)p * N + n] = a_ * Hp[(int64_t)p * N + n] + bx * kp[n] + gx * k[n];
         }
@@ -236,8 +252,7 @@ void NAME(cpu_scan_backward)(cpu_model *m, int32_t layer, const uint8_t *resets)
         const real *prow = proj + mi * d->dip;
         real *drow = m->dproj + mi * d->dip;
         const int reset = resets && resets[mi];
-        tok s;
-        token_scalars(d, prow, h, dt_bias[h], &s);
+        const tok *s = &toks[t];
         const real *Ht = Hc + (int64_t)(t - t0) * PN;
         const real *Hp = reset ? NULL : t == t0 ? chunk_ssm + (int64_t)c * PN : Hc + (int64_t)(t - t0 - 1) * PN;
         const real *xp = reset ? zero : t == 0 ? in_v : proj + (mi - 1) * d->dip + d->x_off + (int64_t)h * P;
@@ -246,26 +261,26 @@ void NAME(cpu_scan_backward)(cpu_model *m, int32_t layer, const uint8_t *resets)
         const real *k = k_all + (int64_t)t * N, *q = q_all + (int64_t)t * N;
         const real *dy = m->dy + mi * d->E + (int64_t)h * P;
 
+        /* dH_t = carry dH_{t+1} + dy q^T, and every contraction of it this token needs */
         memset(dq, 0, (size_t)N * sizeof(real));
         memset(dHtx, 0, (size_t)N * sizeof(real));
         memset(dHtxp, 0, (size_t)N * sizeof(real));
         real dalpha = 0;
         for (int32_t p = 0; p < P; p++) {
           real *dHr = dH + (int64_t)p * N;
-          const real *Htr = Ht + (int64_t)p * N;
+          const real *Htr = Ht + (int64_t)p * N, *Hpr = Hp ? Hp + (int64_t)p * N : zero;
           const real dyp = dy[p], xpp = xp[p], xq = x[p];
           real hk = 0, hkp = 0, ha = 0;
           for (int32_t n = 0; n < N; n++) {
-            const real g_ = dHr[n] + dyp * q[n];
+            const real g_ = carry * dHr[n] + dyp * q[n];
             dHr[n] = g_;
             dq[n] += Htr[n] * dyp;
-            hk += g_ * k[n];
-            hkp += g_ * kp[n];
             dHtx[n] += g_ * xq;
             dHtxp[n] += g_ * xpp;
+            hk += g_ * k[n];
+            hkp += g_ * kp[n];
+            ha += g_ * Hpr[n];
           }
-          if (Hp)
-            for (int32_t n = 0; n < N; n++) ha += dHr[n] * Hp[(int64_t)p * N + n];
           dHk[p] = hk;
           dHkp[p] = hkp;
           dalpha += ha;
@@ -275,22 +290,22 @@ void NAME(cpu_scan_backward)(cpu_model *m, int32_t layer, const uint8_t *resets)
           dgamma += x[p] * dHk[p];
           dbeta += xp[p] * dHkp[p];
           dDh += dy[p] * x[p];
-          drow[d->x_off + (int64_t)h * P + p] = dxc[p] + Dp[h] * dy[p] + s.gamma * dHk[p];
-          dxc[p] = s.beta * dHkp[p];
+          drow[d->x_off + (int64_t)h * P + p] = dxc[p] + Dp[h] * dy[p] + s->gamma * dHk[p];
+          dxc[p] = s->beta * dHkp[p];
         }
         for (int32_t n = 0; n < N; n++) {
-          dk[n] = dkc[n] + s.gamma * dHtx[n];
-          dkc[n] = s.beta * dHtxp[n];
+          dk[n] = dkc[n] + s->gamma * dHtx[n];
+          dkc[n] = s->beta * dHtxp[n];
         }
         *p_D += dDh;
 
         /* rotation backward: d theta from k and q, then un-rotate into the biased B/C */
-        const real *th = theta + (mi * H + h) * S;
+        const real *cs = cs_all + (int64_t)t * 2 * S;
         real *dkb = m->dbc_head + (mi * H + h) * 2 * N, *dqb = dkb + N;
         real *dang = m->dang_head + (mi * H + h) * S;
         real ddt_angle = 0;
         for (int32_t a = 0; a < S; a++) {
-          const real c_ = R_COS(th[a]), s_ = R_SIN(th[a]);
+          const real c_ = cs[2 * a], s_ = cs[2 * a + 1];
           const real dk0 = dk[2 * a], dk1 = dk[2 * a + 1], dq0 = dq[2 * a], dq1 = dq[2 * a + 1];
           const real dth = -dk0 * k[2 * a + 1] + dk1 * k[2 * a] - dq0 * q[2 * a + 1] + dq1 * q[2 * a];
           dkb[2 * a] = c_ * dk0 + s_ * dk1;
@@ -298,9 +313,9 @@ void NAME(cpu_scan_backward)(cpu_model *m, int32_t layer, const uint8_t *resets)
           dqb[2 * a] = c_ * dq0 + s_ * dq1;
           dqb[2 * a + 1] = -s_ * dq0 + c_ * dq1;
           Dth[a] += dth;
-          const real ta = R_TANH(prow[d->ang_off + a]);
+          const real ta = ang_tanh[mi * S + a];
           ddt_angle += PI_R * Dth[a] * ta;
-          dang[a] = PI_R * Dth[a] * s.dt * (1 - ta * ta);
+          dang[a] = PI_R * Dth[a] * s->dt * (1 - ta * ta);
         }
         for (int32_t i = 2 * S; i < N; i++) {
           dkb[i] = dk[i];
@@ -313,21 +328,16 @@ void NAME(cpu_scan_backward)(cpu_model *m, int32_t layer, const uint8_t *resets)
         if (reset) memset(Dth, 0, (size_t)S * sizeof(real));
 
         /* scalar chain: alpha, beta, gamma -> dt, A, lam -> dd_dt, dd_A, trap */
-        const real dalpha_all = dalpha + dbeta * (1 - s.lam) * s.dt;
-        const real ddt = dalpha_all * s.alpha * s.A + dbeta * (1 - s.lam) * s.alpha + dgamma * s.lam + ddt_angle;
-        const real dA = dalpha_all * s.alpha * s.dt;
-        const real dlam = -dbeta * s.dt * s.alpha + dgamma * s.dt;
-        const real dv = ddt * s.dsoftplus;
+        const real dalpha_all = dalpha + dbeta * (1 - s->lam) * s->dt;
+        const real ddt = dalpha_all * s->alpha * s->A + dbeta * (1 - s->lam) * s->alpha + dgamma * s->lam + ddt_angle;
+        const real dA = dalpha_all * s->alpha * s->dt;
+        const real dlam = -dbeta * s->dt * s->alpha + dgamma * s->dt;
+        const real dv = ddt * s->dsoftplus;
         drow[d->dt_off + h] = dv;
-        drow[d->A_off + h] = dA * s.dA_ddA;
-        drow[d->trap_off + h] = dlam * s.lam * (1 - s.lam);
+        drow[d->A_off + h] = dA * s->dA_ddA;
+        drow[d->trap_off + h] = dlam * s->lam * (1 - s->lam);
         *p_dtb += dv;
-
-        /* carry dH to the previous token */
-        if (reset)
-          memset(dH, 0, (size_t)PN * sizeof(real));
-        else
-          for (int64_t i = 0; i < PN; i++) dH[i] *= s.alpha;
+        carry = reset ? 0 : s->alpha;
       }
     }
   }
