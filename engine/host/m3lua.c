@@ -646,6 +646,29 @@ static int pmain(lua_State *L)
   return 0;
 }
 
+/* OpenBLAS 0.3.21 (Debian 12) does not know some newer x86 cores (seen: Sapphire Rapids
+ * in a VM) and falls back to its Prescott kernels, several times slower for sgemm. It
+ * reads OPENBLAS_CORETYPE only while loading, so when that happened on a CPU with AVX-512
+ * or AVX2, run again naming the best kernel set the CPU can execute. */
+static void reexec_for_blas(char **argv)
+{
+#if defined(__x86_64__)
+  const char *core = NULL;
+  if (getenv("OPENBLAS_CORETYPE") || strcmp(m3_cpu_blas_core(), "Prescott") != 0)
+    return;
+  __builtin_cpu_init();
+  if (__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+      __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq"))
+    core = "SkylakeX";
+  else if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma"))
+    core = "Haswell";
+  if (core && setenv("OPENBLAS_CORETYPE", core, 1) == 0)
+    execv("/proc/self/exe", argv); /* returns only on failure: carry on as we are */
+#else
+  (void)argv;
+#endif
+}
+
 int main(int argc, char **argv)
 {
   static char *no_args[] = { "m3lua", NULL };
@@ -655,6 +678,7 @@ int main(int argc, char **argv)
     r.argc = 1;
     r.argv = no_args;
   }
+  reexec_for_blas(r.argv);
   /* Keeps libm3 linked under --as-needed; the binding checks the version itself. */
   if (m3_abi_version() <= 0) {
     fputs("m3lua: libm3 reports no ABI version\n", stderr);

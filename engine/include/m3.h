@@ -66,6 +66,8 @@ int32_t m3_cuda_device_count(void);/* usable CUDA devices (0 without a GPU or CU
 /* Threads used by the CPU backend (n <= 0: all cores). */
 void m3_cpu_set_threads(int32_t n);
 int32_t m3_cpu_threads(void);
+/* The kernel set OpenBLAS chose for this CPU ("SkylakeX", "Haswell", ...). */
+const char *m3_cpu_blas_core(void);
 
 /* ---- model configuration (SPEC.md §1) ------------------------------------------------ */
 

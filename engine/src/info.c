@@ -2,6 +2,7 @@
  * info.c — library-wide facts and switches: ABI and version, the interrupt flag the
  * m3lua host sets from its signal handler, the CUDA build/device probe, CPU threads.
  */
+#include <cblas.h>
 #include <omp.h>
 #include <signal.h>
 
@@ -41,3 +42,5 @@ void m3_cpu_set_threads(int32_t n) {
 }
 
 int32_t m3_cpu_threads(void) { return omp_get_max_threads(); }
+
+const char *m3_cpu_blas_core(void) { return openblas_get_corename(); }
