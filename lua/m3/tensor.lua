@@ -17,6 +17,9 @@ local floor, huge = math.floor, math.huge
 local MAXDIM = 8
 
 local ctype_of = { f32 = "float", f64 = "double", i32 = "int32_t", u8 = "uint8_t" }
+local DTYPES = { "f32", "f64", "i32", "u8" } -- by the struct's code_
+local CODE = {}
+for i, d in ipairs(DTYPES) do CODE[d] = i end
 local aliases = {
   f32 = "f32", float32 = "f32", float = "f32",
   f64 = "f64", float64 = "f64", double = "f64",
@@ -84,11 +87,11 @@ local mt = {
   __gc = release,
 }
 
-for dtype, cname in pairs(ctype_of) do
+for _, dtype in ipairs(DTYPES) do
+  local cname = ctype_of[dtype]
   local sname = "m3_lua_tensor_" .. dtype
-  ffi.cdef(string.format(
-    "typedef struct %s { %s *data; double n_; int32_t ndim_; int32_t anchor_; int64_t dims_[%d]; } %s;",
-    sname, cname, MAXDIM, sname))
+  ffi.cdef(string.format("typedef struct %s { %s *data; double n_; int32_t ndim_; int32_t anchor_; "
+    .. "int32_t code_; double dims_[%d]; } %s;", sname, cname, MAXDIM, sname))
   local m = {}
   for k, v in pairs(mt) do m[k] = v end
   m.__tostring = function(t) return tensor.tostring(t, dtype) end
@@ -97,14 +100,15 @@ for dtype, cname in pairs(ctype_of) do
   ptr_ct[dtype] = ffi.typeof(cname .. "*")
 end
 
+local CT_F32, CT_F64, CT_I32, CT_U8 = ctypes.f32, ctypes.f64, ctypes.i32, ctypes.u8
+local istype = ffi.istype
+
 local function dtype_of(t)
-  for dtype, ct in pairs(ctypes) do
-    if ffi.istype(ct, t) then return dtype end
-  end
+  return DTYPES[t.code_]
 end
 
 function tensor.is(x)
-  return type(x) == "cdata" and dtype_of(x) ~= nil
+  return type(x) == "cdata" and (istype(CT_F32, x) or istype(CT_F64, x) or istype(CT_I32, x) or istype(CT_U8, x))
 end
 
 -- ---- construction ------------------------------------------------------------------------
@@ -139,6 +143,7 @@ end
 -- A tensor over data (a pointer of the dtype's element type) owned by owner.
 local function make(dtype, shape, n, data, owner)
   local t = ctypes[dtype]()
+  t.code_ = CODE[dtype]
   t.data = data
   t.n_ = n
   t.ndim_ = #shape
@@ -287,7 +292,7 @@ end
 
 function methods.shape(t)
   local s = {}
-  for i = 1, t.ndim_ do s[i] = tonumber(t.dims_[i - 1]) end
+  for i = 1, t.ndim_ do s[i] = t.dims_[i - 1] end
   return s
 end
 

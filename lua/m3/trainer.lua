@@ -44,11 +44,11 @@ local function show(v)
 end
 
 local function check_keys(t, valid, what)
-  local names = {}
-  for k in pairs(valid) do names[#names + 1] = k end
-  table.sort(names)
   for k in pairs(t) do
     if not valid[k] then
+      local names = {}
+      for n in pairs(valid) do names[#names + 1] = n end
+      table.sort(names)
       raise(string.format("%s: unknown option %s%s; valid options: %s", what, show(k),
         type(k) == "string" and config.suggest(k, names) or "", table.concat(names, ", ")))
     end
@@ -229,25 +229,27 @@ local function release(self)
   for k in pairs(keep) do keep[k] = nil end
 end
 
+local function unknown_field(self, k)
+  for _, n in ipairs(ORDER) do
+    if n == k then raise(string.format("batch.%s: not used by this model (%s)", k, model_help(self, k))) end
+  end
+  local valid = {}
+  for _, n in ipairs(ORDER) do
+    if self._spec[n] then valid[#valid + 1] = n end
+  end
+  raise(string.format("batch.%s: unknown field%s; valid fields: %s", tostring(k),
+    type(k) == "string" and config.suggest(k, valid) or "", table.concat(valid, ", ")))
+end
+
 -- Fills self._batch from a Lua batch: need_input / need_target say which field groups the
 -- call requires; B0, T0 size raw FFI arrays when no field has a shape (default: the
--- trainer's batch and seq_len).
+-- trainer's batch and seq_len). The resolved tensors wait in self._keep until release().
 local function make_batch(self, b, need_input, need_target, B0, T0)
   if type(b) ~= "table" then raise("batch: expected a table of tensors, got " .. describe(b)) end
   release(self)
   local spec, keep = self._spec, self._keep
   for k in pairs(b) do
-    if not spec[k] then
-      local known = false
-      for _, n in ipairs(ORDER) do known = known or n == k end
-      if known then raise(string.format("batch.%s: not used by this model (%s)", k, model_help(self, k))) end
-      local valid = {}
-      for _, n in ipairs(ORDER) do
-        if spec[n] then valid[#valid + 1] = n end
-      end
-      raise(string.format("batch.%s: unknown field%s; valid fields: %s", tostring(k),
-        type(k) == "string" and config.suggest(k, valid) or "", table.concat(valid, ", ")))
-    end
+    if not spec[k] then unknown_field(self, k) end
   end
   local input_name = spec.tokens and "tokens" or "input"
   local target_name = spec.d_out and "d_out" or "targets"
@@ -257,21 +259,22 @@ local function make_batch(self, b, need_input, need_target, B0, T0)
   if need_target and b[target_name] == nil then
     raise(string.format("batch.%s: missing (%s)", target_name, expected(spec[target_name])))
   end
-  -- B and T from the first field with a shape
-  local tensors, B, T_ = {}, nil, nil
-  for _, name in ipairs(ORDER) do
+  -- tensors (false: a raw FFI array, sized below); B and T from the first with a shape
+  local B, T_
+  for i = 1, #ORDER do
+    local name = ORDER[i]
     local v = b[name]
     if v ~= nil then
-      local t = tensor.coerce(v, "batch." .. name, spec[name].dtype, nil, expected(spec[name]))
-      tensors[name] = t or false
+      local sp, t = spec[name], v
+      if not tensor.is(v) then t = tensor.coerce(v, "batch." .. name, sp.dtype, nil, expected(sp)) or false end
+      keep[name] = t
       if t and not B then
-        local s = t:shape()
-        local want_nd = spec[name].dim and 3 or 2
-        if #s ~= want_nd or s[1] < 1 or s[1] > self._B or s[2] < 1 or s[2] > self._T then
+        local rows, len = t.dims_[0], t.dims_[1]
+        if t.ndim_ ~= (sp.dim and 3 or 2) or rows < 1 or rows > self._B or len < 1 or len > self._T then
           raise(string.format("batch.%s: expected %s with B <= %d and T <= %d, got %s", name,
-            expected(spec[name]), self._B, self._T, describe(t)))
+            expected(sp), self._B, self._T, describe(t)))
         end
-        B, T_ = s[1], s[2]
+        B, T_ = rows, len
       end
     end
   end
@@ -279,16 +282,18 @@ local function make_batch(self, b, need_input, need_target, B0, T0)
   local cb = self._batch
   ffi.fill(cb, ffi.sizeof(cb))
   cb.rows, cb.len = B, T_
-  for _, name in ipairs(ORDER) do
-    local t = tensors[name]
+  for i = 1, #ORDER do
+    local name = ORDER[i]
+    local t = keep[name]
     if t ~= nil then
       local sp = spec[name]
       if t == false then -- raw FFI array: exactly the expected size
         t = tensor.coerce(b[name], "batch." .. name, sp.dtype, sp.dim and { B, T_, sp.dim } or { B, T_ },
           string.format("%s (%d values)", expected(sp, B, T_), B * T_ * (sp.dim or 1)))
       end
-      local s, dtype = t:shape(), t:dtype()
-      local ok = #s == (sp.dim and 3 or 2) and s[1] == B and s[2] == T_ and (not sp.dim or s[3] == sp.dim)
+      local dtype = t:dtype()
+      local ok = t.ndim_ == (sp.dim and 3 or 2) and t.dims_[0] == B and t.dims_[1] == T_
+        and (not sp.dim or t.dims_[2] == sp.dim)
       if ok and dtype == "f64" and sp.dtype == "f32" then
         t, dtype = tensor.cast(t, "f32"), "f32"
       end
@@ -376,8 +381,8 @@ function T:backward_step(batch_or_d_out, opts)
   if is_tensor_like(batch) then batch = { d_out = batch } end
   local fwd = self._forward_inputs
   local shaped = fwd.input or fwd.tokens
-  local b = make_batch(self, batch, false, true, shaped and tonumber(shaped.dims_[0]),
-    shaped and tonumber(shaped.dims_[1]))
+  local b = make_batch(self, batch, false, true, shaped and shaped.dims_[0],
+    shaped and shaped.dims_[1])
   local keep = self._keep
   for _, name in ipairs(REPLAYED) do
     local t, field = fwd[name], self._spec[name] and self._spec[name].field
