@@ -1,0 +1,8 @@
+#!/usr/bin/env bash
+# scripts/train.sh — the main job: sets up and builds (scripts/setup.sh), then runs
+# scripts/train.lua with m3lua, on the GPU when there is one, else on the CPU. Arguments
+# go to train.lua (`scripts/train.sh --help` lists them).
+set -euo pipefail
+root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+source "$root/scripts/setup.sh"
+exec "$root/${BUILD_DIR:-build}/m3lua" "$root/scripts/train.lua" "$@"
