@@ -19,7 +19,7 @@
 
 /* Bumped whenever a declaration below changes; the Lua binding refuses a library whose
  * m3_abi_version() differs from the header it was generated from. */
-#define M3_ABI_VERSION 1
+#define M3_ABI_VERSION 2
 
 #ifdef __cplusplus
 extern "C" {
@@ -277,6 +277,7 @@ typedef struct m3_trainer_info {
   int32_t has_graph;
   int32_t poisoned;
   int64_t device_bytes;   /* bytes this trainer holds on the device (0 on the CPU) */
+  double gemm_seconds;    /* wall time in matrix products since creation (-1: not measured) */
 } m3_trainer_info;
 
 void m3_trainer_cfg_defaults(m3_trainer_cfg *cfg);

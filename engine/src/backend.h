@@ -71,6 +71,8 @@ typedef struct backend_ops {
   m3_status (*read_arena)(const backend *be, arena_kind kind, float *dst);
   m3_status (*write_arena)(backend *be, arena_kind kind, const float *src);
   int64_t (*device_bytes)(const backend *be);
+  /* wall time spent in matrix products since creation; NULL: not measured */
+  double (*gemm_seconds)(const backend *be);
 } backend_ops;
 
 /* What a backend is created from. */

@@ -148,6 +148,7 @@ void m3_trainer_get_info(const m3_trainer *tr, m3_trainer_info *o) {
   o->has_graph = tr->ops->has_graph(tr->be);
   o->poisoned = tr->poisoned;
   o->device_bytes = tr->ops->device_bytes(tr->be);
+  o->gemm_seconds = tr->ops->gemm_seconds ? tr->ops->gemm_seconds(tr->be) : -1;
 }
 
 /* ---- guards -------------------------------------------------------------------------------- */

@@ -217,6 +217,8 @@ static int64_t device_bytes(const backend *be) {
   return 0;
 }
 
+static double gemm_seconds(const backend *be) { return be->m->gemm_seconds; }
+
 static const backend_ops cpu_ops = {
     .name = "cpu",
     .destroy = destroy,
@@ -234,6 +236,7 @@ static const backend_ops cpu_ops = {
     .read_arena = read_arena,
     .write_arena = write_arena,
     .device_bytes = device_bytes,
+    .gemm_seconds = gemm_seconds,
 };
 
 m3_status m3_cpu_backend_create(const backend_args *a, backend **out, const backend_ops **ops) {
