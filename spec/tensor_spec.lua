@@ -5,6 +5,24 @@ local ffi = require "ffi"
 local m3 = require "m3"
 local helper = require "spec.helper"
 
+describe("m3.lib", function()
+  it("refuses a library whose ABI version differs, naming both numbers and the path", function()
+    local lib = require "m3.lib"
+    local code = [[
+      local cdef = require "m3.cdef"
+      package.loaded["m3.cdef"] = { abi = cdef.abi + 1000, library = cdef.library, cdef = cdef.cdef }
+      local ok, err = pcall(require, "m3.lib")
+      io.write(ok and "loaded" or err)
+    ]]
+    local cmd = string.format("cd %q && LUA_PATH=%q luajit -e %q 2>&1", helper.repo_dir(), package.path, code)
+    local p = io.popen(cmd)
+    local out = p:read("*a")
+    p:close()
+    assert.matches("ABI version " .. lib.abi .. " but the binding was generated for ABI version " .. (lib.abi + 1000), out)
+    assert.matches("libm3", out)
+  end)
+end)
+
 describe("m3.tensor", function()
   it("makes zero tensors of each dtype and alias", function()
     for dtype, want in pairs({ f32 = "f32", float32 = "f32", float = "f32", f64 = "f64", float64 = "f64",

@@ -21,9 +21,9 @@ else
   -- with it libgomp) under live OpenMP worker threads crashes the process at exit. A
   -- first dlopen with RTLD_NODELETE keeps it mapped for the life of the process.
   if ffi.os == "Linux" then
-    pcall(ffi.cdef, "void *dlopen(const char *file, int mode);")
+    pcall(ffi.cdef, 'void *m3_lua_dlopen(const char *file, int mode) __asm__("dlopen");')
     local RTLD_LAZY, RTLD_NODELETE = 0x1, 0x1000
-    pcall(function() return ffi.C.dlopen(path, RTLD_LAZY + RTLD_NODELETE) end)
+    pcall(function() return ffi.C.m3_lua_dlopen(path, RTLD_LAZY + RTLD_NODELETE) end)
   end
   local ok, lib = pcall(ffi.load, path)
   if not ok then
