@@ -1,0 +1,111 @@
+/*
+ * bcnorm.cu — the per-position parts of the mixer around the scan that mix heads:
+ *
+ * forward: B_hat = RMSNorm_N(B_g; B_norm), C_hat = RMSNorm_N(C_g; C_norm) per group g
+ *   (SPEC.md §3 step 5), saved as bc_hat [M, 2, G, N] with the reciprocal RMS bc_rstd [M, 2, G].
+ *   One warp per (position, B|C, group); lanes stride over N.
+ *
+ * backward: B and C are shared by the H/G heads of a group, so the scan's per-head gradients
+ *   dL/d(B_hat + bias_h) (dbc_head [M, H, 2, N]) are summed over the group's heads in head
+ *   order, then pushed through the RMSNorm:
+ *     dx = r (w ds) - x r^3 mean(x w ds)   -> dproj's B / C columns ("=")
+ *     wcontrib[m, which*N + n] = sum_g x r ds  (B_norm / C_norm weight terms, column-summed later)
+ *   and the angle logits, shared by all heads, get the sum over heads of the per-head shares
+ *   (dang_head [M, H, S]) -> dproj's angle columns ("="). One block of two warps per position:
+ *   warp 0 does B, warp 1 does C (each loops over groups in order), then both share the angles.
+ */
+#include "common.cuh"
+
+enum { BC_MAX_PER_LANE = 8 }; /* N <= 256 */
+
+template <typename T>
+__global__ void bcnorm_fwd_kernel(m3k_dims d, const T *__restrict__ proj, const float *__restrict__ wB,
+                                  const float *__restrict__ wC, float *__restrict__ bc_hat,
+                                  float *__restrict__ bc_rstd, int64_t M) {
+  const int64_t item = (int64_t)blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5); /* (m, which, g) */
+  const int lane = threadIdx.x & 31;
+  if (item >= M * 2 * d.G) return;
+  const int g = (int)(item % d.G), which = (int)((item / d.G) % 2);
+  const int64_t m = item / (2 * d.G);
+  const T *x = proj + m * d.dipp + (which ? d.C_off : d.B_off) + (int64_t)g * d.N; // [N]
+  const float *w = which ? wC : wB;
+  float ss = 0;
+  for (int n = lane; n < d.N; n += 32) {
+    const float v = to_f(x[n]);
+    ss += v * v;
+  }
+  ss = warp_sum(ss);
+  const float r = 1.0f / sqrtf(ss / (float)d.N + 1e-5f);
+  if (lane == 0) bc_rstd[item] = r;
+  for (int n = lane; n < d.N; n += 32) bc_hat[item * d.N + n] = to_f(x[n]) * r * w[n];
+}
+
+template <typename T>
+__global__ void bcnorm_bwd_kernel(m3k_dims d, const T *__restrict__ proj, const float *__restrict__ wB,
+                                  const float *__restrict__ wC, const float *__restrict__ bc_rstd,
+                                  const float *__restrict__ dbc_head, const float *__restrict__ dang_head,
+                                  T *__restrict__ dproj, float *__restrict__ wcontrib, int64_t M) {
+  const int64_t m = blockIdx.x;
+  const int which = threadIdx.x >> 5, lane = threadIdx.x & 31;
+  if (m >= M) return;
+  const float *w = which ? wC : wB;
+  float wc[BC_MAX_PER_LANE];
+#pragma unroll
+  for (int k = 0; k < BC_MAX_PER_LANE; k++) wc[k] = 0;
+  for (int g = 0; g < d.G; g++) {
+    const int64_t col = (which ? d.C_off : d.B_off) + (int64_t)g * d.N;
+    const T *x = proj + m * d.dipp + col; // [N]
+    const float r = bc_rstd[(m * 2 + which) * d.G + g];
+    float ds[BC_MAX_PER_LANE];
+    float dot = 0;
+#pragma unroll
+    for (int k = 0; k < BC_MAX_PER_LANE; k++) {
+      const int n = lane + 32 * k;
+      ds[k] = 0;
+      if (n < d.N) {
+        float acc = 0;
+        for (int h = g * d.hpg; h < (g + 1) * d.hpg; h++) acc += dbc_head[((m * d.H + h) * 2 + which) * d.N + n];
+        ds[k] = acc;
+        dot += to_f(x[n]) * w[n] * acc;
+      }
+    }
+    dot = warp_sum(dot);
+    const float c = dot / (float)d.N * r * r * r;
+#pragma unroll
+    for (int k = 0; k < BC_MAX_PER_LANE; k++) {
+      const int n = lane + 32 * k;
+      if (n < d.N) {
+        const float xv = to_f(x[n]);
+        wc[k] += xv * r * ds[k];
+        dproj[m * d.dipp + col + n] = from_f<T>(r * w[n] * ds[k] - xv * c);
+      }
+    }
+  }
+#pragma unroll
+  for (int k = 0; k < BC_MAX_PER_LANE; k++) {
+    const int n = lane + 32 * k;
+    if (n < d.N) wcontrib[m * 2 * d.N + which * d.N + n] = wc[k];
+  }
+  for (int a = threadIdx.x; a < d.S; a += blockDim.x) {
+    float acc = 0;
+    for (int h = 0; h < d.H; h++) acc += dang_head[(m * d.H + h) * d.S + a];
+    dproj[m * d.dipp + d.ang_off + a] = from_f<T>(acc);
+  }
+}
+
+extern "C" cudaError_t m3k_bcnorm_fwd(cudaStream_t s, int prec, const m3k_dims *d, const void *proj, const float *wB,
+                                      const float *wC, float *bc_hat, float *bc_rstd, int64_t M) {
+  const int threads = 256;
+  const int64_t items = M * 2 * d->G;
+  M3K_DISPATCH(prec, (bcnorm_fwd_kernel<T><<<grid_for(items, threads / 32), threads, 0, s>>>(
+                         *d, (const T *)proj, wB, wC, bc_hat, bc_rstd, M)));
+  return cudaGetLastError();
+}
+
+extern "C" cudaError_t m3k_bcnorm_bwd(cudaStream_t s, int prec, const m3k_dims *d, const void *proj, const float *wB,
+                                      const float *wC, const float *bc_rstd, const float *dbc_head,
+                                      const float *dang_head, void *dproj, float *wcontrib, int64_t M) {
+  M3K_DISPATCH(prec, (bcnorm_bwd_kernel<T><<<(unsigned)M, 64, 0, s>>>(*d, (const T *)proj, wB, wC, bc_rstd, dbc_head,
+                                                                      dang_head, (T *)dproj, wcontrib, M)));
+  return cudaGetLastError();
+}

@@ -1,0 +1,170 @@
+/*
+ * heads.cu — the input embedding and the losses of SPEC.md §6 on the device.
+ *
+ * embed_fwd:  h0[m, :] = emb[tokens[m], :] (one thread per element).
+ * embed_bwd:  gemb[tok, :] += sum of dh0[m, :] over the positions m holding tok. The host sorts
+ *   the window's tokens (counting sort, stable) into segments; one block per segment adds its
+ *   rows in position order, so no two blocks touch the same embedding row and the sum order is
+ *   fixed (no atomics). The grid is sized for the largest window; blocks past nseg return.
+ * ce:  "lm" cross-entropy of a block of positions from float32 logits [nb, V]: one block per
+ *   position; one pass of online max / argmax / sum of exp in float32 (merged over lanes and
+ *   warps in a fixed order), log-sum-exp = max + log(sum);
+ *   row_loss = lse - logit[target] (double), row_hit = argmax == target (first maximal index);
+ *   dlogits = weight (softmax - onehot) / count, written as the GEMM operand type (zeros for
+ *   ignored positions, target -1).
+ * mse: one warp per position: diff = pred + bias - target (0 where masked); row_loss = sum diff^2
+ *   (double); dpred = 2 weight diff / count (f32 for the bias gradient, act for the GEMMs).
+ * The per-row losses are summed in order by m3k_loss_sum (reduce.cu).
+ */
+#include <float.h>
+
+#include "common.cuh"
+
+__global__ void embed_fwd_kernel(const int32_t *__restrict__ tokens, const float *__restrict__ emb,
+                                 float *__restrict__ h0, int64_t M, int32_t dm) {
+  const int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
+  if (i >= M * dm) return;
+  const int64_t m = i / dm;
+  h0[i] = emb[(int64_t)tokens[m] * dm + (i - m * dm)];
+}
+
+__global__ void embed_bwd_kernel(const m3k_batch_info *__restrict__ info, const int32_t *__restrict__ seg_tok,
+                                 const int32_t *__restrict__ seg_start, const int32_t *__restrict__ perm,
+                                 const float *__restrict__ dh0, float *__restrict__ gemb, int32_t dm) {
+  const int32_t sidx = blockIdx.x;
+  if (sidx >= info->nseg) return;
+  float *dst = gemb + (int64_t)seg_tok[sidx] * dm; // [dm]
+  const int32_t i0 = seg_start[sidx], i1 = seg_start[sidx + 1];
+  for (int32_t j = threadIdx.x; j < dm; j += blockDim.x) {
+    float acc = 0;
+    for (int32_t i = i0; i < i1; i++) acc += dh0[(int64_t)perm[i] * dm + j];
+    dst[j] += acc;
+  }
+}
+
+template <typename T>
+__global__ void ce_kernel(const m3k_step *__restrict__ step, const m3k_batch_info *__restrict__ info,
+                          const float *__restrict__ logits, const int32_t *__restrict__ targets, T *__restrict__ dlogits,
+                          double *__restrict__ row_loss, int32_t *__restrict__ row_hit, int32_t V, int want_grad) {
+  __shared__ float redv[32];
+  __shared__ int redi[32];
+  __shared__ float red[32];
+  const int64_t row = blockIdx.x;
+  const float *lg = logits + row * V; // [V]
+  T *dl = dlogits ? dlogits + row * V : NULL;
+  const int32_t tgt = targets[row];
+  if (tgt < 0) {
+    if (threadIdx.x == 0) {
+      row_loss[row] = 0;
+      row_hit[row] = 0;
+    }
+    if (want_grad)
+      for (int32_t v = threadIdx.x; v < V; v += blockDim.x) dl[v] = from_f<T>(0.0f);
+    return;
+  }
+  /* online max / first argmax / sum of exp (rescaled when the max grows), then merged over
+   * lanes and warps in a fixed order */
+  float mx = -FLT_MAX, se = 0;
+  int arg = 0x7fffffff;
+  for (int32_t v = threadIdx.x; v < V; v += blockDim.x) {
+    const float x = lg[v];
+    if (x > mx) {
+      se = se * expf(mx - x) + 1.0f;
+      mx = x;
+      arg = v;
+    } else {
+      se += expf(x - mx);
+    }
+  }
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) {
+    const float om = __shfl_xor_sync(0xffffffffu, mx, o);
+    const float os = __shfl_xor_sync(0xffffffffu, se, o);
+    const int oa = __shfl_xor_sync(0xffffffffu, arg, o);
+    const float nm = fmaxf(mx, om);
+    se = se * expf(mx - nm) + os * expf(om - nm);
+    if (om > mx || (om == mx && oa < arg)) arg = oa;
+    mx = nm;
+  }
+  const int lane = threadIdx.x & 31, w = threadIdx.x >> 5, nw = blockDim.x >> 5;
+  if (lane == 0) {
+    redv[w] = mx;
+    redi[w] = arg;
+    red[w] = se;
+  }
+  __syncthreads();
+  mx = redv[0];
+  arg = redi[0];
+  se = red[0];
+  for (int i = 1; i < nw; i++) {
+    const float nm = fmaxf(mx, redv[i]);
+    se = se * expf(mx - nm) + red[i] * expf(redv[i] - nm);
+    if (redv[i] > mx || (redv[i] == mx && redi[i] < arg)) arg = redi[i];
+    mx = nm;
+  }
+  const float lse = mx + logf(se);
+  if (threadIdx.x == 0) {
+    row_loss[row] = (double)lse - (double)lg[tgt];
+    row_hit[row] = arg == tgt;
+  }
+  if (!want_grad) return;
+  const float scale = info->count > 0 ? step->weight / (float)info->count : 0.0f;
+  for (int32_t v = threadIdx.x; v < V; v += blockDim.x) {
+    float p = expf(lg[v] - lse) * scale;
+    if (v == tgt) p -= scale;
+    dl[v] = from_f<T>(p);
+  }
+}
+
+template <typename T>
+__global__ void mse_kernel(const m3k_step *__restrict__ step, const m3k_batch_info *__restrict__ info,
+                           const float *__restrict__ pred, const float *__restrict__ bias,
+                           const float *__restrict__ target, const uint8_t *__restrict__ mask, float *__restrict__ dpred,
+                           T *dpred_act, double *__restrict__ row_loss, int64_t M, int32_t od, int want_grad) {
+  const int64_t row = (int64_t)blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5);
+  const int lane = threadIdx.x & 31;
+  if (row >= M) return;
+  const int counted = mask ? mask[row] != 0 : 1;
+  const float scale = info->count > 0 ? 2 * step->weight / (float)info->count : 0.0f;
+  double acc = 0;
+  for (int32_t j = lane; j < od; j += 32) {
+    const float diff = counted ? pred[row * od + j] + bias[j] - target[row * od + j] : 0.0f;
+    acc += (double)diff * diff;
+    if (want_grad) {
+      const float g = diff * scale;
+      dpred[row * od + j] = g;
+      if (dpred_act) dpred_act[row * od + j] = from_f<T>(g);
+    }
+  }
+  acc = warp_sum_d(acc);
+  if (lane == 0) row_loss[row] = acc;
+}
+
+extern "C" cudaError_t m3k_embed_fwd(cudaStream_t s, const int32_t *tokens, const float *emb, float *h0, int64_t M,
+                                     int32_t dm) {
+  embed_fwd_kernel<<<grid_for(M * dm, 256), 256, 0, s>>>(tokens, emb, h0, M, dm);
+  return cudaGetLastError();
+}
+
+extern "C" cudaError_t m3k_embed_bwd(cudaStream_t s, const m3k_batch_info *info, const int32_t *seg_tok,
+                                     const int32_t *seg_start, const int32_t *perm, const float *dh0, float *gemb,
+                                     int64_t M, int32_t dm) {
+  embed_bwd_kernel<<<(unsigned)M, 128, 0, s>>>(info, seg_tok, seg_start, perm, dh0, gemb, dm);
+  return cudaGetLastError();
+}
+
+extern "C" cudaError_t m3k_ce(cudaStream_t s, int prec, const m3k_step *step, const m3k_batch_info *info,
+                              const float *logits, const int32_t *targets, void *dlogits, double *row_loss,
+                              int32_t *row_hit, int64_t nb, int32_t V, int want_grad) {
+  M3K_DISPATCH(prec, (ce_kernel<T><<<(unsigned)nb, 512, 0, s>>>(step, info, logits, targets, (T *)dlogits, row_loss,
+                                                                 row_hit, V, want_grad)));
+  return cudaGetLastError();
+}
+
+extern "C" cudaError_t m3k_mse(cudaStream_t s, int prec, const m3k_step *step, const m3k_batch_info *info,
+                               const float *pred, const float *bias, const float *target, const uint8_t *mask,
+                               float *dpred, void *dpred_act, double *row_loss, int64_t M, int32_t od, int want_grad) {
+  M3K_DISPATCH(prec, (mse_kernel<T><<<grid_for(M, 8), 256, 0, s>>>(step, info, pred, bias, target, mask, dpred,
+                                                                     (T *)dpred_act, row_loss, M, od, want_grad)));
+  return cudaGetLastError();
+}

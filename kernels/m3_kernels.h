@@ -1,0 +1,191 @@
+/*
+ * m3_kernels.h — the C interface of the CUDA kernels (the .cu files beside it) used by the host code
+ * of the CUDA backend (engine/src/cuda). Plain C: structs of sizes and device pointers,
+ * and launchers that enqueue work on a stream and return cudaGetLastError().
+ *
+ * Precision codes (`prec`): 0 f32, 1 bf16, 2 f16. "act" buffers (GEMM operands: normed
+ * activations, in_proj output, gate output, gradients fed to GEMMs) hold that type; every
+ * statistic, state, reduction and master weight is float32 (SPEC.md §8).
+ *
+ * Layouts are row-major. M = rows * len positions of the current window, packed [rows, len];
+ * per-layer saved buffers are strided by the trainer's capacity (batch * seq_len).
+ */
+#ifndef M3_KERNELS_H
+#define M3_KERNELS_H
+
+#include <cuda_runtime_api.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+enum { M3K_F32 = 0, M3K_BF16 = 1, M3K_F16 = 2 };
+
+/* Model sizes the kernels need (mirrors m3_dims; dipp = in_proj row stride, dip rounded up to 8). */
+typedef struct m3k_dims {
+  int32_t dm, E, P, H, G, N, S, dip, dipp, hpg;
+  int32_t z_off, x_off, B_off, C_off, dt_off, A_off, trap_off, ang_off;
+  int32_t outproj_norm;
+  float a_floor;
+} m3k_dims;
+
+/* Per-step values in device memory, written (async, from pinned memory) before every eager
+ * launch or graph replay, so that a captured graph always reads the current ones. */
+typedef struct m3k_step {
+  float weight;       /* backward seed scale (f16 loss scale, micro-batch scale) */
+  float grad_unscale; /* 1 / loss scale */
+  float lr, weight_decay, beta1, beta2, eps;
+  float step_size;    /* lr / (1 - beta1^t) */
+  float bc2_sqrt;     /* sqrt(1 - beta2^t) */
+  int32_t no_decay;   /* the reference no-decay group is on */
+  double clip;        /* max global norm; 0 = off */
+} m3k_step;
+
+/* Per-batch values computed on the host while staging the batch. */
+typedef struct m3k_batch_info {
+  int64_t count;      /* "lm": targets != -1; "mse": counted elements */
+  int32_t nseg;       /* embedding backward: distinct token ids in the window */
+  int32_t pad_;
+} m3k_batch_info;
+
+/* Results read back after a step. */
+typedef struct m3k_metrics {
+  double loss_sum;    /* sum of per-position losses (lm) or squared errors (mse) */
+  int64_t correct;    /* lm: argmax hits */
+  double norm_sq;     /* global gradient norm squared (after unscaling) */
+  double grad_norm;
+  float clip_scale;
+  int32_t finite;     /* 1: the update was applied */
+} m3k_metrics;
+
+/* ---- elementwise, reductions --------------------------------------------------------------- */
+
+/* dst[i] (act) = src[i] (f32) for n elements. */
+cudaError_t m3k_to_act(cudaStream_t s, int prec, const float *src, void *dst, int64_t n);
+/* dst[r, j] = src[j] for rows r (bias broadcast). */
+cudaError_t m3k_fill_rows(cudaStream_t s, const float *src, float *dst, int64_t rows, int32_t cols);
+/* dst[i] = step->weight * src[i]. */
+cudaError_t m3k_scale_by_weight(cudaStream_t s, const m3k_step *step, const float *src, float *dst, int64_t n);
+/* Deterministic column sums: dst[j] += sum over rows r (in a fixed order) of src[r * ld + j].
+ * scratch holds m3k_colsum_scratch(rows, cols) floats. */
+int64_t m3k_colsum_scratch(int64_t rows, int32_t cols);
+cudaError_t m3k_colsum(cudaStream_t s, const float *src, int64_t rows, int32_t cols, int64_t ld, float *dst,
+                       float *scratch);
+/* Per-layer small-parameter gradients: dst[k] += sum over b < rows of part[b * width + k]. */
+cudaError_t m3k_sum_rows(cudaStream_t s, const float *part, int32_t rows, int32_t width, float *dst);
+
+/* ---- RMSNorm (eps 1e-5) over rows of n values ---------------------------------------------------- */
+
+/* y = x * rstd * w. y_act (prec) and/or y_f32 may be NULL; rstd [rows] is written. */
+cudaError_t m3k_rmsnorm_fwd(cudaStream_t s, int prec, const float *x, const float *w, void *y_act, float *y_f32,
+                            float *rstd, int64_t rows, int32_t n);
+/* dx = (accumulate ? dx : 0) + r (w dy) - x r^3 mean(x w dy); dx_act (may be NULL) = act(dx);
+ * wcontrib[r, j] = x r dy (the weight-gradient terms, summed later by m3k_colsum). */
+cudaError_t m3k_rmsnorm_bwd(cudaStream_t s, int prec, const float *x, const float *w, const float *rstd,
+                            const float *dy, float *dx, void *dx_act, float *wcontrib, int64_t rows, int32_t n,
+                            int accumulate);
+
+/* ---- B/C RMSNorm per (position, B|C, group) ------------------------------------------------------ */
+
+/* bc_hat [M, 2, G, N] = RMSNorm_N(B or C of group g; B_norm | C_norm), bc_rstd [M, 2, G]. */
+cudaError_t m3k_bcnorm_fwd(cudaStream_t s, int prec, const m3k_dims *d, const void *proj, const float *wB,
+                           const float *wC, float *bc_hat, float *bc_rstd, int64_t M);
+/* Per position: sums the per-head dL/d(B_hat + bias), dL/d(C_hat + bias) over each group's heads,
+ * RMSNorm backward into dproj's B and C columns (=), angle shares summed over heads into dproj's
+ * angle columns (=); wcontrib [M, 2N] = the B_norm | C_norm weight-gradient terms (summed over groups). */
+cudaError_t m3k_bcnorm_bwd(cudaStream_t s, int prec, const m3k_dims *d, const void *proj, const float *wB,
+                           const float *wC, const float *bc_rstd, const float *dbc_head, const float *dang_head,
+                           void *dproj, float *wcontrib, int64_t M);
+
+/* ---- the scan (SPEC.md §3 steps 2-10) --------------------------------------------------------------- */
+
+typedef struct m3k_scan_plan {
+  int32_t rp, rn;     /* state elements per thread: rp rows (p) x rn columns (n) */
+  int32_t pth, nth;   /* threads along p and n (powers of two) */
+  int32_t threads;    /* pth * nth rounded up to a warp */
+  int32_t tb_fwd, tb_bwd; /* tokens per shared-memory block */
+  int32_t smem_fwd, smem_bwd; /* dynamic shared memory bytes */
+} m3k_scan_plan;
+
+/* Chooses the thread tile and token block for (P, N, S); returns 0 when the sizes are beyond
+ * the kernels (P > 128, N > 256, or shared memory), with a message in why[256]. */
+int m3k_scan_make_plan(int32_t P, int32_t N, int32_t S, int32_t max_smem, m3k_scan_plan *out, char *why);
+/* Raises the kernels' dynamic shared-memory limits for a plan (call once, outside capture). */
+cudaError_t m3k_scan_prepare(int prec, const m3k_scan_plan *plan);
+
+typedef struct m3k_scan_args {
+  m3k_dims d;
+  int32_t rows, len;
+  const void *proj;            /* [M, dipp] act: in_proj output */
+  const float *bc_hat;         /* [M, 2, G, N] */
+  const float *dt_bias, *D, *B_bias, *C_bias, *out_norm; /* parameters of the layer (f32) */
+  const uint8_t *resets;       /* [rows, len] */
+  const float *in_angle, *in_ssm, *in_k, *in_v; /* incoming state [B, H, ...] of the layer; NULL: zeros */
+  float *fin_angle, *fin_ssm, *fin_k, *fin_v;   /* final state [B, H, ...]; NULL: not written */
+  float *theta;                /* [M, H, S] angles after each token (forward writes, backward reads) */
+  float *y;                    /* [M, E] scan output (with D x), before the gate */
+  float *y_rstd;               /* [M, H] per-head RMS of y (outproj_norm) */
+  void *gated;                 /* [M, E] act: gate output (forward) */
+  /* backward */
+  const float *dgated;         /* [M, E] dL/d gated */
+  void *dproj;                 /* [M, dipp] act: writes the z, x, dd_dt, dd_A, trap columns (=) */
+  float *dy;                   /* [M, E] scratch: dL/d y */
+  float *dthq;                 /* [M, H, S] scratch: angle gradient from q */
+  float *psi;                  /* [M, H] scratch: dq . q */
+  float *dbc_head;             /* [M, H, 2, N] per-head dL/d (B_hat + bias), dL/d (C_hat + bias) (=) */
+  float *dang_head;            /* [M, H, S] per-head share of dL/d ang (=) */
+  float *part;                 /* [rows, H, 2 + 2N]: dt_bias, D, B_bias[N], C_bias[N] partials (=) */
+  float *part_norm;            /* [rows, H, P]: mixer norm weight partials (=), outproj_norm only */
+} m3k_scan_args;
+
+cudaError_t m3k_scan_fwd(cudaStream_t s, int prec, const m3k_scan_plan *plan, const m3k_scan_args *a);
+cudaError_t m3k_scan_bwd(cudaStream_t s, int prec, const m3k_scan_plan *plan, const m3k_scan_args *a);
+/* Adds the scan's per-(row, head) partials [rows, H, 2 + 2N] into the layer's gradients (+=),
+ * rows in order: g_dt_bias [H], g_D [H], g_B_bias [H, N], g_C_bias [H, N]. */
+cudaError_t m3k_scan_reduce_parts(cudaStream_t s, const float *part, int32_t rows, int32_t H, int32_t N,
+                                  float *g_dt_bias, float *g_D, float *g_B_bias, float *g_C_bias);
+
+/* ---- heads and inputs --------------------------------------------------------------------------------- */
+
+/* h0[m] = emb[tokens[m]] (f32). */
+cudaError_t m3k_embed_fwd(cudaStream_t s, const int32_t *tokens, const float *emb, float *h0, int64_t M, int32_t dm);
+/* Deterministic embedding backward: for each distinct token (segments of a host-side counting
+ * sort: seg_tok [nseg], seg_start [nseg + 1], perm [M]), gemb[tok] += sum of dh0[perm[i]] in order. */
+cudaError_t m3k_embed_bwd(cudaStream_t s, const m3k_batch_info *info, const int32_t *seg_tok,
+                          const int32_t *seg_start, const int32_t *perm, const float *dh0, float *gemb, int64_t M,
+                          int32_t dm);
+/* "lm": per position of a block of nb rows: logits [nb, V] (f32) -> row_loss [nb] (double),
+ * row_hit [nb]; with want_grad, dlogits [nb, V] (act) = weight (softmax - onehot) / count (0 for
+ * ignored rows). */
+cudaError_t m3k_ce(cudaStream_t s, int prec, const m3k_step *step, const m3k_batch_info *info,
+                   const float *logits, const int32_t *targets, void *dlogits, double *row_loss, int32_t *row_hit,
+                   int64_t nb, int32_t V, int want_grad);
+/* "mse": pred [M, od] (f32, without bias) -> per-row squared errors row_loss [M] (double);
+ * dpred [M, od] (f32) and dpred_act = weight 2 (pred + bias - target) / count (0 where masked). */
+cudaError_t m3k_mse(cudaStream_t s, int prec, const m3k_step *step, const m3k_batch_info *info, const float *pred,
+                    const float *bias, const float *target, const uint8_t *mask, float *dpred, void *dpred_act,
+                    double *row_loss, int64_t M, int32_t od, int want_grad);
+/* metrics->loss_sum = sum of row_loss[0..n) in order; correct = sum of row_hit (NULL: 0). */
+cudaError_t m3k_loss_sum(cudaStream_t s, const double *row_loss, const int32_t *row_hit, int64_t n,
+                         m3k_metrics *metrics);
+
+/* ---- optimizer tail --------------------------------------------------------------------------------------- */
+
+int64_t m3k_norm_blocks(int64_t n);
+/* g *= grad_unscale (when != 1); partial[b] = sum of g^2 over block b (double). */
+cudaError_t m3k_grad_sumsq(cudaStream_t s, const m3k_step *step, float *g, int64_t n, double *partial);
+/* Fixed-order sum of the partials: norm, finite flag and clip scale into metrics. */
+cudaError_t m3k_grad_norm(cudaStream_t s, const m3k_step *step, const double *partial, int64_t nblocks,
+                          m3k_metrics *metrics);
+/* AdamW over the flat arena when metrics->finite (SPEC.md §7, as the CPU backend), then the
+ * 16-bit shadow (may be NULL) refreshed; decay_flags[i / 64] = 1 where weight decay applies
+ * even with the reference no-decay group on, 0 for no-decay tensors. */
+cudaError_t m3k_adamw(cudaStream_t s, int prec, const m3k_step *step, const m3k_metrics *metrics, float *w,
+                      const float *g, float *m, float *v, void *shadow, const uint8_t *decay_flags, int64_t n);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif

@@ -1,0 +1,98 @@
+/*
+ * optim.cu — the optimizer tail over the flat gradient arena (SPEC.md §7, backend.h):
+ *
+ *   1. grad_sumsq: g *= grad_unscale (f16 loss scaling; skipped when 1), and per block of
+ *      NORM_BLOCK elements the sum of g^2 in double (thread-strided, then a shuffle/warp tree).
+ *   2. grad_norm: one block adds the block partials in a fixed order -> norm (double),
+ *      finite flag, clip scale = max_norm / (norm + 1e-6) when that is < 1.
+ *   3. adamw: when finite, per element (PyTorch order, float32 as the CPU backend):
+ *      g' = g clip;  m = b1 m + (1 - b1) g';  v = b2 v + (1 - b2) g'^2;
+ *      w = w (1 - lr wd) - step_size m / (sqrt(v) / sqrt(1 - b2^t) + eps)
+ *      then the 16-bit weight shadow is refreshed from the new master weight.
+ *      A non-finite norm leaves weights, moments and shadows untouched (the step is skipped).
+ *
+ * Thread mapping: one element per thread for AdamW; grid-blocks of NORM_BLOCK elements for
+ * the norm. Every sum has a fixed order, so the norm (and everything after it) is bitwise
+ * repeatable.
+ */
+#include <math.h>
+
+#include "common.cuh"
+
+enum { NORM_BLOCK = 8192, NORM_THREADS = 256 };
+
+__global__ void grad_sumsq_kernel(const m3k_step *step, float *__restrict__ g, int64_t n, double *__restrict__ partial) {
+  __shared__ double red[32];
+  const float u = step->grad_unscale;
+  const int64_t base = (int64_t)blockIdx.x * NORM_BLOCK;
+  const int64_t end = base + NORM_BLOCK < n ? base + NORM_BLOCK : n;
+  double acc = 0;
+  for (int64_t i = base + threadIdx.x; i < end; i += blockDim.x) {
+    float v = g[i];
+    if (u != 1.0f) {
+      v *= u;
+      g[i] = v;
+    }
+    acc += (double)v * v;
+  }
+  acc = block_sum(acc, red);
+  if (threadIdx.x == 0) partial[blockIdx.x] = acc;
+}
+
+__global__ void grad_norm_kernel(const m3k_step *step, const double *__restrict__ partial, int64_t nblocks,
+                                 m3k_metrics *metrics) {
+  __shared__ double red[32];
+  double acc = 0;
+  for (int64_t i = threadIdx.x; i < nblocks; i += blockDim.x) acc += partial[i];
+  acc = block_sum(acc, red);
+  if (threadIdx.x == 0) {
+    const double norm = sqrt(acc);
+    metrics->norm_sq = acc;
+    metrics->grad_norm = norm;
+    metrics->finite = isfinite(norm) ? 1 : 0;
+    float cs = 1.0f;
+    if (step->clip > 0 && step->clip / (norm + 1e-6) < 1) cs = (float)(step->clip / (norm + 1e-6));
+    metrics->clip_scale = cs;
+  }
+}
+
+template <typename T>
+__global__ void adamw_kernel(const m3k_step *__restrict__ step, const m3k_metrics *__restrict__ metrics,
+                             float *__restrict__ w, const float *__restrict__ g, float *__restrict__ m,
+                             float *__restrict__ v, T *__restrict__ shadow, const uint8_t *__restrict__ decay_flags,
+                             int64_t n) {
+  const int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
+  if (i >= n || !metrics->finite) return;
+  const float lr = step->lr, b1 = step->beta1, b2 = step->beta2, eps = step->eps;
+  const float wd = (step->no_decay && !decay_flags[i >> 6]) ? 0.0f : step->weight_decay;
+  const float decay = 1 - lr * wd;
+  const float gi = g[i] * metrics->clip_scale;
+  const float mi = b1 * m[i] + (1 - b1) * gi;
+  const float vi = b2 * v[i] + (1 - b2) * gi * gi;
+  const float wi = w[i] * decay - step->step_size * mi / (sqrtf(vi) / step->bc2_sqrt + eps);
+  m[i] = mi;
+  v[i] = vi;
+  w[i] = wi;
+  if (shadow) shadow[i] = from_f<T>(wi);
+}
+
+extern "C" int64_t m3k_norm_blocks(int64_t n) { return (n + NORM_BLOCK - 1) / NORM_BLOCK; }
+
+extern "C" cudaError_t m3k_grad_sumsq(cudaStream_t s, const m3k_step *step, float *g, int64_t n, double *partial) {
+  grad_sumsq_kernel<<<(unsigned)m3k_norm_blocks(n), NORM_THREADS, 0, s>>>(step, g, n, partial);
+  return cudaGetLastError();
+}
+
+extern "C" cudaError_t m3k_grad_norm(cudaStream_t s, const m3k_step *step, const double *partial, int64_t nblocks,
+                                     m3k_metrics *metrics) {
+  grad_norm_kernel<<<1, 1024, 0, s>>>(step, partial, nblocks, metrics);
+  return cudaGetLastError();
+}
+
+extern "C" cudaError_t m3k_adamw(cudaStream_t s, int prec, const m3k_step *step, const m3k_metrics *metrics, float *w,
+                                 const float *g, float *m, float *v, void *shadow, const uint8_t *decay_flags,
+                                 int64_t n) {
+  M3K_DISPATCH(prec, (adamw_kernel<T><<<grid_for(n, 256), 256, 0, s>>>(step, metrics, w, g, m, v, (T *)shadow,
+                                                                        decay_flags, n)));
+  return cudaGetLastError();
+}

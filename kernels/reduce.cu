@@ -1,0 +1,121 @@
+/*
+ * reduce.cu — small elementwise kernels (f32 -> 16-bit conversion, bias broadcast, scaling
+ * by the step's backward weight) and the deterministic reductions every gradient path uses.
+ *
+ * Column sums (parameter gradients of norm weights and biases): dst[j] += sum_r src[r, j].
+ * Thread mapping: one thread per column (coalesced rows); rows are cut into fixed chunks of
+ * COLSUM_CHUNK, each chunk's sum goes to scratch[chunk, j], and a second pass adds the chunks
+ * in index order. Short inputs (one chunk) add straight into dst. The order of additions
+ * depends only on the shape, never on scheduling: results are bitwise repeatable.
+ */
+#include "common.cuh"
+
+enum { COLSUM_CHUNK = 256 };
+
+template <typename T> __global__ void to_act_kernel(const float *__restrict__ src, T *__restrict__ dst, int64_t n) {
+  const int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
+  if (i < n) dst[i] = from_f<T>(src[i]);
+}
+
+__global__ void fill_rows_kernel(const float *__restrict__ src, float *__restrict__ dst, int64_t rows, int32_t cols) {
+  const int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
+  if (i < rows * cols) dst[i] = src[i % cols];
+}
+
+__global__ void scale_kernel(const m3k_step *step, const float *__restrict__ src, float *__restrict__ dst, int64_t n) {
+  const int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
+  if (i < n) dst[i] = step->weight * src[i];
+}
+
+/* scratch or dst: [chunks, cols] partial sums of src rows [chunk * CHUNK, ...) */
+__global__ void colsum_chunk_kernel(const float *__restrict__ src, int64_t rows, int32_t cols, int64_t ld,
+                                    float *__restrict__ out, int add) {
+  const int32_t j = blockIdx.x * blockDim.x + threadIdx.x;
+  if (j >= cols) return;
+  const int64_t r0 = (int64_t)blockIdx.y * COLSUM_CHUNK;
+  const int64_t r1 = r0 + COLSUM_CHUNK < rows ? r0 + COLSUM_CHUNK : rows;
+  float acc = 0;
+  for (int64_t r = r0; r < r1; r++) acc += src[r * ld + j];
+  if (add) out[j] += acc;
+  else out[(int64_t)blockIdx.y * cols + j] = acc;
+}
+
+__global__ void colsum_final_kernel(const float *__restrict__ scratch, int64_t chunks, int32_t cols,
+                                    float *__restrict__ dst) {
+  const int32_t j = blockIdx.x * blockDim.x + threadIdx.x;
+  if (j >= cols) return;
+  float acc = 0;
+  for (int64_t c = 0; c < chunks; c++) acc += scratch[c * cols + j];
+  dst[j] += acc;
+}
+
+__global__ void sum_rows_kernel(const float *__restrict__ part, int32_t rows, int32_t width, float *__restrict__ dst) {
+  const int32_t k = blockIdx.x * blockDim.x + threadIdx.x;
+  if (k >= width) return;
+  float acc = 0;
+  for (int32_t b = 0; b < rows; b++) acc += part[(int64_t)b * width + k];
+  dst[k] += acc;
+}
+
+__global__ void loss_sum_kernel(const double *__restrict__ row_loss, const int32_t *__restrict__ row_hit, int64_t n,
+                                m3k_metrics *metrics) {
+  __shared__ double red[32];
+  __shared__ double redh[32];
+  double s = 0, hits = 0;
+  for (int64_t i = threadIdx.x; i < n; i += blockDim.x) {
+    s += row_loss[i];
+    if (row_hit) hits += row_hit[i];
+  }
+  s = block_sum(s, red);
+  hits = block_sum(hits, redh);
+  if (threadIdx.x == 0) {
+    metrics->loss_sum = s;
+    metrics->correct = (int64_t)hits;
+  }
+}
+
+extern "C" cudaError_t m3k_to_act(cudaStream_t s, int prec, const float *src, void *dst, int64_t n) {
+  M3K_DISPATCH(prec, (to_act_kernel<T><<<grid_for(n, 256), 256, 0, s>>>(src, (T *)dst, n)));
+  return cudaGetLastError();
+}
+
+extern "C" cudaError_t m3k_fill_rows(cudaStream_t s, const float *src, float *dst, int64_t rows, int32_t cols) {
+  fill_rows_kernel<<<grid_for(rows * cols, 256), 256, 0, s>>>(src, dst, rows, cols);
+  return cudaGetLastError();
+}
+
+extern "C" cudaError_t m3k_scale_by_weight(cudaStream_t s, const m3k_step *step, const float *src, float *dst,
+                                           int64_t n) {
+  scale_kernel<<<grid_for(n, 256), 256, 0, s>>>(step, src, dst, n);
+  return cudaGetLastError();
+}
+
+extern "C" int64_t m3k_colsum_scratch(int64_t rows, int32_t cols) {
+  const int64_t chunks = (rows + COLSUM_CHUNK - 1) / COLSUM_CHUNK;
+  return chunks > 1 ? chunks * cols : 0;
+}
+
+extern "C" cudaError_t m3k_colsum(cudaStream_t s, const float *src, int64_t rows, int32_t cols, int64_t ld,
+                                  float *dst, float *scratch) {
+  const int64_t chunks = (rows + COLSUM_CHUNK - 1) / COLSUM_CHUNK;
+  const int threads = 128;
+  if (chunks <= 1) {
+    colsum_chunk_kernel<<<dim3(grid_for(cols, threads), 1), threads, 0, s>>>(src, rows, cols, ld, dst, 1);
+    return cudaGetLastError();
+  }
+  colsum_chunk_kernel<<<dim3(grid_for(cols, threads), (unsigned)chunks), threads, 0, s>>>(src, rows, cols, ld,
+                                                                                           scratch, 0);
+  colsum_final_kernel<<<grid_for(cols, threads), threads, 0, s>>>(scratch, chunks, cols, dst);
+  return cudaGetLastError();
+}
+
+extern "C" cudaError_t m3k_sum_rows(cudaStream_t s, const float *part, int32_t rows, int32_t width, float *dst) {
+  sum_rows_kernel<<<grid_for(width, 128), 128, 0, s>>>(part, rows, width, dst);
+  return cudaGetLastError();
+}
+
+extern "C" cudaError_t m3k_loss_sum(cudaStream_t s, const double *row_loss, const int32_t *row_hit, int64_t n,
+                                    m3k_metrics *metrics) {
+  loss_sum_kernel<<<1, 1024, 0, s>>>(row_loss, row_hit, n, metrics);
+  return cudaGetLastError();
+}

@@ -1,0 +1,74 @@
+/*
+ * rmsnorm.cu — RMSNorm over rows (eps 1e-5, SPEC.md §3) for the layer norms and norm_f.
+ *
+ *   forward:  r = 1 / sqrt(mean(x^2) + eps),  y = x r w
+ *   backward: dx = r (w dy) - x r^3 mean(x w dy),  dL/dw_j = sum over rows of x_j r dy_j
+ *
+ * Thread mapping: one warp per row; lanes stride over the n columns, the row statistics are
+ * warp-shuffle sums (fixed order). The backward writes dx "=" (or "+=" into the residual
+ * gradient when `accumulate`) and, instead of adding into the weight gradient, writes the
+ * per-row terms x r dy to `wcontrib`; m3k_colsum then adds their column sums to the gradient
+ * in a fixed row order (no atomics, bitwise repeatable).
+ */
+#include "common.cuh"
+
+static const float NORM_EPS = 1e-5f;
+
+template <typename T>
+__global__ void rmsnorm_fwd_kernel(const float *__restrict__ x, const float *__restrict__ w, T *y_act,
+                                   float *y_f32, float *__restrict__ rstd, int64_t rows, int32_t n) {
+  const int64_t row = (int64_t)blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5);
+  const int lane = threadIdx.x & 31;
+  if (row >= rows) return;
+  const float *xr = x + row * n; // [n]
+  float ss = 0;
+  for (int j = lane; j < n; j += 32) ss += xr[j] * xr[j];
+  ss = warp_sum(ss);
+  const float r = 1.0f / sqrtf(ss / (float)n + NORM_EPS);
+  if (lane == 0) rstd[row] = r;
+  for (int j = lane; j < n; j += 32) {
+    const float v = xr[j] * r * w[j];
+    if (y_act) y_act[row * n + j] = from_f<T>(v);
+    if (y_f32) y_f32[row * n + j] = v;
+  }
+}
+
+template <typename T>
+__global__ void rmsnorm_bwd_kernel(const float *__restrict__ x, const float *__restrict__ w,
+                                   const float *__restrict__ rstd, const float *dy, float *dx, T *dx_act,
+                                   float *__restrict__ wcontrib, int64_t rows, int32_t n, int accumulate) {
+  const int64_t row = (int64_t)blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5);
+  const int lane = threadIdx.x & 31;
+  if (row >= rows) return;
+  const float *xr = x + row * n, *dyr = dy + row * n; // [n] each
+  const float r = rstd[row];
+  float dot = 0;
+  for (int j = lane; j < n; j += 32) dot += xr[j] * w[j] * dyr[j];
+  dot = warp_sum(dot);
+  const float c = dot / (float)n * r * r * r;
+  for (int j = lane; j < n; j += 32) {
+    const float d = dyr[j];
+    wcontrib[row * n + j] = xr[j] * r * d;
+    float g = r * w[j] * d - xr[j] * c;
+    if (accumulate) g += dx[row * n + j];
+    dx[row * n + j] = g;
+    if (dx_act) dx_act[row * n + j] = from_f<T>(g);
+  }
+}
+
+extern "C" cudaError_t m3k_rmsnorm_fwd(cudaStream_t s, int prec, const float *x, const float *w, void *y_act,
+                                       float *y_f32, float *rstd, int64_t rows, int32_t n) {
+  const int threads = 256, per = threads / 32;
+  M3K_DISPATCH(prec, (rmsnorm_fwd_kernel<T><<<grid_for(rows, per), threads, 0, s>>>(x, w, (T *)y_act, y_f32, rstd,
+                                                                                      rows, n)));
+  return cudaGetLastError();
+}
+
+extern "C" cudaError_t m3k_rmsnorm_bwd(cudaStream_t s, int prec, const float *x, const float *w, const float *rstd,
+                                       const float *dy, float *dx, void *dx_act, float *wcontrib, int64_t rows,
+                                       int32_t n, int accumulate) {
+  const int threads = 256, per = threads / 32;
+  M3K_DISPATCH(prec, (rmsnorm_bwd_kernel<T><<<grid_for(rows, per), threads, 0, s>>>(
+                         x, w, rstd, dy, dx, (T *)dx_act, wcontrib, rows, n, accumulate)));
+  return cudaGetLastError();
+}

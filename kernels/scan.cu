@@ -1,0 +1,929 @@
+/*
+ * scan.cu — the Mamba-3 SISO mixer core of SPEC.md §3 steps 2-10 (and §4, §5) on the GPU:
+ * per token t and head h (group g)
+ *   dt = softplus(dd_dt + dt_bias), A = min(-f(dd_A), -a_floor), lam = sigmoid(trap)
+ *   alpha = exp(A dt), beta = (1 - lam) dt alpha, gamma = lam dt
+ *   theta_t = (theta_{t-1} + pi tanh(ang_t) dt) mod 2 pi        (float32, saved per token)
+ *   k = rot(B_hat + B_bias[h], theta_t), q = rot(C_hat + C_bias[h], theta_t)
+ *   H_t = alpha H_{t-1} + beta x_{t-1} k_{t-1}^T + gamma x_t k_t^T,  y = H_t q + D x_t
+ *   gated = y * silu(z)   or   RMSNorm_P(y; norm) * silu(z)   (outproj_norm)
+ * with the carried state (theta, H, k_prev, x_prev) entering at t = 0 and resets zeroing it
+ * before a token.
+ *
+ * Thread mapping (both directions): one CTA per (head, row) walks the row's tokens in order;
+ * the P x N float32 state lives in registers, thread (ti, tj) owning rows p = ti + pth r
+ * (r < RP) and columns n = tj + nth c (c < RN). Per block of TB tokens the CTA first prepares,
+ * cooperatively in shared memory, the token scalars, angles, rotated k and q and x; then every
+ * thread advances its state elements through the block (the recurrence is elementwise: no
+ * communication inside a token); reductions over n or p are written as per-thread partials to
+ * shared memory and summed afterwards, per token, in a fixed order. Any window length works
+ * (the last block is partial); P <= 128 and N <= 256 (m3k_scan_make_plan).
+ *
+ * Backward (one kernel, two sweeps over the row; nothing is saved but theta and y):
+ *   sweep F (forward in time) rebuilds H_t from the incoming state and forms
+ *     dq_t = H_t^T dy_t, then dq-part of the rotation backward and psi_t = dq_t . q_t;
+ *     it also runs the gate backward (dz, dy, the mixer norm) and dD.
+ *   sweep R (reverse in time) carries dH (dH_{t-1} = alpha_t (dH_t + dy_t q_t^T), cut at resets)
+ *     and needs only two reductions per token: w_t = g_t k_{t-1} (over n) and
+ *     u_t = g_t^T x_{t-1} (over p), with g_t = dH_t + dy_t q_t^T. Everything else follows:
+ *       hk_t  = dy_t (q_t.k_t) + alpha_{t+1} w_{t+1},   dHtx_t = (dy_t.x_t) q_t + alpha_{t+1} u_{t+1}
+ *       dx_t  = beta_{t+1} w_{t+1} + D dy_t + gamma_t hk_t,   dk_t = beta_{t+1} u_{t+1} + gamma_t dHtx_t
+ *       dgamma_t = x_t.hk_t,   dbeta_t = x_{t-1}.w_t
+ *     and the decay gradient alpha_t dL/dalpha_t = <g_t, alpha_t H_{t-1}> from the scalar recursion
+ *       phi_t = <g_t, H_t> = psi_t + alpha-valid (phi_{t+1} - beta_{t+1} dbeta_{t+1} - gamma_{t+1} dgamma_{t+1}),
+ *       alpha_t dL/dalpha_t = phi_t - beta_t dbeta_t - gamma_t dgamma_t,
+ *     so no state history is stored. Then the rotation backward, the angle gradient (a reverse
+ *     cumulative sum stopped at resets) and the scalar chain to dd_dt, dd_A, trap.
+ * Outputs: activation gradients "=" (dproj columns z, x, dd_dt, dd_A, trap of head h; per-head
+ * dbc_head / dang_head, summed over heads by bcnorm.cu); parameter gradients as per-(row, head)
+ * partials "=" (part, part_norm), added "+=" to the gradient arena by m3k_scan_reduce_parts /
+ * m3k_sum_rows in row order. Every sum has a fixed order: bitwise repeatable.
+ *
+ * Numerics: float32 throughout, precise expf/log1pf/tanhf/sincosf/fmodf (no fast math), the
+ * same formulas and clamps as the CPU reference (engine/src/cpu/scan.c).
+ */
+#include <stdio.h>
+
+#include "common.cuh"
+
+#define PI_F 3.14159265358979323846f
+#define TWO_PI_F 6.28318530717958647692f
+
+enum { SC_W = 16 }; /* scalars per token in the backward's shared table */
+enum { S_ALPHA = 0, S_BETA, S_GAMMA, S_DT, S_LAM, S_DSP, S_DAD, S_A, S_RESET, S_ALPHA_RAW, S_BETA_RAW, S_QK, S_DYX,
+       S_DGAMMA, S_DBETA, S_DDTANG };
+
+struct tok_scalars {
+  float dt, A, lam, alpha, beta, gamma, dsp, dAd;
+};
+
+__device__ __forceinline__ tok_scalars token_scalars(float dd_dt, float dt_bias, float dd_A, float trap,
+                                                     float a_floor) {
+  tok_scalars s;
+  const float v = dd_dt + dt_bias, av = fabsf(v);
+  s.dt = (v > 0 ? v : 0) + log1pf(expf(-av));
+  s.dsp = 1 / (1 + expf(-v));
+  const float f = dd_A >= 0 ? 1 + dd_A : 1 / (1 - dd_A);
+  const float fp = dd_A >= 0 ? 1 : 1 / ((1 - dd_A) * (1 - dd_A));
+  if (-f <= -a_floor) {
+    s.A = -f;
+    s.dAd = -fp;
+  } else {
+    s.A = -a_floor;
+    s.dAd = 0;
+  }
+  s.lam = 1 / (1 + expf(-trap));
+  s.alpha = expf(s.A * s.dt);
+  s.beta = (1 - s.lam) * s.dt * s.alpha;
+  s.gamma = s.lam * s.dt;
+  return s;
+}
+
+__device__ __forceinline__ float wrap_angle(float v) {
+  v = fmodf(v, TWO_PI_F);
+  if (v < 0) v += TWO_PI_F;
+  if (v >= TWO_PI_F) v -= TWO_PI_F;
+  return v;
+}
+
+/* Rotated k and q at column n of position m (n < N): pairs (2a, 2a+1), a < S, rotate by theta[a]. */
+template <typename T>
+__device__ __forceinline__ void rotated_kq(const m3k_scan_args &a, int64_t m, int h, int g, int n,
+                                           const float *theta, float *kv, float *qv) {
+  const m3k_dims &d = a.d;
+  const float *bk = a.bc_hat + ((m * 2 + 0) * d.G + g) * d.N; // [N] B_hat
+  const float *bq = a.bc_hat + ((m * 2 + 1) * d.G + g) * d.N; // [N] C_hat
+  const float *kb = a.B_bias + (int64_t)h * d.N, *qb = a.C_bias + (int64_t)h * d.N;
+  if (n < 2 * d.S) {
+    const int n0 = n & ~1;
+    float sn, cs;
+    sincosf(theta[n >> 1], &sn, &cs);
+    const float k0 = bk[n0] + kb[n0], k1 = bk[n0 + 1] + kb[n0 + 1];
+    const float q0 = bq[n0] + qb[n0], q1 = bq[n0 + 1] + qb[n0 + 1];
+    if (n & 1) {
+      *kv = k0 * sn + k1 * cs;
+      *qv = q0 * sn + q1 * cs;
+    } else {
+      *kv = k0 * cs - k1 * sn;
+      *qv = q0 * cs - q1 * sn;
+    }
+  } else {
+    *kv = bk[n] + kb[n];
+    *qv = bq[n] + qb[n];
+  }
+}
+
+/* ---- shared-memory layouts (floats) ---------------------------------------------------------- */
+
+struct fwd_smem {
+  float *kbuf;  /* [TB+1][Np] rotated k; slot 0: the previous token */
+  float *qbuf;  /* [TB][Np] rotated q */
+  float *xbuf;  /* [TB+1][Pp] x; slot 0: the previous token */
+  float *ypart; /* [TB][Pp][nth+1] partial y over each thread's columns */
+  float *scal;  /* [TB][4] alpha_eff, beta_eff, gamma, dt */
+  float *rst;   /* [TB] reset flags */
+  float *thbuf; /* [TB][S] angles after each token */
+  float *th;    /* [S] running angle */
+};
+
+__host__ __device__ inline int64_t fwd_smem_floats(int TB, int Pp, int Np, int pth, int nth, int S) {
+  (void)pth;
+  return (int64_t)(TB + 1) * Np + (int64_t)TB * Np + (int64_t)(TB + 1) * Pp + (int64_t)TB * Pp * (nth + 1) +
+         TB * 4 + TB + (int64_t)TB * S + S;
+}
+
+__device__ inline fwd_smem carve_fwd(float *sm, int TB, int Pp, int Np, int nth, int S) {
+  fwd_smem m;
+  m.kbuf = sm;
+  m.qbuf = m.kbuf + (TB + 1) * Np;
+  m.xbuf = m.qbuf + TB * Np;
+  m.ypart = m.xbuf + (TB + 1) * Pp;
+  m.scal = m.ypart + TB * Pp * (nth + 1);
+  m.rst = m.scal + TB * 4;
+  m.thbuf = m.rst + TB;
+  m.th = m.thbuf + TB * S;
+  return m;
+}
+
+struct bwd_smem {
+  float *kbuf;  /* [TB+1][Np] rotated k; slot 0: token t0 - 1 */
+  float *qbuf;  /* [TB][Np] */
+  float *xbuf;  /* [TB+1][Pp] */
+  float *dybuf; /* [TB][Pp] dL/dy */
+  float *wpart; /* [TB][Pp][nth+1] partial w over each thread's columns */
+  float *upart; /* [TB][Np][pth+1] partial u (sweep R) or dq (sweep F) over each thread's rows */
+  float *wfin;  /* [TB+1][Pp] w per token; slot TB: the next token (previous block) */
+  float *ufin;  /* [TB+1][Np] u per token; slot TB: the next token */
+  float *hkb;   /* [TB][Pp] hk */
+  float *dkb;   /* [TB][Np] dk (sweep R) or dq (sweep F) */
+  float *thbuf; /* [TB+1][S] angles; slot 0: token t0 - 1 (sweep R) */
+  float *dthb;  /* [TB][S] angle gradient of each token */
+  float *dda;   /* [TB][S] pi Dth tanh(ang) terms of dL/d dt */
+  float *scal;  /* [TB+1][SC_W] token scalars; slot TB: the next token */
+  float *Dth;   /* [S] running angle gradient (reverse cumulative sum) */
+  float *pBb;   /* [Np] B_bias gradient partial */
+  float *pCb;   /* [Np] C_bias gradient partial */
+  float *pOn;   /* [nwarps][Pp] mixer norm weight partials per warp */
+  float *misc;  /* [16]: 0 pD, 1 pdtb, 2 ad_next, 3 next_valid */
+};
+
+__host__ __device__ inline int64_t bwd_smem_floats(int TB, int Pp, int Np, int pth, int nth, int S, int nwarps) {
+  return (int64_t)(TB + 1) * Np + (int64_t)TB * Np + (int64_t)(TB + 1) * Pp + (int64_t)TB * Pp +
+         (int64_t)TB * Pp * (nth + 1) + (int64_t)TB * Np * (pth + 1) + (int64_t)(TB + 1) * Pp +
+         (int64_t)(TB + 1) * Np + (int64_t)TB * Pp + (int64_t)TB * Np + (int64_t)(TB + 1) * S + 2 * (int64_t)TB * S +
+         (int64_t)(TB + 1) * SC_W + S + 2 * (int64_t)Np + (int64_t)nwarps * Pp + 16;
+}
+
+__device__ inline bwd_smem carve_bwd(float *sm, int TB, int Pp, int Np, int pth, int nth, int S, int nwarps) {
+  bwd_smem m;
+  m.kbuf = sm;
+  m.qbuf = m.kbuf + (TB + 1) * Np;
+  m.xbuf = m.qbuf + TB * Np;
+  m.dybuf = m.xbuf + (TB + 1) * Pp;
+  m.wpart = m.dybuf + TB * Pp;
+  m.upart = m.wpart + TB * Pp * (nth + 1);
+  m.wfin = m.upart + TB * Np * (pth + 1);
+  m.ufin = m.wfin + (TB + 1) * Pp;
+  m.hkb = m.ufin + (TB + 1) * Np;
+  m.dkb = m.hkb + TB * Pp;
+  m.thbuf = m.dkb + TB * Np;
+  m.dthb = m.thbuf + (TB + 1) * S;
+  m.dda = m.dthb + TB * S;
+  m.scal = m.dda + TB * S;
+  m.Dth = m.scal + (TB + 1) * SC_W;
+  m.pBb = m.Dth + S;
+  m.pCb = m.pBb + Np;
+  m.pOn = m.pCb + Np;
+  m.misc = m.pOn + nwarps * Pp;
+  (void)nth;
+  return m;
+}
+
+/* ---- forward ------------------------------------------------------------------------------------ */
+
+template <int RP, int RN, typename T>
+__global__ void __launch_bounds__(512) scan_fwd_kernel(const m3k_scan_args a, int pth, int nth, int TB) {
+  extern __shared__ float sm[];
+  const m3k_dims &d = a.d;
+  const int h = blockIdx.x, b = blockIdx.y, g = h / d.hpg;
+  const int P = d.P, N = d.N, S = d.S, H = d.H, E = d.E;
+  const int Pp = pth * RP, Np = nth * RN;
+  const int tid = threadIdx.x, nthreads = blockDim.x, lane = tid & 31, wid = tid >> 5, nw = nthreads >> 5;
+  const int ti = tid / nth, tj = tid - ti * nth;
+  const bool active = ti < pth;
+  const T *proj = (const T *)a.proj; // [M, dipp]
+  T *gated = (T *)a.gated;           // [M, E]
+  fwd_smem s = carve_fwd(sm, TB, Pp, Np, nth, S);
+  const int64_t bh = (int64_t)b * H + h;
+  const float Dh = a.D[h];
+
+  float hs[RP][RN];
+#pragma unroll
+  for (int r = 0; r < RP; r++)
+#pragma unroll
+    for (int c = 0; c < RN; c++) {
+      const int p = ti + pth * r, n = tj + nth * c;
+      hs[r][c] = (a.in_ssm && active && p < P && n < N) ? a.in_ssm[(bh * P + p) * N + n] : 0.0f;
+    }
+  for (int n = tid; n < Np; n += nthreads) s.kbuf[n] = (a.in_k && n < N) ? a.in_k[bh * N + n] : 0.0f;
+  for (int p = tid; p < Pp; p += nthreads) s.xbuf[p] = (a.in_v && p < P) ? a.in_v[bh * P + p] : 0.0f;
+  for (int j = tid; j < S; j += nthreads) s.th[j] = a.in_angle ? a.in_angle[bh * S + j] : 0.0f;
+  __syncthreads();
+
+  for (int t0 = 0; t0 < a.len; t0 += TB) {
+    const int nb = min(TB, a.len - t0);
+    const int64_t m0 = (int64_t)b * a.len + t0;
+    /* token scalars */
+    if (tid < nb) {
+      const T *pr = proj + (m0 + tid) * d.dipp;
+      const tok_scalars ts = token_scalars(to_f(pr[d.dt_off + h]), a.dt_bias[h], to_f(pr[d.A_off + h]),
+                                           to_f(pr[d.trap_off + h]), d.a_floor);
+      const bool rs = a.resets && a.resets[m0 + tid];
+      s.scal[tid * 4 + 0] = rs ? 0.0f : ts.alpha;
+      s.scal[tid * 4 + 1] = rs ? 0.0f : ts.beta;
+      s.scal[tid * 4 + 2] = ts.gamma;
+      s.scal[tid * 4 + 3] = ts.dt;
+      s.rst[tid] = rs ? 1.0f : 0.0f;
+    }
+    __syncthreads();
+    /* angles: a sequential walk per rotated pair */
+    for (int j = tid; j < S; j += nthreads) {
+      float v = s.th[j];
+      for (int i = 0; i < nb; i++) {
+        if (s.rst[i] != 0) v = 0;
+        v = wrap_angle(v + PI_F * tanhf(to_f(proj[(m0 + i) * d.dipp + d.ang_off + j])) * s.scal[i * 4 + 3]);
+        s.thbuf[i * S + j] = v;
+        a.theta[((m0 + i) * H + h) * S + j] = v;
+      }
+      s.th[j] = v;
+    }
+    __syncthreads();
+    /* rotated k, q and x of the block */
+    for (int idx = tid; idx < nb * Np; idx += nthreads) {
+      const int i = idx / Np, n = idx - i * Np;
+      float kv = 0, qv = 0;
+      if (n < N) rotated_kq<T>(a, m0 + i, h, g, n, s.thbuf + i * S, &kv, &qv);
+      s.kbuf[(i + 1) * Np + n] = kv;
+      s.qbuf[i * Np + n] = qv;
+    }
+    for (int idx = tid; idx < nb * Pp; idx += nthreads) {
+      const int i = idx / Pp, p = idx - i * Pp;
+      s.xbuf[(i + 1) * Pp + p] = p < P ? to_f(proj[(m0 + i) * d.dipp + d.x_off + (int64_t)h * P + p]) : 0.0f;
+    }
+    __syncthreads();
+    /* the recurrence through the block */
+    if (active) {
+      for (int i = 0; i < nb; i++) {
+        const float al = s.scal[i * 4 + 0], be = s.scal[i * 4 + 1], ga = s.scal[i * 4 + 2];
+        float bx[RP], gx[RP], acc[RP];
+#pragma unroll
+        for (int r = 0; r < RP; r++) {
+          const int p = ti + pth * r;
+          bx[r] = be * s.xbuf[i * Pp + p];
+          gx[r] = ga * s.xbuf[(i + 1) * Pp + p];
+          acc[r] = 0;
+        }
+#pragma unroll
+        for (int c = 0; c < RN; c++) {
+          const int n = tj + nth * c;
+          const float kp = s.kbuf[i * Np + n], kc = s.kbuf[(i + 1) * Np + n], qc = s.qbuf[i * Np + n];
+#pragma unroll
+          for (int r = 0; r < RP; r++) {
+            hs[r][c] = al * hs[r][c] + bx[r] * kp + gx[r] * kc;
+            acc[r] += hs[r][c] * qc;
+          }
+        }
+#pragma unroll
+        for (int r = 0; r < RP; r++) s.ypart[(i * Pp + ti + pth * r) * (nth + 1) + tj] = acc[r];
+      }
+    }
+    __syncthreads();
+    /* epilogue: one warp per token sums the partials, adds D x, applies the gate */
+    for (int i = wid; i < nb; i += nw) {
+      const int64_t mi = m0 + i;
+      float yv[4];
+      float ss = 0;
+#pragma unroll
+      for (int k = 0; k < 4; k++) {
+        const int p = lane + 32 * k;
+        yv[k] = 0;
+        if (p < P) {
+          float y = 0;
+          const float *yp = s.ypart + (i * Pp + p) * (nth + 1);
+          for (int j = 0; j < nth; j++) y += yp[j];
+          y += Dh * s.xbuf[(i + 1) * Pp + p];
+          yv[k] = y;
+          a.y[mi * E + (int64_t)h * P + p] = y;
+          ss += y * y;
+        }
+      }
+      float rn = 1;
+      if (d.outproj_norm) {
+        ss = warp_sum(ss);
+        rn = 1.0f / sqrtf(ss / (float)P + 1e-5f);
+        if (lane == 0) a.y_rstd[mi * H + h] = rn;
+      }
+#pragma unroll
+      for (int k = 0; k < 4; k++) {
+        const int p = lane + 32 * k;
+        if (p < P) {
+          const float z = to_f(proj[mi * d.dipp + d.z_off + (int64_t)h * P + p]);
+          const float yn = d.outproj_norm ? yv[k] * rn * a.out_norm[(int64_t)h * P + p] : yv[k];
+          gated[mi * E + (int64_t)h * P + p] = from_f<T>(yn * (z * sigmoidf_(z)));
+        }
+      }
+    }
+    /* the block's last token becomes the previous token of the next block */
+    for (int n = tid; n < Np; n += nthreads) s.kbuf[n] = s.kbuf[nb * Np + n];
+    for (int p = tid; p < Pp; p += nthreads) s.xbuf[p] = s.xbuf[nb * Pp + p];
+    __syncthreads();
+  }
+
+  if (a.fin_ssm && active) {
+#pragma unroll
+    for (int r = 0; r < RP; r++)
+#pragma unroll
+      for (int c = 0; c < RN; c++) {
+        const int p = ti + pth * r, n = tj + nth * c;
+        if (p < P && n < N) a.fin_ssm[(bh * P + p) * N + n] = hs[r][c];
+      }
+  }
+  if (a.fin_k)
+    for (int n = tid; n < N; n += nthreads) a.fin_k[bh * N + n] = s.kbuf[n];
+  if (a.fin_v)
+    for (int p = tid; p < P; p += nthreads) a.fin_v[bh * P + p] = s.xbuf[p];
+  if (a.fin_angle)
+    for (int j = tid; j < S; j += nthreads) a.fin_angle[bh * S + j] = s.th[j];
+}
+
+/* ---- backward -------------------------------------------------------------------------------------- */
+
+/* Fills the backward's token scalar table for tokens [t0, t0 + nb). */
+template <typename T>
+__device__ __forceinline__ void bwd_scalars(const m3k_scan_args &a, const bwd_smem &s, int64_t m0, int nb, int h) {
+  const m3k_dims &d = a.d;
+  const T *proj = (const T *)a.proj;
+  const int tid = threadIdx.x;
+  if (tid < nb) {
+    const T *pr = proj + (m0 + tid) * d.dipp;
+    const tok_scalars ts = token_scalars(to_f(pr[d.dt_off + h]), a.dt_bias[h], to_f(pr[d.A_off + h]),
+                                         to_f(pr[d.trap_off + h]), d.a_floor);
+    const bool rs = a.resets && a.resets[m0 + tid];
+    float *sc = s.scal + tid * SC_W;
+    sc[S_ALPHA] = rs ? 0.0f : ts.alpha;
+    sc[S_BETA] = rs ? 0.0f : ts.beta;
+    sc[S_GAMMA] = ts.gamma;
+    sc[S_DT] = ts.dt;
+    sc[S_LAM] = ts.lam;
+    sc[S_DSP] = ts.dsp;
+    sc[S_DAD] = ts.dAd;
+    sc[S_A] = ts.A;
+    sc[S_RESET] = rs ? 1.0f : 0.0f;
+    sc[S_ALPHA_RAW] = ts.alpha;
+    sc[S_BETA_RAW] = ts.beta;
+  }
+}
+
+/* Loads rotated k (slots 1..nb), q, x (slots 1..nb) of the block; angles from thbuf slots 1..nb. */
+template <typename T>
+__device__ __forceinline__ void bwd_load_block(const m3k_scan_args &a, const bwd_smem &s, int64_t m0, int nb, int h,
+                                               int g, int Pp, int Np) {
+  const m3k_dims &d = a.d;
+  const T *proj = (const T *)a.proj;
+  const int tid = threadIdx.x, nthreads = blockDim.x;
+  for (int idx = tid; idx < nb * Np; idx += nthreads) {
+    const int i = idx / Np, n = idx - i * Np;
+    float kv = 0, qv = 0;
+    if (n < d.N) rotated_kq<T>(a, m0 + i, h, g, n, s.thbuf + (i + 1) * d.S, &kv, &qv);
+    s.kbuf[(i + 1) * Np + n] = kv;
+    s.qbuf[i * Np + n] = qv;
+  }
+  for (int idx = tid; idx < nb * Pp; idx += nthreads) {
+    const int i = idx / Pp, p = idx - i * Pp;
+    s.xbuf[(i + 1) * Pp + p] = p < d.P ? to_f(proj[(m0 + i) * d.dipp + d.x_off + (int64_t)h * d.P + p]) : 0.0f;
+  }
+}
+
+template <int RP, int RN, typename T>
+__global__ void __launch_bounds__(512) scan_bwd_kernel(const m3k_scan_args a, int pth, int nth, int TB) {
+  extern __shared__ float sm[];
+  const m3k_dims &d = a.d;
+  const int h = blockIdx.x, b = blockIdx.y, g = h / d.hpg;
+  const int P = d.P, N = d.N, S = d.S, H = d.H, E = d.E;
+  const int Pp = pth * RP, Np = nth * RN;
+  const int tid = threadIdx.x, nthreads = blockDim.x, lane = tid & 31, wid = tid >> 5, nw = nthreads >> 5;
+  const int ti = tid / nth, tj = tid - ti * nth;
+  const bool active = ti < pth;
+  const T *proj = (const T *)a.proj; // [M, dipp]
+  T *dproj = (T *)a.dproj;           // [M, dipp]
+  bwd_smem s = carve_bwd(sm, TB, Pp, Np, pth, nth, S, nw);
+  const int64_t bh = (int64_t)b * H + h;
+  const float Dh = a.D[h];
+  const int U = S + (N - 2 * S); /* rotation units: pairs, then single columns */
+
+  /* ===== sweep F: forward in time ===== */
+  float hs[RP][RN];
+#pragma unroll
+  for (int r = 0; r < RP; r++)
+#pragma unroll
+    for (int c = 0; c < RN; c++) {
+      const int p = ti + pth * r, n = tj + nth * c;
+      hs[r][c] = (a.in_ssm && active && p < P && n < N) ? a.in_ssm[(bh * P + p) * N + n] : 0.0f;
+    }
+  for (int n = tid; n < Np; n += nthreads) {
+    s.kbuf[n] = (a.in_k && n < N) ? a.in_k[bh * N + n] : 0.0f;
+    s.pBb[n] = 0;
+    s.pCb[n] = 0;
+  }
+  for (int p = tid; p < Pp; p += nthreads) s.xbuf[p] = (a.in_v && p < P) ? a.in_v[bh * P + p] : 0.0f;
+  for (int k = tid; k < nw * Pp; k += nthreads) s.pOn[k] = 0;
+  for (int j = tid; j < S; j += nthreads) s.Dth[j] = 0;
+  if (tid < 16) s.misc[tid] = 0;
+  __syncthreads();
+
+  for (int t0 = 0; t0 < a.len; t0 += TB) {
+    const int nb = min(TB, a.len - t0);
+    const int64_t m0 = (int64_t)b * a.len + t0;
+    bwd_scalars<T>(a, s, m0, nb, h);
+    for (int idx = tid; idx < nb * S; idx += nthreads) {
+      const int i = idx / S, j = idx - i * S;
+      s.thbuf[(i + 1) * S + j] = a.theta[((m0 + i) * H + h) * S + j];
+    }
+    __syncthreads();
+    bwd_load_block<T>(a, s, m0, nb, h, g, Pp, Np);
+    __syncthreads();
+    /* gate backward, one warp per token: dz, dy (through the mixer norm), dy . x */
+    for (int i = wid; i < nb; i += nw) {
+      const int64_t mi = m0 + i;
+      const float rn = d.outproj_norm ? a.y_rstd[mi * H + h] : 1.0f;
+      float yv[4], dyn[4], wn[4];
+      float dot = 0;
+#pragma unroll
+      for (int k = 0; k < 4; k++) {
+        const int p = lane + 32 * k;
+        yv[k] = dyn[k] = 0;
+        wn[k] = 1;
+        if (p < P) {
+          const int64_t o = mi * E + (int64_t)h * P + p;
+          const float dg = a.dgated[o], y = a.y[o];
+          const float z = to_f(proj[mi * d.dipp + d.z_off + (int64_t)h * P + p]);
+          const float sg = sigmoidf_(z), silu = z * sg, dsilu = sg * (1 + z * (1 - sg));
+          if (d.outproj_norm) wn[k] = a.out_norm[(int64_t)h * P + p];
+          const float yn = d.outproj_norm ? y * rn * wn[k] : y;
+          dproj[mi * d.dipp + d.z_off + (int64_t)h * P + p] = from_f<T>(dg * yn * dsilu);
+          yv[k] = y;
+          dyn[k] = dg * silu;
+          dot += y * wn[k] * dyn[k];
+        }
+      }
+      float cn = 0;
+      if (d.outproj_norm) cn = warp_sum(dot) / (float)P * rn * rn * rn;
+      float dyx = 0;
+#pragma unroll
+      for (int k = 0; k < 4; k++) {
+        const int p = lane + 32 * k;
+        if (p < Pp) {
+          float dy = 0;
+          if (p < P) {
+            if (d.outproj_norm) {
+              s.pOn[wid * Pp + p] += yv[k] * rn * dyn[k];
+              dy = rn * wn[k] * dyn[k] - yv[k] * cn;
+            } else {
+              dy = dyn[k];
+            }
+            a.dy[mi * E + (int64_t)h * P + p] = dy;
+            dyx += dy * s.xbuf[(i + 1) * Pp + p];
+          }
+          s.dybuf[i * Pp + p] = dy;
+        }
+      }
+      dyx = warp_sum(dyx);
+      if (lane == 0) s.scal[i * SC_W + S_DYX] = dyx;
+    }
+    __syncthreads();
+    if (tid == 0)
+      for (int i = 0; i < nb; i++) s.misc[0] += s.scal[i * SC_W + S_DYX];
+    /* rebuild H_t; partial dq_t over this thread's rows */
+    if (active) {
+      for (int i = 0; i < nb; i++) {
+        const float al = s.scal[i * SC_W + S_ALPHA], be = s.scal[i * SC_W + S_BETA], ga = s.scal[i * SC_W + S_GAMMA];
+        float bx[RP], gx[RP], dy[RP];
+#pragma unroll
+        for (int r = 0; r < RP; r++) {
+          const int p = ti + pth * r;
+          bx[r] = be * s.xbuf[i * Pp + p];
+          gx[r] = ga * s.xbuf[(i + 1) * Pp + p];
+          dy[r] = s.dybuf[i * Pp + p];
+        }
+#pragma unroll
+        for (int c = 0; c < RN; c++) {
+          const int n = tj + nth * c;
+          const float kp = s.kbuf[i * Np + n], kc = s.kbuf[(i + 1) * Np + n];
+          float dq = 0;
+#pragma unroll
+          for (int r = 0; r < RP; r++) {
+            hs[r][c] = al * hs[r][c] + bx[r] * kp + gx[r] * kc;
+            dq += hs[r][c] * dy[r];
+          }
+          s.upart[(i * Np + n) * (pth + 1) + ti] = dq;
+        }
+      }
+    }
+    __syncthreads();
+    for (int idx = tid; idx < nb * Np; idx += nthreads) {
+      const int i = idx / Np, n = idx - i * Np;
+      const float *up = s.upart + (i * Np + n) * (pth + 1);
+      float acc = 0;
+      for (int k = 0; k < pth; k++) acc += up[k];
+      s.dkb[i * Np + n] = acc;
+    }
+    __syncthreads();
+    /* dq: rotation backward (C part), angle share from q, psi = dq . q */
+    for (int u = tid; u < U; u += nthreads) {
+      for (int i = 0; i < nb; i++) {
+        const int64_t mi = m0 + i;
+        float *dq_out = a.dbc_head + ((mi * H + h) * 2 + 1) * N; // [N]
+        const float *dq = s.dkb + i * Np, *q = s.qbuf + i * Np;
+        if (u < S) {
+          const int n0 = 2 * u;
+          float sn, cs;
+          sincosf(s.thbuf[(i + 1) * S + u], &sn, &cs);
+          const float d0 = dq[n0], d1 = dq[n0 + 1];
+          const float e0 = cs * d0 + sn * d1, e1 = -sn * d0 + cs * d1;
+          dq_out[n0] = e0;
+          dq_out[n0 + 1] = e1;
+          s.pCb[n0] += e0;
+          s.pCb[n0 + 1] += e1;
+          a.dthq[(mi * H + h) * S + u] = -d0 * q[n0 + 1] + d1 * q[n0];
+        } else {
+          const int n = 2 * S + (u - S);
+          dq_out[n] = dq[n];
+          s.pCb[n] += dq[n];
+        }
+      }
+    }
+    for (int i = wid; i < nb; i += nw) {
+      float acc = 0;
+      for (int n = lane; n < N; n += 32) acc += s.dkb[i * Np + n] * s.qbuf[i * Np + n];
+      acc = warp_sum(acc);
+      if (lane == 0) a.psi[(m0 + i) * H + h] = acc;
+    }
+    for (int n = tid; n < Np; n += nthreads) s.kbuf[n] = s.kbuf[nb * Np + n];
+    for (int p = tid; p < Pp; p += nthreads) s.xbuf[p] = s.xbuf[nb * Pp + p];
+    __syncthreads();
+  }
+
+  /* ===== sweep R: reverse in time ===== */
+#pragma unroll
+  for (int r = 0; r < RP; r++)
+#pragma unroll
+    for (int c = 0; c < RN; c++) hs[r][c] = 0; /* now dH: the gradient reaching H_t from later tokens */
+  for (int p = tid; p < Pp; p += nthreads) s.wfin[TB * Pp + p] = 0;
+  for (int n = tid; n < Np; n += nthreads) s.ufin[TB * Np + n] = 0;
+  if (tid < SC_W) s.scal[TB * SC_W + tid] = 0;
+  if (tid == 0) {
+    s.misc[2] = 0; /* alpha_t dL/dalpha_t of the next token */
+    s.misc[3] = 0; /* the next token exists and is not a reset */
+  }
+  __syncthreads();
+
+  const int nblk = (a.len + TB - 1) / TB;
+  for (int kb = nblk - 1; kb >= 0; kb--) {
+    const int t0 = kb * TB, nb = min(TB, a.len - t0);
+    const int64_t m0 = (int64_t)b * a.len + t0;
+    bwd_scalars<T>(a, s, m0, nb, h);
+    for (int idx = tid; idx < (nb + 1) * S; idx += nthreads) {
+      const int i = idx / S, j = idx - i * S; /* slot i: token t0 + i - 1 */
+      if (i > 0 || t0 > 0) s.thbuf[i * S + j] = a.theta[((m0 + i - 1) * H + h) * S + j];
+    }
+    __syncthreads();
+    bwd_load_block<T>(a, s, m0, nb, h, g, Pp, Np);
+    /* slot 0: token t0 - 1 (or the incoming state) */
+    for (int n = tid; n < Np; n += nthreads) {
+      float kv = 0, qv = 0;
+      if (n < N) {
+        if (t0 > 0) rotated_kq<T>(a, m0 - 1, h, g, n, s.thbuf, &kv, &qv);
+        else if (a.in_k) kv = a.in_k[bh * N + n];
+      }
+      s.kbuf[n] = kv;
+    }
+    for (int p = tid; p < Pp; p += nthreads) {
+      float xv = 0;
+      if (p < P) {
+        if (t0 > 0) xv = to_f(proj[(m0 - 1) * d.dipp + d.x_off + (int64_t)h * P + p]);
+        else if (a.in_v) xv = a.in_v[bh * P + p];
+      }
+      s.xbuf[p] = xv;
+    }
+    for (int idx = tid; idx < nb * Pp; idx += nthreads) {
+      const int i = idx / Pp, p = idx - i * Pp;
+      s.dybuf[i * Pp + p] = p < P ? a.dy[(m0 + i) * E + (int64_t)h * P + p] : 0.0f;
+    }
+    __syncthreads();
+    /* per token: q.k and dy.x */
+    for (int i = wid; i < nb; i += nw) {
+      float qk = 0, dyx = 0;
+      for (int n = lane; n < N; n += 32) qk += s.qbuf[i * Np + n] * s.kbuf[(i + 1) * Np + n];
+      for (int p = lane; p < P; p += 32) dyx += s.dybuf[i * Pp + p] * s.xbuf[(i + 1) * Pp + p];
+      qk = warp_sum(qk);
+      dyx = warp_sum(dyx);
+      if (lane == 0) {
+        s.scal[i * SC_W + S_QK] = qk;
+        s.scal[i * SC_W + S_DYX] = dyx;
+      }
+    }
+    /* the reverse recurrence: g = dH + dy q^T; w = g k_prev; u = g^T x_prev; dH = alpha g */
+    if (active) {
+      for (int i = nb - 1; i >= 0; i--) {
+        const float al = s.scal[i * SC_W + S_ALPHA];
+        float dy[RP], xp[RP], wp[RP];
+#pragma unroll
+        for (int r = 0; r < RP; r++) {
+          const int p = ti + pth * r;
+          dy[r] = s.dybuf[i * Pp + p];
+          xp[r] = s.xbuf[i * Pp + p];
+          wp[r] = 0;
+        }
+#pragma unroll
+        for (int c = 0; c < RN; c++) {
+          const int n = tj + nth * c;
+          const float kp = s.kbuf[i * Np + n], qc = s.qbuf[i * Np + n];
+          float up = 0;
+#pragma unroll
+          for (int r = 0; r < RP; r++) {
+            const float gv = hs[r][c] + dy[r] * qc;
+            wp[r] += gv * kp;
+            up += gv * xp[r];
+            hs[r][c] = al * gv;
+          }
+          s.upart[(i * Np + n) * (pth + 1) + ti] = up;
+        }
+#pragma unroll
+        for (int r = 0; r < RP; r++) s.wpart[(i * Pp + ti + pth * r) * (nth + 1) + tj] = wp[r];
+      }
+    }
+    __syncthreads();
+    for (int idx = tid; idx < nb * Pp; idx += nthreads) {
+      const int i = idx / Pp, p = idx - i * Pp;
+      const float *wq = s.wpart + (i * Pp + p) * (nth + 1);
+      float acc = 0;
+      for (int k = 0; k < nth; k++) acc += wq[k];
+      s.wfin[i * Pp + p] = s.scal[i * SC_W + S_RESET] != 0 ? 0.0f : acc;
+    }
+    for (int idx = tid; idx < nb * Np; idx += nthreads) {
+      const int i = idx / Np, n = idx - i * Np;
+      const float *uq = s.upart + (i * Np + n) * (pth + 1);
+      float acc = 0;
+      for (int k = 0; k < pth; k++) acc += uq[k];
+      s.ufin[i * Np + n] = s.scal[i * SC_W + S_RESET] != 0 ? 0.0f : acc;
+    }
+    __syncthreads();
+    /* hk, dx (per row p) and dk (per column n) */
+    for (int idx = tid; idx < nb * P; idx += nthreads) {
+      const int i = idx / P, p = idx - i * P;
+      const int nx = i + 1 < nb ? i + 1 : TB;
+      const float *sc = s.scal + i * SC_W, *sn = s.scal + nx * SC_W;
+      const float wn = s.wfin[nx * Pp + p], dyv = s.dybuf[i * Pp + p];
+      const float hk = dyv * sc[S_QK] + sn[S_ALPHA] * wn;
+      s.hkb[i * Pp + p] = hk;
+      const float dx = sn[S_BETA] * wn + Dh * dyv + sc[S_GAMMA] * hk;
+      dproj[(m0 + i) * d.dipp + d.x_off + (int64_t)h * P + p] = from_f<T>(dx);
+    }
+    for (int idx = tid; idx < nb * N; idx += nthreads) {
+      const int i = idx / N, n = idx - i * N;
+      const int nx = i + 1 < nb ? i + 1 : TB;
+      const float *sc = s.scal + i * SC_W, *sn = s.scal + nx * SC_W;
+      const float un = s.ufin[nx * Np + n];
+      const float dhtx = sc[S_DYX] * s.qbuf[i * Np + n] + sn[S_ALPHA] * un;
+      s.dkb[i * Np + n] = sn[S_BETA] * un + sc[S_GAMMA] * dhtx;
+    }
+    __syncthreads();
+    /* dgamma = x . hk, dbeta = x_prev . w */
+    for (int i = wid; i < nb; i += nw) {
+      float dgm = 0, dbt = 0;
+      for (int p = lane; p < P; p += 32) {
+        dgm += s.xbuf[(i + 1) * Pp + p] * s.hkb[i * Pp + p];
+        dbt += s.xbuf[i * Pp + p] * s.wfin[i * Pp + p];
+      }
+      dgm = warp_sum(dgm);
+      dbt = warp_sum(dbt);
+      if (lane == 0) {
+        s.scal[i * SC_W + S_DGAMMA] = dgm;
+        s.scal[i * SC_W + S_DBETA] = dbt;
+      }
+    }
+    /* dk: rotation backward (B part) and the angle gradient of each token */
+    for (int u = tid; u < U; u += nthreads) {
+      for (int i = 0; i < nb; i++) {
+        const int64_t mi = m0 + i;
+        float *dk_out = a.dbc_head + ((mi * H + h) * 2 + 0) * N; // [N]
+        const float *dk = s.dkb + i * Np, *k = s.kbuf + (i + 1) * Np;
+        if (u < S) {
+          const int n0 = 2 * u;
+          float sn, cs;
+          sincosf(s.thbuf[(i + 1) * S + u], &sn, &cs);
+          const float d0 = dk[n0], d1 = dk[n0 + 1];
+          const float e0 = cs * d0 + sn * d1, e1 = -sn * d0 + cs * d1;
+          dk_out[n0] = e0;
+          dk_out[n0 + 1] = e1;
+          s.pBb[n0] += e0;
+          s.pBb[n0 + 1] += e1;
+          s.dthb[i * S + u] = (-d0 * k[n0 + 1] + d1 * k[n0]) + a.dthq[(mi * H + h) * S + u];
+        } else {
+          const int n = 2 * S + (u - S);
+          dk_out[n] = dk[n];
+          s.pBb[n] += dk[n];
+        }
+      }
+    }
+    __syncthreads();
+    /* the angle gradient: reverse cumulative sum per pair, stopped at resets */
+    for (int j = tid; j < S; j += nthreads) {
+      float D = s.Dth[j];
+      for (int i = nb - 1; i >= 0; i--) {
+        const int64_t mi = m0 + i;
+        const float *sc = s.scal + i * SC_W;
+        D += s.dthb[i * S + j];
+        const float ta = tanhf(to_f(proj[mi * d.dipp + d.ang_off + j]));
+        s.dda[i * S + j] = PI_F * D * ta;
+        a.dang_head[(mi * H + h) * S + j] = PI_F * D * sc[S_DT] * (1 - ta * ta);
+        if (sc[S_RESET] != 0) D = 0;
+      }
+      s.Dth[j] = D;
+    }
+    __syncthreads();
+    for (int i = wid; i < nb; i += nw) {
+      float acc = 0;
+      for (int j = lane; j < S; j += 32) acc += s.dda[i * S + j];
+      acc = warp_sum(acc);
+      if (lane == 0) s.scal[i * SC_W + S_DDTANG] = acc;
+    }
+    __syncthreads();
+    /* the scalar chain, in reverse token order (phi recursion, dt_bias partial) */
+    if (tid == 0) {
+      float ad_next = s.misc[2], valid = s.misc[3], pdtb = s.misc[1];
+      for (int i = nb - 1; i >= 0; i--) {
+        const int64_t mi = m0 + i;
+        const float *sc = s.scal + i * SC_W;
+        const float dgm = sc[S_DGAMMA], dbt = sc[S_DBETA], be = sc[S_BETA_RAW], al = sc[S_ALPHA_RAW];
+        const float lam = sc[S_LAM], dt = sc[S_DT];
+        const float phi = a.psi[mi * H + h] + (valid != 0 ? ad_next : 0.0f);
+        const float ad = sc[S_RESET] != 0 ? 0.0f : phi - be * dbt - sc[S_GAMMA] * dgm;
+        const float adb = ad + dbt * be; /* alpha * (dL/dalpha + dL/dbeta dbeta/dalpha) */
+        const float ddt = adb * sc[S_A] + dbt * (1 - lam) * al + dgm * lam + sc[S_DDTANG];
+        const float dA = adb * dt;
+        const float dlam = -dbt * dt * al + dgm * dt;
+        const float dv = ddt * sc[S_DSP];
+        T *drow = dproj + mi * d.dipp;
+        drow[d.dt_off + h] = from_f<T>(dv);
+        drow[d.A_off + h] = from_f<T>(dA * sc[S_DAD]);
+        drow[d.trap_off + h] = from_f<T>(dlam * lam * (1 - lam));
+        pdtb += dv;
+        ad_next = ad;
+        valid = sc[S_RESET] != 0 ? 0.0f : 1.0f;
+      }
+      s.misc[1] = pdtb;
+      s.misc[2] = ad_next;
+      s.misc[3] = valid;
+    }
+    __syncthreads();
+    /* the block's first token is the next token of the block before it */
+    for (int p = tid; p < Pp; p += nthreads) s.wfin[TB * Pp + p] = s.wfin[p];
+    for (int n = tid; n < Np; n += nthreads) s.ufin[TB * Np + n] = s.ufin[n];
+    if (tid < SC_W) s.scal[TB * SC_W + tid] = s.scal[tid];
+    __syncthreads();
+  }
+
+  /* per-(row, head) parameter partials */
+  float *part = a.part + bh * (2 + 2 * (int64_t)N); // [2 + 2N]
+  if (tid == 0) {
+    part[0] = s.misc[1];
+    part[1] = s.misc[0];
+  }
+  for (int n = tid; n < N; n += nthreads) {
+    part[2 + n] = s.pBb[n];
+    part[2 + N + n] = s.pCb[n];
+  }
+  if (d.outproj_norm)
+    for (int p = tid; p < P; p += nthreads) {
+      float acc = 0;
+      for (int w = 0; w < nw; w++) acc += s.pOn[w * Pp + p];
+      a.part_norm[bh * P + p] = acc;
+    }
+}
+
+__global__ void scan_reduce_parts_kernel(const float *__restrict__ part, int32_t rows, int32_t H, int32_t N,
+                                         float *__restrict__ g_dt_bias, float *__restrict__ g_D,
+                                         float *__restrict__ g_B_bias, float *__restrict__ g_C_bias) {
+  const int32_t width = 2 + 2 * N;
+  const int32_t k = blockIdx.x * blockDim.x + threadIdx.x;
+  if (k >= H * width) return;
+  const int32_t h = k / width, e = k - h * width;
+  float acc = 0;
+  for (int32_t b = 0; b < rows; b++) acc += part[((int64_t)b * H + h) * width + e];
+  if (e == 0) g_dt_bias[h] += acc;
+  else if (e == 1) g_D[h] += acc;
+  else if (e < 2 + N) g_B_bias[(int64_t)h * N + (e - 2)] += acc;
+  else g_C_bias[(int64_t)h * N + (e - 2 - N)] += acc;
+}
+
+/* ---- host side: plans and launches ------------------------------------------------------------------ */
+
+static int next_pow2(int v) {
+  int p = 1;
+  while (p < v) p <<= 1;
+  return p;
+}
+
+static const int TILES[][2] = {{1, 1}, {1, 2}, {2, 2}, {2, 4}, {4, 4}, {4, 8}, {4, 16}};
+enum { N_TILES = sizeof TILES / sizeof TILES[0] };
+
+extern "C" int m3k_scan_make_plan(int32_t P, int32_t N, int32_t S, int32_t max_smem, m3k_scan_plan *out,
+                                  char *why) {
+  if (P < 1 || P > 128 || N < 1 || N > 256) {
+    snprintf(why, 256, "headdim %d x d_state %d: the CUDA scan supports headdim <= 128 and d_state <= 256", P, N);
+    return 0;
+  }
+  int chosen = -1;
+  for (int limit = 256; limit <= 512 && chosen < 0; limit *= 2)
+    for (int t = 0; t < N_TILES; t++) {
+      const int pth = next_pow2((P + TILES[t][0] - 1) / TILES[t][0]);
+      const int nth = next_pow2((N + TILES[t][1] - 1) / TILES[t][1]);
+      if (pth * nth <= limit) {
+        chosen = t;
+        break;
+      }
+    }
+  if (chosen < 0) {
+    snprintf(why, 256, "headdim %d x d_state %d: no thread tile of the CUDA scan fits", P, N);
+    return 0;
+  }
+  m3k_scan_plan p;
+  p.rp = TILES[chosen][0];
+  p.rn = TILES[chosen][1];
+  p.pth = next_pow2((P + p.rp - 1) / p.rp);
+  p.nth = next_pow2((N + p.rn - 1) / p.rn);
+  p.threads = (p.pth * p.nth + 31) / 32 * 32;
+  const int Pp = p.pth * p.rp, Np = p.nth * p.rn, nw = p.threads / 32;
+  /* the largest token block that fits (two CTAs per multiprocessor when possible) */
+  const int64_t budget = max_smem < 110 * 1024 ? max_smem : 110 * 1024;
+  p.tb_fwd = p.tb_bwd = 0;
+  for (int tb = 16; tb >= 1; tb /= 2) {
+    if (!p.tb_fwd && fwd_smem_floats(tb, Pp, Np, p.pth, p.nth, S) * 4 <= budget) p.tb_fwd = tb;
+    if (!p.tb_bwd && bwd_smem_floats(tb, Pp, Np, p.pth, p.nth, S, nw) * 4 <= budget) p.tb_bwd = tb;
+  }
+  if (!p.tb_fwd || !p.tb_bwd) {
+    snprintf(why, 256, "headdim %d x d_state %d: the CUDA scan needs more shared memory than the device's %d bytes",
+             P, N, max_smem);
+    return 0;
+  }
+  p.smem_fwd = (int32_t)(fwd_smem_floats(p.tb_fwd, Pp, Np, p.pth, p.nth, S) * 4);
+  p.smem_bwd = (int32_t)(bwd_smem_floats(p.tb_bwd, Pp, Np, p.pth, p.nth, S, nw) * 4);
+  *out = p;
+  return 1;
+}
+
+/* Calls body with RP, RN bound to the plan's tile as compile-time constants. */
+#define SCAN_TILE_DISPATCH(plan, body)                                             \
+  do {                                                                             \
+    const int rp_ = (plan)->rp, rn_ = (plan)->rn;                                  \
+    if (rp_ == 1 && rn_ == 1) { enum { RP = 1, RN = 1 }; body; }                   \
+    else if (rp_ == 1 && rn_ == 2) { enum { RP = 1, RN = 2 }; body; }              \
+    else if (rp_ == 2 && rn_ == 2) { enum { RP = 2, RN = 2 }; body; }              \
+    else if (rp_ == 2 && rn_ == 4) { enum { RP = 2, RN = 4 }; body; }              \
+    else if (rp_ == 4 && rn_ == 4) { enum { RP = 4, RN = 4 }; body; }              \
+    else if (rp_ == 4 && rn_ == 8) { enum { RP = 4, RN = 8 }; body; }              \
+    else { enum { RP = 4, RN = 16 }; body; }                                       \
+  } while (0)
+
+extern "C" cudaError_t m3k_scan_prepare(int prec, const m3k_scan_plan *plan) {
+  cudaError_t e = cudaSuccess;
+  M3K_DISPATCH(prec, SCAN_TILE_DISPATCH(plan, {
+    e = cudaFuncSetAttribute(scan_fwd_kernel<RP, RN, T>, cudaFuncAttributeMaxDynamicSharedMemorySize, plan->smem_fwd);
+    if (e == cudaSuccess)
+      e = cudaFuncSetAttribute(scan_bwd_kernel<RP, RN, T>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                               plan->smem_bwd);
+  }));
+  return e;
+}
+
+extern "C" cudaError_t m3k_scan_fwd(cudaStream_t s, int prec, const m3k_scan_plan *plan, const m3k_scan_args *a) {
+  const dim3 grid(a->d.H, a->rows);
+  M3K_DISPATCH(prec, SCAN_TILE_DISPATCH(plan, (scan_fwd_kernel<RP, RN, T><<<grid, plan->threads, plan->smem_fwd, s>>>(
+                                                   *a, plan->pth, plan->nth, plan->tb_fwd))));
+  return cudaGetLastError();
+}
+
+extern "C" cudaError_t m3k_scan_bwd(cudaStream_t s, int prec, const m3k_scan_plan *plan, const m3k_scan_args *a) {
+  const dim3 grid(a->d.H, a->rows);
+  M3K_DISPATCH(prec, SCAN_TILE_DISPATCH(plan, (scan_bwd_kernel<RP, RN, T><<<grid, plan->threads, plan->smem_bwd, s>>>(
+                                                   *a, plan->pth, plan->nth, plan->tb_bwd))));
+  return cudaGetLastError();
+}
+
+extern "C" cudaError_t m3k_scan_reduce_parts(cudaStream_t s, const float *part, int32_t rows, int32_t H, int32_t N,
+                                             float *g_dt_bias, float *g_D, float *g_B_bias, float *g_C_bias) {
+  const int64_t n = (int64_t)H * (2 + 2 * N);
+  scan_reduce_parts_kernel<<<grid_for(n, 128), 128, 0, s>>>(part, rows, H, N, g_dt_bias, g_D, g_B_bias, g_C_bias);
+  return cudaGetLastError();
+}
