@@ -1,0 +1,1108 @@
+/*
+ * cuda_backend.c — the CUDA backend of the trainer (backend.h): one device arena per trainer,
+ * the step sequence (batch upload, forward, head, backward, optimizer tail, metrics download)
+ * enqueued on one stream, and CUDA graphs of that sequence per (rows, len) window shape.
+ *
+ * Memory: everything is carved once, at creation, out of one cudaMalloc (named views below,
+ * 256-byte aligned; per-layer slices of saved activations are padded to 128 elements so every
+ * slice stays aligned); pinned host buffers of the same capacity stage the batch. Nothing is
+ * allocated inside a step.
+ *
+ * Per-step values (lr, Adam bias corrections, loss scale / backward weight, clip) live in a
+ * small device struct copied from pinned memory at the start of every enqueued sequence, so a
+ * captured graph reads the current ones at each replay. The step's metrics (loss sums, norm,
+ * finite flag) come back through one small copy into pinned memory; the call waits for it
+ * because the trainer needs the finite flag before it counts the step.
+ *
+ * Determinism: the kernels reduce in fixed orders and every GEMM shape runs one cached
+ * cuBLASLt algorithm with one workspace, so eager steps, graph replays and split calls give
+ * the same bits, run after run.
+ *
+ * Errors: every CUDA and cuBLAS call is checked; a sticky error (the context is broken, e.g.
+ * an illegal address) returns M3_ERR_POISONED and the backend refuses every later call.
+ */
+#include <cuda_runtime_api.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "../../../kernels/m3_kernels.h"
+#include "../backend.h"
+#include "../errors.h"
+#include "gemm.h"
+
+enum { MAX_GRAPHS = 16, LM_BLOCK_ROWS = 4096, SLICE_ALIGN = 128 };
+static const size_t WORKSPACE_BYTES = (size_t)32 << 20;
+
+typedef struct graph_entry {
+  int32_t rows, len, carry;
+  cudaGraphExec_t exec;
+  uint64_t used;
+} graph_entry;
+
+struct backend {
+  const m3_dims *d;
+  const m3_layout *lay;
+  m3k_dims kd;
+  int prec;         /* M3K_F32, M3K_BF16, M3K_F16 */
+  size_t act_bytes; /* 4 or 2 */
+  int dev;
+  int32_t B, T;
+  int64_t Mc; /* capacity positions B * T */
+  int poisoned;
+  cudaStream_t st;
+  gemm_ctx gm;
+  int gm_ready;
+  m3k_scan_plan scan;
+  int64_t lm_rows;   /* positions per block of the "lm" head */
+  int64_t in_w;      /* width of the input rows */
+  int64_t od;        /* "mse" out_dim */
+
+  /* ---- device arena ---- */
+  char *arena;
+  size_t arena_bytes;
+  float *params, *grads, *adam_m, *adam_v; /* [total] */
+  void *shadow;                            /* [total] 16-bit weights (NULL for f32) */
+  uint8_t *decay_flags;                    /* [total / 64]: 1 = decayed even in the reference group */
+  float *s_angle, *s_ssm, *s_k, *s_v;      /* carried state [L, B, H, S | P N | N | P] */
+  float *i_angle, *i_ssm, *i_k, *i_v;      /* incoming state of the last training forward (same shapes) */
+  float *resid;                            /* [L + 1] x [Mc, dm] residual stream */
+  void *xn;                                /* [L] x [Mc, dm] act: RMSNorm(resid) */
+  float *rstd;                             /* [L] x [Mc] */
+  void *proj;                              /* [L] x [Mc, dipp] act: in_proj output */
+  float *bc_hat;                           /* [L] x [Mc, 2, G, N] */
+  float *bc_rstd;                          /* [L] x [Mc, 2, G] */
+  float *theta;                            /* [L] x [Mc, H, S] */
+  float *y;                                /* [L] x [Mc, E] scan output */
+  float *y_rstd;                           /* [L] x [Mc, H] */
+  void *gated;                             /* [L] x [Mc, E] act: gate output */
+  float *out;                              /* [Mc, dm] the output */
+  void *out_act;                           /* [Mc, dm] act (= out for f32) */
+  float *out_rstd;                         /* [Mc] */
+  float *dout, *dresid, *dxn;              /* [Mc, dm] */
+  void *dresid_act;                        /* [Mc, dm] act (= dresid for f32) */
+  void *dproj;                             /* [Mc, dipp] act */
+  float *dgated, *dy;                      /* [Mc, E] */
+  float *dthq;                             /* [Mc, H, S] */
+  float *psi;                              /* [Mc, H] */
+  float *dbc_head;                         /* [Mc, H, 2, N] */
+  float *dang_head;                        /* [Mc, H, S] */
+  float *part;                             /* [B, H, 2 + 2N] */
+  float *part_norm;                        /* [B, H, P] */
+  float *wcontrib;                         /* [Mc, max(dm, 2N)] */
+  float *colsum_scratch;
+  float *logits;                           /* lm: [lm_rows, V]; mse: [Mc, od] predictions */
+  void *dlogits;                           /* lm: [lm_rows, V] act */
+  float *dpred;                            /* mse: [Mc, od] */
+  void *dpred_act;                         /* mse: [Mc, od] act (= dpred for f32) */
+  double *row_loss;                        /* [Mc] */
+  int32_t *row_hit;                        /* [Mc] */
+  float *in_f32;                           /* [Mc, in_w] */
+  void *in_act;                            /* [Mc, in_w] act (= in_f32 for f32) */
+  int32_t *tokens, *targets, *perm, *seg_tok; /* [Mc] */
+  int32_t *seg_start;                      /* [Mc + 1] */
+  float *tvals;                            /* [Mc, od] */
+  uint8_t *mask, *resets;                  /* [Mc] */
+  float *d_out;                            /* [Mc, dm] */
+  double *norm_part;                       /* [norm_blocks] */
+  int64_t norm_blocks;
+  m3k_step *d_step;
+  m3k_batch_info *d_info;
+  m3k_metrics *d_metrics;
+  void *workspace;
+
+  /* ---- pinned host staging (same capacities) ---- */
+  char *pin;
+  size_t pin_bytes;
+  m3k_step *h_step;
+  m3k_batch_info *h_info;
+  m3k_metrics *h_metrics;
+  float *h_in, *h_tvals, *h_dout;
+  int32_t *h_tokens, *h_targets, *h_perm, *h_seg_start, *h_seg_tok;
+  uint8_t *h_mask, *h_resets;
+  int32_t *hist; /* [vocab] host scratch of the counting sort */
+
+  /* ---- graphs ---- */
+  int graph_mode;
+  graph_entry graphs[MAX_GRAPHS];
+  int n_graphs;
+  uint64_t tick;
+  int32_t last_rows, last_len;
+  int fwd_carry;  /* the last training forward started from the carried state */
+  int last_carry; /* carry of the last forward or step (the default shape of capture_graph) */
+};
+
+/* ---- errors ------------------------------------------------------------------------------------ */
+
+static int sticky(cudaError_t e) {
+  switch (e) {
+    case cudaErrorIllegalAddress:
+    case cudaErrorLaunchFailure:
+    case cudaErrorIllegalInstruction:
+    case cudaErrorMisalignedAddress:
+    case cudaErrorInvalidAddressSpace:
+    case cudaErrorInvalidPc:
+    case cudaErrorHardwareStackError:
+    case cudaErrorAssert:
+    case cudaErrorLaunchTimeout:
+    case cudaErrorECCUncorrectable:
+    case cudaErrorContextIsDestroyed:
+    case cudaErrorTensorMemoryLeak:
+    case cudaErrorUnknown:
+      return 1;
+    default:
+      return 0;
+  }
+}
+
+static m3_status cuda_fail(backend *be, cudaError_t e, const char *call, const char *file, int line) {
+  if (sticky(e)) {
+    be->poisoned = 1;
+    return m3_fail_at(M3_ERR_POISONED, file, line,
+                      "%s: %s (%s); the CUDA context is broken and this trainer is poisoned (create a new one)",
+                      call, cudaGetErrorName(e), cudaGetErrorString(e));
+  }
+  cudaGetLastError(); /* clear a non-sticky error so the next call starts clean */
+  if (e == cudaErrorMemoryAllocation)
+    return m3_fail_at(M3_ERR_MEMORY, file, line, "%s: out of device memory (%s)", call, cudaGetErrorString(e));
+  return m3_fail_at(M3_ERR_CUDA, file, line, "%s failed: %s (%s)", call, cudaGetErrorName(e), cudaGetErrorString(e));
+}
+
+/* Checks a CUDA runtime call or a kernel launcher's cudaError_t. */
+#define CK(call)                                                                   \
+  do {                                                                             \
+    cudaError_t ck_e_ = (call);                                                    \
+    if (ck_e_ != cudaSuccess) return cuda_fail(be, ck_e_, #call, __FILE__, __LINE__); \
+  } while (0)
+
+/* A failed cuBLASLt call may hide a sticky error: look before reporting. */
+static m3_status gemm_checked(backend *be, const gemm_op *op) {
+  m3_status s = m3_gemm(&be->gm, be->st, op);
+  if (s != M3_OK) {
+    cudaError_t e = cudaPeekAtLastError();
+    if (sticky(e)) return cuda_fail(be, e, "cublasLtMatmul", __FILE__, __LINE__);
+  }
+  return s;
+}
+
+#define ENTER(be)                                                                                     \
+  do {                                                                                                \
+    if ((be)->poisoned)                                                                               \
+      return m3_fail(M3_ERR_POISONED, "this CUDA trainer hit a sticky CUDA error earlier and cannot be used"); \
+    CK(cudaSetDevice((be)->dev));                                                                     \
+  } while (0)
+
+/* ---- arena views ------------------------------------------------------------------------------------ */
+
+static int64_t rup(int64_t v, int64_t a) { return (v + a - 1) / a * a; }
+static int64_t slice(int64_t elems) { return rup(elems, SLICE_ALIGN); }
+
+typedef struct carver {
+  char *base;
+  size_t off;
+} carver;
+
+static void *take(carver *c, size_t bytes) {
+  const size_t o = (c->off + 255) & ~(size_t)255;
+  c->off = o + (bytes ? bytes : 1);
+  return c->base ? c->base + o : NULL;
+}
+
+#define TAKE_F(c, n) ((float *)take((c), (size_t)(n) * sizeof(float)))
+
+static void carve_device(backend *be, carver *c) {
+  const m3_dims *d = be->d;
+  const int64_t L = d->L, Mc = be->Mc, total = be->lay->total, B = be->B, H = d->H, P = d->P, N = d->N, S = d->S;
+  const int64_t dm = d->dm, E = d->E, dipp = be->kd.dipp, G = d->G;
+  const size_t ab = be->act_bytes;
+  be->params = TAKE_F(c, total);
+  be->grads = TAKE_F(c, total);
+  be->adam_m = TAKE_F(c, total);
+  be->adam_v = TAKE_F(c, total);
+  be->shadow = be->prec != M3K_F32 ? take(c, (size_t)total * ab) : NULL;
+  be->decay_flags = take(c, (size_t)(total / M3_ALIGN + 1));
+  const int64_t n_angle = L * B * H * S, n_ssm = L * B * H * P * N, n_k = L * B * H * N, n_v = L * B * H * P;
+  be->s_angle = TAKE_F(c, n_angle);
+  be->s_ssm = TAKE_F(c, n_ssm);
+  be->s_k = TAKE_F(c, n_k);
+  be->s_v = TAKE_F(c, n_v);
+  be->i_angle = TAKE_F(c, n_angle);
+  be->i_ssm = TAKE_F(c, n_ssm);
+  be->i_k = TAKE_F(c, n_k);
+  be->i_v = TAKE_F(c, n_v);
+  be->resid = TAKE_F(c, (L + 1) * slice(Mc * dm));
+  be->xn = take(c, (size_t)(L * slice(Mc * dm)) * ab);
+  be->rstd = TAKE_F(c, L * slice(Mc));
+  be->proj = take(c, (size_t)(L * slice(Mc * dipp)) * ab);
+  be->bc_hat = TAKE_F(c, L * slice(Mc * 2 * G * N));
+  be->bc_rstd = TAKE_F(c, L * slice(Mc * 2 * G));
+  be->theta = TAKE_F(c, L * slice(Mc * H * S));
+  be->y = TAKE_F(c, L * slice(Mc * E));
+  be->y_rstd = TAKE_F(c, d->outproj_norm ? L * slice(Mc * H) : 1);
+  be->gated = take(c, (size_t)(L * slice(Mc * E)) * ab);
+  be->out = TAKE_F(c, Mc * dm);
+  be->out_act = be->prec != M3K_F32 ? take(c, (size_t)(Mc * dm) * ab) : (void *)be->out;
+  be->out_rstd = TAKE_F(c, Mc);
+  be->dout = TAKE_F(c, Mc * dm);
+  be->dresid = TAKE_F(c, Mc * dm);
+  be->dxn = TAKE_F(c, Mc * dm);
+  be->dresid_act = be->prec != M3K_F32 ? take(c, (size_t)(Mc * dm) * ab) : (void *)be->dresid;
+  be->dproj = take(c, (size_t)(Mc * dipp) * ab);
+  be->dgated = TAKE_F(c, Mc * E);
+  be->dy = TAKE_F(c, Mc * E);
+  be->dthq = TAKE_F(c, Mc * H * S);
+  be->psi = TAKE_F(c, Mc * H);
+  be->dbc_head = TAKE_F(c, Mc * H * 2 * N);
+  be->dang_head = TAKE_F(c, Mc * H * S);
+  be->part = TAKE_F(c, B * H * (2 + 2 * N));
+  be->part_norm = TAKE_F(c, B * H * P);
+  const int64_t wc = dm > 2 * N ? dm : 2 * N;
+  be->wcontrib = TAKE_F(c, Mc * wc);
+  int64_t cs = m3k_colsum_scratch(Mc, (int32_t)(dm > N ? dm : N));
+  if (be->od > 0) {
+    const int64_t o = m3k_colsum_scratch(Mc, (int32_t)be->od);
+    if (o > cs) cs = o;
+  }
+  be->colsum_scratch = TAKE_F(c, cs);
+  be->logits = be->dlogits = NULL;
+  be->dpred = NULL;
+  be->dpred_act = NULL;
+  if (d->head == M3_HEAD_LM) {
+    be->logits = TAKE_F(c, be->lm_rows * d->vocab);
+    be->dlogits = take(c, (size_t)(be->lm_rows * d->vocab) * ab);
+  } else if (d->head == M3_HEAD_MSE) {
+    be->logits = TAKE_F(c, Mc * be->od);
+    be->dpred = TAKE_F(c, Mc * be->od);
+    be->dpred_act = be->prec != M3K_F32 ? take(c, (size_t)(Mc * be->od) * ab) : (void *)be->dpred;
+  }
+  be->row_loss = take(c, (size_t)Mc * sizeof(double));
+  be->row_hit = take(c, (size_t)Mc * sizeof(int32_t));
+  be->in_f32 = NULL;
+  be->in_act = NULL;
+  if (d->input != M3_INPUT_TOKENS) {
+    be->in_f32 = TAKE_F(c, Mc * be->in_w);
+    be->in_act = (be->prec != M3K_F32 && d->input == M3_INPUT_FEATURES) ? take(c, (size_t)(Mc * be->in_w) * ab)
+                                                                         : (void *)be->in_f32;
+  } else {
+    be->tokens = take(c, (size_t)Mc * sizeof(int32_t));
+    be->perm = take(c, (size_t)Mc * sizeof(int32_t));
+    be->seg_tok = take(c, (size_t)Mc * sizeof(int32_t));
+    be->seg_start = take(c, (size_t)(Mc + 1) * sizeof(int32_t));
+  }
+  be->targets = d->head == M3_HEAD_LM ? take(c, (size_t)Mc * sizeof(int32_t)) : NULL;
+  be->tvals = d->head == M3_HEAD_MSE ? TAKE_F(c, Mc * be->od) : NULL;
+  be->mask = d->head == M3_HEAD_MSE ? take(c, (size_t)Mc) : NULL;
+  be->d_out = d->head == M3_HEAD_NONE ? TAKE_F(c, Mc * dm) : NULL;
+  be->resets = take(c, (size_t)Mc);
+  be->norm_blocks = m3k_norm_blocks(total);
+  be->norm_part = take(c, (size_t)be->norm_blocks * sizeof(double));
+  be->d_step = take(c, sizeof(m3k_step));
+  be->d_info = take(c, sizeof(m3k_batch_info));
+  be->d_metrics = take(c, sizeof(m3k_metrics));
+  be->workspace = take(c, WORKSPACE_BYTES);
+}
+
+static void carve_pinned(backend *be, carver *c) {
+  const m3_dims *d = be->d;
+  const int64_t Mc = be->Mc;
+  be->h_step = take(c, sizeof(m3k_step));
+  be->h_info = take(c, sizeof(m3k_batch_info));
+  be->h_metrics = take(c, sizeof(m3k_metrics));
+  be->h_in = d->input != M3_INPUT_TOKENS ? TAKE_F(c, Mc * be->in_w) : NULL;
+  be->h_tokens = d->input == M3_INPUT_TOKENS ? take(c, (size_t)Mc * sizeof(int32_t)) : NULL;
+  be->h_perm = d->input == M3_INPUT_TOKENS ? take(c, (size_t)Mc * sizeof(int32_t)) : NULL;
+  be->h_seg_tok = d->input == M3_INPUT_TOKENS ? take(c, (size_t)Mc * sizeof(int32_t)) : NULL;
+  be->h_seg_start = d->input == M3_INPUT_TOKENS ? take(c, (size_t)(Mc + 1) * sizeof(int32_t)) : NULL;
+  be->h_targets = d->head == M3_HEAD_LM ? take(c, (size_t)Mc * sizeof(int32_t)) : NULL;
+  be->h_tvals = d->head == M3_HEAD_MSE ? TAKE_F(c, Mc * be->od) : NULL;
+  be->h_mask = d->head == M3_HEAD_MSE ? take(c, (size_t)Mc) : NULL;
+  be->h_dout = d->head == M3_HEAD_NONE ? TAKE_F(c, Mc * d->dm) : NULL;
+  be->h_resets = take(c, (size_t)Mc);
+}
+
+/* per-layer slices */
+static float *resid_l(const backend *be, int l) { return be->resid + l * slice(be->Mc * be->d->dm); }
+static void *xn_l(const backend *be, int l) {
+  return (char *)be->xn + (size_t)(l * slice(be->Mc * be->d->dm)) * be->act_bytes;
+}
+static float *rstd_l(const backend *be, int l) { return be->rstd + l * slice(be->Mc); }
+static void *proj_l(const backend *be, int l) {
+  return (char *)be->proj + (size_t)(l * slice(be->Mc * be->kd.dipp)) * be->act_bytes;
+}
+static float *bc_hat_l(const backend *be, int l) { return be->bc_hat + l * slice(be->Mc * 2 * be->d->G * be->d->N); }
+static float *bc_rstd_l(const backend *be, int l) { return be->bc_rstd + l * slice(be->Mc * 2 * be->d->G); }
+static float *theta_l(const backend *be, int l) { return be->theta + l * slice(be->Mc * be->d->H * be->d->S); }
+static float *y_l(const backend *be, int l) { return be->y + l * slice(be->Mc * be->d->E); }
+static float *y_rstd_l(const backend *be, int l) {
+  return be->d->outproj_norm ? be->y_rstd + l * slice(be->Mc * be->d->H) : be->y_rstd;
+}
+static void *gated_l(const backend *be, int l) {
+  return (char *)be->gated + (size_t)(l * slice(be->Mc * be->d->E)) * be->act_bytes;
+}
+/* GEMM operand of a weight: the 16-bit shadow, or the master for f32 */
+static const void *wgt(const backend *be, int64_t off) {
+  return be->prec != M3K_F32 ? (const void *)((const char *)be->shadow + (size_t)off * be->act_bytes)
+                             : (const void *)(be->params + off);
+}
+
+/* ---- GEMM helpers (row-major, gemm.h) ------------------------------------------------------------------ */
+
+/* D[M, N] (+)= A[M, K] B[N, K]^T */
+static m3_status mm_nt(backend *be, int64_t M, int64_t N, int64_t K, const void *A, int64_t lda, const void *B,
+                       int64_t ldb, const float *C, void *D, int64_t ldd, int d_kind, float beta) {
+  gemm_op o = {0, 1, M, N, K, A, lda, G_ACT, B, ldb, G_ACT, C, D, ldd, d_kind, beta};
+  return gemm_checked(be, &o);
+}
+
+/* D[M, N] = A[M, K] B[K, N] */
+static m3_status mm_nn(backend *be, int64_t M, int64_t N, int64_t K, const void *A, int64_t lda, const void *B,
+                       int64_t ldb, void *D, int64_t ldd) {
+  gemm_op o = {0, 0, M, N, K, A, lda, G_ACT, B, ldb, G_ACT, NULL, D, ldd, G_F32, 0.0f};
+  return gemm_checked(be, &o);
+}
+
+/* G[M, N] += A[K, M]^T B[K, N] (weight gradients, float32 accumulation into the arena) */
+static m3_status mm_tn_acc(backend *be, int64_t M, int64_t N, int64_t K, const void *A, int64_t lda, const void *B,
+                           int64_t ldb, float *G, int64_t ldg) {
+  gemm_op o = {1, 0, M, N, K, A, lda, G_ACT, B, ldb, G_ACT, G, G, ldg, G_F32, 1.0f};
+  return gemm_checked(be, &o);
+}
+
+/* ---- the step sequence ----------------------------------------------------------------------------------- */
+
+static m3k_scan_args scan_args(const backend *be, int l, int32_t rows, int32_t len, int carry_in, int write_final,
+                               int train_in) {
+  const m3_dims *d = be->d;
+  const layer_offsets *lo = &be->lay->layer[l];
+  const int64_t BH = (int64_t)be->B * d->H;
+  m3k_scan_args a;
+  memset(&a, 0, sizeof a);
+  a.d = be->kd;
+  a.rows = rows;
+  a.len = len;
+  a.proj = proj_l(be, l);
+  a.bc_hat = bc_hat_l(be, l);
+  a.dt_bias = be->params + lo->dt_bias;
+  a.D = be->params + lo->D;
+  a.B_bias = be->params + lo->B_bias;
+  a.C_bias = be->params + lo->C_bias;
+  a.out_norm = d->outproj_norm ? be->params + lo->out_norm : NULL;
+  a.resets = be->resets;
+  if (carry_in) { /* training reads the saved copy, evaluation the carried state itself */
+    const float *ang = train_in ? be->i_angle : be->s_angle, *ssm = train_in ? be->i_ssm : be->s_ssm;
+    const float *k = train_in ? be->i_k : be->s_k, *v = train_in ? be->i_v : be->s_v;
+    a.in_angle = ang + l * BH * d->S;
+    a.in_ssm = ssm + l * BH * d->P * d->N;
+    a.in_k = k + l * BH * d->N;
+    a.in_v = v + l * BH * d->P;
+  }
+  if (write_final) {
+    a.fin_angle = be->s_angle + l * BH * d->S;
+    a.fin_ssm = be->s_ssm + l * BH * d->P * d->N;
+    a.fin_k = be->s_k + l * BH * d->N;
+    a.fin_v = be->s_v + l * BH * d->P;
+  }
+  a.theta = theta_l(be, l);
+  a.y = y_l(be, l);
+  a.y_rstd = y_rstd_l(be, l);
+  a.gated = gated_l(be, l);
+  a.dgated = be->dgated;
+  a.dproj = be->dproj;
+  a.dy = be->dy;
+  a.dthq = be->dthq;
+  a.psi = be->psi;
+  a.dbc_head = be->dbc_head;
+  a.dang_head = be->dang_head;
+  a.part = be->part;
+  a.part_norm = be->part_norm;
+  return a;
+}
+
+/* incoming state := carried state, rows [0, rows) of every layer */
+static m3_status save_incoming(backend *be, int32_t rows) {
+  const m3_dims *d = be->d;
+  float *dst[4] = {be->i_angle, be->i_ssm, be->i_k, be->i_v};
+  const float *src[4] = {be->s_angle, be->s_ssm, be->s_k, be->s_v};
+  const int64_t per_row[4] = {(int64_t)d->H * d->S, (int64_t)d->H * d->P * d->N, (int64_t)d->H * d->N,
+                              (int64_t)d->H * d->P};
+  for (int i = 0; i < 4; i++) {
+    if (per_row[i] == 0) continue;
+    const size_t pitch = (size_t)(be->B * per_row[i]) * sizeof(float), width = (size_t)(rows * per_row[i]) * sizeof(float);
+    CK(cudaMemcpy2DAsync(dst[i], pitch, src[i], pitch, width, (size_t)d->L, cudaMemcpyDeviceToDevice, be->st));
+  }
+  return M3_OK;
+}
+
+static m3_status enq_forward(backend *be, int32_t rows, int32_t len, int carry, int train) {
+  const m3_dims *d = be->d;
+  const m3_layout *lay = be->lay;
+  const int64_t M = (int64_t)rows * len, dm = d->dm;
+  if (carry && train) TRY(save_incoming(be, rows));
+  if (train) be->fwd_carry = carry;
+  float *h0 = resid_l(be, 0);
+  switch (d->input) {
+    case M3_INPUT_FEATURES:
+      if (be->prec != M3K_F32) CK(m3k_to_act(be->st, be->prec, be->in_f32, be->in_act, M * be->in_w));
+      CK(m3k_fill_rows(be->st, be->params + lay->input_b, h0, M, d->dm));
+      TRY(mm_nt(be, M, dm, be->in_w, be->in_act, be->in_w, wgt(be, lay->input_w), be->in_w, h0, h0, dm, G_F32, 1.0f));
+      break;
+    case M3_INPUT_IDENTITY:
+      CK(cudaMemcpyAsync(h0, be->in_f32, (size_t)(M * dm) * sizeof(float), cudaMemcpyDeviceToDevice, be->st));
+      break;
+    default:
+      CK(m3k_embed_fwd(be->st, be->tokens, be->params + lay->embedding, h0, M, d->dm));
+      break;
+  }
+  for (int l = 0; l < d->L; l++) {
+    const layer_offsets *lo = &lay->layer[l];
+    CK(m3k_rmsnorm_fwd(be->st, be->prec, resid_l(be, l), be->params + lo->norm, xn_l(be, l), NULL, rstd_l(be, l), M,
+                       d->dm));
+    TRY(mm_nt(be, M, d->dip, dm, xn_l(be, l), dm, wgt(be, lo->in_proj), dm, NULL, proj_l(be, l), be->kd.dipp, G_ACT,
+              0.0f));
+    CK(m3k_bcnorm_fwd(be->st, be->prec, &be->kd, proj_l(be, l), be->params + lo->B_norm, be->params + lo->C_norm,
+                      bc_hat_l(be, l), bc_rstd_l(be, l), M));
+    const m3k_scan_args a = scan_args(be, l, rows, len, carry, train, train);
+    CK(m3k_scan_fwd(be->st, be->prec, &be->scan, &a));
+    TRY(mm_nt(be, M, dm, d->E, gated_l(be, l), d->E, wgt(be, lo->out_proj), d->E, resid_l(be, l), resid_l(be, l + 1),
+              dm, G_F32, 1.0f));
+  }
+  CK(m3k_rmsnorm_fwd(be->st, be->prec, resid_l(be, d->L), be->params + lay->norm_f,
+                     be->prec != M3K_F32 ? be->out_act : NULL, be->out, be->out_rstd, M, d->dm));
+  return M3_OK;
+}
+
+/* The head's loss (row losses -> metrics) and, with want_grad, dout = weight dL/d out and the
+ * head's parameter gradients (+=). */
+static m3_status enq_head(backend *be, int32_t rows, int32_t len, int want_grad) {
+  const m3_dims *d = be->d;
+  const int64_t M = (int64_t)rows * len, dm = d->dm;
+  switch (d->head) {
+    case M3_HEAD_NONE:
+      if (want_grad) CK(m3k_scale_by_weight(be->st, be->d_step, be->d_out, be->dout, M * dm));
+      return M3_OK;
+    case M3_HEAD_LM: {
+      const int64_t w_off = m3_layout_lm_weight(be->lay, d), V = d->vocab;
+      for (int64_t i0 = 0; i0 < M; i0 += be->lm_rows) {
+        const int64_t nb = M - i0 < be->lm_rows ? M - i0 : be->lm_rows;
+        const void *outb = (const char *)be->out_act + (size_t)(i0 * dm) * be->act_bytes;
+        TRY(mm_nt(be, nb, V, dm, outb, dm, wgt(be, w_off), dm, NULL, be->logits, V, G_F32, 0.0f));
+        CK(m3k_ce(be->st, be->prec, be->d_step, be->d_info, be->logits, be->targets + i0,
+                  want_grad ? be->dlogits : NULL, be->row_loss + i0, be->row_hit + i0, nb, (int32_t)V, want_grad));
+        if (want_grad) {
+          TRY(mm_nn(be, nb, dm, V, be->dlogits, V, wgt(be, w_off), dm, be->dout + i0 * dm, dm));
+          TRY(mm_tn_acc(be, V, dm, nb, be->dlogits, V, outb, dm, be->grads + w_off, dm));
+        }
+      }
+      CK(m3k_loss_sum(be->st, be->row_loss, be->row_hit, M, be->d_metrics));
+      return M3_OK;
+    }
+    default: {
+      const int64_t od = be->od;
+      TRY(mm_nt(be, M, od, dm, be->out_act, dm, wgt(be, be->lay->readout_w), dm, NULL, be->logits, od, G_F32, 0.0f));
+      CK(m3k_mse(be->st, be->prec, be->d_step, be->d_info, be->logits, be->params + be->lay->readout_b, be->tvals,
+                 be->mask, be->dpred, be->prec != M3K_F32 ? be->dpred_act : NULL, be->row_loss, M, (int32_t)od,
+                 want_grad));
+      if (want_grad) {
+        CK(m3k_colsum(be->st, be->dpred, M, (int32_t)od, od, be->grads + be->lay->readout_b, be->colsum_scratch));
+        TRY(mm_nn(be, M, dm, od, be->dpred_act, od, wgt(be, be->lay->readout_w), dm, be->dout, dm));
+        TRY(mm_tn_acc(be, od, dm, M, be->dpred_act, od, be->out_act, dm, be->grads + be->lay->readout_w, dm));
+      }
+      CK(m3k_loss_sum(be->st, be->row_loss, NULL, M, be->d_metrics));
+      return M3_OK;
+    }
+  }
+}
+
+static m3_status enq_backward(backend *be, int32_t rows, int32_t len, int zero_grads) {
+  const m3_dims *d = be->d;
+  const m3_layout *lay = be->lay;
+  const int64_t M = (int64_t)rows * len, dm = d->dm, E = d->E, N = d->N;
+  float *g = be->grads;
+  if (zero_grads) CK(cudaMemsetAsync(g, 0, (size_t)lay->total * sizeof(float), be->st));
+  TRY(enq_head(be, rows, len, 1));
+  void *dr_act = be->prec != M3K_F32 ? be->dresid_act : NULL;
+  CK(m3k_rmsnorm_bwd(be->st, be->prec, resid_l(be, d->L), be->params + lay->norm_f, be->out_rstd, be->dout,
+                     be->dresid, dr_act, be->wcontrib, M, d->dm, 0));
+  CK(m3k_colsum(be->st, be->wcontrib, M, d->dm, dm, g + lay->norm_f, be->colsum_scratch));
+  for (int l = d->L - 1; l >= 0; l--) {
+    const layer_offsets *lo = &lay->layer[l];
+    /* out_proj: dgated = dresid W_out, dW_out += dresid^T gated */
+    TRY(mm_nn(be, M, E, dm, be->dresid_act, dm, wgt(be, lo->out_proj), E, be->dgated, E));
+    TRY(mm_tn_acc(be, dm, E, M, be->dresid_act, dm, gated_l(be, l), E, g + lo->out_proj, E));
+    /* gate, scan, B/C norm */
+    const m3k_scan_args a = scan_args(be, l, rows, len, be->fwd_carry, 0, 1);
+    CK(m3k_scan_bwd(be->st, be->prec, &be->scan, &a));
+    CK(m3k_bcnorm_bwd(be->st, be->prec, &be->kd, proj_l(be, l), be->params + lo->B_norm, be->params + lo->C_norm,
+                      bc_rstd_l(be, l), be->dbc_head, be->dang_head, be->dproj, be->wcontrib, M));
+    CK(m3k_colsum(be->st, be->wcontrib, M, (int32_t)N, 2 * N, g + lo->B_norm, be->colsum_scratch));
+    CK(m3k_colsum(be->st, be->wcontrib + N, M, (int32_t)N, 2 * N, g + lo->C_norm, be->colsum_scratch));
+    CK(m3k_scan_reduce_parts(be->st, be->part, rows, d->H, d->N, g + lo->dt_bias, g + lo->D, g + lo->B_bias,
+                             g + lo->C_bias));
+    if (d->outproj_norm) CK(m3k_sum_rows(be->st, be->part_norm, rows, d->H * d->P, g + lo->out_norm));
+    /* in_proj: dxn = dproj W_in, dW_in += dproj^T xn */
+    TRY(mm_nn(be, M, dm, d->dip, be->dproj, be->kd.dipp, wgt(be, lo->in_proj), dm, be->dxn, dm));
+    TRY(mm_tn_acc(be, d->dip, dm, M, be->dproj, be->kd.dipp, xn_l(be, l), dm, g + lo->in_proj, dm));
+    /* layer norm: dresid (the identity path) += norm path */
+    CK(m3k_rmsnorm_bwd(be->st, be->prec, resid_l(be, l), be->params + lo->norm, rstd_l(be, l), be->dxn, be->dresid,
+                       dr_act, be->wcontrib, M, d->dm, 1));
+    CK(m3k_colsum(be->st, be->wcontrib, M, d->dm, dm, g + lo->norm, be->colsum_scratch));
+  }
+  switch (d->input) {
+    case M3_INPUT_FEATURES:
+      TRY(mm_tn_acc(be, dm, be->in_w, M, be->dresid_act, dm, be->in_act, be->in_w, g + lay->input_w, be->in_w));
+      CK(m3k_colsum(be->st, be->dresid, M, d->dm, dm, g + lay->input_b, be->colsum_scratch));
+      break;
+    case M3_INPUT_TOKENS:
+      CK(m3k_embed_bwd(be->st, be->d_info, be->seg_tok, be->seg_start, be->perm, be->dresid, g + lay->embedding, M,
+                       d->dm));
+      break;
+    default:
+      break;
+  }
+  return M3_OK;
+}
+
+static m3_status enq_update(backend *be) {
+  const int64_t n = be->lay->total;
+  CK(m3k_grad_sumsq(be->st, be->d_step, be->grads, n, be->norm_part));
+  CK(m3k_grad_norm(be->st, be->d_step, be->norm_part, be->norm_blocks, be->d_metrics));
+  CK(m3k_adamw(be->st, be->prec, be->d_step, be->d_metrics, be->params, be->grads, be->adam_m, be->adam_v, be->shadow,
+               be->decay_flags, n));
+  return M3_OK;
+}
+
+/* ---- host staging and uploads ------------------------------------------------------------------------------- */
+
+static void stage_step(backend *be, const step_params *p, double weight) {
+  m3k_step *h = be->h_step;
+  h->weight = (float)weight;
+  if (!p) return;
+  h->grad_unscale = (float)p->grad_unscale;
+  h->lr = (float)p->lr;
+  h->weight_decay = (float)p->weight_decay;
+  h->beta1 = (float)p->beta1;
+  h->beta2 = (float)p->beta2;
+  h->eps = (float)p->eps;
+  h->step_size = (float)(p->lr / p->bias_correction1);
+  h->bc2_sqrt = (float)sqrt(p->bias_correction2);
+  h->no_decay = p->no_decay;
+  h->clip = p->clip;
+}
+
+static void stage_inputs(backend *be, const m3_batch *b) {
+  const int64_t M = (int64_t)b->rows * b->len;
+  if (be->d->input == M3_INPUT_TOKENS) memcpy(be->h_tokens, b->tokens, (size_t)M * sizeof(int32_t));
+  else memcpy(be->h_in, b->input, (size_t)(M * be->in_w) * sizeof(float));
+  if (b->resets) memcpy(be->h_resets, b->resets, (size_t)M);
+  else memset(be->h_resets, 0, (size_t)M);
+}
+
+/* Segments of a stable counting sort of the window's tokens (embedding backward). */
+static void sort_tokens(backend *be, const int32_t *tok, int64_t M) {
+  int32_t *cnt = be->hist, nseg = 0;
+  for (int64_t i = 0; i < M; i++)
+    if (cnt[tok[i]]++ == 0) be->h_seg_tok[nseg++] = tok[i];
+  int32_t start = 0;
+  for (int32_t s = 0; s < nseg; s++) {
+    const int32_t t = be->h_seg_tok[s], c = cnt[t];
+    be->h_seg_start[s] = start;
+    cnt[t] = start; /* now the next free slot of token t */
+    start += c;
+  }
+  be->h_seg_start[nseg] = start;
+  for (int64_t i = 0; i < M; i++) be->h_perm[cnt[tok[i]]++] = (int32_t)i;
+  for (int32_t s = 0; s < nseg; s++) cnt[be->h_seg_tok[s]] = 0;
+  be->h_info->nseg = nseg;
+}
+
+static void stage_targets(backend *be, const m3_batch *b, int want_grad) {
+  const m3_dims *d = be->d;
+  const int64_t M = (int64_t)b->rows * b->len;
+  be->h_info->count = 0;
+  switch (d->head) {
+    case M3_HEAD_LM: {
+      int64_t count = 0;
+      for (int64_t i = 0; i < M; i++) count += b->targets[i] >= 0;
+      memcpy(be->h_targets, b->targets, (size_t)M * sizeof(int32_t));
+      be->h_info->count = count;
+      break;
+    }
+    case M3_HEAD_MSE: {
+      int64_t count = 0;
+      for (int64_t i = 0; i < M; i++) {
+        be->h_mask[i] = b->mask ? b->mask[i] != 0 : 1;
+        count += be->h_mask[i];
+      }
+      memcpy(be->h_tvals, b->target_values, (size_t)(M * be->od) * sizeof(float));
+      be->h_info->count = count * be->od;
+      break;
+    }
+    default:
+      if (want_grad) memcpy(be->h_dout, b->d_out, (size_t)(M * d->dm) * sizeof(float));
+      break;
+  }
+  if (want_grad && d->input == M3_INPUT_TOKENS) sort_tokens(be, b->tokens, M);
+}
+
+#define H2D(dst, src, bytes) CK(cudaMemcpyAsync((dst), (src), (bytes), cudaMemcpyHostToDevice, be->st))
+
+static m3_status upload_step(backend *be) {
+  H2D(be->d_step, be->h_step, sizeof(m3k_step));
+  return M3_OK;
+}
+
+static m3_status upload_inputs(backend *be, int64_t M) {
+  if (be->d->input == M3_INPUT_TOKENS) H2D(be->tokens, be->h_tokens, (size_t)M * sizeof(int32_t));
+  else H2D(be->in_f32, be->h_in, (size_t)(M * be->in_w) * sizeof(float));
+  H2D(be->resets, be->h_resets, (size_t)M);
+  return M3_OK;
+}
+
+static m3_status upload_targets(backend *be, int64_t M, int want_grad) {
+  const m3_dims *d = be->d;
+  H2D(be->d_info, be->h_info, sizeof(m3k_batch_info));
+  switch (d->head) {
+    case M3_HEAD_LM:
+      H2D(be->targets, be->h_targets, (size_t)M * sizeof(int32_t));
+      break;
+    case M3_HEAD_MSE:
+      H2D(be->tvals, be->h_tvals, (size_t)(M * be->od) * sizeof(float));
+      H2D(be->mask, be->h_mask, (size_t)M);
+      break;
+    default:
+      if (want_grad) H2D(be->d_out, be->h_dout, (size_t)(M * d->dm) * sizeof(float));
+      break;
+  }
+  if (want_grad && d->input == M3_INPUT_TOKENS) {
+    H2D(be->perm, be->h_perm, (size_t)M * sizeof(int32_t));
+    H2D(be->seg_tok, be->h_seg_tok, (size_t)M * sizeof(int32_t));
+    H2D(be->seg_start, be->h_seg_start, (size_t)(M + 1) * sizeof(int32_t));
+  }
+  return M3_OK;
+}
+
+static m3_status download_metrics(backend *be) {
+  CK(cudaMemcpyAsync(be->h_metrics, be->d_metrics, sizeof(m3k_metrics), cudaMemcpyDeviceToHost, be->st));
+  return M3_OK;
+}
+
+static m3_status sync(backend *be) {
+  CK(cudaStreamSynchronize(be->st));
+  return M3_OK;
+}
+
+static void read_head(const backend *be, head_result *r) {
+  memset(r, 0, sizeof *r);
+  if (be->d->head == M3_HEAD_NONE) return;
+  const int64_t count = be->h_info->count;
+  r->has_loss = 1;
+  r->counted = count;
+  r->loss = count ? be->h_metrics->loss_sum / (double)count : 0;
+  r->correct = be->d->head == M3_HEAD_LM ? be->h_metrics->correct : 0;
+}
+
+static void read_update(const backend *be, update_result *r) {
+  r->grad_norm = be->h_metrics->grad_norm;
+  r->finite = be->h_metrics->finite;
+}
+
+/* The whole fused step as one sequence on the stream (eager, or captured into a graph). */
+static m3_status enq_step(backend *be, int32_t rows, int32_t len, int carry) {
+  const int64_t M = (int64_t)rows * len;
+  TRY(upload_step(be));
+  TRY(upload_inputs(be, M));
+  TRY(upload_targets(be, M, 1));
+  TRY(enq_forward(be, rows, len, carry, 1));
+  TRY(enq_backward(be, rows, len, 1));
+  TRY(enq_update(be));
+  return download_metrics(be);
+}
+
+/* ---- graphs ---------------------------------------------------------------------------------------------------- */
+
+static m3_status capture(backend *be, int32_t rows, int32_t len, int carry, cudaGraphExec_t *out) {
+  cudaGraph_t graph = NULL;
+  CK(cudaStreamBeginCapture(be->st, cudaStreamCaptureModeRelaxed));
+  const m3_status s = enq_step(be, rows, len, carry);
+  const cudaError_t e = cudaStreamEndCapture(be->st, &graph);
+  if (s != M3_OK) {
+    if (graph) cudaGraphDestroy(graph);
+    cudaGetLastError();
+    return s;
+  }
+  CK(e);
+  const cudaError_t ei = cudaGraphInstantiate(out, graph, 0);
+  cudaGraphDestroy(graph);
+  CK(ei);
+  return M3_OK;
+}
+
+static m3_status graph_for(backend *be, int32_t rows, int32_t len, int carry, cudaGraphExec_t *out) {
+  be->tick++;
+  for (int i = 0; i < be->n_graphs; i++) {
+    graph_entry *g = &be->graphs[i];
+    if (g->rows == rows && g->len == len && g->carry == carry) {
+      g->used = be->tick;
+      *out = g->exec;
+      return M3_OK;
+    }
+  }
+  int slot = be->n_graphs;
+  if (slot == MAX_GRAPHS) { /* evict the least recently used shape */
+    slot = 0;
+    for (int i = 1; i < MAX_GRAPHS; i++)
+      if (be->graphs[i].used < be->graphs[slot].used) slot = i;
+    CK(cudaGraphExecDestroy(be->graphs[slot].exec));
+    be->graphs[slot].exec = NULL;
+  } else {
+    be->n_graphs++;
+  }
+  graph_entry *g = &be->graphs[slot];
+  memset(g, 0, sizeof *g);
+  const m3_status s = capture(be, rows, len, carry, &g->exec);
+  if (s != M3_OK) {
+    be->graphs[slot] = be->graphs[be->n_graphs - 1];
+    be->n_graphs--;
+    return s;
+  }
+  g->rows = rows;
+  g->len = len;
+  g->carry = carry;
+  g->used = be->tick;
+  *out = g->exec;
+  return M3_OK;
+}
+
+static void free_graphs(backend *be) {
+  for (int i = 0; i < be->n_graphs; i++)
+    if (be->graphs[i].exec) cudaGraphExecDestroy(be->graphs[i].exec);
+  be->n_graphs = 0;
+}
+
+/* ---- backend ops ------------------------------------------------------------------------------------------------ */
+
+static void destroy(backend *be) {
+  if (!be) return;
+  if (be->arena || be->pin || be->st) cudaSetDevice(be->dev);
+  free_graphs(be);
+  if (be->gm_ready) m3_gemm_free(&be->gm);
+  if (be->st) cudaStreamSynchronize(be->st);
+  if (be->arena) cudaFree(be->arena);
+  if (be->pin) cudaFreeHost(be->pin);
+  if (be->st) cudaStreamDestroy(be->st);
+  cudaGetLastError();
+  free(be->hist);
+  free(be);
+}
+
+static m3_status op_forward(backend *be, const m3_batch *b, int carry, int train, float *out) {
+  ENTER(be);
+  stage_inputs(be, b);
+  TRY(upload_inputs(be, (int64_t)b->rows * b->len));
+  TRY(enq_forward(be, b->rows, b->len, carry, train));
+  if (out)
+    CK(cudaMemcpyAsync(out, be->out, (size_t)((int64_t)b->rows * b->len * be->d->dm) * sizeof(float),
+                       cudaMemcpyDeviceToHost, be->st));
+  TRY(sync(be));
+  be->last_rows = b->rows;
+  be->last_len = b->len;
+  be->last_carry = carry;
+  return M3_OK;
+}
+
+static m3_status op_backward(backend *be, const m3_batch *b, double weight, int zero_grads, head_result *res) {
+  ENTER(be);
+  stage_step(be, NULL, weight);
+  stage_targets(be, b, 1);
+  TRY(upload_step(be));
+  TRY(upload_targets(be, (int64_t)b->rows * b->len, 1));
+  TRY(enq_backward(be, b->rows, b->len, zero_grads));
+  TRY(download_metrics(be));
+  TRY(sync(be));
+  read_head(be, res);
+  return M3_OK;
+}
+
+static m3_status op_update(backend *be, const step_params *p, update_result *res) {
+  ENTER(be);
+  stage_step(be, p, be->h_step->weight);
+  TRY(upload_step(be));
+  TRY(enq_update(be));
+  TRY(download_metrics(be));
+  TRY(sync(be));
+  read_update(be, res);
+  return M3_OK;
+}
+
+static m3_status op_step(backend *be, const m3_batch *b, int carry, double weight, const step_params *p,
+                         head_result *head, update_result *upd, int32_t *graph_replayed) {
+  ENTER(be);
+  stage_step(be, p, weight);
+  stage_inputs(be, b);
+  stage_targets(be, b, 1);
+  if (be->graph_mode) {
+    cudaGraphExec_t ex;
+    TRY(graph_for(be, b->rows, b->len, carry, &ex));
+    CK(cudaGraphLaunch(ex, be->st));
+    *graph_replayed = 1;
+  } else {
+    TRY(enq_step(be, b->rows, b->len, carry));
+    *graph_replayed = 0;
+  }
+  TRY(sync(be));
+  be->last_rows = b->rows;
+  be->last_len = b->len;
+  be->last_carry = carry;
+  read_head(be, head);
+  read_update(be, upd);
+  return M3_OK;
+}
+
+static m3_status op_evaluate(backend *be, const m3_batch *b, int carry, head_result *res, float *out) {
+  ENTER(be);
+  const int64_t M = (int64_t)b->rows * b->len;
+  stage_inputs(be, b);
+  stage_targets(be, b, 0);
+  TRY(upload_inputs(be, M));
+  TRY(upload_targets(be, M, 0));
+  TRY(enq_forward(be, b->rows, b->len, carry, 0));
+  TRY(enq_head(be, b->rows, b->len, 0));
+  TRY(download_metrics(be));
+  if (out)
+    CK(cudaMemcpyAsync(out, be->out, (size_t)(M * be->d->dm) * sizeof(float), cudaMemcpyDeviceToHost, be->st));
+  TRY(sync(be));
+  read_head(be, res);
+  return M3_OK;
+}
+
+static m3_status op_capture_graph(backend *be) {
+  ENTER(be);
+  const int32_t rows = be->last_rows ? be->last_rows : be->B, len = be->last_len ? be->last_len : be->T;
+  cudaGraphExec_t ex;
+  be->graph_mode = 1;
+  const m3_status s = graph_for(be, rows, len, be->last_carry, &ex);
+  if (s != M3_OK) be->graph_mode = 0;
+  return s;
+}
+
+static m3_status op_drop_graph(backend *be) {
+  ENTER(be);
+  free_graphs(be);
+  be->graph_mode = 0;
+  return M3_OK;
+}
+
+static int32_t op_has_graph(const backend *be) { return be->graph_mode; }
+
+typedef struct state_view {
+  float *ptr[4];
+  int64_t per_row[4]; /* floats per batch row of one layer */
+} state_view;
+
+static state_view state_of(const backend *be, int32_t layer) {
+  const m3_dims *d = be->d;
+  state_view v;
+  v.per_row[0] = (int64_t)d->H * d->S;
+  v.per_row[1] = (int64_t)d->H * d->P * d->N;
+  v.per_row[2] = (int64_t)d->H * d->N;
+  v.per_row[3] = (int64_t)d->H * d->P;
+  float *base[4] = {be->s_angle, be->s_ssm, be->s_k, be->s_v};
+  for (int i = 0; i < 4; i++) v.ptr[i] = base[i] + (int64_t)layer * be->B * v.per_row[i];
+  return v;
+}
+
+static m3_status op_get_state(const backend *cbe, int32_t layer, float *angle, float *ssm, float *k, float *v) {
+  backend *be = (backend *)cbe;
+  ENTER(be);
+  const state_view s = state_of(be, layer);
+  float *dst[4] = {angle, ssm, k, v};
+  for (int i = 0; i < 4; i++)
+    if (dst[i] && s.per_row[i])
+      CK(cudaMemcpyAsync(dst[i], s.ptr[i], (size_t)(be->B * s.per_row[i]) * sizeof(float), cudaMemcpyDeviceToHost,
+                         be->st));
+  return sync(be);
+}
+
+static m3_status op_set_state(backend *be, int32_t layer, const float *angle, const float *ssm, const float *k,
+                              const float *v) {
+  ENTER(be);
+  const state_view s = state_of(be, layer);
+  const float *src[4] = {angle, ssm, k, v};
+  for (int i = 0; i < 4; i++)
+    if (src[i] && s.per_row[i])
+      CK(cudaMemcpyAsync(s.ptr[i], src[i], (size_t)(be->B * s.per_row[i]) * sizeof(float), cudaMemcpyHostToDevice,
+                         be->st));
+  return sync(be);
+}
+
+static m3_status op_reset_rows(backend *be, const int32_t *rows, int32_t n_rows) {
+  ENTER(be);
+  for (int32_t l = 0; l < be->d->L; l++) {
+    const state_view s = state_of(be, l);
+    for (int i = 0; i < 4; i++) {
+      if (!s.per_row[i]) continue;
+      if (!rows) {
+        CK(cudaMemsetAsync(s.ptr[i], 0, (size_t)(be->B * s.per_row[i]) * sizeof(float), be->st));
+        continue;
+      }
+      for (int32_t r = 0; r < n_rows; r++)
+        CK(cudaMemsetAsync(s.ptr[i] + (int64_t)rows[r] * s.per_row[i], 0, (size_t)s.per_row[i] * sizeof(float),
+                           be->st));
+    }
+  }
+  return sync(be);
+}
+
+static float *arena_of(const backend *be, arena_kind kind) {
+  switch (kind) {
+    case ARENA_PARAMS: return be->params;
+    case ARENA_GRADS: return be->grads;
+    case ARENA_ADAM_M: return be->adam_m;
+    case ARENA_ADAM_V: return be->adam_v;
+  }
+  return NULL;
+}
+
+static m3_status op_read_arena(const backend *cbe, arena_kind kind, float *dst) {
+  backend *be = (backend *)cbe;
+  ENTER(be);
+  CK(cudaMemcpyAsync(dst, arena_of(be, kind), (size_t)be->lay->total * sizeof(float), cudaMemcpyDeviceToHost, be->st));
+  return sync(be);
+}
+
+static m3_status op_write_arena(backend *be, arena_kind kind, const float *src) {
+  ENTER(be);
+  CK(cudaMemcpyAsync(arena_of(be, kind), src, (size_t)be->lay->total * sizeof(float), cudaMemcpyHostToDevice, be->st));
+  if (kind == ARENA_PARAMS && be->shadow) CK(m3k_to_act(be->st, be->prec, be->params, be->shadow, be->lay->total));
+  return sync(be);
+}
+
+static int64_t op_device_bytes(const backend *be) { return (int64_t)be->arena_bytes; }
+
+static const backend_ops cuda_ops = {
+    .name = "cuda",
+    .destroy = destroy,
+    .forward = op_forward,
+    .backward = op_backward,
+    .update = op_update,
+    .step = op_step,
+    .evaluate = op_evaluate,
+    .capture_graph = op_capture_graph,
+    .drop_graph = op_drop_graph,
+    .has_graph = op_has_graph,
+    .get_state = op_get_state,
+    .set_state = op_set_state,
+    .reset_rows = op_reset_rows,
+    .read_arena = op_read_arena,
+    .write_arena = op_write_arena,
+    .device_bytes = op_device_bytes,
+};
+
+/* ---- creation ---------------------------------------------------------------------------------------------------- */
+
+static void kernel_dims(const m3_dims *d, m3k_dims *k) {
+  memset(k, 0, sizeof *k);
+  k->dm = d->dm;
+  k->E = d->E;
+  k->P = d->P;
+  k->H = d->H;
+  k->G = d->G;
+  k->N = d->N;
+  k->S = d->S;
+  k->dip = d->dip;
+  k->dipp = (int32_t)rup(d->dip, 8);
+  k->hpg = d->heads_per_group;
+  k->z_off = d->z_off;
+  k->x_off = d->x_off;
+  k->B_off = d->B_off;
+  k->C_off = d->C_off;
+  k->dt_off = d->dt_off;
+  k->A_off = d->A_off;
+  k->trap_off = d->trap_off;
+  k->ang_off = d->ang_off;
+  k->outproj_norm = d->outproj_norm;
+  k->a_floor = (float)d->a_floor;
+}
+
+static m3_status init_device(backend *be, const backend_args *a) {
+  const m3_layout *lay = be->lay;
+  CK(cudaSetDevice(be->dev));
+  int max_smem = 0;
+  CK(cudaDeviceGetAttribute(&max_smem, cudaDevAttrMaxSharedMemoryPerBlockOptin, be->dev));
+  char why[256];
+  if (!m3k_scan_make_plan(be->d->P, be->d->N, be->d->S, max_smem, &be->scan, why))
+    return m3_fail(M3_ERR_UNSUPPORTED, "%s", why);
+  CK(m3k_scan_prepare(be->prec, &be->scan));
+  CK(cudaStreamCreateWithFlags(&be->st, cudaStreamNonBlocking));
+
+  carver c = {NULL, 0};
+  carve_device(be, &c);
+  be->arena_bytes = c.off;
+  const cudaError_t em = cudaMalloc((void **)&be->arena, be->arena_bytes);
+  if (em != cudaSuccess) {
+    cudaGetLastError();
+    return m3_fail(M3_ERR_MEMORY, "cudaMalloc of the trainer's %.3f GiB arena failed: %s (batch %d x seq_len %d)",
+                   (double)be->arena_bytes / (1 << 30), cudaGetErrorString(em), be->B, be->T);
+  }
+  c.base = be->arena;
+  c.off = 0;
+  carve_device(be, &c);
+  CK(cudaMemsetAsync(be->arena, 0, be->arena_bytes, be->st));
+
+  carver ch = {NULL, 0};
+  carve_pinned(be, &ch);
+  be->pin_bytes = ch.off;
+  CK(cudaMallocHost((void **)&be->pin, be->pin_bytes));
+  memset(be->pin, 0, be->pin_bytes);
+  ch.base = be->pin;
+  ch.off = 0;
+  carve_pinned(be, &ch);
+
+  CK(cudaMemcpyAsync(be->params, a->params, (size_t)lay->total * sizeof(float), cudaMemcpyHostToDevice, be->st));
+  if (be->shadow) CK(m3k_to_act(be->st, be->prec, be->params, be->shadow, lay->total));
+  const int64_t nflags = lay->total / M3_ALIGN + 1;
+  uint8_t *flags = calloc((size_t)nflags, 1);
+  if (!flags) return m3_fail(M3_ERR_MEMORY, "out of host memory");
+  for (int32_t t = 0; t < lay->n; t++) {
+    const param_desc *pd = &lay->t[t];
+    for (int64_t ch0 = pd->offset / M3_ALIGN; ch0 * M3_ALIGN < pd->offset + pd->numel; ch0++) flags[ch0] = !pd->no_decay;
+  }
+  cudaError_t ef = cudaMemcpyAsync(be->decay_flags, flags, (size_t)nflags, cudaMemcpyHostToDevice, be->st);
+  if (ef == cudaSuccess) ef = cudaStreamSynchronize(be->st);
+  free(flags);
+  CK(ef);
+  if (be->d->input == M3_INPUT_TOKENS) {
+    be->hist = calloc((size_t)be->d->vocab, sizeof(int32_t));
+    if (!be->hist) return m3_fail(M3_ERR_MEMORY, "out of host memory");
+  }
+  const cudaDataType_t act = be->prec == M3K_BF16 ? CUDA_R_16BF : be->prec == M3K_F16 ? CUDA_R_16F : CUDA_R_32F;
+  TRY(m3_gemm_init(&be->gm, act, be->prec == M3K_F32 && a->allow_tf32, be->workspace, WORKSPACE_BYTES));
+  be->gm_ready = 1;
+  return M3_OK;
+}
+
+m3_status m3_cuda_backend_create(const backend_args *a, backend **out, const backend_ops **ops) {
+  backend *be = calloc(1, sizeof *be);
+  if (!be) return m3_fail(M3_ERR_MEMORY, "out of memory");
+  be->d = a->dims;
+  be->lay = a->layout;
+  be->prec = a->precision == M3_PRECISION_BF16 ? M3K_BF16 : a->precision == M3_PRECISION_F16 ? M3K_F16 : M3K_F32;
+  be->act_bytes = be->prec == M3K_F32 ? 4 : 2;
+  be->dev = a->device_index;
+  be->B = a->batch;
+  be->T = a->seq_len;
+  be->Mc = (int64_t)a->batch * a->seq_len;
+  be->in_w = a->dims->input_dim;
+  be->od = a->dims->out_dim;
+  be->lm_rows = be->Mc < LM_BLOCK_ROWS ? be->Mc : LM_BLOCK_ROWS;
+  kernel_dims(a->dims, &be->kd);
+  const m3_status s = init_device(be, a);
+  if (s != M3_OK) {
+    destroy(be);
+    return s;
+  }
+  *out = be;
+  *ops = &cuda_ops;
+  return M3_OK;
+}
