@@ -1,0 +1,221 @@
+-- scripts/bench.lua — full training steps (forward + backward + AdamW) of the DESIGN.md
+-- benchmark configs: median ms per step, tokens/s, model TFLOP/s (6 * params * tokens / s),
+-- device memory of the trainer, and the public PyTorch + Triton Mamba-3 numbers for scale.
+--
+--   m3lua scripts/bench.lua [--configs rl,rl-batch,mid,lm130] [--dtypes bf16,f32]
+--                           [--device cuda|cpu] [--steps N] [--no-graph]
+--
+-- On CUDA every config is timed with a captured graph (after eager warm-up steps). The
+-- timer is the trainer's own wall time of each step call, which returns after the step's
+-- metrics are back on the host (the device is idle between steps). rl, rl-batch and mid
+-- use input "identity" and head "none" with a fixed random d_out (no head cost); lm130 uses
+-- tokens and the tied "lm" head over 50280 tokens (its GEMMs count in the FLOPs).
+-- `lm130-b16` only checks that lm130 at B 16 x T 2048 fits (two steps, memory).
+-- On the CPU (the default without a GPU) it times the rl model at B 16 x T 256 in f32 and
+-- reports the share of the step spent in matrix products (trainer info gemm_seconds).
+
+local ffi = require "ffi"
+local m3 = require "m3"
+local lib = require "m3.lib"
+
+local CONFIGS = {
+  ["rl"] = { model = { d_model = 128, n_layers = 4, d_state = 16, headdim = 16, input = "identity", head = "none" },
+             B = 1, T = 32, public = { 1.68, 1.68 } },
+  ["rl-batch"] = { model = { d_model = 128, n_layers = 4, d_state = 16, headdim = 16, input = "identity",
+                             head = "none" }, B = 16, T = 256, public = { 2.79, 2.79 } },
+  ["mid"] = { model = { d_model = 256, n_layers = 8, d_state = 64, headdim = 32, input = "identity", head = "none" },
+              B = 16, T = 1024, public = { 37, 50 } },
+  ["lm130"] = { model = { d_model = 768, n_layers = 24, d_state = 128, headdim = 64, input = "tokens",
+                          vocab_size = 50280, head = "lm" }, B = 8, T = 2048, public = { 119, 174 } },
+  ["lm130-b16"] = { model = { d_model = 768, n_layers = 24, d_state = 128, headdim = 64, input = "tokens",
+                              vocab_size = 50280, head = "lm" }, B = 16, T = 2048, fit_only = true },
+}
+local BAR_BF16 = { ["rl"] = 0.25, ["rl-batch"] = 0.6, ["mid"] = 10, ["lm130"] = 45 }
+
+-- ---- arguments --------------------------------------------------------------------------------
+
+local function split(s)
+  local t = {}
+  for w in s:gmatch("[^,]+") do t[#t + 1] = w end
+  return t
+end
+
+local args = { ... }
+local opt = { steps = 20, graph = true }
+local i = 1
+while i <= #args do
+  local a = args[i]
+  if a == "--configs" then opt.configs = split(args[i + 1]); i = i + 1
+  elseif a == "--dtypes" then opt.dtypes = split(args[i + 1]); i = i + 1
+  elseif a == "--device" then opt.device = args[i + 1]; i = i + 1
+  elseif a == "--steps" then opt.steps = tonumber(args[i + 1]); i = i + 1
+  elseif a == "--no-graph" then opt.graph = false
+  else error("bench.lua: unknown argument " .. tostring(a) .. " (see the header of scripts/bench.lua)") end
+  i = i + 1
+end
+opt.device = opt.device or (m3.cuda_device_count() > 0 and "cuda" or "cpu")
+if opt.device == "cpu" then
+  opt.configs = opt.configs or { "rl-batch" }
+  opt.dtypes = { "f32" }
+else
+  opt.configs = opt.configs or { "rl", "rl-batch", "mid", "lm130", "lm130-b16" }
+  opt.dtypes = opt.dtypes or { "bf16", "f32" }
+end
+
+-- ---- helpers ------------------------------------------------------------------------------------
+
+-- splitmix64 on uint64 cdata: deterministic batches
+local state = ffi.new("uint64_t", 12345)
+local function u32()
+  state = state + 0x9E3779B97F4A7C15ULL
+  local z = state
+  z = bit.bxor(z, bit.rshift(z, 30)) * 0xBF58476D1CE4E5B9ULL
+  z = bit.bxor(z, bit.rshift(z, 27)) * 0x94D049BB133111EBULL
+  return tonumber(bit.rshift(bit.bxor(z, bit.rshift(z, 31)), 32))
+end
+local function normal()
+  local u1, u2 = (u32() + 0.5) / 4294967296, (u32() + 0.5) / 4294967296
+  return math.sqrt(-2 * math.log(u1)) * math.cos(2 * math.pi * u2)
+end
+
+local function make_batch(cfg, B, T)
+  local b = {}
+  if cfg.input == "tokens" then
+    b.tokens = m3.tensor({ B, T }, "i32")
+    for k = 0, B * T - 1 do b.tokens[k] = u32() % cfg.vocab_size end
+  else
+    b.input = m3.tensor({ B, T, cfg.d_model }, "f32")
+    for k = 0, B * T * cfg.d_model - 1 do b.input[k] = normal() end
+  end
+  if cfg.head == "lm" then
+    b.targets = m3.tensor({ B, T }, "i32")
+    for k = 0, B * T - 1 do b.targets[k] = u32() % cfg.vocab_size end
+  else
+    b.d_out = m3.tensor({ B, T, cfg.d_model }, "f32")
+    for k = 0, B * T * cfg.d_model - 1 do b.d_out[k] = 1e-2 * normal() end
+  end
+  return b
+end
+
+local function median(xs)
+  local t = {}
+  for k = 1, #xs do t[k] = xs[k] end
+  table.sort(t)
+  local n = #t
+  if n % 2 == 1 then return t[(n + 1) / 2] end
+  return 0.5 * (t[n / 2] + t[n / 2 + 1])
+end
+
+-- gemm_seconds of the C trainer info (nil when the library does not measure it)
+local function gemm_seconds(tr)
+  local ok, v = pcall(function()
+    local info = ffi.new("m3_trainer_info")
+    lib.C.m3_trainer_get_info(tr._box.p, info)
+    return info.gemm_seconds
+  end)
+  if ok and v and v >= 0 then return v end
+  return nil
+end
+
+-- ---- runs -----------------------------------------------------------------------------------------
+
+local rows = {}
+local function run(name, dtype)
+  local c = CONFIGS[name]
+  if not c then error("bench.lua: unknown config " .. name) end
+  local cfg = m3.config(c.model)
+  local B, T = c.B, c.T
+  if opt.device == "cpu" then B, T = 16, 256 end
+  io.write(string.format("== %s %s B %d x T %d (%.1f M params) ... ", name, dtype, B, T, cfg.n_params / 1e6))
+  io.flush()
+  local ok, err = pcall(function()
+    local tr = m3.trainer(cfg, { device = opt.device, dtype = dtype, batch = B, seq_len = T, seed = 1 })
+    local batch = make_batch(cfg, B, T)
+    local warm = c.fit_only and 2 or 3
+    for _ = 1, warm do tr:step(batch) end
+    local graphed = opt.device == "cuda" and opt.graph and not c.fit_only
+    if graphed then
+      tr:capture_graph()
+      for _ = 1, 3 do tr:step(batch) end
+    end
+    local times, last = {}, nil
+    local g0 = gemm_seconds(tr)
+    local n = c.fit_only and 0 or opt.steps
+    local t_total = 0
+    for k = 1, n do
+      local m = tr:step(batch)
+      times[k] = m.ms
+      t_total = t_total + m.ms
+      last = m
+    end
+    local g1 = gemm_seconds(tr)
+    local info = tr:info()
+    local r = { name = name, dtype = dtype, B = B, T = T, mem = info.device_bytes / 2 ^ 30, graph = graphed,
+                fit_only = c.fit_only, public = c.public }
+    if n > 0 then
+      r.ms = median(times)
+      r.tok_s = B * T / (r.ms / 1e3)
+      r.tflops = 6 * cfg.n_params * r.tok_s / 1e12
+      r.loss = last.loss
+      if g0 and g1 and t_total > 0 then r.gemm_share = (g1 - g0) * 1e3 / t_total end
+    end
+    rows[#rows + 1] = r
+    tr:close()
+  end)
+  if not ok then
+    print("FAILED: " .. tostring(err))
+    rows[#rows + 1] = { name = name, dtype = dtype, B = B, T = T, failed = tostring(err) }
+  else
+    local r = rows[#rows]
+    if r.ms then
+      print(string.format("%.3f ms/step, %.0f tokens/s, %.2f TFLOP/s, %.2f GiB%s", r.ms, r.tok_s, r.tflops, r.mem,
+        r.gemm_share and string.format(", GEMM share %.0f%%", 100 * r.gemm_share) or ""))
+    else
+      print(string.format("fits: %.2f GiB of device memory", r.mem))
+    end
+  end
+  collectgarbage()
+end
+
+print(string.format("m3lua %s bench on %s (%s)", m3.version, opt.device, os.date("!%Y-%m-%d %H:%M UTC")))
+if opt.device == "cpu" then
+  print("CPU: the rl model at B 16 x T 256, f32, input identity / head none with a fixed random d_out")
+end
+for _, name in ipairs(opt.configs) do
+  for _, dtype in ipairs(opt.dtypes) do
+    if not (CONFIGS[name] and CONFIGS[name].fit_only and dtype ~= "bf16") then run(name, dtype) end
+  end
+end
+
+-- ---- the table ------------------------------------------------------------------------------------------
+
+print("")
+print(string.format("%-10s %-5s %-11s %5s %10s %12s %8s %8s %12s %8s %6s", "config", "dtype", "B x T", "graph",
+  "ms/step", "tokens/s", "TFLOP/s", "mem GiB", "public ms", "speedup", "bar"))
+for _, r in ipairs(rows) do
+  local shape = string.format("%dx%d", r.B, r.T)
+  if r.failed then
+    print(string.format("%-10s %-5s %-11s FAILED: %s", r.name, r.dtype, shape, r.failed:sub(1, 80)))
+  elseif not r.ms then
+    print(string.format("%-10s %-5s %-11s %5s %10s %12s %8s %8.2f %12s %8s %6s", r.name, r.dtype, shape, "-", "-",
+      "-", "-", r.mem, "-", "-", "fits"))
+  else
+    local pub, speed, bar = "-", "-", "-"
+    if r.public and opt.device == "cuda" then
+      pub = r.public[1] == r.public[2] and string.format("%.2f", r.public[1])
+        or string.format("%g-%g", r.public[1], r.public[2])
+      speed = string.format("%.1fx", r.public[1] / r.ms)
+    end
+    local b = BAR_BF16[r.name]
+    if b and r.dtype == "bf16" and opt.device == "cuda" then bar = r.ms <= b and "ok" or string.format(">%g", b) end
+    print(string.format("%-10s %-5s %-11s %5s %10.3f %12.0f %8.2f %8.2f %12s %8s %6s", r.name, r.dtype, shape,
+      r.graph and "yes" or "no", r.ms, r.tok_s, r.tflops, r.mem, pub, speed, bar))
+  end
+end
+if opt.device == "cpu" then
+  local r = rows[1]
+  if r and r.ms then
+    print(r.gemm_share and string.format("CPU: %.0f%% of the step in matrix products", 100 * r.gemm_share)
+      or "CPU: the share of time in matrix products is unavailable (the library does not measure it)")
+  end
+end

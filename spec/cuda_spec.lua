@@ -1,0 +1,127 @@
+-- CUDA trainers through the Lua binding (#gpu: pending without a CUDA device). The numeric
+-- parity suites are C tests (engine/tests/test_cuda_parity.c, test_cuda_golden.c); these check
+-- what a Lua user sees: training makes progress in every dtype, graphs and set_lr, checkpoint
+-- resume bit-identical on the GPU, state tensors, the arena size and the size limit message.
+
+local m3 = require "m3"
+local helper = require "spec.helper"
+
+local gpus = m3.cuda_device_count()
+
+local function need_gpu()
+  if gpus == 0 then
+    pending("no CUDA device")
+    return false
+  end
+  return true
+end
+
+describe("CUDA trainer #gpu", function()
+  after_each(helper.cleanup)
+
+  for _, dtype in ipairs({ "f32", "bf16", "f16" }) do
+    it("learns a fixed lm batch in " .. dtype, function()
+      if not need_gpu() then return end
+      local tr = m3.trainer(helper.tokens_lm({ d_model = 32, d_state = 16, headdim = 16 }),
+        { device = "cuda", dtype = dtype, batch = 4, seq_len = 24, lr = 1e-2, seed = 3 })
+      local b = helper.batch(tr.config, 4, 24, helper.rng(7))
+      local first, last
+      for i = 1, 40 do
+        local m = tr:step(b)
+        assert.is_true(m.loss == m.loss, "loss is NaN")
+        first = first or m.loss
+        last = m.loss
+      end
+      assert.is_true(last < 0.8 * first, string.format("loss %.4f -> %.4f", first, last))
+      tr:close()
+    end)
+
+    it("resumes a checkpoint bit-identically on the GPU in " .. dtype, function()
+      if not need_gpu() then return end
+      local cfg = helper.features_none({ d_model = 32, d_state = 16, headdim = 16 })
+      local o = { device = "cuda", dtype = dtype, batch = 2, seq_len = 16, carry_state = true, seed = 5 }
+      local rng = helper.rng(8)
+      local bs = {}
+      for i = 1, 4 do
+        bs[i] = helper.batch(m3.config(cfg), 2, 16, rng)
+        if dtype == "f16" then
+          for k = 0, bs[i].d_out:numel() - 1 do bs[i].d_out[k] = bs[i].d_out[k] * 1e-2 end
+        end
+      end
+      local a = m3.trainer(cfg, o)
+      a:step(bs[1])
+      a:step(bs[2])
+      local path = helper.tmpname(".ckpt")
+      a:save(path)
+      local b = m3.trainer.load(path, { device = "cuda" })
+      for i = 3, 4 do
+        a:step(bs[i])
+        b:step(bs[i])
+      end
+      assert.is_true(helper.same_weights(a:snapshot(), b:snapshot()))
+      assert.is_true(helper.same_states(a:states(), b:states()))
+      assert.are.equal(a:step_count(), b:step_count())
+      a:close()
+      b:close()
+    end)
+  end
+
+  it("replays a graph, applies set_lr at the next replay, and drops it", function()
+    if not need_gpu() then return end
+    local cfg = helper.identity_mse({ d_model = 32, d_state = 16, headdim = 16 })
+    local o = { device = "cuda", dtype = "bf16", batch = 2, seq_len = 20, seed = 9 }
+    local rng = helper.rng(4)
+    local bs = {}
+    for i = 1, 4 do bs[i] = helper.batch(m3.config(cfg), 2, 20, rng) end
+    local g, e = m3.trainer(cfg, o), m3.trainer(cfg, o)
+    g:step(bs[1])
+    e:step(bs[1])
+    g:capture_graph()
+    assert.is_true(g:has_graph())
+    assert.is_true(g:info().has_graph)
+    assert.is_true(g:step(bs[2]).graph_replayed)
+    assert.is_false(e:step(bs[2]).graph_replayed)
+    g:set_lr(3e-3)
+    e:set_lr(3e-3)
+    g:step(bs[3])
+    e:step(bs[3])
+    g:drop_graph()
+    assert.is_false(g:has_graph())
+    assert.is_false(g:step(bs[4]).graph_replayed)
+    e:step(bs[4])
+    assert.is_true(helper.same_weights(g:snapshot(), e:snapshot()))
+    g:close()
+    e:close()
+  end)
+
+  it("reports the device arena and batch-first states", function()
+    if not need_gpu() then return end
+    local cfg = helper.features_none({ d_model = 32, d_state = 16, headdim = 8 })
+    local tr = m3.trainer(cfg, { device = "cuda", dtype = "bf16", batch = 3, seq_len = 10, carry_state = true })
+    local info = tr:info()
+    assert.are.equal("cuda", info.device)
+    assert.is_true(info.device_bytes > 0)
+    tr:step(helper.batch(tr.config, 3, 10, helper.rng(2)))
+    local s = tr:states()
+    assert.are.equal(cfg.n_layers, #s)
+    local H = 2 * cfg.d_model / cfg.headdim
+    assert.are.same({ 3, H, cfg.headdim, cfg.d_state }, s[1].ssm:shape())
+    assert.are.same({ 3, H, cfg.d_state }, s[1].k:shape())
+    assert.are.same({ 3, H, cfg.headdim }, s[1].v:shape())
+    tr:reset_state({ 1 })
+    local r = tr:states()
+    for i = 0, H * cfg.headdim * cfg.d_state - 1 do
+      assert.are.equal(0, r[2].ssm[cfg.d_state * cfg.headdim * H + i])
+    end
+    tr:set_states(s)
+    assert.is_true(helper.same_states(s, tr:states()))
+    tr:close()
+  end)
+
+  it("refuses sizes beyond the kernels at creation with a clear message", function()
+    if not need_gpu() then return end
+    local cfg = helper.identity_mse({ d_model = 256, d_state = 16, headdim = 256 })
+    local err = helper.error_of(m3.trainer, cfg, { device = "cuda", batch = 1, seq_len = 4 })
+    assert.matches("headdim", err)
+  end)
+end)
