@@ -571,4 +571,59 @@ describe("m3.trainer on CUDA #gpu", function()
     assert.is_true(helper.same_weights(s:snapshot(), f:snapshot()))
     assert.matches("^cuda:%d+$", a:device())
   end)
+
+  it("applies set_lr under a captured graph from the next replay", function()
+    if gpus == 0 then
+      pending("no CUDA device")
+      return
+    end
+    local eager, graphed = pair(helper.features_none(), { device = "cuda", batch = 3, seq_len = 7 })
+    local rng = helper.rng(31)
+    local batches = {}
+    for i = 1, 4 do batches[i] = helper.batch(eager.config, 3, 7, rng) end
+    eager:step(batches[1])
+    graphed:step(batches[1])
+    graphed:capture_graph()
+    for i = 2, 4 do
+      local lr = 1e-3 * i
+      eager:set_lr(lr)
+      graphed:set_lr(lr)
+      eager:step(batches[i])
+      assert.is_true(graphed:step(batches[i]).graph_replayed)
+    end
+    assert.is_true(helper.weights_rel(graphed:snapshot(), eager:snapshot()) <= 1e-6)
+    graphed:drop_graph()
+    assert.is_false(graphed:has_graph())
+  end)
+
+  it("resumes a checkpoint bit for bit on the same device and dtype", function()
+    if gpus == 0 then
+      pending("no CUDA device")
+      return
+    end
+    for _, dtype in ipairs({ "f32", "bf16", "f16" }) do
+      local o = { device = "cuda", dtype = dtype, batch = 3, seq_len = 7, carry_state = true }
+      local a, b = pair(helper.tokens_lm(), o)
+      local rng = helper.rng(32)
+      local batches = {}
+      for i = 1, 6 do batches[i] = helper.batch(a.config, 3, 7, rng) end
+      for i = 1, 6 do a:step(batches[i]) end
+      for i = 1, 3 do b:step(batches[i]) end
+      local path = helper.tmpname(".ckpt")
+      b:save(path, { dtype = dtype })
+      local c, extra = m3.trainer.load(path)
+      assert.same({ dtype = dtype }, extra)
+      assert.equal(dtype, c:dtype())
+      for i = 4, 6 do c:step(batches[i]) end
+      assert.is_true(helper.same_weights(a:snapshot(), c:snapshot()), dtype)
+      assert.is_true(helper.same_states(a:states(), c:states()), dtype)
+      if dtype == "f16" then
+        local scale, tracker = c:scaler_state()
+        assert.same({ a:scaler_state() }, { scale, tracker })
+      else
+        assert.is_nil(c:scaler_state())
+      end
+    end
+    helper.cleanup()
+  end)
 end)
