@@ -241,12 +241,6 @@ function helper.shared_dir()
   return os.getenv("M3_SHARED") or helper.repo_dir() .. "/../shared"
 end
 
-function helper.exists(path)
-  local f = io.open(path, "rb")
-  if f then f:close() end
-  return f ~= nil
-end
-
 -- Calls fn and returns its error message (fails the caller's test when it does not raise).
 function helper.error_of(fn, ...)
   local ok, err = pcall(fn, ...)
