@@ -46,7 +46,7 @@ fi
 cuda_failed=0
 if has test; then
   t=$(stamp)
-  timeout 300 meson test -C $build --print-errorlogs --num-processes 4 >"$OUT/tests.log" 2>&1
+  timeout 200 meson test -C $build --print-errorlogs --num-processes 4 >"$OUT/tests.log" 2>&1
   cp $build/meson-logs/testlog.txt "$OUT/testlog.txt" 2>/dev/null
   say "meson test [$(($(stamp) - t)) s]: $(grep -E '^(Ok|Fail|Skipped|Timeout):' "$OUT/tests.log" | tr -s ' ' | tr '\n' ' ')"
   grep -E "^ *[0-9]+/[0-9]+ " "$OUT/tests.log" | grep -v " OK " | tee -a "$summary"
@@ -67,10 +67,10 @@ if has spec; then
   t=$(stamp)
   {
     echo "== busted -t gpu (f32)"
-    M3_TEST_DEVICE=cuda M3_TEST_DTYPE=f32 LUA_PATH="$build/lua/?.lua;;" timeout 150 busted --lua=luajit -t gpu spec/
+    M3_TEST_DEVICE=cuda M3_TEST_DTYPE=f32 LUA_PATH="$build/lua/?.lua;;" timeout 90 busted --lua=luajit -t gpu spec/
     for dt in bf16 f16; do
       echo "== busted golden_spec ($dt)"
-      M3_TEST_DEVICE=cuda M3_TEST_DTYPE=$dt LUA_PATH="$build/lua/?.lua;;" timeout 60 busted --lua=luajit -t gpu \
+      M3_TEST_DEVICE=cuda M3_TEST_DTYPE=$dt LUA_PATH="$build/lua/?.lua;;" timeout 40 busted --lua=luajit -t gpu \
         spec/golden_spec.lua
     done
   } >"$OUT/busted.log" 2>&1
@@ -80,7 +80,7 @@ fi
 
 if has sanitize || [ $cuda_failed = 1 ]; then
   t=$(stamp)
-  timeout 150 compute-sanitizer --tool memcheck --print-limit 20 $build/engine/tests/test_cuda_golden \
+  timeout 90 compute-sanitizer --tool memcheck --print-limit 20 $build/engine/tests/test_cuda_golden \
     >"$OUT/sanitizer.log" 2>&1
   say "memcheck (test_cuda_golden) [$(($(stamp) - t)) s]: $(grep -E 'ERROR SUMMARY' "$OUT/sanitizer.log" | tail -1)"
   grep -E "Invalid|out of bounds|at 0x|by thread|Address" "$OUT/sanitizer.log" | head -16 | tee -a "$summary"
@@ -88,7 +88,7 @@ fi
 
 if has bench; then
   t=$(stamp)
-  timeout 240 $build/m3lua scripts/bench.lua ${BENCH_ARGS:-} >"$OUT/bench.log" 2>&1
+  timeout 150 $build/m3lua scripts/bench.lua ${BENCH_ARGS:-} >"$OUT/bench.log" 2>&1
   say "bench [$(($(stamp) - t)) s]:"
   sed -n '/^config /,$p' "$OUT/bench.log" | tee -a "$summary"
   grep -E "FAILED" "$OUT/bench.log" | head -5 | tee -a "$summary"
