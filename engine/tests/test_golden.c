@@ -114,7 +114,7 @@ static void run(const golden *g, const char *file, int use_float) {
     cpu_head_result_f64 r;
     CHECK_OK(cpu_model_forward_f64(m64, &b, g->stateful, 1));
     CHECK_OK(cpu_model_head_f64(m64, &b, 1, 1, &r));
-    CHECK_OK(cpu_model_backward_f64(m64, &b));
+    CHECK_OK(cpu_model_backward_f64(m64));
     out_d = m64->out;
     loss = r.loss;
     has_loss = r.has_loss;
@@ -123,7 +123,7 @@ static void run(const golden *g, const char *file, int use_float) {
     cpu_head_result_f32 r;
     CHECK_OK(cpu_model_forward_f32(m32, &b, g->stateful, 1));
     CHECK_OK(cpu_model_head_f32(m32, &b, 1, 1, &r));
-    CHECK_OK(cpu_model_backward_f32(m32, &b));
+    CHECK_OK(cpu_model_backward_f32(m32));
     for (long i = 0; i < M * d->dm; i++) out_conv[i] = m32->out[i];
     for (long i = 0; i < total; i++) grads64[i] = g32[i];
     out_d = out_conv;

@@ -139,7 +139,7 @@ static void analytic(problem *p, int carry) {
   memset(p->grads, 0, (size_t)p->lay.total * sizeof(double));
   CHECK_OK(cpu_model_forward_f64(p->m, &p->batch, carry, 0));
   CHECK_OK(cpu_model_head_f64(p->m, &p->batch, 1, 1, &res));
-  CHECK_OK(cpu_model_backward_f64(p->m, &p->batch));
+  CHECK_OK(cpu_model_backward_f64(p->m));
 }
 
 /* Central differences of FD_SAMPLES entries of x[0..n) against the analytic g. */
@@ -223,7 +223,7 @@ static void check_float_vs_double(const fd_case *c, m3_rng *r) {
   cpu_head_result_f32 res;
   CHECK_OK(cpu_model_forward_f32(mf, &b, c->carry, 0));
   CHECK_OK(cpu_model_head_f32(mf, &b, 1, 1, &res));
-  CHECK_OK(cpu_model_backward_f32(mf, &b));
+  CHECK_OK(cpu_model_backward_f32(mf));
   const double e_out = rel_l2_f(mf->out, p.m->out, M * d->dm);
   CHECK(e_out <= 1e-5, "%s: float vs double out differ by %.3g", c->name, e_out);
   for (int32_t i = 0; i < p.lay.n; i++) {

@@ -17,14 +17,6 @@ if linked_in() then
   path, C = "(linked into this process)", ffi.C
 else
   path = os.getenv("M3_LIB") or cdef.library
-  -- LuaJIT dlcloses an ffi.load'ed library when the state closes; unloading libm3 (and
-  -- with it libgomp) under live OpenMP worker threads crashes the process at exit. A
-  -- first dlopen with RTLD_NODELETE keeps it mapped for the life of the process.
-  if ffi.os == "Linux" then
-    pcall(ffi.cdef, 'void *m3_lua_dlopen(const char *file, int mode) __asm__("dlopen");')
-    local RTLD_LAZY, RTLD_NODELETE = 0x1, 0x1000
-    pcall(function() return ffi.C.m3_lua_dlopen(path, RTLD_LAZY + RTLD_NODELETE) end)
-  end
   local ok, lib = pcall(ffi.load, path)
   if not ok then
     error(string.format("m3: cannot load libm3 from %s (%s); build it with `ninja -C build` "

@@ -61,7 +61,7 @@ static m3_status backward(backend *be, const m3_batch *b, double weight, int zer
   cpu_head_result_f32 r;
   if (zero_grads) memset(be->grads, 0, (size_t)be->lay->total * sizeof(float));
   TRY(cpu_model_head_f32(be->m, &v, (float)weight, 1, &r));
-  TRY(cpu_model_backward_f32(be->m, &v));
+  TRY(cpu_model_backward_f32(be->m));
   *res = to_head(&r);
   return M3_OK;
 }

@@ -87,6 +87,10 @@ m3_status NAME(cpu_model_create)(const m3_dims *d, const m3_layout *lay, int32_t
   m->dy = alloc_real(M0 * E, &failed);
   m->dbc_head = alloc_real(M0 * H * 2 * N, &failed);
   m->dang_head = alloc_real(M0 * H * d->S, &failed);
+  m->input_copy = alloc_real(M0 * d->input_dim, &failed);
+  m->tokens_copy = calloc((size_t)M0, sizeof(int32_t));
+  m->resets_copy = calloc((size_t)M0, 1);
+  if (!m->tokens_copy || !m->resets_copy) failed = 1;
   m->part_width = part_width(d);
   m->part = alloc_real(B * m->part_width, &failed);
   m->row_scratch = alloc_real(B * N, &failed);
@@ -112,6 +116,9 @@ void NAME(cpu_model_destroy)(cpu_model *m) {
                   m->dproj,  m->dgated, m->dy,       m->dbc_head, m->dang_head, m->part, m->row_scratch,
                   m->logits, m->scratch};
   for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++) free(bufs[i]);
+  free(m->input_copy);
+  free(m->tokens_copy);
+  free(m->resets_copy);
   free(m);
 }
 
@@ -138,15 +145,19 @@ static void zero_state(const cpu_model *m, cpu_state *s) {
   memset(s->v, 0, (size_t)(lb * z.v) * sizeof(real));
 }
 
+/* Keeps the window's inputs (the backward needs them) and builds resid[0] from them. */
 static void input_forward(cpu_model *m, const cpu_batch *b) {
   const m3_dims *d = m->d;
   const int64_t M = (int64_t)b->rows * b->len;
   real *h0 = m->resid;
+  m->has_resets = b->resets != NULL;
+  if (b->resets) memcpy(m->resets_copy, b->resets, (size_t)M);
   switch (d->input) {
     case M3_INPUT_FEATURES: {
       const real *bias = m->params + m->lay->input_b;
+      memcpy(m->input_copy, b->input, (size_t)(M * d->input_dim) * sizeof(real));
       for (int64_t i = 0; i < M; i++) memcpy(h0 + i * d->dm, bias, (size_t)d->dm * sizeof(real));
-      NAME(cpu_gemm)(m, CblasNoTrans, CblasTrans, (int)M, d->dm, d->input_dim, 1, b->input, d->input_dim,
+      NAME(cpu_gemm)(m, CblasNoTrans, CblasTrans, (int)M, d->dm, d->input_dim, 1, m->input_copy, d->input_dim,
                  m->params + m->lay->input_w, d->input_dim, 1, h0, d->dm);
       break;
     }
@@ -155,6 +166,7 @@ static void input_forward(cpu_model *m, const cpu_batch *b) {
       break;
     case M3_INPUT_TOKENS: {
       const real *emb = m->params + m->lay->embedding;
+      memcpy(m->tokens_copy, b->tokens, (size_t)M * sizeof(int32_t));
       for (int64_t i = 0; i < M; i++)
         memcpy(h0 + i * d->dm, emb + (int64_t)b->tokens[i] * d->dm, (size_t)d->dm * sizeof(real));
       break;
@@ -182,13 +194,13 @@ m3_status NAME(cpu_model_forward)(cpu_model *m, const cpu_batch *b, int carry, i
   return M3_OK;
 }
 
-static void input_backward(cpu_model *m, const cpu_batch *b) {
+static void input_backward(cpu_model *m) {
   const m3_dims *d = m->d;
-  const int64_t M = (int64_t)b->rows * b->len;
+  const int64_t M = (int64_t)m->rows * m->len;
   const real *dh0 = m->dresid;
   switch (d->input) {
     case M3_INPUT_FEATURES: {
-      NAME(cpu_gemm)(m, CblasTrans, CblasNoTrans, d->dm, d->input_dim, (int)M, 1, dh0, d->dm, b->input,
+      NAME(cpu_gemm)(m, CblasTrans, CblasNoTrans, d->dm, d->input_dim, (int)M, 1, dh0, d->dm, m->input_copy,
                  d->input_dim, 1, m->grads + m->lay->input_w, d->input_dim);
       real *gb = m->grads + m->lay->input_b;
       for (int32_t j = 0; j < d->dm; j++) {
@@ -207,7 +219,7 @@ static void input_backward(cpu_model *m, const cpu_batch *b) {
     case M3_INPUT_TOKENS: {
       real *gemb = m->grads + m->lay->embedding;
       for (int64_t i = 0; i < M; i++) {
-        real *row = gemb + (int64_t)b->tokens[i] * d->dm;
+        real *row = gemb + (int64_t)m->tokens_copy[i] * d->dm;
         for (int32_t j = 0; j < d->dm; j++) row[j] += dh0[i * d->dm + j];
       }
       break;
@@ -215,27 +227,26 @@ static void input_backward(cpu_model *m, const cpu_batch *b) {
   }
 }
 
-m3_status NAME(cpu_model_backward)(cpu_model *m, const cpu_batch *b) {
+m3_status NAME(cpu_model_backward)(cpu_model *m) {
   const m3_dims *d = m->d;
-  if (b->rows != m->rows || b->len != m->len)
-    return m3_fail(M3_ERR_INTERNAL, "backward window %d x %d differs from the forward's %d x %d", b->rows, b->len,
-                   m->rows, m->len);
+  const int32_t rows = m->rows, len = m->len;
   /* final RMSNorm */
   const real *hL = m->resid + (int64_t)d->L * m->B * m->T * d->dm;
   real *gnf = m->grads + m->lay->norm_f;
   real *part = m->part;
-  memset(part, 0, (size_t)d->dm * sizeof(real) * (size_t)b->rows);
+  memset(part, 0, (size_t)d->dm * sizeof(real) * (size_t)rows);
 #pragma omp parallel for schedule(static)
-  for (int32_t r = 0; r < b->rows; r++)
-    for (int64_t i = (int64_t)r * b->len; i < (int64_t)(r + 1) * b->len; i++)
+  for (int32_t r = 0; r < rows; r++)
+    for (int64_t i = (int64_t)r * len; i < (int64_t)(r + 1) * len; i++)
       NAME(rmsnorm_backward_row)(hL + i * d->dm, m->params + m->lay->norm_f, m->out_rstd[i], m->dout + i * d->dm,
                                  m->dresid + i * d->dm, part + (int64_t)r * d->dm, d->dm, 0);
   for (int32_t j = 0; j < d->dm; j++) {
     real acc = 0;
-    for (int32_t r = 0; r < b->rows; r++) acc += part[(int64_t)r * d->dm + j];
+    for (int32_t r = 0; r < rows; r++) acc += part[(int64_t)r * d->dm + j];
     gnf[j] += acc;
   }
-  for (int32_t l = d->L - 1; l >= 0; l--) TRY(NAME(cpu_layer_backward)(m, l, b->resets));
-  input_backward(m, b);
+  const uint8_t *resets = m->has_resets ? m->resets_copy : NULL;
+  for (int32_t l = d->L - 1; l >= 0; l--) TRY(NAME(cpu_layer_backward)(m, l, resets));
+  input_backward(m);
   return M3_OK;
 }

@@ -41,7 +41,11 @@ typedef struct N_(cpu_model) {
   N_(cpu_state) incoming;   /* the incoming state of the last forward (read by backward) */
   N_(cpu_state) staged;     /* final states of a running forward, committed at its end */
 
-  /* saved activations of the last forward */
+  /* saved activations of the last forward (its inputs too: backward reads nothing else) */
+  T_ *input_copy;           /* [B, T, input_dim] "features" input */
+  int32_t *tokens_copy;     /* [B, T] "tokens" input */
+  uint8_t *resets_copy;     /* [B, T] */
+  int32_t has_resets;
   T_ *resid;                /* [L+1, M, dm] residual stream entering each layer, then out of the last */
   T_ *xn;                   /* [L, M, dm] RMSNorm(resid) */
   T_ *rstd;                 /* [L, M] its reciprocal RMS */
@@ -93,8 +97,9 @@ m3_status N_(cpu_model_forward)(N_(cpu_model) *m, const N_(cpu_batch) *b, int ca
  * the head's parameter gradients (weight scales them too). */
 m3_status N_(cpu_model_head)(N_(cpu_model) *m, const N_(cpu_batch) *b, T_ weight, int want_grad,
                              N_(cpu_head_result) *res);
-/* Backward from dout through every layer into grads (+=) and dinput (=) when set. */
-m3_status N_(cpu_model_backward)(N_(cpu_model) *m, const N_(cpu_batch) *b);
+/* Backward of the last forward, from dout through every layer into grads (+=) and dinput
+ * (=) when set. */
+m3_status N_(cpu_model_backward)(N_(cpu_model) *m);
 
 /* ---- pieces shared by the files of this folder --------------------------------------- */
 
