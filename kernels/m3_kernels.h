@@ -70,6 +70,10 @@ cudaError_t m3k_scale_by_weight(cudaStream_t s, const m3k_step *step, const floa
 /* Deterministic column sums: dst[j] += sum over rows r (in a fixed order) of src[r * ld + j].
  * scratch holds m3k_colsum_scratch(rows, cols) floats. */
 int64_t m3k_colsum_scratch(int64_t rows, int32_t cols);
+int64_t m3k_colsum_chunks(int64_t rows);
+/* First pass of a column sum over more rows than one chunk: scratch[c, j] = sum of chunk c. */
+cudaError_t m3k_colsum_partials(cudaStream_t s, const float *src, int64_t rows, int32_t cols, int64_t ld,
+                                float *scratch);
 cudaError_t m3k_colsum(cudaStream_t s, const float *src, int64_t rows, int32_t cols, int64_t ld, float *dst,
                        float *scratch);
 /* Per-layer small-parameter gradients: dst[k] += sum over b < rows of part[b * width + k]. */
@@ -102,9 +106,10 @@ cudaError_t m3k_bcnorm_bwd(cudaStream_t s, int prec, const m3k_dims *d, const vo
 
 typedef struct m3k_scan_plan {
   int32_t rp, rn;     /* state elements per thread: rp rows (p) x rn columns (n) */
-  int32_t pth, nth;   /* threads along p and n (powers of two) */
-  int32_t threads;    /* pth * nth rounded up to a warp */
+  int32_t pth, nth;   /* threads along p and n (powers of two, pth * nth >= 32) */
+  int32_t threads;    /* pth * nth */
   int32_t tb_fwd, tb_bwd; /* tokens per shared-memory block */
+  int32_t sb;         /* backward: tokens per sub-block of the over-p reductions */
   int32_t smem_fwd, smem_bwd; /* dynamic shared memory bytes */
 } m3k_scan_plan;
 
@@ -141,10 +146,15 @@ typedef struct m3k_scan_args {
 
 cudaError_t m3k_scan_fwd(cudaStream_t s, int prec, const m3k_scan_plan *plan, const m3k_scan_args *a);
 cudaError_t m3k_scan_bwd(cudaStream_t s, int prec, const m3k_scan_plan *plan, const m3k_scan_args *a);
-/* Adds the scan's per-(row, head) partials [rows, H, 2 + 2N] into the layer's gradients (+=),
- * rows in order: g_dt_bias [H], g_D [H], g_B_bias [H, N], g_C_bias [H, N]. */
-cudaError_t m3k_scan_reduce_parts(cudaStream_t s, const float *part, int32_t rows, int32_t H, int32_t N,
-                                  float *g_dt_bias, float *g_D, float *g_B_bias, float *g_C_bias);
+/* Adds a layer's small-parameter gradients (+=), every sum in a fixed order: the scan's
+ * per-(row, head) partials part [rows, H, 2 + 2N] -> g_dt_bias [H], g_D [H], g_B_bias [H, N],
+ * g_C_bias [H, N]; part_norm [rows, H * P] (NULL without outproj_norm) -> g_norm [H * P];
+ * the B_norm | C_norm terms bc [M, 2N] -> g_B_norm, g_C_norm (column sums; when M exceeds one
+ * chunk, m3k_colsum_partials must have written scratch first). */
+cudaError_t m3k_scan_param_grads(cudaStream_t s, const float *part, const float *part_norm, int32_t rows, int32_t H,
+                                 int32_t N, int32_t P, const float *bc, int64_t M, const float *scratch,
+                                 float *g_dt_bias, float *g_D, float *g_B_bias, float *g_C_bias, float *g_norm,
+                                 float *g_B_norm, float *g_C_norm);
 
 /* ---- heads and inputs --------------------------------------------------------------------------------- */
 

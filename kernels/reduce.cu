@@ -95,6 +95,16 @@ extern "C" int64_t m3k_colsum_scratch(int64_t rows, int32_t cols) {
   return chunks > 1 ? chunks * cols : 0;
 }
 
+extern "C" int64_t m3k_colsum_chunks(int64_t rows) { return (rows + COLSUM_CHUNK - 1) / COLSUM_CHUNK; }
+
+extern "C" cudaError_t m3k_colsum_partials(cudaStream_t s, const float *src, int64_t rows, int32_t cols, int64_t ld,
+                                           float *scratch) {
+  const int64_t chunks = m3k_colsum_chunks(rows);
+  if (chunks <= 1) return cudaSuccess;
+  colsum_chunk_kernel<<<dim3(grid_for(cols, 128), (unsigned)chunks), 128, 0, s>>>(src, rows, cols, ld, scratch, 0);
+  return cudaGetLastError();
+}
+
 extern "C" cudaError_t m3k_colsum(cudaStream_t s, const float *src, int64_t rows, int32_t cols, int64_t ld,
                                   float *dst, float *scratch) {
   const int64_t chunks = (rows + COLSUM_CHUNK - 1) / COLSUM_CHUNK;

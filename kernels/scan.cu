@@ -12,12 +12,16 @@
  *
  * Thread mapping (both directions): one CTA per (head, row) walks the row's tokens in order;
  * the P x N float32 state lives in registers, thread (ti, tj) owning rows p = ti + pth r
- * (r < RP) and columns n = tj + nth c (c < RN). Per block of TB tokens the CTA first prepares,
- * cooperatively in shared memory, the token scalars, angles, rotated k and q and x; then every
- * thread advances its state elements through the block (the recurrence is elementwise: no
- * communication inside a token); reductions over n or p are written as per-thread partials to
- * shared memory and summed afterwards, per token, in a fixed order. Any window length works
- * (the last block is partial); P <= 128 and N <= 256 (m3k_scan_make_plan).
+ * (r < RP) and columns n = tj + nth c (c < RN). Per block of TB tokens the CTA first loads,
+ * in parallel, everything the block needs from global memory (token scalars, tanh of the angle
+ * logits, x, z, ...) into shared memory, so the few sequential walks (the angle cumsum, the
+ * decay recursion) touch shared memory only; then every thread advances its state elements
+ * through the block (the recurrence is elementwise: no communication inside a token).
+ * Reductions over n are warp-shuffle butterflies over the tj lanes; reductions over p are
+ * butterflies over the ti lanes of a warp, then per-warp partials in shared memory summed per
+ * token in warp order (in sub-blocks of SB tokens, to bound shared memory). Every sum has a
+ * fixed order. Any window length works (the last block is partial); P <= 128 and N <= 256
+ * (m3k_scan_make_plan).
  *
  * Backward (one kernel, two sweeps over the row; nothing is saved but theta and y):
  *   sweep F (forward in time) rebuilds H_t from the incoming state and forms
@@ -49,9 +53,9 @@
 #define PI_F 3.14159265358979323846f
 #define TWO_PI_F 6.28318530717958647692f
 
-enum { SC_W = 16 }; /* scalars per token in the backward's shared table */
+enum { SC_W = 20 }; /* scalars per token in the backward's shared table */
 enum { S_ALPHA = 0, S_BETA, S_GAMMA, S_DT, S_LAM, S_DSP, S_DAD, S_A, S_RESET, S_ALPHA_RAW, S_BETA_RAW, S_QK, S_DYX,
-       S_DGAMMA, S_DBETA, S_DDTANG };
+       S_DGAMMA, S_DBETA, S_DDTANG, S_PSI, S_AD, S_DV };
 
 struct tok_scalars {
   float dt, A, lam, alpha, beta, gamma, dsp, dAd;
@@ -113,32 +117,74 @@ __device__ __forceinline__ void rotated_kq(const m3k_scan_args &a, int64_t m, in
   }
 }
 
+/* ---- geometry and reductions ---------------------------------------------------------------- */
+
+/* Thread (ti, tj) = (tid / nth, tid % nth); pth * nth >= 32 and both are powers of two, so a
+ * warp holds whole groups of tj lanes (nth <= 32) or a slice of one group (nth > 32). */
+struct geo {
+  int pth, nth, TB, SB;
+  int YQ;  /* partials per (token, p) after the in-warp sum over tj: max(1, nth / 32) */
+  int LT;  /* ti values per warp: max(1, 32 / nth) */
+  int UQ;  /* partials per (token, n) after the in-warp sum over ti: pth / LT */
+  int UQ1; /* UQ rounded up to odd (bank-conflict-free row stride) */
+};
+
+__host__ __device__ inline geo make_geo(int pth, int nth, int TB, int SB) {
+  geo g;
+  g.pth = pth;
+  g.nth = nth;
+  g.TB = TB;
+  g.SB = SB;
+  g.YQ = nth > 32 ? nth / 32 : 1;
+  g.LT = nth < 32 ? 32 / nth : 1;
+  g.UQ = pth / g.LT;
+  g.UQ1 = g.UQ | 1;
+  return g;
+}
+
+/* sum over the tj lanes of this thread's group inside the warp (fixed butterfly order) */
+__device__ __forceinline__ float sum_tj(float v, int nth) {
+  const int w = nth < 32 ? nth : 32;
+  for (int o = 1; o < w; o <<= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+  return v;
+}
+
+/* sum over the ti lanes of this warp that share tj */
+__device__ __forceinline__ float sum_ti(float v, int nth) {
+  for (int o = nth; o < 32; o <<= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+  return v;
+}
+
 /* ---- shared-memory layouts (floats) ---------------------------------------------------------- */
 
 struct fwd_smem {
   float *kbuf;  /* [TB+1][Np] rotated k; slot 0: the previous token */
   float *qbuf;  /* [TB][Np] rotated q */
   float *xbuf;  /* [TB+1][Pp] x; slot 0: the previous token */
-  float *ypart; /* [TB][Pp][nth+1] partial y over each thread's columns */
+  float *zbuf;  /* [TB][Pp] z */
+  float *yq;    /* [TB][Pp][YQ] y partials (over n) */
+  float *tnb;   /* [TB][S] tanh of the angle logits */
   float *scal;  /* [TB][4] alpha_eff, beta_eff, gamma, dt */
   float *rst;   /* [TB] reset flags */
   float *thbuf; /* [TB][S] angles after each token */
   float *th;    /* [S] running angle */
 };
 
-__host__ __device__ inline int64_t fwd_smem_floats(int TB, int Pp, int Np, int pth, int nth, int S) {
-  (void)pth;
-  return (int64_t)(TB + 1) * Np + (int64_t)TB * Np + (int64_t)(TB + 1) * Pp + (int64_t)TB * Pp * (nth + 1) +
-         TB * 4 + TB + (int64_t)TB * S + S;
+__host__ __device__ inline int64_t fwd_smem_floats(const geo &g, int Pp, int Np, int S) {
+  const int64_t TB = g.TB;
+  return (TB + 1) * Np + TB * Np + (TB + 1) * Pp + TB * Pp + TB * Pp * g.YQ + TB * S + TB * 4 + TB + TB * S + S;
 }
 
-__device__ inline fwd_smem carve_fwd(float *sm, int TB, int Pp, int Np, int nth, int S) {
+__device__ inline fwd_smem carve_fwd(float *sm, const geo &g, int Pp, int Np, int S) {
+  const int TB = g.TB;
   fwd_smem m;
   m.kbuf = sm;
   m.qbuf = m.kbuf + (TB + 1) * Np;
   m.xbuf = m.qbuf + TB * Np;
-  m.ypart = m.xbuf + (TB + 1) * Pp;
-  m.scal = m.ypart + TB * Pp * (nth + 1);
+  m.zbuf = m.xbuf + (TB + 1) * Pp;
+  m.yq = m.zbuf + TB * Pp;
+  m.tnb = m.yq + TB * Pp * g.YQ;
+  m.scal = m.tnb + TB * S;
   m.rst = m.scal + TB * 4;
   m.thbuf = m.rst + TB;
   m.th = m.thbuf + TB * S;
@@ -150,44 +196,51 @@ struct bwd_smem {
   float *qbuf;  /* [TB][Np] */
   float *xbuf;  /* [TB+1][Pp] */
   float *dybuf; /* [TB][Pp] dL/dy */
-  float *wpart; /* [TB][Pp][nth+1] partial w over each thread's columns */
-  float *upart; /* [TB][Np][pth+1] partial u (sweep R) or dq (sweep F) over each thread's rows */
-  float *wfin;  /* [TB+1][Pp] w per token; slot TB: the next token (previous block) */
-  float *ufin;  /* [TB+1][Np] u per token; slot TB: the next token */
+  float *gy;    /* [TB][Pp] y (mixer norm backward) */
+  float *gd;    /* [TB][Pp] dL/d(normed y) */
+  float *wq;    /* [TB][Pp][YQ] w partials (over n) */
+  float *upart; /* [SB][Np][UQ1] u (sweep R) or dq (sweep F) partials (over p) of a sub-block */
+  float *wfin;  /* [TB+1][Pp] w per token; slot TB: the next token (from the block after) */
+  float *ufin;  /* [TB+1][Np] u per token (sweep R), unrotated dq (sweep F); slot TB: next token */
   float *hkb;   /* [TB][Pp] hk */
   float *dkb;   /* [TB][Np] dk (sweep R) or dq (sweep F) */
-  float *thbuf; /* [TB+1][S] angles; slot 0: token t0 - 1 (sweep R) */
+  float *thbuf; /* [TB+1][S] angles; slot i: token t0 + i - 1 */
+  float *tab;   /* [TB][S] tanh of the angle logits */
   float *dthb;  /* [TB][S] angle gradient of each token */
-  float *dda;   /* [TB][S] pi Dth tanh(ang) terms of dL/d dt */
+  float *dda;   /* [TB][S] pi Dth tanh(ang): terms of dL/d dt */
   float *scal;  /* [TB+1][SC_W] token scalars; slot TB: the next token */
   float *Dth;   /* [S] running angle gradient (reverse cumulative sum) */
   float *pBb;   /* [Np] B_bias gradient partial */
   float *pCb;   /* [Np] C_bias gradient partial */
   float *pOn;   /* [nwarps][Pp] mixer norm weight partials per warp */
-  float *misc;  /* [16]: 0 pD, 1 pdtb, 2 ad_next, 3 next_valid */
+  float *misc;  /* [16]: 0 pD, 1 pdtb, 2 ad of the next token, 3 the next token is valid */
 };
 
-__host__ __device__ inline int64_t bwd_smem_floats(int TB, int Pp, int Np, int pth, int nth, int S, int nwarps) {
-  return (int64_t)(TB + 1) * Np + (int64_t)TB * Np + (int64_t)(TB + 1) * Pp + (int64_t)TB * Pp +
-         (int64_t)TB * Pp * (nth + 1) + (int64_t)TB * Np * (pth + 1) + (int64_t)(TB + 1) * Pp +
-         (int64_t)(TB + 1) * Np + (int64_t)TB * Pp + (int64_t)TB * Np + (int64_t)(TB + 1) * S + 2 * (int64_t)TB * S +
-         (int64_t)(TB + 1) * SC_W + S + 2 * (int64_t)Np + (int64_t)nwarps * Pp + 16;
+__host__ __device__ inline int64_t bwd_smem_floats(const geo &g, int Pp, int Np, int S, int nwarps) {
+  const int64_t TB = g.TB;
+  return (TB + 1) * Np + TB * Np + (TB + 1) * Pp + 3 * TB * Pp + TB * Pp * g.YQ + (int64_t)g.SB * Np * g.UQ1 +
+         (TB + 1) * Pp + (TB + 1) * Np + TB * Pp + TB * Np + (TB + 1) * S + 3 * TB * S + (TB + 1) * SC_W + S +
+         2 * (int64_t)Np + (int64_t)nwarps * Pp + 16;
 }
 
-__device__ inline bwd_smem carve_bwd(float *sm, int TB, int Pp, int Np, int pth, int nth, int S, int nwarps) {
+__device__ inline bwd_smem carve_bwd(float *sm, const geo &g, int Pp, int Np, int S, int nwarps) {
+  const int TB = g.TB;
   bwd_smem m;
   m.kbuf = sm;
   m.qbuf = m.kbuf + (TB + 1) * Np;
   m.xbuf = m.qbuf + TB * Np;
   m.dybuf = m.xbuf + (TB + 1) * Pp;
-  m.wpart = m.dybuf + TB * Pp;
-  m.upart = m.wpart + TB * Pp * (nth + 1);
-  m.wfin = m.upart + TB * Np * (pth + 1);
+  m.gy = m.dybuf + TB * Pp;
+  m.gd = m.gy + TB * Pp;
+  m.wq = m.gd + TB * Pp;
+  m.upart = m.wq + TB * Pp * g.YQ;
+  m.wfin = m.upart + g.SB * Np * g.UQ1;
   m.ufin = m.wfin + (TB + 1) * Pp;
   m.hkb = m.ufin + (TB + 1) * Np;
   m.dkb = m.hkb + TB * Pp;
   m.thbuf = m.dkb + TB * Np;
-  m.dthb = m.thbuf + (TB + 1) * S;
+  m.tab = m.thbuf + (TB + 1) * S;
+  m.dthb = m.tab + TB * S;
   m.dda = m.dthb + TB * S;
   m.scal = m.dda + TB * S;
   m.Dth = m.scal + (TB + 1) * SC_W;
@@ -195,25 +248,26 @@ __device__ inline bwd_smem carve_bwd(float *sm, int TB, int Pp, int Np, int pth,
   m.pCb = m.pBb + Np;
   m.pOn = m.pCb + Np;
   m.misc = m.pOn + nwarps * Pp;
-  (void)nth;
   return m;
 }
 
 /* ---- forward ------------------------------------------------------------------------------------ */
 
 template <int RP, int RN, typename T>
-__global__ void __launch_bounds__(512) scan_fwd_kernel(const m3k_scan_args a, int pth, int nth, int TB) {
+__global__ void __launch_bounds__(512) scan_fwd_kernel(const m3k_scan_args a, const geo gm) {
   extern __shared__ float sm[];
   const m3k_dims &d = a.d;
   const int h = blockIdx.x, b = blockIdx.y, g = h / d.hpg;
   const int P = d.P, N = d.N, S = d.S, H = d.H, E = d.E;
+  const int pth = gm.pth, nth = gm.nth, TB = gm.TB;
   const int Pp = pth * RP, Np = nth * RN;
   const int tid = threadIdx.x, nthreads = blockDim.x, lane = tid & 31, wid = tid >> 5, nw = nthreads >> 5;
   const int ti = tid / nth, tj = tid - ti * nth;
-  const bool active = ti < pth;
+  const bool ywriter = (tj & 31) == 0;
+  const int yq_i = tj >> 5;
   const T *proj = (const T *)a.proj; // [M, dipp]
   T *gated = (T *)a.gated;           // [M, E]
-  fwd_smem s = carve_fwd(sm, TB, Pp, Np, nth, S);
+  fwd_smem s = carve_fwd(sm, gm, Pp, Np, S);
   const int64_t bh = (int64_t)b * H + h;
   const float Dh = a.D[h];
 
@@ -223,7 +277,7 @@ __global__ void __launch_bounds__(512) scan_fwd_kernel(const m3k_scan_args a, in
 #pragma unroll
     for (int c = 0; c < RN; c++) {
       const int p = ti + pth * r, n = tj + nth * c;
-      hs[r][c] = (a.in_ssm && active && p < P && n < N) ? a.in_ssm[(bh * P + p) * N + n] : 0.0f;
+      hs[r][c] = (a.in_ssm && p < P && n < N) ? a.in_ssm[(bh * P + p) * N + n] : 0.0f;
     }
   for (int n = tid; n < Np; n += nthreads) s.kbuf[n] = (a.in_k && n < N) ? a.in_k[bh * N + n] : 0.0f;
   for (int p = tid; p < Pp; p += nthreads) s.xbuf[p] = (a.in_v && p < P) ? a.in_v[bh * P + p] : 0.0f;
@@ -233,7 +287,7 @@ __global__ void __launch_bounds__(512) scan_fwd_kernel(const m3k_scan_args a, in
   for (int t0 = 0; t0 < a.len; t0 += TB) {
     const int nb = min(TB, a.len - t0);
     const int64_t m0 = (int64_t)b * a.len + t0;
-    /* token scalars */
+    /* everything the block needs from global memory, in parallel */
     if (tid < nb) {
       const T *pr = proj + (m0 + tid) * d.dipp;
       const tok_scalars ts = token_scalars(to_f(pr[d.dt_off + h]), a.dt_bias[h], to_f(pr[d.A_off + h]),
@@ -245,20 +299,30 @@ __global__ void __launch_bounds__(512) scan_fwd_kernel(const m3k_scan_args a, in
       s.scal[tid * 4 + 3] = ts.dt;
       s.rst[tid] = rs ? 1.0f : 0.0f;
     }
+    for (int idx = tid; idx < nb * S; idx += nthreads) {
+      const int i = idx / S, j = idx - i * S;
+      s.tnb[idx] = tanhf(to_f(proj[(m0 + i) * d.dipp + d.ang_off + j]));
+    }
+    for (int idx = tid; idx < nb * Pp; idx += nthreads) {
+      const int i = idx / Pp, p = idx - i * Pp;
+      const T *pr = proj + (m0 + i) * d.dipp + (int64_t)h * P + p;
+      s.xbuf[(i + 1) * Pp + p] = p < P ? to_f(pr[d.x_off]) : 0.0f;
+      s.zbuf[i * Pp + p] = p < P ? to_f(pr[d.z_off]) : 0.0f;
+    }
     __syncthreads();
-    /* angles: a sequential walk per rotated pair */
+    /* angles: a sequential walk per rotated pair, in shared memory */
     for (int j = tid; j < S; j += nthreads) {
       float v = s.th[j];
       for (int i = 0; i < nb; i++) {
         if (s.rst[i] != 0) v = 0;
-        v = wrap_angle(v + PI_F * tanhf(to_f(proj[(m0 + i) * d.dipp + d.ang_off + j])) * s.scal[i * 4 + 3]);
+        v = wrap_angle(v + PI_F * s.tnb[i * S + j] * s.scal[i * 4 + 3]);
         s.thbuf[i * S + j] = v;
         a.theta[((m0 + i) * H + h) * S + j] = v;
       }
       s.th[j] = v;
     }
     __syncthreads();
-    /* rotated k, q and x of the block */
+    /* rotated k and q of the block */
     for (int idx = tid; idx < nb * Np; idx += nthreads) {
       const int i = idx / Np, n = idx - i * Np;
       float kv = 0, qv = 0;
@@ -266,39 +330,36 @@ __global__ void __launch_bounds__(512) scan_fwd_kernel(const m3k_scan_args a, in
       s.kbuf[(i + 1) * Np + n] = kv;
       s.qbuf[i * Np + n] = qv;
     }
-    for (int idx = tid; idx < nb * Pp; idx += nthreads) {
-      const int i = idx / Pp, p = idx - i * Pp;
-      s.xbuf[(i + 1) * Pp + p] = p < P ? to_f(proj[(m0 + i) * d.dipp + d.x_off + (int64_t)h * P + p]) : 0.0f;
-    }
     __syncthreads();
-    /* the recurrence through the block */
-    if (active) {
-      for (int i = 0; i < nb; i++) {
-        const float al = s.scal[i * 4 + 0], be = s.scal[i * 4 + 1], ga = s.scal[i * 4 + 2];
-        float bx[RP], gx[RP], acc[RP];
+    /* the recurrence through the block; y partials summed over the tj lanes */
+    for (int i = 0; i < nb; i++) {
+      const float al = s.scal[i * 4 + 0], be = s.scal[i * 4 + 1], ga = s.scal[i * 4 + 2];
+      float bx[RP], gx[RP], acc[RP];
+#pragma unroll
+      for (int r = 0; r < RP; r++) {
+        const int p = ti + pth * r;
+        bx[r] = be * s.xbuf[i * Pp + p];
+        gx[r] = ga * s.xbuf[(i + 1) * Pp + p];
+        acc[r] = 0;
+      }
+#pragma unroll
+      for (int c = 0; c < RN; c++) {
+        const int n = tj + nth * c;
+        const float kp = s.kbuf[i * Np + n], kc = s.kbuf[(i + 1) * Np + n], qc = s.qbuf[i * Np + n];
 #pragma unroll
         for (int r = 0; r < RP; r++) {
-          const int p = ti + pth * r;
-          bx[r] = be * s.xbuf[i * Pp + p];
-          gx[r] = ga * s.xbuf[(i + 1) * Pp + p];
-          acc[r] = 0;
+          hs[r][c] = al * hs[r][c] + bx[r] * kp + gx[r] * kc;
+          acc[r] += hs[r][c] * qc;
         }
+      }
 #pragma unroll
-        for (int c = 0; c < RN; c++) {
-          const int n = tj + nth * c;
-          const float kp = s.kbuf[i * Np + n], kc = s.kbuf[(i + 1) * Np + n], qc = s.qbuf[i * Np + n];
-#pragma unroll
-          for (int r = 0; r < RP; r++) {
-            hs[r][c] = al * hs[r][c] + bx[r] * kp + gx[r] * kc;
-            acc[r] += hs[r][c] * qc;
-          }
-        }
-#pragma unroll
-        for (int r = 0; r < RP; r++) s.ypart[(i * Pp + ti + pth * r) * (nth + 1) + tj] = acc[r];
+      for (int r = 0; r < RP; r++) {
+        const float v = sum_tj(acc[r], nth);
+        if (ywriter) s.yq[(i * Pp + ti + pth * r) * gm.YQ + yq_i] = v;
       }
     }
     __syncthreads();
-    /* epilogue: one warp per token sums the partials, adds D x, applies the gate */
+    /* epilogue: one warp per token adds D x, applies the gate */
     for (int i = wid; i < nb; i += nw) {
       const int64_t mi = m0 + i;
       float yv[4];
@@ -309,8 +370,7 @@ __global__ void __launch_bounds__(512) scan_fwd_kernel(const m3k_scan_args a, in
         yv[k] = 0;
         if (p < P) {
           float y = 0;
-          const float *yp = s.ypart + (i * Pp + p) * (nth + 1);
-          for (int j = 0; j < nth; j++) y += yp[j];
+          for (int q = 0; q < gm.YQ; q++) y += s.yq[(i * Pp + p) * gm.YQ + q];
           y += Dh * s.xbuf[(i + 1) * Pp + p];
           yv[k] = y;
           a.y[mi * E + (int64_t)h * P + p] = y;
@@ -327,7 +387,7 @@ __global__ void __launch_bounds__(512) scan_fwd_kernel(const m3k_scan_args a, in
       for (int k = 0; k < 4; k++) {
         const int p = lane + 32 * k;
         if (p < P) {
-          const float z = to_f(proj[mi * d.dipp + d.z_off + (int64_t)h * P + p]);
+          const float z = s.zbuf[i * Pp + p];
           const float yn = d.outproj_norm ? yv[k] * rn * a.out_norm[(int64_t)h * P + p] : yv[k];
           gated[mi * E + (int64_t)h * P + p] = from_f<T>(yn * (z * sigmoidf_(z)));
         }
@@ -339,7 +399,7 @@ __global__ void __launch_bounds__(512) scan_fwd_kernel(const m3k_scan_args a, in
     __syncthreads();
   }
 
-  if (a.fin_ssm && active) {
+  if (a.fin_ssm) {
 #pragma unroll
     for (int r = 0; r < RP; r++)
 #pragma unroll
@@ -358,9 +418,10 @@ __global__ void __launch_bounds__(512) scan_fwd_kernel(const m3k_scan_args a, in
 
 /* ---- backward -------------------------------------------------------------------------------------- */
 
-/* Fills the backward's token scalar table for tokens [t0, t0 + nb). */
+/* The token scalar table for tokens [t0, t0 + nb). */
 template <typename T>
-__device__ __forceinline__ void bwd_scalars(const m3k_scan_args &a, const bwd_smem &s, int64_t m0, int nb, int h) {
+__device__ __forceinline__ void bwd_scalars(const m3k_scan_args &a, const bwd_smem &s, int64_t m0, int nb, int h,
+                                            int with_psi) {
   const m3k_dims &d = a.d;
   const T *proj = (const T *)a.proj;
   const int tid = threadIdx.x;
@@ -381,42 +442,39 @@ __device__ __forceinline__ void bwd_scalars(const m3k_scan_args &a, const bwd_sm
     sc[S_RESET] = rs ? 1.0f : 0.0f;
     sc[S_ALPHA_RAW] = ts.alpha;
     sc[S_BETA_RAW] = ts.beta;
+    if (with_psi) sc[S_PSI] = a.psi[(m0 + tid) * d.H + h];
   }
 }
 
-/* Loads rotated k (slots 1..nb), q, x (slots 1..nb) of the block; angles from thbuf slots 1..nb. */
+/* Rotated k (slots 1..nb) and q of the block, from the angles in thbuf slots 1..nb. */
 template <typename T>
-__device__ __forceinline__ void bwd_load_block(const m3k_scan_args &a, const bwd_smem &s, int64_t m0, int nb, int h,
-                                               int g, int Pp, int Np) {
-  const m3k_dims &d = a.d;
-  const T *proj = (const T *)a.proj;
+__device__ __forceinline__ void bwd_rotate_block(const m3k_scan_args &a, const bwd_smem &s, int64_t m0, int nb, int h,
+                                                 int g, int Np) {
   const int tid = threadIdx.x, nthreads = blockDim.x;
   for (int idx = tid; idx < nb * Np; idx += nthreads) {
     const int i = idx / Np, n = idx - i * Np;
     float kv = 0, qv = 0;
-    if (n < d.N) rotated_kq<T>(a, m0 + i, h, g, n, s.thbuf + (i + 1) * d.S, &kv, &qv);
+    if (n < a.d.N) rotated_kq<T>(a, m0 + i, h, g, n, s.thbuf + (i + 1) * a.d.S, &kv, &qv);
     s.kbuf[(i + 1) * Np + n] = kv;
     s.qbuf[i * Np + n] = qv;
-  }
-  for (int idx = tid; idx < nb * Pp; idx += nthreads) {
-    const int i = idx / Pp, p = idx - i * Pp;
-    s.xbuf[(i + 1) * Pp + p] = p < d.P ? to_f(proj[(m0 + i) * d.dipp + d.x_off + (int64_t)h * d.P + p]) : 0.0f;
   }
 }
 
 template <int RP, int RN, typename T>
-__global__ void __launch_bounds__(512) scan_bwd_kernel(const m3k_scan_args a, int pth, int nth, int TB) {
+__global__ void __launch_bounds__(512) scan_bwd_kernel(const m3k_scan_args a, const geo gm) {
   extern __shared__ float sm[];
   const m3k_dims &d = a.d;
   const int h = blockIdx.x, b = blockIdx.y, g = h / d.hpg;
   const int P = d.P, N = d.N, S = d.S, H = d.H, E = d.E;
+  const int pth = gm.pth, nth = gm.nth, TB = gm.TB, SB = gm.SB;
   const int Pp = pth * RP, Np = nth * RN;
   const int tid = threadIdx.x, nthreads = blockDim.x, lane = tid & 31, wid = tid >> 5, nw = nthreads >> 5;
   const int ti = tid / nth, tj = tid - ti * nth;
-  const bool active = ti < pth;
+  const bool wwriter = (tj & 31) == 0, uwriter = (ti % gm.LT) == 0;
+  const int wq_i = tj >> 5, uq_i = ti / gm.LT;
   const T *proj = (const T *)a.proj; // [M, dipp]
   T *dproj = (T *)a.dproj;           // [M, dipp]
-  bwd_smem s = carve_bwd(sm, TB, Pp, Np, pth, nth, S, nw);
+  bwd_smem s = carve_bwd(sm, gm, Pp, Np, S, nw);
   const int64_t bh = (int64_t)b * H + h;
   const float Dh = a.D[h];
   const int U = S + (N - 2 * S); /* rotation units: pairs, then single columns */
@@ -428,7 +486,7 @@ __global__ void __launch_bounds__(512) scan_bwd_kernel(const m3k_scan_args a, in
 #pragma unroll
     for (int c = 0; c < RN; c++) {
       const int p = ti + pth * r, n = tj + nth * c;
-      hs[r][c] = (a.in_ssm && active && p < P && n < N) ? a.in_ssm[(bh * P + p) * N + n] : 0.0f;
+      hs[r][c] = (a.in_ssm && p < P && n < N) ? a.in_ssm[(bh * P + p) * N + n] : 0.0f;
     }
   for (int n = tid; n < Np; n += nthreads) {
     s.kbuf[n] = (a.in_k && n < N) ? a.in_k[bh * N + n] : 0.0f;
@@ -444,58 +502,59 @@ __global__ void __launch_bounds__(512) scan_bwd_kernel(const m3k_scan_args a, in
   for (int t0 = 0; t0 < a.len; t0 += TB) {
     const int nb = min(TB, a.len - t0);
     const int64_t m0 = (int64_t)b * a.len + t0;
-    bwd_scalars<T>(a, s, m0, nb, h);
+    /* loads: scalars, angles, x, and the gate backward's elementwise part */
+    bwd_scalars<T>(a, s, m0, nb, h, 0);
     for (int idx = tid; idx < nb * S; idx += nthreads) {
       const int i = idx / S, j = idx - i * S;
       s.thbuf[(i + 1) * S + j] = a.theta[((m0 + i) * H + h) * S + j];
     }
+    for (int idx = tid; idx < nb * Pp; idx += nthreads) {
+      const int i = idx / Pp, p = idx - i * Pp;
+      const int64_t mi = m0 + i;
+      float xv = 0, dyn = 0, yv = 0;
+      if (p < P) {
+        const T *pr = proj + mi * d.dipp + (int64_t)h * P + p;
+        xv = to_f(pr[d.x_off]);
+        const int64_t o = mi * E + (int64_t)h * P + p;
+        const float dg = a.dgated[o], z = to_f(pr[d.z_off]);
+        yv = a.y[o];
+        const float sg = sigmoidf_(z), silu = z * sg, dsilu = sg * (1 + z * (1 - sg));
+        const float yn = d.outproj_norm ? yv * a.y_rstd[mi * H + h] * a.out_norm[(int64_t)h * P + p] : yv;
+        dproj[mi * d.dipp + d.z_off + (int64_t)h * P + p] = from_f<T>(dg * yn * dsilu);
+        dyn = dg * silu;
+      }
+      s.xbuf[(i + 1) * Pp + p] = xv;
+      s.gy[i * Pp + p] = yv;
+      s.gd[i * Pp + p] = dyn;
+    }
     __syncthreads();
-    bwd_load_block<T>(a, s, m0, nb, h, g, Pp, Np);
-    __syncthreads();
-    /* gate backward, one warp per token: dz, dy (through the mixer norm), dy . x */
+    bwd_rotate_block<T>(a, s, m0, nb, h, g, Np);
+    /* dy through the mixer norm (one warp per token), dy . x */
     for (int i = wid; i < nb; i += nw) {
       const int64_t mi = m0 + i;
-      const float rn = d.outproj_norm ? a.y_rstd[mi * H + h] : 1.0f;
-      float yv[4], dyn[4], wn[4];
-      float dot = 0;
-#pragma unroll
-      for (int k = 0; k < 4; k++) {
-        const int p = lane + 32 * k;
-        yv[k] = dyn[k] = 0;
-        wn[k] = 1;
-        if (p < P) {
-          const int64_t o = mi * E + (int64_t)h * P + p;
-          const float dg = a.dgated[o], y = a.y[o];
-          const float z = to_f(proj[mi * d.dipp + d.z_off + (int64_t)h * P + p]);
-          const float sg = sigmoidf_(z), silu = z * sg, dsilu = sg * (1 + z * (1 - sg));
-          if (d.outproj_norm) wn[k] = a.out_norm[(int64_t)h * P + p];
-          const float yn = d.outproj_norm ? y * rn * wn[k] : y;
-          dproj[mi * d.dipp + d.z_off + (int64_t)h * P + p] = from_f<T>(dg * yn * dsilu);
-          yv[k] = y;
-          dyn[k] = dg * silu;
-          dot += y * wn[k] * dyn[k];
-        }
+      float rn = 1, cn = 0;
+      if (d.outproj_norm) {
+        rn = a.y_rstd[mi * H + h];
+        float dot = 0;
+        for (int p = lane; p < P; p += 32) dot += s.gy[i * Pp + p] * a.out_norm[(int64_t)h * P + p] * s.gd[i * Pp + p];
+        cn = warp_sum(dot) / (float)P * rn * rn * rn;
       }
-      float cn = 0;
-      if (d.outproj_norm) cn = warp_sum(dot) / (float)P * rn * rn * rn;
       float dyx = 0;
-#pragma unroll
-      for (int k = 0; k < 4; k++) {
-        const int p = lane + 32 * k;
-        if (p < Pp) {
-          float dy = 0;
-          if (p < P) {
-            if (d.outproj_norm) {
-              s.pOn[wid * Pp + p] += yv[k] * rn * dyn[k];
-              dy = rn * wn[k] * dyn[k] - yv[k] * cn;
-            } else {
-              dy = dyn[k];
-            }
-            a.dy[mi * E + (int64_t)h * P + p] = dy;
-            dyx += dy * s.xbuf[(i + 1) * Pp + p];
+      for (int p = lane; p < Pp; p += 32) {
+        float dy = 0;
+        if (p < P) {
+          const float yv = s.gy[i * Pp + p], dyn = s.gd[i * Pp + p];
+          if (d.outproj_norm) {
+            const float wn = a.out_norm[(int64_t)h * P + p];
+            s.pOn[wid * Pp + p] += yv * rn * dyn;
+            dy = rn * wn * dyn - yv * cn;
+          } else {
+            dy = dyn;
           }
-          s.dybuf[i * Pp + p] = dy;
+          a.dy[mi * E + (int64_t)h * P + p] = dy;
+          dyx += dy * s.xbuf[(i + 1) * Pp + p];
         }
+        s.dybuf[i * Pp + p] = dy;
       }
       dyx = warp_sum(dyx);
       if (lane == 0) s.scal[i * SC_W + S_DYX] = dyx;
@@ -503,9 +562,10 @@ __global__ void __launch_bounds__(512) scan_bwd_kernel(const m3k_scan_args a, in
     __syncthreads();
     if (tid == 0)
       for (int i = 0; i < nb; i++) s.misc[0] += s.scal[i * SC_W + S_DYX];
-    /* rebuild H_t; partial dq_t over this thread's rows */
-    if (active) {
-      for (int i = 0; i < nb; i++) {
+    /* rebuild H_t; dq_t = H_t^T dy_t, summed over p in sub-blocks */
+    for (int i0 = 0; i0 < nb; i0 += SB) {
+      const int i1 = min(nb, i0 + SB);
+      for (int i = i0; i < i1; i++) {
         const float al = s.scal[i * SC_W + S_ALPHA], be = s.scal[i * SC_W + S_BETA], ga = s.scal[i * SC_W + S_GAMMA];
         float bx[RP], gx[RP], dy[RP];
 #pragma unroll
@@ -525,41 +585,36 @@ __global__ void __launch_bounds__(512) scan_bwd_kernel(const m3k_scan_args a, in
             hs[r][c] = al * hs[r][c] + bx[r] * kp + gx[r] * kc;
             dq += hs[r][c] * dy[r];
           }
-          s.upart[(i * Np + n) * (pth + 1) + ti] = dq;
+          dq = sum_ti(dq, nth);
+          if (uwriter) s.upart[((i - i0) * Np + n) * gm.UQ1 + uq_i] = dq;
         }
       }
+      __syncthreads();
+      for (int idx = tid; idx < (i1 - i0) * Np; idx += nthreads) {
+        const int i = idx / Np, n = idx - i * Np;
+        const float *up = s.upart + (i * Np + n) * gm.UQ1;
+        float acc = 0;
+        for (int k = 0; k < gm.UQ; k++) acc += up[k];
+        s.dkb[(i0 + i) * Np + n] = acc;
+      }
+      __syncthreads();
     }
-    __syncthreads();
-    for (int idx = tid; idx < nb * Np; idx += nthreads) {
-      const int i = idx / Np, n = idx - i * Np;
-      const float *up = s.upart + (i * Np + n) * (pth + 1);
-      float acc = 0;
-      for (int k = 0; k < pth; k++) acc += up[k];
-      s.dkb[i * Np + n] = acc;
-    }
-    __syncthreads();
-    /* dq: rotation backward (C part), angle share from q, psi = dq . q */
-    for (int u = tid; u < U; u += nthreads) {
-      for (int i = 0; i < nb; i++) {
-        const int64_t mi = m0 + i;
-        float *dq_out = a.dbc_head + ((mi * H + h) * 2 + 1) * N; // [N]
-        const float *dq = s.dkb + i * Np, *q = s.qbuf + i * Np;
-        if (u < S) {
-          const int n0 = 2 * u;
-          float sn, cs;
-          sincosf(s.thbuf[(i + 1) * S + u], &sn, &cs);
-          const float d0 = dq[n0], d1 = dq[n0 + 1];
-          const float e0 = cs * d0 + sn * d1, e1 = -sn * d0 + cs * d1;
-          dq_out[n0] = e0;
-          dq_out[n0 + 1] = e1;
-          s.pCb[n0] += e0;
-          s.pCb[n0 + 1] += e1;
-          a.dthq[(mi * H + h) * S + u] = -d0 * q[n0 + 1] + d1 * q[n0];
-        } else {
-          const int n = 2 * S + (u - S);
-          dq_out[n] = dq[n];
-          s.pCb[n] += dq[n];
-        }
+    /* dq: rotation backward (C part) and the angle share from q; psi = dq . q */
+    for (int idx = tid; idx < nb * U; idx += nthreads) {
+      const int i = idx / U, u = idx - i * U;
+      const float *dq = s.dkb + i * Np, *q = s.qbuf + i * Np;
+      float *e = s.ufin + i * Np;
+      if (u < S) {
+        const int n0 = 2 * u;
+        float sn, cs;
+        sincosf(s.thbuf[(i + 1) * S + u], &sn, &cs);
+        const float d0 = dq[n0], d1 = dq[n0 + 1];
+        e[n0] = cs * d0 + sn * d1;
+        e[n0 + 1] = -sn * d0 + cs * d1;
+        a.dthq[((m0 + i) * H + h) * S + u] = -d0 * q[n0 + 1] + d1 * q[n0];
+      } else {
+        const int n = 2 * S + (u - S);
+        e[n] = dq[n];
       }
     }
     for (int i = wid; i < nb; i += nw) {
@@ -567,6 +622,16 @@ __global__ void __launch_bounds__(512) scan_bwd_kernel(const m3k_scan_args a, in
       for (int n = lane; n < N; n += 32) acc += s.dkb[i * Np + n] * s.qbuf[i * Np + n];
       acc = warp_sum(acc);
       if (lane == 0) a.psi[(m0 + i) * H + h] = acc;
+    }
+    __syncthreads();
+    for (int n = tid; n < N; n += nthreads) {
+      float acc = s.pCb[n];
+      for (int i = 0; i < nb; i++) {
+        const float v = s.ufin[i * Np + n];
+        acc += v;
+        a.dbc_head[(((m0 + i) * H + h) * 2 + 1) * N + n] = v;
+      }
+      s.pCb[n] = acc;
     }
     for (int n = tid; n < Np; n += nthreads) s.kbuf[n] = s.kbuf[nb * Np + n];
     for (int p = tid; p < Pp; p += nthreads) s.xbuf[p] = s.xbuf[nb * Pp + p];
@@ -591,33 +656,36 @@ __global__ void __launch_bounds__(512) scan_bwd_kernel(const m3k_scan_args a, in
   for (int kb = nblk - 1; kb >= 0; kb--) {
     const int t0 = kb * TB, nb = min(TB, a.len - t0);
     const int64_t m0 = (int64_t)b * a.len + t0;
-    bwd_scalars<T>(a, s, m0, nb, h);
+    /* loads */
+    bwd_scalars<T>(a, s, m0, nb, h, 1);
     for (int idx = tid; idx < (nb + 1) * S; idx += nthreads) {
       const int i = idx / S, j = idx - i * S; /* slot i: token t0 + i - 1 */
-      if (i > 0 || t0 > 0) s.thbuf[i * S + j] = a.theta[((m0 + i - 1) * H + h) * S + j];
+      if (i > 0 || t0 > 0) s.thbuf[idx] = a.theta[((m0 + i - 1) * H + h) * S + j];
+      if (i < nb) {
+        const int64_t mi = m0 + i;
+        s.tab[idx] = tanhf(to_f(proj[mi * d.dipp + d.ang_off + j]));
+        s.dthb[idx] = a.dthq[(mi * H + h) * S + j];
+      }
+    }
+    for (int idx = tid; idx < (nb + 1) * Pp; idx += nthreads) {
+      const int i = idx / Pp, p = idx - i * Pp; /* slot i: token t0 + i - 1 */
+      float xv = 0;
+      if (p < P) {
+        if (i > 0 || t0 > 0) xv = to_f(proj[(m0 + i - 1) * d.dipp + d.x_off + (int64_t)h * P + p]);
+        else if (a.in_v) xv = a.in_v[bh * P + p];
+      }
+      s.xbuf[idx] = xv;
+      if (i < nb) s.dybuf[idx] = p < P ? a.dy[(m0 + i) * E + (int64_t)h * P + p] : 0.0f;
     }
     __syncthreads();
-    bwd_load_block<T>(a, s, m0, nb, h, g, Pp, Np);
-    /* slot 0: token t0 - 1 (or the incoming state) */
-    for (int n = tid; n < Np; n += nthreads) {
+    bwd_rotate_block<T>(a, s, m0, nb, h, g, Np);
+    for (int n = tid; n < Np; n += nthreads) { /* slot 0: token t0 - 1, or the incoming state */
       float kv = 0, qv = 0;
       if (n < N) {
         if (t0 > 0) rotated_kq<T>(a, m0 - 1, h, g, n, s.thbuf, &kv, &qv);
         else if (a.in_k) kv = a.in_k[bh * N + n];
       }
       s.kbuf[n] = kv;
-    }
-    for (int p = tid; p < Pp; p += nthreads) {
-      float xv = 0;
-      if (p < P) {
-        if (t0 > 0) xv = to_f(proj[(m0 - 1) * d.dipp + d.x_off + (int64_t)h * P + p]);
-        else if (a.in_v) xv = a.in_v[bh * P + p];
-      }
-      s.xbuf[p] = xv;
-    }
-    for (int idx = tid; idx < nb * Pp; idx += nthreads) {
-      const int i = idx / Pp, p = idx - i * Pp;
-      s.dybuf[i * Pp + p] = p < P ? a.dy[(m0 + i) * E + (int64_t)h * P + p] : 0.0f;
     }
     __syncthreads();
     /* per token: q.k and dy.x */
@@ -632,9 +700,12 @@ __global__ void __launch_bounds__(512) scan_bwd_kernel(const m3k_scan_args a, in
         s.scal[i * SC_W + S_DYX] = dyx;
       }
     }
-    /* the reverse recurrence: g = dH + dy q^T; w = g k_prev; u = g^T x_prev; dH = alpha g */
-    if (active) {
-      for (int i = nb - 1; i >= 0; i--) {
+    /* the reverse recurrence: g = dH + dy q^T; w = g k_prev (over n); u = g^T x_prev (over p);
+     * dH = alpha g. Sub-blocks from the last. */
+    const int nsub = (nb + SB - 1) / SB;
+    for (int sbk = nsub - 1; sbk >= 0; sbk--) {
+      const int i0 = sbk * SB, i1 = min(nb, i0 + SB);
+      for (int i = i1 - 1; i >= i0; i--) {
         const float al = s.scal[i * SC_W + S_ALPHA];
         float dy[RP], xp[RP], wp[RP];
 #pragma unroll
@@ -656,26 +727,30 @@ __global__ void __launch_bounds__(512) scan_bwd_kernel(const m3k_scan_args a, in
             up += gv * xp[r];
             hs[r][c] = al * gv;
           }
-          s.upart[(i * Np + n) * (pth + 1) + ti] = up;
+          up = sum_ti(up, nth);
+          if (uwriter) s.upart[((i - i0) * Np + n) * gm.UQ1 + uq_i] = up;
         }
 #pragma unroll
-        for (int r = 0; r < RP; r++) s.wpart[(i * Pp + ti + pth * r) * (nth + 1) + tj] = wp[r];
+        for (int r = 0; r < RP; r++) {
+          const float v = sum_tj(wp[r], nth);
+          if (wwriter) s.wq[(i * Pp + ti + pth * r) * gm.YQ + wq_i] = v;
+        }
       }
+      __syncthreads();
+      for (int idx = tid; idx < (i1 - i0) * Np; idx += nthreads) {
+        const int i = idx / Np, n = idx - i * Np;
+        const float *up = s.upart + (i * Np + n) * gm.UQ1;
+        float acc = 0;
+        for (int k = 0; k < gm.UQ; k++) acc += up[k];
+        s.ufin[(i0 + i) * Np + n] = s.scal[(i0 + i) * SC_W + S_RESET] != 0 ? 0.0f : acc;
+      }
+      __syncthreads();
     }
-    __syncthreads();
     for (int idx = tid; idx < nb * Pp; idx += nthreads) {
-      const int i = idx / Pp, p = idx - i * Pp;
-      const float *wq = s.wpart + (i * Pp + p) * (nth + 1);
+      const int i = idx / Pp;
       float acc = 0;
-      for (int k = 0; k < nth; k++) acc += wq[k];
-      s.wfin[i * Pp + p] = s.scal[i * SC_W + S_RESET] != 0 ? 0.0f : acc;
-    }
-    for (int idx = tid; idx < nb * Np; idx += nthreads) {
-      const int i = idx / Np, n = idx - i * Np;
-      const float *uq = s.upart + (i * Np + n) * (pth + 1);
-      float acc = 0;
-      for (int k = 0; k < pth; k++) acc += uq[k];
-      s.ufin[i * Np + n] = s.scal[i * SC_W + S_RESET] != 0 ? 0.0f : acc;
+      for (int q = 0; q < gm.YQ; q++) acc += s.wq[idx * gm.YQ + q];
+      s.wfin[idx] = s.scal[i * SC_W + S_RESET] != 0 ? 0.0f : acc;
     }
     __syncthreads();
     /* hk, dx (per row p) and dk (per column n) */
@@ -698,7 +773,8 @@ __global__ void __launch_bounds__(512) scan_bwd_kernel(const m3k_scan_args a, in
       s.dkb[i * Np + n] = sn[S_BETA] * un + sc[S_GAMMA] * dhtx;
     }
     __syncthreads();
-    /* dgamma = x . hk, dbeta = x_prev . w */
+    /* dgamma = x . hk, dbeta = x_prev . w; dk: rotation backward (B part) in place and the angle
+     * gradient of each token */
     for (int i = wid; i < nb; i += nw) {
       float dgm = 0, dbt = 0;
       for (int p = lane; p < P; p += 32) {
@@ -712,81 +788,86 @@ __global__ void __launch_bounds__(512) scan_bwd_kernel(const m3k_scan_args a, in
         s.scal[i * SC_W + S_DBETA] = dbt;
       }
     }
-    /* dk: rotation backward (B part) and the angle gradient of each token */
-    for (int u = tid; u < U; u += nthreads) {
-      for (int i = 0; i < nb; i++) {
-        const int64_t mi = m0 + i;
-        float *dk_out = a.dbc_head + ((mi * H + h) * 2 + 0) * N; // [N]
-        const float *dk = s.dkb + i * Np, *k = s.kbuf + (i + 1) * Np;
-        if (u < S) {
-          const int n0 = 2 * u;
-          float sn, cs;
-          sincosf(s.thbuf[(i + 1) * S + u], &sn, &cs);
-          const float d0 = dk[n0], d1 = dk[n0 + 1];
-          const float e0 = cs * d0 + sn * d1, e1 = -sn * d0 + cs * d1;
-          dk_out[n0] = e0;
-          dk_out[n0 + 1] = e1;
-          s.pBb[n0] += e0;
-          s.pBb[n0 + 1] += e1;
-          s.dthb[i * S + u] = (-d0 * k[n0 + 1] + d1 * k[n0]) + a.dthq[(mi * H + h) * S + u];
-        } else {
-          const int n = 2 * S + (u - S);
-          dk_out[n] = dk[n];
-          s.pBb[n] += dk[n];
-        }
-      }
+    for (int idx = tid; idx < nb * S; idx += nthreads) {
+      const int i = idx / S, u = idx - i * S;
+      float *dk = s.dkb + i * Np;
+      const float *k = s.kbuf + (i + 1) * Np;
+      const int n0 = 2 * u;
+      float sn, cs;
+      sincosf(s.thbuf[(i + 1) * S + u], &sn, &cs);
+      const float d0 = dk[n0], d1 = dk[n0 + 1];
+      dk[n0] = cs * d0 + sn * d1;
+      dk[n0 + 1] = -sn * d0 + cs * d1;
+      s.dthb[idx] += -d0 * k[n0 + 1] + d1 * k[n0];
     }
     __syncthreads();
+    for (int n = tid; n < N; n += nthreads) {
+      float acc = s.pBb[n];
+      for (int i = nb - 1; i >= 0; i--) {
+        const float v = s.dkb[i * Np + n];
+        acc += v;
+        a.dbc_head[(((m0 + i) * H + h) * 2 + 0) * N + n] = v;
+      }
+      s.pBb[n] = acc;
+    }
     /* the angle gradient: reverse cumulative sum per pair, stopped at resets */
     for (int j = tid; j < S; j += nthreads) {
       float D = s.Dth[j];
       for (int i = nb - 1; i >= 0; i--) {
-        const int64_t mi = m0 + i;
         const float *sc = s.scal + i * SC_W;
         D += s.dthb[i * S + j];
-        const float ta = tanhf(to_f(proj[mi * d.dipp + d.ang_off + j]));
+        const float ta = s.tab[i * S + j];
         s.dda[i * S + j] = PI_F * D * ta;
-        a.dang_head[(mi * H + h) * S + j] = PI_F * D * sc[S_DT] * (1 - ta * ta);
+        a.dang_head[((m0 + i) * H + h) * S + j] = PI_F * D * sc[S_DT] * (1 - ta * ta);
         if (sc[S_RESET] != 0) D = 0;
       }
       s.Dth[j] = D;
     }
     __syncthreads();
+    /* per token: the angle part of dL/d dt; the phi recursion (reverse token order) */
     for (int i = wid; i < nb; i += nw) {
       float acc = 0;
       for (int j = lane; j < S; j += 32) acc += s.dda[i * S + j];
       acc = warp_sum(acc);
       if (lane == 0) s.scal[i * SC_W + S_DDTANG] = acc;
     }
-    __syncthreads();
-    /* the scalar chain, in reverse token order (phi recursion, dt_bias partial) */
-    if (tid == 0) {
-      float ad_next = s.misc[2], valid = s.misc[3], pdtb = s.misc[1];
+    if (tid == nthreads - 1) {
+      float ad_next = s.misc[2], valid = s.misc[3];
       for (int i = nb - 1; i >= 0; i--) {
-        const int64_t mi = m0 + i;
-        const float *sc = s.scal + i * SC_W;
-        const float dgm = sc[S_DGAMMA], dbt = sc[S_DBETA], be = sc[S_BETA_RAW], al = sc[S_ALPHA_RAW];
-        const float lam = sc[S_LAM], dt = sc[S_DT];
-        const float phi = a.psi[mi * H + h] + (valid != 0 ? ad_next : 0.0f);
-        const float ad = sc[S_RESET] != 0 ? 0.0f : phi - be * dbt - sc[S_GAMMA] * dgm;
-        const float adb = ad + dbt * be; /* alpha * (dL/dalpha + dL/dbeta dbeta/dalpha) */
-        const float ddt = adb * sc[S_A] + dbt * (1 - lam) * al + dgm * lam + sc[S_DDTANG];
-        const float dA = adb * dt;
-        const float dlam = -dbt * dt * al + dgm * dt;
-        const float dv = ddt * sc[S_DSP];
-        T *drow = dproj + mi * d.dipp;
-        drow[d.dt_off + h] = from_f<T>(dv);
-        drow[d.A_off + h] = from_f<T>(dA * sc[S_DAD]);
-        drow[d.trap_off + h] = from_f<T>(dlam * lam * (1 - lam));
-        pdtb += dv;
+        float *sc = s.scal + i * SC_W;
+        const float phi = sc[S_PSI] + (valid != 0 ? ad_next : 0.0f);
+        const float ad = sc[S_RESET] != 0 ? 0.0f : phi - sc[S_BETA_RAW] * sc[S_DBETA] - sc[S_GAMMA] * sc[S_DGAMMA];
+        sc[S_AD] = ad;
         ad_next = ad;
         valid = sc[S_RESET] != 0 ? 0.0f : 1.0f;
       }
-      s.misc[1] = pdtb;
       s.misc[2] = ad_next;
       s.misc[3] = valid;
     }
     __syncthreads();
+    /* the scalar chain to dd_dt, dd_A, trap, one thread per token */
+    if (tid < nb) {
+      const int64_t mi = m0 + tid;
+      float *sc = s.scal + tid * SC_W;
+      const float dgm = sc[S_DGAMMA], dbt = sc[S_DBETA], be = sc[S_BETA_RAW], al = sc[S_ALPHA_RAW];
+      const float lam = sc[S_LAM], dt = sc[S_DT];
+      const float adb = sc[S_AD] + dbt * be; /* alpha * (dL/dalpha + dL/dbeta dbeta/dalpha) */
+      const float ddt = adb * sc[S_A] + dbt * (1 - lam) * al + dgm * lam + sc[S_DDTANG];
+      const float dA = adb * dt;
+      const float dlam = -dbt * dt * al + dgm * dt;
+      const float dv = ddt * sc[S_DSP];
+      T *drow = dproj + mi * d.dipp;
+      drow[d.dt_off + h] = from_f<T>(dv);
+      drow[d.A_off + h] = from_f<T>(dA * sc[S_DAD]);
+      drow[d.trap_off + h] = from_f<T>(dlam * lam * (1 - lam));
+      sc[S_DV] = dv;
+    }
+    __syncthreads();
+    if (tid == 0) {
+      float pdtb = s.misc[1];
+      for (int i = nb - 1; i >= 0; i--) pdtb += s.scal[i * SC_W + S_DV];
+      s.misc[1] = pdtb;
+    }
     /* the block's first token is the next token of the block before it */
     for (int p = tid; p < Pp; p += nthreads) s.wfin[TB * Pp + p] = s.wfin[p];
     for (int n = tid; n < Np; n += nthreads) s.ufin[TB * Np + n] = s.ufin[n];
@@ -812,19 +893,43 @@ __global__ void __launch_bounds__(512) scan_bwd_kernel(const m3k_scan_args a, in
     }
 }
 
-__global__ void scan_reduce_parts_kernel(const float *__restrict__ part, int32_t rows, int32_t H, int32_t N,
-                                         float *__restrict__ g_dt_bias, float *__restrict__ g_D,
-                                         float *__restrict__ g_B_bias, float *__restrict__ g_C_bias) {
-  const int32_t width = 2 + 2 * N;
-  const int32_t k = blockIdx.x * blockDim.x + threadIdx.x;
-  if (k >= H * width) return;
-  const int32_t h = k / width, e = k - h * width;
-  float acc = 0;
-  for (int32_t b = 0; b < rows; b++) acc += part[((int64_t)b * H + h) * width + e];
-  if (e == 0) g_dt_bias[h] += acc;
-  else if (e == 1) g_D[h] += acc;
-  else if (e < 2 + N) g_B_bias[(int64_t)h * N + (e - 2)] += acc;
-  else g_C_bias[(int64_t)h * N + (e - 2 - N)] += acc;
+/* One thread per output of the layer's small parameters; each sums its column in a fixed order. */
+__global__ void scan_param_grads_kernel(const float *__restrict__ part, const float *__restrict__ part_norm,
+                                        int32_t rows, int32_t H, int32_t N, int32_t P, const float *__restrict__ bc,
+                                        int64_t M, int64_t chunks, const float *__restrict__ scratch,
+                                        float *__restrict__ g_dt_bias, float *__restrict__ g_D,
+                                        float *__restrict__ g_B_bias, float *__restrict__ g_C_bias,
+                                        float *__restrict__ g_norm, float *__restrict__ g_B_norm,
+                                        float *__restrict__ g_C_norm) {
+  const int32_t width = 2 + 2 * N, n_scan = H * width, n_norm = part_norm ? H * P : 0;
+  int32_t k = blockIdx.x * blockDim.x + threadIdx.x;
+  if (k < n_scan) {
+    const int32_t h = k / width, e = k - h * width;
+    float acc = 0;
+    for (int32_t b = 0; b < rows; b++) acc += part[((int64_t)b * H + h) * width + e];
+    if (e == 0) g_dt_bias[h] += acc;
+    else if (e == 1) g_D[h] += acc;
+    else if (e < 2 + N) g_B_bias[(int64_t)h * N + (e - 2)] += acc;
+    else g_C_bias[(int64_t)h * N + (e - 2 - N)] += acc;
+    return;
+  }
+  k -= n_scan;
+  if (k < n_norm) {
+    float acc = 0;
+    for (int32_t b = 0; b < rows; b++) acc += part_norm[(int64_t)b * n_norm + k];
+    g_norm[k] += acc;
+    return;
+  }
+  k -= n_norm;
+  if (k < 2 * N) {
+    float acc = 0;
+    if (chunks <= 1)
+      for (int64_t r = 0; r < M; r++) acc += bc[r * 2 * N + k];
+    else
+      for (int64_t c = 0; c < chunks; c++) acc += scratch[c * 2 * N + k];
+    if (k < N) g_B_norm[k] += acc;
+    else g_C_norm[k - N] += acc;
+  }
 }
 
 /* ---- host side: plans and launches ------------------------------------------------------------------ */
@@ -863,22 +968,35 @@ extern "C" int m3k_scan_make_plan(int32_t P, int32_t N, int32_t S, int32_t max_s
   p.rn = TILES[chosen][1];
   p.pth = next_pow2((P + p.rp - 1) / p.rp);
   p.nth = next_pow2((N + p.rn - 1) / p.rn);
-  p.threads = (p.pth * p.nth + 31) / 32 * 32;
+  while (p.pth * p.nth < 32) p.pth *= 2; /* whole warps: every lane takes part in the shuffles */
+  p.threads = p.pth * p.nth;
   const int Pp = p.pth * p.rp, Np = p.nth * p.rn, nw = p.threads / 32;
-  /* the largest token block that fits (two CTAs per multiprocessor when possible) */
+  /* Token blocks as large as fit (two CTAs per multiprocessor when possible): the forward
+   * takes the largest; the backward minimises the per-token share of block (~10 barriers)
+   * and sub-block (2 barriers) overheads. */
   const int64_t budget = max_smem < 110 * 1024 ? max_smem : 110 * 1024;
-  p.tb_fwd = p.tb_bwd = 0;
-  for (int tb = 16; tb >= 1; tb /= 2) {
-    if (!p.tb_fwd && fwd_smem_floats(tb, Pp, Np, p.pth, p.nth, S) * 4 <= budget) p.tb_fwd = tb;
-    if (!p.tb_bwd && bwd_smem_floats(tb, Pp, Np, p.pth, p.nth, S, nw) * 4 <= budget) p.tb_bwd = tb;
-  }
+  p.tb_fwd = p.tb_bwd = p.sb = 0;
+  for (int tb = 64; tb >= 1 && !p.tb_fwd; tb /= 2)
+    if (fwd_smem_floats(make_geo(p.pth, p.nth, tb, 1), Pp, Np, S) * 4 <= budget) p.tb_fwd = tb;
+  double best = 1e30;
+  for (int tb = 64; tb >= 1; tb /= 2)
+    for (int sb = tb; sb >= 1; sb /= 2)
+      if (bwd_smem_floats(make_geo(p.pth, p.nth, tb, sb), Pp, Np, S, nw) * 4 <= budget) {
+        const double cost = 10.0 / tb + 2.0 / sb;
+        if (cost < best) {
+          best = cost;
+          p.tb_bwd = tb;
+          p.sb = sb;
+        }
+        break;
+      }
   if (!p.tb_fwd || !p.tb_bwd) {
     snprintf(why, 256, "headdim %d x d_state %d: the CUDA scan needs more shared memory than the device's %d bytes",
              P, N, max_smem);
     return 0;
   }
-  p.smem_fwd = (int32_t)(fwd_smem_floats(p.tb_fwd, Pp, Np, p.pth, p.nth, S) * 4);
-  p.smem_bwd = (int32_t)(bwd_smem_floats(p.tb_bwd, Pp, Np, p.pth, p.nth, S, nw) * 4);
+  p.smem_fwd = (int32_t)(fwd_smem_floats(make_geo(p.pth, p.nth, p.tb_fwd, 1), Pp, Np, S) * 4);
+  p.smem_bwd = (int32_t)(bwd_smem_floats(make_geo(p.pth, p.nth, p.tb_bwd, p.sb), Pp, Np, S, nw) * 4);
   *out = p;
   return 1;
 }
@@ -910,20 +1028,24 @@ extern "C" cudaError_t m3k_scan_prepare(int prec, const m3k_scan_plan *plan) {
 extern "C" cudaError_t m3k_scan_fwd(cudaStream_t s, int prec, const m3k_scan_plan *plan, const m3k_scan_args *a) {
   const dim3 grid(a->d.H, a->rows);
   M3K_DISPATCH(prec, SCAN_TILE_DISPATCH(plan, (scan_fwd_kernel<RP, RN, T><<<grid, plan->threads, plan->smem_fwd, s>>>(
-                                                   *a, plan->pth, plan->nth, plan->tb_fwd))));
+                                                   *a, make_geo(plan->pth, plan->nth, plan->tb_fwd, 1)))));
   return cudaGetLastError();
 }
 
 extern "C" cudaError_t m3k_scan_bwd(cudaStream_t s, int prec, const m3k_scan_plan *plan, const m3k_scan_args *a) {
   const dim3 grid(a->d.H, a->rows);
   M3K_DISPATCH(prec, SCAN_TILE_DISPATCH(plan, (scan_bwd_kernel<RP, RN, T><<<grid, plan->threads, plan->smem_bwd, s>>>(
-                                                   *a, plan->pth, plan->nth, plan->tb_bwd))));
+                                                   *a, make_geo(plan->pth, plan->nth, plan->tb_bwd, plan->sb)))));
   return cudaGetLastError();
 }
 
-extern "C" cudaError_t m3k_scan_reduce_parts(cudaStream_t s, const float *part, int32_t rows, int32_t H, int32_t N,
-                                             float *g_dt_bias, float *g_D, float *g_B_bias, float *g_C_bias) {
-  const int64_t n = (int64_t)H * (2 + 2 * N);
-  scan_reduce_parts_kernel<<<grid_for(n, 128), 128, 0, s>>>(part, rows, H, N, g_dt_bias, g_D, g_B_bias, g_C_bias);
+extern "C" cudaError_t m3k_scan_param_grads(cudaStream_t s, const float *part, const float *part_norm, int32_t rows,
+                                            int32_t H, int32_t N, int32_t P, const float *bc, int64_t M,
+                                            const float *scratch, float *g_dt_bias, float *g_D, float *g_B_bias,
+                                            float *g_C_bias, float *g_norm, float *g_B_norm, float *g_C_norm) {
+  const int64_t n = (int64_t)H * (2 + 2 * N) + (part_norm ? (int64_t)H * P : 0) + 2 * N;
+  scan_param_grads_kernel<<<grid_for(n, 128), 128, 0, s>>>(part, part_norm, rows, H, N, P, bc, M,
+                                                           m3k_colsum_chunks(M), scratch, g_dt_bias, g_D, g_B_bias,
+                                                           g_C_bias, g_norm, g_B_norm, g_C_norm);
   return cudaGetLastError();
 }

@@ -15,6 +15,7 @@
 -- reports the share of the step spent in matrix products (trainer info gemm_seconds).
 
 local ffi = require "ffi"
+io.stdout:setvbuf("line")
 local m3 = require "m3"
 local lib = require "m3.lib"
 

@@ -2,9 +2,9 @@
 # scripts/gpu_check.sh — the one-call recipe for the lent GPU machine (run there from the
 # repository root, with .gpu/ carried: ../shared/device copied in, plus .gpu/shared/golden):
 #
-#   bash scripts/gpu_check.sh [stages]     stages: comma list of setup,build,test,spec,sanitize,bench
-#                                          (default: all but sanitize; sanitize runs anyway when
-#                                          a CUDA test fails)
+#   bash scripts/gpu_check.sh [stages]     stages: comma list of setup,build,test,spec,sanitize,bench,
+#                                          profile (default: all but sanitize; sanitize runs anyway
+#                                          when a CUDA test fails)
 #
 # Full logs go to $OUT (at most 8 files come back); the last lines printed are a short summary:
 # test results, the first failing checks, the parity/golden lines and the benchmark table.
@@ -14,7 +14,7 @@ root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 cd "$root"
 OUT=${OUT:-/tmp/m3_gpu_out}
 mkdir -p "$OUT"
-stages=${1:-setup,build,test,spec,bench}
+stages=${1:-setup,build,test,spec,bench,profile}
 has() { [[ ",$stages," == *",$1,"* ]]; }
 export M3_SHARED=$root/.gpu/shared
 export PATH=/usr/local/cuda/bin:$PATH
@@ -92,5 +92,12 @@ if has bench; then
   say "bench [$(($(stamp) - t)) s]:"
   sed -n '/^config /,$p' "$OUT/bench.log" | tee -a "$summary"
   grep -E "FAILED" "$OUT/bench.log" | head -5 | tee -a "$summary"
+fi
+if has profile; then
+  t=$(stamp)
+  M3_CUDA_PROFILE=1 timeout 120 $build/m3lua scripts/bench.lua --no-graph --steps 3 --dtypes bf16 \
+    --configs ${PROFILE_CONFIGS:-rl,rl-batch,mid,lm130} >"$OUT/profile.log" 2>&1
+  say "profile (eager, bf16) [$(($(stamp) - t)) s]:"
+  grep -E "^== |m3 cuda profile|^  [a-z_ ()+]+ +[0-9.]+ ms/call" "$OUT/profile.log" | tee -a "$summary"
 fi
 say "total $(($(stamp) - T0)) s"

@@ -32,7 +32,26 @@
 #include "../errors.h"
 #include "gemm.h"
 
-enum { MAX_GRAPHS = 16, LM_BLOCK_ROWS = 4096, SLICE_ALIGN = 128 };
+enum { MAX_GRAPHS = 16, LM_BLOCK_ROWS = 4096, SLICE_ALIGN = 128, PROF_MARKS = 2048 };
+
+/* Opt-in phase timing (environment M3_CUDA_PROFILE=1, eager steps only): an event at every
+ * phase boundary; the time to the next event is charged to the phase; totals go to stderr
+ * when the trainer is destroyed. A development aid, off by default. */
+typedef enum prof_phase {
+  PH_UPLOAD, PH_INPUT, PH_NORM_F, PH_INPROJ_F, PH_BCNORM_F, PH_SCAN_F, PH_OUTPROJ_F, PH_HEAD, PH_NORM_B,
+  PH_OUTPROJ_B, PH_SCAN_B, PH_BCNORM_B, PH_PARAMS_B, PH_INPROJ_B, PH_INPUT_B, PH_UPDATE, PH_END, PH_COUNT
+} prof_phase;
+static const char *const PHASE_NAME[PH_COUNT] = {
+    "upload", "input", "norm fwd", "in_proj fwd", "bcnorm fwd", "scan fwd", "out_proj fwd", "head (+grad)",
+    "norm bwd", "out_proj bwd", "scan bwd", "bcnorm bwd", "small grads", "in_proj bwd", "input bwd", "update", "end"};
+
+typedef struct prof {
+  int on, n, capturing;
+  cudaEvent_t ev[PROF_MARKS];
+  int phase[PROF_MARKS];
+  double ms[PH_COUNT];
+  int64_t steps;
+} prof;
 static const size_t WORKSPACE_BYTES = (size_t)32 << 20;
 
 typedef struct graph_entry {
@@ -129,6 +148,7 @@ struct backend {
   int n_graphs;
   uint64_t tick;
   int32_t last_rows, last_len;
+  prof pf;
   int fwd_carry;  /* the last training forward started from the carried state */
   int last_carry; /* carry of the last forward or step (the default shape of capture_graph) */
 };
@@ -259,7 +279,7 @@ static void carve_device(backend *be, carver *c) {
   be->part_norm = TAKE_F(c, B * H * P);
   const int64_t wc = dm > 2 * N ? dm : 2 * N;
   be->wcontrib = TAKE_F(c, Mc * wc);
-  int64_t cs = m3k_colsum_scratch(Mc, (int32_t)(dm > N ? dm : N));
+  int64_t cs = m3k_colsum_scratch(Mc, (int32_t)(dm > 2 * N ? dm : 2 * N));
   if (be->od > 0) {
     const int64_t o = m3k_colsum_scratch(Mc, (int32_t)be->od);
     if (o > cs) cs = o;
@@ -371,6 +391,29 @@ static m3_status mm_tn_acc(backend *be, int64_t M, int64_t N, int64_t K, const v
 
 /* ---- the step sequence ----------------------------------------------------------------------------------- */
 
+static void mark(backend *be, prof_phase ph) {
+  prof *p = &be->pf;
+  if (!p->on || p->capturing || p->n >= PROF_MARKS) return;
+  if (cudaEventRecord(p->ev[p->n], be->st) != cudaSuccess) {
+    cudaGetLastError();
+    return;
+  }
+  p->phase[p->n++] = ph;
+}
+
+/* After a synchronised call: charges the time between marks to their phases. */
+static void prof_collect(backend *be) {
+  prof *p = &be->pf;
+  if (!p->on || p->n == 0) return;
+  for (int i = 0; i + 1 < p->n; i++) {
+    float ms = 0;
+    if (cudaEventElapsedTime(&ms, p->ev[i], p->ev[i + 1]) == cudaSuccess) p->ms[p->phase[i]] += ms;
+  }
+  cudaGetLastError();
+  p->n = 0;
+  p->steps++;
+}
+
 static m3k_scan_args scan_args(const backend *be, int l, int32_t rows, int32_t len, int carry_in, int write_final,
                                int train_in) {
   const m3_dims *d = be->d;
@@ -438,6 +481,7 @@ static m3_status enq_forward(backend *be, int32_t rows, int32_t len, int carry, 
   const m3_dims *d = be->d;
   const m3_layout *lay = be->lay;
   const int64_t M = (int64_t)rows * len, dm = d->dm;
+  mark(be, PH_INPUT);
   if (carry && train) TRY(save_incoming(be, rows));
   if (train) be->fwd_carry = carry;
   float *h0 = resid_l(be, 0);
@@ -456,17 +500,23 @@ static m3_status enq_forward(backend *be, int32_t rows, int32_t len, int carry, 
   }
   for (int l = 0; l < d->L; l++) {
     const layer_offsets *lo = &lay->layer[l];
+    mark(be, PH_NORM_F);
     CK(m3k_rmsnorm_fwd(be->st, be->prec, resid_l(be, l), be->params + lo->norm, xn_l(be, l), NULL, rstd_l(be, l), M,
                        d->dm));
+    mark(be, PH_INPROJ_F);
     TRY(mm_nt(be, M, d->dip, dm, xn_l(be, l), dm, wgt(be, lo->in_proj), dm, NULL, proj_l(be, l), be->kd.dipp, G_ACT,
               0.0f));
+    mark(be, PH_BCNORM_F);
     CK(m3k_bcnorm_fwd(be->st, be->prec, &be->kd, proj_l(be, l), be->params + lo->B_norm, be->params + lo->C_norm,
                       bc_hat_l(be, l), bc_rstd_l(be, l), M));
     const m3k_scan_args a = scan_args(be, l, rows, len, carry, train, train);
+    mark(be, PH_SCAN_F);
     CK(m3k_scan_fwd(be->st, be->prec, &be->scan, &a));
+    mark(be, PH_OUTPROJ_F);
     TRY(mm_nt(be, M, dm, d->E, gated_l(be, l), d->E, wgt(be, lo->out_proj), d->E, resid_l(be, l), resid_l(be, l + 1),
               dm, G_F32, 1.0f));
   }
+  mark(be, PH_NORM_F);
   CK(m3k_rmsnorm_fwd(be->st, be->prec, resid_l(be, d->L), be->params + lay->norm_f,
                      be->prec != M3K_F32 ? be->out_act : NULL, be->out, be->out_rstd, M, d->dm));
   return M3_OK;
@@ -477,6 +527,7 @@ static m3_status enq_forward(backend *be, int32_t rows, int32_t len, int carry, 
 static m3_status enq_head(backend *be, int32_t rows, int32_t len, int want_grad) {
   const m3_dims *d = be->d;
   const int64_t M = (int64_t)rows * len, dm = d->dm;
+  mark(be, PH_HEAD);
   switch (d->head) {
     case M3_HEAD_NONE:
       if (want_grad) CK(m3k_scale_by_weight(be->st, be->d_step, be->d_out, be->dout, M * dm));
@@ -521,6 +572,7 @@ static m3_status enq_backward(backend *be, int32_t rows, int32_t len, int zero_g
   float *g = be->grads;
   if (zero_grads) CK(cudaMemsetAsync(g, 0, (size_t)lay->total * sizeof(float), be->st));
   TRY(enq_head(be, rows, len, 1));
+  mark(be, PH_NORM_B);
   void *dr_act = be->prec != M3K_F32 ? be->dresid_act : NULL;
   CK(m3k_rmsnorm_bwd(be->st, be->prec, resid_l(be, d->L), be->params + lay->norm_f, be->out_rstd, be->dout,
                      be->dresid, dr_act, be->wcontrib, M, d->dm, 0));
@@ -528,26 +580,33 @@ static m3_status enq_backward(backend *be, int32_t rows, int32_t len, int zero_g
   for (int l = d->L - 1; l >= 0; l--) {
     const layer_offsets *lo = &lay->layer[l];
     /* out_proj: dgated = dresid W_out, dW_out += dresid^T gated */
+    mark(be, PH_OUTPROJ_B);
     TRY(mm_nn(be, M, E, dm, be->dresid_act, dm, wgt(be, lo->out_proj), E, be->dgated, E));
     TRY(mm_tn_acc(be, dm, E, M, be->dresid_act, dm, gated_l(be, l), E, g + lo->out_proj, E));
     /* gate, scan, B/C norm */
     const m3k_scan_args a = scan_args(be, l, rows, len, be->fwd_carry, 0, 1);
+    mark(be, PH_SCAN_B);
     CK(m3k_scan_bwd(be->st, be->prec, &be->scan, &a));
+    mark(be, PH_BCNORM_B);
     CK(m3k_bcnorm_bwd(be->st, be->prec, &be->kd, proj_l(be, l), be->params + lo->B_norm, be->params + lo->C_norm,
                       bc_rstd_l(be, l), be->dbc_head, be->dang_head, be->dproj, be->wcontrib, M));
-    CK(m3k_colsum(be->st, be->wcontrib, M, (int32_t)N, 2 * N, g + lo->B_norm, be->colsum_scratch));
-    CK(m3k_colsum(be->st, be->wcontrib + N, M, (int32_t)N, 2 * N, g + lo->C_norm, be->colsum_scratch));
-    CK(m3k_scan_reduce_parts(be->st, be->part, rows, d->H, d->N, g + lo->dt_bias, g + lo->D, g + lo->B_bias,
-                             g + lo->C_bias));
-    if (d->outproj_norm) CK(m3k_sum_rows(be->st, be->part_norm, rows, d->H * d->P, g + lo->out_norm));
+    mark(be, PH_PARAMS_B);
+    CK(m3k_colsum_partials(be->st, be->wcontrib, M, (int32_t)(2 * N), 2 * N, be->colsum_scratch));
+    CK(m3k_scan_param_grads(be->st, be->part, d->outproj_norm ? be->part_norm : NULL, rows, d->H, d->N, d->P,
+                            be->wcontrib, M, be->colsum_scratch, g + lo->dt_bias, g + lo->D, g + lo->B_bias,
+                            g + lo->C_bias, d->outproj_norm ? g + lo->out_norm : NULL, g + lo->B_norm,
+                            g + lo->C_norm));
     /* in_proj: dxn = dproj W_in, dW_in += dproj^T xn */
+    mark(be, PH_INPROJ_B);
     TRY(mm_nn(be, M, dm, d->dip, be->dproj, be->kd.dipp, wgt(be, lo->in_proj), dm, be->dxn, dm));
     TRY(mm_tn_acc(be, d->dip, dm, M, be->dproj, be->kd.dipp, xn_l(be, l), dm, g + lo->in_proj, dm));
     /* layer norm: dresid (the identity path) += norm path */
+    mark(be, PH_NORM_B);
     CK(m3k_rmsnorm_bwd(be->st, be->prec, resid_l(be, l), be->params + lo->norm, rstd_l(be, l), be->dxn, be->dresid,
                        dr_act, be->wcontrib, M, d->dm, 1));
     CK(m3k_colsum(be->st, be->wcontrib, M, d->dm, dm, g + lo->norm, be->colsum_scratch));
   }
+  mark(be, PH_INPUT_B);
   switch (d->input) {
     case M3_INPUT_FEATURES:
       TRY(mm_tn_acc(be, dm, be->in_w, M, be->dresid_act, dm, be->in_act, be->in_w, g + lay->input_w, be->in_w));
@@ -565,6 +624,7 @@ static m3_status enq_backward(backend *be, int32_t rows, int32_t len, int zero_g
 
 static m3_status enq_update(backend *be) {
   const int64_t n = be->lay->total;
+  mark(be, PH_UPDATE);
   CK(m3k_grad_sumsq(be->st, be->d_step, be->grads, n, be->norm_part));
   CK(m3k_grad_norm(be->st, be->d_step, be->norm_part, be->norm_blocks, be->d_metrics));
   CK(m3k_adamw(be->st, be->prec, be->d_step, be->d_metrics, be->params, be->grads, be->adam_m, be->adam_v, be->shadow,
@@ -688,7 +748,9 @@ static m3_status download_metrics(backend *be) {
 }
 
 static m3_status sync(backend *be) {
+  mark(be, PH_END);
   CK(cudaStreamSynchronize(be->st));
+  prof_collect(be);
   return M3_OK;
 }
 
@@ -710,6 +772,7 @@ static void read_update(const backend *be, update_result *r) {
 /* The whole fused step as one sequence on the stream (eager, or captured into a graph). */
 static m3_status enq_step(backend *be, int32_t rows, int32_t len, int carry) {
   const int64_t M = (int64_t)rows * len;
+  mark(be, PH_UPLOAD);
   TRY(upload_step(be));
   TRY(upload_inputs(be, M));
   TRY(upload_targets(be, M, 1));
@@ -724,7 +787,9 @@ static m3_status enq_step(backend *be, int32_t rows, int32_t len, int carry) {
 static m3_status capture(backend *be, int32_t rows, int32_t len, int carry, cudaGraphExec_t *out) {
   cudaGraph_t graph = NULL;
   CK(cudaStreamBeginCapture(be->st, cudaStreamCaptureModeRelaxed));
+  be->pf.capturing = 1;
   const m3_status s = enq_step(be, rows, len, carry);
+  be->pf.capturing = 0;
   const cudaError_t e = cudaStreamEndCapture(be->st, &graph);
   if (s != M3_OK) {
     if (graph) cudaGraphDestroy(graph);
@@ -782,9 +847,27 @@ static void free_graphs(backend *be) {
 
 /* ---- backend ops ------------------------------------------------------------------------------------------------ */
 
+static void prof_report(backend *be) {
+  prof *p = &be->pf;
+  double total = 0;
+  for (int i = 0; i < PH_END; i++) total += p->ms[i];
+  if (p->steps == 0 || total <= 0) return;
+  fprintf(stderr, "m3 cuda profile: %lld synchronised calls, %.3f ms of device time per call\n", (long long)p->steps,
+          total / (double)p->steps);
+  for (int i = 0; i < PH_END; i++)
+    if (p->ms[i] > 0)
+      fprintf(stderr, "  %-14s %9.3f ms/call %5.1f%%\n", PHASE_NAME[i], p->ms[i] / (double)p->steps,
+              100 * p->ms[i] / total);
+}
+
 static void destroy(backend *be) {
   if (!be) return;
   if (be->arena || be->pin || be->st) cudaSetDevice(be->dev);
+  if (be->pf.on) {
+    prof_report(be);
+    for (int i = 0; i < PROF_MARKS; i++)
+      if (be->pf.ev[i]) cudaEventDestroy(be->pf.ev[i]);
+  }
   free_graphs(be);
   if (be->gm_ready) m3_gemm_free(&be->gm);
   if (be->st) cudaStreamSynchronize(be->st);
@@ -1079,6 +1162,11 @@ static m3_status init_device(backend *be, const backend_args *a) {
   const cudaDataType_t act = be->prec == M3K_BF16 ? CUDA_R_16BF : be->prec == M3K_F16 ? CUDA_R_16F : CUDA_R_32F;
   TRY(m3_gemm_init(&be->gm, act, be->prec == M3K_F32 && a->allow_tf32, be->workspace, WORKSPACE_BYTES));
   be->gm_ready = 1;
+  const char *pe = getenv("M3_CUDA_PROFILE");
+  if (pe && *pe && strcmp(pe, "0") != 0) {
+    for (int i = 0; i < PROF_MARKS; i++) CK(cudaEventCreate(&be->pf.ev[i]));
+    be->pf.on = 1;
+  }
   return M3_OK;
 }
 
