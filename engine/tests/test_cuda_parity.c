@@ -394,9 +394,13 @@ static void run_mode(const m3_config *c, const m3_weights *w, int prec, int B, i
       CHECK_OK(m3_trainer_set_lr(t, 5e-3));
       CHECK_OK(m3_trainer_capture_graph(t));
     }
-    if (mode == MODE_SPLIT) {
+    if (mode == MODE_SPLIT) { /* the backward's batch carries only the head's fields */
+      m3_batch hb = bs[i].b;
+      hb.input = NULL;
+      hb.tokens = NULL;
+      hb.resets = NULL;
       CHECK_OK(m3_trainer_forward(t, &bs[i].b, NULL));
-      CHECK_OK(m3_trainer_backward_step(t, &bs[i].b, NULL, &m));
+      CHECK_OK(m3_trainer_backward_step(t, &hb, NULL, &m));
     } else {
       const m3_status st = m3_trainer_step(t, &bs[i].b, &m);
       CHECK(st == M3_OK, "step %d (mode %d): %s", i, mode, m3_last_error());

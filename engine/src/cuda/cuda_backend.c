@@ -650,14 +650,6 @@ static void stage_step(backend *be, const step_params *p, double weight) {
   h->clip = p->clip;
 }
 
-static void stage_inputs(backend *be, const m3_batch *b) {
-  const int64_t M = (int64_t)b->rows * b->len;
-  if (be->d->input == M3_INPUT_TOKENS) memcpy(be->h_tokens, b->tokens, (size_t)M * sizeof(int32_t));
-  else memcpy(be->h_in, b->input, (size_t)(M * be->in_w) * sizeof(float));
-  if (b->resets) memcpy(be->h_resets, b->resets, (size_t)M);
-  else memset(be->h_resets, 0, (size_t)M);
-}
-
 /* Segments of a stable counting sort of the window's tokens (embedding backward). */
 static void sort_tokens(backend *be, const int32_t *tok, int64_t M) {
   int32_t *cnt = be->hist, nseg = 0;
@@ -674,6 +666,19 @@ static void sort_tokens(backend *be, const int32_t *tok, int64_t M) {
   for (int64_t i = 0; i < M; i++) be->h_perm[cnt[tok[i]]++] = (int32_t)i;
   for (int32_t s = 0; s < nseg; s++) cnt[be->h_seg_tok[s]] = 0;
   be->h_info->nseg = nseg;
+}
+
+/* The window's inputs (kept on the device for the backward, which reads the forward's inputs). */
+static void stage_inputs(backend *be, const m3_batch *b, int train) {
+  const int64_t M = (int64_t)b->rows * b->len;
+  if (be->d->input == M3_INPUT_TOKENS) {
+    memcpy(be->h_tokens, b->tokens, (size_t)M * sizeof(int32_t));
+    if (train) sort_tokens(be, b->tokens, M);
+  } else {
+    memcpy(be->h_in, b->input, (size_t)(M * be->in_w) * sizeof(float));
+  }
+  if (b->resets) memcpy(be->h_resets, b->resets, (size_t)M);
+  else memset(be->h_resets, 0, (size_t)M);
 }
 
 static void stage_targets(backend *be, const m3_batch *b, int want_grad) {
@@ -702,7 +707,6 @@ static void stage_targets(backend *be, const m3_batch *b, int want_grad) {
       if (want_grad) memcpy(be->h_dout, b->d_out, (size_t)(M * d->dm) * sizeof(float));
       break;
   }
-  if (want_grad && d->input == M3_INPUT_TOKENS) sort_tokens(be, b->tokens, M);
 }
 
 #define H2D(dst, src, bytes) CK(cudaMemcpyAsync((dst), (src), (bytes), cudaMemcpyHostToDevice, be->st))
@@ -712,9 +716,17 @@ static m3_status upload_step(backend *be) {
   return M3_OK;
 }
 
-static m3_status upload_inputs(backend *be, int64_t M) {
-  if (be->d->input == M3_INPUT_TOKENS) H2D(be->tokens, be->h_tokens, (size_t)M * sizeof(int32_t));
-  else H2D(be->in_f32, be->h_in, (size_t)(M * be->in_w) * sizeof(float));
+static m3_status upload_inputs(backend *be, int64_t M, int train) {
+  if (be->d->input == M3_INPUT_TOKENS) {
+    H2D(be->tokens, be->h_tokens, (size_t)M * sizeof(int32_t));
+    if (train) {
+      H2D(be->perm, be->h_perm, (size_t)M * sizeof(int32_t));
+      H2D(be->seg_tok, be->h_seg_tok, (size_t)M * sizeof(int32_t));
+      H2D(be->seg_start, be->h_seg_start, (size_t)(M + 1) * sizeof(int32_t));
+    }
+  } else {
+    H2D(be->in_f32, be->h_in, (size_t)(M * be->in_w) * sizeof(float));
+  }
   H2D(be->resets, be->h_resets, (size_t)M);
   return M3_OK;
 }
@@ -733,11 +745,6 @@ static m3_status upload_targets(backend *be, int64_t M, int want_grad) {
     default:
       if (want_grad) H2D(be->d_out, be->h_dout, (size_t)(M * d->dm) * sizeof(float));
       break;
-  }
-  if (want_grad && d->input == M3_INPUT_TOKENS) {
-    H2D(be->perm, be->h_perm, (size_t)M * sizeof(int32_t));
-    H2D(be->seg_tok, be->h_seg_tok, (size_t)M * sizeof(int32_t));
-    H2D(be->seg_start, be->h_seg_start, (size_t)(M + 1) * sizeof(int32_t));
   }
   return M3_OK;
 }
@@ -774,7 +781,7 @@ static m3_status enq_step(backend *be, int32_t rows, int32_t len, int carry) {
   const int64_t M = (int64_t)rows * len;
   mark(be, PH_UPLOAD);
   TRY(upload_step(be));
-  TRY(upload_inputs(be, M));
+  TRY(upload_inputs(be, M, 1));
   TRY(upload_targets(be, M, 1));
   TRY(enq_forward(be, rows, len, carry, 1));
   TRY(enq_backward(be, rows, len, 1));
@@ -881,8 +888,8 @@ static void destroy(backend *be) {
 
 static m3_status op_forward(backend *be, const m3_batch *b, int carry, int train, float *out) {
   ENTER(be);
-  stage_inputs(be, b);
-  TRY(upload_inputs(be, (int64_t)b->rows * b->len));
+  stage_inputs(be, b, train);
+  TRY(upload_inputs(be, (int64_t)b->rows * b->len, train));
   TRY(enq_forward(be, b->rows, b->len, carry, train));
   if (out)
     CK(cudaMemcpyAsync(out, be->out, (size_t)((int64_t)b->rows * b->len * be->d->dm) * sizeof(float),
@@ -922,7 +929,7 @@ static m3_status op_step(backend *be, const m3_batch *b, int carry, double weigh
                          head_result *head, update_result *upd, int32_t *graph_replayed) {
   ENTER(be);
   stage_step(be, p, weight);
-  stage_inputs(be, b);
+  stage_inputs(be, b, 1);
   stage_targets(be, b, 1);
   if (be->graph_mode) {
     cudaGraphExec_t ex;
@@ -945,9 +952,9 @@ static m3_status op_step(backend *be, const m3_batch *b, int carry, double weigh
 static m3_status op_evaluate(backend *be, const m3_batch *b, int carry, head_result *res, float *out) {
   ENTER(be);
   const int64_t M = (int64_t)b->rows * b->len;
-  stage_inputs(be, b);
+  stage_inputs(be, b, 0);
   stage_targets(be, b, 0);
-  TRY(upload_inputs(be, M));
+  TRY(upload_inputs(be, M, 0));
   TRY(upload_targets(be, M, 0));
   TRY(enq_forward(be, b->rows, b->len, carry, 0));
   TRY(enq_head(be, b->rows, b->len, 0));
