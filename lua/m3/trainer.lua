@@ -161,7 +161,6 @@ local function wrap_trainer(p)
     _batch = ffi.new("m3_batch"),
     _metrics = ffi.new("m3_metrics"),
     _keep = {},
-    _forward_inputs = {},
     _info = info,
     _B = tonumber(info.batch),
     _T = tonumber(info.seq_len),
@@ -341,23 +340,15 @@ function T:step(batch)
   return metrics(self, m)
 end
 
--- The forward's input fields, which the engine's backward reads again: backward_step
--- passes them on when its batch leaves them out (e.g. a bare d_out).
-local REPLAYED = { "input", "tokens", "resets" }
-
--- Split API: the forward of a window; returns out [B, T, d_model] and marks a backward pending.
+-- Split API: the forward of a window; returns out [B, T, d_model] and marks a backward
+-- pending. The window's shape is kept: a bare d_out given to backward_step takes it.
 function T:forward(batch)
   local p = live(self)
   local b = make_batch(self, batch, true, false)
   local out = tensor({ b.rows, b.len, self.config.d_model })
-  local fwd, keep = self._forward_inputs, self._keep
-  for _, name in ipairs(REPLAYED) do fwd[name] = keep[name] end
-  local st = C.m3_trainer_forward(p, b, out.data)
-  release(self)
-  if st ~= 0 then
-    for _, name in ipairs(REPLAYED) do fwd[name] = nil end
-  end
-  check(st)
+  local rows, len = b.rows, b.len
+  call(self, C.m3_trainer_forward, p, b, out.data)
+  self._pending_rows, self._pending_len = rows, len
   return out
 end
 
@@ -379,27 +370,9 @@ function T:backward_step(batch_or_d_out, opts)
   if opts.scale ~= nil then o.scale = want_number(opts.scale, "backward_step: scale") end
   local batch = batch_or_d_out
   if is_tensor_like(batch) then batch = { d_out = batch } end
-  local fwd = self._forward_inputs
-  local shaped = fwd.input or fwd.tokens
-  local b = make_batch(self, batch, false, true, shaped and shaped.dims_[0],
-    shaped and shaped.dims_[1])
-  local keep = self._keep
-  for _, name in ipairs(REPLAYED) do
-    local t, field = fwd[name], self._spec[name] and self._spec[name].field
-    if t and keep[name] == nil then
-      keep[name] = t
-      b[field] = t.data
-    end
-  end
+  local b = make_batch(self, batch, false, true, self._pending_rows, self._pending_len)
   local m = self._metrics
-  local st = C.m3_trainer_backward_step(p, b, o, m)
-  release(self)
-  local info = self._info
-  C.m3_trainer_get_info(p, info)
-  if info.pending_forward == 0 then
-    for _, name in ipairs(REPLAYED) do fwd[name] = nil end
-  end
-  check(st)
+  call(self, C.m3_trainer_backward_step, p, b, o, m)
   return metrics(self, m)
 end
 
