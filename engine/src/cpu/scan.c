@@ -159,6 +159,7 @@ void NAME(cpu_scan_forward)(cpu_model *m, int32_t layer, const uint8_t *resets, 
         real *row = Hs + (int64_t)p * N;
         const real bx = s.beta * xprev[p], gx = s.gamma * x[p];
         real acc = 0;
+#pragma omp simd reduction(+ : acc)
         for (int32_t n = 0; n < N; n++) {
           row[n] = s.alpha * row[n] + bx * kprev[n] + gx * kcur[n];
           acc += row[n] * qcur[n];
@@ -271,6 +272,7 @@ void NAME(cpu_scan_backward)(cpu_model *m, int32_t layer, const uint8_t *resets)
           const real *Htr = Ht + (int64_t)p * N, *Hpr = Hp ? Hp + (int64_t)p * N : zero;
           const real dyp = dy[p], xpp = xp[p], xq = x[p];
           real hk = 0, hkp = 0, ha = 0;
+#pragma omp simd reduction(+ : hk, hkp, ha)
           for (int32_t n = 0; n < N; n++) {
             const real g_ = carry * dHr[n] + dyp * q[n];
             dHr[n] = g_;
