@@ -1,7 +1,8 @@
 -- m3.help — short help texts for the REPL's `?topic` and for tab completion.
 --
 --   help.show("trainer")          prints the text (or the closest topics)
---   help.show(tr) / help.show(m3.schedule.cosine)   a value: its kind or its name
+--   help.show(tr) / help.show(m3.schedule.cosine)   a value: its kind or its name (a
+--   string that names no topic is also tried as a global: "?tr" for a trainer in `tr`)
 --   help.text(topic) -> text | nil, {suggestions}
 --   help.topics() -> sorted topic names;  help.complete(prefix) -> topics starting with it
 --
@@ -242,9 +243,27 @@ local function topic_of_value(v)
   if package.loaded.m3 == v then return "m3" end
 end
 
+-- The value a dotted global name refers to (`tr`, `m3.schedule.cosine`), or nil.
+local function global_value(q)
+  local v = _G
+  for part in q:gsub("^%s*%?*%s*", ""):gmatch("[^.:]+") do
+    if type(v) ~= "table" then return nil end
+    v = v[part]
+  end
+  if v ~= _G then return v end
+end
+
 function help.text(topic)
   local t
-  if type(topic) == "string" then t = resolve(topic) else t = topic_of_value(topic) end
+  if type(topic) == "string" then
+    t = resolve(topic)
+    if not t then
+      local ok, v = pcall(global_value, topic)
+      if ok and v ~= nil then t = topic_of_value(v) end
+    end
+  else
+    t = topic_of_value(topic)
+  end
   if t then return T[t] end
   return nil, type(topic) == "string" and suggestions(topic) or {}
 end

@@ -1,0 +1,94 @@
+-- m3.flags — command-line flags for scripts: `--name value`, `--name=value`, `--switch`.
+--
+--   local o, changed = flags.parse(arg, {
+--     {"steps", 600, "optimizer steps"},
+--     {"device", "auto", "auto | cpu | cuda | cuda:N"},
+--     {"resume", false, "continue from the latest checkpoint"},
+--   }, "m3lua scripts/train.lua [flags]")
+--
+-- A flag's type is its default's: numbers must parse, booleans are switches (`--resume`,
+-- or `--resume=false`), strings take any value. `--help` prints the flags and exits.
+-- Unknown flags and stray arguments are errors that list the valid flags. Returns the
+-- values and the list of names set to something other than their default (in the order
+-- of the spec), for run names.
+
+local flags = {}
+
+local function usage(spec, banner)
+  local lines = { banner or "flags:" }
+  for _, f in ipairs(spec) do
+    local default = f[2]
+    local shown = type(default) == "boolean" and (default and "on" or "off") or tostring(default)
+    lines[#lines + 1] = string.format("  --%-16s %s (default %s)", f[1], f[3] or "", shown)
+  end
+  return table.concat(lines, "\n")
+end
+flags.usage = usage
+
+local function convert(f, text)
+  local default = f[2]
+  if type(default) == "number" then
+    local v = tonumber(text)
+    if not v then error(string.format("--%s expects a number, got %q", f[1], text), 0) end
+    return v
+  elseif type(default) == "boolean" then
+    if text == "true" or text == "1" or text == "on" then return true end
+    if text == "false" or text == "0" or text == "off" then return false end
+    error(string.format("--%s expects true or false, got %q", f[1], text), 0)
+  end
+  return text
+end
+
+-- Parses args (a list of strings) into values; raises an error naming the bad flag.
+function flags.values(args, spec)
+  local by_name, values = {}, {}
+  for _, f in ipairs(spec) do
+    by_name[f[1]] = f
+    values[f[1]] = f[2]
+  end
+  local i = 1
+  while i <= #args do
+    local a = args[i]
+    local name, inline = a:match("^%-%-([%w_%-]+)=(.*)$")
+    name = name or a:match("^%-%-([%w_%-]+)$")
+    if not name then error(string.format("unexpected argument %q (flags start with --)", a), 0) end
+    name = name:gsub("%-", "_")
+    local f = by_name[name]
+    if not f then error(string.format("unknown flag --%s", name), 0) end
+    if inline then
+      values[name] = convert(f, inline)
+    elseif type(f[2]) == "boolean" then
+      values[name] = true
+    else
+      i = i + 1
+      if args[i] == nil then error(string.format("--%s needs a value", name), 0) end
+      values[name] = convert(f, args[i])
+    end
+    i = i + 1
+  end
+  local changed = {}
+  for _, f in ipairs(spec) do
+    if values[f[1]] ~= f[2] then changed[#changed + 1] = f[1] end
+  end
+  return values, changed
+end
+
+-- values, changed; prints the usage and exits on --help (0) or a bad flag (2).
+function flags.parse(args, spec, banner)
+  local list = {}
+  for i = 1, #(args or {}) do list[i] = args[i] end
+  for _, a in ipairs(list) do
+    if a == "--help" or a == "-h" then
+      print(usage(spec, banner))
+      os.exit(0)
+    end
+  end
+  local ok, values, changed = pcall(flags.values, list, spec)
+  if not ok then
+    io.stderr:write(values, "\n", usage(spec, banner), "\n")
+    os.exit(2)
+  end
+  return values, changed
+end
+
+return flags
