@@ -65,8 +65,6 @@ typedef struct m3k_metrics {
 cudaError_t m3k_to_act(cudaStream_t s, int prec, const float *src, void *dst, int64_t n);
 /* dst[r, j] = src[j] for rows r (bias broadcast). */
 cudaError_t m3k_fill_rows(cudaStream_t s, const float *src, float *dst, int64_t rows, int32_t cols);
-/* dst[i] = step->weight * src[i]. */
-cudaError_t m3k_scale_by_weight(cudaStream_t s, const m3k_step *step, const float *src, float *dst, int64_t n);
 /* Deterministic column sums: dst[j] += sum over rows r (in a fixed order) of src[r * ld + j].
  * scratch holds m3k_colsum_scratch(rows, cols) floats. */
 int64_t m3k_colsum_scratch(int64_t rows, int32_t cols);
@@ -85,10 +83,11 @@ cudaError_t m3k_sum_rows(cudaStream_t s, const float *part, int32_t rows, int32_
 cudaError_t m3k_rmsnorm_fwd(cudaStream_t s, int prec, const float *x, const float *w, void *y_act, float *y_f32,
                             float *rstd, int64_t rows, int32_t n);
 /* dx = (accumulate ? dx : 0) + r (w dy) - x r^3 mean(x w dy); dx_act (may be NULL) = act(dx);
- * wcontrib[r, j] = x r dy (the weight-gradient terms, summed later by m3k_colsum). */
+ * wcontrib[r, j] = x r dy (the weight-gradient terms, summed later by m3k_colsum). With
+ * dy_scale (may be NULL), dy is read as step->weight * dy (the seed of head "none"). */
 cudaError_t m3k_rmsnorm_bwd(cudaStream_t s, int prec, const float *x, const float *w, const float *rstd,
-                            const float *dy, float *dx, void *dx_act, float *wcontrib, int64_t rows, int32_t n,
-                            int accumulate);
+                            const float *dy, const m3k_step *dy_scale, float *dx, void *dx_act, float *wcontrib,
+                            int64_t rows, int32_t n, int accumulate);
 
 /* ---- B/C RMSNorm per (position, B|C, group) ------------------------------------------------------ */
 

@@ -1,6 +1,6 @@
 /*
- * reduce.cu — small elementwise kernels (f32 -> 16-bit conversion, bias broadcast, scaling
- * by the step's backward weight) and the deterministic reductions every gradient path uses.
+ * reduce.cu — small elementwise kernels (f32 -> 16-bit conversion, bias broadcast) and the
+ * deterministic reductions every gradient path uses.
  *
  * Column sums (parameter gradients of norm weights and biases): dst[j] += sum_r src[r, j].
  * Thread mapping: one thread per column (coalesced rows); rows are cut into fixed chunks of
@@ -20,11 +20,6 @@ template <typename T> __global__ void to_act_kernel(const float *__restrict__ sr
 __global__ void fill_rows_kernel(const float *__restrict__ src, float *__restrict__ dst, int64_t rows, int32_t cols) {
   const int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
   if (i < rows * cols) dst[i] = src[i % cols];
-}
-
-__global__ void scale_kernel(const m3k_step *step, const float *__restrict__ src, float *__restrict__ dst, int64_t n) {
-  const int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
-  if (i < n) dst[i] = step->weight * src[i];
 }
 
 /* scratch or dst: [chunks, cols] partial sums of src rows [chunk * CHUNK, ...) */
@@ -81,12 +76,6 @@ extern "C" cudaError_t m3k_to_act(cudaStream_t s, int prec, const float *src, vo
 
 extern "C" cudaError_t m3k_fill_rows(cudaStream_t s, const float *src, float *dst, int64_t rows, int32_t cols) {
   fill_rows_kernel<<<grid_for(rows * cols, 256), 256, 0, s>>>(src, dst, rows, cols);
-  return cudaGetLastError();
-}
-
-extern "C" cudaError_t m3k_scale_by_weight(cudaStream_t s, const m3k_step *step, const float *src, float *dst,
-                                           int64_t n) {
-  scale_kernel<<<grid_for(n, 256), 256, 0, s>>>(step, src, dst, n);
   return cudaGetLastError();
 }
 

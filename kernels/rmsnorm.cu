@@ -35,19 +35,20 @@ __global__ void rmsnorm_fwd_kernel(const float *__restrict__ x, const float *__r
 
 template <typename T>
 __global__ void rmsnorm_bwd_kernel(const float *__restrict__ x, const float *__restrict__ w,
-                                   const float *__restrict__ rstd, const float *dy, float *dx, T *dx_act,
-                                   float *__restrict__ wcontrib, int64_t rows, int32_t n, int accumulate) {
+                                   const float *__restrict__ rstd, const float *dy, const m3k_step *dy_scale,
+                                   float *dx, T *dx_act, float *__restrict__ wcontrib, int64_t rows, int32_t n,
+                                   int accumulate) {
   const int64_t row = (int64_t)blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5);
   const int lane = threadIdx.x & 31;
   if (row >= rows) return;
   const float *xr = x + row * n, *dyr = dy + row * n; // [n] each
-  const float r = rstd[row];
+  const float r = rstd[row], sc = dy_scale ? dy_scale->weight : 1.0f;
   float dot = 0;
-  for (int j = lane; j < n; j += 32) dot += xr[j] * w[j] * dyr[j];
+  for (int j = lane; j < n; j += 32) dot += xr[j] * w[j] * (sc * dyr[j]);
   dot = warp_sum(dot);
   const float c = dot / (float)n * r * r * r;
   for (int j = lane; j < n; j += 32) {
-    const float d = dyr[j];
+    const float d = sc * dyr[j];
     wcontrib[row * n + j] = xr[j] * r * d;
     float g = r * w[j] * d - xr[j] * c;
     if (accumulate) g += dx[row * n + j];
@@ -65,10 +66,10 @@ extern "C" cudaError_t m3k_rmsnorm_fwd(cudaStream_t s, int prec, const float *x,
 }
 
 extern "C" cudaError_t m3k_rmsnorm_bwd(cudaStream_t s, int prec, const float *x, const float *w, const float *rstd,
-                                       const float *dy, float *dx, void *dx_act, float *wcontrib, int64_t rows,
-                                       int32_t n, int accumulate) {
+                                       const float *dy, const m3k_step *dy_scale, float *dx, void *dx_act,
+                                       float *wcontrib, int64_t rows, int32_t n, int accumulate) {
   const int threads = 256, per = threads / 32;
   M3K_DISPATCH(prec, (rmsnorm_bwd_kernel<T><<<grid_for(rows, per), threads, 0, s>>>(
-                         x, w, rstd, dy, dx, (T *)dx_act, wcontrib, rows, n, accumulate)));
+                         x, w, rstd, dy, dy_scale, dx, (T *)dx_act, wcontrib, rows, n, accumulate)));
   return cudaGetLastError();
 }

@@ -90,32 +90,59 @@ __device__ __forceinline__ float wrap_angle(float v) {
   return v;
 }
 
-/* Rotated k and q at column n of position m (n < N): pairs (2a, 2a+1), a < S, rotate by theta[a]. */
+/* The rotated k and q of one unit of position m: unit u < S is the pair (2u, 2u + 1), rotated by
+ * (c, sn) = (cos, sin) theta[u]; S <= u < N - S is column 2S + (u - S), which passes; units from
+ * N - S on are the zero padding up to the padded width. q may be NULL. */
 template <typename T>
-__device__ __forceinline__ void rotated_kq(const m3k_scan_args &a, int64_t m, int h, int g, int n,
-                                           const float *theta, float *kv, float *qv) {
+__device__ __forceinline__ void rot_unit(const m3k_scan_args &a, int64_t m, int h, int g, int u, float c, float sn,
+                                         float *k, float *q) {
   const m3k_dims &d = a.d;
+  const int U = d.N - d.S;
+  if (u >= U) {
+    const int n = d.N + (u - U);
+    k[n] = 0;
+    if (q) q[n] = 0;
+    return;
+  }
   const float *bk = a.bc_hat + ((m * 2 + 0) * d.G + g) * d.N; // [N] B_hat
   const float *bq = a.bc_hat + ((m * 2 + 1) * d.G + g) * d.N; // [N] C_hat
   const float *kb = a.B_bias + (int64_t)h * d.N, *qb = a.C_bias + (int64_t)h * d.N;
-  if (n < 2 * d.S) {
-    const int n0 = n & ~1;
-    float sn, cs;
-    sincosf(theta[n >> 1], &sn, &cs);
+  if (u < d.S) {
+    const int n0 = 2 * u;
     const float k0 = bk[n0] + kb[n0], k1 = bk[n0 + 1] + kb[n0 + 1];
-    const float q0 = bq[n0] + qb[n0], q1 = bq[n0 + 1] + qb[n0 + 1];
-    if (n & 1) {
-      *kv = k0 * sn + k1 * cs;
-      *qv = q0 * sn + q1 * cs;
-    } else {
-      *kv = k0 * cs - k1 * sn;
-      *qv = q0 * cs - q1 * sn;
+    k[n0] = k0 * c - k1 * sn;
+    k[n0 + 1] = k0 * sn + k1 * c;
+    if (q) {
+      const float q0 = bq[n0] + qb[n0], q1 = bq[n0 + 1] + qb[n0 + 1];
+      q[n0] = q0 * c - q1 * sn;
+      q[n0 + 1] = q0 * sn + q1 * c;
     }
   } else {
-    *kv = bk[n] + kb[n];
-    *qv = bq[n] + qb[n];
+    const int n = 2 * d.S + (u - d.S);
+    k[n] = bk[n] + kb[n];
+    if (q) q[n] = bq[n] + qb[n];
   }
 }
+
+/* theta + inc wrapped into [0, 2 pi) exactly as wrap_angle(theta + inc), without fmodf in the
+ * common case (|result before wrapping| < 4 pi: the subtraction is exact there, as fmod is). */
+__device__ __forceinline__ float wrap_sum(float v, float inc) {
+  float w = v + inc;
+  if (w >= 0 && w < 2 * TWO_PI_F) {
+    if (w >= TWO_PI_F) w -= TWO_PI_F;
+  } else if (w < 0 && w > -TWO_PI_F) {
+    w += TWO_PI_F;
+    if (w >= TWO_PI_F) w -= TWO_PI_F;
+  } else {
+    w = wrap_angle(w);
+  }
+  return w;
+}
+
+/* token-loop unrolling of the recurrence: small thread tiles interleave tokens */
+template <int RP, int RN> struct unroll_of {
+  static constexpr int value = RP * RN <= 4 ? 4 : (RP * RN <= 16 ? 2 : 1);
+};
 
 /* ---- geometry and reductions ---------------------------------------------------------------- */
 
@@ -205,6 +232,8 @@ struct bwd_smem {
   float *hkb;   /* [TB][Pp] hk */
   float *dkb;   /* [TB][Np] dk (sweep R) or dq (sweep F) */
   float *thbuf; /* [TB+1][S] angles; slot i: token t0 + i - 1 */
+  float *cst;   /* [TB+1][S] cos of the angles (same slots) */
+  float *snt;   /* [TB+1][S] sin of the angles */
   float *tab;   /* [TB][S] tanh of the angle logits */
   float *dthb;  /* [TB][S] angle gradient of each token */
   float *dda;   /* [TB][S] pi Dth tanh(ang): terms of dL/d dt */
@@ -219,7 +248,7 @@ struct bwd_smem {
 __host__ __device__ inline int64_t bwd_smem_floats(const geo &g, int Pp, int Np, int S, int nwarps) {
   const int64_t TB = g.TB;
   return (TB + 1) * Np + TB * Np + (TB + 1) * Pp + 3 * TB * Pp + TB * Pp * g.YQ + (int64_t)g.SB * Np * g.UQ1 +
-         (TB + 1) * Pp + (TB + 1) * Np + TB * Pp + TB * Np + (TB + 1) * S + 3 * TB * S + (TB + 1) * SC_W + S +
+         (TB + 1) * Pp + (TB + 1) * Np + TB * Pp + TB * Np + 3 * (TB + 1) * S + 3 * TB * S + (TB + 1) * SC_W + S +
          2 * (int64_t)Np + (int64_t)nwarps * Pp + 16;
 }
 
@@ -239,7 +268,9 @@ __device__ inline bwd_smem carve_bwd(float *sm, const geo &g, int Pp, int Np, in
   m.hkb = m.ufin + (TB + 1) * Np;
   m.dkb = m.hkb + TB * Pp;
   m.thbuf = m.dkb + TB * Np;
-  m.tab = m.thbuf + (TB + 1) * S;
+  m.cst = m.thbuf + (TB + 1) * S;
+  m.snt = m.cst + (TB + 1) * S;
+  m.tab = m.snt + (TB + 1) * S;
   m.dthb = m.tab + TB * S;
   m.dda = m.dthb + TB * S;
   m.scal = m.dda + TB * S;
@@ -299,10 +330,12 @@ __global__ void __launch_bounds__(512) scan_fwd_kernel(const m3k_scan_args a, co
       s.scal[tid * 4 + 3] = ts.dt;
       s.rst[tid] = rs ? 1.0f : 0.0f;
     }
+#pragma unroll 4
     for (int idx = tid; idx < nb * S; idx += nthreads) {
       const int i = idx / S, j = idx - i * S;
       s.tnb[idx] = tanhf(to_f(proj[(m0 + i) * d.dipp + d.ang_off + j]));
     }
+#pragma unroll 4
     for (int idx = tid; idx < nb * Pp; idx += nthreads) {
       const int i = idx / Pp, p = idx - i * Pp;
       const T *pr = proj + (m0 + i) * d.dipp + (int64_t)h * P + p;
@@ -315,23 +348,25 @@ __global__ void __launch_bounds__(512) scan_fwd_kernel(const m3k_scan_args a, co
       float v = s.th[j];
       for (int i = 0; i < nb; i++) {
         if (s.rst[i] != 0) v = 0;
-        v = wrap_angle(v + PI_F * s.tnb[i * S + j] * s.scal[i * 4 + 3]);
+        v = wrap_sum(v, PI_F * s.tnb[i * S + j] * s.scal[i * 4 + 3]);
         s.thbuf[i * S + j] = v;
         a.theta[((m0 + i) * H + h) * S + j] = v;
       }
       s.th[j] = v;
     }
     __syncthreads();
-    /* rotated k and q of the block */
-    for (int idx = tid; idx < nb * Np; idx += nthreads) {
-      const int i = idx / Np, n = idx - i * Np;
-      float kv = 0, qv = 0;
-      if (n < N) rotated_kq<T>(a, m0 + i, h, g, n, s.thbuf + i * S, &kv, &qv);
-      s.kbuf[(i + 1) * Np + n] = kv;
-      s.qbuf[i * Np + n] = qv;
+    /* rotated k and q of the block, one unit (pair or passing column) per item */
+    const int Up = Np - S;
+#pragma unroll 2
+    for (int idx = tid; idx < nb * Up; idx += nthreads) {
+      const int i = idx / Up, u = idx - i * Up;
+      float c = 1, sn = 0;
+      if (u < S) sincosf(s.thbuf[i * S + u], &sn, &c);
+      rot_unit<T>(a, m0 + i, h, g, u, c, sn, s.kbuf + (i + 1) * Np, s.qbuf + i * Np);
     }
     __syncthreads();
     /* the recurrence through the block; y partials summed over the tj lanes */
+#pragma unroll unroll_of<RP, RN>::value
     for (int i = 0; i < nb; i++) {
       const float al = s.scal[i * 4 + 0], be = s.scal[i * 4 + 1], ga = s.scal[i * 4 + 2];
       float bx[RP], gx[RP], acc[RP];
@@ -446,17 +481,22 @@ __device__ __forceinline__ void bwd_scalars(const m3k_scan_args &a, const bwd_sm
   }
 }
 
-/* Rotated k (slots 1..nb) and q of the block, from the angles in thbuf slots 1..nb. */
+/* Rotated k (slots 1..nb) and q of the block from the angles in thbuf slots 1..nb; the cos and
+ * sin of each pair are kept (cst, snt, same slots) for the rotation backward. */
 template <typename T>
 __device__ __forceinline__ void bwd_rotate_block(const m3k_scan_args &a, const bwd_smem &s, int64_t m0, int nb, int h,
                                                  int g, int Np) {
-  const int tid = threadIdx.x, nthreads = blockDim.x;
-  for (int idx = tid; idx < nb * Np; idx += nthreads) {
-    const int i = idx / Np, n = idx - i * Np;
-    float kv = 0, qv = 0;
-    if (n < a.d.N) rotated_kq<T>(a, m0 + i, h, g, n, s.thbuf + (i + 1) * a.d.S, &kv, &qv);
-    s.kbuf[(i + 1) * Np + n] = kv;
-    s.qbuf[i * Np + n] = qv;
+  const int tid = threadIdx.x, nthreads = blockDim.x, S = a.d.S, Up = Np - S;
+#pragma unroll 2
+  for (int idx = tid; idx < nb * Up; idx += nthreads) {
+    const int i = idx / Up, u = idx - i * Up;
+    float c = 1, sn = 0;
+    if (u < S) {
+      sincosf(s.thbuf[(i + 1) * S + u], &sn, &c);
+      s.cst[(i + 1) * S + u] = c;
+      s.snt[(i + 1) * S + u] = sn;
+    }
+    rot_unit<T>(a, m0 + i, h, g, u, c, sn, s.kbuf + (i + 1) * Np, s.qbuf + i * Np);
   }
 }
 
@@ -504,10 +544,12 @@ __global__ void __launch_bounds__(512) scan_bwd_kernel(const m3k_scan_args a, co
     const int64_t m0 = (int64_t)b * a.len + t0;
     /* loads: scalars, angles, x, and the gate backward's elementwise part */
     bwd_scalars<T>(a, s, m0, nb, h, 0);
+#pragma unroll 4
     for (int idx = tid; idx < nb * S; idx += nthreads) {
       const int i = idx / S, j = idx - i * S;
       s.thbuf[(i + 1) * S + j] = a.theta[((m0 + i) * H + h) * S + j];
     }
+#pragma unroll 4
     for (int idx = tid; idx < nb * Pp; idx += nthreads) {
       const int i = idx / Pp, p = idx - i * Pp;
       const int64_t mi = m0 + i;
@@ -565,6 +607,7 @@ __global__ void __launch_bounds__(512) scan_bwd_kernel(const m3k_scan_args a, co
     /* rebuild H_t; dq_t = H_t^T dy_t, summed over p in sub-blocks */
     for (int i0 = 0; i0 < nb; i0 += SB) {
       const int i1 = min(nb, i0 + SB);
+#pragma unroll unroll_of<RP, RN>::value
       for (int i = i0; i < i1; i++) {
         const float al = s.scal[i * SC_W + S_ALPHA], be = s.scal[i * SC_W + S_BETA], ga = s.scal[i * SC_W + S_GAMMA];
         float bx[RP], gx[RP], dy[RP];
@@ -606,8 +649,7 @@ __global__ void __launch_bounds__(512) scan_bwd_kernel(const m3k_scan_args a, co
       float *e = s.ufin + i * Np;
       if (u < S) {
         const int n0 = 2 * u;
-        float sn, cs;
-        sincosf(s.thbuf[(i + 1) * S + u], &sn, &cs);
+        const float cs = s.cst[(i + 1) * S + u], sn = s.snt[(i + 1) * S + u];
         const float d0 = dq[n0], d1 = dq[n0 + 1];
         e[n0] = cs * d0 + sn * d1;
         e[n0 + 1] = -sn * d0 + cs * d1;
@@ -658,6 +700,7 @@ __global__ void __launch_bounds__(512) scan_bwd_kernel(const m3k_scan_args a, co
     const int64_t m0 = (int64_t)b * a.len + t0;
     /* loads */
     bwd_scalars<T>(a, s, m0, nb, h, 1);
+#pragma unroll 4
     for (int idx = tid; idx < (nb + 1) * S; idx += nthreads) {
       const int i = idx / S, j = idx - i * S; /* slot i: token t0 + i - 1 */
       if (i > 0 || t0 > 0) s.thbuf[idx] = a.theta[((m0 + i - 1) * H + h) * S + j];
@@ -667,6 +710,7 @@ __global__ void __launch_bounds__(512) scan_bwd_kernel(const m3k_scan_args a, co
         s.dthb[idx] = a.dthq[(mi * H + h) * S + j];
       }
     }
+#pragma unroll 4
     for (int idx = tid; idx < (nb + 1) * Pp; idx += nthreads) {
       const int i = idx / Pp, p = idx - i * Pp; /* slot i: token t0 + i - 1 */
       float xv = 0;
@@ -679,13 +723,14 @@ __global__ void __launch_bounds__(512) scan_bwd_kernel(const m3k_scan_args a, co
     }
     __syncthreads();
     bwd_rotate_block<T>(a, s, m0, nb, h, g, Np);
-    for (int n = tid; n < Np; n += nthreads) { /* slot 0: token t0 - 1, or the incoming state */
-      float kv = 0, qv = 0;
-      if (n < N) {
-        if (t0 > 0) rotated_kq<T>(a, m0 - 1, h, g, n, s.thbuf, &kv, &qv);
-        else if (a.in_k) kv = a.in_k[bh * N + n];
+    if (t0 > 0) { /* slot 0: token t0 - 1 */
+      for (int u = tid; u < Np - S; u += nthreads) {
+        float c = 1, sn = 0;
+        if (u < S) sincosf(s.thbuf[u], &sn, &c);
+        rot_unit<T>(a, m0 - 1, h, g, u, c, sn, s.kbuf, NULL);
       }
-      s.kbuf[n] = kv;
+    } else { /* or the incoming state */
+      for (int n = tid; n < Np; n += nthreads) s.kbuf[n] = (a.in_k && n < N) ? a.in_k[bh * N + n] : 0.0f;
     }
     __syncthreads();
     /* per token: q.k and dy.x */
@@ -705,6 +750,7 @@ __global__ void __launch_bounds__(512) scan_bwd_kernel(const m3k_scan_args a, co
     const int nsub = (nb + SB - 1) / SB;
     for (int sbk = nsub - 1; sbk >= 0; sbk--) {
       const int i0 = sbk * SB, i1 = min(nb, i0 + SB);
+#pragma unroll unroll_of<RP, RN>::value
       for (int i = i1 - 1; i >= i0; i--) {
         const float al = s.scal[i * SC_W + S_ALPHA];
         float dy[RP], xp[RP], wp[RP];
@@ -793,8 +839,7 @@ __global__ void __launch_bounds__(512) scan_bwd_kernel(const m3k_scan_args a, co
       float *dk = s.dkb + i * Np;
       const float *k = s.kbuf + (i + 1) * Np;
       const int n0 = 2 * u;
-      float sn, cs;
-      sincosf(s.thbuf[(i + 1) * S + u], &sn, &cs);
+      const float cs = s.cst[(i + 1) * S + u], sn = s.snt[(i + 1) * S + u];
       const float d0 = dk[n0], d1 = dk[n0 + 1];
       dk[n0] = cs * d0 + sn * d1;
       dk[n0 + 1] = -sn * d0 + cs * d1;
