@@ -100,4 +100,19 @@ if has profile; then
   say "profile (eager, bf16) [$(($(stamp) - t)) s]:"
   grep -E "^== |m3 cuda profile|^  [a-z_ ()+]+ +[0-9.]+ ms/call" "$OUT/profile.log" | tee -a "$summary"
 fi
+if has ncu; then # hardware counters of one scan launch of each direction (after warm-up launches)
+  t=$(stamp)
+  : >"$OUT/ncu.log"
+  for spec in "scan_fwd_kernel mid 16" "scan_bwd_kernel mid 16" "scan_fwd_kernel lm130 24" "scan_bwd_kernel lm130 24"; do
+    set -- $spec
+    echo "######## $1 on $2" >>"$OUT/ncu.log"
+    timeout 150 ncu --clock-control none -k "regex:$1" --launch-skip "$3" --launch-count 1 \
+      --section SpeedOfLight --section LaunchStats --section Occupancy --section WarpStateStats \
+      --section SchedulerStats --section InstructionStats --section MemoryWorkloadAnalysis \
+      $build/m3lua scripts/bench.lua --configs "$2" --dtypes bf16 --steps 1 --no-graph >>"$OUT/ncu.log" 2>&1
+  done
+  say "ncu [$(($(stamp) - t)) s]:"
+  grep -E "^######## |Duration|Elapsed Cycles|SM Frequency|Compute \(SM\) Throughput|Memory Throughput|Achieved Occupancy|Theoretical Occupancy|Registers Per|Block Limit|Issued Ipc|Issue Slots Busy|No Eligible|Warp Cycles Per Issued|Active Warps Per|Eligible Warps|Stall|Executed Instructions  |One or More|Waves Per SM|Dynamic Shared" \
+    "$OUT/ncu.log" | sed -E 's/ +/ /g' | head -150 | tee -a "$summary"
+fi
 say "total $(($(stamp) - T0)) s"
