@@ -169,20 +169,16 @@ __host__ __device__ inline geo make_geo(int pth, int nth, int TB, int SB) {
   return g;
 }
 
-/* sum over the tj lanes of this thread's group inside the warp (butterfly, offsets 1, 2, 4, ...
- * below min(nth, 32); fully unrolled, the warp-uniform predicate skips the unused levels) */
+/* sum over the tj lanes of this thread's group inside the warp (fixed butterfly order) */
 __device__ __forceinline__ float sum_tj(float v, int nth) {
-#pragma unroll
-  for (int o = 1; o < 32; o <<= 1)
-    if (o < nth) v += __shfl_xor_sync(0xffffffffu, v, o);
+  const int w = nth < 32 ? nth : 32;
+  for (int o = 1; o < w; o <<= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
   return v;
 }
 
-/* sum over the ti lanes of this warp that share tj (offsets nth, 2 nth, ... below 32) */
+/* sum over the ti lanes of this warp that share tj */
 __device__ __forceinline__ float sum_ti(float v, int nth) {
-#pragma unroll
-  for (int o = 1; o < 32; o <<= 1)
-    if (o >= nth) v += __shfl_xor_sync(0xffffffffu, v, o);
+  for (int o = nth; o < 32; o <<= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
   return v;
 }
 
@@ -369,9 +365,7 @@ __global__ void __launch_bounds__(512) scan_fwd_kernel(const m3k_scan_args a, co
       rot_unit<T>(a, m0 + i, h, g, u, c, sn, s.kbuf + (i + 1) * Np, s.qbuf + i * Np);
     }
     __syncthreads();
-    /* the recurrence through the block; y partials summed over the tj lanes one token late, so
-     * the shuffle latency of token i - 1 overlaps the arithmetic of token i */
-    float pend[RP];
+    /* the recurrence through the block; y partials summed over the tj lanes */
 #pragma unroll unroll_of<RP, RN>::value
     for (int i = 0; i < nb; i++) {
       const float al = s.scal[i * 4 + 0], be = s.scal[i * 4 + 1], ga = s.scal[i * 4 + 2];
@@ -393,20 +387,11 @@ __global__ void __launch_bounds__(512) scan_fwd_kernel(const m3k_scan_args a, co
           acc[r] += hs[r][c] * qc;
         }
       }
-      if (i > 0) {
 #pragma unroll
-        for (int r = 0; r < RP; r++) {
-          const float v = sum_tj(pend[r], nth);
-          if (ywriter) s.yq[((i - 1) * Pp + ti + pth * r) * gm.YQ + yq_i] = v;
-        }
+      for (int r = 0; r < RP; r++) {
+        const float v = sum_tj(acc[r], nth);
+        if (ywriter) s.yq[(i * Pp + ti + pth * r) * gm.YQ + yq_i] = v;
       }
-#pragma unroll
-      for (int r = 0; r < RP; r++) pend[r] = acc[r];
-    }
-#pragma unroll
-    for (int r = 0; r < RP; r++) {
-      const float v = sum_tj(pend[r], nth);
-      if (ywriter) s.yq[((nb - 1) * Pp + ti + pth * r) * gm.YQ + yq_i] = v;
     }
     __syncthreads();
     /* epilogue: one warp per token adds D x, applies the gate */
