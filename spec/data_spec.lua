@@ -93,6 +93,24 @@ describe("m3.data.parity", function()
     end
   end)
 
+  it("draws 1 bits with the given density, or a density per sample", function()
+    local ones, n = 0, 0
+    local sparse = data.parity { seed = 2, length = 50, density = 0.1 }
+    for i = 0, 99 do
+      for _, b in ipairs((sparse:sample(i))) do ones, n = ones + b, n + 1 end
+    end
+    assert.is_true(math.abs(ones / n - 0.1) < 0.02)
+    local mixed = data.parity { seed = 2, length = 50, density = "random" }
+    local lo, hi = 1, 0
+    for i = 0, 99 do
+      local c = 0
+      for _, b in ipairs((mixed:sample(i))) do c = c + b end
+      lo, hi = math.min(lo, c / 50), math.max(hi, c / 50)
+    end
+    assert.is_true(lo < 0.15 and hi > 0.85)
+    assert.has_error(function() data.parity { density = 2 }:sample(0) end)
+  end)
+
   it("rejects bad options with a message naming the field", function()
     assert.has_error(function() data.parity { targets = "all" }:sample(0) end,
       'm3.data.parity: targets must be "final" or "running", got all')

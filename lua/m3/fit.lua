@@ -38,6 +38,7 @@ local checkpoint = require "m3.checkpoint"
 local fs = require "m3.fs"
 local json = require "m3.json"
 local log = require "m3.log"
+local schedule = require "m3.schedule"
 local source = require "m3.data.source"
 
 local fit = {}
@@ -133,10 +134,7 @@ function fit.run(o)
     while step < total do
       local s = step + 1
       phase = o.curriculum and o.curriculum:phase(s) or nil
-      if o.schedule then
-        lr = o.schedule(s)
-        tr:set_lr(lr)
-      end
+      if o.schedule then lr = schedule.apply(tr, o.schedule, s) end
       local opts = source.overlay(o.data_opts, phase)
       local rows = (phase and phase.batch) or o.batch or micro
       local batches, left = {}, rows

@@ -6,10 +6,12 @@
 -- arrays of the same length; targets hold a class id or -1 where nothing is scored.
 -- The models read tokens and predict targets with an "lm" head (vocab = task.vocab).
 --
--- parity       tokens 0/1 (bits). targets = "running" (default): the parity of the
---              prefix at every position, a dense signal that trains fast and whose last
---              value is the answer; "final": only the last position (the paper's metric:
---              evaluate there). Random guessing scores 1/2.
+-- parity       tokens 0/1 (bits), each 1 with probability `density` (default 0.5; "random":
+--              a density drawn per sample, so that long runs of 0s and of 1s both occur).
+--              targets = "running" (default): the parity of the prefix at every position,
+--              a dense signal that trains fast and whose last value is the answer;
+--              "final": only the last position (the paper's metric: evaluate there).
+--              Random guessing scores 1/2.
 -- arithmetic   modulus m (default 5): tokens 0..m-1 digits, m '+', m+1 '-', m+2 '*',
 --              m+3 '(', m+4 ')', m+5 '='; vocab m+6. A sample of length L is an expression
 --              of L-1 tokens followed by '='; the target at '=' is its value mod m
@@ -70,15 +72,21 @@ end
 
 tasks.parity = {
   name = "parity", vocab = 2, classes = 2,
-  defaults = { length = 32, targets = "running" },
+  defaults = { length = 32, targets = "running", density = 0.5 },
 }
 
 function tasks.parity.sample(r, o)
   local targets_kind = check_targets(o, "parity", { running = true, final = true })
   local n = draw_length(r, o, 1, "parity")
+  local density = o.density
+  if density == "random" then
+    density = r:uniform()
+  elseif type(density) ~= "number" or density < 0 or density > 1 then
+    error('m3.data.parity: density must be a probability in [0, 1] or "random", got ' .. tostring(density), 0)
+  end
   local tokens, targets, p = {}, {}, 0
   for i = 1, n do
-    local b = r:below(2)
+    local b = r:uniform() < density and 1 or 0
     p = (p + b) % 2
     tokens[i] = b
     targets[i] = (targets_kind == "running" or i == n) and p or -1
