@@ -13,9 +13,16 @@
 -- counted-weighted means), tokens, counted and ms summed over the micro-batches, and
 -- micro = k.
 --
+-- Interrupts (Ctrl-C / SIGTERM) before the first forward are raised as they come; inside
+-- the window they do not leave it open: the engine's flag
+-- is cleared, the window is finished (the trainer's pending forward tells exactly which
+-- calls took effect) and then the interrupt is raised again as an error whose tostring
+-- contains "interrupted" and whose .metrics are the completed step's.
+--
 --   accumulate.split(batch, k) -> k batches of consecutive rows (views, no copies)
 --   accumulate.counted(tr, batch) -> c for one micro-batch
 
+local lib = require "m3.lib"
 local tensor = require "m3.tensor"
 
 local accumulate = {}
@@ -50,6 +57,14 @@ function accumulate.counted(tr, b)
   return rows * len
 end
 
+local function is_interrupt(err)
+  return tostring(err):find("interrupted", 1, true) ~= nil
+end
+
+-- An interrupt that arrived inside a window, raised once the window is closed: the step
+-- is complete and its metrics ride along (err.metrics).
+local Deferred = { __tostring = function(e) return e.message end }
+
 function accumulate.step(tr, batches, opts)
   if type(batches) ~= "table" or #batches == 0 then
     error("m3.accumulate.step: expected a list of micro-batches", 2)
@@ -61,17 +76,53 @@ function accumulate.step(tr, batches, opts)
     counts[i] = accumulate.counted(tr, b)
     total = total + counts[i]
   end
-  local loss, acc, tokens, ms, m = nil, nil, 0, 0, nil
-  for i, b in ipairs(batches) do
-    local share = total > 0 and counts[i] / total or 1 / k
-    tr:forward(b)
-    local last = i == k
-    m = tr:backward_step(b, { accumulate = not last, scale = share, clip = last and opts.clip or nil })
-    if m.loss then loss = (loss or 0) + share * m.loss end
-    if m.accuracy then acc = (acc or 0) + share * m.accuracy end
-    tokens, ms = tokens + (m.tokens or 0), ms + (m.ms or 0)
+  local results = {}
+  -- next action: forward or backward of micro-batch i; set before each call so that after
+  -- an interrupt the trainer's pending forward tells whether that call took effect
+  local i, action = 1, "forward"
+  local function run()
+    while i <= k do
+      local b = batches[i]
+      if action == "forward" then
+        tr:forward(b)
+        action = "backward"
+      end
+      local last = i == k
+      results[i] = tr:backward_step(b, { accumulate = not last,
+        scale = total > 0 and counts[i] / total or 1 / k, clip = last and opts.clip or nil })
+      i, action = i + 1, "forward"
+    end
   end
+  local deferred
+  while i <= k do
+    local ok, err = pcall(run)
+    if not ok then
+      if not is_interrupt(err) then error(err, 0) end
+      local pending = tr:info().pending_forward
+      if i == 1 and action == "forward" and not pending then error(err, 0) end -- nothing begun
+      lib.C.m3_interrupt_clear()
+      deferred = deferred or tostring(err)
+      if action == "forward" and pending then
+        action = "backward"
+      elseif action == "backward" and not pending then
+        i, action = i + 1, "forward"
+      end
+    end
+  end
+  local m = results[k]
+  local loss, acc, tokens, ms = 0, 0, 0, 0
+  for j = 1, k do
+    local r, share = results[j], total > 0 and counts[j] / total or 1 / k
+    if r and r.loss and loss then loss = loss + share * r.loss else loss = nil end
+    if r and r.accuracy and acc then acc = acc + share * r.accuracy else acc = nil end
+    tokens, ms = tokens + (r and r.tokens or 0), ms + (r and r.ms or 0)
+  end
+  m = m or { step = tr:step_count(), optimizer_stepped = true }
   m.loss, m.accuracy, m.tokens, m.ms, m.counted, m.micro = loss, acc, tokens, ms, total, k
+  if deferred then
+    error(setmetatable({ message = deferred .. " (the accumulation window was closed first)",
+      metrics = m }, Deferred), 0)
+  end
   return m
 end
 

@@ -24,11 +24,11 @@
 -- metrics records past the checkpoint and continues: schedule and curriculum are pure
 -- functions of the step, so the run goes on exactly as if never stopped.
 -- Interrupts (Ctrl-C / SIGTERM make a trainer call, or the host's hook, raise an error
--- containing "interrupted"): the state that matches the trainer's own step count is
--- saved as a checkpoint (unless inside an accumulation window: then the last periodic
--- checkpoint stands) and the error is raised again with the checkpoint's path, so the
--- host exits with 128 + the signal number. An f16 step skipped for overflow at the very
--- moment of an interrupt is replayed after the resume.
+-- containing "interrupted"; m3.accumulate first closes an open window): the state that
+-- matches the trainer's own step count is saved as a checkpoint and the error is raised
+-- again with the checkpoint's path, so the host exits with 128 + the signal number. An
+-- f16 step skipped for overflow at the very moment of an interrupt is replayed after the
+-- resume.
 --
 --   fit.evaluate(tr, src, {batches = 4, rows =, ...data options}) -> {loss, accuracy}
 --       over the first batches of src (from index 0: the same set every time)
@@ -130,6 +130,11 @@ function fit.run(o)
     result.eval = e
   end
 
+  local function record_of(p, m)
+    return { step = p.step, loss = m.loss, lr = p.lr, tokens = m.tokens, ms = m.ms, length = p.length,
+      rows = p.rows, grad_norm = m.grad_norm, accuracy = m.accuracy }
+  end
+
   local function body()
     while step < total do
       local s = step + 1
@@ -143,41 +148,51 @@ function fit.run(o)
         batches[#batches + 1] = src:next(n, opts)
         left = left - n
       end
-      pending = { count = committed.count + 1, step = s, extra = state_now() }
+      pending = { count = committed.count + 1, step = s, extra = state_now(), lr = lr,
+        length = opts.length, rows = rows }
       local m
       if #batches == 1 then
         m = tr:step(batches[1])
       else
         m = accumulate.step(tr, batches, { clip = o.clip })
       end
-      step = s
-      committed = { count = tr:step_count(), step = s, extra = pending.extra }
-      result.step, result.loss, result.tokens = s, m.loss, result.tokens + (m.tokens or 0)
+      pending.record = record_of(pending, m)
       if writer then
-        writer:write { step = s, loss = m.loss, lr = lr, tokens = m.tokens, ms = m.ms,
-          length = opts.length, rows = rows, grad_norm = m.grad_norm, accuracy = m.accuracy }
+        writer:write(pending.record)
+        pending.written = true
       end
+      step = s
+      committed = pending
+      committed.count = tr:step_count()
+      result.step, result.loss, result.tokens = s, m.loss, result.tokens + (m.tokens or 0)
       if bar then bar:update(s, { loss = m.loss, lr = lr, tokens = m.tokens }) end
       if o.eval and ((o.eval_every and s % o.eval_every == 0) or s == total) then evaluate(s) end
       if o.checkpoint and s < total then o.checkpoint:maybe_save(tr, s, committed.extra) end
     end
+    if o.eval and not result.eval then evaluate(step) end -- a run resumed at its end
     if o.checkpoint then o.checkpoint:save(tr, step, committed.extra) end
   end
 
-  local ok, err = xpcall(body, debug.traceback)
+  local ok, err = xpcall(body, function(e)
+    return type(e) == "table" and e or debug.traceback(tostring(e), 2)
+  end)
   if bar then result.elapsed = bar:finish() end
-  if writer then writer:close() end
-  if not ok then
-    if checkpoint.is_interrupt(err) and o.checkpoint then
-      local at = tr:step_count() == pending.count and pending or committed
-      local path, why = o.checkpoint:save_interrupted(tr, at.step, at.extra)
-      if path then
-        error(string.format("interrupted at step %d; saved %s (resume from it)", at.step, path), 0)
-      end
-      error(string.format("interrupted at step %d; no checkpoint saved (%s)", at.step, why), 0)
+  if not ok and checkpoint.is_interrupt(err) and o.checkpoint then
+    -- the state that matches the trainer: the pending step's if the engine applied it
+    local at = tr:step_count() == pending.count and pending or committed
+    if at == pending and not at.record and type(err) == "table" and err.metrics then
+      at.record = record_of(at, err.metrics) -- a step finished by m3.accumulate first
     end
-    error(err, 0)
+    if writer and at.record and not at.written then writer:write(at.record) end
+    if writer then writer:close() end
+    local path, why = o.checkpoint:save_interrupted(tr, at.step, at.extra)
+    if path then
+      error(string.format("interrupted at step %d; saved %s (resume from it)", at.step, path), 0)
+    end
+    error(string.format("interrupted at step %d; no checkpoint saved (%s)", at.step, why), 0)
   end
+  if writer then writer:close() end
+  if not ok then error(tostring(err), 0) end
   if o.dir then log.plot_run(o.dir, { title = o.title }) end
   return result
 end
