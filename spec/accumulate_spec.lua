@@ -76,6 +76,46 @@ describe("m3.accumulate", function()
     assert.is_true(max_rel_diff(b:snapshot(), a:snapshot()) < 1e-6)
   end)
 
+  -- An interrupt in the middle of the window, from the engine (the next forward refuses)
+  -- or from the host's Lua hook (an error right after a backward_step took effect).
+  for _, how in ipairs { "engine", "hook" } do
+    it("finishes the window on an interrupt (" .. how .. "), then raises it", function()
+      local lib = require "m3.lib"
+      local a, b = new_trainer(4), new_trainer(4)
+      local ma = accumulate.step(a, accumulate.split(big, 2), { clip = 0.05 })
+      local calls = 0
+      b.backward_step = function(self, ...)
+        local m = getmetatable(self).backward_step(self, ...)
+        calls = calls + 1
+        if calls == 1 then
+          if how == "engine" then lib.C.m3_interrupt() else error("interrupted!") end
+        end
+        return m
+      end
+      local ok, err = pcall(accumulate.step, b, accumulate.split(big, 2), { clip = 0.05 })
+      assert.is_false(ok)
+      assert.truthy(tostring(err):find("interrupted.*the accumulation window was closed first"))
+      assert.equal(0, lib.C.m3_interrupted())
+      assert.equal(1, err.metrics.step)
+      assert.is_false(b:info().window_open)
+      assert.equal(2, calls)
+      if how == "engine" then assert.equal(ma.loss, err.metrics.loss) else assert.is_nil(err.metrics.loss) end
+      assert.equal(0, max_rel_diff(b:snapshot(), a:snapshot()))
+    end)
+  end
+
+  it("raises an interrupt before the first forward as it comes", function()
+    local lib = require "m3.lib"
+    local tr = new_trainer(4)
+    lib.C.m3_interrupt()
+    local ok, err = pcall(accumulate.step, tr, accumulate.split(big, 2))
+    lib.C.m3_interrupt_clear()
+    assert.is_false(ok)
+    assert.truthy(tostring(err):find("interrupted"))
+    assert.is_nil(tostring(err):find("closed first"))
+    assert.equal(0, tr:step_count())
+  end)
+
   it("refuses an empty list", function()
     assert.has_error(function() accumulate.step(new_trainer(8), {}) end,
       "m3.accumulate.step: expected a list of micro-batches")
