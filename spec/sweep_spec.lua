@@ -142,7 +142,7 @@ describe("m3.sweep", function()
 package.path = %q
 local sweep = require "m3.sweep"
 local rows = sweep {
-  grid = { a = { 1, 2, 3, 4 } }, dir = %q, parallel = 2, metric = "b",
+  grid = { a = { 1, 2, 3, 4 } }, dir = %q, parallel = 2, metric = "b", gpus = { 0, 1 },
   run = function(p, run_dir)
     local g = io.open(run_dir .. "/env", "w")
     g:write(os.getenv("M3_SWEEP_POINT"), " ", os.getenv("CUDA_VISIBLE_DEVICES"))
@@ -156,7 +156,9 @@ print("rows", #rows, rows[1].run, rows[1].b)
     local p = io.popen("M3LUA=luajit luajit " .. script .. " 2>&1")
     local out = p:read("*a")
     p:close()
-    assert.equal("rows\t4\ta=4\t40\n", out)
+    assert.equal("rows\t4\ta=4\t40", out:match("([^\n]*)\n$"))
+    assert.equal(4, select(2, out:gsub("m3.sweep: a=%d started %(CUDA_VISIBLE_DEVICES=[01], log in ", "")))
+    assert.equal(4, select(2, out:gsub("m3.sweep: a=%d finished", "")))
     for a = 1, 4 do
       local env = read(dir .. "/out/a=" .. a .. "/env")
       assert.truthy(env:match("^a=" .. a .. " [01]$"), env)

@@ -26,7 +26,8 @@
 -- ("interrupted" in the message) stops the sweep.
 -- parallel = N > 1: each point runs as `<m3lua> <script> <args>` (the running script
 -- again, found through arg) with M3_SWEEP_DIR / M3_SWEEP_POINT naming the point and
--- CUDA_VISIBLE_DEVICES = one of `gpus` (default 0..N-1), output in <run_dir>/log.txt.
+-- CUDA_VISIBLE_DEVICES = one of `gpus` (default: the machine's GPUs in turn, several
+-- points sharing one when N exceeds them; unset without a GPU), output in <run_dir>/log.txt.
 -- In that child the same m3.sweep call runs only its point and exits. The executable is
 -- opts.command, else $M3LUA, else arg[-1].
 
@@ -229,8 +230,12 @@ end
 -- Runs the pending points as child processes, at most n at once.
 local function run_parallel(o, pending, n, report)
   local base = executable(o)
-  local gpus = o.gpus or {}
-  if not o.gpus then for i = 1, n do gpus[i] = i - 1 end end
+  local gpus = o.gpus
+  if not gpus then
+    local count = require("m3").cuda_device_count()
+    gpus = {}
+    for i = 1, n do gpus[i] = count > 0 and (i - 1) % count or false end
+  end
   local free, running = {}, {}
   for i = n, 1, -1 do free[#free + 1] = gpus[i] end
   local status = ffi.new("int[1]")
@@ -241,9 +246,13 @@ local function run_parallel(o, pending, n, report)
       next_i = next_i + 1
       fs.mkdir(job.run_dir)
       local gpu = table.remove(free)
-      local cmd = string.format("CUDA_VISIBLE_DEVICES=%s M3_SWEEP_DIR=%s M3_SWEEP_POINT=%s exec %s > %s 2>&1",
-        shell_quote(gpu), shell_quote(o.dir), shell_quote(job.name), base, shell_quote(job.run_dir .. "/log.txt"))
+      local device = gpu and "CUDA_VISIBLE_DEVICES=" .. shell_quote(gpu) .. " " or ""
+      local cmd = string.format("%sM3_SWEEP_DIR=%s M3_SWEEP_POINT=%s exec %s > %s 2>&1", device,
+        shell_quote(o.dir), shell_quote(job.name), base, shell_quote(job.run_dir .. "/log.txt"))
       running[spawn(cmd)] = { job = job, gpu = gpu }
+      io.write(string.format("m3.sweep: %s started (%slog in %s/log.txt)\n", job.name,
+        gpu and "CUDA_VISIBLE_DEVICES=" .. gpu .. ", " or "", job.run_dir))
+      io.flush()
       active = active + 1
     end
     local pid = ffi.C.waitpid(-1, status, 0)
@@ -255,6 +264,7 @@ local function run_parallel(o, pending, n, report)
       local done = json.read(r.job.run_dir .. "/done.json")
       local code = bit.band(bit.rshift(status[0], 8), 0xff)
       if done then
+        io.write(string.format("m3.sweep: %s finished\n", r.job.name))
         report(r.job, done.metrics)
       else
         report(r.job, nil, string.format("exit status %d; see %s/log.txt", code, r.job.run_dir))
