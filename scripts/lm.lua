@@ -96,6 +96,7 @@ local result = fit.run {
   trainer = tr, data = train, steps = o.steps, start = start, batch = o.batch, clip = o.clip,
   schedule = m3.schedule.warmup_cosine { peak = o.lr, warmup = warmup, total = o.steps, floor = o.lr * o.floor },
   checkpoint = ck, dir = dir, title = name, eval_every = o.eval_every,
+  graph = tr:device() ~= "cpu",
   eval = function(t)
     local e = fit.evaluate(t, val, { batches = o.eval_batches, length = o.seq_len })
     return { val_loss = e.loss, val_bpb = e.loss / math.log(2) }

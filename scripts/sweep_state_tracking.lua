@@ -102,6 +102,7 @@ local function run(p, run_dir)
     schedule = m3.schedule.warmup_cosine { peak = p.lr, warmup = math.floor(o.steps / 20),
       total = o.steps, floor = p.lr / 10 },
     dir = run_dir, title = run_dir:match("[^/]+$"), eval_every = o.eval_every,
+    graph = tr:device() ~= "cpu",
     eval = function(t)
       local e = fit.evaluate(t, evalset, eval_opts)
       local scaled = 100 * m3.data.scaled_accuracy(e.accuracy, train.classes)

@@ -124,6 +124,7 @@ end
 local result = fit.run {
   trainer = tr, data = train, steps = o.steps, start = start, batch = o.batch,
   schedule = sched, curriculum = cur, clip = o.clip, checkpoint = ck, dir = dir,
+  graph = tr:device() ~= "cpu",
   eval = evaluate, eval_every = o.eval_every, title = name,
 }
 

@@ -13,6 +13,9 @@
 --     clip = 1.0, checkpoint = ck, start = start, dir = run_dir,
 --     eval = function(tr, step) return {val_loss =, val_acc =} end, eval_every = 200,
 --     extra = function() return my_state end,   -- saved too (start.extra.user on resume)
+--     graph = true,          -- CUDA: capture the fused step after its first run (the
+--                            -- engine keeps one graph per window shape; lr changes need
+--                            -- no recapture); steps with accumulation run eagerly
 --   }
 --
 -- Each step: phase = curriculum:phase(step); lr = schedule(step) (tr:set_lr); rows from
@@ -153,6 +156,7 @@ function fit.run(o)
       local m
       if #batches == 1 then
         m = tr:step(batches[1])
+        if o.graph and not tr:has_graph() then tr:capture_graph() end
       else
         m = accumulate.step(tr, batches, { clip = o.clip })
       end
