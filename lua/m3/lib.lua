@@ -25,6 +25,14 @@ else
   C = lib
 end
 
+-- The ABI these Lua sources are written for: a build folder older than the sources (its
+-- cdef and libm3 agreeing with each other) is refused too, instead of misreading structs.
+local REQUIRED_ABI = 2
+if cdef.abi ~= REQUIRED_ABI then
+  error(string.format("m3: the build's cdef (%s) is for ABI version %d but these Lua sources need %d; "
+    .. "rebuild (ninja -C build)", path, cdef.abi, REQUIRED_ABI), 0)
+end
+
 local abi = tonumber(C.m3_abi_version())
 if abi ~= cdef.abi then
   error(string.format("m3: libm3 at %s has ABI version %d but the binding was generated "
