@@ -8,54 +8,7 @@
  * saw. An f16 step that overflows at the current loss scale is repeated from the same state
  * with the halved scale, as training would. Exit 77 without a CUDA device or without golden/.
  */
-#include <cjson/cJSON.h>
-#include <dirent.h>
-
-#include "harness.h"
-
-static const char *const KINDS[4] = {"angle", "ssm", "k", "v"};
-
-typedef struct golden {
-  m3_tensor_file *f;
-  m3_config cfg;
-  m3_config_derived dv;
-  int32_t B, T, stateful;
-} golden;
-
-static int find(const golden *g, const char *name, m3_file_tensor *t) {
-  const int32_t i = m3_tensor_file_find(g->f, name);
-  return i >= 0 && m3_tensor_file_get(g->f, i, t) == M3_OK;
-}
-
-/* Copies a float tensor (F32 or F64) into floats; returns the element count (0 when absent). */
-static long to_float(const golden *g, const char *name, float *dst) {
-  m3_file_tensor t;
-  if (!find(g, name, &t)) return 0;
-  for (long i = 0; i < (long)t.numel; i++)
-    dst[i] = t.dtype == M3_DTYPE_F64 ? (float)((const double *)t.data)[i] : ((const float *)t.data)[i];
-  return (long)t.numel;
-}
-
-static long to_double(const golden *g, const char *name, double *dst) {
-  m3_file_tensor t;
-  if (!find(g, name, &t)) return 0;
-  for (long i = 0; i < (long)t.numel; i++)
-    dst[i] = t.dtype == M3_DTYPE_F64 ? ((const double *)t.data)[i] : ((const float *)t.data)[i];
-  return (long)t.numel;
-}
-
-static int open_golden(const char *path, golden *g) {
-  memset(g, 0, sizeof *g);
-  if (m3_tensor_file_open(path, &g->f) != M3_OK) return 0;
-  const char *json = m3_tensor_file_metadata(g->f, "config");
-  cJSON *o = json ? cJSON_Parse(json) : NULL;
-  if (!o || m3_config_from_json(json, &g->cfg) != M3_OK) return 0;
-  g->B = cJSON_GetObjectItem(o, "batch")->valueint;
-  g->T = cJSON_GetObjectItem(o, "seq_len")->valueint;
-  g->stateful = cJSON_GetObjectItem(o, "stateful")->valueint;
-  cJSON_Delete(o);
-  return m3_config_derive(&g->cfg, &g->dv) == M3_OK;
-}
+#include "golden.h"
 
 /* rel L2 of angles by their wrapped difference (a value that crossed 2 pi on one side only
  * counts by how far it really is) */
@@ -81,12 +34,15 @@ static double cos_fd(const float *a, const double *b, long n) {
   return ab / sqrt(aa * bb + 1e-300);
 }
 
-static void run(const golden *g, const char *file, int prec) {
+static void run(const golden_case *g, int prec) {
+  const char *file = g->file;
   const m3_config *c = &g->cfg;
+  m3_config_derived dv;
+  CHECK_OK(m3_config_derive(c, &dv));
   const int f32 = prec == M3_PRECISION_F32;
   const double tol_out = f32 ? 1e-5 : 2e-2;
   const char *tag = f32 ? "f32" : prec == M3_PRECISION_BF16 ? "bf16" : "f16";
-  const long M = (long)g->B * g->T, dm = c->d_model, H = g->dv.nheads;
+  const long M = (long)g->B * g->T, dm = c->d_model, H = dv.nheads;
   char name[160];
   m3_weights *w = NULL, *grads = NULL;
   CHECK_OK(m3_weights_create(c, &w));
@@ -96,7 +52,7 @@ static void run(const golden *g, const char *file, int prec) {
     m3_tensor_info ti;
     m3_weights_tensor(w, i, &ti);
     snprintf(name, sizeof name, "param.%s", ti.name);
-    CHECK(to_float(g, name, ti.data) == ti.numel, "%s: %s missing", file, name);
+    CHECK(golden_to_float(g, name, ti.data) == ti.numel, "%s: %s missing", file, name);
   }
   m3_trainer_cfg tc;
   m3_trainer_cfg_defaults(&tc);
@@ -113,7 +69,7 @@ static void run(const golden *g, const char *file, int prec) {
     m3_weights_destroy(grads);
     return;
   }
-  const long per[4] = {(long)g->B * H * g->dv.num_rope_angles, (long)g->B * H * c->headdim * c->d_state,
+  const long per[4] = {(long)g->B * H * dv.num_rope_angles, (long)g->B * H * c->headdim * c->d_state,
                        (long)g->B * H * c->d_state, (long)g->B * H * c->headdim};
   const long width = c->input == M3_INPUT_FEATURES ? c->input_dim : dm;
   float *input = calloc((size_t)(M * width) + 1, sizeof(float)), *d_out = calloc((size_t)(M * dm) + 1, sizeof(float));
@@ -125,11 +81,11 @@ static void run(const golden *g, const char *file, int prec) {
   memset(&b, 0, sizeof b);
   b.rows = g->B;
   b.len = g->T;
-  if (c->input == M3_INPUT_TOKENS) b.tokens = find(g, "tokens", &t) ? t.data : NULL;
-  else b.input = to_float(g, "input", input) ? input : NULL;
-  if (c->head == M3_HEAD_LM) b.targets = find(g, "targets", &t) ? t.data : NULL;
-  if (c->head == M3_HEAD_NONE) b.d_out = to_float(g, "d_out", d_out) ? d_out : NULL;
-  b.resets = find(g, "resets", &t) ? t.data : NULL;
+  if (c->input == M3_INPUT_TOKENS) b.tokens = golden_find(g, "tokens", &t) ? t.data : NULL;
+  else b.input = golden_to_float(g, "input", input) ? input : NULL;
+  if (c->head == M3_HEAD_LM) b.targets = golden_find(g, "targets", &t) ? t.data : NULL;
+  if (c->head == M3_HEAD_NONE) b.d_out = golden_to_float(g, "d_out", d_out) ? d_out : NULL;
+  b.resets = golden_find(g, "resets", &t) ? t.data : NULL;
 
   m3_metrics m;
   memset(&m, 0, sizeof m);
@@ -137,15 +93,15 @@ static void run(const golden *g, const char *file, int prec) {
     for (int32_t l = 0; g->stateful && l < c->n_layers; l++) {
       float *p[4] = {st, st + per[0], st + per[0] + per[1], st + per[0] + per[1] + per[2]};
       for (int k = 0; k < 4; k++) {
-        snprintf(name, sizeof name, "init.%d.%s", l, KINDS[k]);
-        CHECK(to_float(g, name, p[k]) == per[k], "%s: %s missing", file, name);
+        snprintf(name, sizeof name, "init.%d.%s", l, GOLDEN_STATE_KINDS[k]);
+        CHECK(golden_to_float(g, name, p[k]) == per[k], "%s: %s missing", file, name);
       }
       CHECK_OK(m3_trainer_set_state(tr, l, p[0], p[1], p[2], p[3]));
     }
     CHECK_OK(m3_trainer_forward(tr, &b, out));
     if (attempt == 0) {
       double e = 0, worst = 0;
-      CHECK(to_double(g, "out", ref) == M * dm, "%s: out missing", file);
+      CHECK(golden_to_double(g, "out", ref) == M * dm, "%s: out missing", file);
       e = rel_l2_f(out, ref, M * dm);
       CHECK(e <= tol_out, "%s %s: out differs by %.3g", file, tag, e);
       printf("%s %s: out %.2e", file, tag, e);
@@ -154,8 +110,8 @@ static void run(const golden *g, const char *file, int prec) {
         CHECK_OK(m3_trainer_get_state(tr, l, p[0], p[1], p[2], p[3]));
         for (int k = 0; k < 4; k++) {
           if (!per[k]) continue;
-          snprintf(name, sizeof name, "final.%d.%s", l, KINDS[k]);
-          CHECK(to_double(g, name, ref) == per[k], "%s: %s missing", file, name);
+          snprintf(name, sizeof name, "final.%d.%s", l, GOLDEN_STATE_KINDS[k]);
+          CHECK(golden_to_double(g, name, ref) == per[k], "%s: %s missing", file, name);
           e = k == 0 ? rel_angle(p[k], ref, per[k]) : rel_l2_f(p[k], ref, per[k]);
           CHECK(e <= tol_out, "%s %s: %s differs by %.3g", file, tag, name, e);
           worst = fmax(worst, e);
@@ -170,7 +126,7 @@ static void run(const golden *g, const char *file, int prec) {
   CHECK(!m.overflow_skipped, "%s %s: every loss scale overflowed", file, tag);
   if (c->head == M3_HEAD_LM) {
     double gl = 0;
-    CHECK(to_double(g, "loss", &gl) == 1, "%s: loss missing", file);
+    CHECK(golden_to_double(g, "loss", &gl) == 1, "%s: loss missing", file);
     const double e = fabs(m.loss - gl) / fabs(gl);
     CHECK(e <= tol_out, "%s %s: loss %.9g vs %.9g", file, tag, m.loss, gl);
     printf(", loss %.2e", e);
@@ -181,7 +137,7 @@ static void run(const golden *g, const char *file, int prec) {
     m3_tensor_info ti;
     m3_weights_tensor(grads, i, &ti);
     snprintf(name, sizeof name, "grad.%s", ti.name);
-    CHECK(to_double(g, name, ref) == ti.numel, "%s: %s missing", file, name);
+    CHECK(golden_to_double(g, name, ref) == ti.numel, "%s: %s missing", file, name);
     if (f32) {
       const double e = rel_l2_f(ti.data, ref, (long)ti.numel);
       CHECK(e <= 1e-4, "%s %s: %s differs by %.3g", file, tag, name, e);
@@ -204,33 +160,17 @@ static void run(const golden *g, const char *file, int prec) {
   free(st);
 }
 
+static void run_case(const golden_case *g) {
+  for (int p = M3_PRECISION_F32; p <= M3_PRECISION_F16; p++) run(g, p);
+}
+
 int main(void) {
   if (m3_cuda_device_count() == 0) {
     printf("skipped: no CUDA device\n");
     return 77;
   }
-  char dir[4200], path[4600];
-  snprintf(dir, sizeof dir, "%s/golden", shared_dir());
-  DIR *dp = opendir(dir);
-  if (!dp) {
-    printf("skipped: no ../shared/golden (looked in %s)\n", dir);
-    return 77;
-  }
-  int files = 0;
-  struct dirent *de;
-  while ((de = readdir(dp))) {
-    const char *dot = strrchr(de->d_name, '.');
-    if (!dot || strcmp(dot, ".safetensors") != 0) continue;
-    snprintf(path, sizeof path, "%s/%s", dir, de->d_name);
-    golden g;
-    CHECK(open_golden(path, &g), "%s: unreadable golden file", de->d_name);
-    if (g.f) {
-      for (int p = M3_PRECISION_F32; p <= M3_PRECISION_F16; p++) run(&g, de->d_name, p);
-      m3_tensor_file_close(g.f);
-      files++;
-    }
-  }
-  closedir(dp);
-  CHECK(files > 0, "no golden files in %s", dir);
+  const int files = golden_each(run_case);
+  if (files < 0) return 77;
+  CHECK(files > 0, "no golden cases");
   return harness_finish("cuda_golden");
 }
