@@ -66,6 +66,22 @@ function lib.raise(msg, level)
   error(msg, level and level + 1 or user_level())
 end
 
+-- The box type of a C handle: ffi struct `<handle>_box { <handle> *p; }` whose __gc calls
+-- destroy(p) once (a __gc metatype never fires for a pointer C returned, so handles live
+-- in boxes made with ffi.new; close() is destroy + p = nil).
+function lib.box(handle, destroy)
+  local name = handle .. "_box"
+  ffi.cdef(string.format("typedef struct %s { %s *p; } %s;", name, handle, name))
+  return ffi.metatype(name, {
+    __gc = function(b)
+      if b.p ~= nil then
+        destroy(b.p)
+        b.p = nil
+      end
+    end,
+  })
+end
+
 local INTERRUPTED = 11
 
 -- Raises the library's last error when status is not M3_OK: "m3: <message>" at the given

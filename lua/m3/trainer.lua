@@ -21,15 +21,7 @@ lib.internal_file(debug.getinfo(1, "S").source)
 
 local C, check, raise = lib.C, lib.check, lib.raise
 
-ffi.cdef "typedef struct m3_trainer_box { m3_trainer *p; } m3_trainer_box;"
-local Box = ffi.metatype("m3_trainer_box", {
-  __gc = function(b)
-    if b.p ~= nil then
-      C.m3_trainer_destroy(b.p)
-      b.p = nil
-    end
-  end,
-})
+local Box = lib.box("m3_trainer", C.m3_trainer_destroy)
 
 local DEVICE_CPU, DEVICE_CUDA = 1, 2
 local PRECISIONS = { f32 = 0, bf16 = 1, f16 = 2 }

@@ -15,15 +15,7 @@ lib.internal_file(debug.getinfo(1, "S").source)
 
 local C, check, raise = lib.C, lib.check, lib.raise
 
-ffi.cdef "typedef struct m3_weights_box { m3_weights *p; } m3_weights_box;"
-local Box = ffi.metatype("m3_weights_box", {
-  __gc = function(b)
-    if b.p ~= nil then
-      C.m3_weights_destroy(b.p)
-      b.p = nil
-    end
-  end,
-})
+local Box = lib.box("m3_weights", C.m3_weights_destroy)
 
 local weights = {}
 local W = {}
