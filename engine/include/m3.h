@@ -19,7 +19,7 @@
 
 /* Bumped whenever a declaration below changes; the Lua binding refuses a library whose
  * m3_abi_version() differs from the header it was generated from. */
-#define M3_ABI_VERSION 2
+#define M3_ABI_VERSION 3
 
 #ifdef __cplusplus
 extern "C" {
@@ -344,6 +344,55 @@ const char *m3_trainer_extra(const m3_trainer *tr);
 
 /* The trainer's RNG (xoshiro256**), advanced by callers that need reproducible draws. */
 uint64_t m3_trainer_rng_next(m3_trainer *tr);
+
+/* ---- inference ------------------------------------------------------------------------------ */
+
+/* A forward-only model: weights (16-bit shadows for bf16/f16), the recurrent state of `batch`
+ * rows and one layer's worth of activations; no gradients, Adam moments or saved
+ * activations. Steps run from the carried state and advance it, so a prompt given whole,
+ * in pieces or token by token gives the same outputs (bitwise on the CPU). */
+typedef struct m3_infer m3_infer;
+
+typedef struct m3_infer_cfg {
+  const m3_weights *weights; /* copied; the caller keeps ownership */
+  int32_t device;         /* m3_device_kind */
+  int32_t device_index;   /* CUDA ordinal for M3_DEVICE_CUDA */
+  int32_t precision;      /* m3_precision */
+  int32_t batch;          /* rows: 1 */
+  int32_t max_len;        /* positions per engine window: 256; longer steps run in pieces */
+  int32_t graph;          /* 1 (default): CUDA graphs replay one-token steps (one per row count) */
+  int32_t allow_tf32;     /* f32 GEMMs may use TF32 on the GPU */
+} m3_infer_cfg;
+
+typedef struct m3_infer_info {
+  int32_t device;         /* M3_DEVICE_CPU or M3_DEVICE_CUDA */
+  int32_t device_index;
+  int32_t precision;
+  int32_t batch, max_len;
+  int32_t graph;
+  int32_t poisoned;
+  int32_t logit_rows;     /* rows of the last step (its logits are readable), 0 before any */
+  int64_t device_bytes;   /* bytes held on the device (0 on the CPU) */
+} m3_infer_info;
+
+void m3_infer_cfg_defaults(m3_infer_cfg *cfg);
+m3_status m3_infer_create(const m3_infer_cfg *cfg, m3_infer **out);
+void m3_infer_destroy(m3_infer *inf);
+const m3_config *m3_infer_config(const m3_infer *inf);
+void m3_infer_get_info(const m3_infer *inf, m3_infer_info *out);
+/* Runs rows x len positions (b->tokens or b->input, optional b->resets; other fields are
+ * ignored) of rows [0, rows) from their carried state and advances it. out [rows, len, d_model]
+ * and, for "lm" models, logits [rows, vocab] of the last position may be NULL (the logits
+ * then stay on the device; m3_infer_logits reads them later). Bad input changes nothing; a
+ * step longer than max_len interrupted between pieces keeps the pieces already run. */
+m3_status m3_infer_step(m3_infer *inf, const m3_batch *b, float *out, float *logits);
+/* The last step's last-position logits [logit_rows, vocab] ("lm" models). */
+m3_status m3_infer_logits(const m3_infer *inf, float *logits);
+/* State as the trainer's (rows NULL: all rows; per layer, batch first; NULL tensors skipped). */
+m3_status m3_infer_reset(m3_infer *inf, const int32_t *rows, int32_t n_rows);
+m3_status m3_infer_get_state(const m3_infer *inf, int32_t layer, float *angle, float *ssm, float *k, float *v);
+m3_status m3_infer_set_state(m3_infer *inf, int32_t layer, const float *angle, const float *ssm, const float *k,
+                             const float *v);
 
 /* M3_FFI_END */
 

@@ -16,6 +16,11 @@
  *     non-finite norm leaves weights and moments untouched (result->finite = 0).
  *   - step, when not NULL, must give the same bits as forward + backward + update.
  *   - results are bitwise repeatable run to run.
+ *
+ * A backend created with infer = 1 (the inference object, infer.c) is forward only: it holds
+ * the weights, the carried state and one layer's worth of activations (reused by every
+ * layer), never gradients, Adam moments or saved activations. Only infer, read_logits, the
+ * state calls, graph control, device_bytes and destroy are called on it.
  */
 #ifndef M3_BACKEND_H
 #define M3_BACKEND_H
@@ -73,6 +78,11 @@ typedef struct backend_ops {
   int64_t (*device_bytes)(const backend *be);
   /* wall time spent in matrix products since creation; NULL: not measured */
   double (*gemm_seconds)(const backend *be);
+  /* forward only (infer = 1): rows x len from the carried state, which it then advances;
+   * out [rows, len, dm] may be NULL; the "lm" head's logits of the last position stay in
+   * the backend (on the device) until read_logits copies rows x vocab of them */
+  m3_status (*infer)(backend *be, const m3_batch *b, float *out);
+  m3_status (*read_logits)(const backend *be, int32_t rows, float *dst);
 } backend_ops;
 
 /* What a backend is created from. */
@@ -85,7 +95,22 @@ typedef struct backend_args {
   int32_t precision;
   int32_t device_index;
   int32_t allow_tf32;
+  int32_t infer; /* 1: forward only (see above) */
+  int32_t graph; /* infer: replay one-token steps from CUDA graphs (one per row count) */
 } backend_args;
+
+/* ---- shared by the trainer and the inference object (backend.c) ---- */
+
+/* Creates the backend of `device` (m3_device_kind; AUTO: CUDA when there is a device);
+ * *chosen receives M3_DEVICE_CPU or M3_DEVICE_CUDA. */
+m3_status m3_backend_open(const backend_args *a, int32_t device, int32_t *chosen, backend **out,
+                          const backend_ops **ops);
+/* The input fields of a window: rows in [1, max_rows], len in [1, max_len] (max_len <= 0:
+ * any), tokens in [0, vocab) or the input present. Errors name the field and the rule. */
+m3_status m3_check_batch_inputs(const m3_dims *d, const m3_batch *b, int32_t max_rows, int32_t max_len);
+/* Every value of a state given to set_state is finite (NULL tensors are skipped). */
+m3_status m3_check_state_values(const m3_dims *d, int32_t batch, const float *angle, const float *ssm,
+                                const float *k, const float *v);
 
 m3_status m3_cpu_backend_create(const backend_args *a, backend **out, const backend_ops **ops);
 #ifdef M3_HAVE_CUDA

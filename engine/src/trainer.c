@@ -62,27 +62,11 @@ static m3_status check_cfg(const m3_trainer_cfg *c) {
 
 static m3_status make_backend(m3_trainer *tr, const float *params) {
   backend_args a = {&tr->model, &tr->dims, &tr->layout, params, tr->cfg.batch, tr->cfg.seq_len,
-                    tr->cfg.precision, tr->cfg.device_index, tr->cfg.allow_tf32};
-  int32_t devices = m3_cuda_device_count();
-  int32_t want = tr->cfg.device;
-  if (want == M3_DEVICE_AUTO) want = devices > 0 ? M3_DEVICE_CUDA : M3_DEVICE_CPU;
-  tr->device = want;
-  tr->device_index = want == M3_DEVICE_CUDA ? tr->cfg.device_index : 0;
-  if (want == M3_DEVICE_CPU) {
-    if (tr->cfg.precision != M3_PRECISION_F32)
-      return m3_fail(M3_ERR_UNSUPPORTED,
-                     "dtype %s: the CPU backend computes in f32 only; bf16 and f16 need a CUDA device",
-                     tr->cfg.precision == M3_PRECISION_BF16 ? "bf16" : "f16");
-    return m3_cpu_backend_create(&a, &tr->be, &tr->ops);
-  }
-#ifdef M3_HAVE_CUDA
-  if (tr->cfg.device_index >= devices)
-    return m3_fail(M3_ERR_UNSUPPORTED, "device cuda:%d: this machine has %d usable CUDA device(s)",
-                   tr->cfg.device_index, devices);
-  return m3_cuda_backend_create(&a, &tr->be, &tr->ops);
-#else
-  return m3_fail(M3_ERR_UNSUPPORTED, "device cuda: this libm3 was built without the CUDA backend");
-#endif
+                    tr->cfg.precision, tr->cfg.device_index, tr->cfg.allow_tf32, 0, 0};
+  tr->device_index = tr->cfg.device_index;
+  m3_status st = m3_backend_open(&a, tr->cfg.device, &tr->device, &tr->be, &tr->ops);
+  if (tr->device == M3_DEVICE_CPU) tr->device_index = 0;
+  return st;
 }
 
 m3_status m3_trainer_create_from(const m3_trainer_cfg *cfg, const m3_config *model, const float *params,
@@ -168,26 +152,7 @@ static m3_status track(m3_trainer *tr, m3_status st) {
 }
 
 static m3_status check_batch_inputs(const m3_trainer *tr, const m3_batch *b) {
-  const m3_dims *d = &tr->dims;
-  if (!b) return m3_fail(M3_ERR_ARGUMENT, "batch is NULL");
-  if (b->rows < 1 || b->rows > tr->cfg.batch)
-    return m3_fail(M3_ERR_ARGUMENT, "batch has %d rows: must be in [1, %d] (the trainer's batch)", b->rows,
-                   tr->cfg.batch);
-  if (b->len < 1 || b->len > tr->cfg.seq_len)
-    return m3_fail(M3_ERR_ARGUMENT, "batch has length %d: must be in [1, %d] (the trainer's seq_len)", b->len,
-                   tr->cfg.seq_len);
-  const int64_t n = (int64_t)b->rows * b->len;
-  if (d->input == M3_INPUT_TOKENS) {
-    if (!b->tokens) return m3_fail(M3_ERR_ARGUMENT, "batch.tokens is missing: the model's input is \"tokens\"");
-    for (int64_t i = 0; i < n; i++)
-      if (b->tokens[i] < 0 || b->tokens[i] >= d->vocab)
-        return m3_fail(M3_ERR_ARGUMENT, "batch.tokens[%lld] (row %lld, position %lld) = %d: must be in [0, %d)",
-                       (long long)i, (long long)(i / b->len), (long long)(i % b->len), b->tokens[i], d->vocab);
-  } else if (!b->input) {
-    return m3_fail(M3_ERR_ARGUMENT, "batch.input is missing: the model's input is \"%s\"",
-                   d->input == M3_INPUT_FEATURES ? "features" : "identity");
-  }
-  return M3_OK;
+  return m3_check_batch_inputs(&tr->dims, b, tr->cfg.batch, tr->cfg.seq_len);
 }
 
 static m3_status check_batch_targets(const m3_trainer *tr, const m3_batch *b) {
@@ -437,23 +402,11 @@ m3_status m3_trainer_get_state(const m3_trainer *tr, int32_t layer, float *angle
   return tr->ops->get_state(tr->be, layer, angle, ssm, k, v);
 }
 
-static m3_status check_finite(const float *x, int64_t n, const char *what) {
-  if (!x) return M3_OK;
-  for (int64_t i = 0; i < n; i++)
-    if (!isfinite(x[i])) return m3_fail(M3_ERR_ARGUMENT, "set_states: %s[%lld] = %g is not finite", what, (long long)i, x[i]);
-  return M3_OK;
-}
-
 m3_status m3_trainer_set_state(m3_trainer *tr, int32_t layer, const float *angle, const float *ssm, const float *k,
                                const float *v) {
   TRY(usable(tr));
   TRY(check_layer(tr, layer));
-  const m3_dims *d = &tr->dims;
-  const int64_t bh = (int64_t)tr->cfg.batch * d->H;
-  TRY(check_finite(angle, bh * d->S, "angle"));
-  TRY(check_finite(ssm, bh * d->P * d->N, "ssm"));
-  TRY(check_finite(k, bh * d->N, "k"));
-  TRY(check_finite(v, bh * d->P, "v"));
+  TRY(m3_check_state_values(&tr->dims, tr->cfg.batch, angle, ssm, k, v));
   return track(tr, tr->ops->set_state(tr->be, layer, angle, ssm, k, v));
 }
 

@@ -16,6 +16,8 @@ local tensor = require "m3.tensor"
 local config = require "m3.config"
 local weights = require "m3.weights"
 local serialize = require "m3.serialize"
+local options = require "m3.options"
+local states = require "m3.states"
 
 lib.internal_file(debug.getinfo(1, "S").source)
 
@@ -23,62 +25,14 @@ local C, check, raise = lib.C, lib.check, lib.raise
 
 local Box = lib.box("m3_trainer", C.m3_trainer_destroy)
 
-local DEVICE_CPU, DEVICE_CUDA = 1, 2
-local PRECISIONS = { f32 = 0, bf16 = 1, f16 = 2 }
-local PRECISION_NAME = { [0] = "f32", "bf16", "f16" }
+local DEVICE_CPU = options.DEVICE_CPU
+local PRECISION_NAME = options.PRECISION_NAME
+local show, check_keys, want_int = options.show, options.check_keys, options.want_int
+local want_number, want_bool = options.want_number, options.want_bool
+local parse_device, parse_dtype = options.parse_device, options.parse_dtype
 
 local T = {}
 T.__index = T
-
-local function show(v)
-  if type(v) == "string" then return string.format("%q", v) end
-  return tostring(v)
-end
-
-local function check_keys(t, valid, what)
-  for k in pairs(t) do
-    if not valid[k] then
-      local names = {}
-      for n in pairs(valid) do names[#names + 1] = n end
-      table.sort(names)
-      raise(string.format("%s: unknown option %s%s; valid options: %s", what, show(k),
-        type(k) == "string" and config.suggest(k, names) or "", table.concat(names, ", ")))
-    end
-  end
-end
-
-local function want_int(v, name, lo)
-  if type(v) ~= "number" or v ~= math.floor(v) or v < lo or v > 2147483647 then
-    raise(string.format("%s = %s: expected an integer >= %d", name, show(v), lo))
-  end
-  return v
-end
-
-local function want_number(v, name)
-  if type(v) ~= "number" then raise(string.format("%s = %s: expected a number", name, show(v))) end
-  return v
-end
-
-local function want_bool(v, name)
-  if type(v) ~= "boolean" then raise(string.format("%s = %s: expected a boolean", name, show(v))) end
-  return v
-end
-
--- "auto" | "cpu" | "cuda" | "cuda:N" → device kind, index (index nil for a bare "cuda").
-local function parse_device(s, what)
-  if s == "auto" then return 0, 0 end
-  if s == "cpu" then return DEVICE_CPU, 0 end
-  if s == "cuda" then return DEVICE_CUDA, nil end
-  local n = type(s) == "string" and s:match("^cuda:(%d+)$")
-  if n then return DEVICE_CUDA, tonumber(n) end
-  raise(string.format("%s: device = %s: expected \"auto\", \"cpu\", \"cuda\" or \"cuda:N\"", what, show(s)))
-end
-
-local function parse_dtype(s, what)
-  local p = PRECISIONS[s]
-  if not p then raise(string.format("%s: dtype = %s: expected \"f32\", \"bf16\" or \"f16\"", what, show(s))) end
-  return p
-end
 
 -- ---- construction -------------------------------------------------------------------------------
 
@@ -193,12 +147,7 @@ end
 -- ---- batches -----------------------------------------------------------------------------------
 
 local ORDER = { "input", "tokens", "targets", "d_out", "resets", "mask" }
-local LONG = { f32 = "f32", f64 = "f64", i32 = "int32", u8 = "uint8" }
-
-local function describe(t)
-  if tensor.is(t) then return LONG[t:dtype()] .. " " .. tensor.format_shape(t:shape()) end
-  return tensor.describe(t)
-end
+local LONG, describe = options.LONG, options.describe
 
 local function expected(spec, B, T_)
   local dims = { B or "B", T_ or "T" }
@@ -428,60 +377,16 @@ function T:reset_state(rows)
   check(C.m3_trainer_reset_state(p, arr, #rows))
 end
 
-local STATE_KEYS = { "angle", "ssm", "k", "v" }
-
-local function state_shapes(self)
-  local c, B = self.config, self._B
-  local H, P, N, S = c.nheads, c.headdim, c.d_state, c.num_rope_angles
-  return { angle = { B, H, S }, ssm = { B, H, P, N }, k = { B, H, N }, v = { B, H, P } }
-end
-
 -- A list with one {angle=, ssm=, k=, v=} table of float32 tensors per layer (copies).
 function T:states()
   local p = live(self)
-  local shapes, out = state_shapes(self), {}
-  for l = 1, self.config.n_layers do
-    local s = {}
-    for _, k in ipairs(STATE_KEYS) do s[k] = tensor(shapes[k]) end
-    check(C.m3_trainer_get_state(p, l - 1, s.angle.data, s.ssm.data, s.k.data, s.v.data))
-    out[l] = s
-  end
-  return out
+  return states.read(self.config, self._B, function(l, a, s, k, v) check(C.m3_trainer_get_state(p, l, a, s, k, v)) end)
 end
 
 -- Sets every layer's state from a list as states() returns (shapes checked first).
-function T:set_states(states)
+function T:set_states(list)
   local p = live(self)
-  local L = self.config.n_layers
-  if type(states) ~= "table" or #states ~= L then
-    raise(string.format("set_states: expected a list of %d layer tables {angle=, ssm=, k=, v=}, got %s", L,
-      type(states) == "table" and "a list of " .. #states or type(states)))
-  end
-  local shapes, ready = state_shapes(self), {}
-  for l = 1, L do
-    local s = states[l]
-    if type(s) ~= "table" then raise(string.format("set_states: states[%d]: expected a table {angle=, ssm=, k=, v=}", l)) end
-    for k in pairs(s) do
-      if not shapes[k] then raise(string.format("set_states: states[%d].%s: unknown field (valid: angle, ssm, k, v)", l, tostring(k))) end
-    end
-    local r = {}
-    for _, k in ipairs(STATE_KEYS) do
-      local what = string.format("set_states: states[%d].%s", l, k)
-      local want = "f32 " .. tensor.format_shape(shapes[k])
-      if s[k] == nil then raise(what .. ": missing (" .. want .. ")") end
-      local t = tensor.coerce(s[k], what, "f32", shapes[k], want)
-      local have, same = t:shape(), t:dtype() == "f32" or t:dtype() == "f64"
-      same = same and #have == #shapes[k]
-      for d = 1, #shapes[k] do same = same and have[d] == shapes[k][d] end
-      if not same then raise(string.format("%s: expected %s, got %s", what, want, describe(t))) end
-      r[k] = t:dtype() == "f64" and tensor.cast(t, "f32") or t
-    end
-    ready[l] = r
-  end
-  for l = 1, L do
-    local r = ready[l]
-    check(C.m3_trainer_set_state(p, l - 1, r.angle.data, r.ssm.data, r.k.data, r.v.data))
-  end
+  states.write(self.config, self._B, list, function(l, a, s, k, v) check(C.m3_trainer_set_state(p, l, a, s, k, v)) end)
 end
 
 -- ---- weights ----------------------------------------------------------------------------------------

@@ -6,6 +6,10 @@
  * layout of layout.h; activations live in the model (model.c), sized once for batch x
  * seq_len. The global norm is summed in double over fixed blocks, then the blocks in
  * order, so it is the same for any thread count.
+ *
+ * Created for inference (args infer = 1) it holds only the parameters and a forward-only
+ * model; the "lm" head's logits of a step's last position wait in the model's logits
+ * buffer [batch, vocab] until read_logits.
  */
 #include <math.h>
 #include <stdlib.h>
@@ -21,7 +25,7 @@ struct backend {
   const m3_dims *d;
   const m3_layout *lay;
   cpu_model_f32 *m;
-  float *params, *grads, *adam_m, *adam_v; /* [lay->total] each */
+  float *params, *grads, *adam_m, *adam_v; /* [lay->total] each (params only for inference) */
 };
 
 static cpu_batch_f32 view(const m3_batch *b) {
@@ -126,6 +130,26 @@ static m3_status evaluate(backend *be, const m3_batch *b, int carry, head_result
   TRY(cpu_model_head_f32(be->m, &v, 1, 0, &r));
   copy_out(be, b, out);
   *res = to_head(&r);
+  return M3_OK;
+}
+
+static m3_status infer(backend *be, const m3_batch *b, float *out) {
+  cpu_batch_f32 v = view(b);
+  TRY(cpu_model_forward_f32(be->m, &v, 1, 1));
+  copy_out(be, b, out);
+  if (be->d->head == M3_HEAD_LM) { /* the rows' last positions, gathered into scratch for whole row groups */
+    cpu_model_f32 *m = be->m;
+    const int32_t dm = be->d->dm;
+    for (int32_t r = 0; r < b->rows; r++)
+      memcpy(m->xn + (int64_t)r * dm, m->out + ((int64_t)r * b->len + b->len - 1) * dm, (size_t)dm * sizeof(float));
+    cpu_gemm_f32(m, CblasNoTrans, CblasTrans, (int)cpu_gemm_rows_f32(m, b->rows), be->d->vocab, dm, 1, m->xn, dm,
+                 be->params + m3_layout_lm_weight(be->lay, be->d), dm, 0, m->logits, be->d->vocab);
+  }
+  return M3_OK;
+}
+
+static m3_status read_logits(const backend *be, int32_t rows, float *dst) {
+  memcpy(dst, be->m->logits, (size_t)((int64_t)rows * be->d->vocab) * sizeof(float));
   return M3_OK;
 }
 
@@ -237,6 +261,8 @@ static const backend_ops cpu_ops = {
     .write_arena = write_arena,
     .device_bytes = device_bytes,
     .gemm_seconds = gemm_seconds,
+    .infer = infer,
+    .read_logits = read_logits,
 };
 
 m3_status m3_cpu_backend_create(const backend_args *a, backend **out, const backend_ops **ops) {
@@ -246,15 +272,18 @@ m3_status m3_cpu_backend_create(const backend_args *a, backend **out, const back
   be->lay = a->layout;
   const int64_t n = a->layout->total;
   be->params = m3_alloc_floats(n);
-  be->grads = m3_alloc_floats(n);
-  be->adam_m = m3_alloc_floats(n);
-  be->adam_v = m3_alloc_floats(n);
-  if (!be->params || !be->grads || !be->adam_m || !be->adam_v) {
+  if (!a->infer) {
+    be->grads = m3_alloc_floats(n);
+    be->adam_m = m3_alloc_floats(n);
+    be->adam_v = m3_alloc_floats(n);
+  }
+  if (!be->params || (!a->infer && (!be->grads || !be->adam_m || !be->adam_v))) {
     destroy(be);
     return m3_fail(M3_ERR_MEMORY, "out of host memory for %lld parameters", (long long)a->layout->n_params);
   }
   memcpy(be->params, a->params, (size_t)n * sizeof(float));
-  m3_status st = cpu_model_create_f32(a->dims, a->layout, a->batch, a->seq_len, &be->m);
+  m3_status st = a->infer ? cpu_model_create_forward_f32(a->dims, a->layout, a->batch, a->seq_len, &be->m)
+                          : cpu_model_create_f32(a->dims, a->layout, a->batch, a->seq_len, &be->m);
   if (st != M3_OK) {
     destroy(be);
     return st;

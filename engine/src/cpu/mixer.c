@@ -11,7 +11,7 @@
 #include "parts.h"
 #include "real.h"
 
-static int64_t cap_m(const cpu_model *m) { return (int64_t)m->B * m->T; }
+static int64_t cap_m(const cpu_model *m) { return m->cap; }
 
 static real sigmoid(real v) { return 1 / (1 + R_EXP(-v)); }
 
@@ -22,17 +22,19 @@ m3_status NAME(cpu_layer_forward)(cpu_model *m, int32_t l, const uint8_t *resets
   const int64_t M = (int64_t)m->rows * m->len, M0 = cap_m(m);
   const int32_t dm = d->dm, E = d->E, P = d->P, N = d->N, G = d->G, H = d->H;
   const real *W = m->params;
-  real *resid_in = m->resid + l * M0 * dm, *resid_out = resid_in + M0 * dm;
-  real *xn = m->xn + l * M0 * dm, *rstd = m->rstd + l * M0;
-  real *proj = m->proj + l * M0 * d->dip;
-  real *bc_hat = m->bc_hat + l * M0 * 2 * G * N, *bc_rstd = m->bc_rstd + l * M0 * 2 * G;
-  real *y = m->y + l * M0 * E, *y_rstd = m->y_rstd + l * M0 * H, *gated = m->gated + l * M0 * E;
+  const int64_t sl = NAME(cpu_slot)(m, l);
+  real *resid_in = m->resid + NAME(cpu_resid_slot)(m, l) * M0 * dm;
+  real *resid_out = m->resid + NAME(cpu_resid_slot)(m, l + 1) * M0 * dm;
+  real *xn = m->xn + sl * M0 * dm, *rstd = m->rstd + sl * M0;
+  real *proj = m->proj + sl * M0 * d->dip;
+  real *bc_hat = m->bc_hat + sl * M0 * 2 * G * N, *bc_rstd = m->bc_rstd + sl * M0 * 2 * G;
+  real *y = m->y + sl * M0 * E, *y_rstd = m->y_rstd + sl * M0 * H, *gated = m->gated + sl * M0 * E;
 
+  const int Mg = (int)NAME(cpu_gemm_rows)(m, M);
   NAME(rmsnorm_forward)(resid_in, W + lo->norm, xn, rstd, M, dm);
-  NAME(cpu_gemm)(m, CblasNoTrans, CblasTrans, (int)M, d->dip, dm, 1, xn, dm, W + lo->in_proj, dm, 0, proj,
-             d->dip);
+  NAME(cpu_gemm)(m, CblasNoTrans, CblasTrans, Mg, d->dip, dm, 1, xn, dm, W + lo->in_proj, dm, 0, proj, d->dip);
 
-  real *ang_tanh = m->ang_tanh + l * M0 * d->S;
+  real *ang_tanh = m->ang_tanh + sl * M0 * d->S;
 #pragma omp parallel for schedule(static)
   for (int64_t mi = 0; mi < M; mi++) {
     for (int32_t which = 0; which < 2; which++)
@@ -56,8 +58,7 @@ m3_status NAME(cpu_layer_forward)(cpu_model *m, int32_t l, const uint8_t *resets
     }
 
   memcpy(resid_out, resid_in, (size_t)(M * dm) * sizeof(real));
-  NAME(cpu_gemm)(m, CblasNoTrans, CblasTrans, (int)M, dm, E, 1, gated, E, W + lo->out_proj, E, 1, resid_out,
-             dm);
+  NAME(cpu_gemm)(m, CblasNoTrans, CblasTrans, Mg, dm, E, 1, gated, E, W + lo->out_proj, E, 1, resid_out, dm);
   return M3_OK;
 }
 

@@ -6,7 +6,9 @@
  * Forward state handling: the incoming state of every layer is copied into m->incoming
  * (zeros without carry) because the backward reads it; final states are written to a
  * staging copy and committed to m->state only when the whole forward succeeded, so an
- * interrupted forward leaves the carried state as it was.
+ * interrupted forward leaves the carried state as it was. A forward-only model advances
+ * m->state in place (each (row, head) of the scan reads its state before writing it) and
+ * is not interrupted inside a window, so a failed call still changes no state.
  */
 #include <omp.h>
 #include <stdlib.h>
@@ -49,7 +51,7 @@ static void free_state(cpu_state *s) {
   free(s->v);
 }
 
-m3_status NAME(cpu_model_create)(const m3_dims *d, const m3_layout *lay, int32_t B, int32_t T, cpu_model **out) {
+static m3_status create(const m3_dims *d, const m3_layout *lay, int32_t B, int32_t T, int train, cpu_model **out) {
   cpu_model *m = calloc(1, sizeof *m);
   if (!m) return m3_fail(M3_ERR_MEMORY, "out of memory");
   m->d = d;
@@ -57,45 +59,51 @@ m3_status NAME(cpu_model_create)(const m3_dims *d, const m3_layout *lay, int32_t
   m->B = B;
   m->T = T;
   m->chunk = SCAN_CHUNK;
+  m->train = train;
+  m->cap = train ? (int64_t)B * T : NAME(cpu_gemm_rows)(m, (int64_t)B * T);
   m->threads = omp_get_max_threads();
   openblas_set_num_threads(1); /* the model parallelises around BLAS (gemm.c) */
-  const int64_t M0 = (int64_t)B * T, L = d->L, dm = d->dm, E = d->E, H = d->H, N = d->N, G = d->G;
+  const int64_t M0 = m->cap, L = d->L, dm = d->dm, E = d->E, H = d->H, N = d->N, G = d->G;
   const int64_t nch = (T + SCAN_CHUNK - 1) / SCAN_CHUNK;
+  /* forward only: one activation slot, two residual slots, no backward buffers */
+  const int64_t Ls = train ? L : 1, Lr = train ? L + 1 : 2, Mg = train ? M0 : 0;
   int failed = 0;
   alloc_state(&m->state, d, B, &failed);
-  alloc_state(&m->incoming, d, B, &failed);
-  alloc_state(&m->staged, d, B, &failed);
-  m->resid = alloc_real((L + 1) * M0 * dm, &failed);
-  m->xn = alloc_real(L * M0 * dm, &failed);
-  m->rstd = alloc_real(L * M0, &failed);
-  m->proj = alloc_real(L * M0 * d->dip, &failed);
-  m->bc_hat = alloc_real(L * M0 * 2 * G * N, &failed);
-  m->bc_rstd = alloc_real(L * M0 * 2 * G, &failed);
-  m->ang_tanh = alloc_real(L * M0 * d->S, &failed);
-  m->theta = alloc_real(L * M0 * H * d->S, &failed);
-  m->y = alloc_real(L * M0 * E, &failed);
-  m->y_rstd = alloc_real(L * M0 * H, &failed);
-  m->gated = alloc_real(L * M0 * E, &failed);
-  m->chunk_ssm = alloc_real(L * B * H * nch * d->P * N, &failed);
+  if (train) {
+    alloc_state(&m->incoming, d, B, &failed);
+    alloc_state(&m->staged, d, B, &failed);
+  }
+  m->resid = alloc_real(Lr * M0 * dm, &failed);
+  m->xn = alloc_real(Ls * M0 * dm, &failed);
+  m->rstd = alloc_real(Ls * M0, &failed);
+  m->proj = alloc_real(Ls * M0 * d->dip, &failed);
+  m->bc_hat = alloc_real(Ls * M0 * 2 * G * N, &failed);
+  m->bc_rstd = alloc_real(Ls * M0 * 2 * G, &failed);
+  m->ang_tanh = alloc_real(Ls * M0 * d->S, &failed);
+  m->theta = alloc_real(Ls * M0 * H * d->S, &failed);
+  m->y = alloc_real(Ls * M0 * E, &failed);
+  m->y_rstd = alloc_real(Ls * M0 * H, &failed);
+  m->gated = alloc_real(Ls * M0 * E, &failed);
+  m->chunk_ssm = train ? alloc_real(L * B * H * nch * d->P * N, &failed) : NULL;
   m->out = alloc_real(M0 * dm, &failed);
   m->out_rstd = alloc_real(M0, &failed);
-  m->dout = alloc_real(M0 * dm, &failed);
-  m->dresid = alloc_real(M0 * dm, &failed);
-  m->dxn = alloc_real(M0 * dm, &failed);
-  m->dproj = alloc_real(M0 * d->dip, &failed);
-  m->dgated = alloc_real(M0 * E, &failed);
-  m->dy = alloc_real(M0 * E, &failed);
-  m->dbc_head = alloc_real(M0 * H * 2 * N, &failed);
-  m->dang_head = alloc_real(M0 * H * d->S, &failed);
+  m->dout = alloc_real(Mg * dm, &failed);
+  m->dresid = alloc_real(Mg * dm, &failed);
+  m->dxn = alloc_real(Mg * dm, &failed);
+  m->dproj = alloc_real(Mg * d->dip, &failed);
+  m->dgated = alloc_real(Mg * E, &failed);
+  m->dy = alloc_real(Mg * E, &failed);
+  m->dbc_head = alloc_real(Mg * H * 2 * N, &failed);
+  m->dang_head = alloc_real(Mg * H * d->S, &failed);
   m->input_copy = alloc_real(M0 * d->input_dim, &failed);
   m->tokens_copy = calloc((size_t)M0, sizeof(int32_t));
   m->resets_copy = calloc((size_t)M0, 1);
   if (!m->tokens_copy || !m->resets_copy) failed = 1;
   m->part_width = part_width(d);
-  m->part = alloc_real(B * m->part_width, &failed);
-  m->row_scratch = alloc_real(B * N, &failed);
+  m->part = alloc_real((train ? B : 0) * m->part_width, &failed);
+  m->row_scratch = alloc_real((train ? B : 0) * N, &failed);
   const int64_t head_w = d->vocab > d->out_dim ? d->vocab : d->out_dim;
-  m->logits = alloc_real(64 * (head_w > 0 ? head_w : 1), &failed);
+  m->logits = alloc_real((train ? 64 : NAME(cpu_gemm_rows)(m, B)) * (head_w > 0 ? head_w : 1), &failed);
   m->scratch_per_thread = NAME(cpu_scan_scratch)(d, T, SCAN_CHUNK);
   m->scratch = alloc_real(m->threads * m->scratch_per_thread, &failed);
   if (failed) {
@@ -104,6 +112,15 @@ m3_status NAME(cpu_model_create)(const m3_dims *d, const m3_layout *lay, int32_t
   }
   *out = m;
   return M3_OK;
+}
+
+m3_status NAME(cpu_model_create)(const m3_dims *d, const m3_layout *lay, int32_t B, int32_t T, cpu_model **out) {
+  return create(d, lay, B, T, 1, out);
+}
+
+m3_status NAME(cpu_model_create_forward)(const m3_dims *d, const m3_layout *lay, int32_t B, int32_t T,
+                                         cpu_model **out) {
+  return create(d, lay, B, T, 0, out);
 }
 
 void NAME(cpu_model_destroy)(cpu_model *m) {
@@ -157,8 +174,8 @@ static void input_forward(cpu_model *m, const cpu_batch *b) {
       const real *bias = m->params + m->lay->input_b;
       memcpy(m->input_copy, b->input, (size_t)(M * d->input_dim) * sizeof(real));
       for (int64_t i = 0; i < M; i++) memcpy(h0 + i * d->dm, bias, (size_t)d->dm * sizeof(real));
-      NAME(cpu_gemm)(m, CblasNoTrans, CblasTrans, (int)M, d->dm, d->input_dim, 1, m->input_copy, d->input_dim,
-                 m->params + m->lay->input_w, d->input_dim, 1, h0, d->dm);
+      NAME(cpu_gemm)(m, CblasNoTrans, CblasTrans, (int)NAME(cpu_gemm_rows)(m, M), d->dm, d->input_dim, 1,
+                     m->input_copy, d->input_dim, m->params + m->lay->input_w, d->input_dim, 1, h0, d->dm);
       break;
     }
     case M3_INPUT_IDENTITY:
@@ -180,17 +197,20 @@ m3_status NAME(cpu_model_forward)(cpu_model *m, const cpu_batch *b, int carry, i
     return m3_fail(M3_ERR_INTERNAL, "window %d x %d outside the model's %d x %d", b->rows, b->len, m->B, m->T);
   m->rows = b->rows;
   m->len = b->len;
-  if (carry) copy_state_rows(m, &m->incoming, &m->state, b->rows);
-  else zero_state(m, &m->incoming);
+  if (m->train) {
+    if (carry) copy_state_rows(m, &m->incoming, &m->state, b->rows);
+    else zero_state(m, &m->incoming);
+  }
   input_forward(m, b);
   for (int32_t l = 0; l < d->L; l++) {
-    if (m3_interrupted()) return m3_fail(M3_ERR_INTERRUPTED, "interrupted during the forward (layer %d)", l);
-    TRY(NAME(cpu_layer_forward)(m, l, b->resets, &m->incoming, &m->staged));
+    if (m->train && m3_interrupted()) return m3_fail(M3_ERR_INTERRUPTED, "interrupted during the forward (layer %d)", l);
+    if (m->train) TRY(NAME(cpu_layer_forward)(m, l, b->resets, &m->incoming, &m->staged));
+    else TRY(NAME(cpu_layer_forward)(m, l, b->resets, &m->state, write_state ? &m->state : NULL));
   }
   const int64_t M = (int64_t)b->rows * b->len;
-  NAME(rmsnorm_forward)(m->resid + (int64_t)d->L * m->B * m->T * d->dm, m->params + m->lay->norm_f, m->out,
-                        m->out_rstd, M, d->dm);
-  if (write_state) copy_state_rows(m, &m->state, &m->staged, b->rows);
+  NAME(rmsnorm_forward)(m->resid + NAME(cpu_resid_slot)(m, d->L) * m->cap * d->dm, m->params + m->lay->norm_f,
+                        m->out, m->out_rstd, M, d->dm);
+  if (m->train && write_state) copy_state_rows(m, &m->state, &m->staged, b->rows);
   return M3_OK;
 }
 
@@ -231,7 +251,7 @@ m3_status NAME(cpu_model_backward)(cpu_model *m) {
   const m3_dims *d = m->d;
   const int32_t rows = m->rows, len = m->len;
   /* final RMSNorm */
-  const real *hL = m->resid + (int64_t)d->L * m->B * m->T * d->dm;
+  const real *hL = m->resid + (int64_t)d->L * m->cap * d->dm;
   real *gnf = m->grads + m->lay->norm_f;
   real *part = m->part;
   memset(part, 0, (size_t)d->dm * sizeof(real) * (size_t)rows);

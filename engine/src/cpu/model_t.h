@@ -6,6 +6,14 @@
  * Conventions (llm.c style): activations use M = rows * len positions, row-major
  * [rows, len, ...] packed for the current window; backward writes "=" into activation
  * gradients and "+=" into parameter gradients, so accumulation windows just work.
+ *
+ * A forward-only model (train = 0, the inference backend) keeps one slot of every per-layer
+ * activation, reused layer after layer (the residual stream alternates between two slots),
+ * reads the carried state directly and allocates no backward buffers. Its GEMMs run over
+ * whole groups of M3_CPU_ROW_GROUP rows starting at multiples of it (the spare rows of the slot
+ * buffers are scratch), because OpenBLAS computes leftover rows with other kernels whose last
+ * bits differ: that way a row's values do not depend on how many rows a step has, and a
+ * prompt stepped token by token equals the prompt run as one window, bit for bit.
  */
 #define N_(x) M3_CAT(x, S_)
 
@@ -34,6 +42,9 @@ typedef struct N_(cpu_model) {
   int32_t B, T;             /* capacity */
   int32_t rows, len;        /* window of the last forward */
   int32_t chunk;            /* tokens between saved scan states */
+  int32_t train;            /* 0: forward only (see above) */
+  int64_t cap;              /* positions per activation slot: B * T (forward only: rounded up to
+                               whole row groups, the rows gemm.c may pad a product with) */
   T_ *params, *grads;       /* [lay->total] each, owned by the caller */
   T_ *dinput;               /* optional [B, T, input_dim]: receives dL/d input when set */
 
@@ -57,7 +68,7 @@ typedef struct N_(cpu_model) {
   T_ *y;                    /* [L, M, E] scan output (with D x), before the gate */
   T_ *y_rstd;               /* [L, M, H] per-head RMS of y (outproj_norm) */
   T_ *gated;                /* [L, M, E] gate output, input of out_proj */
-  T_ *chunk_ssm;            /* [L, B, H, nchunk, P, N] ssm state before each chunk's first token */
+  T_ *chunk_ssm;            /* [L, B, H, nchunk, P, N] ssm state before each chunk's first token (train) */
   T_ *out;                  /* [M, dm] RMSNorm(resid[L]; norm_f): the output */
   T_ *out_rstd;             /* [M] */
 
@@ -73,7 +84,8 @@ typedef struct N_(cpu_model) {
   T_ *part;                 /* [B, part_width] per-row partial parameter gradients */
   T_ *row_scratch;          /* [B, N] */
   int64_t part_width;
-  T_ *logits;               /* [head_block, max(vocab, out_dim)] head scratch */
+  T_ *logits;               /* [head_block, max(vocab, out_dim)] head scratch (forward only: the last
+                               positions' logits, [B rounded up to a row group, vocab]) */
   T_ *scratch;              /* per-thread scan scratch [threads, scratch_per_thread] */
   int64_t scratch_per_thread;
   int32_t threads;
@@ -89,9 +101,13 @@ typedef struct N_(cpu_head_result) {
 
 m3_status N_(cpu_model_create)(const m3_dims *d, const m3_layout *lay, int32_t B, int32_t T,
                                N_(cpu_model) **out);
+/* A forward-only model (train = 0) of the same capacity. */
+m3_status N_(cpu_model_create_forward)(const m3_dims *d, const m3_layout *lay, int32_t B, int32_t T,
+                                       N_(cpu_model) **out);
 void N_(cpu_model_destroy)(N_(cpu_model) *m);
 /* carry = 0: the window starts from zero state. write_state = 0: the carried state is left
- * as it was (evaluate). Fills out and every saved activation. */
+ * as it was (evaluate). Fills out and every saved activation. A forward-only model always
+ * starts from the carried state. */
 m3_status N_(cpu_model_forward)(N_(cpu_model) *m, const N_(cpu_batch) *b, int carry, int write_state);
 /* Head loss of the last forward. When want_grad, writes dout = weight * dL/d out and adds
  * the head's parameter gradients (weight scales them too). */
@@ -103,7 +119,15 @@ m3_status N_(cpu_model_backward)(N_(cpu_model) *m);
 
 /* ---- pieces shared by the files of this folder --------------------------------------- */
 
+/* Slot of layer l in the per-layer activation buffers, and of resid[l]. */
+static inline int64_t N_(cpu_slot)(const N_(cpu_model) *m, int32_t l) { return m->train ? l : 0; }
+static inline int64_t N_(cpu_resid_slot)(const N_(cpu_model) *m, int32_t l) { return m->train ? l : l & 1; }
+
 /* C = alpha op(A) op(B) + beta C, row-major, over the model's threads (gemm.c). */
+/* Rows a product over M rows runs with: M, or (forward only) M rounded up to a row group. */
+static inline int64_t N_(cpu_gemm_rows)(const N_(cpu_model) *m, int64_t M) {
+  return m->train ? M : (M + M3_CPU_ROW_GROUP - 1) / M3_CPU_ROW_GROUP * M3_CPU_ROW_GROUP;
+}
 void N_(cpu_gemm)(N_(cpu_model) *m, CBLAS_TRANSPOSE ta, CBLAS_TRANSPOSE tb, int M, int N, int K, T_ alpha,
                   const T_ *A, int lda, const T_ *B, int ldb, T_ beta, T_ *C, int ldc);
 

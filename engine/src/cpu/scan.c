@@ -82,7 +82,7 @@ static void rotate(const real *base, const real *bias, const real *cs, int32_t N
 }
 
 /* Strides of the per-layer saved buffers (capacity based, so layer offsets are fixed). */
-static int64_t cap_m(const cpu_model *m) { return (int64_t)m->B * m->T; }
+static int64_t cap_m(const cpu_model *m) { return m->cap; }
 static int32_t n_chunks(const cpu_model *m) { return (m->T + m->chunk - 1) / m->chunk; }
 
 /* Per-thread scratch of the backward (the forward needs less): chunk states, dH, and per
@@ -110,11 +110,12 @@ void NAME(cpu_scan_forward)(cpu_model *m, int32_t layer, const uint8_t *resets, 
   const int32_t rows = m->rows, len = m->len, P = d->P, N = d->N, S = d->S, H = d->H;
   const int64_t PN = (int64_t)P * N, M0 = cap_m(m);
   const layer_offsets *lo = &m->lay->layer[layer];
-  const real *proj = m->proj + layer * M0 * d->dip;
-  const real *bc_hat = m->bc_hat + layer * M0 * 2 * d->G * N;
-  const real *ang_tanh = m->ang_tanh + layer * M0 * S;
-  real *theta_out = m->theta + layer * M0 * H * S;
-  real *y_out = m->y + layer * M0 * d->E;
+  const int64_t sl = NAME(cpu_slot)(m, layer);
+  const real *proj = m->proj + sl * M0 * d->dip;
+  const real *bc_hat = m->bc_hat + sl * M0 * 2 * d->G * N;
+  const real *ang_tanh = m->ang_tanh + sl * M0 * S;
+  real *theta_out = m->theta + sl * M0 * H * S;
+  real *y_out = m->y + sl * M0 * d->E;
   const real *dt_bias = m->params + lo->dt_bias, *Dp = m->params + lo->D;
   const real *Bb = m->params + lo->B_bias, *Cb = m->params + lo->C_bias;
   const int32_t nch = n_chunks(m);
@@ -131,7 +132,7 @@ void NAME(cpu_scan_forward)(cpu_model *m, int32_t layer, const uint8_t *resets, 
     memcpy(kprev, in_k, (size_t)N * sizeof(real));
     memcpy(xprev, in_v, (size_t)P * sizeof(real));
     memcpy(th, in_angle, (size_t)S * sizeof(real));
-    real *chunk_ssm = m->chunk_ssm + ((layer * (int64_t)m->B + b) * H + h) * nch * PN;
+    real *chunk_ssm = m->chunk_ssm ? m->chunk_ssm + ((layer * (int64_t)m->B + b) * H + h) * nch * PN : NULL;
     const real *x = NULL;
     for (int32_t t = 0; t < len; t++) {
       const int64_t mi = (int64_t)b * len + t;
@@ -142,7 +143,7 @@ void NAME(cpu_scan_forward)(cpu_model *m, int32_t layer, const uint8_t *resets, 
         memset(xprev, 0, (size_t)P * sizeof(real));
         memset(th, 0, (size_t)S * sizeof(real));
       }
-      if (t % m->chunk == 0) memcpy(chunk_ssm + (int64_t)(t / m->chunk) * PN, Hs, (size_t)PN * sizeof(real));
+      if (chunk_ssm && t % m->chunk == 0) memcpy(chunk_ssm + (int64_t)(t / m->chunk) * PN, Hs, (size_t)PN * sizeof(real));
       tok s;
       token_scalars(d, prow, h, dt_bias[h], &s);
       real *th_out = theta_out + (mi * H + h) * S;

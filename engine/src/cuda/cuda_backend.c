@@ -20,6 +20,12 @@
  *
  * Errors: every CUDA and cuBLAS call is checked; a sticky error (the context is broken, e.g.
  * an illegal address) returns M3_ERR_POISONED and the backend refuses every later call.
+ *
+ * Inference (args infer = 1, op_infer): the arena holds no gradients, moments or incoming
+ * state, one layer slot of activations (two for the residual stream) and [B, vocab] logits
+ * of the last position; the scan reads and writes the carried state in place (each block
+ * loads its (row, head) state before it stores it). One-token steps replay a CUDA graph
+ * per row count (upload, forward, head GEMM); the logits stay on the device until read.
  */
 #include <cuda_runtime_api.h>
 #include <math.h>
@@ -150,6 +156,8 @@ struct backend {
   uint64_t tick;
   int32_t last_rows, last_len;
   prof pf;
+  int infer;       /* forward only (inference): see the header */
+  int infer_graph; /* inference: one-token steps replay graphs */
   int fwd_carry;  /* the last training forward started from the carried state */
   int last_carry; /* carry of the last forward or step (the default shape of capture_graph) */
 };
@@ -237,10 +245,13 @@ static void carve_device(backend *be, carver *c) {
   const int64_t L = d->L, Mc = be->Mc, total = be->lay->total, B = be->B, H = d->H, P = d->P, N = d->N, S = d->S;
   const int64_t dm = d->dm, E = d->E, dipp = be->kd.dipp, G = d->G;
   const size_t ab = be->act_bytes;
+  /* inference: one activation slot (two residual slots), no backward buffers */
+  const int64_t Ls = be->infer ? 1 : L, Lr = be->infer ? 2 : L + 1, Mg = be->infer ? 0 : Mc;
+  const int64_t tg = be->infer ? 0 : total, ti = be->infer ? 0 : 1;
   be->params = TAKE_F(c, total);
-  be->grads = TAKE_F(c, total);
-  be->adam_m = TAKE_F(c, total);
-  be->adam_v = TAKE_F(c, total);
+  be->grads = TAKE_F(c, tg);
+  be->adam_m = TAKE_F(c, tg);
+  be->adam_v = TAKE_F(c, tg);
   be->shadow = be->prec != M3K_F32 ? take(c, (size_t)total * ab) : NULL;
   be->decay_flags = take(c, (size_t)(total / M3_ALIGN + 1));
   const int64_t n_angle = L * B * H * S, n_ssm = L * B * H * P * N, n_k = L * B * H * N, n_v = L * B * H * P;
@@ -248,38 +259,38 @@ static void carve_device(backend *be, carver *c) {
   be->s_ssm = TAKE_F(c, n_ssm);
   be->s_k = TAKE_F(c, n_k);
   be->s_v = TAKE_F(c, n_v);
-  be->i_angle = TAKE_F(c, n_angle);
-  be->i_ssm = TAKE_F(c, n_ssm);
-  be->i_k = TAKE_F(c, n_k);
-  be->i_v = TAKE_F(c, n_v);
-  be->resid = TAKE_F(c, (L + 1) * slice(Mc * dm));
-  be->xn = take(c, (size_t)(L * slice(Mc * dm)) * ab);
-  be->rstd = TAKE_F(c, L * slice(Mc));
-  be->proj = take(c, (size_t)(L * slice(Mc * dipp)) * ab);
-  be->bc_hat = TAKE_F(c, L * slice(Mc * 2 * G * N));
-  be->bc_rstd = TAKE_F(c, L * slice(Mc * 2 * G));
-  be->theta = TAKE_F(c, L * slice(Mc * H * S));
-  be->y = TAKE_F(c, L * slice(Mc * E));
-  be->y_rstd = TAKE_F(c, d->outproj_norm ? L * slice(Mc * H) : 1);
-  be->gated = take(c, (size_t)(L * slice(Mc * E)) * ab);
+  be->i_angle = TAKE_F(c, ti * n_angle);
+  be->i_ssm = TAKE_F(c, ti * n_ssm);
+  be->i_k = TAKE_F(c, ti * n_k);
+  be->i_v = TAKE_F(c, ti * n_v);
+  be->resid = TAKE_F(c, Lr * slice(Mc * dm));
+  be->xn = take(c, (size_t)(Ls * slice(Mc * dm)) * ab);
+  be->rstd = TAKE_F(c, Ls * slice(Mc));
+  be->proj = take(c, (size_t)(Ls * slice(Mc * dipp)) * ab);
+  be->bc_hat = TAKE_F(c, Ls * slice(Mc * 2 * G * N));
+  be->bc_rstd = TAKE_F(c, Ls * slice(Mc * 2 * G));
+  be->theta = TAKE_F(c, Ls * slice(Mc * H * S));
+  be->y = TAKE_F(c, Ls * slice(Mc * E));
+  be->y_rstd = TAKE_F(c, d->outproj_norm ? Ls * slice(Mc * H) : 1);
+  be->gated = take(c, (size_t)(Ls * slice(Mc * E)) * ab);
   be->out = TAKE_F(c, Mc * dm);
   be->out_act = be->prec != M3K_F32 ? take(c, (size_t)(Mc * dm) * ab) : (void *)be->out;
   be->out_rstd = TAKE_F(c, Mc);
-  be->dout = TAKE_F(c, Mc * dm);
-  be->dresid = TAKE_F(c, Mc * dm);
-  be->dxn = TAKE_F(c, Mc * dm);
-  be->dresid_act = be->prec != M3K_F32 ? take(c, (size_t)(Mc * dm) * ab) : (void *)be->dresid;
-  be->dproj = take(c, (size_t)(Mc * dipp) * ab);
-  be->dgated = TAKE_F(c, Mc * E);
-  be->dy = TAKE_F(c, Mc * E);
-  be->dthq = TAKE_F(c, Mc * H * S);
-  be->psi = TAKE_F(c, Mc * H);
-  be->dbc_head = TAKE_F(c, Mc * H * 2 * N);
-  be->dang_head = TAKE_F(c, Mc * H * S);
-  be->part = TAKE_F(c, B * H * (2 + 2 * N));
-  be->part_norm = TAKE_F(c, B * H * P);
+  be->dout = TAKE_F(c, Mg * dm);
+  be->dresid = TAKE_F(c, Mg * dm);
+  be->dxn = TAKE_F(c, Mg * dm);
+  be->dresid_act = be->prec != M3K_F32 ? take(c, (size_t)(Mg * dm) * ab) : (void *)be->dresid;
+  be->dproj = take(c, (size_t)(Mg * dipp) * ab);
+  be->dgated = TAKE_F(c, Mg * E);
+  be->dy = TAKE_F(c, Mg * E);
+  be->dthq = TAKE_F(c, Mg * H * S);
+  be->psi = TAKE_F(c, Mg * H);
+  be->dbc_head = TAKE_F(c, Mg * H * 2 * N);
+  be->dang_head = TAKE_F(c, Mg * H * S);
+  be->part = TAKE_F(c, ti * B * H * (2 + 2 * N));
+  be->part_norm = TAKE_F(c, ti * B * H * P);
   const int64_t wc = dm > 2 * N ? dm : 2 * N;
-  be->wcontrib = TAKE_F(c, Mc * wc);
+  be->wcontrib = TAKE_F(c, Mg * wc);
   int64_t cs = m3k_colsum_scratch(Mc, (int32_t)(dm > 2 * N ? dm : 2 * N));
   if (be->od > 0) {
     const int64_t o = m3k_colsum_scratch(Mc, (int32_t)be->od);
@@ -290,8 +301,8 @@ static void carve_device(backend *be, carver *c) {
   be->dpred = NULL;
   be->dpred_act = NULL;
   if (d->head == M3_HEAD_LM) {
-    be->logits = TAKE_F(c, be->lm_rows * d->vocab);
-    be->dlogits = take(c, (size_t)(be->lm_rows * d->vocab) * ab);
+    be->logits = TAKE_F(c, (be->infer ? B : be->lm_rows) * d->vocab);
+    be->dlogits = take(c, (size_t)((be->infer ? 0 : be->lm_rows) * d->vocab) * ab);
   } else if (d->head == M3_HEAD_MSE) {
     be->logits = TAKE_F(c, Mc * be->od);
     be->dpred = TAKE_F(c, Mc * be->od);
@@ -341,24 +352,27 @@ static void carve_pinned(backend *be, carver *c) {
   be->h_resets = take(c, (size_t)Mc);
 }
 
-/* per-layer slices */
-static float *resid_l(const backend *be, int l) { return be->resid + l * slice(be->Mc * be->d->dm); }
+/* per-layer slices (inference: every layer uses slot 0, the residual stream slots 0 and 1) */
+static int64_t lslot(const backend *be, int l) { return be->infer ? 0 : l; }
+static float *resid_l(const backend *be, int l) {
+  return be->resid + (be->infer ? l & 1 : l) * slice(be->Mc * be->d->dm);
+}
 static void *xn_l(const backend *be, int l) {
-  return (char *)be->xn + (size_t)(l * slice(be->Mc * be->d->dm)) * be->act_bytes;
+  return (char *)be->xn + (size_t)(lslot(be, l) * slice(be->Mc * be->d->dm)) * be->act_bytes;
 }
-static float *rstd_l(const backend *be, int l) { return be->rstd + l * slice(be->Mc); }
+static float *rstd_l(const backend *be, int l) { return be->rstd + lslot(be, l) * slice(be->Mc); }
 static void *proj_l(const backend *be, int l) {
-  return (char *)be->proj + (size_t)(l * slice(be->Mc * be->kd.dipp)) * be->act_bytes;
+  return (char *)be->proj + (size_t)(lslot(be, l) * slice(be->Mc * be->kd.dipp)) * be->act_bytes;
 }
-static float *bc_hat_l(const backend *be, int l) { return be->bc_hat + l * slice(be->Mc * 2 * be->d->G * be->d->N); }
-static float *bc_rstd_l(const backend *be, int l) { return be->bc_rstd + l * slice(be->Mc * 2 * be->d->G); }
-static float *theta_l(const backend *be, int l) { return be->theta + l * slice(be->Mc * be->d->H * be->d->S); }
-static float *y_l(const backend *be, int l) { return be->y + l * slice(be->Mc * be->d->E); }
+static float *bc_hat_l(const backend *be, int l) { return be->bc_hat + lslot(be, l) * slice(be->Mc * 2 * be->d->G * be->d->N); }
+static float *bc_rstd_l(const backend *be, int l) { return be->bc_rstd + lslot(be, l) * slice(be->Mc * 2 * be->d->G); }
+static float *theta_l(const backend *be, int l) { return be->theta + lslot(be, l) * slice(be->Mc * be->d->H * be->d->S); }
+static float *y_l(const backend *be, int l) { return be->y + lslot(be, l) * slice(be->Mc * be->d->E); }
 static float *y_rstd_l(const backend *be, int l) {
-  return be->d->outproj_norm ? be->y_rstd + l * slice(be->Mc * be->d->H) : be->y_rstd;
+  return be->d->outproj_norm ? be->y_rstd + lslot(be, l) * slice(be->Mc * be->d->H) : be->y_rstd;
 }
 static void *gated_l(const backend *be, int l) {
-  return (char *)be->gated + (size_t)(l * slice(be->Mc * be->d->E)) * be->act_bytes;
+  return (char *)be->gated + (size_t)(lslot(be, l) * slice(be->Mc * be->d->E)) * be->act_bytes;
 }
 /* GEMM operand of a weight: the 16-bit shadow, or the master for f32 */
 static const void *wgt(const backend *be, int64_t off) {
@@ -482,7 +496,7 @@ static m3_status enq_forward(backend *be, int32_t rows, int32_t len, int carry, 
   const m3_layout *lay = be->lay;
   const int64_t M = (int64_t)rows * len, dm = d->dm;
   mark(be, PH_INPUT);
-  if (carry && train) TRY(save_incoming(be, rows));
+  if (carry && train && !be->infer) TRY(save_incoming(be, rows));
   if (train) be->fwd_carry = carry;
   float *h0 = resid_l(be, 0);
   switch (d->input) {
@@ -508,7 +522,7 @@ static m3_status enq_forward(backend *be, int32_t rows, int32_t len, int carry, 
     mark(be, PH_BCNORM_F);
     CK(m3k_bcnorm_fwd(be->st, be->prec, &be->kd, proj_l(be, l), be->params + lo->B_norm, be->params + lo->C_norm,
                       bc_hat_l(be, l), bc_rstd_l(be, l), M));
-    const m3k_scan_args a = scan_args(be, l, rows, len, carry, train, train);
+    const m3k_scan_args a = scan_args(be, l, rows, len, carry, train || be->infer, train);
     mark(be, PH_SCAN_F);
     CK(m3k_scan_fwd(be->st, be->prec, &be->scan, &a));
     mark(be, PH_OUTPROJ_F);
@@ -806,13 +820,26 @@ static m3_status enq_step(backend *be, int32_t rows, int32_t len, int carry) {
   return download_metrics(be);
 }
 
+/* An inference step: upload, forward from the carried state (advancing it in place) and, for
+ * "lm", logits [rows, V] of each row's last position (rows of out strided by len). */
+static m3_status enq_infer(backend *be, int32_t rows, int32_t len) {
+  const m3_dims *d = be->d;
+  TRY(upload_inputs(be, (int64_t)rows * len, 0));
+  TRY(enq_forward(be, rows, len, 1, 0));
+  if (d->head != M3_HEAD_LM) return M3_OK;
+  const int64_t dm = d->dm;
+  const void *last = (const char *)be->out_act + (size_t)((len - 1) * dm) * be->act_bytes;
+  return mm_nt(be, rows, d->vocab, dm, last, len * dm, wgt(be, m3_layout_lm_weight(be->lay, d)), dm, NULL, be->logits,
+               d->vocab, G_F32, 0.0f);
+}
+
 /* ---- graphs ---------------------------------------------------------------------------------------------------- */
 
 static m3_status capture(backend *be, int32_t rows, int32_t len, int carry, cudaGraphExec_t *out) {
   cudaGraph_t graph = NULL;
   CK(cudaStreamBeginCapture(be->st, cudaStreamCaptureModeRelaxed));
   be->pf.capturing = 1;
-  const m3_status s = enq_step(be, rows, len, carry);
+  const m3_status s = be->infer ? enq_infer(be, rows, len) : enq_step(be, rows, len, carry);
   be->pf.capturing = 0;
   const cudaError_t e = cudaStreamEndCapture(be->st, &graph);
   if (s != M3_OK) {
@@ -1088,6 +1115,30 @@ static m3_status op_write_arena(backend *be, arena_kind kind, const float *src) 
 
 static int64_t op_device_bytes(const backend *be) { return (int64_t)be->arena_bytes; }
 
+static m3_status op_infer(backend *be, const m3_batch *b, float *out) {
+  ENTER(be);
+  stage_inputs(be, b, 0);
+  if (be->infer_graph && b->len == 1) {
+    cudaGraphExec_t ex;
+    TRY(graph_for(be, b->rows, 1, 1, &ex));
+    CK(cudaGraphLaunch(ex, be->st));
+  } else {
+    TRY(enq_infer(be, b->rows, b->len));
+  }
+  if (out)
+    CK(cudaMemcpyAsync(out, be->out, (size_t)((int64_t)b->rows * b->len * be->d->dm) * sizeof(float),
+                       cudaMemcpyDeviceToHost, be->st));
+  return sync(be);
+}
+
+static m3_status op_read_logits(const backend *cbe, int32_t rows, float *dst) {
+  backend *be = (backend *)cbe;
+  ENTER(be);
+  CK(cudaMemcpyAsync(dst, be->logits, (size_t)((int64_t)rows * be->d->vocab) * sizeof(float), cudaMemcpyDeviceToHost,
+                     be->st));
+  return sync(be);
+}
+
 static const backend_ops cuda_ops = {
     .name = "cuda",
     .destroy = destroy,
@@ -1105,6 +1156,8 @@ static const backend_ops cuda_ops = {
     .read_arena = op_read_arena,
     .write_arena = op_write_arena,
     .device_bytes = op_device_bytes,
+    .infer = op_infer,
+    .read_logits = op_read_logits,
 };
 
 /* ---- creation ---------------------------------------------------------------------------------------------------- */
@@ -1208,6 +1261,8 @@ m3_status m3_cuda_backend_create(const backend_args *a, backend **out, const bac
   be->Mc = (int64_t)a->batch * a->seq_len;
   be->in_w = a->dims->input_dim;
   be->od = a->dims->out_dim;
+  be->infer = a->infer;
+  be->infer_graph = a->infer && a->graph;
   be->lm_rows = be->Mc < LM_BLOCK_ROWS ? be->Mc : LM_BLOCK_ROWS;
   kernel_dims(a->dims, &be->kd);
   const m3_status s = init_device(be, a);

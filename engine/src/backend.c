@@ -1,0 +1,73 @@
+/*
+ * backend.c — what the trainer (trainer.c) and the inference object (infer.c) share in
+ * front of a backend: the device choice, the checks of a window's inputs and of a state
+ * handed to set_state. Both callers validate here, so a bad call changes nothing.
+ */
+#include "backend.h"
+
+#include <math.h>
+
+#include "errors.h"
+
+m3_status m3_backend_open(const backend_args *a, int32_t device, int32_t *chosen, backend **out,
+                          const backend_ops **ops) {
+  const int32_t devices = m3_cuda_device_count();
+  const int32_t want = device == M3_DEVICE_AUTO ? (devices > 0 ? M3_DEVICE_CUDA : M3_DEVICE_CPU) : device;
+  *chosen = want;
+  if (want == M3_DEVICE_CPU) {
+    if (a->precision != M3_PRECISION_F32)
+      return m3_fail(M3_ERR_UNSUPPORTED,
+                     "dtype %s: the CPU backend computes in f32 only; bf16 and f16 need a CUDA device",
+                     a->precision == M3_PRECISION_BF16 ? "bf16" : "f16");
+    return m3_cpu_backend_create(a, out, ops);
+  }
+#ifdef M3_HAVE_CUDA
+  if (a->device_index >= devices)
+    return m3_fail(M3_ERR_UNSUPPORTED, "device cuda:%d: this machine has %d usable CUDA device(s)", a->device_index,
+                   devices);
+  return m3_cuda_backend_create(a, out, ops);
+#else
+  return m3_fail(M3_ERR_UNSUPPORTED, "device cuda: this libm3 was built without the CUDA backend");
+#endif
+}
+
+m3_status m3_check_batch_inputs(const m3_dims *d, const m3_batch *b, int32_t max_rows, int32_t max_len) {
+  if (!b) return m3_fail(M3_ERR_ARGUMENT, "batch is NULL");
+  if (b->rows < 1 || b->rows > max_rows)
+    return m3_fail(M3_ERR_ARGUMENT, "batch has %d rows: must be in [1, %d] (the %s's batch)", b->rows, max_rows,
+                   max_len > 0 ? "trainer" : "inference object");
+  if (max_len > 0 && (b->len < 1 || b->len > max_len))
+    return m3_fail(M3_ERR_ARGUMENT, "batch has length %d: must be in [1, %d] (the trainer's seq_len)", b->len,
+                   max_len);
+  if (b->len < 1) return m3_fail(M3_ERR_ARGUMENT, "batch has length %d: must be >= 1 (an empty prompt)", b->len);
+  const int64_t n = (int64_t)b->rows * b->len;
+  if (n > ((int64_t)1 << 31))
+    return m3_fail(M3_ERR_ARGUMENT, "batch has %lld positions: must be <= 2^31", (long long)n);
+  if (d->input == M3_INPUT_TOKENS) {
+    if (!b->tokens) return m3_fail(M3_ERR_ARGUMENT, "batch.tokens is missing: the model's input is \"tokens\"");
+    for (int64_t i = 0; i < n; i++)
+      if (b->tokens[i] < 0 || b->tokens[i] >= d->vocab)
+        return m3_fail(M3_ERR_ARGUMENT, "batch.tokens[%lld] (row %lld, position %lld) = %d: must be in [0, %d)",
+                       (long long)i, (long long)(i / b->len), (long long)(i % b->len), b->tokens[i], d->vocab);
+  } else if (!b->input) {
+    return m3_fail(M3_ERR_ARGUMENT, "batch.input is missing: the model's input is \"%s\"",
+                   d->input == M3_INPUT_FEATURES ? "features" : "identity");
+  }
+  return M3_OK;
+}
+
+static m3_status check_finite(const float *x, int64_t n, const char *what) {
+  if (!x) return M3_OK;
+  for (int64_t i = 0; i < n; i++)
+    if (!isfinite(x[i])) return m3_fail(M3_ERR_ARGUMENT, "set_states: %s[%lld] = %g is not finite", what, (long long)i, x[i]);
+  return M3_OK;
+}
+
+m3_status m3_check_state_values(const m3_dims *d, int32_t batch, const float *angle, const float *ssm,
+                                const float *k, const float *v) {
+  const int64_t bh = (int64_t)batch * d->H;
+  TRY(check_finite(angle, bh * d->S, "angle"));
+  TRY(check_finite(ssm, bh * d->P * d->N, "ssm"));
+  TRY(check_finite(k, bh * d->N, "k"));
+  return check_finite(v, bh * d->P, "v");
+}

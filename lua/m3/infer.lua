@@ -1,0 +1,345 @@
+-- m3.infer — the inference handle (API.md "Inference") over m3_infer_*: a forward-only copy
+-- of the weights that steps rows from their carried recurrent state, and text generation.
+--
+--   local inf = m3.infer(weights_or_path, {device=, dtype=, batch=, max_len=, graph=})
+--   local out, logits = inf:step(tokens_or_batch)    -- one token or a whole prompt
+--   local toks, lengths = inf:generate(prompt, n, {temperature=, top_k=, top_p=, seed=, stop=})
+--
+-- An object is a Lua table holding a box (an ffi.new struct whose __gc destroys the C object),
+-- `config` and reusable buffers. Inputs are checked here (shape, dtype) and by the engine (token
+-- ids, empty prompts) before anything runs, so a bad call raises a message naming the field
+-- and leaves the state as it was. states() / set_states() use the trainer's format, so a
+-- trainer's state (same batch) hands over with inf:set_states(tr:states()).
+--
+-- generate(prompt, n, opts) starts the prompt's rows from zero state (opts.carry = true: from
+-- their carried state), feeds the prompt, then draws n tokens per row (m3.sampling; row r
+-- draws from its own generator seeded by (seed, r), so a row's tokens do not depend on the
+-- other rows). A row that draws one of opts.stop has stopped: its later positions hold
+-- opts.pad (default: the stop token it drew) and it is fed that token again; generation ends
+-- early once every row has stopped. Returns the tokens [rows, n] (int32) and a Lua list of
+-- each row's length (generated tokens up to and including its stop token; n when it did not
+-- stop). Afterwards the rows' state has seen the prompt and every token fed.
+
+local ffi = require "ffi"
+local lib = require "m3.lib"
+local tensor = require "m3.tensor"
+local config = require "m3.config"
+local weights = require "m3.weights"
+local options = require "m3.options"
+local states = require "m3.states"
+local sampling = require "m3.sampling"
+local rng = require "m3.data.rng"
+
+lib.internal_file(debug.getinfo(1, "S").source)
+
+local C, check, raise = lib.C, lib.check, lib.raise
+local show, describe, want_int, want_bool = options.show, options.describe, options.want_int, options.want_bool
+
+local Box = lib.box("m3_infer", C.m3_infer_destroy)
+
+local SAMPLER_STREAM = 0x5eed -- the generators' stream (m3.data.rng), apart from data sources
+
+local I = {}
+I.__index = I
+
+-- ---- construction -------------------------------------------------------------------------------
+
+local OPTS = { device = true, dtype = true, batch = true, max_len = true, graph = true, allow_tf32 = true }
+
+local function fill_cfg(opts)
+  local what = "m3.infer"
+  local c = ffi.new("m3_infer_cfg")
+  C.m3_infer_cfg_defaults(c)
+  if opts.device ~= nil then
+    local kind, index = options.parse_device(opts.device, what)
+    c.device, c.device_index = kind, index or 0
+  end
+  if opts.dtype ~= nil then c.precision = options.parse_dtype(opts.dtype, what) end
+  if opts.batch ~= nil then c.batch = want_int(opts.batch, "m3.infer: batch", 1) end
+  if opts.max_len ~= nil then c.max_len = want_int(opts.max_len, "m3.infer: max_len", 1) end
+  if opts.graph ~= nil then c.graph = want_bool(opts.graph, "m3.infer: graph") and 1 or 0 end
+  if opts.allow_tf32 ~= nil then c.allow_tf32 = want_bool(opts.allow_tf32, "m3.infer: allow_tf32") and 1 or 0 end
+  return c
+end
+
+-- m3.infer(weights_or_path, opts)
+local function new(w, opts)
+  if opts ~= nil and type(opts) ~= "table" then raise("m3.infer: opts must be a table, got " .. type(opts)) end
+  opts = opts or {}
+  options.check_keys(opts, OPTS, "m3.infer")
+  local c = fill_cfg(opts)
+  local own = false
+  if type(w) == "string" then
+    w, own = weights.load(w), true
+  elseif not weights.is(w) then
+    raise("m3.infer: expected weights (m3.weights) or the path of a weights file, got " .. describe(w))
+  end
+  c.weights = weights.ptr(w)
+  local out = ffi.new("m3_infer *[1]")
+  local st = C.m3_infer_create(c, out)
+  if own then w:close() end
+  check(st)
+  local box = Box()
+  box.p = out[0]
+  local info = ffi.new("m3_infer_info")
+  C.m3_infer_get_info(out[0], info)
+  local cfg = config.from_c(C.m3_infer_config(out[0]))
+  return setmetatable({
+    _box = box,
+    config = cfg,
+    _B = tonumber(info.batch),
+    _batch = ffi.new("m3_batch"),
+    _logits = cfg.head == "lm" and ffi.new("float[?]", tonumber(info.batch) * cfg.vocab_size) or nil,
+    _precision = options.PRECISION_NAME[info.precision],
+    _device = info.device == options.DEVICE_CPU and "cpu" or "cuda:" .. tonumber(info.device_index),
+  }, I)
+end
+
+local function live(self)
+  if getmetatable(self) ~= I then raise("m3.infer: expected an inference object (call methods with ':')") end
+  local p = self._box.p
+  if p == nil then raise("inference object is closed") end
+  return p
+end
+
+-- ---- steps --------------------------------------------------------------------------------------
+
+-- The input of a step as (field, tensor): tokens int32 [B, T] or input f32 [B, T, width].
+local function step_input(self, b, what)
+  local cfg = self.config
+  local tokens = cfg.input == "tokens"
+  local name = tokens and "tokens" or "input"
+  local width = cfg.input == "features" and cfg.input_dim or cfg.d_model
+  local want = tokens and "int32 [B, T]" or string.format("f32 [B, T, %d]", width)
+  local t = b
+  if type(b) == "table" and not tensor.is(b) and b.data == nil and (b.tokens ~= nil or b.input ~= nil or b.resets ~= nil) then
+    for k in pairs(b) do
+      if k ~= name and k ~= "resets" then
+        raise(string.format("%s: batch.%s: not an input of this model (fields: %s, resets)", what, tostring(k), name))
+      end
+    end
+    if b[name] == nil then raise(string.format("%s: batch.%s: missing (%s)", what, name, want)) end
+    t = b[name]
+  end
+  t = tensor.coerce(t, what .. ": " .. name, tokens and "i32" or "f32", nil, want)
+  if not t then raise(string.format("%s: %s: expected %s, got %s", what, name, want, describe(b))) end
+  if not tokens and t:dtype() == "f64" then t = tensor.cast(t, "f32") end
+  local ok = t:dtype() == (tokens and "i32" or "f32") and t.ndim_ == (tokens and 2 or 3)
+    and (tokens or t.dims_[2] == width)
+  if not ok then raise(string.format("%s: %s: expected %s, got %s", what, name, want, describe(t))) end
+  local B, T_ = t.dims_[0], t.dims_[1]
+  if B < 1 or B > self._B then
+    raise(string.format("%s: %s has %d rows: expected 1 to %d (the inference batch)", what, name, B, self._B))
+  end
+  if T_ < 1 then raise(string.format("%s: %s is empty (%s): a step needs at least one position", what, name, describe(t))) end
+  local resets
+  if type(b) == "table" and not tensor.is(b) and b.resets ~= nil then
+    resets = tensor.coerce(b.resets, what .. ": resets", "u8", { B, T_ }, "uint8 [B, T]")
+    local s = resets:shape()
+    if resets:dtype() ~= "u8" or #s ~= 2 or s[1] ~= B or s[2] ~= T_ then
+      raise(string.format("%s: resets: expected uint8 [%d, %d], got %s", what, B, T_, describe(resets)))
+    end
+  end
+  return t, resets
+end
+
+local function run(self, p, t, resets, out, logits)
+  local cb = self._batch
+  ffi.fill(cb, ffi.sizeof(cb))
+  cb.rows, cb.len = t.dims_[0], t.dims_[1]
+  if self.config.input == "tokens" then cb.tokens = t.data else cb.input = t.data end
+  if resets then cb.resets = resets.data end
+  local st = C.m3_infer_step(p, cb, out, logits)
+  cb.tokens, cb.input, cb.resets = nil, nil, nil
+  check(st)
+end
+
+local STEP_OPTS = { out = true, logits = true }
+
+-- One token or a whole prompt for rows [0, B): out [B, T, d_model] and, for "lm" models, the
+-- last position's logits [B, vocab]. opts.out = false / opts.logits = false skip the copies
+-- (the logits then stay on the device).
+function I:step(batch, opts)
+  local p = live(self)
+  if opts ~= nil and type(opts) ~= "table" then raise("step: opts must be a table, got " .. type(opts)) end
+  opts = opts or {}
+  options.check_keys(opts, STEP_OPTS, "step")
+  local t, resets = step_input(self, batch, "step")
+  local B, T_ = t.dims_[0], t.dims_[1]
+  local out = opts.out ~= false and tensor({ B, T_, self.config.d_model }) or nil
+  local logits = opts.logits ~= false and self.config.head == "lm" and tensor({ B, self.config.vocab_size }) or nil
+  run(self, p, t, resets, out and out.data, logits and logits.data)
+  return out, logits
+end
+
+-- Zeroes the state of all rows, or of a list of 0-based rows.
+function I:reset(rows)
+  local p = live(self)
+  if rows == nil then
+    check(C.m3_infer_reset(p, nil, 0))
+    return
+  end
+  if type(rows) ~= "table" then raise("reset: rows must be a list of 0-based row indices, got " .. type(rows)) end
+  local arr = ffi.new("int32_t[?]", math.max(#rows, 1))
+  for i = 1, #rows do arr[i - 1] = want_int(rows[i], "reset: rows[" .. i .. "]", 0) end
+  check(C.m3_infer_reset(p, arr, #rows))
+end
+
+function I:states()
+  local p = live(self)
+  return states.read(self.config, self._B, function(l, a, s, k, v) check(C.m3_infer_get_state(p, l, a, s, k, v)) end)
+end
+
+function I:set_states(list)
+  local p = live(self)
+  states.write(self.config, self._B, list, function(l, a, s, k, v) check(C.m3_infer_set_state(p, l, a, s, k, v)) end)
+end
+
+-- ---- generation ---------------------------------------------------------------------------------
+
+local GEN_OPTS = { temperature = true, top_k = true, top_p = true, seed = true, stop = true, pad = true,
+                   carry = true }
+
+local function gen_options(self, opts)
+  local what = "generate"
+  if opts ~= nil and type(opts) ~= "table" then raise("generate: opts must be a table, got " .. type(opts)) end
+  opts = opts or {}
+  options.check_keys(opts, GEN_OPTS, what)
+  local o = sampling.options(opts, what)
+  o.seed = weights.check_seed(opts.seed, what)
+  if type(o.seed) ~= "number" then raise("generate: seed = " .. show(opts.seed) .. ": expected an integer in [0, 2^53)") end
+  local V = self.config.vocab_size
+  o.stop = {}
+  local stop = opts.stop
+  if type(stop) == "number" then stop = { stop } end
+  if stop ~= nil and type(stop) ~= "table" then
+    raise("generate: stop = " .. show(opts.stop) .. ": expected a token id or a list of token ids")
+  end
+  for i, id in ipairs(stop or {}) do
+    if type(id) ~= "number" or id ~= math.floor(id) or id < 0 or id >= V then
+      raise(string.format("generate: stop[%d] = %s: expected a token id in [0, %d)", i, show(id), V))
+    end
+    o.stop[id] = true
+  end
+  if opts.pad ~= nil then
+    local pad = opts.pad
+    if type(pad) ~= "number" or pad ~= math.floor(pad) or pad < -2147483648 or pad > 2147483647 then
+      raise("generate: pad = " .. show(pad) .. ": expected an int32 (written after a row's stop token)")
+    end
+    o.pad = pad
+  end
+  o.carry = opts.carry ~= nil and want_bool(opts.carry, "generate: carry") or false
+  return o
+end
+
+-- The prompt as int32 [B, T]: a tensor, a nested table {{...}, ...}, or a flat list (one row).
+local function prompt_tensor(prompt)
+  if type(prompt) == "table" and not tensor.is(prompt) and prompt.data == nil and type(prompt[1]) == "number" then
+    return tensor.from({ prompt }, "i32")
+  end
+  if type(prompt) == "table" and not tensor.is(prompt) and prompt.data == nil and #prompt == 0 then
+    raise("generate: prompt is empty: expected int32 [B, T] with T >= 1")
+  end
+  return prompt
+end
+
+function I:generate(prompt, n, opts)
+  local p = live(self)
+  local cfg = self.config
+  if cfg.head ~= "lm" then raise(string.format("generate: the model's head is %q; generate needs an \"lm\" model", cfg.head)) end
+  if cfg.input ~= "tokens" then raise(string.format("generate: the model's input is %q; generate needs \"tokens\"", cfg.input)) end
+  n = want_int(n, "generate: n", 1)
+  local o = gen_options(self, opts)
+  local t = step_input(self, { tokens = prompt_tensor(prompt) }, "generate: prompt")
+  local B, V = t.dims_[0], cfg.vocab_size
+  if not o.carry then
+    local rows = {}
+    for r = 1, B do rows[r] = r - 1 end
+    self:reset(rows)
+  end
+  run(self, p, t, nil, nil, self._logits)
+  local result = tensor({ B, n }, "i32")
+  local next_tok = tensor({ B, 1 }, "i32")
+  local gens, lengths, stopped, live_rows = {}, {}, {}, B
+  for r = 1, B do
+    gens[r] = rng.new(o.seed, r - 1, SAMPLER_STREAM)
+    lengths[r] = n
+  end
+  local lg = self._logits
+  for i = 0, n - 1 do
+    for r = 0, B - 1 do
+      local id
+      if stopped[r] then
+        id = stopped[r]
+        result[r * n + i] = o.pad or id
+      else
+        id = sampling.draw(lg + r * V, V, o, gens[r + 1])
+        result[r * n + i] = id
+        if o.stop[id] then
+          stopped[r], lengths[r + 1], live_rows = id, i + 1, live_rows - 1
+        end
+      end
+      next_tok[r] = id
+    end
+    run(self, p, next_tok, nil, nil, self._logits)
+    if live_rows == 0 then
+      for j = i + 1, n - 1 do
+        for r = 0, B - 1 do result[r * n + j] = o.pad or stopped[r] end
+      end
+      break
+    end
+  end
+  return result, lengths
+end
+
+-- ---- facts and closing --------------------------------------------------------------------------
+
+function I:device()
+  live(self)
+  return self._device
+end
+
+function I:dtype()
+  live(self)
+  return self._precision
+end
+
+function I:batch()
+  live(self)
+  return self._B
+end
+
+function I:info()
+  local i = ffi.new("m3_infer_info")
+  C.m3_infer_get_info(live(self), i)
+  return {
+    device = i.device == options.DEVICE_CPU and "cpu" or "cuda",
+    device_index = tonumber(i.device_index),
+    dtype = options.PRECISION_NAME[i.precision],
+    batch = tonumber(i.batch),
+    max_len = tonumber(i.max_len),
+    graph = i.graph ~= 0,
+    poisoned = i.poisoned ~= 0,
+    device_bytes = tonumber(i.device_bytes),
+  }
+end
+
+-- Frees the object now (also on garbage collection); later calls raise "inference object is closed".
+function I:close()
+  local box = self._box
+  if box.p ~= nil then
+    C.m3_infer_destroy(box.p)
+    box.p = nil
+  end
+end
+
+function I:__tostring()
+  if self._box.p == nil then return "m3.infer (closed)" end
+  local c = self.config
+  return string.format("m3.infer(%s %s, batch %d; d_model %d, %d layers, input %s, head %s)", self._device,
+    self._precision, self._B, c.d_model, c.n_layers, c.input, c.head)
+end
+
+return setmetatable({ new = new }, {
+  __call = function(_, w, opts) return new(w, opts) end,
+})

@@ -1,0 +1,80 @@
+-- m3.options — checks of the option tables of the objects' constructors and methods (trainer,
+-- infer): unknown keys (with the closest valid name), integers, numbers, booleans, the device
+-- and dtype strings, and how a value is shown in a message. Every error names the option and
+-- what was expected.
+
+local lib = require "m3.lib"
+local tensor = require "m3.tensor"
+local config = require "m3.config"
+
+lib.internal_file(debug.getinfo(1, "S").source)
+
+local raise = lib.raise
+
+local options = {}
+
+options.DEVICE_CPU, options.DEVICE_CUDA = 1, 2
+options.PRECISIONS = { f32 = 0, bf16 = 1, f16 = 2 }
+options.PRECISION_NAME = { [0] = "f32", "bf16", "f16" }
+
+function options.show(v)
+  if type(v) == "string" then return string.format("%q", v) end
+  return tostring(v)
+end
+local show = options.show
+
+function options.check_keys(t, valid, what)
+  for k in pairs(t) do
+    if not valid[k] then
+      local names = {}
+      for n in pairs(valid) do names[#names + 1] = n end
+      table.sort(names)
+      raise(string.format("%s: unknown option %s%s; valid options: %s", what, show(k),
+        type(k) == "string" and config.suggest(k, names) or "", table.concat(names, ", ")))
+    end
+  end
+end
+
+function options.want_int(v, name, lo)
+  if type(v) ~= "number" or v ~= math.floor(v) or v < lo or v > 2147483647 then
+    raise(string.format("%s = %s: expected an integer >= %d", name, show(v), lo))
+  end
+  return v
+end
+
+function options.want_number(v, name)
+  if type(v) ~= "number" then raise(string.format("%s = %s: expected a number", name, show(v))) end
+  return v
+end
+
+function options.want_bool(v, name)
+  if type(v) ~= "boolean" then raise(string.format("%s = %s: expected a boolean", name, show(v))) end
+  return v
+end
+
+local LONG = { f32 = "f32", f64 = "f64", i32 = "int32", u8 = "uint8" }
+options.LONG = LONG
+
+-- "f32 [4, 32]" for a tensor, a short description of anything else (for error messages).
+function options.describe(t)
+  if tensor.is(t) then return LONG[t:dtype()] .. " " .. tensor.format_shape(t:shape()) end
+  return tensor.describe(t)
+end
+
+-- "auto" | "cpu" | "cuda" | "cuda:N" → device kind, index (index nil for a bare "cuda").
+function options.parse_device(s, what)
+  if s == "auto" then return 0, 0 end
+  if s == "cpu" then return options.DEVICE_CPU, 0 end
+  if s == "cuda" then return options.DEVICE_CUDA, nil end
+  local n = type(s) == "string" and s:match("^cuda:(%d+)$")
+  if n then return options.DEVICE_CUDA, tonumber(n) end
+  raise(string.format("%s: device = %s: expected \"auto\", \"cpu\", \"cuda\" or \"cuda:N\"", what, show(s)))
+end
+
+function options.parse_dtype(s, what)
+  local p = options.PRECISIONS[s]
+  if not p then raise(string.format("%s: dtype = %s: expected \"f32\", \"bf16\" or \"f16\"", what, show(s))) end
+  return p
+end
+
+return options

@@ -1,0 +1,120 @@
+-- m3.pytorch — interchange with the public PyTorch Mamba-3 language model (mamba_ssm's
+-- MambaLMHeadModel with ssm_cfg.layer = "Mamba3"): a folder holding config.json and
+-- model.safetensors.
+--
+--   m3.pytorch.export(weights, dir)   writes the folder ("tokens" input, "lm" head only)
+--   m3.pytorch.import(dir)            → weights (float32; F16/BF16/F64 files are converted)
+--
+-- model.safetensors holds float32 tensors under the public names: SPEC.md §2 names with the
+-- "backbone." prefix (backbone.embedding.weight, backbone.layers.{i}.norm.weight,
+-- backbone.layers.{i}.mixer.*, backbone.norm_f.weight) and lm_head.weight, written even when
+-- tied (the public state_dict lists the tied tensor under both names; the importer ignores
+-- it when it equals the embedding). Metadata: format = "pt" and m3's own config JSON.
+-- config.json has the MambaConfig fields (d_model, d_intermediate = 0, n_layer, vocab_size,
+-- ssm_cfg, rms_norm, residual_in_fp32, fused_add_norm, pad_vocab_size_multiple = 1 so the
+-- vocabulary keeps its size, tie_embeddings) with ssm_cfg = {layer = "Mamba3", d_state,
+-- expand, headdim, ngroups, rope_fraction, A_floor, is_outproj_norm, is_mimo = false}.
+-- An export followed by an import gives the same bits.
+
+local lib = require "m3.lib"
+local config = require "m3.config"
+local weights = require "m3.weights"
+local tensors_io = require "m3.tensors_io"
+local json = require "m3.json"
+local fs = require "m3.fs"
+
+lib.internal_file(debug.getinfo(1, "S").source)
+
+local raise = lib.raise
+
+local pytorch = {}
+
+-- The config.json table of a validated m3 config.
+function pytorch.config_json(cfg)
+  return {
+    d_model = cfg.d_model,
+    d_intermediate = 0,
+    n_layer = cfg.n_layers,
+    vocab_size = cfg.vocab_size,
+    ssm_cfg = {
+      layer = "Mamba3",
+      d_state = cfg.d_state,
+      expand = cfg.expand,
+      headdim = cfg.headdim,
+      ngroups = cfg.ngroups,
+      rope_fraction = cfg.rope_fraction,
+      A_floor = cfg.a_floor,
+      is_outproj_norm = cfg.outproj_norm,
+      is_mimo = false,
+    },
+    attn_layer_idx = json.array(),
+    attn_cfg = {},
+    rms_norm = true,
+    residual_in_fp32 = true,
+    fused_add_norm = true,
+    pad_vocab_size_multiple = 1,
+    tie_embeddings = cfg.tie_embeddings,
+  }
+end
+
+local function want(cond, dir, msg)
+  if not cond then raise(string.format("m3.pytorch.import: %s/config.json: %s", dir, msg)) end
+end
+
+-- The m3 config of a config.json table (fields the LM loader needs; the rest must agree).
+function pytorch.config_from_json(t, dir)
+  dir = dir or "."
+  want(type(t) == "table", dir, "expected a JSON object")
+  local s = t.ssm_cfg
+  want(type(s) == "table" and s.layer == "Mamba3", dir, 'ssm_cfg.layer must be "Mamba3" (a Mamba-3 model)')
+  want(not s.is_mimo, dir, "ssm_cfg.is_mimo = true: m3lua trains the SISO layer only")
+  want((t.d_intermediate or 0) == 0, dir, "d_intermediate must be 0 (no MLP blocks)")
+  want(t.attn_layer_idx == nil or #t.attn_layer_idx == 0, dir, "attn_layer_idx must be empty (no attention layers)")
+  want(t.rms_norm == nil or t.rms_norm == true, dir, "rms_norm must be true")
+  local vocab = t.vocab_size
+  local mult = t.pad_vocab_size_multiple or 8
+  if type(vocab) == "number" and type(mult) == "number" and vocab % mult ~= 0 then
+    vocab = vocab + mult - vocab % mult -- the public model pads the vocabulary the same way
+  end
+  local function opt(v, default)
+    if v == nil then return default end
+    return v
+  end
+  return config.validate {
+    d_model = t.d_model, n_layers = t.n_layer, vocab_size = vocab, input = "tokens", head = "lm",
+    tie_embeddings = opt(t.tie_embeddings, true),
+    d_state = opt(s.d_state, 128), expand = opt(s.expand, 2), headdim = opt(s.headdim, 64),
+    ngroups = opt(s.ngroups, 1), rope_fraction = opt(s.rope_fraction, 0.5), a_floor = opt(s.A_floor, 1e-4),
+    outproj_norm = opt(s.is_outproj_norm, false),
+  }
+end
+
+function pytorch.export(w, dir)
+  if not weights.is(w) then raise("m3.pytorch.export: expected weights (m3.weights), got " .. type(w)) end
+  if type(dir) ~= "string" then raise("m3.pytorch.export: dir must be a string, got " .. type(dir)) end
+  local cfg = w.config
+  if cfg.input ~= "tokens" or cfg.head ~= "lm" then
+    raise(string.format('m3.pytorch.export: the public LM needs input "tokens" and head "lm"; this model has '
+      .. 'input %q and head %q', cfg.input, cfg.head))
+  end
+  fs.mkdir(dir)
+  local tensors = {}
+  for _, name in ipairs(w:names()) do
+    tensors[name == "lm_head.weight" and name or "backbone." .. name] = w:get(name)
+  end
+  if cfg.tie_embeddings then tensors["lm_head.weight"] = w:get("embedding.weight") end
+  tensors_io.save(dir .. "/model.safetensors", tensors, { format = "pt", config = config.to_json(cfg) })
+  fs.write(dir .. "/config.json", json.encode(pytorch.config_json(cfg)) .. "\n")
+  return dir
+end
+
+function pytorch.import(dir)
+  if type(dir) ~= "string" then raise("m3.pytorch.import: dir must be a string, got " .. type(dir)) end
+  local text, err = fs.read(dir .. "/config.json")
+  if not text then raise("m3.pytorch.import: cannot read " .. dir .. "/config.json: " .. tostring(err)) end
+  local ok, t = pcall(json.decode, text)
+  if not ok then raise("m3.pytorch.import: " .. dir .. "/config.json: " .. tostring(t)) end
+  return weights.load(dir .. "/model.safetensors", pytorch.config_from_json(t, dir))
+end
+
+return pytorch

@@ -1,0 +1,71 @@
+-- m3.states — the recurrent state as Lua sees it (API.md, SPEC.md §4), shared by the trainer
+-- and the inference object: a list with one {angle=, ssm=, k=, v=} table of float32 tensors
+-- per layer, batch first: [B, H, S], [B, H, P, N], [B, H, N], [B, H, P].
+--
+--   states.read(cfg, B, get)          get(layer0, angle, ssm, k, v) fills one layer (pointers)
+--   states.write(cfg, B, s, set)      checks every layer's shapes first, then set(layer0, ...)
+
+local lib = require "m3.lib"
+local tensor = require "m3.tensor"
+local options = require "m3.options"
+
+lib.internal_file(debug.getinfo(1, "S").source)
+
+local raise = lib.raise
+
+local states = {}
+
+local KEYS = { "angle", "ssm", "k", "v" }
+
+local function shapes(cfg, B)
+  local H, P, N, S = cfg.nheads, cfg.headdim, cfg.d_state, cfg.num_rope_angles
+  return { angle = { B, H, S }, ssm = { B, H, P, N }, k = { B, H, N }, v = { B, H, P } }
+end
+
+-- A list with one {angle=, ssm=, k=, v=} table of new tensors per layer.
+function states.read(cfg, B, get)
+  local sh, out = shapes(cfg, B), {}
+  for l = 1, cfg.n_layers do
+    local s = {}
+    for _, k in ipairs(KEYS) do s[k] = tensor(sh[k]) end
+    get(l - 1, s.angle.data, s.ssm.data, s.k.data, s.v.data)
+    out[l] = s
+  end
+  return out
+end
+
+-- Sets every layer from a list as read() returns (f64 tensors and nested tables accepted).
+function states.write(cfg, B, list, set)
+  local L = cfg.n_layers
+  if type(list) ~= "table" or #list ~= L then
+    raise(string.format("set_states: expected a list of %d layer tables {angle=, ssm=, k=, v=}, got %s", L,
+      type(list) == "table" and "a list of " .. #list or type(list)))
+  end
+  local sh, ready = shapes(cfg, B), {}
+  for l = 1, L do
+    local s = list[l]
+    if type(s) ~= "table" then raise(string.format("set_states: states[%d]: expected a table {angle=, ssm=, k=, v=}", l)) end
+    for k in pairs(s) do
+      if not sh[k] then raise(string.format("set_states: states[%d].%s: unknown field (valid: angle, ssm, k, v)", l, tostring(k))) end
+    end
+    local r = {}
+    for _, k in ipairs(KEYS) do
+      local what = string.format("set_states: states[%d].%s", l, k)
+      local want = "f32 " .. tensor.format_shape(sh[k])
+      if s[k] == nil then raise(what .. ": missing (" .. want .. ")") end
+      local t = tensor.coerce(s[k], what, "f32", sh[k], want)
+      local have, same = t:shape(), t:dtype() == "f32" or t:dtype() == "f64"
+      same = same and #have == #sh[k]
+      for d = 1, #sh[k] do same = same and have[d] == sh[k][d] end
+      if not same then raise(string.format("%s: expected %s, got %s", what, want, options.describe(t))) end
+      r[k] = t:dtype() == "f64" and tensor.cast(t, "f32") or t
+    end
+    ready[l] = r
+  end
+  for l = 1, L do
+    local r = ready[l]
+    set(l - 1, r.angle.data, r.ssm.data, r.k.data, r.v.data)
+  end
+end
+
+return states

@@ -1,0 +1,332 @@
+-- m3.infer contract (API.md "Inference"): a prompt stepped token by token, in pieces or whole
+-- gives the same bits on the CPU; the logits are the last position's; rows and resets; states
+-- hand over from a trainer; generation is deterministic per seed and per row, stops and pads;
+-- bad prompts raise and change nothing; m3.pytorch export/import round trips bit for bit.
+-- CPU unless tagged #gpu (those are pending without a CUDA device).
+
+local m3 = require "m3"
+local helper = require "spec.helper"
+
+local KINDS = { tokens_lm = helper.tokens_lm, features_none = helper.features_none, identity_mse = helper.identity_mse }
+
+local function inputs(cfg, B, T, rng)
+  local b = helper.batch(cfg, B, T, rng)
+  return cfg.input == "tokens" and b.tokens or b.input
+end
+
+-- Positions [t0, t0 + n) of every row of an input tensor.
+local function cols(x, t0, n)
+  return helper.window({ x = x }, t0, n).x
+end
+
+-- out of T one-token steps, assembled as [B, T, d_model], and the last step's logits.
+local function token_by_token(inf, x)
+  local s = x:shape()
+  local B, T = s[1], s[2]
+  local dm = inf.config.d_model
+  local out, logits = m3.tensor({ B, T, dm }), nil
+  for t = 0, T - 1 do
+    local o
+    o, logits = inf:step(cols(x, t, 1))
+    for r = 0, B - 1 do
+      for j = 0, dm - 1 do out[(r * T + t) * dm + j] = o[r * dm + j] end
+    end
+  end
+  return out, logits
+end
+
+local function same(a, b)
+  return helper.bytes(a) == helper.bytes(b)
+end
+
+describe("m3.infer", function()
+  after_each(helper.cleanup)
+
+  it("builds from weights or a weights file, with checked options", function()
+    local w = m3.weights.init(helper.tokens_lm(), { seed = 1 })
+    local inf = m3.infer(w, { device = "cpu", batch = 2 })
+    assert.equal("cpu", inf:device())
+    assert.equal("f32", inf:dtype())
+    assert.equal(2, inf:batch())
+    assert.equal(256, inf:info().max_len)
+    assert.matches("m3.infer%(cpu f32, batch 2", tostring(inf))
+    local path = helper.tmpname(".safetensors")
+    w:save(path)
+    assert.equal(16, m3.infer(path, { device = "cpu" }).config.d_model)
+    assert.matches('unknown option "bach" %(did you mean "batch"%?%)', helper.error_of(m3.infer, w, { bach = 2 }))
+    assert.matches("batch = 0", helper.error_of(m3.infer, w, { batch = 0 }))
+    assert.matches("dtype bf16: the CPU backend computes in f32 only", helper.error_of(m3.infer, w, { device = "cpu", dtype = "bf16" }))
+    assert.matches("expected weights", helper.error_of(m3.infer, 42))
+  end)
+
+  for name, make in pairs(KINDS) do
+    it("gives the same bits token by token, in pieces and whole (" .. name .. ")", function()
+      local cfg = m3.config(make())
+      local w = m3.weights.init(cfg, { seed = 2 })
+      local x = inputs(cfg, 3, 11, helper.rng(4))
+      local whole = m3.infer(w, { device = "cpu", batch = 3 })
+      local out, logits = whole:step(x)
+      for _, max_len in ipairs({ 1, 4, 5 }) do
+        local pieces = m3.infer(w, { device = "cpu", batch = 3, max_len = max_len })
+        local o, l = pieces:step(x)
+        assert.is_true(same(o, out), "max_len " .. max_len)
+        if logits then assert.is_true(same(l, logits)) end
+      end
+      local stepped = m3.infer(w, { device = "cpu", batch = 3 })
+      local o, l = token_by_token(stepped, x)
+      assert.is_true(same(o, out))
+      assert.is_true(helper.same_states(stepped:states(), whole:states()))
+      if logits then
+        assert.is_true(same(l, logits))
+      else
+        assert.is_nil(l)
+      end
+      -- and the trainer's forward agrees (another GEMM row grouping: within rounding)
+      local tr = m3.trainer(w, { device = "cpu", batch = 3, seq_len = 11 })
+      local b = helper.batch(cfg, 3, 11, helper.rng(4))
+      assert.is_true(helper.rel_l2(out, tr:forward(b)) <= 1e-6)
+    end)
+  end
+
+  it("returns the last position's logits (out . W^T)", function()
+    local cfg = m3.config(helper.tokens_lm({ tie_embeddings = false }))
+    local w = m3.weights.init(cfg, { seed = 3 })
+    local inf = m3.infer(w, { device = "cpu", batch = 2 })
+    local out, logits = inf:step(helper.randint(helper.rng(5), { 2, 6 }, 13))
+    local W = w:get("lm_head.weight")
+    local want = m3.tensor({ 2, 13 }, "f64")
+    for r = 0, 1 do
+      for v = 0, 12 do
+        local s = 0
+        for j = 0, 15 do s = s + out[(r * 6 + 5) * 16 + j] * W[v * 16 + j] end
+        want[r * 13 + v] = s
+      end
+    end
+    assert.is_true(helper.rel_l2(logits, want) <= 1e-6)
+    local o2, l2 = inf:step(helper.randint(helper.rng(5), { 2, 1 }, 13), { out = false, logits = false })
+    assert.is_nil(o2)
+    assert.is_nil(l2)
+  end)
+
+  it("steps fewer rows than its batch, resets rows and honours resets", function()
+    local cfg = m3.config(helper.tokens_lm())
+    local w = m3.weights.init(cfg, { seed = 6 })
+    local x = helper.randint(helper.rng(7), { 2, 8 }, 13)
+    local a = m3.infer(w, { device = "cpu", batch = 2 })
+    local b = m3.infer(w, { device = "cpu", batch = 2 })
+    a:step(x)
+    b:step(x)
+    local before = b:states()
+    b:step(helper.rows({ x = x }, 0, 1).x) -- row 0 only
+    local after = b:states()
+    local per = after[1].ssm:numel() / 2
+    assert.equal(helper.bytes(before[1].ssm):sub(per * 4 + 1), helper.bytes(after[1].ssm):sub(per * 4 + 1))
+    assert.are_not.equal(helper.bytes(before[1].ssm):sub(1, per * 4), helper.bytes(after[1].ssm):sub(1, per * 4))
+    -- a reset at position 3 of row 1 equals a fresh start there
+    local resets = m3.tensor({ 2, 8 }, "u8")
+    resets[8 + 3] = 1
+    a:reset()
+    local o = a:step({ tokens = x, resets = resets })
+    local fresh = m3.infer(w, { device = "cpu", batch = 1 })
+    local o1 = fresh:step(cols(helper.rows({ x = x }, 1, 1).x, 3, 5))
+    local o_tail = cols(helper.rows({ x = o }, 1, 1).x, 3, 5)
+    assert.is_true(same(o1, o_tail))
+    a:reset({ 1 })
+    local s = a:states()
+    for i = s[1].ssm:numel() / 2, s[1].ssm:numel() - 1 do assert.equal(0, s[1].ssm[i]) end
+  end)
+
+  it("takes over a trainer's state (same batch) and continues the sequence", function()
+    local cfg = m3.config(helper.features_none())
+    local w = m3.weights.init(cfg, { seed = 8 })
+    local rng = helper.rng(9)
+    local b1, b2 = helper.batch(cfg, 2, 6, rng), helper.batch(cfg, 2, 6, rng)
+    local tr = m3.trainer(w, { device = "cpu", batch = 2, seq_len = 6, carry_state = true })
+    tr:forward(b1)
+    tr:backward_step(b1.d_out, { accumulate = true })
+    local inf = m3.infer(w, { device = "cpu", batch = 2 })
+    inf:set_states(tr:states())
+    assert.is_true(helper.same_states(inf:states(), tr:states()))
+    local _, want = tr:evaluate(b2)
+    assert.is_true(helper.rel_l2(inf:step(b2.input), want) <= 1e-6)
+    assert.matches("list of 2 layer tables", helper.error_of(inf.set_states, inf, {}))
+  end)
+
+  describe("generate", function()
+    local cfg = m3.config(helper.tokens_lm({ d_model = 32, d_state = 16, headdim = 16 }))
+    local w = m3.weights.init(cfg, { seed = 10 })
+    local prompt = m3.tensor.from({ { 1, 2, 3, 4 }, { 5, 6, 7, 8 }, { 9, 10, 11, 12 } }, "i32")
+
+    it("is deterministic for a seed, and a row depends only on its prompt and index", function()
+      local inf = m3.infer(w, { device = "cpu", batch = 3 })
+      local o = { temperature = 0.9, top_k = 8, top_p = 0.95, seed = 3 }
+      local a = inf:generate(prompt, 20, o)
+      assert.same({ 3, 20 }, a:shape())
+      assert.equal("i32", a:dtype())
+      assert.is_true(same(a, inf:generate(prompt, 20, o)))
+      o.seed = 4
+      assert.is_false(same(a, inf:generate(prompt, 20, o)))
+      o.seed = 3
+      local single = m3.infer(w, { device = "cpu", batch = 1 })
+      assert.is_true(same(single:generate(helper.rows({ x = prompt }, 0, 1).x, 20, o), helper.rows({ x = a }, 0, 1).x))
+      local others = prompt:clone() -- rows 0 and 2 replaced: row 1's tokens stay
+      for i = 0, 3 do others[i], others[8 + i] = 12 - i, i end
+      assert.is_true(same(helper.rows({ x = inf:generate(others, 20, o) }, 1, 1).x, helper.rows({ x = a }, 1, 1).x))
+      for i = 0, a:numel() - 1 do assert.is_true(a[i] >= 0 and a[i] < 13) end
+    end)
+
+    it("is greedy at temperature 0 (the argmax of the step's logits)", function()
+      local inf = m3.infer(w, { device = "cpu", batch = 1 })
+      local p = helper.rows({ x = prompt }, 0, 1).x
+      local g = inf:generate(p, 1, { temperature = 0 })
+      inf:reset()
+      local _, logits = inf:step(p)
+      local best = 0
+      for v = 1, 12 do
+        if logits[v] > logits[best] then best = v end
+      end
+      assert.equal(best, g[0])
+      assert.is_true(same(g, inf:generate({ 1, 2, 3, 4 }, 1, { temperature = 0 })))
+    end)
+
+    it("stops rows at a stop token and pads them", function()
+      local inf = m3.infer(w, { device = "cpu", batch = 3 })
+      local free = inf:generate(prompt, 30, { seed = 1, temperature = 1.5 })
+      local stop = free[5] -- row 0's sixth token
+      local g, lengths = inf:generate(prompt, 30, { seed = 1, temperature = 1.5, stop = stop, pad = -1 })
+      local first = nil
+      for i = 0, 29 do
+        if free[i] == stop then first = first or i end
+      end
+      assert.equal(first + 1, lengths[1])
+      for i = 0, 29 do
+        if i < lengths[1] then assert.equal(free[i], g[i]) else assert.equal(-1, g[i]) end
+      end
+      local d = inf:generate(prompt, 30, { seed = 1, temperature = 1.5, stop = { stop } })
+      for i = lengths[1], 29 do assert.equal(stop, d[i]) end -- default pad: the stop token
+    end)
+
+    it("raises on bad prompts and options and stays usable", function()
+      local inf = m3.infer(w, { device = "cpu", batch = 2 })
+      inf:step(helper.rows({ x = prompt }, 0, 2).x)
+      local before = inf:states()
+      local bad = m3.tensor.from({ { 1, 2, 13 } }, "i32")
+      assert.matches("batch.tokens%[2%] %(row 0, position 2%) = 13: must be in %[0, 13%)",
+        helper.error_of(inf.generate, inf, bad, 4, { carry = true }))
+      assert.matches("prompt is empty", helper.error_of(inf.generate, inf, {}, 4))
+      assert.matches("tokens is empty", helper.error_of(inf.step, inf, m3.tensor({ 1, 0 }, "i32")))
+      assert.matches("expected int32 %[B, T%], got f32", helper.error_of(inf.step, inf, m3.tensor({ 1, 3 })))
+      assert.matches("expected int32 %[B, T%], got int32 %[1, 3, 1%]",
+        helper.error_of(inf.step, inf, m3.tensor({ 1, 3, 1 }, "i32")))
+      assert.matches("has 3 rows: expected 1 to 2", helper.error_of(inf.generate, inf, prompt, 4))
+      assert.matches("n = 0", helper.error_of(inf.generate, inf, bad, 0))
+      assert.matches("temperature = %-1", helper.error_of(inf.generate, inf, { 1 }, 2, { temperature = -1 }))
+      assert.matches("top_p = 0", helper.error_of(inf.generate, inf, { 1 }, 2, { top_p = 0 }))
+      assert.matches("stop%[1%] = 99", helper.error_of(inf.generate, inf, { 1 }, 2, { stop = 99 }))
+      assert.matches('unknown option "sed"', helper.error_of(inf.generate, inf, { 1 }, 2, { sed = 1 }))
+      assert.matches("batch.input: not an input", helper.error_of(inf.step, inf, { input = m3.tensor({ 1, 1, 16 }) }))
+      assert.is_true(helper.same_states(inf:states(), before))
+      assert.equal(3, inf:generate({ 1 }, 3):numel())
+    end)
+
+    it("needs an lm model, and closed objects raise", function()
+      local inf = m3.infer(m3.weights.init(helper.features_none()), { device = "cpu" })
+      assert.matches('head is "none"', helper.error_of(inf.generate, inf, { 1 }, 2))
+      inf:close()
+      inf:close()
+      assert.matches("inference object is closed", helper.error_of(inf.step, inf, m3.tensor({ 1, 1, 5 })))
+      assert.equal("m3.infer (closed)", tostring(inf))
+    end)
+  end)
+
+  describe("m3.pytorch", function()
+    for _, tied in ipairs({ true, false }) do
+      it("export then import gives the same bits (tie_embeddings " .. tostring(tied) .. ")", function()
+        local cfg = m3.config(helper.tokens_lm({ tie_embeddings = tied, outproj_norm = not tied, ngroups = 2 }))
+        local w = m3.weights.init(cfg, { seed = 12 })
+        local dir = helper.tmpname("-export")
+        m3.pytorch.export(w, dir)
+        local tensors, meta = m3.load_tensors(dir .. "/model.safetensors")
+        assert.equal("pt", meta.format)
+        assert.is_not_nil(tensors["backbone.layers.1.mixer.in_proj.weight"])
+        assert.is_not_nil(tensors["backbone.norm_f.weight"])
+        assert.is_true(same(tensors["lm_head.weight"], w:get(tied and "embedding.weight" or "lm_head.weight")))
+        local conf = m3.json.decode(m3.fs.read(dir .. "/config.json"))
+        assert.equal("Mamba3", conf.ssm_cfg.layer)
+        assert.equal(2, conf.n_layer)
+        assert.equal(tied, conf.tie_embeddings)
+        local back = m3.pytorch.import(dir)
+        assert.is_true(helper.same_weights(back, w))
+        assert.same(cfg, back.config)
+        os.remove(dir .. "/model.safetensors")
+        os.remove(dir .. "/config.json")
+      end)
+    end
+
+    it("refuses models the public LM cannot hold, and foreign configs", function()
+      assert.matches('needs input "tokens" and head "lm"',
+        helper.error_of(m3.pytorch.export, m3.weights.init(helper.features_none()), helper.tmpname()))
+      local dir = helper.tmpname("-bad")
+      m3.fs.mkdir(dir)
+      m3.fs.write(dir .. "/config.json", '{"d_model": 16, "n_layer": 2, "vocab_size": 13, "ssm_cfg": {"layer": "Mamba2"}}')
+      assert.matches('ssm_cfg.layer must be "Mamba3"', helper.error_of(m3.pytorch.import, dir))
+      os.remove(dir .. "/config.json")
+    end)
+  end)
+end)
+
+describe("m3.infer on CUDA #gpu", function()
+  local gpus = m3.cuda_device_count()
+
+  local function need_gpu()
+    if gpus == 0 then
+      pending("no CUDA device")
+      return false
+    end
+    return true
+  end
+
+  for _, dtype in ipairs({ "f32", "bf16" }) do
+    it("steps token by token (graph replays) like the whole window and the CPU in " .. dtype, function()
+      if not need_gpu() then return end
+      local cfg = m3.config(helper.tokens_lm({ d_model = 32, d_state = 16, headdim = 16 }))
+      local w = m3.weights.init(cfg, { seed = 20 })
+      local x = helper.randint(helper.rng(21), { 3, 12 }, 13)
+      local whole = m3.infer(w, { device = "cuda", dtype = dtype, batch = 3 })
+      local out, logits = whole:step(x)
+      local graphed = m3.infer(w, { device = "cuda", dtype = dtype, batch = 3 })
+      assert.is_true(graphed:info().graph)
+      local o, l = token_by_token(graphed, x)
+      local eager = m3.infer(w, { device = "cuda", dtype = dtype, batch = 3, graph = false })
+      local oe, le = token_by_token(eager, x)
+      assert.is_true(same(o, oe), "graph replay = eager")
+      assert.is_true(same(l, le))
+      local tol = dtype == "f32" and 1e-5 or 2e-2
+      assert.is_true(helper.rel_l2(o, out) <= tol)
+      assert.is_true(helper.rel_l2(l, logits) <= tol)
+      local cpu_out, cpu_logits = m3.infer(w, { device = "cpu", batch = 3 }):step(x)
+      assert.is_true(helper.rel_l2(out, cpu_out) <= tol, "vs CPU " .. helper.rel_l2(out, cpu_out))
+      assert.is_true(helper.rel_l2(logits, cpu_logits) <= tol)
+      local pieces = m3.infer(w, { device = "cuda", dtype = dtype, batch = 3, max_len = 5 })
+      assert.is_true(helper.rel_l2(pieces:step(x), out) <= tol)
+    end)
+  end
+
+  it("generates deterministically and takes a CUDA trainer's state", function()
+    if not need_gpu() then return end
+    local cfg = m3.config(helper.tokens_lm({ d_model = 32, d_state = 16, headdim = 16 }))
+    local w = m3.weights.init(cfg, { seed = 22 })
+    local inf = m3.infer(w, { device = "cuda", batch = 2 })
+    local p = helper.randint(helper.rng(23), { 2, 5 }, 13)
+    local a = inf:generate(p, 16, { seed = 7, top_k = 5 })
+    assert.is_true(same(a, inf:generate(p, 16, { seed = 7, top_k = 5 })))
+    local tr = m3.trainer(w, { device = "cuda", batch = 2, seq_len = 5, carry_state = true })
+    local b = helper.batch(cfg, 2, 5, helper.rng(24))
+    tr:evaluate(b)
+    tr:step(b)
+    inf:set_states(tr:states())
+    assert.is_true(helper.same_states(inf:states(), tr:states()))
+    assert.matches("^cuda:%d+$", inf:device())
+    assert.is_true(inf:info().device_bytes > 0)
+  end)
+end)
