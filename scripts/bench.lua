@@ -4,6 +4,7 @@
 --
 --   m3lua scripts/bench.lua [--configs rl,rl-batch,mid,lm130] [--dtypes bf16,f32]
 --                           [--device cuda|cpu] [--steps N] [--no-graph]
+--   m3lua scripts/bench.lua --decode [flags]   inference decode speed (scripts/bench_decode.lua)
 --
 -- On CUDA every config is timed with a captured graph (after eager warm-up steps). The
 -- timer is the trainer's own wall time of each step call, which returns after the step's
@@ -42,6 +43,10 @@ local function split(s)
 end
 
 local args = { ... }
+if args[1] == "--decode" then -- inference decode speed: scripts/bench_decode.lua
+  local dir = (arg and arg[0] or ""):match("^(.*)/[^/]*$") or "."
+  return assert(loadfile(dir .. "/bench_decode.lua"))(select(2, ...))
+end
 local opt = { steps = 20, graph = true }
 local i = 1
 while i <= #args do

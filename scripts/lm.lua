@@ -8,13 +8,11 @@
 -- Training windows of --seq_len bytes are drawn at random from the first 90% of the file
 -- (--carry: each row reads the text on in order and the recurrent state carries from
 -- window to window instead); validation is the loss on the last 10%, in bits per byte.
--- Sampling uses m3.infer when the binding has it, else re-runs the trainer's forward
--- (tr:evaluate) over the last seq_len bytes for every new byte.
+-- The sample comes from m3.infer's generate (temperature sampling, seeded by --seed).
 -- Output: runs/<name>/ under the current folder (metrics.jsonl, plot.svg, checkpoints/,
 -- sample.txt).
 
 local m3 = require "m3"
-local ffi = require "ffi"
 local flags = require "m3.flags"
 local fit = require "m3.fit"
 local fs = require "m3.fs"
@@ -105,60 +103,16 @@ local result = fit.run {
 
 -- ---- sampling ----------------------------------------------------------------------------
 
-local r = m3.data.rng.new(o.seed, 0, 7)
-
--- A byte drawn from softmax(logits / temperature).
-local function draw(logits, n)
-  local m = -math.huge
-  for i = 0, n - 1 do m = math.max(m, logits[i]) end
-  local p, total = {}, 0
-  for i = 0, n - 1 do
-    p[i] = math.exp((logits[i] - m) / o.temperature)
-    total = total + p[i]
-  end
-  local u, acc = r:uniform() * total, 0
-  for i = 0, n - 1 do
-    acc = acc + p[i]
-    if u < acc then return i end
-  end
-  return n - 1
-end
-
--- Continues prompt (a list of bytes) by n bytes through the trainer's forward.
-local function sample_with_trainer(prompt, n)
+-- Continues prompt (a list of bytes) by n bytes: m3.infer over the trained weights, the
+-- prompt stepped whole, then one byte at a time (a CUDA graph replay on the GPU).
+local function sample(prompt, n)
   local w = tr:snapshot()
-  local E = w:get("embedding.weight") -- tied: logits = out . E^T
-  local d = tr.config.d_model
-  local logits = ffi.new("double[256]")
-  local ctx = {}
-  for i, b in ipairs(prompt) do ctx[i] = b end
-  local out_bytes = {}
-  tr:reset_state()
-  for _ = 1, n do
-    local first = math.max(1, #ctx - o.seq_len + 1)
-    local len = #ctx - first + 1
-    local tokens, targets = m3.tensor({ 1, len }, "i32"), m3.tensor({ 1, len }, "i32")
-    for t = 0, len - 1 do
-      tokens[t], targets[t] = ctx[first + t], -1
-    end
-    local _, out = tr:evaluate { tokens = tokens, targets = targets }
-    local base_i = (len - 1) * d
-    for v = 0, 255 do
-      local s = 0
-      for j = 0, d - 1 do s = s + out.data[base_i + j] * E.data[v * d + j] end
-      logits[v] = s
-    end
-    local b = draw(logits, 256)
-    ctx[#ctx + 1], out_bytes[#out_bytes + 1] = b, b
-  end
-  return out_bytes
-end
-
-local function sample_with_infer(prompt, n)
-  local inf = m3.infer(tr:snapshot(), { device = o.device, dtype = o.dtype, batch = 1 })
+  local inf = m3.infer(w, { device = tr:device(), dtype = tr:dtype(), batch = 1 })
+  w:close()
   local p = m3.tensor({ 1, #prompt }, "i32")
   for i, b in ipairs(prompt) do p[i - 1] = b end
   local out = inf:generate(p, n, { temperature = o.temperature, seed = o.seed })
+  inf:close()
   local bytes = {}
   for i = 0, n - 1 do bytes[i + 1] = out[i] end
   return bytes
@@ -170,8 +124,7 @@ if o.prompt ~= "" then
 else
   prompt = val:slice(val.lo, 64)
 end
-local sampler = package.searchpath("m3.infer", package.path) and sample_with_infer or sample_with_trainer
-local generated = sampler(prompt, o.sample_len)
+local generated = sample(prompt, o.sample_len)
 local text = string.char(unpack(prompt)) .. string.char(unpack(generated))
 fs.write(dir .. "/sample.txt", text .. "\n")
 

@@ -8,7 +8,7 @@
 --
 -- Topic names: "m3", "trainer", "trainer:step" (any method), "tensor", "config",
 -- "weights", "infer", "m3.schedule", "schedule.cosine", "m3.data", "data.parity", ...
--- Lookups are forgiving: "tr:step", "trainer.step", "step", "m3.schedule.cosine",
+-- Lookups are forgiving: "tr:step", "trainer.step", "step", "inf:generate", "m3.schedule.cosine",
 -- "schedule" and "?cosine" all find their topic.
 
 local help = {}
@@ -17,7 +17,8 @@ local T = {}
 
 T["m3"] = [[
 m3 — train Mamba-3 models from Lua.   local m3 = require "m3"
-  m3.config{...}, m3.presets, m3.weights, m3.trainer(w_or_cfg, opts), m3.tensor, m3.infer
+  m3.config{...}, m3.presets, m3.weights, m3.trainer(w_or_cfg, opts), m3.tensor,
+  m3.infer(w, opts) (inference, generation), m3.pytorch (export / import)
   training library: m3.schedule, m3.curriculum, m3.data, m3.accumulate, m3.checkpoint,
   m3.log, m3.sweep, m3.fit
   ?trainer, ?trainer:step, ?m3.schedule, ?schedule.cosine ... for details]]
@@ -80,8 +81,29 @@ m3.weights.init(cfg, {seed =}), m3.weights.load(path), w:save(path), w:get(name)
 w:set(name, tensor), w:names(), w.config]]
 
 T["infer"] = [[
-m3.infer(weights, {device =, dtype =, batch =}) -> :step(batch) (out, logits), :reset(rows?),
-:states(), :set_states(s), :generate(prompt_tokens, n, {temperature =, top_k =, top_p =, seed =})]]
+m3.infer(weights_or_path, {device = "auto", dtype = "f32", batch = 1, max_len = 256, graph = true})
+  a forward-only model that steps rows [0, B) from their carried state (no gradients, no
+  moments; one-token steps replay a CUDA graph on the GPU). Prompts longer than max_len run
+  in pieces; token by token, in pieces or whole give the same bits on the CPU.
+methods: step reset states set_states generate info device dtype batch close
+  inf:set_states(tr:states()) hands a trainer's state over (same batch). See ?m3.pytorch.]]
+local infer_methods = {
+  step = "inf:step(tokens | {tokens =, resets =} | input, {out = true, logits = true}) -> out, logits\n  out [B,T,d_model]; logits [B,vocab] of the last position (\"lm\"); carries the state",
+  reset = "inf:reset(rows?)  zero the state (all rows or 0-based rows)",
+  states = "inf:states() -> {{angle =, ssm =, k =, v =}, ...}  the trainer's format",
+  set_states = "inf:set_states(s)  e.g. inf:set_states(tr:states())",
+  generate = "inf:generate(prompt [B,T] | {ids}, n, {temperature = 1, top_k = 0, top_p = 1, seed = 0,\n  stop = id | {ids}, pad = <stop token>, carry = false}) -> tokens int32 [B,n], lengths\n  temperature 0: greedy. Rows start from zero state (carry: from theirs); a row that draws a\n  stop token is done: later positions hold pad; lengths[r] counts its tokens up to the stop.\n  Row r draws from its own generator (seed, r): deterministic per seed.",
+  info = "inf:info() -> {device, dtype, batch, max_len, graph, device_bytes}",
+  close = "inf:close()  free memory now; later calls raise \"inference object is closed\"",
+}
+for name, text in pairs(infer_methods) do T["infer:" .. name] = text end
+
+T["m3.pytorch"] = [[
+m3.pytorch.export(weights, dir)  config.json + model.safetensors for the public PyTorch
+  Mamba-3 LM (mamba_ssm MambaLMHeadModel, ssm_cfg.layer = "Mamba3"; "backbone." names)
+m3.pytorch.import(dir) -> weights   (same bits as exported)
+scripts: m3lua scripts/export_pytorch.lua <weights or checkpoint> <dir>,
+         m3lua scripts/import_pytorch.lua <dir> <weights.safetensors>]]
 
 T["m3.schedule"] = [[
 m3.schedule — pure functions step -> lr (1-based: f(s) is the lr of the s-th step).
@@ -202,6 +224,7 @@ local function resolve(q)
   local mod, fn = bare:match("^([%w_]+)[.:]([%w_]+)$")
   if mod then
     if mod == "tr" or mod == "trainer" then return T["trainer:" .. fn] and "trainer:" .. fn end
+    if mod == "inf" or mod == "infer" then return T["infer:" .. fn] and "infer:" .. fn end
     if T[mod .. "." .. fn] then return mod .. "." .. fn end
     bare = fn
   end
@@ -240,6 +263,7 @@ local function topic_of_value(v)
   end
   local mt = type(v) == "table" and getmetatable(v)
   if mt and type(v.step) == "function" and type(v.backward_step) == "function" then return "trainer" end
+  if mt and type(v.step) == "function" and type(v.generate) == "function" then return "infer" end
   if package.loaded.m3 == v then return "m3" end
 end
 

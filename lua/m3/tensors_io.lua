@@ -132,13 +132,16 @@ function io_.save(path, tensors, metadata)
     local dims = ffi.new("int64_t[?]", math.max(#shape, 1), shape)
     check(C.m3_tensor_writer_add(w, name, save_code[t:dtype()], #shape, dims, t.data))
   end
+  local keys = {} -- in sorted order, so the same tensors and metadata give the same bytes
   for k, v in pairs(metadata or {}) do
     if type(k) ~= "string" or (type(v) ~= "string" and type(v) ~= "number" and type(v) ~= "boolean") then
       raise(string.format("m3.save_tensors: metadata[%s] must map a string to a string, got %s",
         tostring(k), type(v)))
     end
-    check(C.m3_tensor_writer_add_metadata(w, k, tostring(v)))
+    keys[#keys + 1] = k
   end
+  table.sort(keys)
+  for _, k in ipairs(keys) do check(C.m3_tensor_writer_add_metadata(w, k, tostring(metadata[k]))) end
   check(C.m3_tensor_writer_write(w, path))
   C.m3_tensor_writer_destroy(ffi.gc(w, nil))
   return path

@@ -1,0 +1,19 @@
+-- scripts/import_pytorch.lua — reads a public PyTorch Mamba-3 LM folder (config.json and
+-- model.safetensors, as scripts/export_pytorch.lua writes it or the public code saves it)
+-- into an m3 weights file (float32, config in its metadata: m3.weights.load reads it back).
+--
+--   m3lua scripts/import_pytorch.lua <dir> <weights.safetensors>
+--
+-- In a script: local w = m3.pytorch.import(dir); m3.infer(w, {...}) or m3.trainer(w, {...}).
+
+local m3 = require "m3"
+
+local dir, out = ...
+if not dir or not out then
+  io.stderr:write("usage: m3lua scripts/import_pytorch.lua <dir> <weights.safetensors>\n")
+  os.exit(2)
+end
+local w = m3.pytorch.import(dir)
+w:save(out)
+print(string.format("%s: %d parameters (d_model %d, %d layers, vocab %d, tie_embeddings %s)", out,
+  w.config.n_params, w.config.d_model, w.config.n_layers, w.config.vocab_size, tostring(w.config.tie_embeddings)))
