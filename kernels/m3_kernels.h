@@ -110,11 +110,19 @@ typedef struct m3k_scan_plan {
   int32_t tb_fwd, tb_bwd; /* tokens per shared-memory block */
   int32_t sb;         /* backward: tokens per sub-block of the over-p reductions */
   int32_t smem_fwd, smem_bwd; /* dynamic shared memory bytes */
+  /* The chunked tensor-core scan (scan_chunked.cu) of the 16-bit precisions: 1 when its shared
+   * memory fits (P, N); f32, and shapes where it is 0, use the SIMT kernels above. */
+  int32_t chunked;
+  int32_t smem_cfwd, smem_cbwd;
 } m3k_scan_plan;
 
 /* Chooses the thread tile and token block for (P, N, S); returns 0 when the sizes are beyond
  * the kernels (P > 128, N > 256, or shared memory), with a message in why[256]. */
 int m3k_scan_make_plan(int32_t P, int32_t N, int32_t S, int32_t max_smem, m3k_scan_plan *out, char *why);
+/* Floats of the backward scratch m3k_scan_args.chunk_states for windows up to rows x len (0 when
+ * the plan's scan of this precision is not chunked). */
+int64_t m3k_scan_chunk_states(const m3k_scan_plan *plan, int prec, int32_t rows, int32_t len, int32_t H, int32_t P,
+                              int32_t N);
 /* Raises the kernels' dynamic shared-memory limits for a plan (call once, outside capture). */
 cudaError_t m3k_scan_prepare(int prec, const m3k_scan_plan *plan);
 
@@ -141,6 +149,8 @@ typedef struct m3k_scan_args {
   float *dang_head;            /* [M, H, S] per-head share of dL/d ang (=) */
   float *part;                 /* [rows, H, 2 + 2N]: dt_bias, D, B_bias[N], C_bias[N] partials (=) */
   float *part_norm;            /* [rows, H, P]: mixer norm weight partials (=), outproj_norm only */
+  float *chunk_states;         /* [rows, H, ceil(len / 64), P, N] backward scratch of the chunked scan (the
+                                  state entering each chunk); NULL: the backward uses the SIMT kernel */
 } m3k_scan_args;
 
 cudaError_t m3k_scan_fwd(cudaStream_t s, int prec, const m3k_scan_plan *plan, const m3k_scan_args *a);

@@ -47,48 +47,13 @@
  * same formulas and clamps as the CPU reference (engine/src/cpu/scan.c).
  */
 #include <stdio.h>
+#include <stdlib.h>
 
-#include "common.cuh"
-
-#define PI_F 3.14159265358979323846f
-#define TWO_PI_F 6.28318530717958647692f
+#include "scan_math.cuh"
 
 enum { SC_W = 20 }; /* scalars per token in the backward's shared table */
 enum { S_ALPHA = 0, S_BETA, S_GAMMA, S_DT, S_LAM, S_DSP, S_DAD, S_A, S_RESET, S_ALPHA_RAW, S_BETA_RAW, S_QK, S_DYX,
        S_DGAMMA, S_DBETA, S_DDTANG, S_PSI, S_AD, S_DV };
-
-struct tok_scalars {
-  float dt, A, lam, alpha, beta, gamma, dsp, dAd;
-};
-
-__device__ __forceinline__ tok_scalars token_scalars(float dd_dt, float dt_bias, float dd_A, float trap,
-                                                     float a_floor) {
-  tok_scalars s;
-  const float v = dd_dt + dt_bias, av = fabsf(v);
-  s.dt = (v > 0 ? v : 0) + log1pf(expf(-av));
-  s.dsp = 1 / (1 + expf(-v));
-  const float f = dd_A >= 0 ? 1 + dd_A : 1 / (1 - dd_A);
-  const float fp = dd_A >= 0 ? 1 : 1 / ((1 - dd_A) * (1 - dd_A));
-  if (-f <= -a_floor) {
-    s.A = -f;
-    s.dAd = -fp;
-  } else {
-    s.A = -a_floor;
-    s.dAd = 0;
-  }
-  s.lam = 1 / (1 + expf(-trap));
-  s.alpha = expf(s.A * s.dt);
-  s.beta = (1 - s.lam) * s.dt * s.alpha;
-  s.gamma = s.lam * s.dt;
-  return s;
-}
-
-__device__ __forceinline__ float wrap_angle(float v) {
-  v = fmodf(v, TWO_PI_F);
-  if (v < 0) v += TWO_PI_F;
-  if (v >= TWO_PI_F) v -= TWO_PI_F;
-  return v;
-}
 
 /* The rotated k and q of one unit of position m: unit u < S is the pair (2u, 2u + 1), rotated by
  * (c, sn) = (cos, sin) theta[u]; S <= u < N - S is column 2S + (u - S), which passes; units from
@@ -122,21 +87,6 @@ __device__ __forceinline__ void rot_unit(const m3k_scan_args &a, int64_t m, int 
     k[n] = bk[n] + kb[n];
     if (q) q[n] = bq[n] + qb[n];
   }
-}
-
-/* theta + inc wrapped into [0, 2 pi) exactly as wrap_angle(theta + inc), without fmodf in the
- * common case (|result before wrapping| < 4 pi: the subtraction is exact there, as fmod is). */
-__device__ __forceinline__ float wrap_sum(float v, float inc) {
-  float w = v + inc;
-  if (w >= 0 && w < 2 * TWO_PI_F) {
-    if (w >= TWO_PI_F) w -= TWO_PI_F;
-  } else if (w < 0 && w > -TWO_PI_F) {
-    w += TWO_PI_F;
-    if (w >= TWO_PI_F) w -= TWO_PI_F;
-  } else {
-    w = wrap_angle(w);
-  }
-  return w;
 }
 
 /* token-loop unrolling of the recurrence: small thread tiles interleave tokens */
@@ -1042,6 +992,11 @@ extern "C" int m3k_scan_make_plan(int32_t P, int32_t N, int32_t S, int32_t max_s
   }
   p.smem_fwd = (int32_t)(fwd_smem_floats(make_geo(p.pth, p.nth, p.tb_fwd, 1), Pp, Np, S) * 4);
   p.smem_bwd = (int32_t)(bwd_smem_floats(make_geo(p.pth, p.nth, p.tb_bwd, p.sb), Pp, Np, S, nw) * 4);
+  /* the chunked tensor-core scan (16-bit precisions) where its tiles fit in shared memory */
+  const int64_t cf = m3k_chunked_smem(1, P, N, S), cb = m3k_chunked_smem(0, P, N, S);
+  p.chunked = cf <= max_smem && cb <= max_smem && getenv("M3_SCAN_SIMT") == NULL;
+  p.smem_cfwd = p.chunked ? (int32_t)cf : 0;
+  p.smem_cbwd = p.chunked ? (int32_t)cb : 0;
   *out = p;
   return 1;
 }
@@ -1059,8 +1014,15 @@ extern "C" int m3k_scan_make_plan(int32_t P, int32_t N, int32_t S, int32_t max_s
     else { enum { RP = 4, RN = 16 }; body; }                                       \
   } while (0)
 
+extern "C" int64_t m3k_scan_chunk_states(const m3k_scan_plan *plan, int prec, int32_t rows, int32_t len, int32_t H,
+                                         int32_t P, int32_t N) {
+  if (prec == M3K_F32 || !plan->chunked) return 0;
+  return (int64_t)rows * H * ((len + 63) / 64) * P * N;
+}
+
 extern "C" cudaError_t m3k_scan_prepare(int prec, const m3k_scan_plan *plan) {
-  cudaError_t e = cudaSuccess;
+  cudaError_t e = m3k_chunked_prepare(prec, plan);
+  if (e != cudaSuccess) return e;
   M3K_DISPATCH(prec, SCAN_TILE_DISPATCH(plan, {
     e = cudaFuncSetAttribute(scan_fwd_kernel<RP, RN, T>, cudaFuncAttributeMaxDynamicSharedMemorySize, plan->smem_fwd);
     if (e == cudaSuccess)
@@ -1071,6 +1033,7 @@ extern "C" cudaError_t m3k_scan_prepare(int prec, const m3k_scan_plan *plan) {
 }
 
 extern "C" cudaError_t m3k_scan_fwd(cudaStream_t s, int prec, const m3k_scan_plan *plan, const m3k_scan_args *a) {
+  if (prec != M3K_F32 && plan->chunked && a->len > 0) return m3k_chunked_fwd(s, prec, plan, a);
   const dim3 grid(a->d.H, a->rows);
   M3K_DISPATCH(prec, SCAN_TILE_DISPATCH(plan, (scan_fwd_kernel<RP, RN, T><<<grid, plan->threads, plan->smem_fwd, s>>>(
                                                    *a, make_geo(plan->pth, plan->nth, plan->tb_fwd, 1)))));
@@ -1078,6 +1041,8 @@ extern "C" cudaError_t m3k_scan_fwd(cudaStream_t s, int prec, const m3k_scan_pla
 }
 
 extern "C" cudaError_t m3k_scan_bwd(cudaStream_t s, int prec, const m3k_scan_plan *plan, const m3k_scan_args *a) {
+  if (prec != M3K_F32 && plan->chunked && a->len > 0 && a->chunk_states)
+    return m3k_chunked_bwd(s, prec, plan, a);
   const dim3 grid(a->d.H, a->rows);
   M3K_DISPATCH(prec, SCAN_TILE_DISPATCH(plan, (scan_bwd_kernel<RP, RN, T><<<grid, plan->threads, plan->smem_bwd, s>>>(
                                                    *a, make_geo(plan->pth, plan->nth, plan->tb_bwd, plan->sb)))));

@@ -547,6 +547,9 @@ int main(void) {
       {128, 64, 2, 2, 0.5, 1, M3_INPUT_IDENTITY, M3_HEAD_MSE, 1, 1, 65},
       {8, 256, 4, 2, 0.5, 0, M3_INPUT_FEATURES, M3_HEAD_LM, 0, 1, 64},
       {32, 16, 8, 2, 0.0, 1, M3_INPUT_TOKENS, M3_HEAD_MSE, 1, 2, 1},
+      /* the chunked 16-bit scan: two full 64-token chunks + a partial one, resets inside chunks */
+      {64, 128, 2, 1, 0.5, 0, M3_INPUT_IDENTITY, M3_HEAD_NONE, 1, 2, 130},
+      {32, 64, 4, 2, 1.0, 1, M3_INPUT_FEATURES, M3_HEAD_MSE, 1, 2, 129},
   };
   const int ncases = (int)(sizeof cases / sizeof cases[0]);
   for (int i = 0; i < ncases; i++) {

@@ -1,0 +1,989 @@
+/*
+ * scan_chunked.cu — the Mamba-3 SISO scan of SPEC.md §3 steps 2-10 for the 16-bit precisions
+ * (bf16, f16) as a chunked scan on tensor cores (KERNELS.md §1.3, §1.4). Same inputs, outputs
+ * and meaning as the SIMT kernels of scan.cu (m3k_scan_args); float32 keeps those.
+ *
+ * Math (validated in float64 by engine/tests/test_chunked_scan.c). Per head, token t:
+ *   a_t = A_t dt_t (log decay), gamma_t = lam_t dt_t, bp_t = (1 - lam_t) dt_t (0 at a reset),
+ *   q_t, k_t = rotated C_hat + C_bias, B_hat + B_bias (float32, as scan.cu),
+ *   scale_s = gamma_s + bp_{s+1} (the second term only inside the window),
+ *   chunks of Q = 64 tokens (the last may be partial), c_t = chunk-local inclusive cumsum of a,
+ *   seg_t = local index of the last reset <= t (-1: none), EC_t = [seg_t < 0] e^{c_t},
+ *   W_s = [s >= seg_last] e^{c_last - c_s}, dec = [seg_last < 0] e^{c_last}, ktil_s = scale_s k_s,
+ *   E = the state entering the chunk (float32; E_0 = H_in + bp_0 v_in k_in^T):
+ *     y_t = EC_t E q_t + sum_{seg_t <= s < t} e^{c_t - c_s} (q_t.ktil_s) x_s + (gamma_t q_t.k_t + D) x_t
+ *     E  <- dec E + sum_s W_s x_s ktil_s^T
+ *   i.e. per chunk the matrix products S = q ktil^T (Q x Q), Y = (L o S) x + diag(EC) q E^T and
+ *   E += (diag(W) x)^T ktil, with L the masked decay matrix, on tensor cores (wmma 16x16x16,
+ *   bf16 operands, float32 accumulation; bf16 also for f16 training: its range holds the loss-
+ *   scaled gradients). Everything else (scalars, cumsums, masks, norms, gate, rotation, angles)
+ *   is float32 with the formulas of scan.cu.
+ *   Backward (reverse chunk walk; dE = gradient of the state leaving the chunk, float32 in shared
+ *   memory; the entering states are recomputed by a forward sweep over the chunks first and kept
+ *   in the scratch a.chunk_states): with S1 = q ktil^T, S2 = dY x^T, L1 = L o S1, L2 = L o S2,
+ *     dq_t    = EC_t (dY E)_t + (L2 ktil)_t + gamma_t (dY_t.x_t) k_t
+ *     dktil_s = W_s (x dE)_s + (L2^T q)_s,           dk_s = scale_s dktil_s + gamma_s (dY_s.x_s) q_s
+ *     dx_s    = W_s (ktil dE^T)_s + (L1^T dY)_s + (gamma_s q_s.k_s + D) dY_s
+ *     dE     <- dec dE + (diag(EC) dY)^T q
+ *     dscale_s = dktil_s.k_s (-> dgamma_s and dbp_{s+1}); dgamma_s += (dY_s.x_s)(q_s.k_s)
+ *     dc_t = r_t + rowsum_t(M) - colsum_t(M) - v_t (+ dec <dE, E> + sum_s v_s at the last token),
+ *       M = L o S1 o S2, r_t = EC_t q_t.(dY E)_t, v_s = W_s ktil_s.(x dE)_s; da_t = suffix sum of dc
+ *       (0 at a reset); dbp_0 = v_in^T dE_0 k_in (the window's pending beta term).
+ *   The token-0 scalars of a chunk wait for dscale of the chunk before it (processed next in the
+ *   reverse walk): they are finished one chunk later ("pending"). Then the rotation backward,
+ *   the angle gradient (reverse cumulative sum carried across chunks, stopped at resets) and the
+ *   scalar chain to dd_dt, dd_A, trap exactly as scan.cu.
+ *
+ * Mapping: one CTA (8 warps) per (head, row) walks the row's chunks; operand tiles live in shared
+ * memory (bf16, padded rows: +8 elements), the state E / dE in shared memory (float32); each
+ * product's 16 x 16 output tiles are distributed over the warps. Every sum has a fixed order (no
+ * atomics): bitwise repeatable. Shapes whose tiles do not fit in shared memory (P, N large) keep
+ * the SIMT kernels (m3k_chunked_smem returns 0).
+ */
+#include <mma.h>
+#include <stdio.h>
+
+#include "scan_math.cuh"
+
+using namespace nvcuda;
+
+typedef __nv_bfloat16 OT; /* tensor-core operand type */
+
+enum { CQ = 64, CTHREADS = 256, CWARPS = 8 };
+
+/* per-token scalar table: sc[i * FW + F_x], i < CQ + 1 (slot CQ... unused; slot nb = next token) */
+enum { F_A = 0, F_GAM, F_BP, F_DT, F_RST, F_LAM, F_AA, F_DSP, F_DAD, F_C, F_SEG, F_EC, F_SCALE, F_W, F_QK, F_DYX,
+       F_R, F_ROW, F_COL, F_V, F_DSCALE, F_DGAM, F_DA, F_DTANG, F_DV, FW };
+/* pending token (the first of the chunk processed last) */
+enum { PN_DA = 0, PN_DGAM, PN_DT, PN_LAM, PN_AA, PN_DSP, PN_DAD, PN_DTANG, PN_RST, PN_VALID, PN_W };
+
+struct cdims {
+  int Pp, Np;            /* P, N rounded up to 16 */
+  int lqn, lqp, lqq;     /* row strides of bf16 tiles N, P, Q wide */
+  int lfn, lfp, lfq;     /* row strides of float32 tiles */
+};
+
+__host__ __device__ inline cdims make_cdims(int P, int N) {
+  cdims c;
+  c.Pp = (P + 15) / 16 * 16;
+  c.Np = (N + 15) / 16 * 16;
+  c.lqn = c.Np + 8;
+  c.lqp = c.Pp + 8;
+  c.lqq = CQ + 8;
+  c.lfn = c.Np + 4;
+  c.lfp = c.Pp + 4;
+  c.lfq = CQ + 4;
+  return c;
+}
+
+struct csmem {
+  OT *sq;    /* [CQ][lqn] q (rotated) */
+  OT *sk;    /* [CQ][lqn] ktil = scale k */
+  OT *sx;    /* [CQ][lqp] x */
+  OT *sxw;   /* [CQ][lqp] fwd: W x; bwd: dY */
+  OT *syw;   /* [CQ][lqp] bwd: EC dY */
+  OT *sE;    /* [Pp][lqn] the entering state E (bf16) */
+  OT *sdE;   /* [Pp][lqn] bwd: dE (bf16) */
+  OT *sL1;   /* [CQ][lqq] fwd: L o S; bwd: L o S1 */
+  OT *sL2;   /* [CQ][lqq] bwd: L o S2 */
+  float *sEf;  /* [Pp][lfn] fwd: E; bwd: dE (float32) */
+  float *sR;   /* fwd: S [CQ][lfq] then Y [CQ][lfp] at sR + CQ lfq; bwd: S1, S2 or one [CQ][max(lfn, lfp)] */
+  float *th;   /* [CQ][S] fwd: tanh(ang) then theta; bwd: tanh(ang) */
+  float *dth;  /* [CQ][S] bwd: angle gradient per token, then pi D tanh */
+  float *sc;   /* [CQ + 1][FW] */
+  float *kl;   /* [Np] fwd: k (rotated, unscaled) of the window's last token */
+  float *thr;  /* [S] fwd: running angle; bwd: running angle gradient */
+  float *pB, *pC; /* [Np] bwd: B_bias, C_bias partials */
+  float *pOn;  /* [CWARPS][Pp] bwd: mixer norm weight partials per warp */
+  float *red;  /* [32] */
+  float *pend; /* [PN_W] bwd: the pending token; plus misc: [PN_W..PN_W+8) */
+};
+
+__host__ __device__ inline size_t cs_take(size_t &off, size_t bytes) {
+  const size_t o = (off + 127) & ~(size_t)127;
+  off = o + bytes;
+  return o;
+}
+
+/* Carves the shared memory (base NULL: only the size). */
+__host__ __device__ inline size_t carve_c(unsigned char *base, int bwd, int P, int N, int S, csmem *m) {
+  const cdims c = make_cdims(P, N);
+  size_t off = 0;
+  csmem t;
+#define CT(field, type, n) t.field = (type *)(base + cs_take(off, (size_t)(n) * sizeof(type)))
+  CT(sq, OT, CQ * c.lqn);
+  CT(sk, OT, CQ * c.lqn);
+  CT(sx, OT, CQ * c.lqp);
+  CT(sxw, OT, CQ * c.lqp);
+  if (bwd) CT(syw, OT, CQ * c.lqp);
+  else t.syw = NULL;
+  CT(sE, OT, c.Pp * c.lqn);
+  if (bwd) CT(sdE, OT, c.Pp * c.lqn);
+  else t.sdE = NULL;
+  CT(sL1, OT, CQ * c.lqq);
+  if (bwd) CT(sL2, OT, CQ * c.lqq);
+  else t.sL2 = NULL;
+  CT(sEf, float, c.Pp * c.lfn);
+  {
+    size_t r = bwd ? 2 * CQ * c.lfq : CQ * c.lfq + CQ * c.lfp;
+    const size_t o = (size_t)CQ * (c.lfn > c.lfp ? c.lfn : c.lfp);
+    if (bwd && o > r) r = o;
+    CT(sR, float, r);
+  }
+  CT(th, float, CQ * S + 1);
+  if (bwd) CT(dth, float, CQ * S + 1);
+  else t.dth = NULL;
+  CT(sc, float, (CQ + 1) * FW);
+  CT(kl, float, c.Np);
+  CT(thr, float, S + 1);
+  CT(pB, float, c.Np);
+  CT(pC, float, c.Np);
+  CT(pOn, float, CWARPS * c.Pp);
+  CT(red, float, 32);
+  CT(pend, float, PN_W + 8);
+#undef CT
+  if (m) *m = t;
+  return off + 128;
+}
+
+/* ---- tensor-core block product -------------------------------------------------------------------- */
+
+template <typename L> struct is_row { static constexpr bool v = false; };
+template <> struct is_row<wmma::row_major> { static constexpr bool v = true; };
+
+/* C[M x Nn] (float32, row stride ldc) (+)= A[M x K] B[K x Nn]; A row-major (A[i lda + k]) or
+ * column-major (A[k lda + i]), B row-major (B[k ldb + j]) or column-major (B[j ldb + k]); M, Nn,
+ * K multiples of 16. The 16 x 16 output tiles are spread over the CTA's warps; each tile's
+ * K loop runs in order (deterministic). */
+template <typename LA, typename LB>
+__device__ __forceinline__ void bmm(float *C, int ldc, const OT *A, int lda, const OT *B, int ldb, int M, int Nn,
+                                    int K, bool acc) {
+  const int wid = threadIdx.x >> 5;
+  const int tn = Nn / 16, nt = (M / 16) * tn;
+  for (int tile = wid; tile < nt; tile += CWARPS) {
+    const int i0 = tile / tn * 16, j0 = tile % tn * 16;
+    wmma::fragment<wmma::accumulator, 16, 16, 16, float> c;
+    float *cp = C + (size_t)i0 * ldc + j0;
+    if (acc) wmma::load_matrix_sync(c, cp, ldc, wmma::mem_row_major);
+    else wmma::fill_fragment(c, 0.0f);
+    for (int k = 0; k < K; k += 16) {
+      wmma::fragment<wmma::matrix_a, 16, 16, 16, OT, LA> fa;
+      wmma::fragment<wmma::matrix_b, 16, 16, 16, OT, LB> fb;
+      wmma::load_matrix_sync(fa, is_row<LA>::v ? A + (size_t)i0 * lda + k : A + (size_t)k * lda + i0, lda);
+      wmma::load_matrix_sync(fb, is_row<LB>::v ? B + (size_t)k * ldb + j0 : B + (size_t)j0 * ldb + k, ldb);
+      wmma::mma_sync(c, fa, fb, c);
+    }
+    wmma::store_matrix_sync(cp, c, ldc, wmma::mem_row_major);
+  }
+}
+typedef wmma::row_major RM;
+typedef wmma::col_major CM;
+
+/* ---- per-chunk pieces shared by both directions ----------------------------------------------------- */
+
+/* Token scalars of tokens [t0, t0 + nb] (slot nb: the next token, if inside the window). */
+template <typename T>
+__device__ __forceinline__ void c_scalars(const m3k_scan_args &a, float *sc, int64_t m0, int t0, int nb, int h) {
+  const m3k_dims &d = a.d;
+  const T *proj = (const T *)a.proj;
+  for (int i = threadIdx.x; i <= nb; i += blockDim.x) {
+    float *s = sc + i * FW;
+    if (t0 + i >= a.len) {
+      s[F_BP] = 0;
+      s[F_RST] = 0;
+      continue;
+    }
+    const T *pr = proj + (m0 + i) * d.dipp;
+    const tok_scalars ts = token_scalars(to_f(pr[d.dt_off + h]), a.dt_bias[h], to_f(pr[d.A_off + h]),
+                                         to_f(pr[d.trap_off + h]), d.a_floor);
+    const bool rs = a.resets && a.resets[m0 + i];
+    s[F_A] = ts.A * ts.dt;
+    s[F_GAM] = ts.gamma;
+    s[F_BP] = rs ? 0.0f : (1 - ts.lam) * ts.dt;
+    s[F_DT] = ts.dt;
+    s[F_RST] = rs ? 1.0f : 0.0f;
+    s[F_LAM] = ts.lam;
+    s[F_AA] = ts.A;
+    s[F_DSP] = ts.dsp;
+    s[F_DAD] = ts.dAd;
+  }
+}
+
+/* Warp 0: chunk-local cumsum c, reset segments, EC, scale, W of the nb tokens (2 per lane, a
+ * shuffle scan); misc[0] = dec. */
+__device__ __forceinline__ void c_prep(float *sc, int nb, float *misc) {
+  const int lane = threadIdx.x & 31;
+  const int j0 = 2 * lane, j1 = j0 + 1;
+  const float a0 = j0 < nb ? sc[j0 * FW + F_A] : 0.0f, a1 = j1 < nb ? sc[j1 * FW + F_A] : 0.0f;
+  const int r0 = (j0 < nb && sc[j0 * FW + F_RST] != 0) ? j0 : -1;
+  const int r1 = (j1 < nb && sc[j1 * FW + F_RST] != 0) ? j1 : -1;
+  float s = a0 + a1;
+  int rg = r0 > r1 ? r0 : r1;
+#pragma unroll
+  for (int o = 1; o < 32; o <<= 1) {
+    const float v = __shfl_up_sync(0xffffffffu, s, o);
+    const int rv = __shfl_up_sync(0xffffffffu, rg, o);
+    if (lane >= o) {
+      s += v;
+      rg = rg > rv ? rg : rv;
+    }
+  }
+  float ex = __shfl_up_sync(0xffffffffu, s, 1);
+  int rex = __shfl_up_sync(0xffffffffu, rg, 1);
+  if (lane == 0) {
+    ex = 0;
+    rex = -1;
+  }
+  const float c0 = ex + a0, c1 = c0 + a1;
+  const int sg0 = rex > r0 ? rex : r0, sg1 = sg0 > r1 ? sg0 : r1;
+  const int last = nb - 1;
+  const float clast = __shfl_sync(0xffffffffu, (last & 1) ? c1 : c0, last >> 1);
+  const int seglast = __shfl_sync(0xffffffffu, (last & 1) ? sg1 : sg0, last >> 1);
+#pragma unroll
+  for (int k = 0; k < 2; k++) {
+    const int j = k ? j1 : j0;
+    if (j >= nb) continue;
+    const float c = k ? c1 : c0;
+    const int sg = k ? sg1 : sg0;
+    float *t = sc + j * FW;
+    t[F_C] = c;
+    t[F_SEG] = (float)sg;
+    t[F_EC] = sg < 0 ? expf(c) : 0.0f;
+    t[F_SCALE] = t[F_GAM] + (j + 1 <= nb ? sc[(j + 1) * FW + F_BP] : 0.0f);
+    t[F_W] = j >= seglast ? expf(fminf(clast - c, 0.0f)) : 0.0f;
+  }
+  if (lane == 0) misc[0] = seglast < 0 ? expf(clast) : 0.0f;
+}
+
+/* The rotated k and q (float32) of unit u of position m (u < S: pair (2u, 2u+1) with cos, sin
+ * of theta; else the passing column 2S + u - S). Returns the columns n0 (and n0 + 1 for pairs). */
+struct unit_kq {
+  int n0, pair;
+  float k0, k1, q0, q1, cs, sn;
+};
+
+__device__ __forceinline__ unit_kq c_unit(const m3k_scan_args &a, int64_t m, int h, int g, int u, float theta) {
+  const m3k_dims &d = a.d;
+  const float *bk = a.bc_hat + ((m * 2 + 0) * d.G + g) * d.N; // [N] B_hat
+  const float *bq = a.bc_hat + ((m * 2 + 1) * d.G + g) * d.N; // [N] C_hat
+  const float *kb = a.B_bias + (int64_t)h * d.N, *qb = a.C_bias + (int64_t)h * d.N;
+  unit_kq r;
+  if (u < d.S) {
+    const int n0 = 2 * u;
+    float c, sn;
+    sincosf(theta, &sn, &c);
+    const float k0 = bk[n0] + kb[n0], k1 = bk[n0 + 1] + kb[n0 + 1];
+    const float q0 = bq[n0] + qb[n0], q1 = bq[n0 + 1] + qb[n0 + 1];
+    r.n0 = n0;
+    r.pair = 1;
+    r.k0 = k0 * c - k1 * sn;
+    r.k1 = k0 * sn + k1 * c;
+    r.q0 = q0 * c - q1 * sn;
+    r.q1 = q0 * sn + q1 * c;
+    r.cs = c;
+    r.sn = sn;
+  } else {
+    const int n = 2 * d.S + (u - d.S);
+    r.n0 = n;
+    r.pair = 0;
+    r.k0 = bk[n] + kb[n];
+    r.q0 = bq[n] + qb[n];
+    r.k1 = r.q1 = 0;
+    r.cs = 1;
+    r.sn = 0;
+  }
+  return r;
+}
+
+/* q (bf16, if want_q), ktil (bf16), q.k (float32) of the chunk, warp per token; rows >= nb and
+ * columns >= N are zero. Angles from thsrc [CQ][S] (shared) or a.theta. kl: the window's last k. */
+__device__ __forceinline__ void c_build(const m3k_scan_args &a, const csmem &s, const cdims &cd, int64_t m0, int t0,
+                                        int nb, int h, int g, bool want_q, const float *thsrc, float *kl) {
+  const int lane = threadIdx.x & 31, wid = threadIdx.x >> 5;
+  const int N = a.d.N, S = a.d.S, H = a.d.H, U = N - S;
+  for (int i = wid; i < CQ; i += CWARPS) {
+    OT *q = s.sq + i * cd.lqn, *k = s.sk + i * cd.lqn;
+    if (i >= nb) {
+      for (int n = lane; n < cd.Np; n += 32) {
+        q[n] = __float2bfloat16_rn(0.0f);
+        k[n] = __float2bfloat16_rn(0.0f);
+      }
+      continue;
+    }
+    const int64_t m = m0 + i;
+    const float sc = s.sc[i * FW + F_SCALE];
+    const bool last = kl && (t0 + i == a.len - 1);
+    float qk = 0;
+    for (int u = lane; u < U; u += 32) {
+      const float th = u < S ? (thsrc ? thsrc[i * S + u] : a.theta[(m * H + h) * S + u]) : 0.0f;
+      const unit_kq r = c_unit(a, m, h, g, u, th);
+      qk += r.q0 * r.k0 + r.q1 * r.k1;
+      k[r.n0] = __float2bfloat16_rn(sc * r.k0);
+      if (want_q) q[r.n0] = __float2bfloat16_rn(r.q0);
+      if (last) kl[r.n0] = r.k0;
+      if (r.pair) {
+        k[r.n0 + 1] = __float2bfloat16_rn(sc * r.k1);
+        if (want_q) q[r.n0 + 1] = __float2bfloat16_rn(r.q1);
+        if (last) kl[r.n0 + 1] = r.k1;
+      }
+    }
+    for (int n = N + lane; n < cd.Np; n += 32) {
+      q[n] = __float2bfloat16_rn(0.0f);
+      k[n] = __float2bfloat16_rn(0.0f);
+    }
+    qk = warp_sum(qk);
+    if (lane == 0) s.sc[i * FW + F_QK] = qk;
+  }
+}
+
+/* ---- forward ---------------------------------------------------------------------------------------- */
+
+template <typename T>
+__global__ void __launch_bounds__(CTHREADS, 1) scan_fwd_chunked(const m3k_scan_args a) {
+  extern __shared__ __align__(128) unsigned char smraw[];
+  const m3k_dims &d = a.d;
+  const int h = blockIdx.x, b = blockIdx.y, g = h / d.hpg;
+  const int P = d.P, N = d.N, S = d.S, H = d.H, E = d.E;
+  const int tid = threadIdx.x, lane = tid & 31, wid = tid >> 5;
+  const cdims cd = make_cdims(P, N);
+  csmem s;
+  carve_c(smraw, 0, P, N, S, &s);
+  const T *proj = (const T *)a.proj; // [M, dipp]
+  T *gated = (T *)a.gated;           // [M, E]
+  const int64_t bh = (int64_t)b * H + h;
+  const float Dh = a.D[h];
+  float *misc = s.pend + PN_W;
+
+  /* E_0 = H_in + bp_0 v_in k_in^T (only read where no reset precedes: masks) */
+  c_scalars<T>(a, s.sc, (int64_t)b * a.len, 0, 0, h);
+  for (int j = tid; j < S; j += CTHREADS) s.thr[j] = a.in_angle ? a.in_angle[bh * S + j] : 0.0f;
+  __syncthreads();
+  {
+    const float bp0 = s.sc[F_BP];
+    for (int idx = tid; idx < cd.Pp * cd.Np; idx += CTHREADS) {
+      const int p = idx / cd.Np, n = idx - p * cd.Np;
+      float v = 0;
+      if (p < P && n < N) {
+        if (a.in_ssm) v = a.in_ssm[(bh * P + p) * N + n];
+        if (a.in_v && a.in_k) v += bp0 * a.in_v[bh * P + p] * a.in_k[bh * N + n];
+      }
+      s.sEf[p * cd.lfn + n] = v;
+      s.sE[p * cd.lqn + n] = __float2bfloat16_rn(v);
+    }
+  }
+  __syncthreads();
+
+  float *sS = s.sR, *sY = s.sR + CQ * cd.lfq; /* [CQ][lfq], [CQ][lfp] */
+  for (int t0 = 0; t0 < a.len; t0 += CQ) {
+    const int nb = min(CQ, a.len - t0);
+    const int64_t m0 = (int64_t)b * a.len + t0;
+    /* 1. loads: scalars, tanh of the angle logits, x */
+    c_scalars<T>(a, s.sc, m0, t0, nb, h);
+    for (int idx = tid; idx < nb * S; idx += CTHREADS) {
+      const int i = idx / S, j = idx - i * S;
+      s.th[idx] = tanhf(to_f(proj[(m0 + i) * d.dipp + d.ang_off + j]));
+    }
+    for (int idx = tid; idx < CQ * cd.Pp; idx += CTHREADS) {
+      const int i = idx / cd.Pp, p = idx - i * cd.Pp;
+      const float xv = (i < nb && p < P) ? to_f(proj[(m0 + i) * d.dipp + d.x_off + (int64_t)h * P + p]) : 0.0f;
+      s.sx[i * cd.lqp + p] = __float2bfloat16_rn(xv);
+    }
+    __syncthreads();
+    /* 2. warp 0: cumsums and masks; the other warps: the angle walk (as scan.cu) */
+    if (wid == 0) {
+      c_prep(s.sc, nb, misc);
+    } else {
+      for (int j = tid - 32; j < S; j += CTHREADS - 32) {
+        float v = s.thr[j];
+        for (int i = 0; i < nb; i++) {
+          if (s.sc[i * FW + F_RST] != 0) v = 0;
+          v = wrap_sum(v, PI_F * s.th[i * S + j] * s.sc[i * FW + F_DT]);
+          s.th[i * S + j] = v;
+          a.theta[((m0 + i) * H + h) * S + j] = v;
+        }
+        s.thr[j] = v;
+      }
+    }
+    __syncthreads();
+    /* 3. q, ktil, q.k; W x */
+    c_build(a, s, cd, m0, t0, nb, h, g, true, s.th, s.kl);
+    for (int idx = tid; idx < CQ * cd.Pp; idx += CTHREADS) {
+      const int i = idx / cd.Pp, p = idx - i * cd.Pp;
+      const float w = i < nb ? s.sc[i * FW + F_W] : 0.0f;
+      s.sxw[i * cd.lqp + p] = __float2bfloat16_rn(w * __bfloat162float(s.sx[i * cd.lqp + p]));
+    }
+    __syncthreads();
+    /* 4. S = q ktil^T; Y = q E^T */
+    bmm<RM, CM>(sS, cd.lfq, s.sq, cd.lqn, s.sk, cd.lqn, CQ, CQ, cd.Np, false);
+    bmm<RM, CM>(sY, cd.lfp, s.sq, cd.lqn, s.sE, cd.lqn, CQ, cd.Pp, cd.Np, false);
+    __syncthreads();
+    /* 5. L o S (bf16); Y rows scaled by EC; E scaled by dec */
+    for (int idx = tid; idx < CQ * CQ; idx += CTHREADS) {
+      const int t = idx / CQ, u = idx - t * CQ;
+      float v = 0;
+      if (t < nb && u < t && u >= (int)s.sc[t * FW + F_SEG])
+        v = expf(fminf(s.sc[t * FW + F_C] - s.sc[u * FW + F_C], 0.0f)) * sS[t * cd.lfq + u];
+      s.sL1[t * cd.lqq + u] = __float2bfloat16_rn(v);
+    }
+    for (int idx = tid; idx < CQ * cd.Pp; idx += CTHREADS) {
+      const int t = idx / cd.Pp, p = idx - t * cd.Pp;
+      sY[t * cd.lfp + p] *= t < nb ? s.sc[t * FW + F_EC] : 0.0f;
+    }
+    {
+      const float dec = misc[0];
+      for (int idx = tid; idx < cd.Pp * cd.Np; idx += CTHREADS) {
+        const int p = idx / cd.Np, n = idx - p * cd.Np;
+        s.sEf[p * cd.lfn + n] *= dec;
+      }
+    }
+    __syncthreads();
+    /* 6. Y += (L o S) x;  E += (W x)^T ktil */
+    bmm<RM, RM>(sY, cd.lfp, s.sL1, cd.lqq, s.sx, cd.lqp, CQ, cd.Pp, CQ, true);
+    bmm<CM, RM>(s.sEf, cd.lfn, s.sxw, cd.lqp, s.sk, cd.lqn, cd.Pp, cd.Np, CQ, true);
+    __syncthreads();
+    /* 7. epilogue, warp per token: diagonal and D terms, the gate (as scan.cu); E -> bf16 */
+    for (int i = wid; i < nb; i += CWARPS) {
+      const int64_t mi = m0 + i;
+      const float dg = s.sc[i * FW + F_GAM] * s.sc[i * FW + F_QK] + Dh;
+      float yv[4];
+      float ss = 0;
+#pragma unroll
+      for (int k = 0; k < 4; k++) {
+        const int p = lane + 32 * k;
+        yv[k] = 0;
+        if (p < P) {
+          const float xv = to_f(proj[mi * d.dipp + d.x_off + (int64_t)h * P + p]);
+          const float y = sY[i * cd.lfp + p] + dg * xv;
+          yv[k] = y;
+          a.y[mi * E + (int64_t)h * P + p] = y;
+          ss += y * y;
+        }
+      }
+      float rn = 1;
+      if (d.outproj_norm) {
+        ss = warp_sum(ss);
+        rn = 1.0f / sqrtf(ss / (float)P + 1e-5f);
+        if (lane == 0) a.y_rstd[mi * H + h] = rn;
+      }
+#pragma unroll
+      for (int k = 0; k < 4; k++) {
+        const int p = lane + 32 * k;
+        if (p < P) {
+          const float z = to_f(proj[mi * d.dipp + d.z_off + (int64_t)h * P + p]);
+          const float yn = d.outproj_norm ? yv[k] * rn * a.out_norm[(int64_t)h * P + p] : yv[k];
+          gated[mi * E + (int64_t)h * P + p] = from_f<T>(yn * (z * sigmoidf_(z)));
+        }
+      }
+    }
+    for (int idx = tid; idx < cd.Pp * cd.Np; idx += CTHREADS) {
+      const int p = idx / cd.Np, n = idx - p * cd.Np;
+      s.sE[p * cd.lqn + n] = __float2bfloat16_rn(s.sEf[p * cd.lfn + n]);
+    }
+    __syncthreads();
+  }
+
+  if (a.fin_ssm)
+    for (int idx = tid; idx < P * N; idx += CTHREADS) {
+      const int p = idx / N, n = idx - p * N;
+      a.fin_ssm[bh * P * N + idx] = s.sEf[p * cd.lfn + n];
+    }
+  if (a.fin_k)
+    for (int n = tid; n < N; n += CTHREADS) a.fin_k[bh * N + n] = s.kl[n];
+  if (a.fin_v)
+    for (int p = tid; p < P; p += CTHREADS)
+      a.fin_v[bh * P + p] = to_f(proj[((int64_t)b * a.len + a.len - 1) * d.dipp + d.x_off + (int64_t)h * P + p]);
+  if (a.fin_angle)
+    for (int j = tid; j < S; j += CTHREADS) a.fin_angle[bh * S + j] = s.thr[j];
+}
+
+/* ---- backward --------------------------------------------------------------------------------------- */
+
+/* The scalar chain of one token (as scan.cu): dproj's dd_dt, dd_A, trap columns; returns dL/d dd_dt. */
+template <typename T>
+__device__ __forceinline__ float c_finish(const m3k_scan_args &a, int64_t m, int h, float da, float dgam, float dbp,
+                                          float dt, float lam, float A, float dsp, float dAd, float dtang) {
+  const m3k_dims &d = a.d;
+  const float ddt = da * A + dgam * lam + dbp * (1 - lam) + dtang;
+  const float dA = da * dt;
+  const float dlam = (dgam - dbp) * dt;
+  const float dv = ddt * dsp;
+  T *drow = (T *)a.dproj + m * d.dipp;
+  drow[d.dt_off + h] = from_f<T>(dv);
+  drow[d.A_off + h] = from_f<T>(dA * dAd);
+  drow[d.trap_off + h] = from_f<T>(dlam * lam * (1 - lam));
+  return dv;
+}
+
+template <typename T>
+__global__ void __launch_bounds__(CTHREADS, 1) scan_bwd_chunked(const m3k_scan_args a) {
+  extern __shared__ __align__(128) unsigned char smraw[];
+  const m3k_dims &d = a.d;
+  const int h = blockIdx.x, b = blockIdx.y, g = h / d.hpg;
+  const int P = d.P, N = d.N, S = d.S, H = d.H, E = d.E;
+  const int tid = threadIdx.x, lane = tid & 31, wid = tid >> 5;
+  const cdims cd = make_cdims(P, N);
+  csmem s;
+  carve_c(smraw, 1, P, N, S, &s);
+  const T *proj = (const T *)a.proj; // [M, dipp]
+  T *dproj = (T *)a.dproj;           // [M, dipp]
+  const int64_t bh = (int64_t)b * H + h;
+  const float Dh = a.D[h];
+  float *misc = s.pend + PN_W; /* 0 dec, 1 pD, 2 pdtb */
+  const int nch = (a.len + CQ - 1) / CQ;
+  float *states = a.chunk_states + bh * (int64_t)nch * P * N; // [nch][P][N]
+  const int U = N - S;
+
+  /* ===== sweep F: the state entering every chunk ===== */
+  c_scalars<T>(a, s.sc, (int64_t)b * a.len, 0, 0, h);
+  __syncthreads();
+  {
+    const float bp0 = s.sc[F_BP];
+    for (int idx = tid; idx < cd.Pp * cd.Np; idx += CTHREADS) {
+      const int p = idx / cd.Np, n = idx - p * cd.Np;
+      float v = 0;
+      if (p < P && n < N) {
+        if (a.in_ssm) v = a.in_ssm[(bh * P + p) * N + n];
+        if (a.in_v && a.in_k) v += bp0 * a.in_v[bh * P + p] * a.in_k[bh * N + n];
+      }
+      s.sEf[p * cd.lfn + n] = v;
+    }
+  }
+  __syncthreads();
+  for (int ch = 0; ch < nch; ch++) {
+    const int t0 = ch * CQ, nb = min(CQ, a.len - t0);
+    const int64_t m0 = (int64_t)b * a.len + t0;
+    c_scalars<T>(a, s.sc, m0, t0, nb, h);
+    for (int idx = tid; idx < CQ * cd.Pp; idx += CTHREADS) {
+      const int i = idx / cd.Pp, p = idx - i * cd.Pp;
+      const float xv = (i < nb && p < P) ? to_f(proj[(m0 + i) * d.dipp + d.x_off + (int64_t)h * P + p]) : 0.0f;
+      s.sx[i * cd.lqp + p] = __float2bfloat16_rn(xv);
+    }
+    __syncthreads();
+    if (wid == 0) c_prep(s.sc, nb, misc);
+    __syncthreads();
+    c_build(a, s, cd, m0, t0, nb, h, g, false, NULL, NULL);
+    for (int idx = tid; idx < CQ * cd.Pp; idx += CTHREADS) {
+      const int i = idx / cd.Pp, p = idx - i * cd.Pp;
+      const float w = i < nb ? s.sc[i * FW + F_W] : 0.0f;
+      s.sxw[i * cd.lqp + p] = __float2bfloat16_rn(w * __bfloat162float(s.sx[i * cd.lqp + p]));
+    }
+    {
+      const float dec = misc[0];
+      for (int idx = tid; idx < cd.Pp * cd.Np; idx += CTHREADS) {
+        const int p = idx / cd.Np, n = idx - p * cd.Np;
+        const float v = s.sEf[p * cd.lfn + n];
+        if (p < P && n < N) states[((int64_t)ch * P + p) * N + n] = v;
+        s.sEf[p * cd.lfn + n] = dec * v;
+      }
+    }
+    __syncthreads();
+    bmm<CM, RM>(s.sEf, cd.lfn, s.sxw, cd.lqp, s.sk, cd.lqn, cd.Pp, cd.Np, CQ, true);
+    __syncthreads();
+  }
+
+  /* ===== sweep R: reverse ===== */
+  for (int idx = tid; idx < cd.Pp * cd.Np; idx += CTHREADS) {
+    const int p = idx / cd.Np, n = idx - p * cd.Np;
+    s.sEf[p * cd.lfn + n] = 0; /* dE: nothing flows from the final state */
+    s.sdE[p * cd.lqn + n] = __float2bfloat16_rn(0.0f);
+  }
+  for (int n = tid; n < cd.Np; n += CTHREADS) {
+    s.pB[n] = 0;
+    s.pC[n] = 0;
+  }
+  for (int k = tid; k < CWARPS * cd.Pp; k += CTHREADS) s.pOn[k] = 0;
+  for (int j = tid; j < S; j += CTHREADS) s.thr[j] = 0;
+  if (tid < PN_W + 8) s.pend[tid] = 0;
+  __syncthreads();
+
+  float *sS1 = s.sR, *sS2 = s.sR + CQ * cd.lfq, *sF = s.sR;
+  for (int ch = nch - 1; ch >= 0; ch--) {
+    const int t0 = ch * CQ, nb = min(CQ, a.len - t0);
+    const int64_t m0 = (int64_t)b * a.len + t0;
+    /* 1. loads; the gate backward (warp per token, as scan.cu): dz, dy (a.dy), dy.x */
+    c_scalars<T>(a, s.sc, m0, t0, nb, h);
+    for (int idx = tid; idx < nb * S; idx += CTHREADS) {
+      const int i = idx / S, j = idx - i * S;
+      s.th[idx] = tanhf(to_f(proj[(m0 + i) * d.dipp + d.ang_off + j]));
+    }
+    for (int i = wid; i < CQ; i += CWARPS) {
+      OT *xr = s.sx + i * cd.lqp, *dyr = s.sxw + i * cd.lqp;
+      if (i >= nb) {
+        for (int p = lane; p < cd.Pp; p += 32) {
+          xr[p] = __float2bfloat16_rn(0.0f);
+          dyr[p] = __float2bfloat16_rn(0.0f);
+        }
+        continue;
+      }
+      const int64_t mi = m0 + i;
+      float yv[4], dyn[4], xv[4];
+      float dot = 0;
+#pragma unroll
+      for (int k = 0; k < 4; k++) {
+        const int p = lane + 32 * k;
+        yv[k] = dyn[k] = xv[k] = 0;
+        if (p < P) {
+          const T *pr = proj + mi * d.dipp + (int64_t)h * P + p;
+          xv[k] = to_f(pr[d.x_off]);
+          const int64_t o = mi * E + (int64_t)h * P + p;
+          const float dg = a.dgated[o], z = to_f(pr[d.z_off]);
+          yv[k] = a.y[o];
+          const float sg = sigmoidf_(z), silu = z * sg, dsilu = sg * (1 + z * (1 - sg));
+          const float yn = d.outproj_norm ? yv[k] * a.y_rstd[mi * H + h] * a.out_norm[(int64_t)h * P + p] : yv[k];
+          dproj[mi * d.dipp + d.z_off + (int64_t)h * P + p] = from_f<T>(dg * yn * dsilu);
+          dyn[k] = dg * silu;
+          if (d.outproj_norm) dot += yv[k] * a.out_norm[(int64_t)h * P + p] * dyn[k];
+        }
+      }
+      float rn = 1, cn = 0;
+      if (d.outproj_norm) {
+        rn = a.y_rstd[mi * H + h];
+        cn = warp_sum(dot) / (float)P * rn * rn * rn;
+      }
+      float dyx = 0;
+#pragma unroll
+      for (int k = 0; k < 4; k++) {
+        const int p = lane + 32 * k;
+        if (p < cd.Pp) {
+          float dy = 0;
+          if (p < P) {
+            if (d.outproj_norm) {
+              const float wn = a.out_norm[(int64_t)h * P + p];
+              s.pOn[wid * cd.Pp + p] += yv[k] * rn * dyn[k];
+              dy = rn * wn * dyn[k] - yv[k] * cn;
+            } else {
+              dy = dyn[k];
+            }
+            a.dy[mi * E + (int64_t)h * P + p] = dy;
+            dyx += dy * xv[k];
+          }
+          xr[p] = __float2bfloat16_rn(xv[k]);
+          dyr[p] = __float2bfloat16_rn(dy);
+        }
+      }
+      dyx = warp_sum(dyx);
+      if (lane == 0) s.sc[i * FW + F_DYX] = dyx;
+    }
+    __syncthreads();
+    /* 2. warp 0: cumsums and masks; the others: E (bf16) from the scratch and <dE, E> partials */
+    if (wid == 0) {
+      c_prep(s.sc, nb, misc);
+      if (lane == 0) s.red[0] = 0;
+    } else {
+      const float *Ec = states + (int64_t)ch * P * N;
+      float part = 0;
+      for (int idx = tid - 32; idx < cd.Pp * cd.Np; idx += CTHREADS - 32) {
+        const int p = idx / cd.Np, n = idx - p * cd.Np;
+        const float v = (p < P && n < N) ? Ec[(int64_t)p * N + n] : 0.0f;
+        s.sE[p * cd.lqn + n] = __float2bfloat16_rn(v);
+        part += v * s.sEf[p * cd.lfn + n];
+      }
+      part = warp_sum(part);
+      if (lane == 0) s.red[wid] = part;
+    }
+    __syncthreads();
+    /* 3. q, ktil, q.k; EC dY */
+    c_build(a, s, cd, m0, t0, nb, h, g, true, NULL, NULL);
+    for (int idx = tid; idx < CQ * cd.Pp; idx += CTHREADS) {
+      const int i = idx / cd.Pp, p = idx - i * cd.Pp;
+      float v = 0;
+      if (i < nb && p < P) v = s.sc[i * FW + F_EC] * a.dy[(m0 + i) * E + (int64_t)h * P + p];
+      s.syw[i * cd.lqp + p] = __float2bfloat16_rn(v);
+    }
+    __syncthreads();
+    /* 4. S1 = q ktil^T, S2 = dY x^T */
+    bmm<RM, CM>(sS1, cd.lfq, s.sq, cd.lqn, s.sk, cd.lqn, CQ, CQ, cd.Np, false);
+    bmm<RM, CM>(sS2, cd.lfq, s.sxw, cd.lqp, s.sx, cd.lqp, CQ, CQ, cd.Pp, false);
+    __syncthreads();
+    /* 5. L1 = L o S1, L2 = L o S2 (bf16); M = L o S1 o S2 (into S1) */
+    for (int idx = tid; idx < CQ * CQ; idx += CTHREADS) {
+      const int t = idx / CQ, u = idx - t * CQ;
+      float l = 0;
+      if (t < nb && u < t && u >= (int)s.sc[t * FW + F_SEG])
+        l = expf(fminf(s.sc[t * FW + F_C] - s.sc[u * FW + F_C], 0.0f));
+      const float v1 = l * sS1[t * cd.lfq + u], v2 = l * sS2[t * cd.lfq + u];
+      s.sL1[t * cd.lqq + u] = __float2bfloat16_rn(v1);
+      s.sL2[t * cd.lqq + u] = __float2bfloat16_rn(v2);
+      sS1[t * cd.lfq + u] = v1 * sS2[t * cd.lfq + u];
+    }
+    __syncthreads();
+    if (tid < CQ) { /* row sums of M */
+      float acc = 0;
+      for (int u = 0; u < tid; u++) acc += sS1[tid * cd.lfq + u];
+      s.sc[tid * FW + F_ROW] = acc;
+    } else if (tid < 2 * CQ) { /* column sums */
+      const int u = tid - CQ;
+      float acc = 0;
+      for (int t = u + 1; t < CQ; t++) acc += sS1[t * cd.lfq + u];
+      s.sc[u * FW + F_COL] = acc;
+    }
+    __syncthreads();
+    /* 6. dq = EC (dY E) + L2 ktil (+ diagonal); r_t */
+    bmm<RM, RM>(sF, cd.lfn, s.sxw, cd.lqp, s.sE, cd.lqn, CQ, cd.Np, cd.Pp, false);
+    __syncthreads();
+    for (int i = wid; i < CQ; i += CWARPS) {
+      const float ec = i < nb ? s.sc[i * FW + F_EC] : 0.0f;
+      float r = 0;
+      for (int n = lane; n < cd.Np; n += 32) {
+        const float v = sF[i * cd.lfn + n];
+        r += v * __bfloat162float(s.sq[i * cd.lqn + n]);
+        sF[i * cd.lfn + n] = ec * v;
+      }
+      r = warp_sum(r);
+      if (lane == 0 && i < nb) s.sc[i * FW + F_R] = ec * r;
+    }
+    __syncthreads();
+    bmm<RM, RM>(sF, cd.lfn, s.sL2, cd.lqq, s.sk, cd.lqn, CQ, cd.Np, CQ, true);
+    __syncthreads();
+    /* post q (warp per token): diagonal term, rotation backward (C part), angle gradient from q */
+    for (int i = wid; i < nb; i += CWARPS) {
+      const int64_t m = m0 + i;
+      const float gd = s.sc[i * FW + F_GAM] * s.sc[i * FW + F_DYX];
+      float *f = sF + i * cd.lfn;
+      for (int u = lane; u < U; u += 32) {
+        const unit_kq r = c_unit(a, m, h, g, u, u < S ? a.theta[(m * H + h) * S + u] : 0.0f);
+        if (r.pair) {
+          const float d0 = f[r.n0] + gd * r.k0, d1 = f[r.n0 + 1] + gd * r.k1;
+          f[r.n0] = r.cs * d0 + r.sn * d1;
+          f[r.n0 + 1] = -r.sn * d0 + r.cs * d1;
+          s.dth[i * S + u] = -d0 * r.q1 + d1 * r.q0;
+        } else {
+          f[r.n0] += gd * r.k0;
+        }
+      }
+    }
+    __syncthreads();
+    for (int n = tid; n < N; n += CTHREADS) {
+      float acc = s.pC[n];
+      for (int i = nb - 1; i >= 0; i--) {
+        const float v = sF[i * cd.lfn + n];
+        acc += v;
+        a.dbc_head[(((m0 + i) * H + h) * 2 + 1) * N + n] = v;
+      }
+      s.pC[n] = acc;
+    }
+    __syncthreads();
+    /* 7. dktil = W (x dE) + L2^T q; v_s; post k: dscale, dk, rotation backward (B part) */
+    bmm<RM, RM>(sF, cd.lfn, s.sx, cd.lqp, s.sdE, cd.lqn, CQ, cd.Np, cd.Pp, false);
+    __syncthreads();
+    for (int i = wid; i < CQ; i += CWARPS) {
+      const float w = i < nb ? s.sc[i * FW + F_W] : 0.0f;
+      float v = 0;
+      for (int n = lane; n < cd.Np; n += 32) {
+        const float e = sF[i * cd.lfn + n];
+        v += e * __bfloat162float(s.sk[i * cd.lqn + n]);
+        sF[i * cd.lfn + n] = w * e;
+      }
+      v = warp_sum(v);
+      if (lane == 0 && i < nb) s.sc[i * FW + F_V] = w * v;
+    }
+    __syncthreads();
+    bmm<CM, RM>(sF, cd.lfn, s.sL2, cd.lqq, s.sq, cd.lqn, CQ, cd.Np, CQ, true);
+    __syncthreads();
+    for (int i = wid; i < nb; i += CWARPS) {
+      const int64_t m = m0 + i;
+      const float sc = s.sc[i * FW + F_SCALE], gd = s.sc[i * FW + F_GAM] * s.sc[i * FW + F_DYX];
+      float *f = sF + i * cd.lfn;
+      float ds = 0;
+      for (int u = lane; u < U; u += 32) {
+        const unit_kq r = c_unit(a, m, h, g, u, u < S ? a.theta[(m * H + h) * S + u] : 0.0f);
+        if (r.pair) {
+          const float e0 = f[r.n0], e1 = f[r.n0 + 1];
+          ds += e0 * r.k0 + e1 * r.k1;
+          const float d0 = sc * e0 + gd * r.q0, d1 = sc * e1 + gd * r.q1;
+          f[r.n0] = r.cs * d0 + r.sn * d1;
+          f[r.n0 + 1] = -r.sn * d0 + r.cs * d1;
+          s.dth[i * S + u] += -d0 * r.k1 + d1 * r.k0;
+        } else {
+          const float e0 = f[r.n0];
+          ds += e0 * r.k0;
+          f[r.n0] = sc * e0 + gd * r.q0;
+        }
+      }
+      ds = warp_sum(ds);
+      if (lane == 0) {
+        s.sc[i * FW + F_DSCALE] = ds;
+        s.sc[i * FW + F_DGAM] = ds + s.sc[i * FW + F_DYX] * s.sc[i * FW + F_QK];
+      }
+    }
+    __syncthreads();
+    for (int n = tid; n < N; n += CTHREADS) {
+      float acc = s.pB[n];
+      for (int i = nb - 1; i >= 0; i--) {
+        const float v = sF[i * cd.lfn + n];
+        acc += v;
+        a.dbc_head[(((m0 + i) * H + h) * 2 + 0) * N + n] = v;
+      }
+      s.pB[n] = acc;
+    }
+    __syncthreads();
+    /* 8. dx = W (ktil dE^T) + L1^T dY (+ diagonal, D); dE <- dec dE + (EC dY)^T q */
+    bmm<RM, CM>(sF, cd.lfp, s.sk, cd.lqn, s.sdE, cd.lqn, CQ, cd.Pp, cd.Np, false);
+    {
+      const float dec = misc[0];
+      for (int idx = tid; idx < cd.Pp * cd.Np; idx += CTHREADS) {
+        const int p = idx / cd.Np, n = idx - p * cd.Np;
+        s.sEf[p * cd.lfn + n] *= dec;
+      }
+    }
+    __syncthreads();
+    for (int idx = tid; idx < CQ * cd.Pp; idx += CTHREADS) {
+      const int i = idx / cd.Pp, p = idx - i * cd.Pp;
+      sF[i * cd.lfp + p] *= i < nb ? s.sc[i * FW + F_W] : 0.0f;
+    }
+    __syncthreads();
+    bmm<CM, RM>(sF, cd.lfp, s.sL1, cd.lqq, s.sxw, cd.lqp, CQ, cd.Pp, CQ, true);
+    bmm<CM, RM>(s.sEf, cd.lfn, s.syw, cd.lqp, s.sq, cd.lqn, cd.Pp, cd.Np, CQ, true);
+    __syncthreads();
+    for (int idx = tid; idx < nb * P; idx += CTHREADS) {
+      const int i = idx / P, p = idx - i * P;
+      const int64_t mi = m0 + i;
+      const float dg = s.sc[i * FW + F_GAM] * s.sc[i * FW + F_QK] + Dh;
+      const float dx = sF[i * cd.lfp + p] + dg * a.dy[mi * E + (int64_t)h * P + p];
+      dproj[mi * d.dipp + d.x_off + (int64_t)h * P + p] = from_f<T>(dx);
+    }
+    for (int idx = tid; idx < cd.Pp * cd.Np; idx += CTHREADS) {
+      const int p = idx / cd.Np, n = idx - p * cd.Np;
+      s.sdE[p * cd.lqn + n] = __float2bfloat16_rn(s.sEf[p * cd.lfn + n]);
+    }
+    /* 9. decay gradient (thread 0), angle gradient (one thread per pair, carried across chunks) */
+    if (tid == 0) {
+      float dEE = 0;
+      for (int w = 0; w < CWARPS; w++) dEE += s.red[w];
+      float sumv = 0;
+      for (int i = 0; i < nb; i++) sumv += s.sc[i * FW + F_V];
+      float acc = 0;
+      for (int i = nb - 1; i >= 0; i--) {
+        float *t = s.sc + i * FW;
+        float dc = t[F_R] + t[F_ROW] - t[F_COL] - t[F_V];
+        if (i == nb - 1) dc += misc[0] * dEE + sumv;
+        acc += dc;
+        t[F_DA] = t[F_RST] != 0 ? 0.0f : acc;
+      }
+      float pD = misc[1];
+      for (int i = 0; i < nb; i++) pD += s.sc[i * FW + F_DYX];
+      misc[1] = pD;
+    } else if (tid >= 32 && tid - 32 < S) {
+      const int j = tid - 32;
+      float D = s.thr[j];
+      for (int i = nb - 1; i >= 0; i--) {
+        const float *t = s.sc + i * FW;
+        D += s.dth[i * S + j];
+        const float ta = s.th[i * S + j];
+        s.dth[i * S + j] = PI_F * D * ta;
+        a.dang_head[((m0 + i) * H + h) * S + j] = PI_F * D * t[F_DT] * (1 - ta * ta);
+        if (t[F_RST] != 0) D = 0;
+      }
+      s.thr[j] = D;
+    }
+    __syncthreads();
+    for (int i = wid; i < nb; i += CWARPS) {
+      float acc = 0;
+      for (int j = lane; j < S; j += 32) acc += s.dth[i * S + j];
+      acc = warp_sum(acc);
+      if (lane == 0) s.sc[i * FW + F_DTANG] = acc;
+    }
+    __syncthreads();
+    /* the scalar chain: tokens 1..nb-1 now; token 0 when dscale of the token before it is known */
+    if (tid >= 1 && tid < nb) {
+      const float *t = s.sc + tid * FW;
+      const float dbp = t[F_RST] != 0 ? 0.0f : s.sc[(tid - 1) * FW + F_DSCALE];
+      s.sc[tid * FW + F_DV] = c_finish<T>(a, m0 + tid, h, t[F_DA], t[F_DGAM], dbp, t[F_DT], t[F_LAM], t[F_AA],
+                                         t[F_DSP], t[F_DAD], t[F_DTANG]);
+    } else if (tid == CTHREADS - 1 && s.pend[PN_VALID] != 0) {
+      const float *pn = s.pend;
+      const float dbp = pn[PN_RST] != 0 ? 0.0f : s.sc[(nb - 1) * FW + F_DSCALE];
+      misc[3] = c_finish<T>(a, m0 + nb, h, pn[PN_DA], pn[PN_DGAM], dbp, pn[PN_DT], pn[PN_LAM], pn[PN_AA], pn[PN_DSP],
+                            pn[PN_DAD], pn[PN_DTANG]);
+    }
+    __syncthreads();
+    if (tid == 0) {
+      float pd = misc[2];
+      if (s.pend[PN_VALID] != 0) pd += misc[3];
+      for (int i = nb - 1; i >= 1; i--) pd += s.sc[i * FW + F_DV];
+      misc[2] = pd;
+      const float *t = s.sc;
+      float *pn = s.pend;
+      pn[PN_DA] = t[F_DA];
+      pn[PN_DGAM] = t[F_DGAM];
+      pn[PN_DT] = t[F_DT];
+      pn[PN_LAM] = t[F_LAM];
+      pn[PN_AA] = t[F_AA];
+      pn[PN_DSP] = t[F_DSP];
+      pn[PN_DAD] = t[F_DAD];
+      pn[PN_DTANG] = t[F_DTANG];
+      pn[PN_RST] = t[F_RST];
+      pn[PN_VALID] = 1;
+    }
+    __syncthreads();
+  }
+
+  /* the window's first token: dbp_0 = v_in^T dE_0 k_in (no reset at 0) */
+  {
+    float part = 0;
+    if (a.in_v && a.in_k && s.pend[PN_RST] == 0)
+      for (int idx = tid; idx < P * N; idx += CTHREADS) {
+        const int p = idx / N, n = idx - p * N;
+        part += a.in_v[bh * P + p] * s.sEf[p * cd.lfn + n] * a.in_k[bh * N + n];
+      }
+    part = warp_sum(part);
+    if (lane == 0) s.red[wid] = part;
+    __syncthreads();
+    if (tid == 0) {
+      float dbp = 0;
+      for (int w = 0; w < CWARPS; w++) dbp += s.red[w];
+      const float *pn = s.pend;
+      const float dv = c_finish<T>(a, (int64_t)b * a.len, h, pn[PN_DA], pn[PN_DGAM], dbp, pn[PN_DT], pn[PN_LAM],
+                                   pn[PN_AA], pn[PN_DSP], pn[PN_DAD], pn[PN_DTANG]);
+      float *part_ = a.part + bh * (2 + 2 * (int64_t)N); // [2 + 2N]
+      part_[0] = misc[2] + dv;
+      part_[1] = misc[1];
+    }
+  }
+  float *part = a.part + bh * (2 + 2 * (int64_t)N);
+  for (int n = tid; n < N; n += CTHREADS) {
+    part[2 + n] = s.pB[n];
+    part[2 + N + n] = s.pC[n];
+  }
+  if (d.outproj_norm)
+    for (int p = tid; p < P; p += CTHREADS) {
+      float acc = 0;
+      for (int w = 0; w < CWARPS; w++) acc += s.pOn[w * cd.Pp + p];
+      a.part_norm[bh * P + p] = acc;
+    }
+}
+
+/* ---- host side ------------------------------------------------------------------------------------------ */
+
+int64_t m3k_chunked_smem(int fwd, int32_t P, int32_t N, int32_t S) {
+  return (int64_t)carve_c(NULL, !fwd, P, N, S, NULL);
+}
+
+cudaError_t m3k_chunked_prepare(int prec, const m3k_scan_plan *plan) {
+  cudaError_t e = cudaSuccess;
+  if (prec == M3K_F32 || !plan->chunked) return e;
+  if (prec == M3K_BF16) {
+    e = cudaFuncSetAttribute(scan_fwd_chunked<bf16>, cudaFuncAttributeMaxDynamicSharedMemorySize, plan->smem_cfwd);
+    if (e == cudaSuccess)
+      e = cudaFuncSetAttribute(scan_bwd_chunked<bf16>, cudaFuncAttributeMaxDynamicSharedMemorySize, plan->smem_cbwd);
+  } else {
+    e = cudaFuncSetAttribute(scan_fwd_chunked<f16>, cudaFuncAttributeMaxDynamicSharedMemorySize, plan->smem_cfwd);
+    if (e == cudaSuccess)
+      e = cudaFuncSetAttribute(scan_bwd_chunked<f16>, cudaFuncAttributeMaxDynamicSharedMemorySize, plan->smem_cbwd);
+  }
+  return e;
+}
+
+cudaError_t m3k_chunked_fwd(cudaStream_t s, int prec, const m3k_scan_plan *plan, const m3k_scan_args *a) {
+  const dim3 grid(a->d.H, a->rows);
+  if (prec == M3K_BF16) scan_fwd_chunked<bf16><<<grid, CTHREADS, plan->smem_cfwd, s>>>(*a);
+  else scan_fwd_chunked<f16><<<grid, CTHREADS, plan->smem_cfwd, s>>>(*a);
+  return cudaGetLastError();
+}
+
+cudaError_t m3k_chunked_bwd(cudaStream_t s, int prec, const m3k_scan_plan *plan, const m3k_scan_args *a) {
+  const dim3 grid(a->d.H, a->rows);
+  if (prec == M3K_BF16) scan_bwd_chunked<bf16><<<grid, CTHREADS, plan->smem_cbwd, s>>>(*a);
+  else scan_bwd_chunked<f16><<<grid, CTHREADS, plan->smem_cbwd, s>>>(*a);
+  return cudaGetLastError();
+}
