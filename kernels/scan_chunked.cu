@@ -89,6 +89,8 @@ struct csmem {
   float *sEf;  /* [Pp][lfn] fwd: E; bwd: dE (float32) */
   float *sR;   /* fwd: S [CQ][lfq] then Y [CQ][lfp] at sR + CQ lfq; bwd: S1, S2 or one [CQ][max(lfn, lfp)] */
   float *th;   /* [CQ][S] fwd: tanh(ang) then theta; bwd: tanh(ang) */
+  float *thv;  /* [CQ][S] bwd: theta of the chunk (staged from a.theta) */
+  float *sbk, *sbq; /* [Np] B_bias[h], C_bias[h] */
   float *dth;  /* [CQ][S] bwd: angle gradient per token, then pi D tanh */
   float *sc;   /* [CQ + 1][FW] */
   float *kl;   /* [Np] fwd: k (rotated, unscaled) of the window's last token */
@@ -131,8 +133,15 @@ __host__ __device__ inline size_t carve_c(unsigned char *base, int bwd, int P, i
     CT(sR, float, r);
   }
   CT(th, float, CQ * S + 1);
-  if (bwd) CT(dth, float, CQ * S + 1);
-  else t.dth = NULL;
+  if (bwd) {
+    CT(dth, float, CQ * S + 1);
+    CT(thv, float, CQ * S + 1);
+  } else {
+    t.dth = NULL;
+    t.thv = NULL;
+  }
+  CT(sbk, float, c.Np);
+  CT(sbq, float, c.Np);
   CT(sc, float, (CQ + 1) * FW);
   CT(kl, float, c.Np);
   CT(thr, float, S + 1);
@@ -255,26 +264,42 @@ __device__ __forceinline__ void c_prep(float *sc, int nb, float *misc) {
   if (lane == 0) misc[0] = seglast < 0 ? expf(clast) : 0.0f;
 }
 
-/* The rotated k and q (float32) of unit u of position m (u < S: pair (2u, 2u+1) with cos, sin
- * of theta; else the passing column 2S + u - S). Returns the columns n0 (and n0 + 1 for pairs). */
+/* The rotated k and q (float32) of unit u of a position (u < S: pair (2u, 2u+1) rotated by theta;
+ * else the passing column 2S + u - S): the raw B_hat, C_hat values are loaded first (unit_load,
+ * read-only path, several units per lane in flight), then biased and rotated (unit_make). */
 struct unit_kq {
   int n0, pair;
   float k0, k1, q0, q1, cs, sn;
 };
+struct unit_raw {
+  float k0, k1, q0, q1;
+};
 
-__device__ __forceinline__ unit_kq c_unit(const m3k_scan_args &a, int64_t m, int h, int g, int u, float theta) {
-  const m3k_dims &d = a.d;
-  const float *bk = a.bc_hat + ((m * 2 + 0) * d.G + g) * d.N; // [N] B_hat
-  const float *bq = a.bc_hat + ((m * 2 + 1) * d.G + g) * d.N; // [N] C_hat
-  const float *kb = a.B_bias + (int64_t)h * d.N, *qb = a.C_bias + (int64_t)h * d.N;
+__device__ __forceinline__ int unit_col(int u, int S) { return u < S ? 2 * u : 2 * S + (u - S); }
+
+__device__ __forceinline__ unit_raw unit_load(const float *bk, const float *bq, int u, int S) {
+  unit_raw r;
+  const int n0 = unit_col(u, S);
+  r.k0 = __ldg(bk + n0);
+  r.q0 = __ldg(bq + n0);
+  r.k1 = r.q1 = 0;
+  if (u < S) {
+    r.k1 = __ldg(bk + n0 + 1);
+    r.q1 = __ldg(bq + n0 + 1);
+  }
+  return r;
+}
+
+__device__ __forceinline__ unit_kq unit_make(const unit_raw &w, const float *sbk, const float *sbq, int u, int S,
+                                             float theta) {
   unit_kq r;
-  if (u < d.S) {
-    const int n0 = 2 * u;
+  const int n0 = unit_col(u, S);
+  r.n0 = n0;
+  if (u < S) {
     float c, sn;
     sincosf(theta, &sn, &c);
-    const float k0 = bk[n0] + kb[n0], k1 = bk[n0 + 1] + kb[n0 + 1];
-    const float q0 = bq[n0] + qb[n0], q1 = bq[n0 + 1] + qb[n0 + 1];
-    r.n0 = n0;
+    const float k0 = w.k0 + sbk[n0], k1 = w.k1 + sbk[n0 + 1];
+    const float q0 = w.q0 + sbq[n0], q1 = w.q1 + sbq[n0 + 1];
     r.pair = 1;
     r.k0 = k0 * c - k1 * sn;
     r.k1 = k0 * sn + k1 * c;
@@ -283,11 +308,9 @@ __device__ __forceinline__ unit_kq c_unit(const m3k_scan_args &a, int64_t m, int
     r.cs = c;
     r.sn = sn;
   } else {
-    const int n = 2 * d.S + (u - d.S);
-    r.n0 = n;
     r.pair = 0;
-    r.k0 = bk[n] + kb[n];
-    r.q0 = bq[n] + qb[n];
+    r.k0 = w.k0 + sbk[n0];
+    r.q0 = w.q0 + sbq[n0];
     r.k1 = r.q1 = 0;
     r.cs = 1;
     r.sn = 0;
@@ -295,12 +318,39 @@ __device__ __forceinline__ unit_kq c_unit(const m3k_scan_args &a, int64_t m, int
   return r;
 }
 
+/* Calls body(unit_kq, u) for the units u = lane, lane + 32, ... of local token i (position m),
+ * loading up to 4 units per lane before using them. th: [CQ][S] angles of the chunk. */
+template <typename F>
+__device__ __forceinline__ void for_units(const m3k_scan_args &a, const csmem &s, const float *th, int64_t m, int g,
+                                          int i, F body) {
+  const int lane = threadIdx.x & 31, N = a.d.N, S = a.d.S, U = N - S;
+  const float *bk = a.bc_hat + ((m * 2 + 0) * a.d.G + g) * N; // [N] B_hat
+  const float *bq = a.bc_hat + ((m * 2 + 1) * a.d.G + g) * N; // [N] C_hat
+  for (int u0 = lane; u0 < U; u0 += 128) {
+    unit_raw w[4];
+    float tv[4];
+#pragma unroll
+    for (int j = 0; j < 4; j++) {
+      const int u = u0 + 32 * j;
+      if (u < U) {
+        w[j] = unit_load(bk, bq, u, S);
+        tv[j] = u < S ? th[i * S + u] : 0.0f;
+      }
+    }
+#pragma unroll
+    for (int j = 0; j < 4; j++) {
+      const int u = u0 + 32 * j;
+      if (u < U) body(unit_make(w[j], s.sbk, s.sbq, u, S, tv[j]), u);
+    }
+  }
+}
+
 /* q (bf16, if want_q), ktil (bf16), q.k (float32) of the chunk, warp per token; rows >= nb and
- * columns >= N are zero. Angles from thsrc [CQ][S] (shared) or a.theta. kl: the window's last k. */
+ * columns >= N are zero. Angles from th [CQ][S]. kl: the window's last k (or NULL). */
 __device__ __forceinline__ void c_build(const m3k_scan_args &a, const csmem &s, const cdims &cd, int64_t m0, int t0,
-                                        int nb, int h, int g, bool want_q, const float *thsrc, float *kl) {
+                                        int nb, int g, bool want_q, const float *th, float *kl) {
   const int lane = threadIdx.x & 31, wid = threadIdx.x >> 5;
-  const int N = a.d.N, S = a.d.S, H = a.d.H, U = N - S;
+  const int N = a.d.N;
   for (int i = wid; i < CQ; i += CWARPS) {
     OT *q = s.sq + i * cd.lqn, *k = s.sk + i * cd.lqn;
     if (i >= nb) {
@@ -310,13 +360,10 @@ __device__ __forceinline__ void c_build(const m3k_scan_args &a, const csmem &s, 
       }
       continue;
     }
-    const int64_t m = m0 + i;
     const float sc = s.sc[i * FW + F_SCALE];
     const bool last = kl && (t0 + i == a.len - 1);
     float qk = 0;
-    for (int u = lane; u < U; u += 32) {
-      const float th = u < S ? (thsrc ? thsrc[i * S + u] : a.theta[(m * H + h) * S + u]) : 0.0f;
-      const unit_kq r = c_unit(a, m, h, g, u, th);
+    for_units(a, s, th, m0 + i, g, i, [&](const unit_kq &r, int) {
       qk += r.q0 * r.k0 + r.q1 * r.k1;
       k[r.n0] = __float2bfloat16_rn(sc * r.k0);
       if (want_q) q[r.n0] = __float2bfloat16_rn(r.q0);
@@ -326,13 +373,25 @@ __device__ __forceinline__ void c_build(const m3k_scan_args &a, const csmem &s, 
         if (want_q) q[r.n0 + 1] = __float2bfloat16_rn(r.q1);
         if (last) kl[r.n0 + 1] = r.k1;
       }
-    }
+    });
     for (int n = N + lane; n < cd.Np; n += 32) {
       q[n] = __float2bfloat16_rn(0.0f);
       k[n] = __float2bfloat16_rn(0.0f);
     }
     qk = warp_sum(qk);
     if (lane == 0) s.sc[i * FW + F_QK] = qk;
+  }
+}
+
+/* Read-only activation loads (the non-coherent path: never for data this kernel writes). */
+template <typename T> __device__ __forceinline__ float ldact(const T *p) { return to_f(__ldg(p)); }
+template <> __device__ __forceinline__ float ldact<float>(const float *p) { return __ldg(p); }
+
+/* B_bias[h], C_bias[h] into shared memory (padded with zeros). */
+__device__ __forceinline__ void c_biases(const m3k_scan_args &a, const csmem &s, const cdims &cd, int h) {
+  for (int n = threadIdx.x; n < cd.Np; n += blockDim.x) {
+    s.sbk[n] = n < a.d.N ? a.B_bias[(int64_t)h * a.d.N + n] : 0.0f;
+    s.sbq[n] = n < a.d.N ? a.C_bias[(int64_t)h * a.d.N + n] : 0.0f;
   }
 }
 
@@ -356,6 +415,7 @@ __global__ void __launch_bounds__(CTHREADS, 1) scan_fwd_chunked(const m3k_scan_a
 
   /* E_0 = H_in + bp_0 v_in k_in^T (only read where no reset precedes: masks) */
   c_scalars<T>(a, s.sc, (int64_t)b * a.len, 0, 0, h);
+  c_biases(a, s, cd, h);
   for (int j = tid; j < S; j += CTHREADS) s.thr[j] = a.in_angle ? a.in_angle[bh * S + j] : 0.0f;
   __syncthreads();
   {
@@ -379,13 +439,15 @@ __global__ void __launch_bounds__(CTHREADS, 1) scan_fwd_chunked(const m3k_scan_a
     const int64_t m0 = (int64_t)b * a.len + t0;
     /* 1. loads: scalars, tanh of the angle logits, x */
     c_scalars<T>(a, s.sc, m0, t0, nb, h);
+#pragma unroll 4
     for (int idx = tid; idx < nb * S; idx += CTHREADS) {
       const int i = idx / S, j = idx - i * S;
-      s.th[idx] = tanhf(to_f(proj[(m0 + i) * d.dipp + d.ang_off + j]));
+      s.th[idx] = tanhf(ldact(proj + (m0 + i) * d.dipp + d.ang_off + j));
     }
+#pragma unroll 4
     for (int idx = tid; idx < CQ * cd.Pp; idx += CTHREADS) {
       const int i = idx / cd.Pp, p = idx - i * cd.Pp;
-      const float xv = (i < nb && p < P) ? to_f(proj[(m0 + i) * d.dipp + d.x_off + (int64_t)h * P + p]) : 0.0f;
+      const float xv = (i < nb && p < P) ? ldact(proj + (m0 + i) * d.dipp + d.x_off + (int64_t)h * P + p) : 0.0f;
       s.sx[i * cd.lqp + p] = __float2bfloat16_rn(xv);
     }
     __syncthreads();
@@ -395,6 +457,7 @@ __global__ void __launch_bounds__(CTHREADS, 1) scan_fwd_chunked(const m3k_scan_a
     } else {
       for (int j = tid - 32; j < S; j += CTHREADS - 32) {
         float v = s.thr[j];
+#pragma unroll 4
         for (int i = 0; i < nb; i++) {
           if (s.sc[i * FW + F_RST] != 0) v = 0;
           v = wrap_sum(v, PI_F * s.th[i * S + j] * s.sc[i * FW + F_DT]);
@@ -406,7 +469,7 @@ __global__ void __launch_bounds__(CTHREADS, 1) scan_fwd_chunked(const m3k_scan_a
     }
     __syncthreads();
     /* 3. q, ktil, q.k; W x */
-    c_build(a, s, cd, m0, t0, nb, h, g, true, s.th, s.kl);
+    c_build(a, s, cd, m0, t0, nb, g, true, s.th, s.kl);
     for (int idx = tid; idx < CQ * cd.Pp; idx += CTHREADS) {
       const int i = idx / cd.Pp, p = idx - i * cd.Pp;
       const float w = i < nb ? s.sc[i * FW + F_W] : 0.0f;
@@ -441,39 +504,38 @@ __global__ void __launch_bounds__(CTHREADS, 1) scan_fwd_chunked(const m3k_scan_a
     bmm<RM, RM>(sY, cd.lfp, s.sL1, cd.lqq, s.sx, cd.lqp, CQ, cd.Pp, CQ, true);
     bmm<CM, RM>(s.sEf, cd.lfn, s.sxw, cd.lqp, s.sk, cd.lqn, cd.Pp, cd.Np, CQ, true);
     __syncthreads();
-    /* 7. epilogue, warp per token: diagonal and D terms, the gate (as scan.cu); E -> bf16 */
-    for (int i = wid; i < nb; i += CWARPS) {
+    /* 7. epilogue (as scan.cu): y = Y + (gamma q.k + D) x; the per-head norm; the gate; E -> bf16 */
+#pragma unroll 4
+    for (int idx = tid; idx < nb * P; idx += CTHREADS) {
+      const int i = idx / P, p = idx - i * P;
       const int64_t mi = m0 + i;
-      const float dg = s.sc[i * FW + F_GAM] * s.sc[i * FW + F_QK] + Dh;
-      float yv[4];
-      float ss = 0;
-#pragma unroll
-      for (int k = 0; k < 4; k++) {
-        const int p = lane + 32 * k;
-        yv[k] = 0;
-        if (p < P) {
-          const float xv = to_f(proj[mi * d.dipp + d.x_off + (int64_t)h * P + p]);
-          const float y = sY[i * cd.lfp + p] + dg * xv;
-          yv[k] = y;
-          a.y[mi * E + (int64_t)h * P + p] = y;
-          ss += y * y;
-        }
-      }
-      float rn = 1;
-      if (d.outproj_norm) {
+      const float xv = ldact(proj + mi * d.dipp + d.x_off + (int64_t)h * P + p);
+      const float y = sY[i * cd.lfp + p] + (s.sc[i * FW + F_GAM] * s.sc[i * FW + F_QK] + Dh) * xv;
+      sY[i * cd.lfp + p] = y;
+      a.y[mi * E + (int64_t)h * P + p] = y;
+    }
+    if (d.outproj_norm) {
+      __syncthreads();
+      for (int i = wid; i < nb; i += CWARPS) {
+        float ss = 0;
+        for (int p = lane; p < P; p += 32) ss += sY[i * cd.lfp + p] * sY[i * cd.lfp + p];
         ss = warp_sum(ss);
-        rn = 1.0f / sqrtf(ss / (float)P + 1e-5f);
-        if (lane == 0) a.y_rstd[mi * H + h] = rn;
-      }
-#pragma unroll
-      for (int k = 0; k < 4; k++) {
-        const int p = lane + 32 * k;
-        if (p < P) {
-          const float z = to_f(proj[mi * d.dipp + d.z_off + (int64_t)h * P + p]);
-          const float yn = d.outproj_norm ? yv[k] * rn * a.out_norm[(int64_t)h * P + p] : yv[k];
-          gated[mi * E + (int64_t)h * P + p] = from_f<T>(yn * (z * sigmoidf_(z)));
+        const float rn = 1.0f / sqrtf(ss / (float)P + 1e-5f);
+        if (lane == 0) {
+          s.sc[i * FW + F_R] = rn;
+          a.y_rstd[(m0 + i) * H + h] = rn;
         }
       }
+    }
+    __syncthreads();
+#pragma unroll 4
+    for (int idx = tid; idx < nb * P; idx += CTHREADS) {
+      const int i = idx / P, p = idx - i * P;
+      const int64_t mi = m0 + i;
+      const float z = ldact(proj + mi * d.dipp + d.z_off + (int64_t)h * P + p);
+      const float y = sY[i * cd.lfp + p];
+      const float yn = d.outproj_norm ? y * s.sc[i * FW + F_R] * a.out_norm[(int64_t)h * P + p] : y;
+      gated[mi * E + (int64_t)h * P + p] = from_f<T>(yn * (z * sigmoidf_(z)));
     }
     for (int idx = tid; idx < cd.Pp * cd.Np; idx += CTHREADS) {
       const int p = idx / cd.Np, n = idx - p * cd.Np;
@@ -531,10 +593,10 @@ __global__ void __launch_bounds__(CTHREADS, 1) scan_bwd_chunked(const m3k_scan_a
   float *misc = s.pend + PN_W; /* 0 dec, 1 pD, 2 pdtb */
   const int nch = (a.len + CQ - 1) / CQ;
   float *states = a.chunk_states + bh * (int64_t)nch * P * N; // [nch][P][N]
-  const int U = N - S;
 
   /* ===== sweep F: the state entering every chunk ===== */
   c_scalars<T>(a, s.sc, (int64_t)b * a.len, 0, 0, h);
+  c_biases(a, s, cd, h);
   __syncthreads();
   {
     const float bp0 = s.sc[F_BP];
@@ -553,15 +615,21 @@ __global__ void __launch_bounds__(CTHREADS, 1) scan_bwd_chunked(const m3k_scan_a
     const int t0 = ch * CQ, nb = min(CQ, a.len - t0);
     const int64_t m0 = (int64_t)b * a.len + t0;
     c_scalars<T>(a, s.sc, m0, t0, nb, h);
+#pragma unroll 4
+    for (int idx = tid; idx < nb * S; idx += CTHREADS) {
+      const int i = idx / S, j = idx - i * S;
+      s.thv[idx] = __ldg(a.theta + ((m0 + i) * H + h) * S + j);
+    }
+#pragma unroll 4
     for (int idx = tid; idx < CQ * cd.Pp; idx += CTHREADS) {
       const int i = idx / cd.Pp, p = idx - i * cd.Pp;
-      const float xv = (i < nb && p < P) ? to_f(proj[(m0 + i) * d.dipp + d.x_off + (int64_t)h * P + p]) : 0.0f;
+      const float xv = (i < nb && p < P) ? ldact(proj + (m0 + i) * d.dipp + d.x_off + (int64_t)h * P + p) : 0.0f;
       s.sx[i * cd.lqp + p] = __float2bfloat16_rn(xv);
     }
     __syncthreads();
     if (wid == 0) c_prep(s.sc, nb, misc);
     __syncthreads();
-    c_build(a, s, cd, m0, t0, nb, h, g, false, NULL, NULL);
+    c_build(a, s, cd, m0, t0, nb, g, false, s.thv, NULL);
     for (int idx = tid; idx < CQ * cd.Pp; idx += CTHREADS) {
       const int i = idx / cd.Pp, p = idx - i * cd.Pp;
       const float w = i < nb ? s.sc[i * FW + F_W] : 0.0f;
@@ -600,46 +668,96 @@ __global__ void __launch_bounds__(CTHREADS, 1) scan_bwd_chunked(const m3k_scan_a
   for (int ch = nch - 1; ch >= 0; ch--) {
     const int t0 = ch * CQ, nb = min(CQ, a.len - t0);
     const int64_t m0 = (int64_t)b * a.len + t0;
-    /* 1. loads; the gate backward (warp per token, as scan.cu): dz, dy (a.dy), dy.x */
+    /* 1. loads: scalars, tanh of the angle logits, angles */
     c_scalars<T>(a, s.sc, m0, t0, nb, h);
+#pragma unroll 4
     for (int idx = tid; idx < nb * S; idx += CTHREADS) {
       const int i = idx / S, j = idx - i * S;
-      s.th[idx] = tanhf(to_f(proj[(m0 + i) * d.dipp + d.ang_off + j]));
+      s.th[idx] = tanhf(ldact(proj + (m0 + i) * d.dipp + d.ang_off + j));
+      s.thv[idx] = __ldg(a.theta + ((m0 + i) * H + h) * S + j);
     }
+    __syncthreads();
+    /* 2. warp 0: cumsums and masks; the others: E (bf16) from the scratch and <dE, E> partials */
+    if (wid == 0) {
+      c_prep(s.sc, nb, misc);
+      if (lane == 0) s.red[0] = 0;
+    } else {
+      const float *Ec = states + (int64_t)ch * P * N;
+      float part = 0;
+      if ((N & 3) == 0) { /* rows of N floats, 16-byte aligned: vector loads */
+        const int N4 = N / 4, Np4 = cd.Np / 4;
+#pragma unroll 4
+        for (int idx = tid - 32; idx < cd.Pp * Np4; idx += CTHREADS - 32) {
+          const int p = idx / Np4, n = (idx - p * Np4) * 4;
+          float4 v = make_float4(0, 0, 0, 0);
+          if (p < P && n < N) v = *(const float4 *)(Ec + (int64_t)p * N + n);
+          OT *e = s.sE + p * cd.lqn + n;
+          const float *f = s.sEf + p * cd.lfn + n;
+          e[0] = __float2bfloat16_rn(v.x);
+          e[1] = __float2bfloat16_rn(v.y);
+          e[2] = __float2bfloat16_rn(v.z);
+          e[3] = __float2bfloat16_rn(v.w);
+          part += v.x * f[0] + v.y * f[1] + v.z * f[2] + v.w * f[3];
+          (void)N4;
+        }
+      } else {
+#pragma unroll 4
+        for (int idx = tid - 32; idx < cd.Pp * cd.Np; idx += CTHREADS - 32) {
+          const int p = idx / cd.Np, n = idx - p * cd.Np;
+          const float v = (p < P && n < N) ? Ec[(int64_t)p * N + n] : 0.0f;
+          s.sE[p * cd.lqn + n] = __float2bfloat16_rn(v);
+          part += v * s.sEf[p * cd.lfn + n];
+        }
+      }
+      part = warp_sum(part);
+      if (lane == 0) s.red[wid] = part;
+    }
+    __syncthreads();
+    /* 3. the gate backward (warp per token, as scan.cu): dz, dy (a.dy), EC dy, dy.x; q, ktil, q.k */
     for (int i = wid; i < CQ; i += CWARPS) {
-      OT *xr = s.sx + i * cd.lqp, *dyr = s.sxw + i * cd.lqp;
+      OT *xr = s.sx + i * cd.lqp, *dyr = s.sxw + i * cd.lqp, *ywr = s.syw + i * cd.lqp;
       if (i >= nb) {
         for (int p = lane; p < cd.Pp; p += 32) {
           xr[p] = __float2bfloat16_rn(0.0f);
           dyr[p] = __float2bfloat16_rn(0.0f);
+          ywr[p] = __float2bfloat16_rn(0.0f);
         }
         continue;
       }
       const int64_t mi = m0 + i;
-      float yv[4], dyn[4], xv[4];
+      float yv[4], dg[4], zv[4], xv[4], dyn[4];
+      const float rn = d.outproj_norm ? __ldg(a.y_rstd + mi * H + h) : 1.0f;
+#pragma unroll
+      for (int k = 0; k < 4; k++) {
+        const int p = lane + 32 * k;
+        yv[k] = dg[k] = zv[k] = xv[k] = 0;
+        if (p < P) {
+          const T *pr = proj + mi * d.dipp + (int64_t)h * P + p;
+          const int64_t o = mi * E + (int64_t)h * P + p;
+          xv[k] = ldact(pr + d.x_off);
+          zv[k] = ldact(pr + d.z_off);
+          dg[k] = __ldg(a.dgated + o);
+          yv[k] = __ldg(a.y + o);
+        }
+      }
       float dot = 0;
 #pragma unroll
       for (int k = 0; k < 4; k++) {
         const int p = lane + 32 * k;
-        yv[k] = dyn[k] = xv[k] = 0;
+        dyn[k] = 0;
         if (p < P) {
-          const T *pr = proj + mi * d.dipp + (int64_t)h * P + p;
-          xv[k] = to_f(pr[d.x_off]);
-          const int64_t o = mi * E + (int64_t)h * P + p;
-          const float dg = a.dgated[o], z = to_f(pr[d.z_off]);
-          yv[k] = a.y[o];
+          const float z = zv[k];
           const float sg = sigmoidf_(z), silu = z * sg, dsilu = sg * (1 + z * (1 - sg));
-          const float yn = d.outproj_norm ? yv[k] * a.y_rstd[mi * H + h] * a.out_norm[(int64_t)h * P + p] : yv[k];
-          dproj[mi * d.dipp + d.z_off + (int64_t)h * P + p] = from_f<T>(dg * yn * dsilu);
-          dyn[k] = dg * silu;
-          if (d.outproj_norm) dot += yv[k] * a.out_norm[(int64_t)h * P + p] * dyn[k];
+          const float wn = d.outproj_norm ? __ldg(a.out_norm + (int64_t)h * P + p) : 1.0f;
+          const float yn = d.outproj_norm ? yv[k] * rn * wn : yv[k];
+          dproj[mi * d.dipp + d.z_off + (int64_t)h * P + p] = from_f<T>(dg[k] * yn * dsilu);
+          dyn[k] = dg[k] * silu;
+          if (d.outproj_norm) dot += yv[k] * wn * dyn[k];
         }
       }
-      float rn = 1, cn = 0;
-      if (d.outproj_norm) {
-        rn = a.y_rstd[mi * H + h];
-        cn = warp_sum(dot) / (float)P * rn * rn * rn;
-      }
+      float cn = 0;
+      if (d.outproj_norm) cn = warp_sum(dot) / (float)P * rn * rn * rn;
+      const float ec = s.sc[i * FW + F_EC];
       float dyx = 0;
 #pragma unroll
       for (int k = 0; k < 4; k++) {
@@ -648,7 +766,7 @@ __global__ void __launch_bounds__(CTHREADS, 1) scan_bwd_chunked(const m3k_scan_a
           float dy = 0;
           if (p < P) {
             if (d.outproj_norm) {
-              const float wn = a.out_norm[(int64_t)h * P + p];
+              const float wn = __ldg(a.out_norm + (int64_t)h * P + p);
               s.pOn[wid * cd.Pp + p] += yv[k] * rn * dyn[k];
               dy = rn * wn * dyn[k] - yv[k] * cn;
             } else {
@@ -659,37 +777,13 @@ __global__ void __launch_bounds__(CTHREADS, 1) scan_bwd_chunked(const m3k_scan_a
           }
           xr[p] = __float2bfloat16_rn(xv[k]);
           dyr[p] = __float2bfloat16_rn(dy);
+          ywr[p] = __float2bfloat16_rn(ec * dy);
         }
       }
       dyx = warp_sum(dyx);
       if (lane == 0) s.sc[i * FW + F_DYX] = dyx;
     }
-    __syncthreads();
-    /* 2. warp 0: cumsums and masks; the others: E (bf16) from the scratch and <dE, E> partials */
-    if (wid == 0) {
-      c_prep(s.sc, nb, misc);
-      if (lane == 0) s.red[0] = 0;
-    } else {
-      const float *Ec = states + (int64_t)ch * P * N;
-      float part = 0;
-      for (int idx = tid - 32; idx < cd.Pp * cd.Np; idx += CTHREADS - 32) {
-        const int p = idx / cd.Np, n = idx - p * cd.Np;
-        const float v = (p < P && n < N) ? Ec[(int64_t)p * N + n] : 0.0f;
-        s.sE[p * cd.lqn + n] = __float2bfloat16_rn(v);
-        part += v * s.sEf[p * cd.lfn + n];
-      }
-      part = warp_sum(part);
-      if (lane == 0) s.red[wid] = part;
-    }
-    __syncthreads();
-    /* 3. q, ktil, q.k; EC dY */
-    c_build(a, s, cd, m0, t0, nb, h, g, true, NULL, NULL);
-    for (int idx = tid; idx < CQ * cd.Pp; idx += CTHREADS) {
-      const int i = idx / cd.Pp, p = idx - i * cd.Pp;
-      float v = 0;
-      if (i < nb && p < P) v = s.sc[i * FW + F_EC] * a.dy[(m0 + i) * E + (int64_t)h * P + p];
-      s.syw[i * cd.lqp + p] = __float2bfloat16_rn(v);
-    }
+    c_build(a, s, cd, m0, t0, nb, g, true, s.thv, NULL);
     __syncthreads();
     /* 4. S1 = q ktil^T, S2 = dY x^T */
     bmm<RM, CM>(sS1, cd.lfq, s.sq, cd.lqn, s.sk, cd.lqn, CQ, CQ, cd.Np, false);
@@ -709,11 +803,13 @@ __global__ void __launch_bounds__(CTHREADS, 1) scan_bwd_chunked(const m3k_scan_a
     __syncthreads();
     if (tid < CQ) { /* row sums of M */
       float acc = 0;
+#pragma unroll 8
       for (int u = 0; u < tid; u++) acc += sS1[tid * cd.lfq + u];
       s.sc[tid * FW + F_ROW] = acc;
     } else if (tid < 2 * CQ) { /* column sums */
       const int u = tid - CQ;
       float acc = 0;
+#pragma unroll 8
       for (int t = u + 1; t < CQ; t++) acc += sS1[t * cd.lfq + u];
       s.sc[u * FW + F_COL] = acc;
     }
@@ -737,11 +833,9 @@ __global__ void __launch_bounds__(CTHREADS, 1) scan_bwd_chunked(const m3k_scan_a
     __syncthreads();
     /* post q (warp per token): diagonal term, rotation backward (C part), angle gradient from q */
     for (int i = wid; i < nb; i += CWARPS) {
-      const int64_t m = m0 + i;
       const float gd = s.sc[i * FW + F_GAM] * s.sc[i * FW + F_DYX];
       float *f = sF + i * cd.lfn;
-      for (int u = lane; u < U; u += 32) {
-        const unit_kq r = c_unit(a, m, h, g, u, u < S ? a.theta[(m * H + h) * S + u] : 0.0f);
+      for_units(a, s, s.thv, m0 + i, g, i, [&](const unit_kq &r, int u) {
         if (r.pair) {
           const float d0 = f[r.n0] + gd * r.k0, d1 = f[r.n0 + 1] + gd * r.k1;
           f[r.n0] = r.cs * d0 + r.sn * d1;
@@ -750,11 +844,12 @@ __global__ void __launch_bounds__(CTHREADS, 1) scan_bwd_chunked(const m3k_scan_a
         } else {
           f[r.n0] += gd * r.k0;
         }
-      }
+      });
     }
     __syncthreads();
     for (int n = tid; n < N; n += CTHREADS) {
       float acc = s.pC[n];
+#pragma unroll 4
       for (int i = nb - 1; i >= 0; i--) {
         const float v = sF[i * cd.lfn + n];
         acc += v;
@@ -781,12 +876,10 @@ __global__ void __launch_bounds__(CTHREADS, 1) scan_bwd_chunked(const m3k_scan_a
     bmm<CM, RM>(sF, cd.lfn, s.sL2, cd.lqq, s.sq, cd.lqn, CQ, cd.Np, CQ, true);
     __syncthreads();
     for (int i = wid; i < nb; i += CWARPS) {
-      const int64_t m = m0 + i;
       const float sc = s.sc[i * FW + F_SCALE], gd = s.sc[i * FW + F_GAM] * s.sc[i * FW + F_DYX];
       float *f = sF + i * cd.lfn;
       float ds = 0;
-      for (int u = lane; u < U; u += 32) {
-        const unit_kq r = c_unit(a, m, h, g, u, u < S ? a.theta[(m * H + h) * S + u] : 0.0f);
+      for_units(a, s, s.thv, m0 + i, g, i, [&](const unit_kq &r, int u) {
         if (r.pair) {
           const float e0 = f[r.n0], e1 = f[r.n0 + 1];
           ds += e0 * r.k0 + e1 * r.k1;
@@ -799,7 +892,7 @@ __global__ void __launch_bounds__(CTHREADS, 1) scan_bwd_chunked(const m3k_scan_a
           ds += e0 * r.k0;
           f[r.n0] = sc * e0 + gd * r.q0;
         }
-      }
+      });
       ds = warp_sum(ds);
       if (lane == 0) {
         s.sc[i * FW + F_DSCALE] = ds;
@@ -809,6 +902,7 @@ __global__ void __launch_bounds__(CTHREADS, 1) scan_bwd_chunked(const m3k_scan_a
     __syncthreads();
     for (int n = tid; n < N; n += CTHREADS) {
       float acc = s.pB[n];
+#pragma unroll 4
       for (int i = nb - 1; i >= 0; i--) {
         const float v = sF[i * cd.lfn + n];
         acc += v;
@@ -835,6 +929,7 @@ __global__ void __launch_bounds__(CTHREADS, 1) scan_bwd_chunked(const m3k_scan_a
     bmm<CM, RM>(sF, cd.lfp, s.sL1, cd.lqq, s.sxw, cd.lqp, CQ, cd.Pp, CQ, true);
     bmm<CM, RM>(s.sEf, cd.lfn, s.syw, cd.lqp, s.sq, cd.lqn, cd.Pp, cd.Np, CQ, true);
     __syncthreads();
+#pragma unroll 4
     for (int idx = tid; idx < nb * P; idx += CTHREADS) {
       const int i = idx / P, p = idx - i * P;
       const int64_t mi = m0 + i;
@@ -846,26 +941,41 @@ __global__ void __launch_bounds__(CTHREADS, 1) scan_bwd_chunked(const m3k_scan_a
       const int p = idx / cd.Np, n = idx - p * cd.Np;
       s.sdE[p * cd.lqn + n] = __float2bfloat16_rn(s.sEf[p * cd.lfn + n]);
     }
-    /* 9. decay gradient (thread 0), angle gradient (one thread per pair, carried across chunks) */
-    if (tid == 0) {
+    /* 9. decay gradient (warp 0), angle gradient (one thread per pair, carried across chunks) */
+    if (wid == 0) { /* two tokens per lane; sums and the suffix scan by shuffles (fixed order) */
       float dEE = 0;
       for (int w = 0; w < CWARPS; w++) dEE += s.red[w];
-      float sumv = 0;
-      for (int i = 0; i < nb; i++) sumv += s.sc[i * FW + F_V];
-      float acc = 0;
-      for (int i = nb - 1; i >= 0; i--) {
-        float *t = s.sc + i * FW;
-        float dc = t[F_R] + t[F_ROW] - t[F_COL] - t[F_V];
-        if (i == nb - 1) dc += misc[0] * dEE + sumv;
-        acc += dc;
-        t[F_DA] = t[F_RST] != 0 ? 0.0f : acc;
+      const int j0 = 2 * lane, j1 = j0 + 1;
+      const float v0 = j0 < nb ? s.sc[j0 * FW + F_V] : 0.0f, v1 = j1 < nb ? s.sc[j1 * FW + F_V] : 0.0f;
+      const float sumv = warp_sum(v0 + v1);
+      const float y0 = j0 < nb ? s.sc[j0 * FW + F_DYX] : 0.0f, y1 = j1 < nb ? s.sc[j1 * FW + F_DYX] : 0.0f;
+      const float sdyx = warp_sum(y0 + y1);
+      float dc[2];
+#pragma unroll
+      for (int k = 0; k < 2; k++) {
+        const int j = j0 + k;
+        dc[k] = 0;
+        if (j < nb) {
+          const float *t = s.sc + j * FW;
+          dc[k] = t[F_R] + t[F_ROW] - t[F_COL] - t[F_V];
+          if (j == nb - 1) dc[k] += misc[0] * dEE + sumv;
+        }
       }
-      float pD = misc[1];
-      for (int i = 0; i < nb; i++) pD += s.sc[i * FW + F_DYX];
-      misc[1] = pD;
+      float sfx = dc[0] + dc[1];
+#pragma unroll
+      for (int o = 1; o < 32; o <<= 1) {
+        const float v = __shfl_down_sync(0xffffffffu, sfx, o);
+        if (lane + o < 32) sfx += v;
+      }
+      float ex = __shfl_down_sync(0xffffffffu, sfx, 1);
+      if (lane == 31) ex = 0;
+      if (j1 < nb) s.sc[j1 * FW + F_DA] = s.sc[j1 * FW + F_RST] != 0 ? 0.0f : ex + dc[1];
+      if (j0 < nb) s.sc[j0 * FW + F_DA] = s.sc[j0 * FW + F_RST] != 0 ? 0.0f : ex + dc[1] + dc[0];
+      if (lane == 0) misc[1] += sdyx;
     } else if (tid >= 32 && tid - 32 < S) {
       const int j = tid - 32;
       float D = s.thr[j];
+#pragma unroll 4
       for (int i = nb - 1; i >= 0; i--) {
         const float *t = s.sc + i * FW;
         D += s.dth[i * S + j];
