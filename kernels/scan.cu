@@ -992,9 +992,15 @@ extern "C" int m3k_scan_make_plan(int32_t P, int32_t N, int32_t S, int32_t max_s
   }
   p.smem_fwd = (int32_t)(fwd_smem_floats(make_geo(p.pth, p.nth, p.tb_fwd, 1), Pp, Np, S) * 4);
   p.smem_bwd = (int32_t)(bwd_smem_floats(make_geo(p.pth, p.nth, p.tb_bwd, p.sb), Pp, Np, S, nw) * 4);
-  /* the chunked tensor-core scan (16-bit precisions) where its tiles fit in shared memory */
+  /* The chunked tensor-core scan (16-bit precisions) where its tiles fit in shared memory and the
+   * state is large enough for it to win: measured on the H200 (NOTES.md run 7), the SIMT kernel is
+   * faster at P x N = 256 (rl, rl-batch), the chunked one at 2048 (mid) and 8192 (lm130).
+   * M3_SCAN_CHUNK_MIN_STATE overrides the P x N threshold (the GPU tests set 0), M3_SCAN_SIMT
+   * turns the chunked scan off. */
   const int64_t cf = m3k_chunked_smem(1, P, N, S), cb = m3k_chunked_smem(0, P, N, S);
-  p.chunked = cf <= max_smem && cb <= max_smem && getenv("M3_SCAN_SIMT") == NULL;
+  const char *min_state = getenv("M3_SCAN_CHUNK_MIN_STATE");
+  const int64_t min_pn = min_state ? atoll(min_state) : 1024;
+  p.chunked = cf <= max_smem && cb <= max_smem && (int64_t)P * N >= min_pn && getenv("M3_SCAN_SIMT") == NULL;
   p.smem_cfwd = p.chunked ? (int32_t)cf : 0;
   p.smem_cbwd = p.chunked ? (int32_t)cb : 0;
   *out = p;
