@@ -1,0 +1,181 @@
+/*
+ * test_infer.c — the inference object on the CPU.
+ *
+ * 1. The forward-only model (one activation slot, state advanced in place, row-grouped GEMMs)
+ *    computes what the training model computes: windows of several lengths with carried state
+ *    and resets, in double, outputs and final states within 1e-13.
+ * 2. The C API contract (m3.h "inference", float32): a prompt stepped token by token equals it
+ *    run whole, bit for bit (outputs, logits, states); m3_infer_logits reads the last step's
+ *    logits; bad input (token out of range, no rows, empty) fails with M3_ERR_ARGUMENT and
+ *    leaves the state as it was; logits before any step is M3_ERR_ORDER; config errors.
+ */
+#include "cpu/model.h"
+#include "harness.h"
+#include "layout.h"
+#include "weights.h"
+
+enum { B = 3, T = 24 };
+
+/* ---- 1. forward-only model = training model (double) ---------------------------------------- */
+
+static void check_forward_only(m3_rng *r) {
+  m3_config cfg;
+  m3_config_defaults(&cfg);
+  cfg.d_model = 8;
+  cfg.n_layers = 3;
+  cfg.d_state = 8;
+  cfg.headdim = 4;
+  cfg.outproj_norm = 1;
+  cfg.input = M3_INPUT_IDENTITY;
+  m3_dims d;
+  m3_layout lay;
+  m3_dims_from_config(&cfg, &d);
+  CHECK_OK(m3_layout_build(&cfg, &lay));
+  m3_weights *w = NULL;
+  CHECK_OK(m3_weights_create(&cfg, &w));
+  CHECK_OK(m3_weights_init(w, 5));
+  double *params = calloc((size_t)lay.total, sizeof(double)), *grads = calloc((size_t)lay.total, sizeof(double));
+  for (int64_t i = 0; i < lay.total; i++) params[i] = w->arena[i];
+  m3_weights_destroy(w);
+  cpu_model_f64 *tr = NULL, *fw = NULL;
+  CHECK_OK(cpu_model_create_f64(&d, &lay, B, T, &tr));
+  CHECK_OK(cpu_model_create_forward_f64(&d, &lay, B, T, &fw));
+  tr->params = fw->params = params;
+  tr->grads = grads;
+  double *in = calloc((size_t)B * T * d.dm, sizeof(double));
+  uint8_t resets[B * T];
+  const int32_t lens[] = {5, 1, 1, 9, T};
+  for (int w_ = 0; w_ < 5; w_++) {
+    const int32_t len = lens[w_];
+    fill_normal(r, in, (long)B * len * d.dm, 1.0);
+    memset(resets, 0, sizeof resets);
+    if (w_ == 3) resets[1 * len + 4] = 1; /* row 1, position 4 */
+    cpu_batch_f64 b = {B, len, in, NULL, NULL, NULL, NULL, NULL, resets};
+    CHECK_OK(cpu_model_forward_f64(tr, &b, 1, 1));
+    CHECK_OK(cpu_model_forward_f64(fw, &b, 1, 1));
+    const double e = rel_l2(fw->out, tr->out, (long)B * len * d.dm);
+    CHECK(e <= 1e-13, "window %d (len %d): forward-only out differs from the training model by %.3g", w_, len, e);
+  }
+  const long lbh = (long)d.L * B * d.H;
+  const double es = rel_l2(fw->state.ssm, tr->state.ssm, lbh * d.P * d.N);
+  const double ea = rel_l2(fw->state.angle, tr->state.angle, lbh * d.S);
+  const double ek = rel_l2(fw->state.k, tr->state.k, lbh * d.N);
+  const double ev = rel_l2(fw->state.v, tr->state.v, lbh * d.P);
+  CHECK(es <= 1e-13 && ea <= 1e-13 && ek <= 1e-13 && ev <= 1e-13,
+        "final states differ: ssm %.3g angle %.3g k %.3g v %.3g", es, ea, ek, ev);
+  cpu_model_destroy_f64(tr);
+  cpu_model_destroy_f64(fw);
+  m3_layout_free(&lay);
+  free(params);
+  free(grads);
+  free(in);
+}
+
+/* ---- 2. the C API --------------------------------------------------------------------------- */
+
+static int same_f(const float *a, const float *b, long n) { return memcmp(a, b, (size_t)n * sizeof(float)) == 0; }
+
+/* Every layer's ssm state, concatenated. */
+static void ssm_of(m3_infer *inf, const m3_dims *d, float *dst) {
+  const long per = (long)B * d->H * d->P * d->N;
+  for (int32_t l = 0; l < d->L; l++) CHECK_OK(m3_infer_get_state(inf, l, NULL, dst + l * per, NULL, NULL));
+}
+
+static void check_api(m3_rng *r) {
+  m3_config cfg;
+  m3_config_defaults(&cfg);
+  cfg.d_model = 16;
+  cfg.n_layers = 2;
+  cfg.d_state = 16;
+  cfg.headdim = 8;
+  cfg.input = M3_INPUT_TOKENS;
+  cfg.head = M3_HEAD_LM;
+  cfg.vocab_size = 29;
+  m3_dims d;
+  m3_dims_from_config(&cfg, &d);
+  m3_weights *w = NULL;
+  CHECK_OK(m3_weights_create(&cfg, &w));
+  CHECK_OK(m3_weights_init(w, 7));
+  m3_infer_cfg ic;
+  m3_infer_cfg_defaults(&ic);
+  ic.weights = w;
+  ic.device = M3_DEVICE_CPU;
+  ic.batch = B;
+  ic.max_len = 7;
+  m3_infer *whole = NULL, *stepped = NULL;
+  CHECK_OK(m3_infer_create(&ic, &whole));
+  CHECK_OK(m3_infer_create(&ic, &stepped));
+
+  int32_t tokens[B * T], one[B];
+  for (int i = 0; i < B * T; i++) tokens[i] = (int32_t)(m3_rng_next(r) % 29);
+  float *out = calloc((size_t)B * T * d.dm, sizeof(float)), *o1 = calloc((size_t)B * d.dm, sizeof(float));
+  float logits[B * 29], l1[B * 29], later[B * 29];
+  CHECK(m3_infer_logits(whole, later) == M3_ERR_ORDER, "logits before any step must be M3_ERR_ORDER");
+  m3_batch b = {0};
+  b.rows = B;
+  b.len = T;
+  b.tokens = tokens;
+  CHECK_OK(m3_infer_step(whole, &b, out, logits));
+  int same_out = 1;
+  for (int t = 0; t < T; t++) {
+    for (int row = 0; row < B; row++) one[row] = tokens[row * T + t];
+    m3_batch s = {0};
+    s.rows = B;
+    s.len = 1;
+    s.tokens = one;
+    CHECK_OK(m3_infer_step(stepped, &s, o1, t == T - 1 ? l1 : NULL));
+    for (int row = 0; row < B; row++) same_out &= same_f(o1 + row * d.dm, out + ((long)row * T + t) * d.dm, d.dm);
+  }
+  CHECK(same_out, "token by token differs from the whole prompt (in pieces of max_len)");
+  CHECK(same_f(l1, logits, B * 29), "the last token's logits differ");
+  CHECK_OK(m3_infer_logits(stepped, later));
+  CHECK(same_f(later, logits, B * 29), "m3_infer_logits differs from the step's logits");
+
+  const long n_ssm = (long)d.L * B * d.H * d.P * d.N;
+  float *before = calloc((size_t)n_ssm, sizeof(float)), *after = calloc((size_t)n_ssm, sizeof(float));
+  ssm_of(stepped, &d, before);
+  ssm_of(whole, &d, after);
+  CHECK(memcmp(before, after, (size_t)n_ssm * sizeof(float)) == 0,
+        "final states differ between the whole prompt and token by token");
+  tokens[B * T - 1] = 29;
+  CHECK(m3_infer_step(stepped, &b, out, NULL) == M3_ERR_ARGUMENT, "token 29 of 29 must be refused");
+  tokens[B * T - 1] = 0;
+  b.rows = B + 1;
+  CHECK(m3_infer_step(stepped, &b, out, NULL) == M3_ERR_ARGUMENT, "more rows than the batch must be refused");
+  b.rows = B;
+  b.len = 0;
+  CHECK(m3_infer_step(stepped, &b, out, NULL) == M3_ERR_ARGUMENT, "an empty step must be refused");
+  ssm_of(stepped, &d, after);
+  CHECK(memcmp(before, after, (size_t)n_ssm * sizeof(float)) == 0, "a refused step changed the state");
+  const int32_t rows[1] = {B};
+  CHECK(m3_infer_reset(stepped, rows, 1) == M3_ERR_ARGUMENT, "reset of row %d must be refused", B);
+
+  m3_infer *bad = NULL;
+  ic.batch = 0;
+  CHECK(m3_infer_create(&ic, &bad) == M3_ERR_CONFIG && !bad, "batch 0 must be a config error");
+  ic.batch = 1;
+  if (m3_cuda_device_count() == 0) {
+    ic.device = M3_DEVICE_CUDA;
+    CHECK(m3_infer_create(&ic, &bad) == M3_ERR_UNSUPPORTED && !bad, "cuda without a device must be unsupported");
+  }
+  m3_infer_info info;
+  m3_infer_get_info(whole, &info);
+  CHECK(info.device == M3_DEVICE_CPU && info.batch == B && info.max_len == 7 && info.logit_rows == B,
+        "info: device %d batch %d max_len %d logit_rows %d", info.device, info.batch, info.max_len, info.logit_rows);
+  m3_infer_destroy(whole);
+  m3_infer_destroy(stepped);
+  m3_infer_destroy(NULL);
+  m3_weights_destroy(w);
+  free(out);
+  free(o1);
+  free(before);
+  free(after);
+}
+
+int main(void) {
+  m3_rng r;
+  m3_rng_seed(&r, 13);
+  check_forward_only(&r);
+  check_api(&r);
+  return harness_finish("infer");
+}
