@@ -239,6 +239,64 @@ describe("m3.infer", function()
     end)
   end)
 
+  describe("m3.sampling", function()
+    local ffi = require "ffi"
+    local V, R = 5, 4000
+    local lg = ffi.new("float[?]", R * V)
+    for r = 0, R - 1 do
+      for v = 0, V - 1 do lg[r * V + v] = ({ 1.0, 3.0, 2.0, 3.0, -1.0 })[v + 1] end
+    end
+
+    local function counts(opts)
+      local out = ffi.new("int32_t[?]", R)
+      m3.sampling.new(R, opts, "test"):draw(lg, V, out)
+      local c = { [0] = 0, 0, 0, 0, 0 }
+      for r = 0, R - 1 do c[out[r]] = c[out[r]] + 1 end
+      return c, out
+    end
+
+    it("draws from softmax(logits / temperature), restricted by top_k and top_p", function()
+      local c = counts({ seed = 1 })
+      local z = math.exp(1) + 2 * math.exp(3) + math.exp(2) + math.exp(-1)
+      for v, l in ipairs({ 1.0, 3.0, 2.0, 3.0, -1.0 }) do
+        local p = math.exp(l) / z
+        assert.is_true(math.abs(c[v - 1] / R - p) < 4 * math.sqrt(p * (1 - p) / R), "token " .. (v - 1))
+      end
+      assert.same({ [0] = 0, R, 0, 0, 0 }, (counts({ temperature = 0 }))) -- ties: the lowest id
+      assert.same({ [0] = 0, R, 0, 0, 0 }, (counts({ top_k = 1, seed = 2 })))
+      local k2 = counts({ top_k = 2, seed = 3 }) -- the two 3.0 logits, equally likely
+      assert.equal(R, k2[1] + k2[3])
+      assert.is_true(math.abs(k2[1] - R / 2) < 4 * math.sqrt(R / 4))
+      local p = counts({ top_p = 0.5, seed = 4 }) -- {1, 3} hold 0.79 of the mass, 1 alone 0.40
+      assert.equal(R, p[1] + p[3])
+      local cold = counts({ temperature = 0.05, top_p = 0.99, seed = 5 })
+      assert.equal(R, cold[1] + cold[3])
+    end)
+
+    it("refuses non-finite logits and leaves the generators as they were", function()
+      local s = m3.sampling.new(2, { seed = 1 }, "test")
+      local bad = ffi.new("float[10]")
+      bad[7] = 0 / 0
+      local out = ffi.new("int32_t[2]")
+      assert.matches("row 1 of the logits holds a non%-finite value", helper.error_of(s.draw, s, bad, 5, out))
+      bad[7] = 0
+      s:draw(bad, 5, out)
+      local fresh = m3.sampling.new(2, { seed = 1 }, "test")
+      local out2 = ffi.new("int32_t[2]")
+      fresh:draw(bad, 5, out2)
+      assert.equal(ffi.string(out, 8), ffi.string(out2, 8))
+    end)
+
+    it("gives the same tokens for any thread count", function()
+      local threads = m3.cpu_threads()
+      local _, a = counts({ top_k = 3, top_p = 0.9, seed = 6 })
+      m3.cpu_threads(1)
+      local _, b = counts({ top_k = 3, top_p = 0.9, seed = 6 })
+      m3.cpu_threads(threads)
+      assert.equal(ffi.string(a, 4 * R), ffi.string(b, 4 * R))
+    end)
+  end)
+
   describe("m3.pytorch", function()
     for _, tied in ipairs({ true, false }) do
       it("export then import gives the same bits (tie_embeddings " .. tostring(tied) .. ")", function()

@@ -19,7 +19,7 @@
 
 /* Bumped whenever a declaration below changes; the Lua binding refuses a library whose
  * m3_abi_version() differs from the header it was generated from. */
-#define M3_ABI_VERSION 3
+#define M3_ABI_VERSION 4
 
 #ifdef __cplusplus
 extern "C" {
@@ -393,6 +393,22 @@ m3_status m3_infer_reset(m3_infer *inf, const int32_t *rows, int32_t n_rows);
 m3_status m3_infer_get_state(const m3_infer *inf, int32_t layer, float *angle, float *ssm, float *k, float *v);
 m3_status m3_infer_set_state(m3_infer *inf, int32_t layer, const float *angle, const float *ssm, const float *k,
                              const float *v);
+
+/* ---- sampling (host) ----------------------------------------------------------------------- */
+
+typedef struct m3_sample_opts {
+  double temperature;     /* 0: greedy (the argmax, lowest id among ties) */
+  int32_t top_k;          /* keep the top_k largest logits; 0: all */
+  double top_p;           /* then the shortest most-likely prefix reaching this mass; 1: all */
+} m3_sample_opts;
+
+/* The 4-word generator state (xoshiro256**) of stream `row` of a seed. */
+void m3_sampler_seed(uint64_t seed, int32_t row, uint64_t *state);
+/* One token per row from logits [rows, vocab] (softmax(logits / temperature), top_k, then top_p);
+ * row r uses and advances rng[4 r .. 4 r + 3]. Rows run in parallel; a row's token depends only
+ * on its logits and its generator. */
+m3_status m3_sample(const float *logits, int32_t rows, int32_t vocab, const m3_sample_opts *opts, uint64_t *rng,
+                    int32_t *out);
 
 /* M3_FFI_END */
 

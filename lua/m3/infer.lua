@@ -12,9 +12,9 @@
 -- trainer's state (same batch) hands over with inf:set_states(tr:states()).
 --
 -- generate(prompt, n, opts) starts the prompt's rows from zero state (opts.carry = true: from
--- their carried state), feeds the prompt, then draws n tokens per row (m3.sampling; row r
--- draws from its own generator seeded by (seed, r), so a row's tokens do not depend on the
--- other rows). A row that draws one of opts.stop has stopped: its later positions hold
+-- their carried state), feeds the prompt, then draws n tokens per row (m3.sampling, the
+-- engine's sampler; row r draws from its own generator, stream (seed, r), so a row's tokens
+-- do not depend on the other rows). A row that draws one of opts.stop has stopped: its later positions hold
 -- opts.pad (default: the stop token it drew) and it is fed that token again; generation ends
 -- early once every row has stopped. Returns the tokens [rows, n] (int32) and a Lua list of
 -- each row's length (generated tokens up to and including its stop token; n when it did not
@@ -28,7 +28,6 @@ local weights = require "m3.weights"
 local options = require "m3.options"
 local states = require "m3.states"
 local sampling = require "m3.sampling"
-local rng = require "m3.data.rng"
 
 lib.internal_file(debug.getinfo(1, "S").source)
 
@@ -36,8 +35,6 @@ local C, check, raise = lib.C, lib.check, lib.raise
 local show, describe, want_int, want_bool = options.show, options.describe, options.want_int, options.want_bool
 
 local Box = lib.box("m3_infer", C.m3_infer_destroy)
-
-local SAMPLER_STREAM = 0x5eed -- the generators' stream (m3.data.rng), apart from data sources
 
 local I = {}
 I.__index = I
@@ -205,9 +202,7 @@ local function gen_options(self, opts)
   if opts ~= nil and type(opts) ~= "table" then raise("generate: opts must be a table, got " .. type(opts)) end
   opts = opts or {}
   options.check_keys(opts, GEN_OPTS, what)
-  local o = sampling.options(opts, what)
-  o.seed = weights.check_seed(opts.seed, what)
-  if type(o.seed) ~= "number" then raise("generate: seed = " .. show(opts.seed) .. ": expected an integer in [0, 2^53)") end
+  local o = { sampler = opts }
   local V = self.config.vocab_size
   o.stop = {}
   local stop = opts.stop
@@ -252,6 +247,7 @@ function I:generate(prompt, n, opts)
   local o = gen_options(self, opts)
   local t = step_input(self, { tokens = prompt_tensor(prompt) }, "generate: prompt")
   local B, V = t.dims_[0], cfg.vocab_size
+  local sampler = sampling.new(B, o.sampler, "generate")
   if not o.carry then
     local rows = {}
     for r = 1, B do rows[r] = r - 1 end
@@ -259,21 +255,18 @@ function I:generate(prompt, n, opts)
   end
   run(self, p, t, nil, nil, self._logits)
   local result = tensor({ B, n }, "i32")
-  local next_tok = tensor({ B, 1 }, "i32")
-  local gens, lengths, stopped, live_rows = {}, {}, {}, B
-  for r = 1, B do
-    gens[r] = rng.new(o.seed, r - 1, SAMPLER_STREAM)
-    lengths[r] = n
-  end
-  local lg = self._logits
+  local next_tok, drawn = tensor({ B, 1 }, "i32"), ffi.new("int32_t[?]", B)
+  local lengths, stopped, live_rows = {}, {}, B
+  for r = 1, B do lengths[r] = n end
   for i = 0, n - 1 do
+    sampler:draw(self._logits, V, drawn)
     for r = 0, B - 1 do
       local id
       if stopped[r] then
         id = stopped[r]
         result[r * n + i] = o.pad or id
       else
-        id = sampling.draw(lg + r * V, V, o, gens[r + 1])
+        id = drawn[r]
         result[r * n + i] = id
         if o.stop[id] then
           stopped[r], lengths[r + 1], live_rows = id, i + 1, live_rows - 1
