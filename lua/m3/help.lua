@@ -81,7 +81,8 @@ m3.weights.init(cfg, {seed =}), m3.weights.load(path), w:save(path), w:get(name)
 w:set(name, tensor), w:names(), w.config]]
 
 T["infer"] = [[
-m3.infer(weights_or_path, {device = "auto", dtype = "f32", batch = 1, max_len = 256, graph = true})
+m3.infer(weights | trainer | path, {device = "auto", dtype = "f32", batch = 1, max_len = 256,
+  graph = true})
   a forward-only model that steps rows [0, B) from their carried state (no gradients, no
   moments; one-token steps replay a CUDA graph on the GPU). Prompts longer than max_len run
   in pieces; token by token, in pieces or whole give the same bits on the CPU.

@@ -1,7 +1,7 @@
 -- m3.infer — the inference handle (API.md "Inference") over m3_infer_*: a forward-only copy
 -- of the weights that steps rows from their carried recurrent state, and text generation.
 --
---   local inf = m3.infer(weights_or_path, {device=, dtype=, batch=, max_len=, graph=})
+--   local inf = m3.infer(weights_or_path_or_trainer, {device=, dtype=, batch=, max_len=, graph=})
 --   local out, logits = inf:step(tokens_or_batch)    -- one token or a whole prompt
 --   local toks, lengths = inf:generate(prompt, n, {temperature=, top_k=, top_p=, seed=, stop=})
 --
@@ -59,7 +59,7 @@ local function fill_cfg(opts)
   return c
 end
 
--- m3.infer(weights_or_path, opts)
+-- m3.infer(weights_or_path_or_trainer, opts)
 local function new(w, opts)
   if opts ~= nil and type(opts) ~= "table" then raise("m3.infer: opts must be a table, got " .. type(opts)) end
   opts = opts or {}
@@ -68,8 +68,10 @@ local function new(w, opts)
   local own = false
   if type(w) == "string" then
     w, own = weights.load(w), true
+  elseif type(w) == "table" and not weights.is(w) and type(w.snapshot) == "function" then
+    w, own = w:snapshot(), true -- a trainer: its current weights
   elseif not weights.is(w) then
-    raise("m3.infer: expected weights (m3.weights) or the path of a weights file, got " .. describe(w))
+    raise("m3.infer: expected weights (m3.weights), a trainer or the path of a weights file, got " .. describe(w))
   end
   c.weights = weights.ptr(w)
   local out = ffi.new("m3_infer *[1]")
