@@ -1038,8 +1038,14 @@ extern "C" cudaError_t m3k_scan_prepare(int prec, const m3k_scan_plan *plan) {
   return e;
 }
 
+/* A window of one token (a decode step) always takes the SIMT kernels: the chunked one would
+ * spend a whole 64-token tile on it. */
+static bool takes_chunked(int prec, const m3k_scan_plan *plan, const m3k_scan_args *a) {
+  return prec != M3K_F32 && plan->chunked && a->len > 1;
+}
+
 extern "C" cudaError_t m3k_scan_fwd(cudaStream_t s, int prec, const m3k_scan_plan *plan, const m3k_scan_args *a) {
-  if (prec != M3K_F32 && plan->chunked && a->len > 0) return m3k_chunked_fwd(s, prec, plan, a);
+  if (takes_chunked(prec, plan, a)) return m3k_chunked_fwd(s, prec, plan, a);
   const dim3 grid(a->d.H, a->rows);
   M3K_DISPATCH(prec, SCAN_TILE_DISPATCH(plan, (scan_fwd_kernel<RP, RN, T><<<grid, plan->threads, plan->smem_fwd, s>>>(
                                                    *a, make_geo(plan->pth, plan->nth, plan->tb_fwd, 1)))));
@@ -1047,8 +1053,7 @@ extern "C" cudaError_t m3k_scan_fwd(cudaStream_t s, int prec, const m3k_scan_pla
 }
 
 extern "C" cudaError_t m3k_scan_bwd(cudaStream_t s, int prec, const m3k_scan_plan *plan, const m3k_scan_args *a) {
-  if (prec != M3K_F32 && plan->chunked && a->len > 0 && a->chunk_states)
-    return m3k_chunked_bwd(s, prec, plan, a);
+  if (takes_chunked(prec, plan, a) && a->chunk_states) return m3k_chunked_bwd(s, prec, plan, a);
   const dim3 grid(a->d.H, a->rows);
   M3K_DISPATCH(prec, SCAN_TILE_DISPATCH(plan, (scan_bwd_kernel<RP, RN, T><<<grid, plan->threads, plan->smem_bwd, s>>>(
                                                    *a, make_geo(plan->pth, plan->nth, plan->tb_bwd, plan->sb)))));
