@@ -3,7 +3,7 @@
 -- device memory of the trainer, and the public PyTorch + Triton Mamba-3 numbers for scale.
 --
 --   m3lua scripts/bench.lua [--configs rl,rl-batch,mid,lm130] [--dtypes bf16,f32]
---                           [--device cuda|cpu] [--steps N] [--no-graph]
+--                           [--device cuda|cpu] [--steps N] [--no-graph] [--profile]
 --   m3lua scripts/bench.lua --decode [flags]   inference decode speed (scripts/bench_decode.lua)
 --
 -- On CUDA every config is timed with a captured graph (after eager warm-up steps). The
@@ -11,6 +11,8 @@
 -- metrics are back on the host (the device is idle between steps). rl, rl-batch and mid
 -- use input "identity" and head "none" with a fixed random d_out (no head cost); lm130 uses
 -- tokens and the tied "lm" head over 50280 tokens (its GEMMs count in the FLOPs).
+-- --profile (CUDA) times eagerly instead and prints each config's phases (tr:profile()):
+-- device ms per step in upload, norms, in_proj, scan, out_proj, head, update, ...
 -- `lm130-b16` only checks that lm130 at B 16 x T 2048 fits (two steps, memory).
 -- On the CPU (the default without a GPU) it times the rl model at B 16 x T 256 in f32 and
 -- reports the share of the step spent in matrix products (trainer info gemm_seconds).
@@ -56,6 +58,7 @@ while i <= #args do
   elseif a == "--device" then opt.device = args[i + 1]; i = i + 1
   elseif a == "--steps" then opt.steps = tonumber(args[i + 1]); i = i + 1
   elseif a == "--no-graph" then opt.graph = false
+  elseif a == "--profile" then opt.profile, opt.graph = true, false
   else error("bench.lua: unknown argument " .. tostring(a) .. " (see the header of scripts/bench.lua)") end
   i = i + 1
 end
@@ -144,6 +147,8 @@ local function run(name, dtype)
       tr:capture_graph()
       for _ = 1, 3 do tr:step(batch) end
     end
+    local profiled = opt.profile and opt.device == "cuda" and not c.fit_only
+    if profiled then tr:set_profiling(true) end
     local times, last = {}, nil
     local g0 = gemm_seconds(tr)
     local n = c.fit_only and 0 or opt.steps
@@ -157,7 +162,7 @@ local function run(name, dtype)
     local g1 = gemm_seconds(tr)
     local info = tr:info()
     local r = { name = name, dtype = dtype, B = B, T = T, mem = info.device_bytes / 2 ^ 30, graph = graphed,
-                fit_only = c.fit_only, public = c.public }
+                fit_only = c.fit_only, public = c.public, profile = profiled and tr:profile() or nil }
     if n > 0 then
       r.ms = median(times)
       r.tok_s = B * T / (r.ms / 1e3)
@@ -178,6 +183,14 @@ local function run(name, dtype)
         r.gemm_share and string.format(", GEMM share %.0f%%", 100 * r.gemm_share) or ""))
     else
       print(string.format("fits: %.2f GiB of device memory", r.mem))
+    end
+    if r.profile then
+      local total = 0
+      for _, ph in ipairs(r.profile.phases) do total = total + ph.ms end
+      print(string.format("  profile: %d eager steps timed, %.3f ms of device time per step", r.profile.calls, total))
+      for _, ph in ipairs(r.profile.phases) do
+        print(string.format("  %-14s %9.3f ms/step %5.1f%%", ph.name, ph.ms, 100 * ph.ms / total))
+      end
     end
   end
   collectgarbage()

@@ -95,10 +95,10 @@ if has bench; then
 fi
 if has profile; then
   t=$(stamp)
-  M3_CUDA_PROFILE=1 timeout 120 $build/m3lua scripts/bench.lua --no-graph --steps 3 --dtypes bf16 \
+  timeout 120 $build/m3lua scripts/bench.lua --profile --steps 3 --dtypes bf16 \
     --configs ${PROFILE_CONFIGS:-rl,rl-batch,mid,lm130} >"$OUT/profile.log" 2>&1
   say "profile (eager, bf16) [$(($(stamp) - t)) s]:"
-  grep -E "^== |m3 cuda profile|^  [a-z_ ()+]+ +[0-9.]+ ms/call" "$OUT/profile.log" | tee -a "$summary"
+  grep -E "^== |  profile: |^  [a-z_ ()+]+ +[0-9.]+ ms/step +[0-9.]+%" "$OUT/profile.log" | tee -a "$summary"
 fi
 if has ncu; then # hardware counters of one scan launch of each direction (after warm-up launches)
   t=$(stamp)

@@ -66,6 +66,36 @@ describe("CUDA trainer #gpu", function()
     end)
   end
 
+  it("times the phases of eager steps without changing a bit of the result", function()
+    if not need_gpu() then return end
+    local cfg = helper.identity_mse({ d_model = 32, d_state = 16, headdim = 16 })
+    local o = { device = "cuda", dtype = "bf16", batch = 2, seq_len = 20, seed = 9 }
+    local rng = helper.rng(5)
+    local bs = {}
+    for i = 1, 3 do bs[i] = helper.batch(m3.config(cfg), 2, 20, rng) end
+    local p, e = m3.trainer(cfg, o), m3.trainer(cfg, o)
+    p:set_profiling(true)
+    for i = 1, 3 do
+      p:step(bs[i])
+      e:step(bs[i])
+    end
+    local prof = p:profile()
+    assert.equal(2, prof.calls) -- the first step after switching on is not counted
+    local names, total = {}, 0
+    for _, ph in ipairs(prof.phases) do
+      assert.is_true(ph.ms > 0, ph.name)
+      names[ph.name] = true
+      total = total + ph.ms
+    end
+    assert.is_true(names["scan fwd"] and names["scan bwd"] and names["update"])
+    assert.is_true(total < 1000)
+    assert.is_true(helper.same_weights(p:snapshot(), e:snapshot()))
+    p:set_profiling(false)
+    assert.equal(0, p:profile().calls)
+    p:close()
+    e:close()
+  end)
+
   it("replays a graph, applies set_lr at the next replay, and drops it", function()
     if not need_gpu() then return end
     local cfg = helper.identity_mse({ d_model = 32, d_state = 16, headdim = 16 })

@@ -329,7 +329,7 @@ describe("m3.trainer", function()
     local calls = {
       "step", "forward", "backward_step", "evaluate", "capture_graph", "drop_graph", "has_graph", "lr",
       "reset_state", "states", "snapshot", "grads", "device", "dtype", "batch", "seq_len", "step_count",
-      "info", "scaler_state",
+      "info", "scaler_state", "set_profiling", "profile",
     }
     for _, name in ipairs(calls) do
       assert.matches("trainer is closed", helper.error_of(tr[name], tr, b), name)
@@ -533,6 +533,14 @@ describe("m3.trainer", function()
     local tr = m3.trainer(helper.features_none(), CPU)
     assert.matches("CUDA", helper.error_of(tr.capture_graph, tr))
     assert.is_false(tr:has_graph())
+  end)
+
+  it("refuses phase profiling on the CPU, naming CUDA, and stays usable", function()
+    local tr = m3.trainer(helper.features_none(), CPU)
+    assert.matches("needs the CUDA backend", helper.error_of(tr.set_profiling, tr, true))
+    assert.matches("needs the CUDA backend", helper.error_of(tr.profile, tr))
+    tr:step(helper.batch(tr.config, 2, 5, helper.rng(3)))
+    assert.equal(1, tr:step_count())
   end)
 
   it("has no loss scaler outside f16", function()

@@ -19,7 +19,7 @@
 
 /* Bumped whenever a declaration below changes; the Lua binding refuses a library whose
  * m3_abi_version() differs from the header it was generated from. */
-#define M3_ABI_VERSION 4
+#define M3_ABI_VERSION 5
 
 #ifdef __cplusplus
 extern "C" {
@@ -301,6 +301,21 @@ m3_status m3_trainer_evaluate(m3_trainer *tr, const m3_batch *b, m3_metrics *met
 m3_status m3_trainer_capture_graph(m3_trainer *tr);
 m3_status m3_trainer_drop_graph(m3_trainer *tr);
 int32_t m3_trainer_has_graph(const m3_trainer *tr);
+
+/* Phase timing (CUDA backend; a development aid, off by default). With profiling on, every
+ * eager call that synchronises (step, forward, backward_step, evaluate, state and weight
+ * reads) records device time between its phase boundaries; steps replayed from a captured
+ * graph are not timed (drop the graph to profile). m3_trainer_profile writes the phases that
+ * took time, in step order, as milliseconds per counted call: the first call after switching
+ * on is not counted (it loads modules). Switching on or off clears the totals. The CPU backend
+ * answers M3_ERR_UNSUPPORTED. */
+typedef struct m3_phase_time {
+  const char *name;       /* a static string: "scan fwd", "in_proj bwd", "update", ... */
+  double ms_per_call;
+} m3_phase_time;
+m3_status m3_trainer_set_profiling(m3_trainer *tr, int32_t on);
+/* out [cap] entries; *n = entries written, *calls = calls counted. */
+m3_status m3_trainer_profile(const m3_trainer *tr, m3_phase_time *out, int32_t cap, int32_t *n, int64_t *calls);
 
 m3_status m3_trainer_set_lr(m3_trainer *tr, double lr);
 double m3_trainer_lr(const m3_trainer *tr);

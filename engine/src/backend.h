@@ -83,6 +83,9 @@ typedef struct backend_ops {
    * the backend (on the device) until read_logits copies rows x vocab of them */
   m3_status (*infer)(backend *be, const m3_batch *b, float *out);
   m3_status (*read_logits)(const backend *be, int32_t rows, float *dst);
+  /* phase timing of eager calls (m3_trainer_set_profiling, m3.h); NULL: not available */
+  m3_status (*set_profiling)(backend *be, int32_t on);
+  m3_status (*profile)(const backend *be, m3_phase_time *out, int32_t cap, int32_t *n, int64_t *calls);
 } backend_ops;
 
 /* What a backend is created from. */

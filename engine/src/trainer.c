@@ -354,6 +354,25 @@ m3_status m3_trainer_drop_graph(m3_trainer *tr) {
 
 int32_t m3_trainer_has_graph(const m3_trainer *tr) { return tr && !tr->poisoned ? tr->ops->has_graph(tr->be) : 0; }
 
+static m3_status profiling_available(const m3_trainer *tr) {
+  TRY(usable(tr));
+  if (!tr->ops->set_profiling)
+    return m3_fail(M3_ERR_UNSUPPORTED, "profiling: phase timing needs the CUDA backend (this trainer runs on %s)",
+                   tr->ops->name);
+  return M3_OK;
+}
+
+m3_status m3_trainer_set_profiling(m3_trainer *tr, int32_t on) {
+  TRY(profiling_available(tr));
+  return track(tr, tr->ops->set_profiling(tr->be, on));
+}
+
+m3_status m3_trainer_profile(const m3_trainer *tr, m3_phase_time *out, int32_t cap, int32_t *n, int64_t *calls) {
+  TRY(profiling_available(tr));
+  if (!out || !n || !calls || cap < 0) return m3_fail(M3_ERR_ARGUMENT, "profile: out, n and calls are required");
+  return tr->ops->profile(tr->be, out, cap, n, calls);
+}
+
 m3_status m3_trainer_set_lr(m3_trainer *tr, double lr) {
   TRY(usable(tr));
   if (!(isfinite(lr) && lr > 0)) return m3_fail(M3_ERR_ARGUMENT, "set_lr: lr = %g must be a finite number > 0", lr);

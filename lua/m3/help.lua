@@ -29,7 +29,7 @@ m3.trainer(weights_or_config, {device = "auto", dtype = "f32", batch = 8, seq_le
   carry_state = false, clip = 0, seed = 0})
 A batch: {tokens = int32 [B,T] | input = float [B,T,D], targets = int32 [B,T] (-1 ignored)
   | float [B,T,out_dim], d_out = ..., resets = uint8 [B,T], mask = ...}; B <= batch, T <= seq_len.
-methods: step forward backward_step evaluate capture_graph drop_graph has_graph set_lr lr
+methods: step forward backward_step evaluate capture_graph drop_graph has_graph set_profiling profile set_lr lr
   set_clip set_reference_no_decay reset_state states set_states snapshot grads save
   scaler_state load_scaler_state info device dtype batch seq_len step_count close
   m3.trainer.load(path, {device =, dtype =}) -> trainer, extra]]
@@ -42,6 +42,8 @@ local methods = {
   capture_graph = "tr:capture_graph()\n  CUDA graph of the fused step (after >= 1 eager step); set_lr needs no recapture.",
   drop_graph = "tr:drop_graph()  forget the captured graph",
   has_graph = "tr:has_graph() -> boolean",
+  set_profiling = "tr:set_profiling(on)  CUDA: time the phases of eager calls (graph replays are not timed)",
+  profile = "tr:profile() -> {calls =, phases = {{name =, ms =}, ...}}\n  ms per counted call; the first call after set_profiling(true) is not counted.",
   set_lr = "tr:set_lr(x)  learning rate (> 0, finite); see ?m3.schedule",
   lr = "tr:lr() -> the current learning rate",
   set_clip = "tr:set_clip(max_norm)  global gradient-norm clipping for tr:step (0: off)",

@@ -339,6 +339,23 @@ function T:has_graph()
   return C.m3_trainer_has_graph(live(self)) ~= 0
 end
 
+-- ---- phase timing (CUDA; m3.h m3_trainer_set_profiling) -----------------------------------------
+
+function T:set_profiling(on)
+  check(C.m3_trainer_set_profiling(live(self), on and 1 or 0))
+end
+
+-- {calls = n, phases = {{name =, ms =}, ...}}: ms per counted eager call, in step order.
+function T:profile()
+  local p = live(self)
+  local cap = 64
+  local out, n, calls = ffi.new("m3_phase_time[?]", cap), ffi.new("int32_t[1]"), ffi.new("int64_t[1]")
+  check(C.m3_trainer_profile(p, out, cap, n, calls))
+  local phases = {}
+  for i = 0, n[0] - 1 do phases[#phases + 1] = { name = ffi.string(out[i].name), ms = out[i].ms_per_call } end
+  return { calls = tonumber(calls[0]), phases = phases }
+end
+
 -- ---- hyper-parameters ----------------------------------------------------------------------------
 
 function T:set_lr(lr)

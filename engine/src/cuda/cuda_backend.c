@@ -41,9 +41,9 @@
 
 enum { MAX_GRAPHS = 16, LM_BLOCK_ROWS = 4096, SLICE_ALIGN = 128, PROF_MARKS = 2048 };
 
-/* Opt-in phase timing (environment M3_CUDA_PROFILE=1, eager steps only): an event at every
- * phase boundary; the time to the next event is charged to the phase; totals go to stderr
- * when the trainer is destroyed. A development aid, off by default. */
+/* Opt-in phase timing (m3_trainer_set_profiling; eager calls only): an event at every phase
+ * boundary, the time to the next event charged to the phase, totals read with
+ * m3_trainer_profile. A development aid, off by default. */
 typedef enum prof_phase {
   PH_UPLOAD, PH_INPUT, PH_NORM_F, PH_INPROJ_F, PH_BCNORM_F, PH_SCAN_F, PH_OUTPROJ_F, PH_HEAD, PH_NORM_B,
   PH_OUTPROJ_B, PH_SCAN_B, PH_BCNORM_B, PH_PARAMS_B, PH_INPROJ_B, PH_INPUT_B, PH_UPDATE, PH_END, PH_COUNT
@@ -53,7 +53,7 @@ static const char *const PHASE_NAME[PH_COUNT] = {
     "norm bwd", "out_proj bwd", "scan bwd", "bcnorm bwd", "small grads", "in_proj bwd", "input bwd", "update", "end"};
 
 typedef struct prof {
-  int on, n, capturing;
+  int on, n, capturing, events; /* events: ev[] created (on the first switch-on) */
   cudaEvent_t ev[PROF_MARKS];
   int phase[PROF_MARKS];
   double ms[PH_COUNT];
@@ -903,28 +903,12 @@ static void free_graphs(backend *be) {
 
 /* ---- backend ops ------------------------------------------------------------------------------------------------ */
 
-static void prof_report(backend *be) {
-  prof *p = &be->pf;
-  double total = 0;
-  for (int i = 0; i < PH_END; i++) total += p->ms[i];
-  if (p->steps == 0 || total <= 0) return;
-  const double calls = (double)(p->steps - 1);
-  if (calls < 1) return;
-  fprintf(stderr, "m3 cuda profile: %lld synchronised calls after the first, %.3f ms of device time per call\n",
-          (long long)(p->steps - 1), total / calls);
-  for (int i = 0; i < PH_END; i++)
-    if (p->ms[i] > 0)
-      fprintf(stderr, "  %-14s %9.3f ms/call %5.1f%%\n", PHASE_NAME[i], p->ms[i] / calls, 100 * p->ms[i] / total);
-}
-
 static void destroy(backend *be) {
   if (!be) return;
   if (be->arena || be->pin || be->st) cudaSetDevice(be->dev);
-  if (be->pf.on) {
-    prof_report(be);
+  if (be->pf.events)
     for (int i = 0; i < PROF_MARKS; i++)
       if (be->pf.ev[i]) cudaEventDestroy(be->pf.ev[i]);
-  }
   free_graphs(be);
   if (be->gm_ready) m3_gemm_free(&be->gm);
   if (be->st) cudaStreamSynchronize(be->st);
@@ -1144,6 +1128,37 @@ static m3_status op_read_logits(const backend *cbe, int32_t rows, float *dst) {
   return sync(be);
 }
 
+/* Switching on or off clears the totals; the first call after switching on is not counted. */
+static m3_status op_set_profiling(backend *be, int32_t on) {
+  ENTER(be);
+  prof *p = &be->pf;
+  if (on && !p->events) {
+    for (int i = 0; i < PROF_MARKS; i++) CK(cudaEventCreate(&p->ev[i]));
+    p->events = 1;
+  }
+  p->on = on != 0;
+  p->n = 0;
+  p->steps = 0;
+  memset(p->ms, 0, sizeof p->ms);
+  return M3_OK;
+}
+
+static m3_status op_profile(const backend *be, m3_phase_time *out, int32_t cap, int32_t *n, int64_t *calls) {
+  const prof *p = &be->pf;
+  const int64_t counted = p->steps > 0 ? p->steps - 1 : 0;
+  *n = 0;
+  *calls = counted;
+  for (int i = 0; i < PH_END && counted > 0; i++) {
+    if (p->ms[i] <= 0) continue;
+    if (*n >= cap) return m3_fail(M3_ERR_ARGUMENT, "profile: cap = %d entries are too few (up to %d phases)", cap,
+                                  (int)PH_END);
+    out[*n].name = PHASE_NAME[i];
+    out[*n].ms_per_call = p->ms[i] / (double)counted;
+    (*n)++;
+  }
+  return M3_OK;
+}
+
 static const backend_ops cuda_ops = {
     .name = "cuda",
     .destroy = destroy,
@@ -1163,6 +1178,8 @@ static const backend_ops cuda_ops = {
     .device_bytes = op_device_bytes,
     .infer = op_infer,
     .read_logits = op_read_logits,
+    .set_profiling = op_set_profiling,
+    .profile = op_profile,
 };
 
 /* ---- creation ---------------------------------------------------------------------------------------------------- */
@@ -1245,11 +1262,6 @@ static m3_status init_device(backend *be, const backend_args *a) {
   const cudaDataType_t act = be->prec == M3K_BF16 ? CUDA_R_16BF : be->prec == M3K_F16 ? CUDA_R_16F : CUDA_R_32F;
   TRY(m3_gemm_init(&be->gm, act, be->prec == M3K_F32 && a->allow_tf32, be->workspace, WORKSPACE_BYTES));
   be->gm_ready = 1;
-  const char *pe = getenv("M3_CUDA_PROFILE");
-  if (pe && *pe && strcmp(pe, "0") != 0) {
-    for (int i = 0; i < PROF_MARKS; i++) CK(cudaEventCreate(&be->pf.ev[i]));
-    be->pf.on = 1;
-  }
   return M3_OK;
 }
 
