@@ -39,6 +39,10 @@
  * product's 16 x 16 output tiles are distributed over the warps. Every sum has a fixed order (no
  * atomics): bitwise repeatable. Shapes whose tiles do not fit in shared memory (P, N large) keep
  * the SIMT kernels (m3k_chunked_smem returns 0).
+ * The forward of shapes with at most CWARPS x FR_MAXT 16 x 16 tiles of E (Pp x Np <= 8192, e.g.
+ * lm130's 64 x 128) runs scan_fwd_chunked_r: E in the warps' accumulator registers, no float32 S
+ * tile, W x in place; 128 registers and ~103 KB shared memory on lm130, two CTAs per SM (NOTES.md
+ * run 8); larger shapes run scan_fwd_chunked. Both compute the same operations in the same order.
  */
 #include <mma.h>
 #include <stdio.h>
@@ -148,6 +152,53 @@ __host__ __device__ inline size_t carve_c(unsigned char *base, int bwd, int P, i
   CT(pB, float, c.Np);
   CT(pC, float, c.Np);
   CT(pOn, float, CWARPS * c.Pp);
+  CT(red, float, 32);
+  CT(pend, float, PN_W + 8);
+#undef CT
+  if (m) *m = t;
+  return off + 128;
+}
+
+/* Forward, E in registers (scan_fwd_chunked_r): the float32 state E lives in wmma accumulator
+ * fragments (tile wid + CWARPS j of the Pp x Np state for warp wid, j < FR_MAXT), so neither the
+ * float32 copy of E nor the float32 S tile nor a separate W x tile are in shared memory (lm130:
+ * 168 -> 103 KB: two CTAs per SM). Shapes with more E tiles keep scan_fwd_chunked. */
+enum { FR_MAXT = 4, FR_UD = 2 }; /* FR_UD: units in flight per lane in c_build */
+
+__host__ __device__ inline bool fwd_in_regs(int P, int N) {
+  const cdims c = make_cdims(P, N);
+  return (c.Pp / 16) * (c.Np / 16) <= CWARPS * FR_MAXT;
+}
+
+__host__ __device__ inline size_t carve_r(unsigned char *base, int P, int N, int S, csmem *m) {
+  const cdims c = make_cdims(P, N);
+  size_t off = 0;
+  csmem t;
+#define CT(field, type, n) t.field = (type *)(base + cs_take(off, (size_t)(n) * sizeof(type)))
+  CT(sq, OT, CQ * c.lqn);
+  CT(sk, OT, CQ * c.lqn);
+  CT(sx, OT, CQ * c.lqp); /* x, then (after Y) W x in place */
+  t.sxw = NULL;
+  t.syw = NULL;
+  CT(sE, OT, c.Pp * c.lqn);
+  t.sdE = NULL;
+  CT(sL1, OT, CQ * c.lqq); /* L o S; after Y: per-warp 16 x 16 float32 scratch (E -> bf16) */
+  t.sL2 = NULL;
+  t.sEf = NULL;
+  {
+    size_t r = (size_t)CQ * c.lfp; /* Y; before Y: per-warp 16 x 16 float32 scratch (S tiles) */
+    if (r < (size_t)CWARPS * 256) r = (size_t)CWARPS * 256;
+    CT(sR, float, r);
+  }
+  CT(th, float, CQ * S + 1);
+  t.dth = NULL;
+  t.thv = NULL;
+  CT(sbk, float, c.Np);
+  CT(sbq, float, c.Np);
+  CT(sc, float, (CQ + 1) * FW);
+  CT(kl, float, c.Np);
+  CT(thr, float, S + 1);
+  t.pB = t.pC = t.pOn = NULL;
   CT(red, float, 32);
   CT(pend, float, PN_W + 8);
 #undef CT
@@ -320,17 +371,17 @@ __device__ __forceinline__ unit_kq unit_make(const unit_raw &w, const float *sbk
 
 /* Calls body(unit_kq, u) for the units u = lane, lane + 32, ... of local token i (position m),
  * loading up to 4 units per lane before using them. th: [CQ][S] angles of the chunk. */
-template <typename F>
+template <int UD = 4, typename F>
 __device__ __forceinline__ void for_units(const m3k_scan_args &a, const csmem &s, const float *th, int64_t m, int g,
                                           int i, F body) {
   const int lane = threadIdx.x & 31, N = a.d.N, S = a.d.S, U = N - S;
   const float *bk = a.bc_hat + ((m * 2 + 0) * a.d.G + g) * N; // [N] B_hat
   const float *bq = a.bc_hat + ((m * 2 + 1) * a.d.G + g) * N; // [N] C_hat
-  for (int u0 = lane; u0 < U; u0 += 128) {
-    unit_raw w[4];
-    float tv[4];
+  for (int u0 = lane; u0 < U; u0 += 32 * UD) {
+    unit_raw w[UD];
+    float tv[UD];
 #pragma unroll
-    for (int j = 0; j < 4; j++) {
+    for (int j = 0; j < UD; j++) {
       const int u = u0 + 32 * j;
       if (u < U) {
         w[j] = unit_load(bk, bq, u, S);
@@ -338,7 +389,7 @@ __device__ __forceinline__ void for_units(const m3k_scan_args &a, const csmem &s
       }
     }
 #pragma unroll
-    for (int j = 0; j < 4; j++) {
+    for (int j = 0; j < UD; j++) {
       const int u = u0 + 32 * j;
       if (u < U) body(unit_make(w[j], s.sbk, s.sbq, u, S, tv[j]), u);
     }
@@ -347,6 +398,7 @@ __device__ __forceinline__ void for_units(const m3k_scan_args &a, const csmem &s
 
 /* q (bf16, if want_q), ktil (bf16), q.k (float32) of the chunk, warp per token; rows >= nb and
  * columns >= N are zero. Angles from th [CQ][S]. kl: the window's last k (or NULL). */
+template <int UD = 4>
 __device__ __forceinline__ void c_build(const m3k_scan_args &a, const csmem &s, const cdims &cd, int64_t m0, int t0,
                                         int nb, int g, bool want_q, const float *th, float *kl) {
   const int lane = threadIdx.x & 31, wid = threadIdx.x >> 5;
@@ -363,7 +415,7 @@ __device__ __forceinline__ void c_build(const m3k_scan_args &a, const csmem &s, 
     const float sc = s.sc[i * FW + F_SCALE];
     const bool last = kl && (t0 + i == a.len - 1);
     float qk = 0;
-    for_units(a, s, th, m0 + i, g, i, [&](const unit_kq &r, int) {
+    for_units<UD>(a, s, th, m0 + i, g, i, [&](const unit_kq &r, int) {
       qk += r.q0 * r.k0 + r.q1 * r.k1;
       k[r.n0] = __float2bfloat16_rn(sc * r.k0);
       if (want_q) q[r.n0] = __float2bfloat16_rn(r.q0);
@@ -549,6 +601,259 @@ __global__ void __launch_bounds__(CTHREADS, 1) scan_fwd_chunked(const m3k_scan_a
       const int p = idx / N, n = idx - p * N;
       a.fin_ssm[bh * P * N + idx] = s.sEf[p * cd.lfn + n];
     }
+  if (a.fin_k)
+    for (int n = tid; n < N; n += CTHREADS) a.fin_k[bh * N + n] = s.kl[n];
+  if (a.fin_v)
+    for (int p = tid; p < P; p += CTHREADS)
+      a.fin_v[bh * P + p] = to_f(proj[((int64_t)b * a.len + a.len - 1) * d.dipp + d.x_off + (int64_t)h * P + p]);
+  if (a.fin_angle)
+    for (int j = tid; j < S; j += CTHREADS) a.fin_angle[bh * S + j] = s.thr[j];
+}
+
+/* Forward with E in accumulator registers (see carve_r). Same math, same operations in the same
+ * order as scan_fwd_chunked (bitwise the same results); per chunk: S tiles (lower triangle only:
+ * the mask zeroes the rest) through a per-warp scratch straight into L o S (bf16); each warp's
+ * Y tiles = EC-scaled q E^T plus (L o S) x without leaving the warp; W x in place in sx after Y;
+ * E = dec E + (W x)^T ktil in registers, converted to bf16 through the per-warp scratch. */
+static_assert(CQ * (CQ + 8) * sizeof(OT) >= CWARPS * 256 * sizeof(float), "sL1 holds the per-warp scratch");
+
+template <typename T>
+__global__ void __launch_bounds__(CTHREADS, 2) scan_fwd_chunked_r(const m3k_scan_args a) {
+  extern __shared__ __align__(128) unsigned char smraw[];
+  const m3k_dims &d = a.d;
+  const int h = blockIdx.x, b = blockIdx.y, g = h / d.hpg;
+  const int P = d.P, N = d.N, S = d.S, H = d.H, E = d.E;
+  const int tid = threadIdx.x, lane = tid & 31, wid = tid >> 5;
+  const cdims cd = make_cdims(P, N);
+  csmem s;
+  carve_r(smraw, P, N, S, &s);
+  const T *proj = (const T *)a.proj; // [M, dipp]
+  T *gated = (T *)a.gated;           // [M, E]
+  const int64_t bh = (int64_t)b * H + h;
+  const float Dh = a.D[h];
+  float *misc = s.pend + PN_W;
+  const int etn = cd.Np / 16, ent = (cd.Pp / 16) * etn; /* E tiles (row-major over Pp x Np) */
+  float *wscr = s.sR + wid * 256;           /* per-warp scratch in the Y area (before Y exists) */
+  float *escr = (float *)s.sL1 + wid * 256; /* per-warp scratch in the L o S area (after Y) */
+  float *sY = s.sR;                         /* [CQ][lfp] */
+  wmma::fragment<wmma::accumulator, 16, 16, 16, float> eacc[FR_MAXT];
+
+  /* E_0 = H_in + bp_0 v_in k_in^T (only read where no reset precedes: masks) */
+  c_scalars<T>(a, s.sc, (int64_t)b * a.len, 0, 0, h);
+  c_biases(a, s, cd, h);
+  for (int j = tid; j < S; j += CTHREADS) s.thr[j] = a.in_angle ? a.in_angle[bh * S + j] : 0.0f;
+  __syncthreads();
+  {
+    const float bp0 = s.sc[F_BP];
+#pragma unroll
+    for (int j = 0; j < FR_MAXT; j++) {
+      const int tile = wid + CWARPS * j;
+      if (tile < ent) {
+        const int i0 = tile / etn * 16, j0 = tile % etn * 16;
+        for (int e = lane; e < 256; e += 32) {
+          const int p = i0 + (e >> 4), n = j0 + (e & 15);
+          float v = 0;
+          if (p < P && n < N) {
+            if (a.in_ssm) v = a.in_ssm[(bh * P + p) * N + n];
+            if (a.in_v && a.in_k) v += bp0 * a.in_v[bh * P + p] * a.in_k[bh * N + n];
+          }
+          wscr[e] = v;
+          s.sE[p * cd.lqn + n] = __float2bfloat16_rn(v);
+        }
+        __syncwarp();
+        wmma::load_matrix_sync(eacc[j], wscr, 16, wmma::mem_row_major);
+        __syncwarp();
+      } else {
+        wmma::fill_fragment(eacc[j], 0.0f);
+      }
+    }
+  }
+  __syncthreads();
+
+  for (int t0 = 0; t0 < a.len; t0 += CQ) {
+    const int nb = min(CQ, a.len - t0);
+    const int64_t m0 = (int64_t)b * a.len + t0;
+    /* 1. loads: scalars, tanh of the angle logits, x */
+    c_scalars<T>(a, s.sc, m0, t0, nb, h);
+#pragma unroll 4
+    for (int idx = tid; idx < nb * S; idx += CTHREADS) {
+      const int i = idx / S, j = idx - i * S;
+      s.th[idx] = tanhf(ldact(proj + (m0 + i) * d.dipp + d.ang_off + j));
+    }
+#pragma unroll 4
+    for (int idx = tid; idx < CQ * cd.Pp; idx += CTHREADS) {
+      const int i = idx / cd.Pp, p = idx - i * cd.Pp;
+      const float xv = (i < nb && p < P) ? ldact(proj + (m0 + i) * d.dipp + d.x_off + (int64_t)h * P + p) : 0.0f;
+      s.sx[i * cd.lqp + p] = __float2bfloat16_rn(xv);
+    }
+    __syncthreads();
+    /* 2. warp 0: cumsums and masks; the other warps: the angle walk (as scan.cu) */
+    if (wid == 0) {
+      c_prep(s.sc, nb, misc);
+    } else {
+      for (int j = tid - 32; j < S; j += CTHREADS - 32) {
+        float v = s.thr[j];
+#pragma unroll 4
+        for (int i = 0; i < nb; i++) {
+          if (s.sc[i * FW + F_RST] != 0) v = 0;
+          v = wrap_sum(v, PI_F * s.th[i * S + j] * s.sc[i * FW + F_DT]);
+          s.th[i * S + j] = v;
+          a.theta[((m0 + i) * H + h) * S + j] = v;
+        }
+        s.thr[j] = v;
+      }
+    }
+    __syncthreads();
+    /* 3. q, ktil, q.k */
+    c_build<FR_UD>(a, s, cd, m0, t0, nb, g, true, s.th, s.kl);
+    __syncthreads();
+    /* 4. L o S, S = q ktil^T, tile by tile through the warp's scratch (tiles above the diagonal: 0) */
+    for (int tile = wid; tile < (CQ / 16) * (CQ / 16); tile += CWARPS) {
+      const int ti = tile / (CQ / 16), tj = tile % (CQ / 16);
+      OT *l1 = s.sL1 + ti * 16 * cd.lqq + tj * 16;
+      if (tj > ti) {
+        for (int e = lane; e < 256; e += 32) l1[(e >> 4) * cd.lqq + (e & 15)] = __float2bfloat16_rn(0.0f);
+        continue;
+      }
+      wmma::fragment<wmma::accumulator, 16, 16, 16, float> c;
+      wmma::fill_fragment(c, 0.0f);
+      for (int k = 0; k < cd.Np; k += 16) {
+        wmma::fragment<wmma::matrix_a, 16, 16, 16, OT, RM> fa;
+        wmma::fragment<wmma::matrix_b, 16, 16, 16, OT, CM> fb;
+        wmma::load_matrix_sync(fa, s.sq + (size_t)ti * 16 * cd.lqn + k, cd.lqn);
+        wmma::load_matrix_sync(fb, s.sk + (size_t)tj * 16 * cd.lqn + k, cd.lqn);
+        wmma::mma_sync(c, fa, fb, c);
+      }
+      wmma::store_matrix_sync(wscr, c, 16, wmma::mem_row_major);
+      __syncwarp();
+      for (int e = lane; e < 256; e += 32) {
+        const int t = ti * 16 + (e >> 4), u = tj * 16 + (e & 15);
+        float v = 0;
+        if (t < nb && u < t && u >= (int)s.sc[t * FW + F_SEG])
+          v = expf(fminf(s.sc[t * FW + F_C] - s.sc[u * FW + F_C], 0.0f)) * wscr[e];
+        l1[(e >> 4) * cd.lqq + (e & 15)] = __float2bfloat16_rn(v);
+      }
+      __syncwarp();
+    }
+    __syncthreads();
+    /* 5-6. Y = diag(EC) q E^T + (L o S) x, each output tile within one warp */
+    {
+      const int tn = cd.Pp / 16, nt = (CQ / 16) * tn;
+      for (int tile = wid; tile < nt; tile += CWARPS) {
+        const int i0 = tile / tn * 16, j0 = tile % tn * 16;
+        float *yp = sY + (size_t)i0 * cd.lfp + j0;
+        wmma::fragment<wmma::accumulator, 16, 16, 16, float> c;
+        wmma::fill_fragment(c, 0.0f);
+        for (int k = 0; k < cd.Np; k += 16) {
+          wmma::fragment<wmma::matrix_a, 16, 16, 16, OT, RM> fa;
+          wmma::fragment<wmma::matrix_b, 16, 16, 16, OT, CM> fb;
+          wmma::load_matrix_sync(fa, s.sq + (size_t)i0 * cd.lqn + k, cd.lqn);
+          wmma::load_matrix_sync(fb, s.sE + (size_t)j0 * cd.lqn + k, cd.lqn);
+          wmma::mma_sync(c, fa, fb, c);
+        }
+        wmma::store_matrix_sync(yp, c, cd.lfp, wmma::mem_row_major);
+        __syncwarp();
+        for (int e = lane; e < 256; e += 32) {
+          const int t = i0 + (e >> 4);
+          yp[(e >> 4) * cd.lfp + (e & 15)] *= t < nb ? s.sc[t * FW + F_EC] : 0.0f;
+        }
+        __syncwarp();
+        wmma::load_matrix_sync(c, yp, cd.lfp, wmma::mem_row_major);
+        for (int k = 0; k < CQ; k += 16) {
+          wmma::fragment<wmma::matrix_a, 16, 16, 16, OT, RM> fa;
+          wmma::fragment<wmma::matrix_b, 16, 16, 16, OT, RM> fb;
+          wmma::load_matrix_sync(fa, s.sL1 + (size_t)i0 * cd.lqq + k, cd.lqq);
+          wmma::load_matrix_sync(fb, s.sx + (size_t)k * cd.lqp + j0, cd.lqp);
+          wmma::mma_sync(c, fa, fb, c);
+        }
+        wmma::store_matrix_sync(yp, c, cd.lfp, wmma::mem_row_major);
+      }
+    }
+    __syncthreads();
+    /* W x in place (x is read from global memory again by the epilogue) */
+    for (int idx = tid; idx < CQ * cd.Pp; idx += CTHREADS) {
+      const int i = idx / cd.Pp, p = idx - i * cd.Pp;
+      const float w = i < nb ? s.sc[i * FW + F_W] : 0.0f;
+      s.sx[i * cd.lqp + p] = __float2bfloat16_rn(w * __bfloat162float(s.sx[i * cd.lqp + p]));
+    }
+    __syncthreads();
+    /* 6'. E <- dec E + (W x)^T ktil in the warps' registers; E -> bf16 (sE) through the scratch */
+    {
+      const float dec = misc[0];
+#pragma unroll
+      for (int j = 0; j < FR_MAXT; j++) {
+        const int tile = wid + CWARPS * j;
+        if (tile < ent) {
+          const int i0 = tile / etn * 16, j0 = tile % etn * 16;
+#pragma unroll
+          for (int e = 0; e < eacc[j].num_elements; e++) eacc[j].x[e] *= dec;
+          for (int k = 0; k < CQ; k += 16) {
+            wmma::fragment<wmma::matrix_a, 16, 16, 16, OT, CM> fa;
+            wmma::fragment<wmma::matrix_b, 16, 16, 16, OT, RM> fb;
+            wmma::load_matrix_sync(fa, s.sx + (size_t)k * cd.lqp + i0, cd.lqp);
+            wmma::load_matrix_sync(fb, s.sk + (size_t)k * cd.lqn + j0, cd.lqn);
+            wmma::mma_sync(eacc[j], fa, fb, eacc[j]);
+          }
+          wmma::store_matrix_sync(escr, eacc[j], 16, wmma::mem_row_major);
+          __syncwarp();
+          for (int e = lane; e < 256; e += 32)
+            s.sE[(i0 + (e >> 4)) * cd.lqn + j0 + (e & 15)] = __float2bfloat16_rn(escr[e]);
+          __syncwarp();
+        }
+      }
+    }
+    /* 7. epilogue (as scan.cu): y = Y + (gamma q.k + D) x; the per-head norm; the gate */
+#pragma unroll 4
+    for (int idx = tid; idx < nb * P; idx += CTHREADS) {
+      const int i = idx / P, p = idx - i * P;
+      const int64_t mi = m0 + i;
+      const float xv = ldact(proj + mi * d.dipp + d.x_off + (int64_t)h * P + p);
+      const float y = sY[i * cd.lfp + p] + (s.sc[i * FW + F_GAM] * s.sc[i * FW + F_QK] + Dh) * xv;
+      sY[i * cd.lfp + p] = y;
+      a.y[mi * E + (int64_t)h * P + p] = y;
+    }
+    if (d.outproj_norm) {
+      __syncthreads();
+      for (int i = wid; i < nb; i += CWARPS) {
+        float ss = 0;
+        for (int p = lane; p < P; p += 32) ss += sY[i * cd.lfp + p] * sY[i * cd.lfp + p];
+        ss = warp_sum(ss);
+        const float rn = 1.0f / sqrtf(ss / (float)P + 1e-5f);
+        if (lane == 0) {
+          s.sc[i * FW + F_R] = rn;
+          a.y_rstd[(m0 + i) * H + h] = rn;
+        }
+      }
+    }
+    __syncthreads();
+#pragma unroll 4
+    for (int idx = tid; idx < nb * P; idx += CTHREADS) {
+      const int i = idx / P, p = idx - i * P;
+      const int64_t mi = m0 + i;
+      const float z = ldact(proj + mi * d.dipp + d.z_off + (int64_t)h * P + p);
+      const float y = sY[i * cd.lfp + p];
+      const float yn = d.outproj_norm ? y * s.sc[i * FW + F_R] * a.out_norm[(int64_t)h * P + p] : y;
+      gated[mi * E + (int64_t)h * P + p] = from_f<T>(yn * (z * sigmoidf_(z)));
+    }
+    __syncthreads();
+  }
+
+  if (a.fin_ssm) {
+#pragma unroll
+    for (int j = 0; j < FR_MAXT; j++) {
+      const int tile = wid + CWARPS * j;
+      if (tile < ent) {
+        const int i0 = tile / etn * 16, j0 = tile % etn * 16;
+        wmma::store_matrix_sync(escr, eacc[j], 16, wmma::mem_row_major);
+        __syncwarp();
+        for (int e = lane; e < 256; e += 32) {
+          const int p = i0 + (e >> 4), n = j0 + (e & 15);
+          if (p < P && n < N) a.fin_ssm[bh * P * N + (int64_t)p * N + n] = escr[e];
+        }
+        __syncwarp();
+      }
+    }
+  }
   if (a.fin_k)
     for (int n = tid; n < N; n += CTHREADS) a.fin_k[bh * N + n] = s.kl[n];
   if (a.fin_v)
@@ -1066,18 +1371,31 @@ __global__ void __launch_bounds__(CTHREADS, 1) scan_bwd_chunked(const m3k_scan_a
 /* ---- host side ------------------------------------------------------------------------------------------ */
 
 int64_t m3k_chunked_smem(int fwd, int32_t P, int32_t N, int32_t S) {
+  if (fwd && fwd_in_regs(P, N)) return (int64_t)carve_r(NULL, P, N, S, NULL);
   return (int64_t)carve_c(NULL, !fwd, P, N, S, NULL);
 }
 
 cudaError_t m3k_chunked_prepare(int prec, const m3k_scan_plan *plan) {
   cudaError_t e = cudaSuccess;
   if (prec == M3K_F32 || !plan->chunked) return e;
+  /* the plan does not say which forward kernel its shape takes: both get the limit (only one runs) */
   if (prec == M3K_BF16) {
     e = cudaFuncSetAttribute(scan_fwd_chunked<bf16>, cudaFuncAttributeMaxDynamicSharedMemorySize, plan->smem_cfwd);
+    if (e == cudaSuccess)
+      e = cudaFuncSetAttribute(scan_fwd_chunked_r<bf16>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                               plan->smem_cfwd);
+    if (e == cudaSuccess)
+      e = cudaFuncSetAttribute(scan_fwd_chunked_r<bf16>, cudaFuncAttributePreferredSharedMemoryCarveout,
+                               cudaSharedmemCarveoutMaxShared);
     if (e == cudaSuccess)
       e = cudaFuncSetAttribute(scan_bwd_chunked<bf16>, cudaFuncAttributeMaxDynamicSharedMemorySize, plan->smem_cbwd);
   } else {
     e = cudaFuncSetAttribute(scan_fwd_chunked<f16>, cudaFuncAttributeMaxDynamicSharedMemorySize, plan->smem_cfwd);
+    if (e == cudaSuccess)
+      e = cudaFuncSetAttribute(scan_fwd_chunked_r<f16>, cudaFuncAttributeMaxDynamicSharedMemorySize, plan->smem_cfwd);
+    if (e == cudaSuccess)
+      e = cudaFuncSetAttribute(scan_fwd_chunked_r<f16>, cudaFuncAttributePreferredSharedMemoryCarveout,
+                               cudaSharedmemCarveoutMaxShared);
     if (e == cudaSuccess)
       e = cudaFuncSetAttribute(scan_bwd_chunked<f16>, cudaFuncAttributeMaxDynamicSharedMemorySize, plan->smem_cbwd);
   }
@@ -1086,8 +1404,13 @@ cudaError_t m3k_chunked_prepare(int prec, const m3k_scan_plan *plan) {
 
 cudaError_t m3k_chunked_fwd(cudaStream_t s, int prec, const m3k_scan_plan *plan, const m3k_scan_args *a) {
   const dim3 grid(a->d.H, a->rows);
-  if (prec == M3K_BF16) scan_fwd_chunked<bf16><<<grid, CTHREADS, plan->smem_cfwd, s>>>(*a);
-  else scan_fwd_chunked<f16><<<grid, CTHREADS, plan->smem_cfwd, s>>>(*a);
+  if (fwd_in_regs(a->d.P, a->d.N)) {
+    if (prec == M3K_BF16) scan_fwd_chunked_r<bf16><<<grid, CTHREADS, plan->smem_cfwd, s>>>(*a);
+    else scan_fwd_chunked_r<f16><<<grid, CTHREADS, plan->smem_cfwd, s>>>(*a);
+  } else {
+    if (prec == M3K_BF16) scan_fwd_chunked<bf16><<<grid, CTHREADS, plan->smem_cfwd, s>>>(*a);
+    else scan_fwd_chunked<f16><<<grid, CTHREADS, plan->smem_cfwd, s>>>(*a);
+  }
   return cudaGetLastError();
 }
 
