@@ -14,6 +14,9 @@
 -- Tasks (m3.data): parity with running-parity targets; arithmetic mod 5 over + - * with
 -- running targets (every digit scored with the value so far) without brackets and the
 -- final value only with brackets; evaluation scores only the final answer.
+-- --parity_density random trains parity on strings whose share of 1s is drawn per string, so
+-- training sees up to max_length 1s (a uniform string of eval_length holds about half that);
+-- evaluation strings are uniform (0.5) either way.
 -- One run folder per point under --dir (m3.sweep): results.csv / results.json sorted by the
 -- score, summary.svg, and each run's metrics.jsonl and plot.svg; finished points are
 -- skipped when the script runs again, so an interrupted sweep continues where it stopped.
@@ -35,6 +38,8 @@ local spec = {
   { "eval_length", 256, "evaluation length" },
   { "d_state", 64, "state size N" },
   { "headdim", 32, "head dimension P" },
+  { "parity_density", "0.5", "share of 1s in training bit strings: a probability, or random (drawn per string);"
+    .. " evaluation strings always use 0.5" },
   { "layers_parity", 1, "layers for parity" },
   { "layers_arithmetic", 3, "layers for the arithmetic tasks" },
   { "eval_every", 500, "steps between validations" },
@@ -61,6 +66,16 @@ if o.quick then
   end
 end
 
+local function parity_density(v)
+  if v == "random" then return v end
+  local p = tonumber(v)
+  if not p or p < 0 or p > 1 then
+    error("--parity_density must be a probability in [0, 1] or random, got " .. tostring(v), 0)
+  end
+  return p
+end
+parity_density(o.parity_density) -- a bad value stops here, before any point starts
+
 local function list(s, convert)
   local out = {}
   for item in s:gmatch("[^,%s]+") do out[#out + 1] = convert and convert(item) or item end
@@ -73,9 +88,11 @@ local PAPER = {
   brackets = { rope = 87.75, norope = 0.72, label = "arithmetic, brackets" },
 }
 
-local function sources(task, seed)
+-- Training or evaluation data of a task (evaluation parity strings: density 0.5).
+local function sources(task, seed, training)
   if task == "parity" then
-    return m3.data.parity { seed = seed, targets = "running" }
+    return m3.data.parity { seed = seed, targets = "running",
+      density = training and parity_density(o.parity_density) or 0.5 }
   elseif task == "arithmetic" then
     return m3.data.arithmetic { seed = seed, targets = "running" }
   elseif task == "brackets" then
@@ -86,7 +103,7 @@ end
 
 -- Trains one point of the sweep; returns its metrics (best scaled accuracy first).
 local function run(p, run_dir)
-  local train, evalset = sources(p.task, o.seed), sources(p.task, o.seed + 1000003)
+  local train, evalset = sources(p.task, o.seed, true), sources(p.task, o.seed + 1000003, false)
   local cur = m3.curriculum.lengths { from = o.from_length, to = o.max_length, steps = o.steps,
     min_length = 2 }
   local cfg = m3.config { d_model = p.d_model, d_state = o.d_state, headdim = o.headdim,
