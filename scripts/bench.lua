@@ -38,11 +38,7 @@ local BAR_BF16 = { ["rl"] = 0.25, ["rl-batch"] = 0.6, ["mid"] = 10, ["lm130"] = 
 
 -- ---- arguments --------------------------------------------------------------------------------
 
-local function split(s)
-  local t = {}
-  for w in s:gmatch("[^,]+") do t[#t + 1] = w end
-  return t
-end
+local split = require("m3.flags").list
 
 local args = { ... }
 if args[1] == "--decode" then -- inference decode speed: scripts/bench_decode.lua

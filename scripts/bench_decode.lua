@@ -24,11 +24,7 @@ local CONFIGS = {
   lm130 = { model = m3.presets.lm130, batches = { 1, 128 }, bar = { [128] = 1000 } },
 }
 
-local function split(s)
-  local t = {}
-  for w in s:gmatch("[^,]+") do t[#t + 1] = w end
-  return t
-end
+local split = require("m3.flags").list
 
 local args = { ... }
 local opt = { steps = 200 }

@@ -76,11 +76,7 @@ local function parity_density(v)
 end
 parity_density(o.parity_density) -- a bad value stops here, before any point starts
 
-local function list(s, convert)
-  local out = {}
-  for item in s:gmatch("[^,%s]+") do out[#out + 1] = convert and convert(item) or item end
-  return out
-end
+local list = flags.list
 
 local PAPER = {
   parity = { rope = 100.00, norope = 2.27, label = "parity" },

@@ -1,7 +1,7 @@
 /*
  * backend.c — what the trainer (trainer.c) and the inference object (infer.c) share in
- * front of a backend: the device choice, the checks of a window's inputs and of a state
- * handed to set_state. Both callers validate here, so a bad call changes nothing.
+ * front of a backend: the device choice, the checks of a window's inputs, of row lists, layer
+ * indices and of a state handed to set_state. Both callers validate here, so a bad call changes nothing.
  */
 #include "backend.h"
 
@@ -53,6 +53,20 @@ m3_status m3_check_batch_inputs(const m3_dims *d, const m3_batch *b, int32_t max
     return m3_fail(M3_ERR_ARGUMENT, "batch.input is missing: the model's input is \"%s\"",
                    d->input == M3_INPUT_FEATURES ? "features" : "identity");
   }
+  return M3_OK;
+}
+
+m3_status m3_check_rows(const int32_t *rows, int32_t n_rows, int32_t batch, const char *what) {
+  if (!rows) return M3_OK;
+  if (n_rows < 0) return m3_fail(M3_ERR_ARGUMENT, "%s: %d rows", what, n_rows);
+  for (int32_t i = 0; i < n_rows; i++)
+    if (rows[i] < 0 || rows[i] >= batch)
+      return m3_fail(M3_ERR_ARGUMENT, "%s: row %d out of range [0, %d)", what, rows[i], batch);
+  return M3_OK;
+}
+
+m3_status m3_check_layer(const m3_dims *d, int32_t layer) {
+  if (layer < 0 || layer >= d->L) return m3_fail(M3_ERR_ARGUMENT, "layer %d out of range [0, %d)", layer, d->L);
   return M3_OK;
 }
 

@@ -203,31 +203,20 @@ m3_status m3_infer_logits(const m3_infer *inf, float *logits) {
 
 m3_status m3_infer_reset(m3_infer *inf, const int32_t *rows, int32_t n_rows) {
   TRY(usable(inf));
-  if (rows) {
-    if (n_rows < 0) return m3_fail(M3_ERR_ARGUMENT, "reset: %d rows", n_rows);
-    for (int32_t i = 0; i < n_rows; i++)
-      if (rows[i] < 0 || rows[i] >= inf->cfg.batch)
-        return m3_fail(M3_ERR_ARGUMENT, "reset: row %d out of range [0, %d)", rows[i], inf->cfg.batch);
-  }
+  TRY(m3_check_rows(rows, n_rows, inf->cfg.batch, "reset"));
   return track(inf, inf->ops->reset_rows(inf->be, rows, n_rows));
-}
-
-static m3_status check_layer(const m3_infer *inf, int32_t layer) {
-  if (layer < 0 || layer >= inf->dims.L)
-    return m3_fail(M3_ERR_ARGUMENT, "layer %d out of range [0, %d)", layer, inf->dims.L);
-  return M3_OK;
 }
 
 m3_status m3_infer_get_state(const m3_infer *inf, int32_t layer, float *angle, float *ssm, float *k, float *v) {
   TRY(usable(inf));
-  TRY(check_layer(inf, layer));
+  TRY(m3_check_layer(&inf->dims, layer));
   return track((m3_infer *)inf, inf->ops->get_state(inf->be, layer, angle, ssm, k, v));
 }
 
 m3_status m3_infer_set_state(m3_infer *inf, int32_t layer, const float *angle, const float *ssm, const float *k,
                              const float *v) {
   TRY(usable(inf));
-  TRY(check_layer(inf, layer));
+  TRY(m3_check_layer(&inf->dims, layer));
   TRY(m3_check_state_values(&inf->dims, inf->cfg.batch, angle, ssm, k, v));
   return track(inf, inf->ops->set_state(inf->be, layer, angle, ssm, k, v));
 }

@@ -400,31 +400,20 @@ m3_status m3_trainer_set_clip(m3_trainer *tr, double max_norm) {
 
 m3_status m3_trainer_reset_state(m3_trainer *tr, const int32_t *rows, int32_t n_rows) {
   TRY(usable(tr));
-  if (rows) {
-    if (n_rows < 0) return m3_fail(M3_ERR_ARGUMENT, "reset_state: %d rows", n_rows);
-    for (int32_t i = 0; i < n_rows; i++)
-      if (rows[i] < 0 || rows[i] >= tr->cfg.batch)
-        return m3_fail(M3_ERR_ARGUMENT, "reset_state: row %d out of range [0, %d)", rows[i], tr->cfg.batch);
-  }
+  TRY(m3_check_rows(rows, n_rows, tr->cfg.batch, "reset_state"));
   return track(tr, tr->ops->reset_rows(tr->be, rows, n_rows));
-}
-
-static m3_status check_layer(const m3_trainer *tr, int32_t layer) {
-  if (layer < 0 || layer >= tr->dims.L)
-    return m3_fail(M3_ERR_ARGUMENT, "layer %d out of range [0, %d)", layer, tr->dims.L);
-  return M3_OK;
 }
 
 m3_status m3_trainer_get_state(const m3_trainer *tr, int32_t layer, float *angle, float *ssm, float *k, float *v) {
   TRY(usable(tr));
-  TRY(check_layer(tr, layer));
+  TRY(m3_check_layer(&tr->dims, layer));
   return tr->ops->get_state(tr->be, layer, angle, ssm, k, v);
 }
 
 m3_status m3_trainer_set_state(m3_trainer *tr, int32_t layer, const float *angle, const float *ssm, const float *k,
                                const float *v) {
   TRY(usable(tr));
-  TRY(check_layer(tr, layer));
+  TRY(m3_check_layer(&tr->dims, layer));
   TRY(m3_check_state_values(&tr->dims, tr->cfg.batch, angle, ssm, k, v));
   return track(tr, tr->ops->set_state(tr->be, layer, angle, ssm, k, v));
 }

@@ -10,7 +10,7 @@
 -- or `--resume=false`), strings take any value. `--help` prints the flags and exits.
 -- Unknown flags and stray arguments are errors that list the valid flags. Returns the
 -- values and the list of names set to something other than their default (in the order
--- of the spec), for run names.
+-- of the spec), for run names. flags.list splits a comma-separated value.
 
 local flags = {}
 
@@ -71,6 +71,14 @@ function flags.values(args, spec)
     if values[f[1]] ~= f[2] then changed[#changed + 1] = f[1] end
   end
   return values, changed
+end
+
+-- The items of a comma-separated value ("64,128" -> {"64", "128"}; convert, e.g. tonumber,
+-- applies to each), for flags that take a list.
+function flags.list(text, convert)
+  local out = {}
+  for item in tostring(text):gmatch("[^,%s]+") do out[#out + 1] = convert and convert(item) or item end
+  return out
 end
 
 -- values, changed; prints the usage and exits on --help (0) or a bad flag (2).
