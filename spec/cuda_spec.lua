@@ -6,22 +6,12 @@
 local m3 = require "m3"
 local helper = require "spec.helper"
 
-local gpus = m3.cuda_device_count()
-
-local function need_gpu()
-  if gpus == 0 then
-    pending("no CUDA device")
-    return false
-  end
-  return true
-end
-
 describe("CUDA trainer #gpu", function()
   after_each(helper.cleanup)
 
   for _, dtype in ipairs({ "f32", "bf16", "f16" }) do
     it("learns a fixed lm batch in " .. dtype, function()
-      if not need_gpu() then return end
+      if not helper.need_gpu(pending) then return end
       local tr = m3.trainer(helper.tokens_lm({ d_model = 32, d_state = 16, headdim = 16 }),
         { device = "cuda", dtype = dtype, batch = 4, seq_len = 24, lr = 1e-2, seed = 3 })
       local b = helper.batch(tr.config, 4, 24, helper.rng(7))
@@ -37,7 +27,7 @@ describe("CUDA trainer #gpu", function()
     end)
 
     it("resumes a checkpoint bit-identically on the GPU in " .. dtype, function()
-      if not need_gpu() then return end
+      if not helper.need_gpu(pending) then return end
       local cfg = helper.features_none({ d_model = 32, d_state = 16, headdim = 16 })
       local o = { device = "cuda", dtype = dtype, batch = 2, seq_len = 16, carry_state = true, seed = 5 }
       local rng = helper.rng(8)
@@ -67,7 +57,7 @@ describe("CUDA trainer #gpu", function()
   end
 
   it("times the phases of eager steps without changing a bit of the result", function()
-    if not need_gpu() then return end
+    if not helper.need_gpu(pending) then return end
     local cfg = helper.identity_mse({ d_model = 32, d_state = 16, headdim = 16 })
     local o = { device = "cuda", dtype = "bf16", batch = 2, seq_len = 20, seed = 9 }
     local rng = helper.rng(5)
@@ -97,7 +87,7 @@ describe("CUDA trainer #gpu", function()
   end)
 
   it("replays a graph, applies set_lr at the next replay, and drops it", function()
-    if not need_gpu() then return end
+    if not helper.need_gpu(pending) then return end
     local cfg = helper.identity_mse({ d_model = 32, d_state = 16, headdim = 16 })
     local o = { device = "cuda", dtype = "bf16", batch = 2, seq_len = 20, seed = 9 }
     local rng = helper.rng(4)
@@ -125,7 +115,7 @@ describe("CUDA trainer #gpu", function()
   end)
 
   it("reports the device arena and batch-first states", function()
-    if not need_gpu() then return end
+    if not helper.need_gpu(pending) then return end
     local cfg = helper.features_none({ d_model = 32, d_state = 16, headdim = 8 })
     local tr = m3.trainer(cfg, { device = "cuda", dtype = "bf16", batch = 3, seq_len = 10, carry_state = true })
     local info = tr:info()
@@ -149,7 +139,7 @@ describe("CUDA trainer #gpu", function()
   end)
 
   it("refuses sizes beyond the kernels at creation with a clear message", function()
-    if not need_gpu() then return end
+    if not helper.need_gpu(pending) then return end
     local cfg = helper.identity_mse({ d_model = 256, d_state = 16, headdim = 256 })
     local err = helper.error_of(m3.trainer, cfg, { device = "cuda", batch = 1, seq_len = 4 })
     assert.matches("headdim", err)

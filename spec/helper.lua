@@ -242,6 +242,16 @@ function helper.shared_dir()
 end
 
 -- Calls fn and returns its error message (fails the caller's test when it does not raise).
+-- In a #gpu spec: true when a CUDA device is there, else marks the test pending (CI has none).
+-- Pass busted's `pending` (a global of spec files only).
+function helper.need_gpu(pending)
+  if m3.cuda_device_count() == 0 then
+    pending("no CUDA device")
+    return false
+  end
+  return true
+end
+
 function helper.error_of(fn, ...)
   local ok, err = pcall(fn, ...)
   assert(not ok, "expected an error, got none")

@@ -337,19 +337,9 @@ describe("m3.infer", function()
 end)
 
 describe("m3.infer on CUDA #gpu", function()
-  local gpus = m3.cuda_device_count()
-
-  local function need_gpu()
-    if gpus == 0 then
-      pending("no CUDA device")
-      return false
-    end
-    return true
-  end
-
   for _, dtype in ipairs({ "f32", "bf16" }) do
     it("steps token by token (graph replays) like the whole window and the CPU in " .. dtype, function()
-      if not need_gpu() then return end
+      if not helper.need_gpu(pending) then return end
       local cfg = m3.config(helper.tokens_lm({ d_model = 32, d_state = 16, headdim = 16 }))
       local w = m3.weights.init(cfg, { seed = 20 })
       local x = helper.randint(helper.rng(21), { 3, 12 }, 13)
@@ -374,7 +364,7 @@ describe("m3.infer on CUDA #gpu", function()
   end
 
   it("generates deterministically and takes a CUDA trainer's state", function()
-    if not need_gpu() then return end
+    if not helper.need_gpu(pending) then return end
     local cfg = m3.config(helper.tokens_lm({ d_model = 32, d_state = 16, headdim = 16 }))
     local w = m3.weights.init(cfg, { seed = 22 })
     local inf = m3.infer(w, { device = "cuda", batch = 2 })

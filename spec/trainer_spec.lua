@@ -551,13 +551,8 @@ describe("m3.trainer", function()
 end)
 
 describe("m3.trainer on CUDA #gpu", function()
-  local gpus = m3.cuda_device_count()
-
   it("matches fused and split steps and replays a captured graph", function()
-    if gpus == 0 then
-      pending("no CUDA device")
-      return
-    end
+    if not helper.need_gpu(pending) then return end
     local cfg = helper.tokens_lm()
     local o = { device = "cuda", batch = 3, seq_len = 7, carry_state = true }
     local a, b = pair(cfg, o)
@@ -581,10 +576,7 @@ describe("m3.trainer on CUDA #gpu", function()
   end)
 
   it("applies set_lr under a captured graph from the next replay", function()
-    if gpus == 0 then
-      pending("no CUDA device")
-      return
-    end
+    if not helper.need_gpu(pending) then return end
     local eager, graphed = pair(helper.features_none(), { device = "cuda", batch = 3, seq_len = 7 })
     local rng = helper.rng(31)
     local batches = {}
@@ -605,10 +597,7 @@ describe("m3.trainer on CUDA #gpu", function()
   end)
 
   it("resumes a checkpoint bit for bit on the same device and dtype", function()
-    if gpus == 0 then
-      pending("no CUDA device")
-      return
-    end
+    if not helper.need_gpu(pending) then return end
     for _, dtype in ipairs({ "f32", "bf16", "f16" }) do
       local o = { device = "cuda", dtype = dtype, batch = 3, seq_len = 7, carry_state = true }
       local a, b = pair(helper.tokens_lm(), o)
