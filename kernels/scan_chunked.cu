@@ -91,7 +91,7 @@ struct csmem {
   OT *sL1;   /* [CQ][lqq] fwd: L o S; bwd: L o S1 */
   OT *sL2;   /* [CQ][lqq] bwd: L o S2 */
   float *sEf;  /* [Pp][lfn] fwd: E; bwd: dE (float32) */
-  float *sR;   /* fwd: S [CQ][lfq] then Y [CQ][lfp] at sR + CQ lfq; bwd: S1, S2 or one [CQ][max(lfn, lfp)] */
+  float *sR;   /* fwd: S [CQ][lfq] then Y [CQ][lfp] at sR + CQ lfq; bwd: per-warp S1, S2 tiles + M partials, then [CQ][max(lfn, lfp)] */
   float *th;   /* [CQ][S] fwd: tanh(ang) then theta; bwd: tanh(ang) */
   float *thv;  /* [CQ][S] bwd: theta of the chunk (staged from a.theta) */
   float *sbk, *sbq; /* [Np] B_bias[h], C_bias[h] */
@@ -131,7 +131,8 @@ __host__ __device__ inline size_t carve_c(unsigned char *base, int bwd, int P, i
   else t.sL2 = NULL;
   CT(sEf, float, c.Pp * c.lfn);
   {
-    size_t r = bwd ? 2 * CQ * c.lfq : CQ * c.lfq + CQ * c.lfp;
+    /* bwd: per-warp S1, S2 scratch tiles + the row / column partials of M, then [CQ][max(lfn, lfp)] */
+    size_t r = bwd ? (size_t)CWARPS * 512 + 2 * CQ * (CQ / 16) : CQ * c.lfq + CQ * c.lfp;
     const size_t o = (size_t)CQ * (c.lfn > c.lfp ? c.lfn : c.lfp);
     if (bwd && o > r) r = o;
     CT(sR, float, r);
@@ -881,13 +882,15 @@ __device__ __forceinline__ float c_finish(const m3k_scan_args &a, int64_t m, int
   return dv;
 }
 
-template <typename T>
-__global__ void __launch_bounds__(CTHREADS, 1) scan_bwd_chunked(const m3k_scan_args a) {
+/* MINB = 2 (128 registers) for shapes whose shared memory lets two CTAs share an SM (bwd_two_ctas). */
+template <typename T, int MINB>
+__global__ void __launch_bounds__(CTHREADS, MINB) scan_bwd_chunked(const m3k_scan_args a) {
   extern __shared__ __align__(128) unsigned char smraw[];
   const m3k_dims &d = a.d;
   const int h = blockIdx.x, b = blockIdx.y, g = h / d.hpg;
   const int P = d.P, N = d.N, S = d.S, H = d.H, E = d.E;
   const int tid = threadIdx.x, lane = tid & 31, wid = tid >> 5;
+  constexpr int BUD = MINB == 2 ? 2 : 4; /* units in flight per lane in the unit loops */
   const cdims cd = make_cdims(P, N);
   csmem s;
   carve_c(smraw, 1, P, N, S, &s);
@@ -934,7 +937,7 @@ __global__ void __launch_bounds__(CTHREADS, 1) scan_bwd_chunked(const m3k_scan_a
     __syncthreads();
     if (wid == 0) c_prep(s.sc, nb, misc);
     __syncthreads();
-    c_build(a, s, cd, m0, t0, nb, g, false, s.thv, NULL);
+    c_build<BUD>(a, s, cd, m0, t0, nb, g, false, s.thv, NULL);
     for (int idx = tid; idx < CQ * cd.Pp; idx += CTHREADS) {
       const int i = idx / cd.Pp, p = idx - i * cd.Pp;
       const float w = i < nb ? s.sc[i * FW + F_W] : 0.0f;
@@ -969,7 +972,7 @@ __global__ void __launch_bounds__(CTHREADS, 1) scan_bwd_chunked(const m3k_scan_a
   if (tid < PN_W + 8) s.pend[tid] = 0;
   __syncthreads();
 
-  float *sS1 = s.sR, *sS2 = s.sR + CQ * cd.lfq, *sF = s.sR;
+  float *sF = s.sR;
   for (int ch = nch - 1; ch >= 0; ch--) {
     const int t0 = ch * CQ, nb = min(CQ, a.len - t0);
     const int64_t m0 = (int64_t)b * a.len + t0;
@@ -1088,37 +1091,92 @@ __global__ void __launch_bounds__(CTHREADS, 1) scan_bwd_chunked(const m3k_scan_a
       dyx = warp_sum(dyx);
       if (lane == 0) s.sc[i * FW + F_DYX] = dyx;
     }
-    c_build(a, s, cd, m0, t0, nb, g, true, s.thv, NULL);
+    c_build<BUD>(a, s, cd, m0, t0, nb, g, true, s.thv, NULL);
     __syncthreads();
-    /* 4. S1 = q ktil^T, S2 = dY x^T */
-    bmm<RM, CM>(sS1, cd.lfq, s.sq, cd.lqn, s.sk, cd.lqn, CQ, CQ, cd.Np, false);
-    bmm<RM, CM>(sS2, cd.lfq, s.sxw, cd.lqp, s.sx, cd.lqp, CQ, CQ, cd.Pp, false);
-    __syncthreads();
-    /* 5. L1 = L o S1, L2 = L o S2 (bf16); M = L o S1 o S2 (into S1) */
-    for (int idx = tid; idx < CQ * CQ; idx += CTHREADS) {
-      const int t = idx / CQ, u = idx - t * CQ;
-      float l = 0;
-      if (t < nb && u < t && u >= (int)s.sc[t * FW + F_SEG])
-        l = expf(fminf(s.sc[t * FW + F_C] - s.sc[u * FW + F_C], 0.0f));
-      const float v1 = l * sS1[t * cd.lfq + u], v2 = l * sS2[t * cd.lfq + u];
-      s.sL1[t * cd.lqq + u] = __float2bfloat16_rn(v1);
-      s.sL2[t * cd.lqq + u] = __float2bfloat16_rn(v2);
-      sS1[t * cd.lfq + u] = v1 * sS2[t * cd.lfq + u];
+    /* 4-5. S1 = q ktil^T, S2 = dY x^T tile by tile (warp's scratch; tiles above the diagonal: 0):
+     * L1 = L o S1, L2 = L o S2 (bf16); M = L o S1 o S2 (u < t) summed per tile row and column */
+    {
+      float *s1 = s.sR + wid * 512, *s2 = s1 + 256;
+      float *rowp = s.sR + CWARPS * 512, *colp = rowp + CQ * (CQ / 16); /* [CQ][CQ / 16] */
+      for (int tile = wid; tile < (CQ / 16) * (CQ / 16); tile += CWARPS) {
+        const int ti = tile / (CQ / 16), tj = tile % (CQ / 16);
+        OT *l1 = s.sL1 + ti * 16 * cd.lqq + tj * 16, *l2 = s.sL2 + ti * 16 * cd.lqq + tj * 16;
+        if (tj > ti) {
+          for (int e = lane; e < 256; e += 32) {
+            l1[(e >> 4) * cd.lqq + (e & 15)] = __float2bfloat16_rn(0.0f);
+            l2[(e >> 4) * cd.lqq + (e & 15)] = __float2bfloat16_rn(0.0f);
+          }
+          if (lane < 16) {
+            rowp[(ti * 16 + lane) * (CQ / 16) + tj] = 0;
+            colp[(tj * 16 + lane) * (CQ / 16) + ti] = 0;
+          }
+          continue;
+        }
+        {
+          wmma::fragment<wmma::accumulator, 16, 16, 16, float> c;
+          wmma::fill_fragment(c, 0.0f);
+          for (int k = 0; k < cd.Np; k += 16) {
+            wmma::fragment<wmma::matrix_a, 16, 16, 16, OT, RM> fa;
+            wmma::fragment<wmma::matrix_b, 16, 16, 16, OT, CM> fb;
+            wmma::load_matrix_sync(fa, s.sq + (size_t)ti * 16 * cd.lqn + k, cd.lqn);
+            wmma::load_matrix_sync(fb, s.sk + (size_t)tj * 16 * cd.lqn + k, cd.lqn);
+            wmma::mma_sync(c, fa, fb, c);
+          }
+          wmma::store_matrix_sync(s1, c, 16, wmma::mem_row_major);
+        }
+        {
+          wmma::fragment<wmma::accumulator, 16, 16, 16, float> c;
+          wmma::fill_fragment(c, 0.0f);
+          for (int k = 0; k < cd.Pp; k += 16) {
+            wmma::fragment<wmma::matrix_a, 16, 16, 16, OT, RM> fa;
+            wmma::fragment<wmma::matrix_b, 16, 16, 16, OT, CM> fb;
+            wmma::load_matrix_sync(fa, s.sxw + (size_t)ti * 16 * cd.lqp + k, cd.lqp);
+            wmma::load_matrix_sync(fb, s.sx + (size_t)tj * 16 * cd.lqp + k, cd.lqp);
+            wmma::mma_sync(c, fa, fb, c);
+          }
+          wmma::store_matrix_sync(s2, c, 16, wmma::mem_row_major);
+        }
+        __syncwarp();
+        for (int e = lane; e < 256; e += 32) {
+          const int t = ti * 16 + (e >> 4), u = tj * 16 + (e & 15);
+          float l = 0;
+          if (t < nb && u < t && u >= (int)s.sc[t * FW + F_SEG])
+            l = expf(fminf(s.sc[t * FW + F_C] - s.sc[u * FW + F_C], 0.0f));
+          const float v1 = l * s1[e], v2 = l * s2[e];
+          l1[(e >> 4) * cd.lqq + (e & 15)] = __float2bfloat16_rn(v1);
+          l2[(e >> 4) * cd.lqq + (e & 15)] = __float2bfloat16_rn(v2);
+          s1[e] = u < t ? v1 * s2[e] : 0.0f;
+        }
+        __syncwarp();
+        if (lane < 16) { /* row lane of the tile: sum over its 16 columns, in order */
+          float acc = 0;
+#pragma unroll
+          for (int c = 0; c < 16; c++) acc += s1[lane * 16 + c];
+          rowp[(ti * 16 + lane) * (CQ / 16) + tj] = acc;
+        } else { /* column lane - 16: sum over the 16 rows, in order */
+          const int c = lane - 16;
+          float acc = 0;
+#pragma unroll
+          for (int r = 0; r < 16; r++) acc += s1[r * 16 + c];
+          colp[(tj * 16 + c) * (CQ / 16) + ti] = acc;
+        }
+        __syncwarp();
+      }
+      __syncthreads();
+      if (tid < CQ) { /* row sums of M: the tiles' partials in order */
+        float acc = 0;
+#pragma unroll
+        for (int j = 0; j < CQ / 16; j++) acc += rowp[tid * (CQ / 16) + j];
+        s.sc[tid * FW + F_ROW] = acc;
+      } else if (tid < 2 * CQ) { /* column sums */
+        const int u = tid - CQ;
+        float acc = 0;
+#pragma unroll
+        for (int j = 0; j < CQ / 16; j++) acc += colp[u * (CQ / 16) + j];
+        s.sc[u * FW + F_COL] = acc;
+      }
+      __syncthreads();
     }
-    __syncthreads();
-    if (tid < CQ) { /* row sums of M */
-      float acc = 0;
-#pragma unroll 8
-      for (int u = 0; u < tid; u++) acc += sS1[tid * cd.lfq + u];
-      s.sc[tid * FW + F_ROW] = acc;
-    } else if (tid < 2 * CQ) { /* column sums */
-      const int u = tid - CQ;
-      float acc = 0;
-#pragma unroll 8
-      for (int t = u + 1; t < CQ; t++) acc += sS1[t * cd.lfq + u];
-      s.sc[u * FW + F_COL] = acc;
-    }
-    __syncthreads();
     /* 6. dq = EC (dY E) + L2 ktil (+ diagonal); r_t */
     bmm<RM, RM>(sF, cd.lfn, s.sxw, cd.lqp, s.sE, cd.lqn, CQ, cd.Np, cd.Pp, false);
     __syncthreads();
@@ -1140,7 +1198,7 @@ __global__ void __launch_bounds__(CTHREADS, 1) scan_bwd_chunked(const m3k_scan_a
     for (int i = wid; i < nb; i += CWARPS) {
       const float gd = s.sc[i * FW + F_GAM] * s.sc[i * FW + F_DYX];
       float *f = sF + i * cd.lfn;
-      for_units(a, s, s.thv, m0 + i, g, i, [&](const unit_kq &r, int u) {
+      for_units<BUD>(a, s, s.thv, m0 + i, g, i, [&](const unit_kq &r, int u) {
         if (r.pair) {
           const float d0 = f[r.n0] + gd * r.k0, d1 = f[r.n0 + 1] + gd * r.k1;
           f[r.n0] = r.cs * d0 + r.sn * d1;
@@ -1184,7 +1242,7 @@ __global__ void __launch_bounds__(CTHREADS, 1) scan_bwd_chunked(const m3k_scan_a
       const float sc = s.sc[i * FW + F_SCALE], gd = s.sc[i * FW + F_GAM] * s.sc[i * FW + F_DYX];
       float *f = sF + i * cd.lfn;
       float ds = 0;
-      for_units(a, s, s.thv, m0 + i, g, i, [&](const unit_kq &r, int u) {
+      for_units<BUD>(a, s, s.thv, m0 + i, g, i, [&](const unit_kq &r, int u) {
         if (r.pair) {
           const float e0 = f[r.n0], e1 = f[r.n0 + 1];
           ds += e0 * r.k0 + e1 * r.k1;
@@ -1370,6 +1428,9 @@ __global__ void __launch_bounds__(CTHREADS, 1) scan_bwd_chunked(const m3k_scan_a
 
 /* ---- host side ------------------------------------------------------------------------------------------ */
 
+/* Two CTAs per SM fit when each takes at most half of the SM's 228 KB less the 1 KB reserved per CTA. */
+static bool bwd_two_ctas(int32_t smem) { return smem <= 228 * 1024 / 2 - 1024; }
+
 int64_t m3k_chunked_smem(int fwd, int32_t P, int32_t N, int32_t S) {
   if (fwd && fwd_in_regs(P, N)) return (int64_t)carve_r(NULL, P, N, S, NULL);
   return (int64_t)carve_c(NULL, !fwd, P, N, S, NULL);
@@ -1388,7 +1449,12 @@ cudaError_t m3k_chunked_prepare(int prec, const m3k_scan_plan *plan) {
       e = cudaFuncSetAttribute(scan_fwd_chunked_r<bf16>, cudaFuncAttributePreferredSharedMemoryCarveout,
                                cudaSharedmemCarveoutMaxShared);
     if (e == cudaSuccess)
-      e = cudaFuncSetAttribute(scan_bwd_chunked<bf16>, cudaFuncAttributeMaxDynamicSharedMemorySize, plan->smem_cbwd);
+      e = cudaFuncSetAttribute(scan_bwd_chunked<bf16, 1>, cudaFuncAttributeMaxDynamicSharedMemorySize, plan->smem_cbwd);
+    if (e == cudaSuccess)
+      e = cudaFuncSetAttribute(scan_bwd_chunked<bf16, 2>, cudaFuncAttributeMaxDynamicSharedMemorySize, plan->smem_cbwd);
+    if (e == cudaSuccess)
+      e = cudaFuncSetAttribute(scan_bwd_chunked<bf16, 2>, cudaFuncAttributePreferredSharedMemoryCarveout,
+                               cudaSharedmemCarveoutMaxShared);
   } else {
     e = cudaFuncSetAttribute(scan_fwd_chunked<f16>, cudaFuncAttributeMaxDynamicSharedMemorySize, plan->smem_cfwd);
     if (e == cudaSuccess)
@@ -1397,7 +1463,12 @@ cudaError_t m3k_chunked_prepare(int prec, const m3k_scan_plan *plan) {
       e = cudaFuncSetAttribute(scan_fwd_chunked_r<f16>, cudaFuncAttributePreferredSharedMemoryCarveout,
                                cudaSharedmemCarveoutMaxShared);
     if (e == cudaSuccess)
-      e = cudaFuncSetAttribute(scan_bwd_chunked<f16>, cudaFuncAttributeMaxDynamicSharedMemorySize, plan->smem_cbwd);
+      e = cudaFuncSetAttribute(scan_bwd_chunked<f16, 1>, cudaFuncAttributeMaxDynamicSharedMemorySize, plan->smem_cbwd);
+    if (e == cudaSuccess)
+      e = cudaFuncSetAttribute(scan_bwd_chunked<f16, 2>, cudaFuncAttributeMaxDynamicSharedMemorySize, plan->smem_cbwd);
+    if (e == cudaSuccess)
+      e = cudaFuncSetAttribute(scan_bwd_chunked<f16, 2>, cudaFuncAttributePreferredSharedMemoryCarveout,
+                               cudaSharedmemCarveoutMaxShared);
   }
   return e;
 }
@@ -1416,7 +1487,12 @@ cudaError_t m3k_chunked_fwd(cudaStream_t s, int prec, const m3k_scan_plan *plan,
 
 cudaError_t m3k_chunked_bwd(cudaStream_t s, int prec, const m3k_scan_plan *plan, const m3k_scan_args *a) {
   const dim3 grid(a->d.H, a->rows);
-  if (prec == M3K_BF16) scan_bwd_chunked<bf16><<<grid, CTHREADS, plan->smem_cbwd, s>>>(*a);
-  else scan_bwd_chunked<f16><<<grid, CTHREADS, plan->smem_cbwd, s>>>(*a);
+  if (bwd_two_ctas(plan->smem_cbwd)) {
+    if (prec == M3K_BF16) scan_bwd_chunked<bf16, 2><<<grid, CTHREADS, plan->smem_cbwd, s>>>(*a);
+    else scan_bwd_chunked<f16, 2><<<grid, CTHREADS, plan->smem_cbwd, s>>>(*a);
+  } else {
+    if (prec == M3K_BF16) scan_bwd_chunked<bf16, 1><<<grid, CTHREADS, plan->smem_cbwd, s>>>(*a);
+    else scan_bwd_chunked<f16, 1><<<grid, CTHREADS, plan->smem_cbwd, s>>>(*a);
+  }
   return cudaGetLastError();
 }
