@@ -37,12 +37,11 @@
  * Mapping: one CTA (8 warps) per (head, row) walks the row's chunks; operand tiles live in shared
  * memory (bf16, padded rows: +8 elements), the state E / dE in shared memory (float32); each
  * product's 16 x 16 output tiles are distributed over the warps. Every sum has a fixed order (no
- * atomics): bitwise repeatable. Shapes whose tiles do not fit in shared memory (P, N large) keep
- * the SIMT kernels (m3k_chunked_smem returns 0).
- * The forward of shapes with at most CWARPS x FR_MAXT 16 x 16 tiles of E (Pp x Np <= 8192, e.g.
- * lm130's 64 x 128) runs scan_fwd_chunked_r: E in the warps' accumulator registers, no float32 S
- * tile, W x in place; 128 registers and ~103 KB shared memory on lm130, two CTAs per SM (NOTES.md
- * run 8); larger shapes run scan_fwd_chunked. Both compute the same operations in the same order.
+ * atomics): bitwise repeatable. The forward (scan_fwd_chunked_r) keeps E in the warps' accumulator
+ * registers instead: no float32 S tile, W x in place; 128 registers and ~103 KB shared memory on
+ * lm130, two CTAs per SM (NOTES.md run 8). It holds at most CWARPS x FR_MAXT 16 x 16 tiles of E
+ * (Pp x Np <= 8192, e.g. lm130's 64 x 128): larger states, and shapes whose tiles do not fit in
+ * shared memory, keep the SIMT kernels (m3k_chunked_smem answers INT64_MAX / a size above the limit).
  */
 #include <mma.h>
 #include <stdio.h>
@@ -84,14 +83,14 @@ struct csmem {
   OT *sq;    /* [CQ][lqn] q (rotated) */
   OT *sk;    /* [CQ][lqn] ktil = scale k */
   OT *sx;    /* [CQ][lqp] x */
-  OT *sxw;   /* [CQ][lqp] fwd: W x; bwd: dY */
+  OT *sxw;   /* [CQ][lqp] bwd: dY (the forward forms W x in place in sx) */
   OT *syw;   /* [CQ][lqp] bwd: EC dY */
   OT *sE;    /* [Pp][lqn] the entering state E (bf16) */
   OT *sdE;   /* [Pp][lqn] bwd: dE (bf16) */
   OT *sL1;   /* [CQ][lqq] fwd: L o S; bwd: L o S1 */
   OT *sL2;   /* [CQ][lqq] bwd: L o S2 */
-  float *sEf;  /* [Pp][lfn] fwd: E; bwd: dE (float32) */
-  float *sR;   /* fwd: S [CQ][lfq] then Y [CQ][lfp] at sR + CQ lfq; bwd: per-warp S1, S2 tiles + M partials, then [CQ][max(lfn, lfp)] */
+  float *sEf;  /* [Pp][lfn] bwd: dE (float32; the forward keeps E in registers) */
+  float *sR;   /* fwd: per-warp scratch, then Y [CQ][lfp]; bwd: per-warp S1, S2 tiles + M partials, then [CQ][max(lfn, lfp)] */
   float *th;   /* [CQ][S] fwd: tanh(ang) then theta; bwd: tanh(ang) */
   float *thv;  /* [CQ][S] bwd: theta of the chunk (staged from a.theta) */
   float *sbk, *sbq; /* [Np] B_bias[h], C_bias[h] */
@@ -111,8 +110,8 @@ __host__ __device__ inline size_t cs_take(size_t &off, size_t bytes) {
   return o;
 }
 
-/* Carves the shared memory (base NULL: only the size). */
-__host__ __device__ inline size_t carve_c(unsigned char *base, int bwd, int P, int N, int S, csmem *m) {
+/* Carves the backward's shared memory (base NULL: only the size). */
+__host__ __device__ inline size_t carve_c(unsigned char *base, int P, int N, int S, csmem *m) {
   const cdims c = make_cdims(P, N);
   size_t off = 0;
   csmem t;
@@ -121,30 +120,22 @@ __host__ __device__ inline size_t carve_c(unsigned char *base, int bwd, int P, i
   CT(sk, OT, CQ * c.lqn);
   CT(sx, OT, CQ * c.lqp);
   CT(sxw, OT, CQ * c.lqp);
-  if (bwd) CT(syw, OT, CQ * c.lqp);
-  else t.syw = NULL;
+  CT(syw, OT, CQ * c.lqp);
   CT(sE, OT, c.Pp * c.lqn);
-  if (bwd) CT(sdE, OT, c.Pp * c.lqn);
-  else t.sdE = NULL;
+  CT(sdE, OT, c.Pp * c.lqn);
   CT(sL1, OT, CQ * c.lqq);
-  if (bwd) CT(sL2, OT, CQ * c.lqq);
-  else t.sL2 = NULL;
+  CT(sL2, OT, CQ * c.lqq);
   CT(sEf, float, c.Pp * c.lfn);
   {
-    /* bwd: per-warp S1, S2 scratch tiles + the row / column partials of M, then [CQ][max(lfn, lfp)] */
-    size_t r = bwd ? (size_t)CWARPS * 512 + 2 * CQ * (CQ / 16) : CQ * c.lfq + CQ * c.lfp;
+    /* per-warp S1, S2 scratch tiles + the row / column partials of M, then [CQ][max(lfn, lfp)] */
+    size_t r = (size_t)CWARPS * 512 + 2 * CQ * (CQ / 16);
     const size_t o = (size_t)CQ * (c.lfn > c.lfp ? c.lfn : c.lfp);
-    if (bwd && o > r) r = o;
+    if (o > r) r = o;
     CT(sR, float, r);
   }
   CT(th, float, CQ * S + 1);
-  if (bwd) {
-    CT(dth, float, CQ * S + 1);
-    CT(thv, float, CQ * S + 1);
-  } else {
-    t.dth = NULL;
-    t.thv = NULL;
-  }
+  CT(dth, float, CQ * S + 1);
+  CT(thv, float, CQ * S + 1);
   CT(sbk, float, c.Np);
   CT(sbq, float, c.Np);
   CT(sc, float, (CQ + 1) * FW);
@@ -163,7 +154,7 @@ __host__ __device__ inline size_t carve_c(unsigned char *base, int bwd, int P, i
 /* Forward, E in registers (scan_fwd_chunked_r): the float32 state E lives in wmma accumulator
  * fragments (tile wid + CWARPS j of the Pp x Np state for warp wid, j < FR_MAXT), so neither the
  * float32 copy of E nor the float32 S tile nor a separate W x tile are in shared memory (lm130:
- * 168 -> 103 KB: two CTAs per SM). Shapes with more E tiles keep scan_fwd_chunked. */
+ * 168 -> 103 KB: two CTAs per SM). Shapes with more E tiles take the SIMT kernels. */
 enum { FR_MAXT = 4, FR_UD = 2 }; /* FR_UD: units in flight per lane in c_build */
 
 __host__ __device__ inline bool fwd_in_regs(int P, int N) {
@@ -450,169 +441,7 @@ __device__ __forceinline__ void c_biases(const m3k_scan_args &a, const csmem &s,
 
 /* ---- forward ---------------------------------------------------------------------------------------- */
 
-template <typename T>
-__global__ void __launch_bounds__(CTHREADS, 1) scan_fwd_chunked(const m3k_scan_args a) {
-  extern __shared__ __align__(128) unsigned char smraw[];
-  const m3k_dims &d = a.d;
-  const int h = blockIdx.x, b = blockIdx.y, g = h / d.hpg;
-  const int P = d.P, N = d.N, S = d.S, H = d.H, E = d.E;
-  const int tid = threadIdx.x, lane = tid & 31, wid = tid >> 5;
-  const cdims cd = make_cdims(P, N);
-  csmem s;
-  carve_c(smraw, 0, P, N, S, &s);
-  const T *proj = (const T *)a.proj; // [M, dipp]
-  T *gated = (T *)a.gated;           // [M, E]
-  const int64_t bh = (int64_t)b * H + h;
-  const float Dh = a.D[h];
-  float *misc = s.pend + PN_W;
-
-  /* E_0 = H_in + bp_0 v_in k_in^T (only read where no reset precedes: masks) */
-  c_scalars<T>(a, s.sc, (int64_t)b * a.len, 0, 0, h);
-  c_biases(a, s, cd, h);
-  for (int j = tid; j < S; j += CTHREADS) s.thr[j] = a.in_angle ? a.in_angle[bh * S + j] : 0.0f;
-  __syncthreads();
-  {
-    const float bp0 = s.sc[F_BP];
-    for (int idx = tid; idx < cd.Pp * cd.Np; idx += CTHREADS) {
-      const int p = idx / cd.Np, n = idx - p * cd.Np;
-      float v = 0;
-      if (p < P && n < N) {
-        if (a.in_ssm) v = a.in_ssm[(bh * P + p) * N + n];
-        if (a.in_v && a.in_k) v += bp0 * a.in_v[bh * P + p] * a.in_k[bh * N + n];
-      }
-      s.sEf[p * cd.lfn + n] = v;
-      s.sE[p * cd.lqn + n] = __float2bfloat16_rn(v);
-    }
-  }
-  __syncthreads();
-
-  float *sS = s.sR, *sY = s.sR + CQ * cd.lfq; /* [CQ][lfq], [CQ][lfp] */
-  for (int t0 = 0; t0 < a.len; t0 += CQ) {
-    const int nb = min(CQ, a.len - t0);
-    const int64_t m0 = (int64_t)b * a.len + t0;
-    /* 1. loads: scalars, tanh of the angle logits, x */
-    c_scalars<T>(a, s.sc, m0, t0, nb, h);
-#pragma unroll 4
-    for (int idx = tid; idx < nb * S; idx += CTHREADS) {
-      const int i = idx / S, j = idx - i * S;
-      s.th[idx] = tanhf(ldact(proj + (m0 + i) * d.dipp + d.ang_off + j));
-    }
-#pragma unroll 4
-    for (int idx = tid; idx < CQ * cd.Pp; idx += CTHREADS) {
-      const int i = idx / cd.Pp, p = idx - i * cd.Pp;
-      const float xv = (i < nb && p < P) ? ldact(proj + (m0 + i) * d.dipp + d.x_off + (int64_t)h * P + p) : 0.0f;
-      s.sx[i * cd.lqp + p] = __float2bfloat16_rn(xv);
-    }
-    __syncthreads();
-    /* 2. warp 0: cumsums and masks; the other warps: the angle walk (as scan.cu) */
-    if (wid == 0) {
-      c_prep(s.sc, nb, misc);
-    } else {
-      for (int j = tid - 32; j < S; j += CTHREADS - 32) {
-        float v = s.thr[j];
-#pragma unroll 4
-        for (int i = 0; i < nb; i++) {
-          if (s.sc[i * FW + F_RST] != 0) v = 0;
-          v = wrap_sum(v, PI_F * s.th[i * S + j] * s.sc[i * FW + F_DT]);
-          s.th[i * S + j] = v;
-          a.theta[((m0 + i) * H + h) * S + j] = v;
-        }
-        s.thr[j] = v;
-      }
-    }
-    __syncthreads();
-    /* 3. q, ktil, q.k; W x */
-    c_build(a, s, cd, m0, t0, nb, g, true, s.th, s.kl);
-    for (int idx = tid; idx < CQ * cd.Pp; idx += CTHREADS) {
-      const int i = idx / cd.Pp, p = idx - i * cd.Pp;
-      const float w = i < nb ? s.sc[i * FW + F_W] : 0.0f;
-      s.sxw[i * cd.lqp + p] = __float2bfloat16_rn(w * __bfloat162float(s.sx[i * cd.lqp + p]));
-    }
-    __syncthreads();
-    /* 4. S = q ktil^T; Y = q E^T */
-    bmm<RM, CM>(sS, cd.lfq, s.sq, cd.lqn, s.sk, cd.lqn, CQ, CQ, cd.Np, false);
-    bmm<RM, CM>(sY, cd.lfp, s.sq, cd.lqn, s.sE, cd.lqn, CQ, cd.Pp, cd.Np, false);
-    __syncthreads();
-    /* 5. L o S (bf16); Y rows scaled by EC; E scaled by dec */
-    for (int idx = tid; idx < CQ * CQ; idx += CTHREADS) {
-      const int t = idx / CQ, u = idx - t * CQ;
-      float v = 0;
-      if (t < nb && u < t && u >= (int)s.sc[t * FW + F_SEG])
-        v = expf(fminf(s.sc[t * FW + F_C] - s.sc[u * FW + F_C], 0.0f)) * sS[t * cd.lfq + u];
-      s.sL1[t * cd.lqq + u] = __float2bfloat16_rn(v);
-    }
-    for (int idx = tid; idx < CQ * cd.Pp; idx += CTHREADS) {
-      const int t = idx / cd.Pp, p = idx - t * cd.Pp;
-      sY[t * cd.lfp + p] *= t < nb ? s.sc[t * FW + F_EC] : 0.0f;
-    }
-    {
-      const float dec = misc[0];
-      for (int idx = tid; idx < cd.Pp * cd.Np; idx += CTHREADS) {
-        const int p = idx / cd.Np, n = idx - p * cd.Np;
-        s.sEf[p * cd.lfn + n] *= dec;
-      }
-    }
-    __syncthreads();
-    /* 6. Y += (L o S) x;  E += (W x)^T ktil */
-    bmm<RM, RM>(sY, cd.lfp, s.sL1, cd.lqq, s.sx, cd.lqp, CQ, cd.Pp, CQ, true);
-    bmm<CM, RM>(s.sEf, cd.lfn, s.sxw, cd.lqp, s.sk, cd.lqn, cd.Pp, cd.Np, CQ, true);
-    __syncthreads();
-    /* 7. epilogue (as scan.cu): y = Y + (gamma q.k + D) x; the per-head norm; the gate; E -> bf16 */
-#pragma unroll 4
-    for (int idx = tid; idx < nb * P; idx += CTHREADS) {
-      const int i = idx / P, p = idx - i * P;
-      const int64_t mi = m0 + i;
-      const float xv = ldact(proj + mi * d.dipp + d.x_off + (int64_t)h * P + p);
-      const float y = sY[i * cd.lfp + p] + (s.sc[i * FW + F_GAM] * s.sc[i * FW + F_QK] + Dh) * xv;
-      sY[i * cd.lfp + p] = y;
-      a.y[mi * E + (int64_t)h * P + p] = y;
-    }
-    if (d.outproj_norm) {
-      __syncthreads();
-      for (int i = wid; i < nb; i += CWARPS) {
-        float ss = 0;
-        for (int p = lane; p < P; p += 32) ss += sY[i * cd.lfp + p] * sY[i * cd.lfp + p];
-        ss = warp_sum(ss);
-        const float rn = 1.0f / sqrtf(ss / (float)P + 1e-5f);
-        if (lane == 0) {
-          s.sc[i * FW + F_R] = rn;
-          a.y_rstd[(m0 + i) * H + h] = rn;
-        }
-      }
-    }
-    __syncthreads();
-#pragma unroll 4
-    for (int idx = tid; idx < nb * P; idx += CTHREADS) {
-      const int i = idx / P, p = idx - i * P;
-      const int64_t mi = m0 + i;
-      const float z = ldact(proj + mi * d.dipp + d.z_off + (int64_t)h * P + p);
-      const float y = sY[i * cd.lfp + p];
-      const float yn = d.outproj_norm ? y * s.sc[i * FW + F_R] * a.out_norm[(int64_t)h * P + p] : y;
-      gated[mi * E + (int64_t)h * P + p] = from_f<T>(yn * (z * sigmoidf_(z)));
-    }
-    for (int idx = tid; idx < cd.Pp * cd.Np; idx += CTHREADS) {
-      const int p = idx / cd.Np, n = idx - p * cd.Np;
-      s.sE[p * cd.lqn + n] = __float2bfloat16_rn(s.sEf[p * cd.lfn + n]);
-    }
-    __syncthreads();
-  }
-
-  if (a.fin_ssm)
-    for (int idx = tid; idx < P * N; idx += CTHREADS) {
-      const int p = idx / N, n = idx - p * N;
-      a.fin_ssm[bh * P * N + idx] = s.sEf[p * cd.lfn + n];
-    }
-  if (a.fin_k)
-    for (int n = tid; n < N; n += CTHREADS) a.fin_k[bh * N + n] = s.kl[n];
-  if (a.fin_v)
-    for (int p = tid; p < P; p += CTHREADS)
-      a.fin_v[bh * P + p] = to_f(proj[((int64_t)b * a.len + a.len - 1) * d.dipp + d.x_off + (int64_t)h * P + p]);
-  if (a.fin_angle)
-    for (int j = tid; j < S; j += CTHREADS) a.fin_angle[bh * S + j] = s.thr[j];
-}
-
-/* Forward with E in accumulator registers (see carve_r). Same math, same operations in the same
- * order as scan_fwd_chunked (bitwise the same results); per chunk: S tiles (lower triangle only:
+/* Forward with E in accumulator registers (see carve_r). Per chunk: S tiles (lower triangle only:
  * the mask zeroes the rest) through a per-warp scratch straight into L o S (bf16); each warp's
  * Y tiles = EC-scaled q E^T plus (L o S) x without leaving the warp; W x in place in sx after Y;
  * E = dec E + (W x)^T ktil in registers, converted to bf16 through the per-warp scratch. */
@@ -893,7 +722,7 @@ __global__ void __launch_bounds__(CTHREADS, MINB) scan_bwd_chunked(const m3k_sca
   constexpr int BUD = MINB == 2 ? 2 : 4; /* units in flight per lane in the unit loops */
   const cdims cd = make_cdims(P, N);
   csmem s;
-  carve_c(smraw, 1, P, N, S, &s);
+  carve_c(smraw, P, N, S, &s);
   const T *proj = (const T *)a.proj; // [M, dipp]
   T *dproj = (T *)a.dproj;           // [M, dipp]
   const int64_t bh = (int64_t)b * H + h;
@@ -1432,19 +1261,15 @@ __global__ void __launch_bounds__(CTHREADS, MINB) scan_bwd_chunked(const m3k_sca
 static bool bwd_two_ctas(int32_t smem) { return smem <= 228 * 1024 / 2 - 1024; }
 
 int64_t m3k_chunked_smem(int fwd, int32_t P, int32_t N, int32_t S) {
-  if (fwd && fwd_in_regs(P, N)) return (int64_t)carve_r(NULL, P, N, S, NULL);
-  return (int64_t)carve_c(NULL, !fwd, P, N, S, NULL);
+  if (fwd) return fwd_in_regs(P, N) ? (int64_t)carve_r(NULL, P, N, S, NULL) : INT64_MAX;
+  return (int64_t)carve_c(NULL, P, N, S, NULL);
 }
 
 cudaError_t m3k_chunked_prepare(int prec, const m3k_scan_plan *plan) {
   cudaError_t e = cudaSuccess;
   if (prec == M3K_F32 || !plan->chunked) return e;
-  /* the plan does not say which forward kernel its shape takes: both get the limit (only one runs) */
   if (prec == M3K_BF16) {
-    e = cudaFuncSetAttribute(scan_fwd_chunked<bf16>, cudaFuncAttributeMaxDynamicSharedMemorySize, plan->smem_cfwd);
-    if (e == cudaSuccess)
-      e = cudaFuncSetAttribute(scan_fwd_chunked_r<bf16>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                               plan->smem_cfwd);
+    e = cudaFuncSetAttribute(scan_fwd_chunked_r<bf16>, cudaFuncAttributeMaxDynamicSharedMemorySize, plan->smem_cfwd);
     if (e == cudaSuccess)
       e = cudaFuncSetAttribute(scan_fwd_chunked_r<bf16>, cudaFuncAttributePreferredSharedMemoryCarveout,
                                cudaSharedmemCarveoutMaxShared);
@@ -1456,9 +1281,7 @@ cudaError_t m3k_chunked_prepare(int prec, const m3k_scan_plan *plan) {
       e = cudaFuncSetAttribute(scan_bwd_chunked<bf16, 2>, cudaFuncAttributePreferredSharedMemoryCarveout,
                                cudaSharedmemCarveoutMaxShared);
   } else {
-    e = cudaFuncSetAttribute(scan_fwd_chunked<f16>, cudaFuncAttributeMaxDynamicSharedMemorySize, plan->smem_cfwd);
-    if (e == cudaSuccess)
-      e = cudaFuncSetAttribute(scan_fwd_chunked_r<f16>, cudaFuncAttributeMaxDynamicSharedMemorySize, plan->smem_cfwd);
+    e = cudaFuncSetAttribute(scan_fwd_chunked_r<f16>, cudaFuncAttributeMaxDynamicSharedMemorySize, plan->smem_cfwd);
     if (e == cudaSuccess)
       e = cudaFuncSetAttribute(scan_fwd_chunked_r<f16>, cudaFuncAttributePreferredSharedMemoryCarveout,
                                cudaSharedmemCarveoutMaxShared);
@@ -1475,13 +1298,8 @@ cudaError_t m3k_chunked_prepare(int prec, const m3k_scan_plan *plan) {
 
 cudaError_t m3k_chunked_fwd(cudaStream_t s, int prec, const m3k_scan_plan *plan, const m3k_scan_args *a) {
   const dim3 grid(a->d.H, a->rows);
-  if (fwd_in_regs(a->d.P, a->d.N)) {
-    if (prec == M3K_BF16) scan_fwd_chunked_r<bf16><<<grid, CTHREADS, plan->smem_cfwd, s>>>(*a);
-    else scan_fwd_chunked_r<f16><<<grid, CTHREADS, plan->smem_cfwd, s>>>(*a);
-  } else {
-    if (prec == M3K_BF16) scan_fwd_chunked<bf16><<<grid, CTHREADS, plan->smem_cfwd, s>>>(*a);
-    else scan_fwd_chunked<f16><<<grid, CTHREADS, plan->smem_cfwd, s>>>(*a);
-  }
+  if (prec == M3K_BF16) scan_fwd_chunked_r<bf16><<<grid, CTHREADS, plan->smem_cfwd, s>>>(*a);
+  else scan_fwd_chunked_r<f16><<<grid, CTHREADS, plan->smem_cfwd, s>>>(*a);
   return cudaGetLastError();
 }
 

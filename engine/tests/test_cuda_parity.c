@@ -552,7 +552,8 @@ int main(void) {
       /* the chunked 16-bit scan: two full 64-token chunks + a partial one, resets inside chunks */
       {64, 128, 2, 1, 0.5, 0, M3_INPUT_IDENTITY, M3_HEAD_NONE, 1, 2, 130},
       {32, 64, 4, 2, 1.0, 1, M3_INPUT_FEATURES, M3_HEAD_MSE, 1, 2, 129},
-      /* a padded state above 8192 elements that still fits: the chunked forward without E in registers */
+      /* a padded state above 8192 elements: 16-bit takes the SIMT kernels (the chunked forward holds
+       * at most 8192 state elements in registers) */
       {96, 96, 2, 1, 0.5, 1, M3_INPUT_IDENTITY, M3_HEAD_NONE, 1, 1, 70},
   };
   const int ncases = (int)(sizeof cases / sizeof cases[0]);
