@@ -19,7 +19,7 @@
 
 /* Bumped whenever a declaration below changes; the Lua binding refuses a library whose
  * m3_abi_version() differs from the header it was generated from. */
-#define M3_ABI_VERSION 5
+#define M3_ABI_VERSION 6
 
 #ifdef __cplusplus
 extern "C" {
@@ -347,10 +347,15 @@ m3_status m3_trainer_load_scaler_state(m3_trainer *tr, double scale, int64_t tra
  * an accumulation window is open. */
 m3_status m3_trainer_save(const m3_trainer *tr, const char *path, const char *extra);
 
+/* Loading may change the device, the precision (a new f16 scaler starts), the window length
+ * and the batch; with another batch the saved recurrent state does not fit and every row
+ * starts from zero state. Weights, moments, step, lr, RNG and `extra` always load. */
 typedef struct m3_load_opts {
   int32_t device;         /* -1: as saved (falling back to the CPU without a GPU) */
   int32_t device_index;   /* -1: as saved */
   int32_t precision;      /* -1: as saved */
+  int32_t batch;          /* -1: as saved */
+  int32_t seq_len;        /* -1: as saved */
 } m3_load_opts;
 
 m3_status m3_trainer_load(const char *path, const m3_load_opts *opts, m3_trainer **out);

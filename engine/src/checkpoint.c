@@ -177,7 +177,7 @@ static m3_status take(const m3_tensor_file *f, const char *name, int32_t ndim, c
   return M3_OK;
 }
 
-static m3_status restore(m3_trainer *tr, const m3_tensor_file *f, int same_precision, float *buf) {
+static m3_status restore(m3_trainer *tr, const m3_tensor_file *f, int same_precision, int same_batch, float *buf) {
   const char *text;
   TRY(meta(f, "step", &text));
   tr->step = strtoll(text, NULL, 10);
@@ -206,7 +206,7 @@ static m3_status restore(m3_trainer *tr, const m3_tensor_file *f, int same_preci
     }
     TRY(tr->ops->write_arena(tr->be, kinds[a], buf));
   }
-  for (int32_t l = 0; l < tr->dims.L; l++) {
+  for (int32_t l = 0; same_batch && l < tr->dims.L; l++) { /* another batch: zero state */
     float *ptr[4];
     float *s = buf;
     for (int k = 0; k < 4; k++) {
@@ -239,12 +239,14 @@ m3_status m3_trainer_load(const char *path, const m3_load_opts *opts, m3_trainer
   if (st == M3_OK) st = m3_config_from_json(text, &model);
   if (st == M3_OK) st = meta(f, "trainer", &text);
   if (st == M3_OK) st = parse_trainer(text, &cfg, &lr, &clip, &no_decay);
-  const int32_t saved_precision = cfg.precision;
+  const int32_t saved_precision = cfg.precision, saved_batch = cfg.batch;
   if (st == M3_OK && opts) {
     if (opts->device >= 0) cfg.device = opts->device;
     else if (cfg.device == M3_DEVICE_CUDA && m3_cuda_device_count() == 0) cfg.device = M3_DEVICE_CPU;
     if (opts->device_index >= 0) cfg.device_index = opts->device_index;
     if (opts->precision >= 0) cfg.precision = opts->precision;
+    if (opts->batch != -1) cfg.batch = opts->batch;       /* the trainer's checks judge the value */
+    if (opts->seq_len != -1) cfg.seq_len = opts->seq_len;
   }
   m3_layout layout = {0};
   float *buf = NULL;
@@ -267,7 +269,7 @@ m3_status m3_trainer_load(const char *path, const m3_load_opts *opts, m3_trainer
     tr->lr = lr;
     tr->clip = clip;
     tr->no_decay = no_decay;
-    st = restore(tr, f, cfg.precision == saved_precision, buf);
+    st = restore(tr, f, cfg.precision == saved_precision, cfg.batch == saved_batch, buf);
   }
   free(buf);
   m3_layout_free(&layout);

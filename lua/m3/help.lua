@@ -32,7 +32,7 @@ A batch: {tokens = int32 [B,T] | input = float [B,T,D], targets = int32 [B,T] (-
 methods: step forward backward_step evaluate capture_graph drop_graph has_graph set_profiling profile set_lr lr
   set_clip set_reference_no_decay reset_state states set_states snapshot grads save
   scaler_state load_scaler_state info device dtype batch seq_len step_count close
-  m3.trainer.load(path, {device =, dtype =}) -> trainer, extra]]
+  m3.trainer.load(path, {device =, dtype =, batch =, seq_len =}) -> trainer, extra]]
 
 local methods = {
   step = "tr:step(batch) -> metrics\n  fused forward + backward + AdamW (graph-replayed when captured).\n  metrics: step, loss, accuracy, grad_norm, tokens, counted, ms, optimizer_stepped, ...",
@@ -54,7 +54,7 @@ local methods = {
   snapshot = "tr:snapshot() -> weights  float32 master weights",
   grads = "tr:grads() -> weights  the accumulated gradients",
   save = "tr:save(path, extra)  full checkpoint (weights, moments, step, lr, RNG, state) plus a\n  plain Lua table; see ?m3.checkpoint",
-  load = "m3.trainer.load(path, {device =, dtype =}) -> trainer, extra",
+  load = "m3.trainer.load(path, {device =, dtype =, batch =, seq_len =}) -> trainer, extra\n  another batch: every row starts from zero state",
   scaler_state = "tr:scaler_state() -> scale, tracker  (f16 only)",
   load_scaler_state = "tr:load_scaler_state(scale, tracker)",
   info = "tr:info() -> {device, dtype, batch, seq_len, step, window_open, pending_forward, ...}",

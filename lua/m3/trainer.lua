@@ -507,20 +507,23 @@ function T:save(path, extra)
   return path
 end
 
-local LOAD_OPTS = { device = true, dtype = true }
+local LOAD_OPTS = { device = true, dtype = true, batch = true, seq_len = true }
 
--- m3.trainer.load(path, {device=, dtype=}) → trainer, extra
+-- m3.trainer.load(path, {device=, dtype=, batch=, seq_len=}) → trainer, extra
+-- (another batch: the saved recurrent state is not loaded, every row starts from zero)
 local function load(path, opts)
   if type(path) ~= "string" then raise("m3.trainer.load: path must be a string, got " .. type(path)) end
   if opts ~= nil and type(opts) ~= "table" then raise("m3.trainer.load: opts must be a table, got " .. type(opts)) end
   opts = opts or {}
   check_keys(opts, LOAD_OPTS, "m3.trainer.load")
-  local o = ffi.new("m3_load_opts", -1, -1, -1)
+  local o = ffi.new("m3_load_opts", -1, -1, -1, -1, -1)
   if opts.device ~= nil then
     local kind, index = parse_device(opts.device, "m3.trainer.load")
     o.device, o.device_index = kind, index or -1
   end
   if opts.dtype ~= nil then o.precision = parse_dtype(opts.dtype, "m3.trainer.load") end
+  if opts.batch ~= nil then o.batch = want_int(opts.batch, "m3.trainer.load: batch", 1) end
+  if opts.seq_len ~= nil then o.seq_len = want_int(opts.seq_len, "m3.trainer.load: seq_len", 1) end
   local out = ffi.new("m3_trainer *[1]")
   check(C.m3_trainer_load(path, o, out))
   local tr = wrap_trainer(out[0])
