@@ -1,7 +1,7 @@
 /*
  * test_infer.c — the inference object on the CPU.
  *
- * 1. The forward-only model (one activation slot, state advanced in place, row-grouped GEMMs)
+ * 1. The forward-only model (one activation slot, state advanced in place, rowdot.c products)
  *    computes what the training model computes: windows of several lengths with carried state
  *    and resets, in double, outputs and final states within 1e-13.
  * 2. The C API contract (m3.h "inference", float32): a prompt stepped token by token equals it
@@ -41,6 +41,7 @@ static void check_forward_only(m3_rng *r) {
   CHECK_OK(cpu_model_create_f64(&d, &lay, B, T, &tr));
   CHECK_OK(cpu_model_create_forward_f64(&d, &lay, B, T, &fw));
   tr->params = fw->params = params;
+  cpu_model_transpose_weights_f64(fw);
   tr->grads = grads;
   double *in = calloc((size_t)B * T * d.dm, sizeof(double));
   uint8_t resets[B * T];

@@ -137,12 +137,12 @@ static m3_status infer(backend *be, const m3_batch *b, float *out) {
   cpu_batch_f32 v = view(b);
   TRY(cpu_model_forward_f32(be->m, &v, 1, 1));
   copy_out(be, b, out);
-  if (be->d->head == M3_HEAD_LM) { /* the rows' last positions, gathered into scratch for whole row groups */
+  if (be->d->head == M3_HEAD_LM) { /* the rows' last positions, gathered into scratch */
     cpu_model_f32 *m = be->m;
     const int32_t dm = be->d->dm;
     for (int32_t r = 0; r < b->rows; r++)
       memcpy(m->xn + (int64_t)r * dm, m->out + ((int64_t)r * b->len + b->len - 1) * dm, (size_t)dm * sizeof(float));
-    cpu_gemm_f32(m, CblasNoTrans, CblasTrans, (int)cpu_gemm_rows_f32(m, b->rows), be->d->vocab, dm, 1, m->xn, dm,
+    cpu_gemm_f32(m, CblasNoTrans, CblasTrans, b->rows, be->d->vocab, dm, 1, m->xn, dm,
                  be->params + m3_layout_lm_weight(be->lay, be->d), dm, 0, m->logits, be->d->vocab);
   }
   return M3_OK;
@@ -233,6 +233,7 @@ static m3_status read_arena(const backend *be, arena_kind kind, float *dst) {
 
 static m3_status write_arena(backend *be, arena_kind kind, const float *src) {
   memcpy(arena(be, kind), src, (size_t)be->lay->total * sizeof(float));
+  if (kind == ARENA_PARAMS && be->m->params_t) cpu_model_transpose_weights_f32(be->m);
   return M3_OK;
 }
 
@@ -290,6 +291,7 @@ m3_status m3_cpu_backend_create(const backend_args *a, backend **out, const back
   }
   be->m->params = be->params;
   be->m->grads = be->grads;
+  if (a->infer) cpu_model_transpose_weights_f32(be->m);
   *out = be;
   *ops = &cpu_ops;
   return M3_OK;

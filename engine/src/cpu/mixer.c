@@ -30,9 +30,8 @@ m3_status NAME(cpu_layer_forward)(cpu_model *m, int32_t l, const uint8_t *resets
   real *bc_hat = m->bc_hat + sl * M0 * 2 * G * N, *bc_rstd = m->bc_rstd + sl * M0 * 2 * G;
   real *y = m->y + sl * M0 * E, *y_rstd = m->y_rstd + sl * M0 * H, *gated = m->gated + sl * M0 * E;
 
-  const int Mg = (int)NAME(cpu_gemm_rows)(m, M);
   NAME(rmsnorm_forward)(resid_in, W + lo->norm, xn, rstd, M, dm);
-  NAME(cpu_gemm)(m, CblasNoTrans, CblasTrans, Mg, d->dip, dm, 1, xn, dm, W + lo->in_proj, dm, 0, proj, d->dip);
+  NAME(cpu_gemm)(m, CblasNoTrans, CblasTrans, (int)M, d->dip, dm, 1, xn, dm, W + lo->in_proj, dm, 0, proj, d->dip);
 
   real *ang_tanh = m->ang_tanh + sl * M0 * d->S;
 #pragma omp parallel for schedule(static)
@@ -58,7 +57,7 @@ m3_status NAME(cpu_layer_forward)(cpu_model *m, int32_t l, const uint8_t *resets
     }
 
   memcpy(resid_out, resid_in, (size_t)(M * dm) * sizeof(real));
-  NAME(cpu_gemm)(m, CblasNoTrans, CblasTrans, Mg, dm, E, 1, gated, E, W + lo->out_proj, E, 1, resid_out, dm);
+  NAME(cpu_gemm)(m, CblasNoTrans, CblasTrans, (int)M, dm, E, 1, gated, E, W + lo->out_proj, E, 1, resid_out, dm);
   return M3_OK;
 }
 

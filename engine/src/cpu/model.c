@@ -60,7 +60,7 @@ static m3_status create(const m3_dims *d, const m3_layout *lay, int32_t B, int32
   m->T = T;
   m->chunk = SCAN_CHUNK;
   m->train = train;
-  m->cap = train ? (int64_t)B * T : NAME(cpu_gemm_rows)(m, (int64_t)B * T);
+  m->cap = (int64_t)B * T;
   m->threads = omp_get_max_threads();
   openblas_set_num_threads(1); /* the model parallelises around BLAS (gemm.c) */
   const int64_t M0 = m->cap, L = d->L, dm = d->dm, E = d->E, H = d->H, N = d->N, G = d->G;
@@ -103,7 +103,8 @@ static m3_status create(const m3_dims *d, const m3_layout *lay, int32_t B, int32
   m->part = alloc_real((train ? B : 0) * m->part_width, &failed);
   m->row_scratch = alloc_real((train ? B : 0) * N, &failed);
   const int64_t head_w = d->vocab > d->out_dim ? d->vocab : d->out_dim;
-  m->logits = alloc_real((train ? 64 : NAME(cpu_gemm_rows)(m, B)) * (head_w > 0 ? head_w : 1), &failed);
+  m->logits = alloc_real((train ? 64 : B) * (head_w > 0 ? head_w : 1), &failed);
+  m->params_t = train ? NULL : alloc_real(lay->total, &failed);
   m->scratch_per_thread = NAME(cpu_scan_scratch)(d, T, SCAN_CHUNK);
   m->scratch = alloc_real(m->threads * m->scratch_per_thread, &failed);
   if (failed) {
@@ -131,7 +132,7 @@ void NAME(cpu_model_destroy)(cpu_model *m) {
   real *bufs[] = {m->resid, m->xn,   m->rstd,     m->proj,     m->bc_hat,  m->bc_rstd, m->ang_tanh, m->theta,  m->y,
                   m->y_rstd, m->gated, m->chunk_ssm, m->out,    m->out_rstd, m->dout,   m->dresid, m->dxn,
                   m->dproj,  m->dgated, m->dy,       m->dbc_head, m->dang_head, m->part, m->row_scratch,
-                  m->logits, m->scratch};
+                  m->logits, m->scratch, m->params_t};
   for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++) free(bufs[i]);
   free(m->input_copy);
   free(m->tokens_copy);
@@ -174,7 +175,7 @@ static void input_forward(cpu_model *m, const cpu_batch *b) {
       const real *bias = m->params + m->lay->input_b;
       memcpy(m->input_copy, b->input, (size_t)(M * d->input_dim) * sizeof(real));
       for (int64_t i = 0; i < M; i++) memcpy(h0 + i * d->dm, bias, (size_t)d->dm * sizeof(real));
-      NAME(cpu_gemm)(m, CblasNoTrans, CblasTrans, (int)NAME(cpu_gemm_rows)(m, M), d->dm, d->input_dim, 1,
+      NAME(cpu_gemm)(m, CblasNoTrans, CblasTrans, (int)M, d->dm, d->input_dim, 1,
                      m->input_copy, d->input_dim, m->params + m->lay->input_w, d->input_dim, 1, h0, d->dm);
       break;
     }

@@ -10,9 +10,6 @@
 #include "../errors.h"
 #include "../layout.h"
 
-/* Forward-only models run every GEMM over whole groups of this many rows (gemm.c). */
-enum { M3_CPU_ROW_GROUP = 16 };
-
 #define M3_CAT_(a, b) a##_##b
 #define M3_CAT(a, b) M3_CAT_(a, b)
 

@@ -9,11 +9,9 @@
  *
  * A forward-only model (train = 0, the inference backend) keeps one slot of every per-layer
  * activation, reused layer after layer (the residual stream alternates between two slots),
- * reads the carried state directly and allocates no backward buffers. Its GEMMs run over
- * whole groups of M3_CPU_ROW_GROUP rows starting at multiples of it (the spare rows of the slot
- * buffers are scratch), because OpenBLAS computes leftover rows with other kernels whose last
- * bits differ: that way a row's values do not depend on how many rows a step has, and a
- * prompt stepped token by token equals the prompt run as one window, bit for bit.
+ * reads the carried state directly and allocates no backward buffers. Its products run in
+ * rowdot.c, where a row's values do not depend on how many rows a call holds, so a prompt
+ * stepped token by token equals the prompt run as one window, bit for bit.
  */
 #define N_(x) M3_CAT(x, S_)
 
@@ -43,9 +41,10 @@ typedef struct N_(cpu_model) {
   int32_t rows, len;        /* window of the last forward */
   int32_t chunk;            /* tokens between saved scan states */
   int32_t train;            /* 0: forward only (see above) */
-  int64_t cap;              /* positions per activation slot: B * T (forward only: rounded up to
-                               whole row groups, the rows gemm.c may pad a product with) */
+  int64_t cap;              /* positions per activation slot: B * T */
   T_ *params, *grads;       /* [lay->total] each, owned by the caller */
+  T_ *params_t;             /* forward only, [lay->total]: every 2-D weight transposed in panels of
+                               outputs at its own offset (rowdot.c); cpu_model_transpose_weights */
   T_ *dinput;               /* optional [B, T, input_dim]: receives dL/d input when set */
 
   N_(cpu_state) state;      /* carried state: read at a window start, written at its end */
@@ -124,12 +123,15 @@ static inline int64_t N_(cpu_slot)(const N_(cpu_model) *m, int32_t l) { return m
 static inline int64_t N_(cpu_resid_slot)(const N_(cpu_model) *m, int32_t l) { return m->train ? l : l & 1; }
 
 /* C = alpha op(A) op(B) + beta C, row-major, over the model's threads (gemm.c). */
-/* Rows a product over M rows runs with: M, or (forward only) M rounded up to a row group. */
-static inline int64_t N_(cpu_gemm_rows)(const N_(cpu_model) *m, int64_t M) {
-  return m->train ? M : (M + M3_CPU_ROW_GROUP - 1) / M3_CPU_ROW_GROUP * M3_CPU_ROW_GROUP;
-}
 void N_(cpu_gemm)(N_(cpu_model) *m, CBLAS_TRANSPOSE ta, CBLAS_TRANSPOSE tb, int M, int N, int K, T_ alpha,
                   const T_ *A, int lda, const T_ *B, int ldb, T_ beta, T_ *C, int ldc);
+/* C = A Bᵀ + beta C from BT = the weight B [N, K] in params_t's panel layout, each row
+ * independent of M (rowdot.c; the forward-only model's products). */
+void N_(cpu_rowdot)(N_(cpu_model) *m, int M, int N, int K, const T_ *A, int lda, const T_ *BT, T_ beta, T_ *C,
+                    int ldc);
+/* Forward-only model: params_t := the 2-D weights of params, transposed; call after params
+ * is set or changed. */
+void N_(cpu_model_transpose_weights)(N_(cpu_model) *m);
 
 /* y = x / sqrt(mean(x^2) + 1e-5) * w over rows of n values; rstd[r] saved. w may be NULL (1). */
 void N_(rmsnorm_row)(const T_ *x, const T_ *w, T_ *y, T_ *rstd, int32_t n);
