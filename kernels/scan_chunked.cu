@@ -44,7 +44,6 @@
  * shared memory, keep the SIMT kernels (m3k_chunked_smem answers INT64_MAX / a size above the limit).
  */
 #include <mma.h>
-#include <stdio.h>
 
 #include "scan_math.cuh"
 
