@@ -16,7 +16,6 @@ local m3 = require "m3"
 local flags = require "m3.flags"
 local fit = require "m3.fit"
 local fs = require "m3.fs"
-local json = require "m3.json"
 local sweep = require "m3.sweep"
 
 -- the repository root, from this script's path (data/ lies beside scripts/)
@@ -57,15 +56,8 @@ local o, changed = flags.parse(arg, spec, "m3lua scripts/lm.lua [flags]")
 
 local not_in_name = { data = true, run = true, resume = true, device = true, eval_every = true,
   save_every = true, keep = true, sample_len = true, temperature = true, prompt = true }
-local named = {}
-for _, k in ipairs(changed) do
-  if not not_in_name[k] then named[#named + 1] = k end
-end
 local base = "lm-" .. (o.data:match("([^/]+)$") or "text"):gsub("%.[^.]*$", "")
-local name = o.run ~= "" and o.run or base .. (#named > 0 and "-" .. sweep.name(o, {}, named) or "")
-local dir = "runs/" .. name
-fs.mkdir(dir)
-fs.write(dir .. "/options.json", json.encode(o) .. "\n")
+local dir = sweep.run_dir(o, changed, base, not_in_name)
 
 local train = m3.data.text(o.data, { split = "train", order = o.carry and "stream" or "random",
   seed = o.seed, length = o.seq_len })
@@ -93,7 +85,7 @@ local warmup = o.warmup < 1 and math.floor(o.warmup * o.steps + 0.5) or o.warmup
 local result = fit.run {
   trainer = tr, data = train, steps = o.steps, start = start, batch = o.batch, clip = o.clip,
   schedule = m3.schedule.warmup_cosine { peak = o.lr, warmup = warmup, total = o.steps, floor = o.lr * o.floor },
-  checkpoint = ck, dir = dir, title = name, eval_every = o.eval_every,
+  checkpoint = ck, dir = dir, title = dir:match("[^/]+$"), eval_every = o.eval_every,
   graph = tr:device() ~= "cpu",
   eval = function(t)
     local e = fit.evaluate(t, val, { batches = o.eval_batches, length = o.seq_len })

@@ -22,8 +22,6 @@
 local m3 = require "m3"
 local flags = require "m3.flags"
 local fit = require "m3.fit"
-local fs = require "m3.fs"
-local json = require "m3.json"
 local sweep = require "m3.sweep"
 
 local spec = {
@@ -61,14 +59,7 @@ local o, changed = flags.parse(arg, spec, "m3lua scripts/train.lua [flags]")
 -- the run's name: the task and the options that shape the result
 local not_in_name = { task = true, run = true, resume = true, device = true, eval_every = true,
   save_every = true, keep = true }
-local named = {}
-for _, k in ipairs(changed) do
-  if not not_in_name[k] then named[#named + 1] = k end
-end
-local name = o.run ~= "" and o.run or o.task .. (#named > 0 and "-" .. sweep.name(o, {}, named) or "")
-local dir = "runs/" .. name
-fs.mkdir(dir)
-fs.write(dir .. "/options.json", json.encode(o) .. "\n")
+local dir = sweep.run_dir(o, changed, o.task, not_in_name)
 
 local tasks = {
   parity = function(seed) return m3.data.parity { seed = seed, targets = "running" } end,
@@ -125,7 +116,7 @@ local result = fit.run {
   trainer = tr, data = train, steps = o.steps, start = start, batch = o.batch,
   schedule = sched, curriculum = cur, clip = o.clip, checkpoint = ck, dir = dir,
   graph = tr:device() ~= "cpu",
-  eval = evaluate, eval_every = o.eval_every, title = name,
+  eval = evaluate, eval_every = o.eval_every, title = dir:match("[^/]+$"),
 }
 
 local acc = result.eval.val_acc

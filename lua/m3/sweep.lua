@@ -73,6 +73,21 @@ function sweep.name(point, defaults, keys)
   return #parts > 0 and table.concat(parts, ",") or "defaults"
 end
 
+-- The folder of one run of a script: runs/<base>-<the flags in `changed` that shape the
+-- result, i.e. not in `skip`> (runs/<base> when none; opts.run when not ""), created, with
+-- the options in options.json. changed: flags.parse's second value.
+function sweep.run_dir(opts, changed, base, skip)
+  local named = {}
+  for _, k in ipairs(changed) do
+    if not skip[k] then named[#named + 1] = k end
+  end
+  local name = opts.run ~= "" and opts.run or base .. (#named > 0 and "-" .. sweep.name(opts, {}, named) or "")
+  local dir = "runs/" .. name
+  fs.mkdir(dir)
+  fs.write(dir .. "/options.json", json.encode(opts) .. "\n")
+  return dir
+end
+
 local function sorted_keys(t)
   local keys = {}
   for k in pairs(t) do keys[#keys + 1] = k end
