@@ -3,12 +3,13 @@
 # repository root, with .gpu/ carried: ../shared/device copied in, plus .gpu/shared/golden):
 #
 #   bash scripts/gpu_check.sh [stages]     stages: comma list of setup,build,test,spec,sanitize,bench,
-#                                          profile (default: all but sanitize; sanitize runs anyway
-#                                          when a CUDA test fails)
+#                                          profile,ncu (default: all but sanitize and ncu; sanitize
+#                                          runs anyway when a CUDA test fails)
 #
 # Full logs go to $OUT (at most 8 files come back); the last lines printed are a short summary:
 # test results, the first failing checks, the parity/golden lines and the benchmark table.
-# BENCH_ARGS passes arguments to scripts/bench.lua.
+# BENCH_ARGS passes arguments to scripts/bench.lua; NCU_SPECS lists kernel:config:launches-to-skip
+# for the ncu stage (per-source-line stall samples come back in ncu_source.tgz).
 set -uo pipefail
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 cd "$root"
@@ -100,19 +101,26 @@ if has profile; then
   say "profile (eager, bf16) [$(($(stamp) - t)) s]:"
   grep -E "^== |  profile: |^  [a-z_ ()+]+ +[0-9.]+ ms/step +[0-9.]+%" "$OUT/profile.log" | tee -a "$summary"
 fi
-if has ncu; then # hardware counters of one scan launch of each direction (after warm-up launches)
+if has ncu; then # counters and per-source-line stall samples of one chunked-scan launch each (after warm-up)
   t=$(stamp)
   : >"$OUT/ncu.log"
-  for spec in "scan_fwd_kernel mid 16" "scan_bwd_kernel mid 16" "scan_fwd_kernel lm130 24" "scan_bwd_kernel lm130 24"; do
-    set -- $spec
-    echo "######## $1 on $2" >>"$OUT/ncu.log"
-    timeout 150 ncu --clock-control none -k "regex:$1" --launch-skip "$3" --launch-count 1 \
-      --section SpeedOfLight --section LaunchStats --section Occupancy --section WarpStateStats \
-      --section SchedulerStats --section InstructionStats --section MemoryWorkloadAnalysis \
-      $build/m3lua scripts/bench.lua --configs "$2" --dtypes bf16 --steps 1 --no-graph >>"$OUT/ncu.log" 2>&1
+  mkdir -p "$OUT/ncu"
+  specs=${NCU_SPECS:-scan_fwd_chunked_r:lm130:24 scan_bwd_chunked:lm130:24 scan_bwd_chunked:mid:8}
+  for spec in $specs; do
+    IFS=: read -r kern cfg skip <<<"$spec"
+    rep=$OUT/ncu/${kern}_$cfg
+    echo "######## $kern on $cfg" >>"$OUT/ncu.log"
+    timeout 150 ncu --clock-control none -k "regex:$kern" --launch-skip "$skip" --launch-count 1 --set full \
+      --import-source yes -f -o "$rep" $build/m3lua scripts/bench.lua --configs "$cfg" --dtypes bf16 --steps 1 \
+      --no-graph >>"$OUT/ncu.log" 2>&1
+    ncu --import "$rep.ncu-rep" --page details >>"$OUT/ncu.log" 2>&1
+    ncu --import "$rep.ncu-rep" --page source --csv --print-source cuda >"$rep.cuda.csv" 2>>"$OUT/ncu.log"
+    ncu --import "$rep.ncu-rep" --page source --csv --print-source sass >"$rep.sass.csv" 2>>"$OUT/ncu.log"
+    rm -f "$rep.ncu-rep"
   done
+  tar czf "$OUT/ncu_source.tgz" -C "$OUT" ncu && rm -rf "$OUT/ncu"
   say "ncu [$(($(stamp) - t)) s]:"
-  grep -E "^######## |Duration|Elapsed Cycles|SM Frequency|Compute \(SM\) Throughput|Memory Throughput|Achieved Occupancy|Theoretical Occupancy|Registers Per|Block Limit|Issued Ipc|Issue Slots Busy|No Eligible|Warp Cycles Per Issued|Active Warps Per|Eligible Warps|Stall|Executed Instructions  |One or More|Waves Per SM|Dynamic Shared" \
-    "$OUT/ncu.log" | sed -E 's/ +/ /g' | head -150 | tee -a "$summary"
+  grep -E "^######## |Duration|Elapsed Cycles|Compute \(SM\) Throughput|Memory Throughput|Achieved Occupancy|Registers Per|Issued Ipc|No Eligible|Warp Cycles Per Issued|Eligible Warps|Executed Instructions  |Waves Per SM|Dynamic Shared" \
+    "$OUT/ncu.log" | sed -E 's/ +/ /g' | head -80 | tee -a "$summary"
 fi
 say "total $(($(stamp) - T0)) s"
