@@ -55,40 +55,6 @@ enum { SC_W = 20 }; /* scalars per token in the backward's shared table */
 enum { S_ALPHA = 0, S_BETA, S_GAMMA, S_DT, S_LAM, S_DSP, S_DAD, S_A, S_RESET, S_ALPHA_RAW, S_BETA_RAW, S_QK, S_DYX,
        S_DGAMMA, S_DBETA, S_DDTANG, S_PSI, S_AD, S_DV };
 
-/* The rotated k and q of one unit of position m: unit u < S is the pair (2u, 2u + 1), rotated by
- * (c, sn) = (cos, sin) theta[u]; S <= u < N - S is column 2S + (u - S), which passes; units from
- * N - S on are the zero padding up to the padded width. q may be NULL. */
-template <typename T>
-__device__ __forceinline__ void rot_unit(const m3k_scan_args &a, int64_t m, int h, int g, int u, float c, float sn,
-                                         float *k, float *q) {
-  const m3k_dims &d = a.d;
-  const int U = d.N - d.S;
-  if (u >= U) {
-    const int n = d.N + (u - U);
-    k[n] = 0;
-    if (q) q[n] = 0;
-    return;
-  }
-  const float *bk = a.bc_hat + ((m * 2 + 0) * d.G + g) * d.N; // [N] B_hat
-  const float *bq = a.bc_hat + ((m * 2 + 1) * d.G + g) * d.N; // [N] C_hat
-  const float *kb = a.B_bias + (int64_t)h * d.N, *qb = a.C_bias + (int64_t)h * d.N;
-  if (u < d.S) {
-    const int n0 = 2 * u;
-    const float k0 = bk[n0] + kb[n0], k1 = bk[n0 + 1] + kb[n0 + 1];
-    k[n0] = k0 * c - k1 * sn;
-    k[n0 + 1] = k0 * sn + k1 * c;
-    if (q) {
-      const float q0 = bq[n0] + qb[n0], q1 = bq[n0 + 1] + qb[n0 + 1];
-      q[n0] = q0 * c - q1 * sn;
-      q[n0 + 1] = q0 * sn + q1 * c;
-    }
-  } else {
-    const int n = 2 * d.S + (u - d.S);
-    k[n] = bk[n] + kb[n];
-    if (q) q[n] = bq[n] + qb[n];
-  }
-}
-
 /* token-loop unrolling of the recurrence: small thread tiles interleave tokens */
 template <int RP, int RN> struct unroll_of {
   static constexpr int value = RP * RN <= 4 ? 4 : (RP * RN <= 16 ? 2 : 1);
@@ -1045,6 +1011,7 @@ static bool takes_chunked(int prec, const m3k_scan_plan *plan, const m3k_scan_ar
 }
 
 extern "C" cudaError_t m3k_scan_fwd(cudaStream_t s, int prec, const m3k_scan_plan *plan, const m3k_scan_args *a) {
+  if (a->len == 1) return m3k_scan_step(s, prec, a);
   if (takes_chunked(prec, plan, a)) return m3k_chunked_fwd(s, prec, plan, a);
   const dim3 grid(a->d.H, a->rows);
   M3K_DISPATCH(prec, SCAN_TILE_DISPATCH(plan, (scan_fwd_kernel<RP, RN, T><<<grid, plan->threads, plan->smem_fwd, s>>>(

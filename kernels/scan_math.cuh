@@ -1,8 +1,9 @@
 /*
  * scan_math.cuh — the per-token math shared by the scan kernels (scan.cu: the float32 SIMT
- * scan; scan_chunked.cu: the tensor-core chunked scan for the 16-bit precisions), so that both
- * compute the token scalars and the angle walk with the same formulas as the CPU reference
- * (engine/src/cpu/scan.c), and the launchers of the chunked scan that scan.cu dispatches to.
+ * scan; scan_chunked.cu: the tensor-core chunked scan for the 16-bit precisions; scan_step.cu:
+ * the forward of one-token windows), so that all compute the token scalars, the angle walk and
+ * the rotation with the same formulas as the CPU reference (engine/src/cpu/scan.c), and the
+ * launchers of the chunked and one-token scans that scan.cu dispatches to.
  */
 #ifndef M3_KERNELS_SCAN_MATH_CUH
 #define M3_KERNELS_SCAN_MATH_CUH
@@ -60,6 +61,40 @@ __device__ __forceinline__ float wrap_sum(float v, float inc) {
   return w;
 }
 
+/* The rotated k and q of one unit of position m: unit u < S is the pair (2u, 2u + 1), rotated by
+ * (c, sn) = (cos, sin) theta[u]; S <= u < N - S is column 2S + (u - S), which passes; units from
+ * N - S on are the zero padding up to the padded width. q may be NULL. */
+template <typename T>
+__device__ __forceinline__ void rot_unit(const m3k_scan_args &a, int64_t m, int h, int g, int u, float c, float sn,
+                                         float *k, float *q) {
+  const m3k_dims &d = a.d;
+  const int U = d.N - d.S;
+  if (u >= U) {
+    const int n = d.N + (u - U);
+    k[n] = 0;
+    if (q) q[n] = 0;
+    return;
+  }
+  const float *bk = a.bc_hat + ((m * 2 + 0) * d.G + g) * d.N; // [N] B_hat
+  const float *bq = a.bc_hat + ((m * 2 + 1) * d.G + g) * d.N; // [N] C_hat
+  const float *kb = a.B_bias + (int64_t)h * d.N, *qb = a.C_bias + (int64_t)h * d.N;
+  if (u < d.S) {
+    const int n0 = 2 * u;
+    const float k0 = bk[n0] + kb[n0], k1 = bk[n0 + 1] + kb[n0 + 1];
+    k[n0] = k0 * c - k1 * sn;
+    k[n0 + 1] = k0 * sn + k1 * c;
+    if (q) {
+      const float q0 = bq[n0] + qb[n0], q1 = bq[n0 + 1] + qb[n0 + 1];
+      q[n0] = q0 * c - q1 * sn;
+      q[n0 + 1] = q0 * sn + q1 * c;
+    }
+  } else {
+    const int n = 2 * d.S + (u - d.S);
+    k[n] = bk[n] + kb[n];
+    if (q) q[n] = bq[n] + qb[n];
+  }
+}
+
 /* ---- the chunked scan (scan_chunked.cu) ---------------------------------------------------------- */
 
 /* Dynamic shared memory of the chunked kernels for (P, N, S); 0 when they do not apply. */
@@ -67,5 +102,9 @@ int64_t m3k_chunked_smem(int fwd, int32_t P, int32_t N, int32_t S);
 cudaError_t m3k_chunked_prepare(int prec, const m3k_scan_plan *plan);
 cudaError_t m3k_chunked_fwd(cudaStream_t s, int prec, const m3k_scan_plan *plan, const m3k_scan_args *a);
 cudaError_t m3k_chunked_bwd(cudaStream_t s, int prec, const m3k_scan_plan *plan, const m3k_scan_args *a);
+
+/* ---- the one-token forward (scan_step.cu): m3k_scan_fwd when a->len == 1 --------------------------- */
+
+cudaError_t m3k_scan_step(cudaStream_t s, int prec, const m3k_scan_args *a);
 
 #endif
