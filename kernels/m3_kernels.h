@@ -114,16 +114,17 @@ typedef struct m3k_scan_plan {
    * memory fits (P, N) and P x N >= 1024 (environment M3_SCAN_CHUNK_MIN_STATE overrides the
    * threshold, M3_SCAN_SIMT=1 turns it off); f32, and plans where it is 0, use the SIMT kernels. */
   int32_t chunked;
-  int32_t smem_cfwd, smem_cbwd;
+  int32_t smem_cfwd, smem_cbwd, smem_cprep, smem_cpost; /* the walks, the per-chunk and post kernels */
 } m3k_scan_plan;
 
 /* Chooses the thread tile and token block for (P, N, S); returns 0 when the sizes are beyond
  * the kernels (P > 128, N > 256, or shared memory), with a message in why[256]. */
 int m3k_scan_make_plan(int32_t P, int32_t N, int32_t S, int32_t max_smem, m3k_scan_plan *out, char *why);
-/* Floats of the backward scratch m3k_scan_args.chunk_states for windows up to rows x len (0 when
- * the plan's scan of this precision is not chunked). */
-int64_t m3k_scan_chunk_states(const m3k_scan_plan *plan, int prec, int32_t rows, int32_t len, int32_t H, int32_t P,
-                              int32_t N);
+/* Floats of the chunked scan's scratch m3k_scan_args.chunk_scratch for windows up to rows x len, for
+ * the forward alone (backward = 0: inference) or forward and backward (0 when the plan's scan of
+ * this precision is not chunked). */
+int64_t m3k_scan_chunk_scratch(const m3k_scan_plan *plan, int prec, int32_t rows, int32_t len, int32_t H, int32_t P,
+                               int32_t N, int backward);
 /* Raises the kernels' dynamic shared-memory limits for a plan (call once, outside capture). */
 cudaError_t m3k_scan_prepare(int prec, const m3k_scan_plan *plan);
 
@@ -150,8 +151,8 @@ typedef struct m3k_scan_args {
   float *dang_head;            /* [M, H, S] per-head share of dL/d ang (=) */
   float *part;                 /* [rows, H, 2 + 2N]: dt_bias, D, B_bias[N], C_bias[N] partials (=) */
   float *part_norm;            /* [rows, H, P]: mixer norm weight partials (=), outproj_norm only */
-  float *chunk_states;         /* [rows, H, ceil(len / 64), P, N] backward scratch of the chunked scan (the
-                                  state entering each chunk); NULL: the backward uses the SIMT kernel */
+  float *chunk_scratch;        /* the chunked scan's per-chunk scratch (m3k_scan_chunk_scratch floats, sized for
+                                  the backward when it runs); NULL: the SIMT kernels */
 } m3k_scan_args;
 
 cudaError_t m3k_scan_fwd(cudaStream_t s, int prec, const m3k_scan_plan *plan, const m3k_scan_args *a);

@@ -963,12 +963,16 @@ extern "C" int m3k_scan_make_plan(int32_t P, int32_t N, int32_t S, int32_t max_s
    * faster at P x N = 256 (rl, rl-batch), the chunked one at 2048 (mid) and 8192 (lm130).
    * M3_SCAN_CHUNK_MIN_STATE overrides the P x N threshold (the GPU tests set 0), M3_SCAN_SIMT
    * turns the chunked scan off. */
-  const int64_t cf = m3k_chunked_smem(1, P, N, S), cb = m3k_chunked_smem(0, P, N, S);
+  const int64_t cf = m3k_chunked_smem(M3K_CHUNKED_FWD, P, N, S), cb = m3k_chunked_smem(M3K_CHUNKED_BWD, P, N, S);
+  const int64_t cp = m3k_chunked_smem(M3K_CHUNKED_PREP, P, N, S), cq = m3k_chunked_smem(M3K_CHUNKED_POST, P, N, S);
   const char *min_state = getenv("M3_SCAN_CHUNK_MIN_STATE");
   const int64_t min_pn = min_state ? atoll(min_state) : 1024;
-  p.chunked = cf <= max_smem && cb <= max_smem && (int64_t)P * N >= min_pn && getenv("M3_SCAN_SIMT") == NULL;
+  p.chunked = cf <= max_smem && cb <= max_smem && cp <= max_smem && cq <= max_smem && (int64_t)P * N >= min_pn &&
+              getenv("M3_SCAN_SIMT") == NULL;
   p.smem_cfwd = p.chunked ? (int32_t)cf : 0;
   p.smem_cbwd = p.chunked ? (int32_t)cb : 0;
+  p.smem_cprep = p.chunked ? (int32_t)cp : 0;
+  p.smem_cpost = p.chunked ? (int32_t)cq : 0;
   *out = p;
   return 1;
 }
@@ -986,10 +990,10 @@ extern "C" int m3k_scan_make_plan(int32_t P, int32_t N, int32_t S, int32_t max_s
     else { enum { RP = 4, RN = 16 }; body; }                                       \
   } while (0)
 
-extern "C" int64_t m3k_scan_chunk_states(const m3k_scan_plan *plan, int prec, int32_t rows, int32_t len, int32_t H,
-                                         int32_t P, int32_t N) {
+extern "C" int64_t m3k_scan_chunk_scratch(const m3k_scan_plan *plan, int prec, int32_t rows, int32_t len, int32_t H,
+                                          int32_t P, int32_t N, int backward) {
   if (prec == M3K_F32 || !plan->chunked) return 0;
-  return (int64_t)rows * H * ((len + 63) / 64) * P * N;
+  return m3k_chunked_scratch(rows, len, H, P, N, backward);
 }
 
 extern "C" cudaError_t m3k_scan_prepare(int prec, const m3k_scan_plan *plan) {
@@ -1004,10 +1008,10 @@ extern "C" cudaError_t m3k_scan_prepare(int prec, const m3k_scan_plan *plan) {
   return e;
 }
 
-/* A window of one token (a decode step) always takes the SIMT kernels: the chunked one would
- * spend a whole 64-token tile on it. */
+/* A window of one token (a decode step) never takes the chunked kernels (the forward has scan_step.cu,
+ * the backward the SIMT kernel): they would spend a whole 64-token tile on it. */
 static bool takes_chunked(int prec, const m3k_scan_plan *plan, const m3k_scan_args *a) {
-  return prec != M3K_F32 && plan->chunked && a->len > 1;
+  return prec != M3K_F32 && plan->chunked && a->len > 1 && a->chunk_scratch;
 }
 
 extern "C" cudaError_t m3k_scan_fwd(cudaStream_t s, int prec, const m3k_scan_plan *plan, const m3k_scan_args *a) {
@@ -1020,7 +1024,7 @@ extern "C" cudaError_t m3k_scan_fwd(cudaStream_t s, int prec, const m3k_scan_pla
 }
 
 extern "C" cudaError_t m3k_scan_bwd(cudaStream_t s, int prec, const m3k_scan_plan *plan, const m3k_scan_args *a) {
-  if (takes_chunked(prec, plan, a) && a->chunk_states) return m3k_chunked_bwd(s, prec, plan, a);
+  if (takes_chunked(prec, plan, a)) return m3k_chunked_bwd(s, prec, plan, a);
   const dim3 grid(a->d.H, a->rows);
   M3K_DISPATCH(prec, SCAN_TILE_DISPATCH(plan, (scan_bwd_kernel<RP, RN, T><<<grid, plan->threads, plan->smem_bwd, s>>>(
                                                    *a, make_geo(plan->pth, plan->nth, plan->tb_bwd, plan->sb)))));

@@ -20,7 +20,7 @@
  *   is float32 with the formulas of scan.cu.
  *   Backward (reverse chunk walk; dE = gradient of the state leaving the chunk, float32 in shared
  *   memory; the entering states are recomputed by a forward sweep over the chunks first and kept
- *   in the scratch a.chunk_states): with S1 = q ktil^T, S2 = dY x^T, L1 = L o S1, L2 = L o S2,
+ *   in the scratch a.chunk_scratch): with S1 = q ktil^T, S2 = dY x^T, L1 = L o S1, L2 = L o S2,
  *     dq_t    = EC_t (dY E)_t + (L2 ktil)_t + gamma_t (dY_t.x_t) k_t
  *     dktil_s = W_s (x dE)_s + (L2^T q)_s,           dk_s = scale_s dktil_s + gamma_s (dY_s.x_s) q_s
  *     dx_s    = W_s (ktil dE^T)_s + (L1^T dY)_s + (gamma_s q_s.k_s + D) dY_s
@@ -28,22 +28,29 @@
  *     dscale_s = dktil_s.k_s (-> dgamma_s and dbp_{s+1}); dgamma_s += (dY_s.x_s)(q_s.k_s)
  *     dc_t = r_t + rowsum_t(M) - colsum_t(M) - v_t (+ dec <dE, E> + sum_s v_s at the last token),
  *       M = L o S1 o S2, r_t = EC_t q_t.(dY E)_t, v_s = W_s ktil_s.(x dE)_s; da_t = suffix sum of dc
- *       (0 at a reset); dbp_0 = v_in^T dE_0 k_in (the window's pending beta term).
- *   The token-0 scalars of a chunk wait for dscale of the chunk before it (processed next in the
- *   reverse walk): they are finished one chunk later ("pending"). Then the rotation backward,
- *   the angle gradient (reverse cumulative sum carried across chunks, stopped at resets) and the
- *   scalar chain to dd_dt, dd_A, trap exactly as scan.cu.
+ *       (0 at a reset); dbp_0 = v_in^T dE_0 k_in (the beta term of the window's first token).
+ *   Then the rotation backward, the angle gradient (reverse cumulative sum along the sequence,
+ *   stopped at resets) and the scalar chain to dd_dt, dd_A, trap exactly as scan.cu.
  *
- * Mapping: one CTA (8 warps) per (head, row) walks the row's chunks; operand tiles live in shared
- * memory (bf16, padded rows: +8 elements), the state E / dE in shared memory (float32); each
- * product's 16 x 16 output tiles are distributed over the warps. Every sum has a fixed order (no
- * atomics): bitwise repeatable. The forward (scan_fwd_chunked_r) keeps E in the warps' accumulator
- * registers instead: no float32 S tile, W x in place; 128 registers and ~103 KB shared memory on
- * lm130, two CTAs per SM (NOTES.md run 8). It holds at most CWARPS x FR_MAXT 16 x 16 tiles of E
- * (Pp x Np <= 8192, e.g. lm130's 64 x 128): larger states, and shapes whose tiles do not fit in
- * shared memory, keep the SIMT kernels (m3k_chunked_smem answers INT64_MAX / a size above the limit).
+ * Pipeline (launchers at the end). Forward: scan_angles_chunked (theta, sequential per pair),
+ * scan_prep_chunked (per chunk, in parallel: token scalars, cumsums, masks, q, ktil into the chunk
+ * scratch), scan_fwd_chunked_r (the walk). Backward: scan_prep_chunked (the same, plus the gate
+ * backward), scan_bwd_chunked (the walk: sweep F stores the entering states, sweep R the products,
+ * raw dq / dktil into dbc_head, da into the table), scan_post_chunked (per chunk, in parallel: the
+ * diagonal terms, rotation backward, dscale, the angle shares, B/C bias partials),
+ * scan_post_seq_chunked (per (head, row): the angle gradient along the sequence, the scalar chain,
+ * the per-(row, head) partials). The walks keep only the work that is sequential over the chunks:
+ * one CTA (8 warps) per (head, row); operand tiles in shared memory (bf16, padded rows: +8
+ * elements), the state E / dE float32; each product's 16 x 16 output tiles spread over the warps.
+ * Every sum has a fixed order (no atomics): bitwise repeatable. The forward walk keeps E in the
+ * warps' accumulator registers (no float32 S tile, W x in place; NOTES.md run 8); it holds at most
+ * CWARPS x FR_MAXT 16 x 16 tiles of E (Pp x Np <= 8192, e.g. lm130's 64 x 128): larger states, and
+ * shapes whose tiles do not fit in shared memory, keep the SIMT kernels (m3k_chunked_smem answers
+ * INT64_MAX / a size above the limit).
  */
 #include <mma.h>
+
+#include <type_traits>
 
 #include "scan_math.cuh"
 
@@ -55,9 +62,7 @@ enum { CQ = 64, CTHREADS = 256, CWARPS = 8 };
 
 /* per-token scalar table: sc[i * FW + F_x], i < CQ + 1 (slot CQ... unused; slot nb = next token) */
 enum { F_A = 0, F_GAM, F_BP, F_DT, F_RST, F_LAM, F_AA, F_DSP, F_DAD, F_C, F_SEG, F_EC, F_SCALE, F_W, F_QK, F_DYX,
-       F_R, F_ROW, F_COL, F_V, F_DSCALE, F_DGAM, F_DA, F_DTANG, F_DV, FW };
-/* pending token (the first of the chunk processed last) */
-enum { PN_DA = 0, PN_DGAM, PN_DT, PN_LAM, PN_AA, PN_DSP, PN_DAD, PN_DTANG, PN_RST, PN_VALID, PN_W };
+       F_R, F_ROW, F_COL, F_V, FW };
 
 struct cdims {
   int Pp, Np;            /* P, N rounded up to 16 */
@@ -89,18 +94,16 @@ struct csmem {
   OT *sL1;   /* [CQ][lqq] fwd: L o S; bwd: L o S1 */
   OT *sL2;   /* [CQ][lqq] bwd: L o S2 */
   float *sEf;  /* [Pp][lfn] bwd: dE (float32; the forward keeps E in registers) */
-  float *sR;   /* fwd: per-warp scratch, then Y [CQ][lfp]; bwd: per-warp S1, S2 tiles + M partials, then [CQ][max(lfn, lfp)] */
-  float *th;   /* [CQ][S] fwd: tanh(ang) then theta; bwd: tanh(ang) */
-  float *thv;  /* [CQ][S] bwd: theta of the chunk (staged from a.theta) */
+  float *sR;   /* fwd: per-warp scratch, then Y [CQ][lfp]; bwd: the staged E, per-warp S1, S2 tiles + M partials, then [CQ][max(lfn, lfp)] */
+  float *th;   /* [CQ][S] prep, post: theta of the chunk; post_seq: tanh of the angle logits */
+  float *dth;  /* [CQ][S] post_seq: angle gradient of the chunk, then pi D tanh */
   float *sbk, *sbq; /* [Np] B_bias[h], C_bias[h] */
-  float *dth;  /* [CQ][S] bwd: angle gradient per token, then pi D tanh */
-  float *sc;   /* [CQ + 1][FW] */
-  float *kl;   /* [Np] fwd: k (rotated, unscaled) of the window's last token */
-  float *thr;  /* [S] fwd: running angle; bwd: running angle gradient */
-  float *pB, *pC; /* [Np] bwd: B_bias, C_bias partials */
-  float *pOn;  /* [CWARPS][Pp] bwd: mixer norm weight partials per warp */
+  float *sc;   /* [CQ + 1][FW] token scalars (post_seq: [CQ][TW] table rows) */
+  float *kl;   /* [Np] prep (forward): k (rotated, unscaled) of the window's last token */
+  float *pOn;  /* [CWARPS][Pp] prep (backward): mixer norm weight partials per warp */
+  float *pbw;  /* [CWARPS][2N] post: B_bias, C_bias partials per warp */
   float *red;  /* [32] */
-  float *pend; /* [PN_W] bwd: the pending token; plus misc: [PN_W..PN_W+8) */
+  float *misc; /* [8]: misc[0] = dec of the chunk */
 };
 
 __host__ __device__ inline size_t cs_take(size_t &off, size_t bytes) {
@@ -110,10 +113,10 @@ __host__ __device__ inline size_t cs_take(size_t &off, size_t bytes) {
 }
 
 /* Carves the backward's shared memory (base NULL: only the size). */
-__host__ __device__ inline size_t carve_c(unsigned char *base, int P, int N, int S, csmem *m) {
+__host__ __device__ inline size_t carve_c(unsigned char *base, int P, int N, csmem *m) {
   const cdims c = make_cdims(P, N);
   size_t off = 0;
-  csmem t;
+  csmem t = {};
 #define CT(field, type, n) t.field = (type *)(base + cs_take(off, (size_t)(n) * sizeof(type)))
   CT(sq, OT, CQ * c.lqn);
   CT(sk, OT, CQ * c.lqn);
@@ -126,25 +129,17 @@ __host__ __device__ inline size_t carve_c(unsigned char *base, int P, int N, int
   CT(sL2, OT, CQ * c.lqq);
   CT(sEf, float, c.Pp * c.lfn);
   {
-    /* per-warp S1, S2 scratch tiles + the row / column partials of M, then [CQ][max(lfn, lfp)] */
+    /* the entering state (float32 [P][N], staged), then per-warp S1, S2 scratch tiles + the row /
+     * column partials of M, then [CQ][max(lfn, lfp)] */
     size_t r = (size_t)CWARPS * 512 + 2 * CQ * (CQ / 16);
     const size_t o = (size_t)CQ * (c.lfn > c.lfp ? c.lfn : c.lfp);
     if (o > r) r = o;
+    if ((size_t)P * N > r) r = (size_t)P * N;
     CT(sR, float, r);
   }
-  CT(th, float, CQ * S + 1);
-  CT(dth, float, CQ * S + 1);
-  CT(thv, float, CQ * S + 1);
-  CT(sbk, float, c.Np);
-  CT(sbq, float, c.Np);
   CT(sc, float, (CQ + 1) * FW);
-  CT(kl, float, c.Np);
-  CT(thr, float, S + 1);
-  CT(pB, float, c.Np);
-  CT(pC, float, c.Np);
-  CT(pOn, float, CWARPS * c.Pp);
   CT(red, float, 32);
-  CT(pend, float, PN_W + 8);
+  CT(misc, float, 8);
 #undef CT
   if (m) *m = t;
   return off + 128;
@@ -154,44 +149,95 @@ __host__ __device__ inline size_t carve_c(unsigned char *base, int P, int N, int
  * fragments (tile wid + CWARPS j of the Pp x Np state for warp wid, j < FR_MAXT), so neither the
  * float32 copy of E nor the float32 S tile nor a separate W x tile are in shared memory (lm130:
  * 168 -> 103 KB: two CTAs per SM). Shapes with more E tiles take the SIMT kernels. */
-enum { FR_MAXT = 4, FR_UD = 2 }; /* FR_UD: units in flight per lane in c_build */
+enum { FR_MAXT = 4 };
 
 __host__ __device__ inline bool fwd_in_regs(int P, int N) {
   const cdims c = make_cdims(P, N);
   return (c.Pp / 16) * (c.Np / 16) <= CWARPS * FR_MAXT;
 }
 
-__host__ __device__ inline size_t carve_r(unsigned char *base, int P, int N, int S, csmem *m) {
+__host__ __device__ inline size_t carve_r(unsigned char *base, int P, int N, csmem *m) {
   const cdims c = make_cdims(P, N);
   size_t off = 0;
-  csmem t;
+  csmem t = {};
 #define CT(field, type, n) t.field = (type *)(base + cs_take(off, (size_t)(n) * sizeof(type)))
   CT(sq, OT, CQ * c.lqn);
   CT(sk, OT, CQ * c.lqn);
   CT(sx, OT, CQ * c.lqp); /* x, then (after Y) W x in place */
-  t.sxw = NULL;
-  t.syw = NULL;
   CT(sE, OT, c.Pp * c.lqn);
-  t.sdE = NULL;
   CT(sL1, OT, CQ * c.lqq); /* L o S; after Y: per-warp 16 x 16 float32 scratch (E -> bf16) */
-  t.sL2 = NULL;
-  t.sEf = NULL;
   {
     size_t r = (size_t)CQ * c.lfp; /* Y; before Y: per-warp 16 x 16 float32 scratch (S tiles) */
     if (r < (size_t)CWARPS * 256) r = (size_t)CWARPS * 256;
     CT(sR, float, r);
   }
+  CT(sc, float, (CQ + 1) * FW);
+  CT(misc, float, 8);
+#undef CT
+  if (m) *m = t;
+  return off + 128;
+}
+
+/* The chunk scratch (m3k_scan_args.chunk_scratch): per unit u = (b H + h) nch + c, i.e. per (row, head,
+ * chunk), what the parallel kernels around the walks exchange with them (the walks run the products):
+ *   q, k   [u][CQ][Np] bf16: q (rotated), ktil = scale k (rotated); rows >= nb and columns >= N zero
+ *   tab    [u][CQ][TW] float: per token the scalars F_A .. F_QK (backward: .. F_DYX) of scan_prep_chunked,
+ *          then T_DEC (row 0: the chunk's dec), and in the backward T_DA (the walk), T_DSCALE, T_DGAM
+ *          (scan_post_chunked), T_DBP0 (unit 0 row 0: v_in^T dE_0 k_in, the walk); rows >= nb zero
+ * and for the backward only:
+ *   dy     [u][CQ][Pp] bf16: dL/dy after the gate backward; rows >= nb and columns >= P zero
+ *   pon    [u][Pp] float: the chunk's mixer-norm weight partials (outproj_norm)
+ *   pbc    [u][2][N] float: the chunk's B_bias, C_bias gradient partials
+ *   states [u][P][N] float: the state entering the chunk (sweep F of the backward) */
+enum { TW = 24, T_DEC = 16, T_DA, T_DSCALE, T_DGAM, T_DBP0, T_DTANG, T_DV, TAB_FIELDS = F_DYX + 1 };
+static_assert(TAB_FIELDS <= T_DEC && T_DV < TW && (int)TW >= (int)FW, "table layout"); /* T_DTANG, T_DV: post_seq's own */
+
+struct cviews {
+  OT *q, *k, *dy;
+  float *tab, *pon, *pbc, *states;
+};
+
+/* Carves the scratch at base (NULL: only the size); returns its size in floats. */
+__host__ __device__ inline int64_t chunk_views(float *base, int rows, int len, int H, int P, int N, bool bwd,
+                                               cviews *v) {
+  const cdims c = make_cdims(P, N);
+  const size_t units = (size_t)rows * H * ((len + CQ - 1) / CQ);
+  size_t off = 0;
+  unsigned char *b = (unsigned char *)base;
+  cviews t;
+#define CV(field, type, n) t.field = (type *)(b + cs_take(off, (size_t)(n) * sizeof(type)))
+  CV(q, OT, units * CQ * c.Np);
+  CV(k, OT, units * CQ * c.Np);
+  CV(tab, float, units * CQ * TW);
+  if (bwd) {
+    CV(dy, OT, units * CQ * c.Pp);
+    CV(pon, float, units * c.Pp);
+    CV(pbc, float, units * 2 * N);
+    CV(states, float, units * P * N);
+  } else {
+    t.dy = NULL;
+    t.pon = t.pbc = t.states = NULL;
+  }
+#undef CV
+  if (v) *v = t;
+  return (int64_t)((off + 127) / sizeof(float));
+}
+
+/* Shared memory of scan_prep_chunked. */
+__host__ __device__ inline size_t carve_p(unsigned char *base, int P, int N, int S, csmem *m) {
+  const cdims c = make_cdims(P, N);
+  size_t off = 0;
+  csmem t = {};
+#define CT(field, type, n) t.field = (type *)(base + cs_take(off, (size_t)(n) * sizeof(type)))
+  CT(sq, OT, CQ * c.lqn);
+  CT(sk, OT, CQ * c.lqn);
   CT(th, float, CQ * S + 1);
-  t.dth = NULL;
-  t.thv = NULL;
   CT(sbk, float, c.Np);
   CT(sbq, float, c.Np);
   CT(sc, float, (CQ + 1) * FW);
   CT(kl, float, c.Np);
-  CT(thr, float, S + 1);
-  t.pB = t.pC = t.pOn = NULL;
-  CT(red, float, 32);
-  CT(pend, float, PN_W + 8);
+  CT(pOn, float, CWARPS * c.Pp);
+  CT(misc, float, 8);
 #undef CT
   if (m) *m = t;
   return off + 128;
@@ -438,6 +484,273 @@ __device__ __forceinline__ void c_biases(const m3k_scan_args &a, const csmem &s,
   }
 }
 
+/* The gate backward of the chunk's tokens (warp per token, as scan.cu): dz into dproj, dy (a.dy and
+ * the bf16 rows dyt [CQ][Pp], zero past nb and P), dy.x (F_DYX), the mixer-norm weight terms per warp. */
+template <typename T>
+__device__ __forceinline__ void c_gate_bwd(const m3k_scan_args &a, const csmem &s, const cdims &cd, int64_t m0, int nb,
+                                           int h, OT *dyt) {
+  const m3k_dims &d = a.d;
+  const int P = d.P, H = d.H, E = d.E, lane = threadIdx.x & 31, wid = threadIdx.x >> 5;
+  const T *proj = (const T *)a.proj;
+  T *dproj = (T *)a.dproj;
+  for (int i = wid; i < CQ; i += CWARPS) {
+    OT *dyr = dyt + (size_t)i * cd.Pp;
+    if (i >= nb) {
+      for (int p = lane; p < cd.Pp; p += 32) dyr[p] = __float2bfloat16_rn(0.0f);
+      continue;
+    }
+    const int64_t mi = m0 + i;
+    float yv[4], dg[4], zv[4], xv[4], dyn[4];
+    const float rn = d.outproj_norm ? __ldg(a.y_rstd + mi * H + h) : 1.0f;
+#pragma unroll
+    for (int k = 0; k < 4; k++) {
+      const int p = lane + 32 * k;
+      yv[k] = dg[k] = zv[k] = xv[k] = 0;
+      if (p < P) {
+        const T *pr = proj + mi * d.dipp + (int64_t)h * P + p;
+        const int64_t o = mi * E + (int64_t)h * P + p;
+        xv[k] = ldact(pr + d.x_off);
+        zv[k] = ldact(pr + d.z_off);
+        dg[k] = __ldg(a.dgated + o);
+        yv[k] = __ldg(a.y + o);
+      }
+    }
+    float dot = 0;
+#pragma unroll
+    for (int k = 0; k < 4; k++) {
+      const int p = lane + 32 * k;
+      dyn[k] = 0;
+      if (p < P) {
+        const float z = zv[k];
+        const float sg = sigmoidf_(z), silu = z * sg, dsilu = sg * (1 + z * (1 - sg));
+        const float wn = d.outproj_norm ? __ldg(a.out_norm + (int64_t)h * P + p) : 1.0f;
+        const float yn = d.outproj_norm ? yv[k] * rn * wn : yv[k];
+        dproj[mi * d.dipp + d.z_off + (int64_t)h * P + p] = from_f<T>(dg[k] * yn * dsilu);
+        dyn[k] = dg[k] * silu;
+        if (d.outproj_norm) dot += yv[k] * wn * dyn[k];
+      }
+    }
+    float cn = 0;
+    if (d.outproj_norm) cn = warp_sum(dot) / (float)P * rn * rn * rn;
+    float dyx = 0;
+#pragma unroll
+    for (int k = 0; k < 4; k++) {
+      const int p = lane + 32 * k;
+      if (p < cd.Pp) {
+        float dy = 0;
+        if (p < P) {
+          if (d.outproj_norm) {
+            const float wn = __ldg(a.out_norm + (int64_t)h * P + p);
+            s.pOn[wid * cd.Pp + p] += yv[k] * rn * dyn[k];
+            dy = rn * wn * dyn[k] - yv[k] * cn;
+          } else {
+            dy = dyn[k];
+          }
+          a.dy[mi * E + (int64_t)h * P + p] = dy;
+          dyx += dy * xv[k];
+        }
+        dyr[p] = __float2bfloat16_rn(dy);
+      }
+    }
+    dyx = warp_sum(dyx);
+    if (lane == 0) s.sc[i * FW + F_DYX] = dyx;
+  }
+}
+
+/* ---- loads into shared memory: asynchronous 16-byte copies (cp.async), so that all of a chunk's
+ * loads are in flight at once; callers end the phase with cp_wait_all() and a barrier ---- */
+
+__device__ __forceinline__ void cp16(void *dst, const void *src) {
+  const unsigned d = (unsigned)__cvta_generic_to_shared(dst);
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(d), "l"(src) : "memory");
+}
+__device__ __forceinline__ void cp_wait_all() { asm volatile("cp.async.wait_all;\n" ::: "memory"); }
+
+/* CQ rows of w bf16 (w a multiple of 8) from the scratch (row stride w) into a padded shared tile
+ * (row stride ld). */
+__device__ __forceinline__ void tile_load(OT *dst, int ld, const OT *src, int w) {
+  const int vpr = w / 8;
+  for (int idx = threadIdx.x; idx < CQ * vpr; idx += blockDim.x) {
+    const int i = idx / vpr, v = idx - i * vpr;
+    cp16(dst + i * ld + v * 8, src + (size_t)i * w + v * 8);
+  }
+}
+__device__ __forceinline__ void tile_store(OT *dst, const OT *src, int ld, int w) {
+  const int vpr = w / 8;
+  for (int idx = threadIdx.x; idx < CQ * vpr; idx += blockDim.x) {
+    const int i = idx / vpr, v = idx - i * vpr;
+    ((uint4 *)(dst + (size_t)i * w))[v] = *(const uint4 *)(src + i * ld + v * 8);
+  }
+}
+
+/* The chunk's token scalars from the scratch table into sc (fields < nf, rounded up to 4); misc[0] =
+ * dec (a plain load, issued last). */
+__device__ __forceinline__ void tab_load(const float *tab, float *sc, int nf, float *misc) {
+  const int pieces = (nf + 3) / 4;
+  for (int idx = threadIdx.x; idx < CQ * pieces; idx += blockDim.x) {
+    const int i = idx / pieces, f = (idx - i * pieces) * 4;
+    cp16(sc + i * FW + f, tab + i * TW + f);
+  }
+  if (threadIdx.x == 0) misc[0] = tab[T_DEC];
+}
+
+/* The act rows of the chunk's tokens are 16-byte aligned groups of 8 (P, the column offsets and the
+ * row stride multiples of 8): the vector paths below apply. */
+__device__ __forceinline__ bool act_vec(const m3k_dims &d) {
+  return d.P % 8 == 0 && d.x_off % 8 == 0 && d.z_off % 8 == 0 && d.dipp % 8 == 0;
+}
+
+/* x of the chunk into sx (bf16; rows >= nb and columns >= P zero): async copies for bf16 activations
+ * (vec), element by element otherwise. */
+template <typename T>
+__device__ __forceinline__ void x_load(const m3k_scan_args &a, OT *sx, const cdims &cd, int64_t m0, int nb, int h,
+                                       bool vec) {
+  const m3k_dims &d = a.d;
+  const T *proj = (const T *)a.proj + d.x_off + (int64_t)h * d.P;
+  if (std::is_same<T, OT>::value && vec) {
+    const int vpr = cd.Pp / 8;
+    for (int idx = threadIdx.x; idx < CQ * vpr; idx += blockDim.x) {
+      const int i = idx / vpr, v = idx - i * vpr;
+      OT *dst = sx + i * cd.lqp + v * 8;
+      if (i < nb && v * 8 < d.P) cp16(dst, proj + (m0 + i) * d.dipp + v * 8);
+      else *(uint4 *)dst = make_uint4(0, 0, 0, 0);
+    }
+  } else {
+#pragma unroll 4
+    for (int idx = threadIdx.x; idx < CQ * cd.Pp; idx += blockDim.x) {
+      const int i = idx / cd.Pp, p = idx - i * cd.Pp;
+      const float xv = (i < nb && p < d.P) ? ldact(proj + (m0 + i) * d.dipp + p) : 0.0f;
+      sx[i * cd.lqp + p] = __float2bfloat16_rn(xv);
+    }
+  }
+}
+
+/* Eight act values (16-byte aligned) to and from float32. */
+template <typename T> __device__ __forceinline__ void ld8(const T *p, float *v) {
+  const uint4 r = __ldg((const uint4 *)p);
+  const T *e = (const T *)&r;
+#pragma unroll
+  for (int k = 0; k < 8; k++) v[k] = to_f(e[k]);
+}
+template <typename T> __device__ __forceinline__ void st8(T *p, const float *v) {
+  uint4 r;
+  T *e = (T *)&r;
+#pragma unroll
+  for (int k = 0; k < 8; k++) e[k] = from_f<T>(v[k]);
+  *(uint4 *)p = r;
+}
+
+/* dst[i * ld_dst + n] = src[i * ld + n] for rows i < nb, n < N (float32, a row per warp). */
+__device__ __forceinline__ void rows_out(float *dst, int64_t ld_dst, const float *src, int ld, int nb, int N) {
+  const int lane = threadIdx.x & 31;
+  for (int i = threadIdx.x >> 5; i < nb; i += CWARPS)
+    for (int n = lane; n < N; n += 32) dst[i * ld_dst + n] = src[i * ld + n];
+}
+
+/* ---- the parallel parts: angles, then per-chunk preparation ------------------------------------------- */
+
+/* Tokens per pass of the kernels that walk a whole row along the sequence (scan_angles_chunked,
+ * scan_post_seq_chunked): several chunks when the per-pair arrays stay small. */
+__host__ __device__ inline int seq_block(int S) { return S <= 32 ? 4 * CQ : CQ; }
+
+/* Forward only: theta (a.theta) of every position and fin_angle, one CTA per (head, row): the
+ * increments pi tanh(angle logit) dt of seq_block(S) tokens in parallel, then one thread per pair
+ * walks them (wrapped sums, restarted at resets, from in_angle) exactly as scan.cu. Shared memory:
+ * seq_block(S) (S + 2) floats. */
+template <typename T>
+__global__ void __launch_bounds__(CTHREADS) scan_angles_chunked(const m3k_scan_args a) {
+  extern __shared__ __align__(128) unsigned char smraw[];
+  const m3k_dims &d = a.d;
+  const int h = blockIdx.x, b = blockIdx.y, S = d.S, H = d.H, tid = threadIdx.x;
+  const T *proj = (const T *)a.proj;
+  const int TB = seq_block(S);
+  float *inc = (float *)smraw, *dt = inc + TB * S, *rst = dt + TB;
+  const int64_t bh = (int64_t)b * H + h;
+  float v = tid < S && a.in_angle ? a.in_angle[bh * S + tid] : 0.0f;
+  for (int t0 = 0; t0 < a.len; t0 += TB) {
+    const int nb = min(TB, a.len - t0);
+    const int64_t m0 = (int64_t)b * a.len + t0;
+    for (int i = tid; i < nb; i += CTHREADS) {
+      const T *pr = proj + (m0 + i) * d.dipp;
+      dt[i] = token_scalars(to_f(pr[d.dt_off + h]), a.dt_bias[h], to_f(pr[d.A_off + h]), to_f(pr[d.trap_off + h]),
+                            d.a_floor).dt;
+      rst[i] = a.resets && a.resets[m0 + i] ? 1.0f : 0.0f;
+    }
+    __syncthreads();
+#pragma unroll 4
+    for (int idx = tid; idx < nb * S; idx += CTHREADS) {
+      const int i = idx / S, j = idx - i * S;
+      inc[idx] = PI_F * tanhf(ldact(proj + (m0 + i) * d.dipp + d.ang_off + j)) * dt[i];
+    }
+    __syncthreads();
+    if (tid < S) {
+#pragma unroll 4
+      for (int i = 0; i < nb; i++) {
+        if (rst[i] != 0) v = 0;
+        v = wrap_sum(v, inc[i * S + tid]);
+        a.theta[((m0 + i) * H + h) * S + tid] = v;
+      }
+    }
+    __syncthreads();
+  }
+  if (tid < S && a.fin_angle) a.fin_angle[bh * S + tid] = v;
+}
+
+/* One CTA per (chunk, head, row): the chunk's token scalars, cumsums and masks, q and ktil (and the
+ * window's last k into fin_k in the forward), for the backward also the gate backward; all into
+ * the chunk scratch (see chunk_views). */
+template <typename T, bool BWD>
+__global__ void __launch_bounds__(CTHREADS) scan_prep_chunked(const m3k_scan_args a) {
+  extern __shared__ __align__(128) unsigned char smraw[];
+  const m3k_dims &d = a.d;
+  const int ch = blockIdx.x, h = blockIdx.y, b = blockIdx.z, g = h / d.hpg;
+  const int P = d.P, N = d.N, S = d.S, H = d.H, tid = threadIdx.x, wid = tid >> 5;
+  const cdims cd = make_cdims(P, N);
+  csmem s;
+  carve_p(smraw, P, N, S, &s);
+  cviews cv;
+  chunk_views(a.chunk_scratch, a.rows, a.len, H, P, N, BWD, &cv);
+  const int nch = (a.len + CQ - 1) / CQ, t0 = ch * CQ, nb = min(CQ, a.len - t0);
+  const int64_t m0 = (int64_t)b * a.len + t0, bh = (int64_t)b * H + h, u = bh * nch + ch;
+  float *misc = s.misc;
+  const bool want_kl = !BWD && a.fin_k && t0 + nb == a.len;
+
+  c_scalars<T>(a, s.sc, m0, t0, nb, h);
+#pragma unroll 4
+  for (int idx = tid; idx < nb * S; idx += CTHREADS) {
+    const int i = idx / S, j = idx - i * S;
+    s.th[idx] = __ldg(a.theta + ((m0 + i) * H + h) * S + j);
+  }
+  c_biases(a, s, cd, h);
+  if (BWD)
+    for (int k = tid; k < CWARPS * cd.Pp; k += CTHREADS) s.pOn[k] = 0;
+  __syncthreads();
+  if (wid == 0) c_prep(s.sc, nb, misc);
+  __syncthreads();
+  c_build(a, s, cd, m0, t0, nb, g, true, s.th, want_kl ? s.kl : NULL);
+  if (BWD) c_gate_bwd<T>(a, s, cd, m0, nb, h, cv.dy + u * CQ * cd.Pp);
+  __syncthreads();
+  tile_store(cv.q + u * CQ * cd.Np, s.sq, cd.lqn, cd.Np);
+  tile_store(cv.k + u * CQ * cd.Np, s.sk, cd.lqn, cd.Np);
+  float *tab = cv.tab + u * CQ * TW;
+  const int nf = BWD ? TAB_FIELDS : F_QK + 1;
+  for (int idx = tid; idx < CQ * TW; idx += CTHREADS) {
+    const int i = idx / TW, f = idx - i * TW;
+    float v = 0;
+    if (i < nb && f < nf) v = s.sc[i * FW + f];
+    if (idx == T_DEC) v = misc[0];
+    tab[idx] = v;
+  }
+  if (want_kl)
+    for (int n = tid; n < N; n += CTHREADS) a.fin_k[bh * N + n] = s.kl[n];
+  if (BWD && d.outproj_norm)
+    for (int p = tid; p < cd.Pp; p += CTHREADS) {
+      float acc = 0;
+      for (int w = 0; w < CWARPS; w++) acc += s.pOn[w * cd.Pp + p];
+      cv.pon[u * cd.Pp + p] = acc;
+    }
+}
+
 /* ---- forward ---------------------------------------------------------------------------------------- */
 
 /* Forward with E in accumulator registers (see carve_r). Per chunk: S tiles (lower triangle only:
@@ -450,30 +763,30 @@ template <typename T>
 __global__ void __launch_bounds__(CTHREADS, 2) scan_fwd_chunked_r(const m3k_scan_args a) {
   extern __shared__ __align__(128) unsigned char smraw[];
   const m3k_dims &d = a.d;
-  const int h = blockIdx.x, b = blockIdx.y, g = h / d.hpg;
-  const int P = d.P, N = d.N, S = d.S, H = d.H, E = d.E;
+  const int h = blockIdx.x, b = blockIdx.y;
+  const int P = d.P, N = d.N, H = d.H, E = d.E;
   const int tid = threadIdx.x, lane = tid & 31, wid = tid >> 5;
   const cdims cd = make_cdims(P, N);
   csmem s;
-  carve_r(smraw, P, N, S, &s);
+  carve_r(smraw, P, N, &s);
   const T *proj = (const T *)a.proj; // [M, dipp]
   T *gated = (T *)a.gated;           // [M, E]
   const int64_t bh = (int64_t)b * H + h;
   const float Dh = a.D[h];
-  float *misc = s.pend + PN_W;
+  float *misc = s.misc;
   const int etn = cd.Np / 16, ent = (cd.Pp / 16) * etn; /* E tiles (row-major over Pp x Np) */
   float *wscr = s.sR + wid * 256;           /* per-warp scratch in the Y area (before Y exists) */
   float *escr = (float *)s.sL1 + wid * 256; /* per-warp scratch in the L o S area (after Y) */
   float *sY = s.sR;                         /* [CQ][lfp] */
   wmma::fragment<wmma::accumulator, 16, 16, 16, float> eacc[FR_MAXT];
+  const int nch = (a.len + CQ - 1) / CQ;
+  const bool vec = act_vec(d);
+  cviews cv;
+  chunk_views(a.chunk_scratch, a.rows, a.len, H, P, N, false, &cv);
 
   /* E_0 = H_in + bp_0 v_in k_in^T (only read where no reset precedes: masks) */
-  c_scalars<T>(a, s.sc, (int64_t)b * a.len, 0, 0, h);
-  c_biases(a, s, cd, h);
-  for (int j = tid; j < S; j += CTHREADS) s.thr[j] = a.in_angle ? a.in_angle[bh * S + j] : 0.0f;
-  __syncthreads();
   {
-    const float bp0 = s.sc[F_BP];
+    const float bp0 = __ldg(cv.tab + bh * nch * CQ * TW + F_BP);
 #pragma unroll
     for (int j = 0; j < FR_MAXT; j++) {
       const int tile = wid + CWARPS * j;
@@ -499,42 +812,15 @@ __global__ void __launch_bounds__(CTHREADS, 2) scan_fwd_chunked_r(const m3k_scan
   }
   __syncthreads();
 
-  for (int t0 = 0; t0 < a.len; t0 += CQ) {
-    const int nb = min(CQ, a.len - t0);
-    const int64_t m0 = (int64_t)b * a.len + t0;
-    /* 1. loads: scalars, tanh of the angle logits, x */
-    c_scalars<T>(a, s.sc, m0, t0, nb, h);
-#pragma unroll 4
-    for (int idx = tid; idx < nb * S; idx += CTHREADS) {
-      const int i = idx / S, j = idx - i * S;
-      s.th[idx] = tanhf(ldact(proj + (m0 + i) * d.dipp + d.ang_off + j));
-    }
-#pragma unroll 4
-    for (int idx = tid; idx < CQ * cd.Pp; idx += CTHREADS) {
-      const int i = idx / cd.Pp, p = idx - i * cd.Pp;
-      const float xv = (i < nb && p < P) ? ldact(proj + (m0 + i) * d.dipp + d.x_off + (int64_t)h * P + p) : 0.0f;
-      s.sx[i * cd.lqp + p] = __float2bfloat16_rn(xv);
-    }
-    __syncthreads();
-    /* 2. warp 0: cumsums and masks; the other warps: the angle walk (as scan.cu) */
-    if (wid == 0) {
-      c_prep(s.sc, nb, misc);
-    } else {
-      for (int j = tid - 32; j < S; j += CTHREADS - 32) {
-        float v = s.thr[j];
-#pragma unroll 4
-        for (int i = 0; i < nb; i++) {
-          if (s.sc[i * FW + F_RST] != 0) v = 0;
-          v = wrap_sum(v, PI_F * s.th[i * S + j] * s.sc[i * FW + F_DT]);
-          s.th[i * S + j] = v;
-          a.theta[((m0 + i) * H + h) * S + j] = v;
-        }
-        s.thr[j] = v;
-      }
-    }
-    __syncthreads();
-    /* 3. q, ktil, q.k */
-    c_build<FR_UD>(a, s, cd, m0, t0, nb, g, true, s.th, s.kl);
+  for (int ch = 0; ch < nch; ch++) {
+    const int t0 = ch * CQ, nb = min(CQ, a.len - t0);
+    const int64_t m0 = (int64_t)b * a.len + t0, u = bh * nch + ch;
+    /* 1. loads: the prepared scalars, q, ktil (scan_prep_chunked); x */
+    tab_load(cv.tab + u * CQ * TW, s.sc, F_QK + 1, misc);
+    tile_load(s.sq, cd.lqn, cv.q + u * CQ * cd.Np, cd.Np);
+    tile_load(s.sk, cd.lqn, cv.k + u * CQ * cd.Np, cd.Np);
+    x_load<T>(a, s.sx, cd, m0, nb, h, vec);
+    cp_wait_all();
     __syncthreads();
     /* 4. L o S, S = q ktil^T, tile by tile through the warp's scratch (tiles above the diagonal: 0) */
     for (int tile = wid; tile < (CQ / 16) * (CQ / 16); tile += CWARPS) {
@@ -631,15 +917,43 @@ __global__ void __launch_bounds__(CTHREADS, 2) scan_fwd_chunked_r(const m3k_scan
         }
       }
     }
-    /* 7. epilogue (as scan.cu): y = Y + (gamma q.k + D) x; the per-head norm; the gate */
+    /* 7. epilogue (as scan.cu): y = Y + (gamma q.k + D) x; the per-head norm; the gate. vec: eight
+     * columns per item, and without the norm the gate in the same pass */
+    if (vec) {
+      const int vpr = P / 8;
+      for (int idx = tid; idx < nb * vpr; idx += CTHREADS) {
+        const int i = idx / vpr, p = (idx - i * vpr) * 8;
+        const int64_t mi = m0 + i;
+        const T *pr = proj + mi * d.dipp + (int64_t)h * P + p;
+        float xv[8], zv[8], y[8];
+        ld8(pr + d.x_off, xv);
+        if (!d.outproj_norm) ld8(pr + d.z_off, zv);
+        const float dg = s.sc[i * FW + F_GAM] * s.sc[i * FW + F_QK] + Dh;
+        float *yr = sY + i * cd.lfp + p;
+#pragma unroll
+        for (int k = 0; k < 8; k++) y[k] = yr[k] + dg * xv[k];
+        float *yo = a.y + mi * E + (int64_t)h * P + p;
+        *(float4 *)yo = make_float4(y[0], y[1], y[2], y[3]);
+        *(float4 *)(yo + 4) = make_float4(y[4], y[5], y[6], y[7]);
+        if (d.outproj_norm) {
+#pragma unroll
+          for (int k = 0; k < 8; k++) yr[k] = y[k];
+        } else {
+#pragma unroll
+          for (int k = 0; k < 8; k++) y[k] *= zv[k] * sigmoidf_(zv[k]);
+          st8(gated + mi * E + (int64_t)h * P + p, y);
+        }
+      }
+    } else {
 #pragma unroll 4
-    for (int idx = tid; idx < nb * P; idx += CTHREADS) {
-      const int i = idx / P, p = idx - i * P;
-      const int64_t mi = m0 + i;
-      const float xv = ldact(proj + mi * d.dipp + d.x_off + (int64_t)h * P + p);
-      const float y = sY[i * cd.lfp + p] + (s.sc[i * FW + F_GAM] * s.sc[i * FW + F_QK] + Dh) * xv;
-      sY[i * cd.lfp + p] = y;
-      a.y[mi * E + (int64_t)h * P + p] = y;
+      for (int idx = tid; idx < nb * P; idx += CTHREADS) {
+        const int i = idx / P, p = idx - i * P;
+        const int64_t mi = m0 + i;
+        const float xv = ldact(proj + mi * d.dipp + d.x_off + (int64_t)h * P + p);
+        const float y = sY[i * cd.lfp + p] + (s.sc[i * FW + F_GAM] * s.sc[i * FW + F_QK] + Dh) * xv;
+        sY[i * cd.lfp + p] = y;
+        a.y[mi * E + (int64_t)h * P + p] = y;
+      }
     }
     if (d.outproj_norm) {
       __syncthreads();
@@ -654,15 +968,17 @@ __global__ void __launch_bounds__(CTHREADS, 2) scan_fwd_chunked_r(const m3k_scan
         }
       }
     }
-    __syncthreads();
+    if (d.outproj_norm || !vec) {
+      __syncthreads();
 #pragma unroll 4
-    for (int idx = tid; idx < nb * P; idx += CTHREADS) {
-      const int i = idx / P, p = idx - i * P;
-      const int64_t mi = m0 + i;
-      const float z = ldact(proj + mi * d.dipp + d.z_off + (int64_t)h * P + p);
-      const float y = sY[i * cd.lfp + p];
-      const float yn = d.outproj_norm ? y * s.sc[i * FW + F_R] * a.out_norm[(int64_t)h * P + p] : y;
-      gated[mi * E + (int64_t)h * P + p] = from_f<T>(yn * (z * sigmoidf_(z)));
+      for (int idx = tid; idx < nb * P; idx += CTHREADS) {
+        const int i = idx / P, p = idx - i * P;
+        const int64_t mi = m0 + i;
+        const float z = ldact(proj + mi * d.dipp + d.z_off + (int64_t)h * P + p);
+        const float y = sY[i * cd.lfp + p];
+        const float yn = d.outproj_norm ? y * s.sc[i * FW + F_R] * a.out_norm[(int64_t)h * P + p] : y;
+        gated[mi * E + (int64_t)h * P + p] = from_f<T>(yn * (z * sigmoidf_(z)));
+      }
     }
     __syncthreads();
   }
@@ -683,13 +999,9 @@ __global__ void __launch_bounds__(CTHREADS, 2) scan_fwd_chunked_r(const m3k_scan
       }
     }
   }
-  if (a.fin_k)
-    for (int n = tid; n < N; n += CTHREADS) a.fin_k[bh * N + n] = s.kl[n];
-  if (a.fin_v)
+  if (a.fin_v) /* fin_k: scan_prep_chunked, fin_angle: scan_angles_chunked */
     for (int p = tid; p < P; p += CTHREADS)
       a.fin_v[bh * P + p] = to_f(proj[((int64_t)b * a.len + a.len - 1) * d.dipp + d.x_off + (int64_t)h * P + p]);
-  if (a.fin_angle)
-    for (int j = tid; j < S; j += CTHREADS) a.fin_angle[bh * S + j] = s.thr[j];
 }
 
 /* ---- backward --------------------------------------------------------------------------------------- */
@@ -715,27 +1027,25 @@ template <typename T, int MINB>
 __global__ void __launch_bounds__(CTHREADS, MINB) scan_bwd_chunked(const m3k_scan_args a) {
   extern __shared__ __align__(128) unsigned char smraw[];
   const m3k_dims &d = a.d;
-  const int h = blockIdx.x, b = blockIdx.y, g = h / d.hpg;
-  const int P = d.P, N = d.N, S = d.S, H = d.H, E = d.E;
+  const int h = blockIdx.x, b = blockIdx.y;
+  const int P = d.P, N = d.N, H = d.H, E = d.E;
   const int tid = threadIdx.x, lane = tid & 31, wid = tid >> 5;
-  constexpr int BUD = MINB == 2 ? 2 : 4; /* units in flight per lane in the unit loops */
   const cdims cd = make_cdims(P, N);
   csmem s;
-  carve_c(smraw, P, N, S, &s);
-  const T *proj = (const T *)a.proj; // [M, dipp]
+  carve_c(smraw, P, N, &s);
   T *dproj = (T *)a.dproj;           // [M, dipp]
   const int64_t bh = (int64_t)b * H + h;
   const float Dh = a.D[h];
-  float *misc = s.pend + PN_W; /* 0 dec, 1 pD, 2 pdtb */
+  float *misc = s.misc;
   const int nch = (a.len + CQ - 1) / CQ;
-  float *states = a.chunk_states + bh * (int64_t)nch * P * N; // [nch][P][N]
+  const bool vec = act_vec(d);
+  cviews cv;
+  chunk_views(a.chunk_scratch, a.rows, a.len, H, P, N, true, &cv);
+  float *states = cv.states + bh * (int64_t)nch * P * N; // [nch][P][N]
 
   /* ===== sweep F: the state entering every chunk ===== */
-  c_scalars<T>(a, s.sc, (int64_t)b * a.len, 0, 0, h);
-  c_biases(a, s, cd, h);
-  __syncthreads();
   {
-    const float bp0 = s.sc[F_BP];
+    const float bp0 = cv.tab[bh * nch * CQ * TW + F_BP];
     for (int idx = tid; idx < cd.Pp * cd.Np; idx += CTHREADS) {
       const int p = idx / cd.Np, n = idx - p * cd.Np;
       float v = 0;
@@ -749,23 +1059,12 @@ __global__ void __launch_bounds__(CTHREADS, MINB) scan_bwd_chunked(const m3k_sca
   __syncthreads();
   for (int ch = 0; ch < nch; ch++) {
     const int t0 = ch * CQ, nb = min(CQ, a.len - t0);
-    const int64_t m0 = (int64_t)b * a.len + t0;
-    c_scalars<T>(a, s.sc, m0, t0, nb, h);
-#pragma unroll 4
-    for (int idx = tid; idx < nb * S; idx += CTHREADS) {
-      const int i = idx / S, j = idx - i * S;
-      s.thv[idx] = __ldg(a.theta + ((m0 + i) * H + h) * S + j);
-    }
-#pragma unroll 4
-    for (int idx = tid; idx < CQ * cd.Pp; idx += CTHREADS) {
-      const int i = idx / cd.Pp, p = idx - i * cd.Pp;
-      const float xv = (i < nb && p < P) ? ldact(proj + (m0 + i) * d.dipp + d.x_off + (int64_t)h * P + p) : 0.0f;
-      s.sx[i * cd.lqp + p] = __float2bfloat16_rn(xv);
-    }
+    const int64_t m0 = (int64_t)b * a.len + t0, u = bh * nch + ch;
+    tab_load(cv.tab + u * CQ * TW, s.sc, F_W + 1, misc);
+    tile_load(s.sk, cd.lqn, cv.k + u * CQ * cd.Np, cd.Np);
+    x_load<T>(a, s.sx, cd, m0, nb, h, vec);
+    cp_wait_all();
     __syncthreads();
-    if (wid == 0) c_prep(s.sc, nb, misc);
-    __syncthreads();
-    c_build<BUD>(a, s, cd, m0, t0, nb, g, false, s.thv, NULL);
     for (int idx = tid; idx < CQ * cd.Pp; idx += CTHREADS) {
       const int i = idx / cd.Pp, p = idx - i * cd.Pp;
       const float w = i < nb ? s.sc[i * FW + F_W] : 0.0f;
@@ -791,135 +1090,44 @@ __global__ void __launch_bounds__(CTHREADS, MINB) scan_bwd_chunked(const m3k_sca
     s.sEf[p * cd.lfn + n] = 0; /* dE: nothing flows from the final state */
     s.sdE[p * cd.lqn + n] = __float2bfloat16_rn(0.0f);
   }
-  for (int n = tid; n < cd.Np; n += CTHREADS) {
-    s.pB[n] = 0;
-    s.pC[n] = 0;
-  }
-  for (int k = tid; k < CWARPS * cd.Pp; k += CTHREADS) s.pOn[k] = 0;
-  for (int j = tid; j < S; j += CTHREADS) s.thr[j] = 0;
-  if (tid < PN_W + 8) s.pend[tid] = 0;
   __syncthreads();
 
   float *sF = s.sR;
   for (int ch = nch - 1; ch >= 0; ch--) {
     const int t0 = ch * CQ, nb = min(CQ, a.len - t0);
     const int64_t m0 = (int64_t)b * a.len + t0;
-    /* 1. loads: scalars, tanh of the angle logits, angles */
-    c_scalars<T>(a, s.sc, m0, t0, nb, h);
-#pragma unroll 4
-    for (int idx = tid; idx < nb * S; idx += CTHREADS) {
-      const int i = idx / S, j = idx - i * S;
-      s.th[idx] = tanhf(ldact(proj + (m0 + i) * d.dipp + d.ang_off + j));
-      s.thv[idx] = __ldg(a.theta + ((m0 + i) * H + h) * S + j);
-    }
+    const int64_t u = bh * nch + ch;
+    /* 1. loads: the prepared scalars, q, ktil, dY (scan_prep_chunked); x; the entering state E */
+    tab_load(cv.tab + u * CQ * TW, s.sc, TAB_FIELDS, misc);
+    tile_load(s.sq, cd.lqn, cv.q + u * CQ * cd.Np, cd.Np);
+    tile_load(s.sk, cd.lqn, cv.k + u * CQ * cd.Np, cd.Np);
+    tile_load(s.sxw, cd.lqp, cv.dy + u * CQ * cd.Pp, cd.Pp);
+    x_load<T>(a, s.sx, cd, m0, nb, h, vec);
+    const float *Ec = states + (int64_t)ch * P * N;
+    if ((N & 3) == 0) /* rows of N floats, 16-byte aligned: staged in sR, converted below */
+      for (int idx = tid; idx < P * (N / 4); idx += CTHREADS) cp16(s.sR + idx * 4, Ec + idx * 4);
+    cp_wait_all();
     __syncthreads();
-    /* 2. warp 0: cumsums and masks; the others: E (bf16) from the scratch and <dE, E> partials */
-    if (wid == 0) {
-      c_prep(s.sc, nb, misc);
-      if (lane == 0) s.red[0] = 0;
-    } else {
-      const float *Ec = states + (int64_t)ch * P * N;
+    /* 2. E (bf16) and the <dE, E> partials; EC dY (read in 8.) */
+    {
       float part = 0;
-      if ((N & 3) == 0) { /* rows of N floats, 16-byte aligned: vector loads */
-        const int N4 = N / 4, Np4 = cd.Np / 4;
+      const bool staged = (N & 3) == 0;
 #pragma unroll 4
-        for (int idx = tid - 32; idx < cd.Pp * Np4; idx += CTHREADS - 32) {
-          const int p = idx / Np4, n = (idx - p * Np4) * 4;
-          float4 v = make_float4(0, 0, 0, 0);
-          if (p < P && n < N) v = *(const float4 *)(Ec + (int64_t)p * N + n);
-          OT *e = s.sE + p * cd.lqn + n;
-          const float *f = s.sEf + p * cd.lfn + n;
-          e[0] = __float2bfloat16_rn(v.x);
-          e[1] = __float2bfloat16_rn(v.y);
-          e[2] = __float2bfloat16_rn(v.z);
-          e[3] = __float2bfloat16_rn(v.w);
-          part += v.x * f[0] + v.y * f[1] + v.z * f[2] + v.w * f[3];
-          (void)N4;
-        }
-      } else {
-#pragma unroll 4
-        for (int idx = tid - 32; idx < cd.Pp * cd.Np; idx += CTHREADS - 32) {
-          const int p = idx / cd.Np, n = idx - p * cd.Np;
-          const float v = (p < P && n < N) ? Ec[(int64_t)p * N + n] : 0.0f;
-          s.sE[p * cd.lqn + n] = __float2bfloat16_rn(v);
-          part += v * s.sEf[p * cd.lfn + n];
-        }
+      for (int idx = tid; idx < cd.Pp * cd.Np; idx += CTHREADS) {
+        const int p = idx / cd.Np, n = idx - p * cd.Np;
+        float v = 0;
+        if (p < P && n < N) v = staged ? s.sR[p * N + n] : Ec[(int64_t)p * N + n];
+        s.sE[p * cd.lqn + n] = __float2bfloat16_rn(v);
+        part += v * s.sEf[p * cd.lfn + n];
       }
       part = warp_sum(part);
       if (lane == 0) s.red[wid] = part;
+      for (int idx = tid; idx < CQ * cd.Pp; idx += CTHREADS) {
+        const int i = idx / cd.Pp, p = idx - i * cd.Pp;
+        const float ec = i < nb ? s.sc[i * FW + F_EC] : 0.0f;
+        s.syw[i * cd.lqp + p] = __float2bfloat16_rn(ec * __bfloat162float(s.sxw[i * cd.lqp + p]));
+      }
     }
-    __syncthreads();
-    /* 3. the gate backward (warp per token, as scan.cu): dz, dy (a.dy), EC dy, dy.x; q, ktil, q.k */
-    for (int i = wid; i < CQ; i += CWARPS) {
-      OT *xr = s.sx + i * cd.lqp, *dyr = s.sxw + i * cd.lqp, *ywr = s.syw + i * cd.lqp;
-      if (i >= nb) {
-        for (int p = lane; p < cd.Pp; p += 32) {
-          xr[p] = __float2bfloat16_rn(0.0f);
-          dyr[p] = __float2bfloat16_rn(0.0f);
-          ywr[p] = __float2bfloat16_rn(0.0f);
-        }
-        continue;
-      }
-      const int64_t mi = m0 + i;
-      float yv[4], dg[4], zv[4], xv[4], dyn[4];
-      const float rn = d.outproj_norm ? __ldg(a.y_rstd + mi * H + h) : 1.0f;
-#pragma unroll
-      for (int k = 0; k < 4; k++) {
-        const int p = lane + 32 * k;
-        yv[k] = dg[k] = zv[k] = xv[k] = 0;
-        if (p < P) {
-          const T *pr = proj + mi * d.dipp + (int64_t)h * P + p;
-          const int64_t o = mi * E + (int64_t)h * P + p;
-          xv[k] = ldact(pr + d.x_off);
-          zv[k] = ldact(pr + d.z_off);
-          dg[k] = __ldg(a.dgated + o);
-          yv[k] = __ldg(a.y + o);
-        }
-      }
-      float dot = 0;
-#pragma unroll
-      for (int k = 0; k < 4; k++) {
-        const int p = lane + 32 * k;
-        dyn[k] = 0;
-        if (p < P) {
-          const float z = zv[k];
-          const float sg = sigmoidf_(z), silu = z * sg, dsilu = sg * (1 + z * (1 - sg));
-          const float wn = d.outproj_norm ? __ldg(a.out_norm + (int64_t)h * P + p) : 1.0f;
-          const float yn = d.outproj_norm ? yv[k] * rn * wn : yv[k];
-          dproj[mi * d.dipp + d.z_off + (int64_t)h * P + p] = from_f<T>(dg[k] * yn * dsilu);
-          dyn[k] = dg[k] * silu;
-          if (d.outproj_norm) dot += yv[k] * wn * dyn[k];
-        }
-      }
-      float cn = 0;
-      if (d.outproj_norm) cn = warp_sum(dot) / (float)P * rn * rn * rn;
-      const float ec = s.sc[i * FW + F_EC];
-      float dyx = 0;
-#pragma unroll
-      for (int k = 0; k < 4; k++) {
-        const int p = lane + 32 * k;
-        if (p < cd.Pp) {
-          float dy = 0;
-          if (p < P) {
-            if (d.outproj_norm) {
-              const float wn = __ldg(a.out_norm + (int64_t)h * P + p);
-              s.pOn[wid * cd.Pp + p] += yv[k] * rn * dyn[k];
-              dy = rn * wn * dyn[k] - yv[k] * cn;
-            } else {
-              dy = dyn[k];
-            }
-            a.dy[mi * E + (int64_t)h * P + p] = dy;
-            dyx += dy * xv[k];
-          }
-          xr[p] = __float2bfloat16_rn(xv[k]);
-          dyr[p] = __float2bfloat16_rn(dy);
-          ywr[p] = __float2bfloat16_rn(ec * dy);
-        }
-      }
-      dyx = warp_sum(dyx);
-      if (lane == 0) s.sc[i * FW + F_DYX] = dyx;
-    }
-    c_build<BUD>(a, s, cd, m0, t0, nb, g, true, s.thv, NULL);
     __syncthreads();
     /* 4-5. S1 = q ktil^T, S2 = dY x^T tile by tile (warp's scratch; tiles above the diagonal: 0):
      * L1 = L o S1, L2 = L o S2 (bf16); M = L o S1 o S2 (u < t) summed per tile row and column */
@@ -1022,34 +1230,9 @@ __global__ void __launch_bounds__(CTHREADS, MINB) scan_bwd_chunked(const m3k_sca
     __syncthreads();
     bmm<RM, RM>(sF, cd.lfn, s.sL2, cd.lqq, s.sk, cd.lqn, CQ, cd.Np, CQ, true);
     __syncthreads();
-    /* post q (warp per token): diagonal term, rotation backward (C part), angle gradient from q */
-    for (int i = wid; i < nb; i += CWARPS) {
-      const float gd = s.sc[i * FW + F_GAM] * s.sc[i * FW + F_DYX];
-      float *f = sF + i * cd.lfn;
-      for_units<BUD>(a, s, s.thv, m0 + i, g, i, [&](const unit_kq &r, int u) {
-        if (r.pair) {
-          const float d0 = f[r.n0] + gd * r.k0, d1 = f[r.n0 + 1] + gd * r.k1;
-          f[r.n0] = r.cs * d0 + r.sn * d1;
-          f[r.n0 + 1] = -r.sn * d0 + r.cs * d1;
-          s.dth[i * S + u] = -d0 * r.q1 + d1 * r.q0;
-        } else {
-          f[r.n0] += gd * r.k0;
-        }
-      });
-    }
+    rows_out(a.dbc_head + ((m0 * H + h) * 2 + 1) * N, (int64_t)H * 2 * N, sF, cd.lfn, nb, N); /* dq (raw) */
     __syncthreads();
-    for (int n = tid; n < N; n += CTHREADS) {
-      float acc = s.pC[n];
-#pragma unroll 4
-      for (int i = nb - 1; i >= 0; i--) {
-        const float v = sF[i * cd.lfn + n];
-        acc += v;
-        a.dbc_head[(((m0 + i) * H + h) * 2 + 1) * N + n] = v;
-      }
-      s.pC[n] = acc;
-    }
-    __syncthreads();
-    /* 7. dktil = W (x dE) + L2^T q; v_s; post k: dscale, dk, rotation backward (B part) */
+    /* 7. dktil = W (x dE) + L2^T q; v_s */
     bmm<RM, RM>(sF, cd.lfn, s.sx, cd.lqp, s.sdE, cd.lqn, CQ, cd.Np, cd.Pp, false);
     __syncthreads();
     for (int i = wid; i < CQ; i += CWARPS) {
@@ -1066,41 +1249,7 @@ __global__ void __launch_bounds__(CTHREADS, MINB) scan_bwd_chunked(const m3k_sca
     __syncthreads();
     bmm<CM, RM>(sF, cd.lfn, s.sL2, cd.lqq, s.sq, cd.lqn, CQ, cd.Np, CQ, true);
     __syncthreads();
-    for (int i = wid; i < nb; i += CWARPS) {
-      const float sc = s.sc[i * FW + F_SCALE], gd = s.sc[i * FW + F_GAM] * s.sc[i * FW + F_DYX];
-      float *f = sF + i * cd.lfn;
-      float ds = 0;
-      for_units<BUD>(a, s, s.thv, m0 + i, g, i, [&](const unit_kq &r, int u) {
-        if (r.pair) {
-          const float e0 = f[r.n0], e1 = f[r.n0 + 1];
-          ds += e0 * r.k0 + e1 * r.k1;
-          const float d0 = sc * e0 + gd * r.q0, d1 = sc * e1 + gd * r.q1;
-          f[r.n0] = r.cs * d0 + r.sn * d1;
-          f[r.n0 + 1] = -r.sn * d0 + r.cs * d1;
-          s.dth[i * S + u] += -d0 * r.k1 + d1 * r.k0;
-        } else {
-          const float e0 = f[r.n0];
-          ds += e0 * r.k0;
-          f[r.n0] = sc * e0 + gd * r.q0;
-        }
-      });
-      ds = warp_sum(ds);
-      if (lane == 0) {
-        s.sc[i * FW + F_DSCALE] = ds;
-        s.sc[i * FW + F_DGAM] = ds + s.sc[i * FW + F_DYX] * s.sc[i * FW + F_QK];
-      }
-    }
-    __syncthreads();
-    for (int n = tid; n < N; n += CTHREADS) {
-      float acc = s.pB[n];
-#pragma unroll 4
-      for (int i = nb - 1; i >= 0; i--) {
-        const float v = sF[i * cd.lfn + n];
-        acc += v;
-        a.dbc_head[(((m0 + i) * H + h) * 2 + 0) * N + n] = v;
-      }
-      s.pB[n] = acc;
-    }
+    rows_out(a.dbc_head + ((m0 * H + h) * 2 + 0) * N, (int64_t)H * 2 * N, sF, cd.lfn, nb, N); /* dktil (raw) */
     __syncthreads();
     /* 8. dx = W (ktil dE^T) + L1^T dY (+ diagonal, D); dE <- dec dE + (EC dY)^T q */
     bmm<RM, CM>(sF, cd.lfp, s.sk, cd.lqn, s.sdE, cd.lqn, CQ, cd.Pp, cd.Np, false);
@@ -1120,27 +1269,41 @@ __global__ void __launch_bounds__(CTHREADS, MINB) scan_bwd_chunked(const m3k_sca
     bmm<CM, RM>(sF, cd.lfp, s.sL1, cd.lqq, s.sxw, cd.lqp, CQ, cd.Pp, CQ, true);
     bmm<CM, RM>(s.sEf, cd.lfn, s.syw, cd.lqp, s.sq, cd.lqn, cd.Pp, cd.Np, CQ, true);
     __syncthreads();
+    if (vec) {
+      const int vpr = P / 8;
+      for (int idx = tid; idx < nb * vpr; idx += CTHREADS) {
+        const int i = idx / vpr, p = (idx - i * vpr) * 8;
+        const int64_t mi = m0 + i;
+        const float dg = s.sc[i * FW + F_GAM] * s.sc[i * FW + F_QK] + Dh;
+        const float *dyp = a.dy + mi * E + (int64_t)h * P + p;
+        const float4 d0 = *(const float4 *)dyp, d1 = *(const float4 *)(dyp + 4);
+        const float dy[8] = {d0.x, d0.y, d0.z, d0.w, d1.x, d1.y, d1.z, d1.w};
+        float dx[8];
+#pragma unroll
+        for (int k = 0; k < 8; k++) dx[k] = sF[i * cd.lfp + p + k] + dg * dy[k];
+        st8(dproj + mi * d.dipp + d.x_off + (int64_t)h * P + p, dx);
+      }
+    } else {
 #pragma unroll 4
-    for (int idx = tid; idx < nb * P; idx += CTHREADS) {
-      const int i = idx / P, p = idx - i * P;
-      const int64_t mi = m0 + i;
-      const float dg = s.sc[i * FW + F_GAM] * s.sc[i * FW + F_QK] + Dh;
-      const float dx = sF[i * cd.lfp + p] + dg * a.dy[mi * E + (int64_t)h * P + p];
-      dproj[mi * d.dipp + d.x_off + (int64_t)h * P + p] = from_f<T>(dx);
+      for (int idx = tid; idx < nb * P; idx += CTHREADS) {
+        const int i = idx / P, p = idx - i * P;
+        const int64_t mi = m0 + i;
+        const float dg = s.sc[i * FW + F_GAM] * s.sc[i * FW + F_QK] + Dh;
+        const float dx = sF[i * cd.lfp + p] + dg * a.dy[mi * E + (int64_t)h * P + p];
+        dproj[mi * d.dipp + d.x_off + (int64_t)h * P + p] = from_f<T>(dx);
+      }
     }
     for (int idx = tid; idx < cd.Pp * cd.Np; idx += CTHREADS) {
       const int p = idx / cd.Np, n = idx - p * cd.Np;
       s.sdE[p * cd.lqn + n] = __float2bfloat16_rn(s.sEf[p * cd.lfn + n]);
     }
-    /* 9. decay gradient (warp 0), angle gradient (one thread per pair, carried across chunks) */
+    /* 9. decay gradient (warp 0): da into the table (scan_post_seq_chunked finishes the scalars) */
     if (wid == 0) { /* two tokens per lane; sums and the suffix scan by shuffles (fixed order) */
       float dEE = 0;
       for (int w = 0; w < CWARPS; w++) dEE += s.red[w];
       const int j0 = 2 * lane, j1 = j0 + 1;
       const float v0 = j0 < nb ? s.sc[j0 * FW + F_V] : 0.0f, v1 = j1 < nb ? s.sc[j1 * FW + F_V] : 0.0f;
       const float sumv = warp_sum(v0 + v1);
-      const float y0 = j0 < nb ? s.sc[j0 * FW + F_DYX] : 0.0f, y1 = j1 < nb ? s.sc[j1 * FW + F_DYX] : 0.0f;
-      const float sdyx = warp_sum(y0 + y1);
       float dc[2];
 #pragma unroll
       for (int k = 0; k < 2; k++) {
@@ -1160,96 +1323,217 @@ __global__ void __launch_bounds__(CTHREADS, MINB) scan_bwd_chunked(const m3k_sca
       }
       float ex = __shfl_down_sync(0xffffffffu, sfx, 1);
       if (lane == 31) ex = 0;
-      if (j1 < nb) s.sc[j1 * FW + F_DA] = s.sc[j1 * FW + F_RST] != 0 ? 0.0f : ex + dc[1];
-      if (j0 < nb) s.sc[j0 * FW + F_DA] = s.sc[j0 * FW + F_RST] != 0 ? 0.0f : ex + dc[1] + dc[0];
-      if (lane == 0) misc[1] += sdyx;
-    } else if (tid >= 32 && tid - 32 < S) {
-      const int j = tid - 32;
-      float D = s.thr[j];
+      float *tab = cv.tab + u * CQ * TW;
+      if (j1 < nb) tab[j1 * TW + T_DA] = s.sc[j1 * FW + F_RST] != 0 ? 0.0f : ex + dc[1];
+      if (j0 < nb) tab[j0 * TW + T_DA] = s.sc[j0 * FW + F_RST] != 0 ? 0.0f : ex + dc[1] + dc[0];
+    }
+    __syncthreads();
+  }
+
+  /* the window's first token: v_in^T dE_0 k_in (its beta term; dropped at a reset by the post kernel) */
+  float part = 0;
+  if (a.in_v && a.in_k)
+    for (int idx = tid; idx < P * N; idx += CTHREADS) {
+      const int p = idx / N, n = idx - p * N;
+      part += a.in_v[bh * P + p] * s.sEf[p * cd.lfn + n] * a.in_k[bh * N + n];
+    }
+  part = warp_sum(part);
+  if (lane == 0) s.red[wid] = part;
+  __syncthreads();
+  if (tid == 0) {
+    float dbp = 0;
+    for (int w = 0; w < CWARPS; w++) dbp += s.red[w];
+    cv.tab[bh * nch * CQ * TW + T_DBP0] = dbp;
+  }
+}
+
+/* ---- after the backward walk: the per-token finish, in parallel, then along the sequence ------------------ */
+
+/* Shared memory of scan_post_chunked (rows = CQ; th: theta of the chunk) and scan_post_seq_chunked
+ * (rows = seq_block(S); th: tanh of the angle logits, dth: the angle gradient, sc: table rows). */
+__host__ __device__ inline size_t carve_post(unsigned char *base, int N, int S, int rows, csmem *m) {
+  const cdims c = make_cdims(16, N);
+  size_t off = 0;
+  csmem t = {};
+#define CT(field, type, n) t.field = (type *)(base + cs_take(off, (size_t)(n) * sizeof(type)))
+  CT(th, float, rows * S + 1);
+  CT(dth, float, rows * S + 1);
+  CT(sbk, float, c.Np);
+  CT(sbq, float, c.Np);
+  CT(sc, float, (rows + 1) * TW); /* TW >= FW: holds either layout */
+  CT(pbw, float, CWARPS * 2 * N);
+  CT(red, float, 32);
+  CT(misc, float, 8);
+#undef CT
+  if (m) *m = t;
+  return off + 128;
+}
+
+/* One CTA per (chunk, head, row), warp per token: from the walk's raw dq (C slot of dbc_head) and dktil
+ * (B slot): the diagonal term, dscale = dktil.k, dk = scale dktil + gamma (dY.x) q, the rotation backward
+ * of both (in place: dbc_head final), the angle gradient shares (a.dthq), dscale and dgamma (table), and
+ * the chunk's B_bias / C_bias partials (pbc). */
+template <typename T>
+__global__ void __launch_bounds__(CTHREADS) scan_post_chunked(const m3k_scan_args a) {
+  extern __shared__ __align__(128) unsigned char smraw[];
+  const m3k_dims &d = a.d;
+  const int ch = blockIdx.x, h = blockIdx.y, b = blockIdx.z, g = h / d.hpg;
+  const int P = d.P, N = d.N, S = d.S, H = d.H, tid = threadIdx.x, lane = tid & 31, wid = tid >> 5;
+  const cdims cd = make_cdims(P, N);
+  csmem s;
+  carve_post(smraw, N, S, CQ, &s);
+  cviews cv;
+  chunk_views(a.chunk_scratch, a.rows, a.len, H, P, N, true, &cv);
+  const int nch = (a.len + CQ - 1) / CQ, t0 = ch * CQ, nb = min(CQ, a.len - t0);
+  const int64_t m0 = (int64_t)b * a.len + t0, u = ((int64_t)b * H + h) * nch + ch;
+  float *tab = cv.tab + u * CQ * TW;
+  tab_load(tab, s.sc, TAB_FIELDS, s.misc);
+#pragma unroll 4
+  for (int idx = tid; idx < nb * S; idx += CTHREADS) {
+    const int i = idx / S, j = idx - i * S;
+    s.th[idx] = __ldg(a.theta + ((m0 + i) * H + h) * S + j);
+  }
+  c_biases(a, s, cd, h);
+  float *pw = s.pbw + wid * 2 * N; /* [B_bias | C_bias] of this warp's tokens */
+  for (int c = lane; c < 2 * N; c += 32) pw[c] = 0;
+  cp_wait_all();
+  __syncthreads();
+  for (int i = wid; i < nb; i += CWARPS) {
+    const int64_t mi = m0 + i;
+    const float sc = s.sc[i * FW + F_SCALE], gd = s.sc[i * FW + F_GAM] * s.sc[i * FW + F_DYX];
+    float *fk = a.dbc_head + ((mi * H + h) * 2 + 0) * N, *fq = fk + N;
+    float ds = 0;
+    for_units(a, s, s.th, mi, g, i, [&](const unit_kq &r, int un) {
+      if (r.pair) {
+        const float q0 = fq[r.n0] + gd * r.k0, q1 = fq[r.n0 + 1] + gd * r.k1;
+        const float e0 = fk[r.n0], e1 = fk[r.n0 + 1];
+        ds += e0 * r.k0 + e1 * r.k1;
+        const float k0 = sc * e0 + gd * r.q0, k1 = sc * e1 + gd * r.q1;
+        const float oq0 = r.cs * q0 + r.sn * q1, oq1 = -r.sn * q0 + r.cs * q1;
+        const float ok0 = r.cs * k0 + r.sn * k1, ok1 = -r.sn * k0 + r.cs * k1;
+        fq[r.n0] = oq0;
+        fq[r.n0 + 1] = oq1;
+        fk[r.n0] = ok0;
+        fk[r.n0 + 1] = ok1;
+        pw[r.n0] += ok0;
+        pw[r.n0 + 1] += ok1;
+        pw[N + r.n0] += oq0;
+        pw[N + r.n0 + 1] += oq1;
+        a.dthq[(mi * H + h) * S + un] = (-q0 * r.q1 + q1 * r.q0) + (-k0 * r.k1 + k1 * r.k0);
+      } else {
+        const float oq = fq[r.n0] + gd * r.k0;
+        const float e0 = fk[r.n0];
+        ds += e0 * r.k0;
+        const float ok = sc * e0 + gd * r.q0;
+        fq[r.n0] = oq;
+        fk[r.n0] = ok;
+        pw[r.n0] += ok;
+        pw[N + r.n0] += oq;
+      }
+    });
+    ds = warp_sum(ds);
+    if (lane == 0) {
+      tab[i * TW + T_DSCALE] = ds;
+      tab[i * TW + T_DGAM] = ds + s.sc[i * FW + F_DYX] * s.sc[i * FW + F_QK];
+    }
+  }
+  __syncthreads();
+  for (int c = tid; c < 2 * N; c += CTHREADS) { /* c < N: B_bias, else C_bias; the warps in order */
+    float acc = 0;
+    for (int w = 0; w < CWARPS; w++) acc += s.pbw[w * 2 * N + c];
+    cv.pbc[u * 2 * N + c] = acc;
+  }
+}
+
+/* One CTA per (head, row), the chunks in reverse: the angle gradient (reverse cumulative sum per pair,
+ * stopped at resets: dang_head, dtang), then per token the scalar chain to dd_dt, dd_A, trap (dbp of a
+ * token = dscale of the token before it, v_in^T dE_0 k_in for the first, 0 at a reset), and the
+ * per-(row, head) partials: dt_bias, D, B_bias, C_bias (part), the mixer norm weight (part_norm). */
+template <typename T>
+__global__ void __launch_bounds__(CTHREADS) scan_post_seq_chunked(const m3k_scan_args a) {
+  extern __shared__ __align__(128) unsigned char smraw[];
+  const m3k_dims &d = a.d;
+  const int h = blockIdx.x, b = blockIdx.y;
+  const int P = d.P, N = d.N, S = d.S, H = d.H, tid = threadIdx.x, lane = tid & 31, wid = tid >> 5;
+  const cdims cd = make_cdims(P, N);
+  const T *proj = (const T *)a.proj;
+  csmem s;
+  const int TB = seq_block(S);
+  carve_post(smraw, N, S, TB, &s);
+  cviews cv;
+  chunk_views(a.chunk_scratch, a.rows, a.len, H, P, N, true, &cv);
+  const int nch = (a.len + CQ - 1) / CQ;
+  const int64_t bh = (int64_t)b * H + h;
+  const float *tab_row = cv.tab + bh * nch * CQ * TW; /* token t of the row: tab_row + t TW (full chunks) */
+  float *st = s.sc; /* [TB][TW] */
+  float D = 0, pd = 0, sdyx = 0;
+  for (int t0 = (a.len - 1) / TB * TB; t0 >= 0; t0 -= TB) {
+    const int nb = min(TB, a.len - t0);
+    const int64_t m0 = (int64_t)b * a.len + t0;
+    const float *tab = tab_row + (int64_t)t0 * TW;
+    for (int idx = tid; idx < nb * (TW / 4); idx += CTHREADS) cp16(st + idx * 4, tab + idx * 4);
+#pragma unroll 4
+    for (int idx = tid; idx < nb * S; idx += CTHREADS) {
+      const int i = idx / S, j = idx - i * S;
+      s.th[idx] = tanhf(ldact(proj + (m0 + i) * d.dipp + d.ang_off + j));
+      s.dth[idx] = __ldg(a.dthq + ((m0 + i) * H + h) * S + j);
+    }
+    cp_wait_all();
+    __syncthreads();
+    if (tid < S) {
 #pragma unroll 4
       for (int i = nb - 1; i >= 0; i--) {
-        const float *t = s.sc + i * FW;
-        D += s.dth[i * S + j];
-        const float ta = s.th[i * S + j];
-        s.dth[i * S + j] = PI_F * D * ta;
-        a.dang_head[((m0 + i) * H + h) * S + j] = PI_F * D * t[F_DT] * (1 - ta * ta);
+        const float *t = st + i * TW;
+        D += s.dth[i * S + tid];
+        const float ta = s.th[i * S + tid];
+        s.dth[i * S + tid] = PI_F * D * ta;
+        a.dang_head[((m0 + i) * H + h) * S + tid] = PI_F * D * t[F_DT] * (1 - ta * ta);
         if (t[F_RST] != 0) D = 0;
       }
-      s.thr[j] = D;
     }
     __syncthreads();
     for (int i = wid; i < nb; i += CWARPS) {
       float acc = 0;
       for (int j = lane; j < S; j += 32) acc += s.dth[i * S + j];
       acc = warp_sum(acc);
-      if (lane == 0) s.sc[i * FW + F_DTANG] = acc;
+      if (lane == 0) st[i * TW + T_DTANG] = acc;
     }
     __syncthreads();
-    /* the scalar chain: tokens 1..nb-1 now; token 0 when dscale of the token before it is known */
-    if (tid >= 1 && tid < nb) {
-      const float *t = s.sc + tid * FW;
-      const float dbp = t[F_RST] != 0 ? 0.0f : s.sc[(tid - 1) * FW + F_DSCALE];
-      s.sc[tid * FW + F_DV] = c_finish<T>(a, m0 + tid, h, t[F_DA], t[F_DGAM], dbp, t[F_DT], t[F_LAM], t[F_AA],
-                                         t[F_DSP], t[F_DAD], t[F_DTANG]);
-    } else if (tid == CTHREADS - 1 && s.pend[PN_VALID] != 0) {
-      const float *pn = s.pend;
-      const float dbp = pn[PN_RST] != 0 ? 0.0f : s.sc[(nb - 1) * FW + F_DSCALE];
-      misc[3] = c_finish<T>(a, m0 + nb, h, pn[PN_DA], pn[PN_DGAM], dbp, pn[PN_DT], pn[PN_LAM], pn[PN_AA], pn[PN_DSP],
-                            pn[PN_DAD], pn[PN_DTANG]);
-    }
-    __syncthreads();
-    if (tid == 0) {
-      float pd = misc[2];
-      if (s.pend[PN_VALID] != 0) pd += misc[3];
-      for (int i = nb - 1; i >= 1; i--) pd += s.sc[i * FW + F_DV];
-      misc[2] = pd;
-      const float *t = s.sc;
-      float *pn = s.pend;
-      pn[PN_DA] = t[F_DA];
-      pn[PN_DGAM] = t[F_DGAM];
-      pn[PN_DT] = t[F_DT];
-      pn[PN_LAM] = t[F_LAM];
-      pn[PN_AA] = t[F_AA];
-      pn[PN_DSP] = t[F_DSP];
-      pn[PN_DAD] = t[F_DAD];
-      pn[PN_DTANG] = t[F_DTANG];
-      pn[PN_RST] = t[F_RST];
-      pn[PN_VALID] = 1;
-    }
-    __syncthreads();
-  }
-
-  /* the window's first token: dbp_0 = v_in^T dE_0 k_in (no reset at 0) */
-  {
-    float part = 0;
-    if (a.in_v && a.in_k && s.pend[PN_RST] == 0)
-      for (int idx = tid; idx < P * N; idx += CTHREADS) {
-        const int p = idx / N, n = idx - p * N;
-        part += a.in_v[bh * P + p] * s.sEf[p * cd.lfn + n] * a.in_k[bh * N + n];
-      }
-    part = warp_sum(part);
-    if (lane == 0) s.red[wid] = part;
-    __syncthreads();
-    if (tid == 0) {
+    for (int i = tid; i < nb; i += CTHREADS) {
+      const float *t = st + i * TW;
       float dbp = 0;
-      for (int w = 0; w < CWARPS; w++) dbp += s.red[w];
-      const float *pn = s.pend;
-      const float dv = c_finish<T>(a, (int64_t)b * a.len, h, pn[PN_DA], pn[PN_DGAM], dbp, pn[PN_DT], pn[PN_LAM],
-                                   pn[PN_AA], pn[PN_DSP], pn[PN_DAD], pn[PN_DTANG]);
-      float *part_ = a.part + bh * (2 + 2 * (int64_t)N); // [2 + 2N]
-      part_[0] = misc[2] + dv;
-      part_[1] = misc[1];
+      if (t[F_RST] == 0) {
+        if (i > 0) dbp = st[(i - 1) * TW + T_DSCALE];
+        else if (t0 > 0) dbp = tab[-TW + T_DSCALE]; /* the token before the block */
+        else dbp = tab[T_DBP0];
+      }
+      st[i * TW + T_DV] = c_finish<T>(a, m0 + i, h, t[T_DA], t[T_DGAM], dbp, t[F_DT], t[F_LAM], t[F_AA], t[F_DSP],
+                                      t[F_DAD], t[T_DTANG]);
     }
+    __syncthreads();
+    if (tid == 0)
+      for (int i = nb - 1; i >= 0; i--) {
+        pd += st[i * TW + T_DV];
+        sdyx += st[i * TW + F_DYX];
+      }
+    __syncthreads();
   }
-  float *part = a.part + bh * (2 + 2 * (int64_t)N);
-  for (int n = tid; n < N; n += CTHREADS) {
-    part[2 + n] = s.pB[n];
-    part[2 + N + n] = s.pC[n];
+  float *part = a.part + bh * (2 + 2 * (int64_t)N); // [2 + 2N]
+  if (tid == 0) {
+    part[0] = pd;
+    part[1] = sdyx;
+  }
+  for (int c = tid; c < 2 * N; c += CTHREADS) {
+    float acc = 0;
+#pragma unroll 8
+    for (int ch = 0; ch < nch; ch++) acc += __ldg(cv.pbc + (bh * nch + ch) * 2 * N + c);
+    part[2 + c] = acc;
   }
   if (d.outproj_norm)
     for (int p = tid; p < P; p += CTHREADS) {
       float acc = 0;
-      for (int w = 0; w < CWARPS; w++) acc += s.pOn[w * cd.Pp + p];
+#pragma unroll 8
+      for (int ch = 0; ch < nch; ch++) acc += __ldg(cv.pon + (bh * nch + ch) * cd.Pp + p);
       a.part_norm[bh * P + p] = acc;
     }
 }
@@ -1259,57 +1543,83 @@ __global__ void __launch_bounds__(CTHREADS, MINB) scan_bwd_chunked(const m3k_sca
 /* Two CTAs per SM fit when each takes at most half of the SM's 228 KB less the 1 KB reserved per CTA. */
 static bool bwd_two_ctas(int32_t smem) { return smem <= 228 * 1024 / 2 - 1024; }
 
-int64_t m3k_chunked_smem(int fwd, int32_t P, int32_t N, int32_t S) {
-  if (fwd) return fwd_in_regs(P, N) ? (int64_t)carve_r(NULL, P, N, S, NULL) : INT64_MAX;
-  return (int64_t)carve_c(NULL, P, N, S, NULL);
+int64_t m3k_chunked_smem(int which, int32_t P, int32_t N, int32_t S) {
+  switch (which) {
+  case M3K_CHUNKED_FWD: return fwd_in_regs(P, N) ? (int64_t)carve_r(NULL, P, N, NULL) : INT64_MAX;
+  case M3K_CHUNKED_BWD: return (int64_t)carve_c(NULL, P, N, NULL);
+  case M3K_CHUNKED_PREP: return (int64_t)carve_p(NULL, P, N, S, NULL);
+  default: {
+    const size_t one = carve_post(NULL, N, S, CQ, NULL), seq = carve_post(NULL, N, S, seq_block(S), NULL);
+    return (int64_t)(one > seq ? one : seq);
+  }
+  }
 }
 
-cudaError_t m3k_chunked_prepare(int prec, const m3k_scan_plan *plan) {
-  cudaError_t e = cudaSuccess;
-  if (prec == M3K_F32 || !plan->chunked) return e;
-  if (prec == M3K_BF16) {
-    e = cudaFuncSetAttribute(scan_fwd_chunked_r<bf16>, cudaFuncAttributeMaxDynamicSharedMemorySize, plan->smem_cfwd);
-    if (e == cudaSuccess)
-      e = cudaFuncSetAttribute(scan_fwd_chunked_r<bf16>, cudaFuncAttributePreferredSharedMemoryCarveout,
-                               cudaSharedmemCarveoutMaxShared);
-    if (e == cudaSuccess)
-      e = cudaFuncSetAttribute(scan_bwd_chunked<bf16, 1>, cudaFuncAttributeMaxDynamicSharedMemorySize, plan->smem_cbwd);
-    if (e == cudaSuccess)
-      e = cudaFuncSetAttribute(scan_bwd_chunked<bf16, 2>, cudaFuncAttributeMaxDynamicSharedMemorySize, plan->smem_cbwd);
-    if (e == cudaSuccess)
-      e = cudaFuncSetAttribute(scan_bwd_chunked<bf16, 2>, cudaFuncAttributePreferredSharedMemoryCarveout,
-                               cudaSharedmemCarveoutMaxShared);
-  } else {
-    e = cudaFuncSetAttribute(scan_fwd_chunked_r<f16>, cudaFuncAttributeMaxDynamicSharedMemorySize, plan->smem_cfwd);
-    if (e == cudaSuccess)
-      e = cudaFuncSetAttribute(scan_fwd_chunked_r<f16>, cudaFuncAttributePreferredSharedMemoryCarveout,
-                               cudaSharedmemCarveoutMaxShared);
-    if (e == cudaSuccess)
-      e = cudaFuncSetAttribute(scan_bwd_chunked<f16, 1>, cudaFuncAttributeMaxDynamicSharedMemorySize, plan->smem_cbwd);
-    if (e == cudaSuccess)
-      e = cudaFuncSetAttribute(scan_bwd_chunked<f16, 2>, cudaFuncAttributeMaxDynamicSharedMemorySize, plan->smem_cbwd);
-    if (e == cudaSuccess)
-      e = cudaFuncSetAttribute(scan_bwd_chunked<f16, 2>, cudaFuncAttributePreferredSharedMemoryCarveout,
-                               cudaSharedmemCarveoutMaxShared);
-  }
+int64_t m3k_chunked_scratch(int32_t rows, int32_t len, int32_t H, int32_t P, int32_t N, int bwd) {
+  return chunk_views(NULL, rows, len, H, P, N, bwd != 0, NULL);
+}
+
+template <typename T> static cudaError_t chunked_prepare(const m3k_scan_plan *plan) {
+  cudaError_t e = cudaFuncSetAttribute(scan_fwd_chunked_r<T>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                       plan->smem_cfwd);
+  if (e == cudaSuccess)
+    e = cudaFuncSetAttribute(scan_fwd_chunked_r<T>, cudaFuncAttributePreferredSharedMemoryCarveout,
+                             cudaSharedmemCarveoutMaxShared);
+  if (e == cudaSuccess)
+    e = cudaFuncSetAttribute(scan_bwd_chunked<T, 1>, cudaFuncAttributeMaxDynamicSharedMemorySize, plan->smem_cbwd);
+  if (e == cudaSuccess)
+    e = cudaFuncSetAttribute(scan_bwd_chunked<T, 2>, cudaFuncAttributeMaxDynamicSharedMemorySize, plan->smem_cbwd);
+  if (e == cudaSuccess)
+    e = cudaFuncSetAttribute(scan_bwd_chunked<T, 2>, cudaFuncAttributePreferredSharedMemoryCarveout,
+                             cudaSharedmemCarveoutMaxShared);
+  if (e == cudaSuccess)
+    e = cudaFuncSetAttribute(scan_prep_chunked<T, false>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                             plan->smem_cprep);
+  if (e == cudaSuccess)
+    e = cudaFuncSetAttribute(scan_prep_chunked<T, true>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                             plan->smem_cprep);
+  if (e == cudaSuccess)
+    e = cudaFuncSetAttribute(scan_post_chunked<T>, cudaFuncAttributeMaxDynamicSharedMemorySize, plan->smem_cpost);
+  if (e == cudaSuccess)
+    e = cudaFuncSetAttribute(scan_post_seq_chunked<T>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                             plan->smem_cpost);
   return e;
 }
 
+cudaError_t m3k_chunked_prepare(int prec, const m3k_scan_plan *plan) {
+  if (prec == M3K_F32 || !plan->chunked) return cudaSuccess;
+  return prec == M3K_BF16 ? chunked_prepare<bf16>(plan) : chunked_prepare<f16>(plan);
+}
+
+/* Forward: the angles (with rope), the per-chunk preparation, then the walk. */
+template <typename T> static void chunked_fwd(cudaStream_t s, const m3k_scan_plan *plan, const m3k_scan_args &a) {
+  const int nch = (a.len + CQ - 1) / CQ;
+  if (a.d.S > 0)
+    scan_angles_chunked<T><<<dim3(a.d.H, a.rows), CTHREADS, (size_t)seq_block(a.d.S) * (a.d.S + 2) * sizeof(float), s>>>(a);
+  scan_prep_chunked<T, false><<<dim3(nch, a.d.H, a.rows), CTHREADS, plan->smem_cprep, s>>>(a);
+  scan_fwd_chunked_r<T><<<dim3(a.d.H, a.rows), CTHREADS, plan->smem_cfwd, s>>>(a);
+}
+
 cudaError_t m3k_chunked_fwd(cudaStream_t s, int prec, const m3k_scan_plan *plan, const m3k_scan_args *a) {
-  const dim3 grid(a->d.H, a->rows);
-  if (prec == M3K_BF16) scan_fwd_chunked_r<bf16><<<grid, CTHREADS, plan->smem_cfwd, s>>>(*a);
-  else scan_fwd_chunked_r<f16><<<grid, CTHREADS, plan->smem_cfwd, s>>>(*a);
+  if (prec == M3K_BF16) chunked_fwd<bf16>(s, plan, *a);
+  else chunked_fwd<f16>(s, plan, *a);
   return cudaGetLastError();
 }
 
+/* Backward: the per-chunk preparation (with the gate backward), the walk (two sweeps), the per-token
+ * finish, then the scalars along the sequence. */
+template <typename T> static void chunked_bwd(cudaStream_t s, const m3k_scan_plan *plan, const m3k_scan_args &a) {
+  const dim3 chunks((a.len + CQ - 1) / CQ, a.d.H, a.rows), walks(a.d.H, a.rows);
+  scan_prep_chunked<T, true><<<chunks, CTHREADS, plan->smem_cprep, s>>>(a);
+  if (bwd_two_ctas(plan->smem_cbwd)) scan_bwd_chunked<T, 2><<<walks, CTHREADS, plan->smem_cbwd, s>>>(a);
+  else scan_bwd_chunked<T, 1><<<walks, CTHREADS, plan->smem_cbwd, s>>>(a);
+  /* each takes its own size, within the plan's limit (the larger of the two) */
+  scan_post_chunked<T><<<chunks, CTHREADS, carve_post(NULL, a.d.N, a.d.S, CQ, NULL), s>>>(a);
+  scan_post_seq_chunked<T><<<walks, CTHREADS, carve_post(NULL, a.d.N, a.d.S, seq_block(a.d.S), NULL), s>>>(a);
+}
+
 cudaError_t m3k_chunked_bwd(cudaStream_t s, int prec, const m3k_scan_plan *plan, const m3k_scan_args *a) {
-  const dim3 grid(a->d.H, a->rows);
-  if (bwd_two_ctas(plan->smem_cbwd)) {
-    if (prec == M3K_BF16) scan_bwd_chunked<bf16, 2><<<grid, CTHREADS, plan->smem_cbwd, s>>>(*a);
-    else scan_bwd_chunked<f16, 2><<<grid, CTHREADS, plan->smem_cbwd, s>>>(*a);
-  } else {
-    if (prec == M3K_BF16) scan_bwd_chunked<bf16, 1><<<grid, CTHREADS, plan->smem_cbwd, s>>>(*a);
-    else scan_bwd_chunked<f16, 1><<<grid, CTHREADS, plan->smem_cbwd, s>>>(*a);
-  }
+  if (prec == M3K_BF16) chunked_bwd<bf16>(s, plan, *a);
+  else chunked_bwd<f16>(s, plan, *a);
   return cudaGetLastError();
 }

@@ -97,8 +97,11 @@ __device__ __forceinline__ void rot_unit(const m3k_scan_args &a, int64_t m, int 
 
 /* ---- the chunked scan (scan_chunked.cu) ---------------------------------------------------------- */
 
-/* Dynamic shared memory of the chunked kernels for (P, N, S); 0 when they do not apply. */
-int64_t m3k_chunked_smem(int fwd, int32_t P, int32_t N, int32_t S);
+/* Dynamic shared memory of a chunked kernel for (P, N, S) (INT64_MAX: the forward walk does not apply). */
+enum { M3K_CHUNKED_BWD = 0, M3K_CHUNKED_FWD, M3K_CHUNKED_PREP, M3K_CHUNKED_POST };
+int64_t m3k_chunked_smem(int which, int32_t P, int32_t N, int32_t S);
+/* Floats of the chunk scratch (forward part only when bwd = 0). */
+int64_t m3k_chunked_scratch(int32_t rows, int32_t len, int32_t H, int32_t P, int32_t N, int bwd);
 cudaError_t m3k_chunked_prepare(int prec, const m3k_scan_plan *plan);
 cudaError_t m3k_chunked_fwd(cudaStream_t s, int prec, const m3k_scan_plan *plan, const m3k_scan_args *a);
 cudaError_t m3k_chunked_bwd(cudaStream_t s, int prec, const m3k_scan_plan *plan, const m3k_scan_args *a);

@@ -116,7 +116,7 @@ struct backend {
   float *dang_head;                        /* [Mc, H, S] */
   float *part;                             /* [B, H, 2 + 2N] */
   float *part_norm;                        /* [B, H, P] */
-  float *chunk_states;                     /* [B, H, ceil(T / 64), P, N] chunked scan backward scratch (or NULL) */
+  float *chunk_scratch;                    /* the chunked scan's scratch (m3k_scan_chunk_scratch; or NULL) */
   float *wcontrib;                         /* [Mc, max(dm, 2N)] */
   float *colsum_scratch;
   float *logits;                           /* lm: [lm_rows, V]; mse: [Mc, od] predictions */
@@ -291,9 +291,9 @@ static void carve_device(backend *be, carver *c) {
   be->dang_head = TAKE_F(c, Mg * H * S);
   be->part = TAKE_F(c, ti * B * H * (2 + 2 * N));
   be->part_norm = TAKE_F(c, ti * B * H * P);
-  const int64_t n_cs = ti * m3k_scan_chunk_states(&be->scan, be->prec, (int32_t)B, be->T, (int32_t)H, (int32_t)P,
-                                                 (int32_t)N);
-  be->chunk_states = n_cs > 0 ? TAKE_F(c, n_cs) : NULL;
+  const int64_t n_cs = m3k_scan_chunk_scratch(&be->scan, be->prec, (int32_t)B, be->T, (int32_t)H, (int32_t)P,
+                                              (int32_t)N, !be->infer);
+  be->chunk_scratch = n_cs > 0 ? TAKE_F(c, n_cs) : NULL;
   const int64_t wc = dm > 2 * N ? dm : 2 * N;
   be->wcontrib = TAKE_F(c, Mg * wc);
   int64_t cs = m3k_colsum_scratch(Mc, (int32_t)(dm > 2 * N ? dm : 2 * N));
@@ -479,7 +479,7 @@ static m3k_scan_args scan_args(const backend *be, int l, int32_t rows, int32_t l
   a.dang_head = be->dang_head;
   a.part = be->part;
   a.part_norm = be->part_norm;
-  a.chunk_states = be->chunk_states;
+  a.chunk_scratch = be->chunk_scratch;
   return a;
 }
 
