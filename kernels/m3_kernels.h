@@ -125,6 +125,10 @@ int m3k_scan_make_plan(int32_t P, int32_t N, int32_t S, int32_t max_smem, m3k_sc
  * this precision is not chunked). */
 int64_t m3k_scan_chunk_scratch(const m3k_scan_plan *plan, int prec, int32_t rows, int32_t len, int32_t H, int32_t P,
                                int32_t N, int backward);
+/* Floats of m3k_scan_args.chunk_states of one layer for windows up to rows x len (0 when the plan's scan
+ * of this precision is not chunked). */
+int64_t m3k_scan_chunk_states(const m3k_scan_plan *plan, int prec, int32_t rows, int32_t len, int32_t H, int32_t P,
+                              int32_t N);
 /* Raises the kernels' dynamic shared-memory limits for a plan (call once, outside capture). */
 cudaError_t m3k_scan_prepare(int prec, const m3k_scan_plan *plan);
 
@@ -153,6 +157,8 @@ typedef struct m3k_scan_args {
   float *part_norm;            /* [rows, H, P]: mixer norm weight partials (=), outproj_norm only */
   float *chunk_scratch;        /* the chunked scan's per-chunk scratch (m3k_scan_chunk_scratch floats, sized for
                                   the backward when it runs); NULL: the SIMT kernels */
+  float *chunk_states;         /* [rows, H, ceil(len / 64), P, N] the state entering each chunk: the chunked
+                                  forward writes it (when not NULL), its backward reads it (required) */
 } m3k_scan_args;
 
 cudaError_t m3k_scan_fwd(cudaStream_t s, int prec, const m3k_scan_plan *plan, const m3k_scan_args *a);

@@ -19,8 +19,7 @@
  *   scaled gradients). Everything else (scalars, cumsums, masks, norms, gate, rotation, angles)
  *   is float32 with the formulas of scan.cu.
  *   Backward (reverse chunk walk; dE = gradient of the state leaving the chunk, float32 in shared
- *   memory; the entering states are recomputed by a forward sweep over the chunks first and kept
- *   in the scratch a.chunk_scratch): with S1 = q ktil^T, S2 = dY x^T, L1 = L o S1, L2 = L o S2,
+ *   memory; the entering states as the forward kept them in a.chunk_states): with S1 = q ktil^T, S2 = dY x^T, L1 = L o S1, L2 = L o S2,
  *     dq_t    = EC_t (dY E)_t + (L2 ktil)_t + gamma_t (dY_t.x_t) k_t
  *     dktil_s = W_s (x dE)_s + (L2^T q)_s,           dk_s = scale_s dktil_s + gamma_s (dY_s.x_s) q_s
  *     dx_s    = W_s (ktil dE^T)_s + (L1^T dY)_s + (gamma_s q_s.k_s + D) dY_s
@@ -34,9 +33,9 @@
  *
  * Pipeline (launchers at the end). Forward: scan_angles_chunked (theta, sequential per pair),
  * scan_prep_chunked (per chunk, in parallel: token scalars, cumsums, masks, q, ktil into the chunk
- * scratch), scan_fwd_chunked_r (the walk). Backward: scan_prep_chunked (the same, plus the gate
- * backward), scan_bwd_chunked (the walk: sweep F stores the entering states, sweep R the products,
- * raw dq / dktil into dbc_head, da into the table), scan_post_chunked (per chunk, in parallel: the
+ * scratch), scan_fwd_chunked_r (the walk; in training it keeps the state entering each chunk in
+ * a.chunk_states). Backward: scan_prep_chunked (the same, plus the gate backward), scan_bwd_chunked
+ * (the reverse walk: the products, raw dq / dktil into dbc_head, da into the table), scan_post_chunked (per chunk, in parallel: the
  * diagonal terms, rotation backward, dscale, the angle shares, B/C bias partials),
  * scan_post_seq_chunked (per (head, row): the angle gradient along the sequence, the scalar chain,
  * the per-(row, head) partials). The walks keep only the work that is sequential over the chunks:
@@ -188,13 +187,13 @@ __host__ __device__ inline size_t carve_r(unsigned char *base, int P, int N, csm
  *   dy     [u][CQ][Pp] bf16: dL/dy after the gate backward; rows >= nb and columns >= P zero
  *   pon    [u][Pp] float: the chunk's mixer-norm weight partials (outproj_norm)
  *   pbc    [u][2][N] float: the chunk's B_bias, C_bias gradient partials
- *   states [u][P][N] float: the state entering the chunk (sweep F of the backward) */
+ * (the states entering the chunks are not scratch: a.chunk_states, written by the forward walk). */
 enum { TW = 24, T_DEC = 16, T_DA, T_DSCALE, T_DGAM, T_DBP0, T_DTANG, T_DV, TAB_FIELDS = F_DYX + 1 };
 static_assert(TAB_FIELDS <= T_DEC && T_DV < TW && (int)TW >= (int)FW, "table layout"); /* T_DTANG, T_DV: post_seq's own */
 
 struct cviews {
   OT *q, *k, *dy;
-  float *tab, *pon, *pbc, *states;
+  float *tab, *pon, *pbc;
 };
 
 /* Carves the scratch at base (NULL: only the size); returns its size in floats. */
@@ -213,10 +212,9 @@ __host__ __device__ inline int64_t chunk_views(float *base, int rows, int len, i
     CV(dy, OT, units * CQ * c.Pp);
     CV(pon, float, units * c.Pp);
     CV(pbc, float, units * 2 * N);
-    CV(states, float, units * P * N);
   } else {
     t.dy = NULL;
-    t.pon = t.pbc = t.states = NULL;
+    t.pon = t.pbc = NULL;
   }
 #undef CV
   if (v) *v = t;
@@ -684,11 +682,13 @@ __global__ void __launch_bounds__(CTHREADS) scan_angles_chunked(const m3k_scan_a
     }
     __syncthreads();
     if (tid < S) {
+      float *out = a.theta + (m0 * H + h) * S + tid;
+      const int64_t step = (int64_t)H * S;
 #pragma unroll 4
-      for (int i = 0; i < nb; i++) {
+      for (int i = 0; i < nb; i++, out += step) {
         if (rst[i] != 0) v = 0;
         v = wrap_sum(v, inc[i * S + tid]);
-        a.theta[((m0 + i) * H + h) * S + tid] = v;
+        *out = v;
       }
     }
     __syncthreads();
@@ -700,7 +700,7 @@ __global__ void __launch_bounds__(CTHREADS) scan_angles_chunked(const m3k_scan_a
  * window's last k into fin_k in the forward), for the backward also the gate backward; all into
  * the chunk scratch (see chunk_views). */
 template <typename T, bool BWD>
-__global__ void __launch_bounds__(CTHREADS) scan_prep_chunked(const m3k_scan_args a) {
+__global__ void __launch_bounds__(CTHREADS, 3) scan_prep_chunked(const m3k_scan_args a) {
   extern __shared__ __align__(128) unsigned char smraw[];
   const m3k_dims &d = a.d;
   const int ch = blockIdx.x, h = blockIdx.y, b = blockIdx.z, g = h / d.hpg;
@@ -801,6 +801,7 @@ __global__ void __launch_bounds__(CTHREADS, 2) scan_fwd_chunked_r(const m3k_scan
           }
           wscr[e] = v;
           s.sE[p * cd.lqn + n] = __float2bfloat16_rn(v);
+          if (a.chunk_states && p < P && n < N) a.chunk_states[(bh * nch * P + p) * N + n] = v; /* [nch][P][N] */
         }
         __syncwarp();
         wmma::load_matrix_sync(eacc[j], wscr, 16, wmma::mem_row_major);
@@ -911,8 +912,12 @@ __global__ void __launch_bounds__(CTHREADS, 2) scan_fwd_chunked_r(const m3k_scan
           }
           wmma::store_matrix_sync(escr, eacc[j], 16, wmma::mem_row_major);
           __syncwarp();
-          for (int e = lane; e < 256; e += 32)
-            s.sE[(i0 + (e >> 4)) * cd.lqn + j0 + (e & 15)] = __float2bfloat16_rn(escr[e]);
+          const bool keep = a.chunk_states && ch + 1 < nch;
+          for (int e = lane; e < 256; e += 32) {
+            const int p = i0 + (e >> 4), n = j0 + (e & 15);
+            s.sE[p * cd.lqn + n] = __float2bfloat16_rn(escr[e]);
+            if (keep && p < P && n < N) a.chunk_states[((u + 1) * P + p) * N + n] = escr[e];
+          }
           __syncwarp();
         }
       }
@@ -1041,50 +1046,9 @@ __global__ void __launch_bounds__(CTHREADS, MINB) scan_bwd_chunked(const m3k_sca
   const bool vec = act_vec(d);
   cviews cv;
   chunk_views(a.chunk_scratch, a.rows, a.len, H, P, N, true, &cv);
-  float *states = cv.states + bh * (int64_t)nch * P * N; // [nch][P][N]
+  const float *states = a.chunk_states + bh * (int64_t)nch * P * N; // [nch][P][N], from the forward
 
-  /* ===== sweep F: the state entering every chunk ===== */
-  {
-    const float bp0 = cv.tab[bh * nch * CQ * TW + F_BP];
-    for (int idx = tid; idx < cd.Pp * cd.Np; idx += CTHREADS) {
-      const int p = idx / cd.Np, n = idx - p * cd.Np;
-      float v = 0;
-      if (p < P && n < N) {
-        if (a.in_ssm) v = a.in_ssm[(bh * P + p) * N + n];
-        if (a.in_v && a.in_k) v += bp0 * a.in_v[bh * P + p] * a.in_k[bh * N + n];
-      }
-      s.sEf[p * cd.lfn + n] = v;
-    }
-  }
-  __syncthreads();
-  for (int ch = 0; ch < nch; ch++) {
-    const int t0 = ch * CQ, nb = min(CQ, a.len - t0);
-    const int64_t m0 = (int64_t)b * a.len + t0, u = bh * nch + ch;
-    tab_load(cv.tab + u * CQ * TW, s.sc, F_W + 1, misc);
-    tile_load(s.sk, cd.lqn, cv.k + u * CQ * cd.Np, cd.Np);
-    x_load<T>(a, s.sx, cd, m0, nb, h, vec);
-    cp_wait_all();
-    __syncthreads();
-    for (int idx = tid; idx < CQ * cd.Pp; idx += CTHREADS) {
-      const int i = idx / cd.Pp, p = idx - i * cd.Pp;
-      const float w = i < nb ? s.sc[i * FW + F_W] : 0.0f;
-      s.sxw[i * cd.lqp + p] = __float2bfloat16_rn(w * __bfloat162float(s.sx[i * cd.lqp + p]));
-    }
-    {
-      const float dec = misc[0];
-      for (int idx = tid; idx < cd.Pp * cd.Np; idx += CTHREADS) {
-        const int p = idx / cd.Np, n = idx - p * cd.Np;
-        const float v = s.sEf[p * cd.lfn + n];
-        if (p < P && n < N) states[((int64_t)ch * P + p) * N + n] = v;
-        s.sEf[p * cd.lfn + n] = dec * v;
-      }
-    }
-    __syncthreads();
-    bmm<CM, RM>(s.sEf, cd.lfn, s.sxw, cd.lqp, s.sk, cd.lqn, cd.Pp, cd.Np, CQ, true);
-    __syncthreads();
-  }
-
-  /* ===== sweep R: reverse ===== */
+  /* the chunks in reverse */
   for (int idx = tid; idx < cd.Pp * cd.Np; idx += CTHREADS) {
     const int p = idx / cd.Np, n = idx - p * cd.Np;
     s.sEf[p * cd.lfn + n] = 0; /* dE: nothing flows from the final state */
@@ -1481,13 +1445,15 @@ __global__ void __launch_bounds__(CTHREADS) scan_post_seq_chunked(const m3k_scan
     cp_wait_all();
     __syncthreads();
     if (tid < S) {
+      const int64_t step = (int64_t)H * S;
+      float *out = a.dang_head + ((m0 + nb - 1) * H + h) * S + tid;
 #pragma unroll 4
-      for (int i = nb - 1; i >= 0; i--) {
+      for (int i = nb - 1; i >= 0; i--, out -= step) {
         const float *t = st + i * TW;
         D += s.dth[i * S + tid];
         const float ta = s.th[i * S + tid];
         s.dth[i * S + tid] = PI_F * D * ta;
-        a.dang_head[((m0 + i) * H + h) * S + tid] = PI_F * D * t[F_DT] * (1 - ta * ta);
+        *out = PI_F * D * t[F_DT] * (1 - ta * ta);
         if (t[F_RST] != 0) D = 0;
       }
     }
@@ -1606,7 +1572,7 @@ cudaError_t m3k_chunked_fwd(cudaStream_t s, int prec, const m3k_scan_plan *plan,
   return cudaGetLastError();
 }
 
-/* Backward: the per-chunk preparation (with the gate backward), the walk (two sweeps), the per-token
+/* Backward: the per-chunk preparation (with the gate backward), the reverse walk, the per-token
  * finish, then the scalars along the sequence. */
 template <typename T> static void chunked_bwd(cudaStream_t s, const m3k_scan_plan *plan, const m3k_scan_args &a) {
   const dim3 chunks((a.len + CQ - 1) / CQ, a.d.H, a.rows), walks(a.d.H, a.rows);

@@ -117,6 +117,7 @@ struct backend {
   float *part;                             /* [B, H, 2 + 2N] */
   float *part_norm;                        /* [B, H, P] */
   float *chunk_scratch;                    /* the chunked scan's scratch (m3k_scan_chunk_scratch; or NULL) */
+  float *chunk_states;                     /* per layer: the state entering each chunk (training; or NULL) */
   float *wcontrib;                         /* [Mc, max(dm, 2N)] */
   float *colsum_scratch;
   float *logits;                           /* lm: [lm_rows, V]; mse: [Mc, od] predictions */
@@ -294,6 +295,9 @@ static void carve_device(backend *be, carver *c) {
   const int64_t n_cs = m3k_scan_chunk_scratch(&be->scan, be->prec, (int32_t)B, be->T, (int32_t)H, (int32_t)P,
                                               (int32_t)N, !be->infer);
   be->chunk_scratch = n_cs > 0 ? TAKE_F(c, n_cs) : NULL;
+  const int64_t n_st = ti * m3k_scan_chunk_states(&be->scan, be->prec, (int32_t)B, be->T, (int32_t)H, (int32_t)P,
+                                                 (int32_t)N);
+  be->chunk_states = n_st > 0 ? TAKE_F(c, L * slice(n_st)) : NULL;
   const int64_t wc = dm > 2 * N ? dm : 2 * N;
   be->wcontrib = TAKE_F(c, Mg * wc);
   int64_t cs = m3k_colsum_scratch(Mc, (int32_t)(dm > 2 * N ? dm : 2 * N));
@@ -374,6 +378,12 @@ static float *bc_hat_l(const backend *be, int l) { return be->bc_hat + lslot(be,
 static float *bc_rstd_l(const backend *be, int l) { return be->bc_rstd + lslot(be, l) * slice(be->Mc * 2 * be->d->G); }
 static float *theta_l(const backend *be, int l) { return be->theta + lslot(be, l) * slice(be->Mc * be->d->H * be->d->S); }
 static float *y_l(const backend *be, int l) { return be->y + lslot(be, l) * slice(be->Mc * be->d->E); }
+static float *chunk_states_l(const backend *be, int l) {
+  if (!be->chunk_states) return NULL;
+  const m3_dims *d = be->d;
+  return be->chunk_states + l * slice(m3k_scan_chunk_states(&be->scan, be->prec, (int32_t)be->B, be->T, (int32_t)d->H,
+                                                             (int32_t)d->P, (int32_t)d->N));
+}
 static float *y_rstd_l(const backend *be, int l) {
   return be->d->outproj_norm ? be->y_rstd + lslot(be, l) * slice(be->Mc * be->d->H) : be->y_rstd;
 }
@@ -480,6 +490,7 @@ static m3k_scan_args scan_args(const backend *be, int l, int32_t rows, int32_t l
   a.part = be->part;
   a.part_norm = be->part_norm;
   a.chunk_scratch = be->chunk_scratch;
+  a.chunk_states = chunk_states_l(be, l);
   return a;
 }
 
