@@ -404,31 +404,44 @@ __device__ __forceinline__ unit_kq unit_make(const unit_raw &w, const float *sbk
   return r;
 }
 
-/* Calls body(unit_kq, u) for the units u = lane, lane + 32, ... of local token i (position m),
- * loading up to 4 units per lane before using them. th: [CQ][S] angles of the chunk. */
-template <int UD = 4, typename F>
-__device__ __forceinline__ void for_units(const m3k_scan_args &a, const csmem &s, const float *th, int64_t m, int g,
-                                          int i, F body) {
+/* Calls body(unit_kq, u, pre(u)) for the units u = lane, lane + 32, ... of local token i (position
+ * m), loading up to 4 units per lane (and the caller's pre(u) loads) before using them. th: [CQ][S]
+ * angles of the chunk. */
+template <int UD = 4, typename L, typename F>
+__device__ __forceinline__ void for_units_pre(const m3k_scan_args &a, const csmem &s, const float *th, int64_t m,
+                                              int g, int i, L pre, F body) {
   const int lane = threadIdx.x & 31, N = a.d.N, S = a.d.S, U = N - S;
   const float *bk = a.bc_hat + ((m * 2 + 0) * a.d.G + g) * N; // [N] B_hat
   const float *bq = a.bc_hat + ((m * 2 + 1) * a.d.G + g) * N; // [N] C_hat
   for (int u0 = lane; u0 < U; u0 += 32 * UD) {
     unit_raw w[UD];
     float tv[UD];
+    decltype(pre(0)) x[UD];
 #pragma unroll
     for (int j = 0; j < UD; j++) {
       const int u = u0 + 32 * j;
       if (u < U) {
         w[j] = unit_load(bk, bq, u, S);
         tv[j] = u < S ? th[i * S + u] : 0.0f;
+        x[j] = pre(u);
       }
     }
 #pragma unroll
     for (int j = 0; j < UD; j++) {
       const int u = u0 + 32 * j;
-      if (u < U) body(unit_make(w[j], s.sbk, s.sbq, u, S, tv[j]), u);
+      if (u < U) body(unit_make(w[j], s.sbk, s.sbq, u, S, tv[j]), u, x[j]);
     }
   }
+}
+
+/* for_units_pre without caller loads: body(unit_kq, u). */
+struct no_pre {
+  __device__ int operator()(int) const { return 0; }
+};
+template <int UD = 4, typename F>
+__device__ __forceinline__ void for_units(const m3k_scan_args &a, const csmem &s, const float *th, int64_t m, int g,
+                                          int i, F body) {
+  for_units_pre<UD>(a, s, th, m, g, i, no_pre(), [&](const unit_kq &r, int u, int) { body(r, u); });
 }
 
 /* q (bf16, if want_q), ktil (bf16), q.k (float32) of the chunk, warp per token; rows >= nb and
@@ -675,7 +688,7 @@ __global__ void __launch_bounds__(CTHREADS) scan_angles_chunked(const m3k_scan_a
       rst[i] = a.resets && a.resets[m0 + i] ? 1.0f : 0.0f;
     }
     __syncthreads();
-#pragma unroll 4
+#pragma unroll 8
     for (int idx = tid; idx < nb * S; idx += CTHREADS) {
       const int i = idx / S, j = idx - i * S;
       inc[idx] = PI_F * tanhf(ldact(proj + (m0 + i) * d.dipp + d.ang_off + j)) * dt[i];
@@ -1367,10 +1380,16 @@ __global__ void __launch_bounds__(CTHREADS) scan_post_chunked(const m3k_scan_arg
     const float sc = s.sc[i * FW + F_SCALE], gd = s.sc[i * FW + F_GAM] * s.sc[i * FW + F_DYX];
     float *fk = a.dbc_head + ((mi * H + h) * 2 + 0) * N, *fq = fk + N;
     float ds = 0;
-    for_units(a, s, s.th, mi, g, i, [&](const unit_kq &r, int un) {
+    /* the raw dq, dktil of the unit, loaded with its B/C values */
+    const auto raw = [&](int un) {
+      const int n0 = unit_col(un, S);
+      const bool pair = un < S;
+      return make_float4(fq[n0], pair ? fq[n0 + 1] : 0.0f, fk[n0], pair ? fk[n0 + 1] : 0.0f);
+    };
+    for_units_pre(a, s, s.th, mi, g, i, raw, [&](const unit_kq &r, int un, float4 f) {
       if (r.pair) {
-        const float q0 = fq[r.n0] + gd * r.k0, q1 = fq[r.n0 + 1] + gd * r.k1;
-        const float e0 = fk[r.n0], e1 = fk[r.n0 + 1];
+        const float q0 = f.x + gd * r.k0, q1 = f.y + gd * r.k1;
+        const float e0 = f.z, e1 = f.w;
         ds += e0 * r.k0 + e1 * r.k1;
         const float k0 = sc * e0 + gd * r.q0, k1 = sc * e1 + gd * r.q1;
         const float oq0 = r.cs * q0 + r.sn * q1, oq1 = -r.sn * q0 + r.cs * q1;
@@ -1385,8 +1404,8 @@ __global__ void __launch_bounds__(CTHREADS) scan_post_chunked(const m3k_scan_arg
         pw[N + r.n0 + 1] += oq1;
         a.dthq[(mi * H + h) * S + un] = (-q0 * r.q1 + q1 * r.q0) + (-k0 * r.k1 + k1 * r.k0);
       } else {
-        const float oq = fq[r.n0] + gd * r.k0;
-        const float e0 = fk[r.n0];
+        const float oq = f.x + gd * r.k0;
+        const float e0 = f.z;
         ds += e0 * r.k0;
         const float ok = sc * e0 + gd * r.q0;
         fq[r.n0] = oq;
@@ -1436,7 +1455,7 @@ __global__ void __launch_bounds__(CTHREADS) scan_post_seq_chunked(const m3k_scan
     const int64_t m0 = (int64_t)b * a.len + t0;
     const float *tab = tab_row + (int64_t)t0 * TW;
     for (int idx = tid; idx < nb * (TW / 4); idx += CTHREADS) cp16(st + idx * 4, tab + idx * 4);
-#pragma unroll 4
+#pragma unroll 8
     for (int idx = tid; idx < nb * S; idx += CTHREADS) {
       const int i = idx / S, j = idx - i * S;
       s.th[idx] = tanhf(ldact(proj + (m0 + i) * d.dipp + d.ang_off + j));
