@@ -111,9 +111,10 @@ typedef struct m3k_scan_plan {
   int32_t sb;         /* backward: tokens per sub-block of the over-p reductions */
   int32_t smem_fwd, smem_bwd; /* dynamic shared memory bytes */
   /* The chunked tensor-core scan (scan_chunked.cu) of the 16-bit precisions: 1 when its shared
-   * memory fits (P, N) and P x N >= 1024 (environment M3_SCAN_CHUNK_MIN_STATE overrides the
-   * threshold, M3_SCAN_SIMT=1 turns it off); f32, and plans where it is 0, use the SIMT kernels. */
-  int32_t chunked;
+   * memory fits (P, N) (M3_SCAN_SIMT=1 turns it off); f32, and plans where it is 0, use the SIMT
+   * kernels. A window takes it when it spans more than one 64-token chunk, or when P x N >=
+   * chunk_min_state (1024; environment M3_SCAN_CHUNK_MIN_STATE overrides it). */
+  int32_t chunked, chunk_min_state;
   int32_t smem_cfwd, smem_cbwd, smem_cprep, smem_cpost; /* the walks, the per-chunk and post kernels */
 } m3k_scan_plan;
 

@@ -958,17 +958,15 @@ extern "C" int m3k_scan_make_plan(int32_t P, int32_t N, int32_t S, int32_t max_s
   }
   p.smem_fwd = (int32_t)(fwd_smem_floats(make_geo(p.pth, p.nth, p.tb_fwd, 1), Pp, Np, S) * 4);
   p.smem_bwd = (int32_t)(bwd_smem_floats(make_geo(p.pth, p.nth, p.tb_bwd, p.sb), Pp, Np, S, nw) * 4);
-  /* The chunked tensor-core scan (16-bit precisions) where its tiles fit in shared memory and the
-   * state is large enough for it to win: measured on the H200 (NOTES.md run 7), the SIMT kernel is
-   * faster at P x N = 256 (rl, rl-batch), the chunked one at 2048 (mid) and 8192 (lm130).
-   * M3_SCAN_CHUNK_MIN_STATE overrides the P x N threshold (the GPU tests set 0), M3_SCAN_SIMT
-   * turns the chunked scan off. */
+  /* The chunked tensor-core scan (16-bit precisions) where its tiles fit in shared memory; which
+   * windows take it: takes_chunked. M3_SCAN_CHUNK_MIN_STATE overrides the P x N threshold (the GPU
+   * tests set 0), M3_SCAN_SIMT turns the chunked scan off. */
   const int64_t cf = m3k_chunked_smem(M3K_CHUNKED_FWD, P, N, S), cb = m3k_chunked_smem(M3K_CHUNKED_BWD, P, N, S);
   const int64_t cp = m3k_chunked_smem(M3K_CHUNKED_PREP, P, N, S), cq = m3k_chunked_smem(M3K_CHUNKED_POST, P, N, S);
   const char *min_state = getenv("M3_SCAN_CHUNK_MIN_STATE");
   const int64_t min_pn = min_state ? atoll(min_state) : 1024;
-  p.chunked = cf <= max_smem && cb <= max_smem && cp <= max_smem && cq <= max_smem && (int64_t)P * N >= min_pn &&
-              getenv("M3_SCAN_SIMT") == NULL;
+  p.chunked = cf <= max_smem && cb <= max_smem && cp <= max_smem && cq <= max_smem && getenv("M3_SCAN_SIMT") == NULL;
+  p.chunk_min_state = (int32_t)(min_pn < 0 ? 0 : min_pn > INT32_MAX ? INT32_MAX : min_pn);
   p.smem_cfwd = p.chunked ? (int32_t)cf : 0;
   p.smem_cbwd = p.chunked ? (int32_t)cb : 0;
   p.smem_cprep = p.chunked ? (int32_t)cp : 0;
@@ -1014,10 +1012,14 @@ extern "C" cudaError_t m3k_scan_prepare(int prec, const m3k_scan_plan *plan) {
   return e;
 }
 
-/* A window of one token (a decode step) never takes the chunked kernels (the forward has scan_step.cu,
- * the backward the SIMT kernel): they would spend a whole 64-token tile on it. */
+/* Which 16-bit windows take the chunked kernels (H200, NOTES.md): at P x N = 256 the SIMT kernel wins
+ * on one-chunk windows (rl, B 1 x T 32: 0.409 vs 0.432 ms per step; the chunked scan's extra launches)
+ * and loses on longer ones (rl-batch, B 16 x T 256: 2.206 vs 1.832 ms); from P x N = 2048 (mid) the
+ * chunked one wins. A window of one token (a decode step) never takes them (the forward has
+ * scan_step.cu, the backward the SIMT kernel): they would spend a whole 64-token tile on it. */
 static bool takes_chunked(int prec, const m3k_scan_plan *plan, const m3k_scan_args *a) {
-  return prec != M3K_F32 && plan->chunked && a->len > 1 && a->chunk_scratch;
+  const bool worth = a->len > 64 || (int64_t)a->d.P * a->d.N >= plan->chunk_min_state;
+  return prec != M3K_F32 && plan->chunked && a->len > 1 && a->chunk_scratch && worth;
 }
 
 extern "C" cudaError_t m3k_scan_fwd(cudaStream_t s, int prec, const m3k_scan_plan *plan, const m3k_scan_args *a) {
