@@ -328,21 +328,7 @@ __global__ void __launch_bounds__(512) scan_fwd_kernel(const m3k_scan_args a, co
           ss += y * y;
         }
       }
-      float rn = 1;
-      if (d.outproj_norm) {
-        ss = warp_sum(ss);
-        rn = 1.0f / sqrtf(ss / (float)P + 1e-5f);
-        if (lane == 0) a.y_rstd[mi * H + h] = rn;
-      }
-#pragma unroll
-      for (int k = 0; k < 4; k++) {
-        const int p = lane + 32 * k;
-        if (p < P) {
-          const float z = s.zbuf[i * Pp + p];
-          const float yn = d.outproj_norm ? yv[k] * rn * a.out_norm[(int64_t)h * P + p] : yv[k];
-          gated[mi * E + (int64_t)h * P + p] = from_f<T>(yn * (z * sigmoidf_(z)));
-        }
-      }
+      warp_norm_gate<T>(a, mi, h, yv, ss, s.zbuf + i * Pp, gated + mi * E + (int64_t)h * P);
     }
     /* the block's last token becomes the previous token of the next block */
     for (int n = tid; n < Np; n += nthreads) s.kbuf[n] = s.kbuf[nb * Np + n];

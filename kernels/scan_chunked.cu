@@ -111,12 +111,14 @@ __host__ __device__ inline size_t cs_take(size_t &off, size_t bytes) {
   return o;
 }
 
+/* The carves below: CT(field, type, n) takes n elements for t.field (128-byte aligned). */
+#define CT(field, type, n) t.field = (type *)(base + cs_take(off, (size_t)(n) * sizeof(type)))
+
 /* Carves the backward's shared memory (base NULL: only the size). */
 __host__ __device__ inline size_t carve_c(unsigned char *base, int P, int N, csmem *m) {
   const cdims c = make_cdims(P, N);
   size_t off = 0;
   csmem t = {};
-#define CT(field, type, n) t.field = (type *)(base + cs_take(off, (size_t)(n) * sizeof(type)))
   CT(sq, OT, CQ * c.lqn);
   CT(sk, OT, CQ * c.lqn);
   CT(sx, OT, CQ * c.lqp);
@@ -139,7 +141,6 @@ __host__ __device__ inline size_t carve_c(unsigned char *base, int P, int N, csm
   CT(sc, float, (CQ + 1) * FW);
   CT(red, float, 32);
   CT(misc, float, 8);
-#undef CT
   if (m) *m = t;
   return off + 128;
 }
@@ -159,7 +160,6 @@ __host__ __device__ inline size_t carve_r(unsigned char *base, int P, int N, csm
   const cdims c = make_cdims(P, N);
   size_t off = 0;
   csmem t = {};
-#define CT(field, type, n) t.field = (type *)(base + cs_take(off, (size_t)(n) * sizeof(type)))
   CT(sq, OT, CQ * c.lqn);
   CT(sk, OT, CQ * c.lqn);
   CT(sx, OT, CQ * c.lqp); /* x, then (after Y) W x in place */
@@ -172,7 +172,6 @@ __host__ __device__ inline size_t carve_r(unsigned char *base, int P, int N, csm
   }
   CT(sc, float, (CQ + 1) * FW);
   CT(misc, float, 8);
-#undef CT
   if (m) *m = t;
   return off + 128;
 }
@@ -226,7 +225,6 @@ __host__ __device__ inline size_t carve_p(unsigned char *base, int P, int N, int
   const cdims c = make_cdims(P, N);
   size_t off = 0;
   csmem t = {};
-#define CT(field, type, n) t.field = (type *)(base + cs_take(off, (size_t)(n) * sizeof(type)))
   CT(sq, OT, CQ * c.lqn);
   CT(sk, OT, CQ * c.lqn);
   CT(th, float, CQ * S + 1);
@@ -236,10 +234,28 @@ __host__ __device__ inline size_t carve_p(unsigned char *base, int P, int N, int
   CT(kl, float, c.Np);
   CT(pOn, float, CWARPS * c.Pp);
   CT(misc, float, 8);
-#undef CT
   if (m) *m = t;
   return off + 128;
 }
+
+/* Shared memory of scan_post_chunked (rows = CQ; th: theta of the chunk) and scan_post_seq_chunked
+ * (rows = seq_block(S); th: tanh of the angle logits, dth: the angle gradient, sc: table rows). */
+__host__ __device__ inline size_t carve_post(unsigned char *base, int N, int S, int rows, csmem *m) {
+  const cdims c = make_cdims(16, N);
+  size_t off = 0;
+  csmem t = {};
+  CT(th, float, rows * S + 1);
+  CT(dth, float, rows * S + 1);
+  CT(sbk, float, c.Np);
+  CT(sbq, float, c.Np);
+  CT(sc, float, (rows + 1) * TW); /* TW >= FW: holds either layout */
+  CT(pbw, float, CWARPS * 2 * N);
+  CT(red, float, 32);
+  CT(misc, float, 8);
+  if (m) *m = t;
+  return off + 128;
+}
+#undef CT
 
 /* ---- tensor-core block product -------------------------------------------------------------------- */
 
@@ -1326,25 +1342,6 @@ __global__ void __launch_bounds__(CTHREADS, MINB) scan_bwd_chunked(const m3k_sca
 
 /* ---- after the backward walk: the per-token finish, in parallel, then along the sequence ------------------ */
 
-/* Shared memory of scan_post_chunked (rows = CQ; th: theta of the chunk) and scan_post_seq_chunked
- * (rows = seq_block(S); th: tanh of the angle logits, dth: the angle gradient, sc: table rows). */
-__host__ __device__ inline size_t carve_post(unsigned char *base, int N, int S, int rows, csmem *m) {
-  const cdims c = make_cdims(16, N);
-  size_t off = 0;
-  csmem t = {};
-#define CT(field, type, n) t.field = (type *)(base + cs_take(off, (size_t)(n) * sizeof(type)))
-  CT(th, float, rows * S + 1);
-  CT(dth, float, rows * S + 1);
-  CT(sbk, float, c.Np);
-  CT(sbq, float, c.Np);
-  CT(sc, float, (rows + 1) * TW); /* TW >= FW: holds either layout */
-  CT(pbw, float, CWARPS * 2 * N);
-  CT(red, float, 32);
-  CT(misc, float, 8);
-#undef CT
-  if (m) *m = t;
-  return off + 128;
-}
 
 /* One CTA per (chunk, head, row), warp per token: from the walk's raw dq (C slot of dbc_head) and dktil
  * (B slot): the diagonal term, dscale = dktil.k, dk = scale dktil + gamma (dY.x) q, the rotation backward

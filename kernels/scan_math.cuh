@@ -95,6 +95,31 @@ __device__ __forceinline__ void rot_unit(const m3k_scan_args &a, int64_t m, int 
   }
 }
 
+/* The end of one token's scan output for one head, held by a warp: yv[k] = y at p = lane + 32 k
+ * (P <= 128), ss = the lane's sum of y^2. The mixer norm (outproj_norm: y_rstd of position m) and
+ * the gate: gated[p] = norm(y)_p silu(z[p]) (z: the token's z values, float32). */
+template <typename T>
+__device__ __forceinline__ void warp_norm_gate(const m3k_scan_args &a, int64_t m, int h, const float yv[4], float ss,
+                                               const float *z, T *gated) {
+  const m3k_dims &d = a.d;
+  const int lane = threadIdx.x & 31, P = d.P;
+  float rn = 1;
+  if (d.outproj_norm) {
+    ss = warp_sum(ss);
+    rn = 1.0f / sqrtf(ss / (float)P + 1e-5f);
+    if (lane == 0) a.y_rstd[m * d.H + h] = rn;
+  }
+#pragma unroll
+  for (int k = 0; k < 4; k++) {
+    const int p = lane + 32 * k;
+    if (p < P) {
+      const float zp = z[p];
+      const float yn = d.outproj_norm ? yv[k] * rn * a.out_norm[(int64_t)h * P + p] : yv[k];
+      gated[p] = from_f<T>(yn * (zp * sigmoidf_(zp)));
+    }
+  }
+}
+
 /* ---- the chunked scan (scan_chunked.cu) ---------------------------------------------------------- */
 
 /* Dynamic shared memory of a chunked kernel for (P, N, S) (INT64_MAX: the forward walk does not apply). */

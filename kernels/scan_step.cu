@@ -192,21 +192,7 @@ __global__ void __launch_bounds__(STEP_THREADS, 3) scan_step_kernel(const m3k_sc
         ss += yv[k] * yv[k];
       }
     }
-    float rn = 1;
-    if (d.outproj_norm) {
-      ss = warp_sum(ss);
-      rn = 1.0f / sqrtf(ss / (float)P + 1e-5f);
-      if (lane == 0) a.y_rstd[m * H + h] = rn;
-    }
-#pragma unroll
-    for (int k = 0; k < 4; k++) {
-      const int p = lane + 32 * k;
-      if (p < P) {
-        const float z = s_z[p];
-        const float yn = d.outproj_norm ? yv[k] * rn * a.out_norm[(int64_t)h * P + p] : yv[k];
-        gated[p] = from_f<T>(yn * (z * sigmoidf_(z)));
-      }
-    }
+    warp_norm_gate<T>(a, m, h, yv, ss, s_z, gated);
   }
 }
 
