@@ -113,6 +113,30 @@ describe("m3.infer", function()
     assert.is_nil(l2)
   end)
 
+  it("writes into the caller's out and logits tensors, and refuses ones of another shape", function()
+    local cfg = m3.config(helper.tokens_lm())
+    local w = m3.weights.init(cfg, { seed = 3 })
+    local x = helper.randint(helper.rng(5), { 2, 6 }, 13)
+    local fresh_out, fresh_logits = m3.infer(w, { device = "cpu", batch = 2 }):step(x)
+    local inf = m3.infer(w, { device = "cpu", batch = 2 })
+    local out, logits = m3.tensor({ 2, 6, 16 }), m3.tensor({ 2, 13 })
+    for i = 0, #logits - 1 do logits[i] = 0 / 0 end -- every element must be overwritten
+    local o, l = inf:step(x, { out = out, logits = logits })
+    assert.equal(out, o)
+    assert.equal(logits, l)
+    assert.is_true(same(out, fresh_out))
+    assert.is_true(same(logits, fresh_logits))
+    local before = inf:states()
+    assert.matches("step: opts.logits: expected true, false or an f32 %[2, 13%] tensor, got f64",
+      helper.error_of(inf.step, inf, x, { logits = m3.tensor({ 2, 13 }, "f64") }))
+    assert.matches("step: opts.out: expected true, false or an f32 %[2, 6, 16%] tensor",
+      helper.error_of(inf.step, inf, x, { out = m3.tensor({ 2, 5, 16 }) }))
+    assert.is_true(helper.same_states(inf:states(), before), "a refused step leaves the state")
+    local plain = m3.infer(m3.weights.init(m3.config(helper.features_none()), { seed = 1 }), { device = "cpu", batch = 2 })
+    assert.matches("step: opts.logits: the model's head is \"none\", it has no logits",
+      helper.error_of(plain.step, plain, helper.randn(helper.rng(2), { 2, 3, 5 }), { logits = m3.tensor({ 2, 13 }) }))
+  end)
+
   it("steps fewer rows than its batch, resets rows and honours resets", function()
     local cfg = m3.config(helper.tokens_lm())
     local w = m3.weights.init(cfg, { seed = 6 })

@@ -91,7 +91,7 @@ m3.infer(weights | trainer | path, {device = "auto", dtype = "f32", batch = 1, m
 methods: step reset states set_states generate info device dtype batch close
   inf:set_states(tr:states()) hands a trainer's state over (same batch). See ?m3.pytorch.]]
 local infer_methods = {
-  step = "inf:step(tokens | {tokens =, resets =} | input, {out = true, logits = true}) -> out, logits\n  out [B,T,d_model]; logits [B,vocab] of the last position (\"lm\"); carries the state",
+  step = "inf:step(tokens | {tokens =, resets =} | input, {out = true, logits = true}) -> out, logits\n  out [B,T,d_model]; logits [B,vocab] of the last position (\"lm\"); carries the state.\n  out / logits = false: not copied; = an f32 tensor of that shape: written into it (reuse a buffer)",
   reset = "inf:reset(rows?)  zero the state (all rows or 0-based rows)",
   states = "inf:states() -> {{angle =, ssm =, k =, v =}, ...}  the trainer's format",
   set_states = "inf:set_states(s)  e.g. inf:set_states(tr:states())",

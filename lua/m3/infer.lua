@@ -155,9 +155,23 @@ end
 
 local STEP_OPTS = { out = true, logits = true }
 
+-- Where step writes one of its results: nil or true: a new tensor; false: nowhere; a tensor: the
+-- caller's, f32 of exactly that shape, overwritten (a buffer reused across steps allocates nothing).
+local function destination(v, shape, what)
+  if v == nil or v == true then return tensor(shape) end
+  if v == false then return nil end
+  if tensor.is(v) and v:dtype() == "f32" and v.ndim_ == #shape then
+    local same = true
+    for i = 1, #shape do same = same and v.dims_[i - 1] == shape[i] end
+    if same then return v end
+  end
+  raise(string.format("%s: expected true, false or an f32 %s tensor, got %s", what, tensor.format_shape(shape),
+    describe(v)))
+end
+
 -- One token or a whole prompt for rows [0, B): out [B, T, d_model] and, for "lm" models, the
--- last position's logits [B, vocab]. opts.out = false / opts.logits = false skip the copies
--- (the logits then stay on the device).
+-- last position's logits [B, vocab]. opts.out / opts.logits: false skips the copy (the logits
+-- then stay on the device), a tensor of that shape receives it (see destination).
 function I:step(batch, opts)
   local p = live(self)
   if opts ~= nil and type(opts) ~= "table" then raise("step: opts must be a table, got " .. type(opts)) end
@@ -165,8 +179,13 @@ function I:step(batch, opts)
   options.check_keys(opts, STEP_OPTS, "step")
   local t, resets = step_input(self, batch, "step")
   local B, T_ = t.dims_[0], t.dims_[1]
-  local out = opts.out ~= false and tensor({ B, T_, self.config.d_model }) or nil
-  local logits = opts.logits ~= false and self.config.head == "lm" and tensor({ B, self.config.vocab_size }) or nil
+  local out = destination(opts.out, { B, T_, self.config.d_model }, "step: opts.out")
+  local logits = nil
+  if self.config.head == "lm" then
+    logits = destination(opts.logits, { B, self.config.vocab_size }, "step: opts.logits")
+  elseif tensor.is(opts.logits) then
+    raise("step: opts.logits: the model's head is " .. show(self.config.head) .. ", it has no logits")
+  end
   run(self, p, t, resets, out and out.data, logits and logits.data)
   return out, logits
 end
