@@ -389,6 +389,22 @@ describe("m3.infer on CUDA #gpu", function()
     end)
   end
 
+  it("runs prompts longer than one chunk (the chunked scan in bf16) like the CPU and token by token", function()
+    if not helper.need_gpu(pending) then return end
+    local cfg = m3.config(helper.tokens_lm({ d_model = 32, d_state = 16, headdim = 16 }))
+    local w = m3.weights.init(cfg, { seed = 22 })
+    local x = helper.randint(helper.rng(23), { 2, 150 }, 13)
+    local out, logits = m3.infer(w, { device = "cuda", dtype = "bf16", batch = 2 }):step(x)
+    local cpu_out, cpu_logits = m3.infer(w, { device = "cpu", batch = 2 }):step(x)
+    assert.is_true(helper.rel_l2(out, cpu_out) <= 2e-2, "vs CPU " .. helper.rel_l2(out, cpu_out))
+    assert.is_true(helper.rel_l2(logits, cpu_logits) <= 2e-2)
+    local o, l = token_by_token(m3.infer(w, { device = "cuda", dtype = "bf16", batch = 2 }), x)
+    assert.is_true(helper.rel_l2(o, out) <= 2e-2)
+    assert.is_true(helper.rel_l2(l, logits) <= 2e-2)
+    local pieces = m3.infer(w, { device = "cuda", dtype = "bf16", batch = 2, max_len = 70 })
+    assert.is_true(helper.rel_l2(pieces:step(x), out) <= 2e-2)
+  end)
+
   it("generates deterministically and takes a CUDA trainer's state", function()
     if not helper.need_gpu(pending) then return end
     local cfg = m3.config(helper.tokens_lm({ d_model = 32, d_state = 16, headdim = 16 }))
