@@ -983,7 +983,7 @@ extern "C" int64_t m3k_scan_chunk_scratch(const m3k_scan_plan *plan, int prec, i
 extern "C" int64_t m3k_scan_chunk_states(const m3k_scan_plan *plan, int prec, int32_t rows, int32_t len, int32_t H,
                                          int32_t P, int32_t N) {
   if (prec == M3K_F32 || !plan->chunked) return 0;
-  return (int64_t)rows * H * ((len + 63) / 64) * P * N;
+  return (int64_t)rows * H * ((len + M3K_CHUNK - 1) / M3K_CHUNK) * P * N;
 }
 
 extern "C" cudaError_t m3k_scan_prepare(int prec, const m3k_scan_plan *plan) {
@@ -1004,7 +1004,7 @@ extern "C" cudaError_t m3k_scan_prepare(int prec, const m3k_scan_plan *plan) {
  * chunked one wins. A window of one token (a decode step) never takes them (the forward has
  * scan_step.cu, the backward the SIMT kernel): they would spend a whole 64-token tile on it. */
 static bool takes_chunked(int prec, const m3k_scan_plan *plan, const m3k_scan_args *a) {
-  const bool worth = a->len > 64 || (int64_t)a->d.P * a->d.N >= plan->chunk_min_state;
+  const bool worth = a->len > M3K_CHUNK || (int64_t)a->d.P * a->d.N >= plan->chunk_min_state;
   return prec != M3K_F32 && plan->chunked && a->len > 1 && a->chunk_scratch && worth;
 }
 

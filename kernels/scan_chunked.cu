@@ -57,7 +57,7 @@ using namespace nvcuda;
 
 typedef __nv_bfloat16 OT; /* tensor-core operand type */
 
-enum { CQ = 64, CTHREADS = 256, CWARPS = 8 };
+enum { CQ = M3K_CHUNK, CTHREADS = 256, CWARPS = 8 };
 
 /* per-token scalar table: sc[i * FW + F_x], i < CQ + 1 (slot CQ... unused; slot nb = next token) */
 enum { F_A = 0, F_GAM, F_BP, F_DT, F_RST, F_LAM, F_AA, F_DSP, F_DAD, F_C, F_SEG, F_EC, F_SCALE, F_W, F_QK, F_DYX,
@@ -667,6 +667,24 @@ template <typename T> __device__ __forceinline__ void st8(T *p, const float *v) 
   *(uint4 *)p = r;
 }
 
+/* Per row i of the float32 tile F (a row per warp): with c = sc[i][fc] (0 past nb), F_i <- c F_i and
+ * sc[i][fo] = c (F_i . X_i) for i < nb, the dot over the row's w columns with the bf16 tile X. */
+__device__ __forceinline__ void scale_rows_dot(float *F, int ldf, const OT *X, int ldx, int w, float *sc, int nb, int fc,
+                                               int fo) {
+  const int lane = threadIdx.x & 31;
+  for (int i = threadIdx.x >> 5; i < CQ; i += CWARPS) {
+    const float c = i < nb ? sc[i * FW + fc] : 0.0f;
+    float r = 0;
+    for (int n = lane; n < w; n += 32) {
+      const float v = F[i * ldf + n];
+      r += v * __bfloat162float(X[i * ldx + n]);
+      F[i * ldf + n] = c * v;
+    }
+    r = warp_sum(r);
+    if (lane == 0 && i < nb) sc[i * FW + fo] = c * r;
+  }
+}
+
 /* dst[i * ld_dst + n] = src[i * ld + n] for rows i < nb, n < N (float32, a row per warp). */
 __device__ __forceinline__ void rows_out(float *dst, int64_t ld_dst, const float *src, int ld, int nb, int N) {
   const int lane = threadIdx.x & 31;
@@ -1209,17 +1227,7 @@ __global__ void __launch_bounds__(CTHREADS, MINB) scan_bwd_chunked(const m3k_sca
     /* 6. dq = EC (dY E) + L2 ktil (+ diagonal); r_t */
     bmm<RM, RM>(sF, cd.lfn, s.sxw, cd.lqp, s.sE, cd.lqn, CQ, cd.Np, cd.Pp, false);
     __syncthreads();
-    for (int i = wid; i < CQ; i += CWARPS) {
-      const float ec = i < nb ? s.sc[i * FW + F_EC] : 0.0f;
-      float r = 0;
-      for (int n = lane; n < cd.Np; n += 32) {
-        const float v = sF[i * cd.lfn + n];
-        r += v * __bfloat162float(s.sq[i * cd.lqn + n]);
-        sF[i * cd.lfn + n] = ec * v;
-      }
-      r = warp_sum(r);
-      if (lane == 0 && i < nb) s.sc[i * FW + F_R] = ec * r;
-    }
+    scale_rows_dot(sF, cd.lfn, s.sq, cd.lqn, cd.Np, s.sc, nb, F_EC, F_R);
     __syncthreads();
     bmm<RM, RM>(sF, cd.lfn, s.sL2, cd.lqq, s.sk, cd.lqn, CQ, cd.Np, CQ, true);
     __syncthreads();
@@ -1228,17 +1236,7 @@ __global__ void __launch_bounds__(CTHREADS, MINB) scan_bwd_chunked(const m3k_sca
     /* 7. dktil = W (x dE) + L2^T q; v_s */
     bmm<RM, RM>(sF, cd.lfn, s.sx, cd.lqp, s.sdE, cd.lqn, CQ, cd.Np, cd.Pp, false);
     __syncthreads();
-    for (int i = wid; i < CQ; i += CWARPS) {
-      const float w = i < nb ? s.sc[i * FW + F_W] : 0.0f;
-      float v = 0;
-      for (int n = lane; n < cd.Np; n += 32) {
-        const float e = sF[i * cd.lfn + n];
-        v += e * __bfloat162float(s.sk[i * cd.lqn + n]);
-        sF[i * cd.lfn + n] = w * e;
-      }
-      v = warp_sum(v);
-      if (lane == 0 && i < nb) s.sc[i * FW + F_V] = w * v;
-    }
+    scale_rows_dot(sF, cd.lfn, s.sk, cd.lqn, cd.Np, s.sc, nb, F_W, F_V);
     __syncthreads();
     bmm<CM, RM>(sF, cd.lfn, s.sL2, cd.lqq, s.sq, cd.lqn, CQ, cd.Np, CQ, true);
     __syncthreads();

@@ -122,6 +122,8 @@ __device__ __forceinline__ void warp_norm_gate(const m3k_scan_args &a, int64_t m
 
 /* ---- the chunked scan (scan_chunked.cu) ---------------------------------------------------------- */
 
+enum { M3K_CHUNK = 64 }; /* tokens per chunk */
+
 /* Dynamic shared memory of a chunked kernel for (P, N, S) (INT64_MAX: the forward walk does not apply). */
 enum { M3K_CHUNKED_BWD = 0, M3K_CHUNKED_FWD, M3K_CHUNKED_PREP, M3K_CHUNKED_POST };
 int64_t m3k_chunked_smem(int which, int32_t P, int32_t N, int32_t S);

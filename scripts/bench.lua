@@ -38,26 +38,29 @@ local BAR_BF16 = { ["rl"] = 0.25, ["rl-batch"] = 0.6, ["mid"] = 10, ["lm130"] = 
 
 -- ---- arguments --------------------------------------------------------------------------------
 
-local split = require("m3.flags").list
+local flags = require "m3.flags"
 
 local args = { ... }
 if args[1] == "--decode" then -- inference decode speed: scripts/bench_decode.lua
   local dir = (arg and arg[0] or ""):match("^(.*)/[^/]*$") or "."
   return assert(loadfile(dir .. "/bench_decode.lua"))(select(2, ...))
 end
-local opt = { steps = 20, graph = true }
-local i = 1
-while i <= #args do
-  local a = args[i]
-  if a == "--configs" then opt.configs = split(args[i + 1]); i = i + 1
-  elseif a == "--dtypes" then opt.dtypes = split(args[i + 1]); i = i + 1
-  elseif a == "--device" then opt.device = args[i + 1]; i = i + 1
-  elseif a == "--steps" then opt.steps = tonumber(args[i + 1]); i = i + 1
-  elseif a == "--no-graph" then opt.graph = false
-  elseif a == "--profile" then opt.profile, opt.graph = true, false
-  else error("bench.lua: unknown argument " .. tostring(a) .. " (see the header of scripts/bench.lua)") end
-  i = i + 1
-end
+local o = flags.parse(args, {
+  { "configs", "", "comma list; empty: all on CUDA, rl-batch on the CPU" },
+  { "dtypes", "", "comma list; empty: bf16,f32 on CUDA (the CPU times f32)" },
+  { "device", "", "cuda | cpu; empty: cuda when there is a GPU" },
+  { "steps", 20, "timed steps per config" },
+  { "no_graph", false, "time eager steps instead of graph replays" },
+  { "profile", false, "eager steps with the per-phase profile (CUDA)" },
+}, "m3lua scripts/bench.lua [flags]    (--decode [flags]: scripts/bench_decode.lua)")
+local opt = {
+  configs = o.configs ~= "" and flags.list(o.configs) or nil,
+  dtypes = o.dtypes ~= "" and flags.list(o.dtypes) or nil,
+  device = o.device ~= "" and o.device or nil,
+  steps = o.steps,
+  graph = not (o.no_graph or o.profile),
+  profile = o.profile,
+}
 opt.device = opt.device or (m3.cuda_device_count() > 0 and "cuda" or "cpu")
 if opt.device == "cpu" then
   opt.configs = opt.configs or { "rl-batch" }

@@ -26,20 +26,20 @@ local CONFIGS = {
   lm130 = { model = m3.presets.lm130, batches = { 1, 128 }, bar = { [128] = 1000 } },
 }
 
-local split = require("m3.flags").list
+local flags = require "m3.flags"
 
-local args = { ... }
-local opt = { steps = 200 }
-local i = 1
-while i <= #args do
-  local a = args[i]
-  if a == "--configs" then opt.configs = split(args[i + 1]); i = i + 1
-  elseif a == "--dtypes" then opt.dtypes = split(args[i + 1]); i = i + 1
-  elseif a == "--device" then opt.device = args[i + 1]; i = i + 1
-  elseif a == "--steps" then opt.steps = tonumber(args[i + 1]); i = i + 1
-  else error("bench_decode.lua: unknown argument " .. tostring(a) .. " (see the header of scripts/bench_decode.lua)") end
-  i = i + 1
-end
+local o = flags.parse({ ... }, {
+  { "configs", "", "comma list; empty: rl,lm130" },
+  { "dtypes", "", "comma list; empty: bf16,f32 on CUDA (the CPU times f32)" },
+  { "device", "", "cuda | cpu; empty: cuda when there is a GPU" },
+  { "steps", 200, "timed one-token steps (at most 20 on the CPU)" },
+}, "m3lua scripts/bench_decode.lua [flags]")
+local opt = {
+  configs = o.configs ~= "" and flags.list(o.configs) or nil,
+  dtypes = o.dtypes ~= "" and flags.list(o.dtypes) or nil,
+  device = o.device ~= "" and o.device or nil,
+  steps = o.steps,
+}
 opt.device = opt.device or (m3.cuda_device_count() > 0 and "cuda" or "cpu")
 opt.configs = opt.configs or { "rl", "lm130" }
 opt.dtypes = opt.device == "cpu" and { "f32" } or opt.dtypes or { "bf16", "f32" }
