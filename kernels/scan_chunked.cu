@@ -182,6 +182,9 @@ __host__ __device__ inline size_t carve_r(unsigned char *base, int P, int N, csm
  *   tab    [u][CQ][TW] float: per token the scalars F_A .. F_QK (backward: .. F_DYX) of scan_prep_chunked,
  *          then T_DEC (row 0: the chunk's dec), and in the backward T_DA (the walk), T_DSCALE, T_DGAM
  *          (scan_post_chunked), T_DBP0 (unit 0 row 0: v_in^T dE_0 k_in, the walk); rows >= nb zero
+ *   kl     [rows H][N] float: the window's last k (rotated, unscaled), from scan_prep_chunked to the
+ *          forward walk, which writes fin_k only after reading in_k (in evaluation both are the
+ *          carried state itself)
  * and for the backward only:
  *   dy     [u][CQ][Pp] bf16: dL/dy after the gate backward; rows >= nb and columns >= P zero
  *   pon    [u][Pp] float: the chunk's mixer-norm weight partials (outproj_norm)
@@ -192,7 +195,7 @@ static_assert(TAB_FIELDS <= T_DEC && T_DV < TW && (int)TW >= (int)FW, "table lay
 
 struct cviews {
   OT *q, *k, *dy;
-  float *tab, *pon, *pbc;
+  float *tab, *kl, *pon, *pbc;
 };
 
 /* Carves the scratch at base (NULL: only the size); returns its size in floats. */
@@ -207,6 +210,7 @@ __host__ __device__ inline int64_t chunk_views(float *base, int rows, int len, i
   CV(q, OT, units * CQ * c.Np);
   CV(k, OT, units * CQ * c.Np);
   CV(tab, float, units * CQ * TW);
+  CV(kl, float, (size_t)rows * H * N);
   if (bwd) {
     CV(dy, OT, units * CQ * c.Pp);
     CV(pon, float, units * c.Pp);
@@ -744,7 +748,7 @@ __global__ void __launch_bounds__(CTHREADS) scan_angles_chunked(const m3k_scan_a
 }
 
 /* One CTA per (chunk, head, row): the chunk's token scalars, cumsums and masks, q and ktil (and the
- * window's last k into fin_k in the forward), for the backward also the gate backward; all into
+ * window's last k into the scratch's kl in the forward), for the backward also the gate backward; all into
  * the chunk scratch (see chunk_views). */
 template <typename T, bool BWD>
 __global__ void __launch_bounds__(CTHREADS, 3) scan_prep_chunked(const m3k_scan_args a) {
@@ -789,7 +793,7 @@ __global__ void __launch_bounds__(CTHREADS, 3) scan_prep_chunked(const m3k_scan_
     tab[idx] = v;
   }
   if (want_kl)
-    for (int n = tid; n < N; n += CTHREADS) a.fin_k[bh * N + n] = s.kl[n];
+    for (int n = tid; n < N; n += CTHREADS) cv.kl[bh * N + n] = s.kl[n];
   if (BWD && d.outproj_norm)
     for (int p = tid; p < cd.Pp; p += CTHREADS) {
       float acc = 0;
@@ -1051,7 +1055,9 @@ __global__ void __launch_bounds__(CTHREADS, 2) scan_fwd_chunked_r(const m3k_scan
       }
     }
   }
-  if (a.fin_v) /* fin_k: scan_prep_chunked, fin_angle: scan_angles_chunked */
+  if (a.fin_k) /* after E_0 read in_k; fin_angle: scan_angles_chunked */
+    for (int n = tid; n < N; n += CTHREADS) a.fin_k[bh * N + n] = cv.kl[bh * N + n];
+  if (a.fin_v)
     for (int p = tid; p < P; p += CTHREADS)
       a.fin_v[bh * P + p] = to_f(proj[((int64_t)b * a.len + a.len - 1) * d.dipp + d.x_off + (int64_t)h * P + p]);
 }
