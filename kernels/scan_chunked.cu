@@ -18,8 +18,9 @@
  *   bf16 operands, float32 accumulation; bf16 also for f16 training: its range holds the loss-
  *   scaled gradients). Everything else (scalars, cumsums, masks, norms, gate, rotation, angles)
  *   is float32 with the formulas of scan.cu.
- *   Backward (reverse chunk walk; dE = gradient of the state leaving the chunk, float32 in shared
- *   memory; the entering states as the forward kept them in a.chunk_states): with S1 = q ktil^T, S2 = dY x^T, L1 = L o S1, L2 = L o S2,
+ *   Backward (dE = gradient of the state leaving the chunk: a reverse walk over the chunks runs only
+ *   its recurrence, then every chunk in parallel, with the entering states as the forward kept them
+ *   in a.chunk_states): with S1 = q ktil^T, S2 = dY x^T, L1 = L o S1, L2 = L o S2,
  *     dq_t    = EC_t (dY E)_t + (L2 ktil)_t + gamma_t (dY_t.x_t) k_t
  *     dktil_s = W_s (x dE)_s + (L2^T q)_s,           dk_s = scale_s dktil_s + gamma_s (dY_s.x_s) q_s
  *     dx_s    = W_s (ktil dE^T)_s + (L1^T dY)_s + (gamma_s q_s.k_s + D) dY_s
@@ -34,16 +35,18 @@
  * Pipeline (launchers at the end). Forward: scan_angles_chunked (theta, sequential per pair),
  * scan_prep_chunked (per chunk, in parallel: token scalars, cumsums, masks, q, ktil into the chunk
  * scratch), scan_fwd_chunked_r (the walk; in training it keeps the state entering each chunk in
- * a.chunk_states). Backward: scan_prep_chunked (the same, plus the gate backward), scan_bwd_chunked
- * (the reverse walk: the products, raw dq / dktil into dbc_head, da into the table), scan_post_chunked (per chunk, in parallel: the
- * diagonal terms, rotation backward, dscale, the angle shares, B/C bias partials),
+ * a.chunk_states). Backward: scan_prep_chunked (the same, plus the gate backward), scan_dstate_chunked
+ * (the reverse walk of dE alone: dE leaving each chunk into the scratch, <dE, E>, dbp_0),
+ * scan_bwd_chunked (per chunk, in parallel: the products, raw dq / dktil into dbc_head, da into the
+ * table), scan_post_chunked (per chunk, in parallel: the diagonal terms, rotation backward, dscale,
+ * the angle shares, B/C bias partials),
  * scan_post_seq_chunked (per (head, row): the angle gradient along the sequence, the scalar chain,
  * the per-(row, head) partials). The walks keep only the work that is sequential over the chunks:
  * one CTA (8 warps) per (head, row); operand tiles in shared memory (bf16, padded rows: +8
- * elements), the state E / dE float32; each product's 16 x 16 output tiles spread over the warps.
- * Every sum has a fixed order (no atomics): bitwise repeatable. The forward walk keeps E in the
- * warps' accumulator registers (no float32 S tile, W x in place; NOTES.md run 8); it holds at most
- * CWARPS x FR_MAXT 16 x 16 tiles of E (Pp x Np <= 8192, e.g. lm130's 64 x 128): larger states, and
+ * elements); each product's 16 x 16 output tiles spread over the warps. Every sum has a fixed order
+ * (no atomics): bitwise repeatable. The walks keep the float32 state E / dE in the warps' accumulator
+ * registers (no float32 S tile, W x in place; NOTES.md run 8); they hold at most
+ * CWARPS x FR_MAXT 16 x 16 tiles of it (Pp x Np <= 8192, e.g. lm130's 64 x 128): larger states, and
  * shapes whose tiles do not fit in shared memory, keep the SIMT kernels (m3k_chunked_smem answers
  * INT64_MAX / a size above the limit).
  */
@@ -66,7 +69,8 @@ enum { F_A = 0, F_GAM, F_BP, F_DT, F_RST, F_LAM, F_AA, F_DSP, F_DAD, F_C, F_SEG,
 struct cdims {
   int Pp, Np;            /* P, N rounded up to 16 */
   int lqn, lqp, lqq;     /* row strides of bf16 tiles N, P, Q wide */
-  int lfn, lfp, lfq;     /* row strides of float32 tiles */
+  int lfp;               /* row stride of float32 tiles P wide */
+  int cw, lfc;           /* bwd: the [CQ][Np] float32 products in column blocks of cw (<= 64 or half of Np) */
 };
 
 __host__ __device__ inline cdims make_cdims(int P, int N) {
@@ -76,9 +80,9 @@ __host__ __device__ inline cdims make_cdims(int P, int N) {
   c.lqn = c.Np + 8;
   c.lqp = c.Pp + 8;
   c.lqq = CQ + 8;
-  c.lfn = c.Np + 4;
   c.lfp = c.Pp + 4;
-  c.lfq = CQ + 4;
+  c.cw = c.Np > 64 ? (c.Np / 16 + 1) / 2 * 16 : c.Np;
+  c.lfc = c.cw + 4;
   return c;
 }
 
@@ -86,14 +90,12 @@ struct csmem {
   OT *sq;    /* [CQ][lqn] q (rotated) */
   OT *sk;    /* [CQ][lqn] ktil = scale k */
   OT *sx;    /* [CQ][lqp] x */
-  OT *sxw;   /* [CQ][lqp] bwd: dY (the forward forms W x in place in sx) */
-  OT *syw;   /* [CQ][lqp] bwd: EC dY */
+  OT *sxw;   /* [CQ][lqp] bwd: dY (the forward forms W x in place in sx); dstate: [2][CQ][lqp] dY, then EC dY */
   OT *sE;    /* [Pp][lqn] the entering state E (bf16) */
-  OT *sdE;   /* [Pp][lqn] bwd: dE (bf16) */
+  OT *sdE;   /* [Pp][lqn] bwd: dE (bf16; the same space as sE, after its last use) */
   OT *sL1;   /* [CQ][lqq] fwd: L o S; bwd: L o S1 */
   OT *sL2;   /* [CQ][lqq] bwd: L o S2 */
-  float *sEf;  /* [Pp][lfn] bwd: dE (float32; the forward keeps E in registers) */
-  float *sR;   /* fwd: per-warp scratch, then Y [CQ][lfp]; bwd: the staged E, per-warp S1, S2 tiles + M partials, then [CQ][max(lfn, lfp)] */
+  float *sR;   /* fwd: per-warp scratch, then Y [CQ][lfp]; bwd: per-warp S1, S2 tiles + M partials, then [CQ][max(lfc, lfp)]; dstate: per-warp scratch */
   float *th;   /* [CQ][S] prep, post: theta of the chunk; post_seq: tanh of the angle logits */
   float *dth;  /* [CQ][S] post_seq: angle gradient of the chunk, then pi D tanh */
   float *sbk, *sbq; /* [Np] B_bias[h], C_bias[h] */
@@ -123,22 +125,34 @@ __host__ __device__ inline size_t carve_c(unsigned char *base, int P, int N, csm
   CT(sk, OT, CQ * c.lqn);
   CT(sx, OT, CQ * c.lqp);
   CT(sxw, OT, CQ * c.lqp);
-  CT(syw, OT, CQ * c.lqp);
   CT(sE, OT, c.Pp * c.lqn);
-  CT(sdE, OT, c.Pp * c.lqn);
+  t.sdE = t.sE;
   CT(sL1, OT, CQ * c.lqq);
   CT(sL2, OT, CQ * c.lqq);
-  CT(sEf, float, c.Pp * c.lfn);
   {
-    /* the entering state (float32 [P][N], staged), then per-warp S1, S2 scratch tiles + the row /
-     * column partials of M, then [CQ][max(lfn, lfp)] */
+    /* per-warp S1, S2 scratch tiles + the row / column partials of M, then [CQ][max(lfc, lfp)] */
     size_t r = (size_t)CWARPS * 512 + 2 * CQ * (CQ / 16);
-    const size_t o = (size_t)CQ * (c.lfn > c.lfp ? c.lfn : c.lfp);
+    const size_t o = (size_t)CQ * (c.lfc > c.lfp ? c.lfc : c.lfp);
     if (o > r) r = o;
-    if ((size_t)P * N > r) r = (size_t)P * N;
     CT(sR, float, r);
   }
   CT(sc, float, (CQ + 1) * FW);
+  CT(red, float, 32);
+  CT(misc, float, 8);
+  if (m) *m = t;
+  return off + 128;
+}
+
+/* Shared memory of scan_dstate_chunked: q, dY and the table of two chunks (the next one loads while
+ * the current one computes), the per-warp scratch. */
+__host__ __device__ inline size_t carve_d(unsigned char *base, int P, int N, csmem *m) {
+  const cdims c = make_cdims(P, N);
+  size_t off = 0;
+  csmem t = {};
+  CT(sq, OT, 2 * CQ * c.lqn);
+  CT(sxw, OT, 2 * CQ * c.lqp);
+  CT(sR, float, CWARPS * 256);
+  CT(sc, float, 2 * (CQ + 1) * FW);
   CT(red, float, 32);
   CT(misc, float, 8);
   if (m) *m = t;
@@ -187,6 +201,7 @@ __host__ __device__ inline size_t carve_r(unsigned char *base, int P, int N, csm
  *          carried state itself)
  * and for the backward only:
  *   dy     [u][CQ][Pp] bf16: dL/dy after the gate backward; rows >= nb and columns >= P zero
+ *   de     [u][P][N] float: dE leaving the chunk (scan_dstate_chunked)
  *   pon    [u][Pp] float: the chunk's mixer-norm weight partials (outproj_norm)
  *   pbc    [u][2][N] float: the chunk's B_bias, C_bias gradient partials
  * (the states entering the chunks are not scratch: a.chunk_states, written by the forward walk). */
@@ -195,7 +210,7 @@ static_assert(TAB_FIELDS <= T_DEC && T_DV < TW && (int)TW >= (int)FW, "table lay
 
 struct cviews {
   OT *q, *k, *dy;
-  float *tab, *kl, *pon, *pbc;
+  float *tab, *kl, *de, *pon, *pbc;
 };
 
 /* Carves the scratch at base (NULL: only the size); returns its size in floats. */
@@ -213,11 +228,12 @@ __host__ __device__ inline int64_t chunk_views(float *base, int rows, int len, i
   CV(kl, float, (size_t)rows * H * N);
   if (bwd) {
     CV(dy, OT, units * CQ * c.Pp);
+    CV(de, float, units * P * N);
     CV(pon, float, units * c.Pp);
     CV(pbc, float, units * 2 * N);
   } else {
     t.dy = NULL;
-    t.pon = t.pbc = NULL;
+    t.de = t.pon = t.pbc = NULL;
   }
 #undef CV
   if (v) *v = t;
@@ -268,27 +284,44 @@ template <> struct is_row<wmma::row_major> { static constexpr bool v = true; };
 
 /* C[M x Nn] (float32, row stride ldc) (+)= A[M x K] B[K x Nn]; A row-major (A[i lda + k]) or
  * column-major (A[k lda + i]), B row-major (B[k ldb + j]) or column-major (B[j ldb + k]); M, Nn,
- * K multiples of 16. The 16 x 16 output tiles are spread over the CTA's warps; each tile's
- * K loop runs in order (deterministic). */
+ * K multiples of 16. The 16 x 16 output tiles are spread over the CTA's warps, up to BMM_ILP of a
+ * warp's tiles at a time (independent accumulator chains, k outermost); each tile's K loop runs in
+ * order (deterministic). */
+enum { BMM_ILP = 4 };
 template <typename LA, typename LB>
 __device__ __forceinline__ void bmm(float *C, int ldc, const OT *A, int lda, const OT *B, int ldb, int M, int Nn,
                                     int K, bool acc) {
   const int wid = threadIdx.x >> 5;
   const int tn = Nn / 16, nt = (M / 16) * tn;
-  for (int tile = wid; tile < nt; tile += CWARPS) {
-    const int i0 = tile / tn * 16, j0 = tile % tn * 16;
-    wmma::fragment<wmma::accumulator, 16, 16, 16, float> c;
-    float *cp = C + (size_t)i0 * ldc + j0;
-    if (acc) wmma::load_matrix_sync(c, cp, ldc, wmma::mem_row_major);
-    else wmma::fill_fragment(c, 0.0f);
-    for (int k = 0; k < K; k += 16) {
-      wmma::fragment<wmma::matrix_a, 16, 16, 16, OT, LA> fa;
-      wmma::fragment<wmma::matrix_b, 16, 16, 16, OT, LB> fb;
-      wmma::load_matrix_sync(fa, is_row<LA>::v ? A + (size_t)i0 * lda + k : A + (size_t)k * lda + i0, lda);
-      wmma::load_matrix_sync(fb, is_row<LB>::v ? B + (size_t)k * ldb + j0 : B + (size_t)j0 * ldb + k, ldb);
-      wmma::mma_sync(c, fa, fb, c);
+  for (int first = wid; first < nt; first += CWARPS * BMM_ILP) {
+    wmma::fragment<wmma::accumulator, 16, 16, 16, float> c[BMM_ILP];
+#pragma unroll
+    for (int j = 0; j < BMM_ILP; j++) {
+      const int tile = first + CWARPS * j;
+      if (tile >= nt) break;
+      float *cp = C + (size_t)(tile / tn * 16) * ldc + tile % tn * 16;
+      if (acc) wmma::load_matrix_sync(c[j], cp, ldc, wmma::mem_row_major);
+      else wmma::fill_fragment(c[j], 0.0f);
     }
-    wmma::store_matrix_sync(cp, c, ldc, wmma::mem_row_major);
+    for (int k = 0; k < K; k += 16) {
+#pragma unroll
+      for (int j = 0; j < BMM_ILP; j++) {
+        const int tile = first + CWARPS * j;
+        if (tile >= nt) break;
+        const int i0 = tile / tn * 16, j0 = tile % tn * 16;
+        wmma::fragment<wmma::matrix_a, 16, 16, 16, OT, LA> fa;
+        wmma::fragment<wmma::matrix_b, 16, 16, 16, OT, LB> fb;
+        wmma::load_matrix_sync(fa, is_row<LA>::v ? A + (size_t)i0 * lda + k : A + (size_t)k * lda + i0, lda);
+        wmma::load_matrix_sync(fb, is_row<LB>::v ? B + (size_t)k * ldb + j0 : B + (size_t)j0 * ldb + k, ldb);
+        wmma::mma_sync(c[j], fa, fb, c[j]);
+      }
+    }
+#pragma unroll
+    for (int j = 0; j < BMM_ILP; j++) {
+      const int tile = first + CWARPS * j;
+      if (tile >= nt) break;
+      wmma::store_matrix_sync(C + (size_t)(tile / tn * 16) * ldc + tile % tn * 16, c[j], ldc, wmma::mem_row_major);
+    }
   }
 }
 typedef wmma::row_major RM;
@@ -589,19 +622,22 @@ __device__ __forceinline__ void c_gate_bwd(const m3k_scan_args &a, const csmem &
 }
 
 /* ---- loads into shared memory: asynchronous 16-byte copies (cp.async), so that all of a chunk's
- * loads are in flight at once; callers end the phase with cp_wait_all() and a barrier ---- */
+ * loads are in flight at once; callers end the phase with cp_wait_all() (or, loading one chunk ahead,
+ * cp_commit() after each chunk's loads and cp_wait_prev() for all but the last group) and a barrier ---- */
 
 __device__ __forceinline__ void cp16(void *dst, const void *src) {
   const unsigned d = (unsigned)__cvta_generic_to_shared(dst);
   asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(d), "l"(src) : "memory");
 }
 __device__ __forceinline__ void cp_wait_all() { asm volatile("cp.async.wait_all;\n" ::: "memory"); }
+__device__ __forceinline__ void cp_commit() { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
+__device__ __forceinline__ void cp_wait_prev() { asm volatile("cp.async.wait_group 1;\n" ::: "memory"); }
 
-/* CQ rows of w bf16 (w a multiple of 8) from the scratch (row stride w) into a padded shared tile
- * (row stride ld). */
-__device__ __forceinline__ void tile_load(OT *dst, int ld, const OT *src, int w) {
+/* rows (default CQ) rows of w bf16 (w a multiple of 8) from the scratch (row stride w) into a padded
+ * shared tile (row stride ld). */
+__device__ __forceinline__ void tile_load(OT *dst, int ld, const OT *src, int w, int rows = CQ) {
   const int vpr = w / 8;
-  for (int idx = threadIdx.x; idx < CQ * vpr; idx += blockDim.x) {
+  for (int idx = threadIdx.x; idx < rows * vpr; idx += blockDim.x) {
     const int i = idx / vpr, v = idx - i * vpr;
     cp16(dst + i * ld + v * 8, src + (size_t)i * w + v * 8);
   }
@@ -672,9 +708,9 @@ template <typename T> __device__ __forceinline__ void st8(T *p, const float *v) 
 }
 
 /* Per row i of the float32 tile F (a row per warp): with c = sc[i][fc] (0 past nb), F_i <- c F_i and
- * sc[i][fo] = c (F_i . X_i) for i < nb, the dot over the row's w columns with the bf16 tile X. */
+ * sc[i][fo] = c (F_i . X_i) for i < nb (add: +=), the dot over the row's w columns with the bf16 tile X. */
 __device__ __forceinline__ void scale_rows_dot(float *F, int ldf, const OT *X, int ldx, int w, float *sc, int nb, int fc,
-                                               int fo) {
+                                               int fo, bool add) {
   const int lane = threadIdx.x & 31;
   for (int i = threadIdx.x >> 5; i < CQ; i += CWARPS) {
     const float c = i < nb ? sc[i * FW + fc] : 0.0f;
@@ -685,7 +721,7 @@ __device__ __forceinline__ void scale_rows_dot(float *F, int ldf, const OT *X, i
       F[i * ldf + n] = c * v;
     }
     r = warp_sum(r);
-    if (lane == 0 && i < nb) sc[i * FW + fo] = c * r;
+    if (lane == 0 && i < nb) sc[i * FW + fo] = add ? sc[i * FW + fo] + c * r : c * r;
   }
 }
 
@@ -1080,12 +1116,165 @@ __device__ __forceinline__ float c_finish(const m3k_scan_args &a, int64_t m, int
   return dv;
 }
 
-/* MINB = 2 (128 registers) for shapes whose shared memory lets two CTAs share an SM (bwd_two_ctas). */
+/* The reverse walk of dE alone, one CTA per (head, row): per chunk (last first) dE leaving it goes to
+ * the scratch (float32), then dE <- dec dE + (EC dY)^T q in the warps'
+ * accumulator registers (the forward walk's tiles); q and dY of the next chunk load meanwhile. At
+ * the end dbp_0 = v_in^T dE_0 k_in (tab T_DBP0 of the row's first unit; its beta term, dropped at a
+ * reset by the post kernel). */
+template <typename T>
+__global__ void __launch_bounds__(CTHREADS, 2) scan_dstate_chunked(const m3k_scan_args a) {
+  extern __shared__ __align__(128) unsigned char smraw[];
+  const m3k_dims &d = a.d;
+  const int h = blockIdx.x, b = blockIdx.y;
+  const int P = d.P, N = d.N, H = d.H;
+  const int tid = threadIdx.x, lane = tid & 31, wid = tid >> 5;
+  const cdims cd = make_cdims(P, N);
+  csmem s;
+  carve_d(smraw, P, N, &s);
+  const int64_t bh = (int64_t)b * H + h;
+  const int nch = (a.len + CQ - 1) / CQ;
+  const int etn = cd.Np / 16, ent = (cd.Pp / 16) * etn; /* dE tiles (row-major over Pp x Np) */
+  float *wscr = s.sR + wid * 256;
+  cviews cv;
+  chunk_views(a.chunk_scratch, a.rows, a.len, H, P, N, true, &cv);
+  wmma::fragment<wmma::accumulator, 16, 16, 16, float> eacc[FR_MAXT];
+#pragma unroll
+  for (int j = 0; j < FR_MAXT; j++) wmma::fill_fragment(eacc[j], 0.0f); /* nothing flows from the final state */
+  const auto load = [&](int ch, int buf) {
+    const int64_t u = bh * nch + ch;
+    tab_load(cv.tab + u * CQ * TW, s.sc + buf * (CQ + 1) * FW, F_EC + 1, s.misc + buf);
+    tile_load(s.sq + buf * CQ * cd.lqn, cd.lqn, cv.q + u * CQ * cd.Np, cd.Np);
+    tile_load(s.sxw + buf * CQ * cd.lqp, cd.lqp, cv.dy + u * CQ * cd.Pp, cd.Pp);
+    cp_commit();
+  };
+  load(nch - 1, 0);
+  for (int ch = nch - 1, buf = 0; ch >= 0; ch--, buf ^= 1) {
+    const int nb = min(CQ, a.len - ch * CQ);
+    const int64_t u = bh * nch + ch;
+    const float *sc = s.sc + buf * (CQ + 1) * FW;
+    OT *sq = s.sq + buf * CQ * cd.lqn, *sy = s.sxw + buf * CQ * cd.lqp;
+    if (ch > 0) {
+      load(ch - 1, buf ^ 1);
+      cp_wait_prev();
+    } else {
+      cp_wait_all();
+    }
+    __syncthreads();
+    /* dE leaving the chunk -> scratch (float32 [P][N]: straight from the fragments when unpadded) */
+    float *de = cv.de + u * P * N;
+#pragma unroll
+    for (int j = 0; j < FR_MAXT; j++) {
+      const int tile = wid + CWARPS * j;
+      if (tile < ent) {
+        const int i0 = tile / etn * 16, j0 = tile % etn * 16;
+        if (P == cd.Pp && N == cd.Np) {
+          wmma::store_matrix_sync(de + i0 * N + j0, eacc[j], N, wmma::mem_row_major);
+          continue;
+        }
+        wmma::store_matrix_sync(wscr, eacc[j], 16, wmma::mem_row_major);
+        __syncwarp();
+        for (int e = lane; e < 256; e += 32) {
+          const int p = i0 + (e >> 4), n = j0 + (e & 15);
+          if (p < P && n < N) de[p * N + n] = wscr[e];
+        }
+        __syncwarp();
+      }
+    }
+    /* EC dY in place */
+    for (int idx = tid; idx < CQ * cd.Pp; idx += CTHREADS) {
+      const int i = idx / cd.Pp, p = idx - i * cd.Pp;
+      const float ec = i < nb ? sc[i * FW + F_EC] : 0.0f;
+      sy[i * cd.lqp + p] = __float2bfloat16_rn(ec * __bfloat162float(sy[i * cd.lqp + p]));
+    }
+    __syncthreads();
+    /* dE <- dec dE + (EC dY)^T q */
+    const float dec = s.misc[buf];
+#pragma unroll
+    for (int j = 0; j < FR_MAXT; j++) {
+      const int tile = wid + CWARPS * j;
+      if (tile < ent) {
+        const int i0 = tile / etn * 16, j0 = tile % etn * 16;
+#pragma unroll
+        for (int e = 0; e < eacc[j].num_elements; e++) eacc[j].x[e] *= dec;
+        for (int k = 0; k < CQ; k += 16) {
+          wmma::fragment<wmma::matrix_a, 16, 16, 16, OT, CM> fa;
+          wmma::fragment<wmma::matrix_b, 16, 16, 16, OT, RM> fb;
+          wmma::load_matrix_sync(fa, sy + (size_t)k * cd.lqp + i0, cd.lqp);
+          wmma::load_matrix_sync(fb, sq + (size_t)k * cd.lqn + j0, cd.lqn);
+          wmma::mma_sync(eacc[j], fa, fb, eacc[j]);
+        }
+      }
+    }
+    __syncthreads();
+  }
+
+  /* the window's first token: v_in^T dE_0 k_in */
+  float part = 0;
+  if (a.in_v && a.in_k) {
+#pragma unroll
+    for (int j = 0; j < FR_MAXT; j++) {
+      const int tile = wid + CWARPS * j;
+      if (tile < ent) {
+        const int i0 = tile / etn * 16, j0 = tile % etn * 16;
+        wmma::store_matrix_sync(wscr, eacc[j], 16, wmma::mem_row_major);
+        __syncwarp();
+        for (int e = lane; e < 256; e += 32) {
+          const int p = i0 + (e >> 4), n = j0 + (e & 15);
+          if (p < P && n < N) part += a.in_v[bh * P + p] * wscr[e] * a.in_k[bh * N + n];
+        }
+        __syncwarp();
+      }
+    }
+  }
+  part = warp_sum(part);
+  if (lane == 0) s.red[wid] = part;
+  __syncthreads();
+  if (tid == 0) {
+    float dbp = 0;
+    for (int w = 0; w < CWARPS; w++) dbp += s.red[w];
+    cv.tab[bh * nch * CQ * TW + T_DBP0] = dbp;
+  }
+}
+
+/* The float32 [P][N] state src into the bf16 tile dst (row stride ld; its padding untouched); returns
+ * this thread's share of <src, other> (other NULL: 0). Four columns per item where N allows. */
+__device__ __forceinline__ float state_to_tile(OT *dst, int ld, const float *src, const float *other, int P, int N) {
+  float part = 0;
+  if ((N & 3) == 0) {
+    const int vpr = N / 4;
+#pragma unroll 4
+    for (int idx = threadIdx.x; idx < P * vpr; idx += blockDim.x) {
+      const int p = idx / vpr, n = (idx - p * vpr) * 4;
+      const float4 v = __ldg((const float4 *)(src + p * N + n));
+      if (other) {
+        const float4 o = __ldg((const float4 *)(other + p * N + n));
+        part += v.x * o.x + v.y * o.y + v.z * o.z + v.w * o.w;
+      }
+      __nv_bfloat162 *t = (__nv_bfloat162 *)(dst + p * ld + n);
+      t[0] = __floats2bfloat162_rn(v.x, v.y);
+      t[1] = __floats2bfloat162_rn(v.z, v.w);
+    }
+  } else {
+#pragma unroll 4
+    for (int idx = threadIdx.x; idx < P * N; idx += blockDim.x) {
+      const int p = idx / N, n = idx - p * N;
+      const float v = __ldg(src + idx);
+      if (other) part += v * __ldg(other + idx);
+      dst[p * ld + n] = __float2bfloat16_rn(v);
+    }
+  }
+  return part;
+}
+
+/* One CTA per (chunk, head, row), after scan_dstate_chunked: the chunk's products with dE leaving it
+ * (the scratch) and the state entering it (a.chunk_states), both converted to bf16 in one space (E
+ * until dq is done, then dE); the float32 [CQ][Np] products in column blocks (cd.cw). MINB = 2 (128
+ * registers) for shapes whose shared memory lets two CTAs share an SM (bwd_two_ctas). */
 template <typename T, int MINB>
 __global__ void __launch_bounds__(CTHREADS, MINB) scan_bwd_chunked(const m3k_scan_args a) {
   extern __shared__ __align__(128) unsigned char smraw[];
   const m3k_dims &d = a.d;
-  const int h = blockIdx.x, b = blockIdx.y;
+  const int ch = blockIdx.x, h = blockIdx.y, b = blockIdx.z;
   const int P = d.P, N = d.N, H = d.H, E = d.E;
   const int tid = threadIdx.x, lane = tid & 31, wid = tid >> 5;
   const cdims cd = make_cdims(P, N);
@@ -1099,248 +1288,206 @@ __global__ void __launch_bounds__(CTHREADS, MINB) scan_bwd_chunked(const m3k_sca
   const bool vec = act_vec(d);
   cviews cv;
   chunk_views(a.chunk_scratch, a.rows, a.len, H, P, N, true, &cv);
-  const float *states = a.chunk_states + bh * (int64_t)nch * P * N; // [nch][P][N], from the forward
-
-  /* the chunks in reverse */
-  for (int idx = tid; idx < cd.Pp * cd.Np; idx += CTHREADS) {
-    const int p = idx / cd.Np, n = idx - p * cd.Np;
-    s.sEf[p * cd.lfn + n] = 0; /* dE: nothing flows from the final state */
-    s.sdE[p * cd.lqn + n] = __float2bfloat16_rn(0.0f);
-  }
-  __syncthreads();
-
   float *sF = s.sR;
-  for (int ch = nch - 1; ch >= 0; ch--) {
-    const int t0 = ch * CQ, nb = min(CQ, a.len - t0);
-    const int64_t m0 = (int64_t)b * a.len + t0;
-    const int64_t u = bh * nch + ch;
-    /* 1. loads: the prepared scalars, q, ktil, dY (scan_prep_chunked); x; the entering state E */
-    tab_load(cv.tab + u * CQ * TW, s.sc, TAB_FIELDS, misc);
-    tile_load(s.sq, cd.lqn, cv.q + u * CQ * cd.Np, cd.Np);
-    tile_load(s.sk, cd.lqn, cv.k + u * CQ * cd.Np, cd.Np);
-    tile_load(s.sxw, cd.lqp, cv.dy + u * CQ * cd.Pp, cd.Pp);
-    x_load<T>(a, s.sx, cd, m0, nb, h, vec);
-    const float *Ec = states + (int64_t)ch * P * N;
-    if ((N & 3) == 0) /* rows of N floats, 16-byte aligned: staged in sR, converted below */
-      for (int idx = tid; idx < P * (N / 4); idx += CTHREADS) cp16(s.sR + idx * 4, Ec + idx * 4);
-    cp_wait_all();
-    __syncthreads();
-    /* 2. E (bf16) and the <dE, E> partials; EC dY (read in 8.) */
-    {
-      float part = 0;
-      const bool staged = (N & 3) == 0;
-#pragma unroll 4
-      for (int idx = tid; idx < cd.Pp * cd.Np; idx += CTHREADS) {
-        const int p = idx / cd.Np, n = idx - p * cd.Np;
-        float v = 0;
-        if (p < P && n < N) v = staged ? s.sR[p * N + n] : Ec[(int64_t)p * N + n];
-        s.sE[p * cd.lqn + n] = __float2bfloat16_rn(v);
-        part += v * s.sEf[p * cd.lfn + n];
-      }
-      part = warp_sum(part);
-      if (lane == 0) s.red[wid] = part;
-      for (int idx = tid; idx < CQ * cd.Pp; idx += CTHREADS) {
-        const int i = idx / cd.Pp, p = idx - i * cd.Pp;
-        const float ec = i < nb ? s.sc[i * FW + F_EC] : 0.0f;
-        s.syw[i * cd.lqp + p] = __float2bfloat16_rn(ec * __bfloat162float(s.sxw[i * cd.lqp + p]));
-      }
-    }
-    __syncthreads();
-    /* 4-5. S1 = q ktil^T, S2 = dY x^T tile by tile (warp's scratch; tiles above the diagonal: 0):
-     * L1 = L o S1, L2 = L o S2 (bf16); M = L o S1 o S2 (u < t) summed per tile row and column */
-    {
-      float *s1 = s.sR + wid * 512, *s2 = s1 + 256;
-      float *rowp = s.sR + CWARPS * 512, *colp = rowp + CQ * (CQ / 16); /* [CQ][CQ / 16] */
-      for (int tile = wid; tile < (CQ / 16) * (CQ / 16); tile += CWARPS) {
-        const int ti = tile / (CQ / 16), tj = tile % (CQ / 16);
-        OT *l1 = s.sL1 + ti * 16 * cd.lqq + tj * 16, *l2 = s.sL2 + ti * 16 * cd.lqq + tj * 16;
-        if (tj > ti) {
-          for (int e = lane; e < 256; e += 32) {
-            l1[(e >> 4) * cd.lqq + (e & 15)] = __float2bfloat16_rn(0.0f);
-            l2[(e >> 4) * cd.lqq + (e & 15)] = __float2bfloat16_rn(0.0f);
-          }
-          if (lane < 16) {
-            rowp[(ti * 16 + lane) * (CQ / 16) + tj] = 0;
-            colp[(tj * 16 + lane) * (CQ / 16) + ti] = 0;
-          }
-          continue;
-        }
-        {
-          wmma::fragment<wmma::accumulator, 16, 16, 16, float> c;
-          wmma::fill_fragment(c, 0.0f);
-          for (int k = 0; k < cd.Np; k += 16) {
-            wmma::fragment<wmma::matrix_a, 16, 16, 16, OT, RM> fa;
-            wmma::fragment<wmma::matrix_b, 16, 16, 16, OT, CM> fb;
-            wmma::load_matrix_sync(fa, s.sq + (size_t)ti * 16 * cd.lqn + k, cd.lqn);
-            wmma::load_matrix_sync(fb, s.sk + (size_t)tj * 16 * cd.lqn + k, cd.lqn);
-            wmma::mma_sync(c, fa, fb, c);
-          }
-          wmma::store_matrix_sync(s1, c, 16, wmma::mem_row_major);
-        }
-        {
-          wmma::fragment<wmma::accumulator, 16, 16, 16, float> c;
-          wmma::fill_fragment(c, 0.0f);
-          for (int k = 0; k < cd.Pp; k += 16) {
-            wmma::fragment<wmma::matrix_a, 16, 16, 16, OT, RM> fa;
-            wmma::fragment<wmma::matrix_b, 16, 16, 16, OT, CM> fb;
-            wmma::load_matrix_sync(fa, s.sxw + (size_t)ti * 16 * cd.lqp + k, cd.lqp);
-            wmma::load_matrix_sync(fb, s.sx + (size_t)tj * 16 * cd.lqp + k, cd.lqp);
-            wmma::mma_sync(c, fa, fb, c);
-          }
-          wmma::store_matrix_sync(s2, c, 16, wmma::mem_row_major);
-        }
-        __syncwarp();
-        for (int e = lane; e < 256; e += 32) {
-          const int t = ti * 16 + (e >> 4), u = tj * 16 + (e & 15);
-          float l = 0;
-          if (t < nb && u < t && u >= (int)s.sc[t * FW + F_SEG])
-            l = expf(fminf(s.sc[t * FW + F_C] - s.sc[u * FW + F_C], 0.0f));
-          const float v1 = l * s1[e], v2 = l * s2[e];
-          l1[(e >> 4) * cd.lqq + (e & 15)] = __float2bfloat16_rn(v1);
-          l2[(e >> 4) * cd.lqq + (e & 15)] = __float2bfloat16_rn(v2);
-          s1[e] = u < t ? v1 * s2[e] : 0.0f;
-        }
-        __syncwarp();
-        if (lane < 16) { /* row lane of the tile: sum over its 16 columns, in order */
-          float acc = 0;
-#pragma unroll
-          for (int c = 0; c < 16; c++) acc += s1[lane * 16 + c];
-          rowp[(ti * 16 + lane) * (CQ / 16) + tj] = acc;
-        } else { /* column lane - 16: sum over the 16 rows, in order */
-          const int c = lane - 16;
-          float acc = 0;
-#pragma unroll
-          for (int r = 0; r < 16; r++) acc += s1[r * 16 + c];
-          colp[(tj * 16 + c) * (CQ / 16) + ti] = acc;
-        }
-        __syncwarp();
-      }
-      __syncthreads();
-      if (tid < CQ) { /* row sums of M: the tiles' partials in order */
-        float acc = 0;
-#pragma unroll
-        for (int j = 0; j < CQ / 16; j++) acc += rowp[tid * (CQ / 16) + j];
-        s.sc[tid * FW + F_ROW] = acc;
-      } else if (tid < 2 * CQ) { /* column sums */
-        const int u = tid - CQ;
-        float acc = 0;
-#pragma unroll
-        for (int j = 0; j < CQ / 16; j++) acc += colp[u * (CQ / 16) + j];
-        s.sc[u * FW + F_COL] = acc;
-      }
-      __syncthreads();
-    }
-    /* 6. dq = EC (dY E) + L2 ktil (+ diagonal); r_t */
-    bmm<RM, RM>(sF, cd.lfn, s.sxw, cd.lqp, s.sE, cd.lqn, CQ, cd.Np, cd.Pp, false);
-    __syncthreads();
-    scale_rows_dot(sF, cd.lfn, s.sq, cd.lqn, cd.Np, s.sc, nb, F_EC, F_R);
-    __syncthreads();
-    bmm<RM, RM>(sF, cd.lfn, s.sL2, cd.lqq, s.sk, cd.lqn, CQ, cd.Np, CQ, true);
-    __syncthreads();
-    rows_out(a.dbc_head + ((m0 * H + h) * 2 + 1) * N, (int64_t)H * 2 * N, sF, cd.lfn, nb, N); /* dq (raw) */
-    __syncthreads();
-    /* 7. dktil = W (x dE) + L2^T q; v_s */
-    bmm<RM, RM>(sF, cd.lfn, s.sx, cd.lqp, s.sdE, cd.lqn, CQ, cd.Np, cd.Pp, false);
-    __syncthreads();
-    scale_rows_dot(sF, cd.lfn, s.sk, cd.lqn, cd.Np, s.sc, nb, F_W, F_V);
-    __syncthreads();
-    bmm<CM, RM>(sF, cd.lfn, s.sL2, cd.lqq, s.sq, cd.lqn, CQ, cd.Np, CQ, true);
-    __syncthreads();
-    rows_out(a.dbc_head + ((m0 * H + h) * 2 + 0) * N, (int64_t)H * 2 * N, sF, cd.lfn, nb, N); /* dktil (raw) */
-    __syncthreads();
-    /* 8. dx = W (ktil dE^T) + L1^T dY (+ diagonal, D); dE <- dec dE + (EC dY)^T q */
-    bmm<RM, CM>(sF, cd.lfp, s.sk, cd.lqn, s.sdE, cd.lqn, CQ, cd.Pp, cd.Np, false);
-    {
-      const float dec = misc[0];
-      for (int idx = tid; idx < cd.Pp * cd.Np; idx += CTHREADS) {
-        const int p = idx / cd.Np, n = idx - p * cd.Np;
-        s.sEf[p * cd.lfn + n] *= dec;
-      }
-    }
-    __syncthreads();
-    for (int idx = tid; idx < CQ * cd.Pp; idx += CTHREADS) {
-      const int i = idx / cd.Pp, p = idx - i * cd.Pp;
-      sF[i * cd.lfp + p] *= i < nb ? s.sc[i * FW + F_W] : 0.0f;
-    }
-    __syncthreads();
-    bmm<CM, RM>(sF, cd.lfp, s.sL1, cd.lqq, s.sxw, cd.lqp, CQ, cd.Pp, CQ, true);
-    bmm<CM, RM>(s.sEf, cd.lfn, s.syw, cd.lqp, s.sq, cd.lqn, cd.Pp, cd.Np, CQ, true);
-    __syncthreads();
-    if (vec) {
-      const int vpr = P / 8;
-      for (int idx = tid; idx < nb * vpr; idx += CTHREADS) {
-        const int i = idx / vpr, p = (idx - i * vpr) * 8;
-        const int64_t mi = m0 + i;
-        const float dg = s.sc[i * FW + F_GAM] * s.sc[i * FW + F_QK] + Dh;
-        const float *dyp = a.dy + mi * E + (int64_t)h * P + p;
-        const float4 d0 = *(const float4 *)dyp, d1 = *(const float4 *)(dyp + 4);
-        const float dy[8] = {d0.x, d0.y, d0.z, d0.w, d1.x, d1.y, d1.z, d1.w};
-        float dx[8];
-#pragma unroll
-        for (int k = 0; k < 8; k++) dx[k] = sF[i * cd.lfp + p + k] + dg * dy[k];
-        st8(dproj + mi * d.dipp + d.x_off + (int64_t)h * P + p, dx);
-      }
-    } else {
-#pragma unroll 4
-      for (int idx = tid; idx < nb * P; idx += CTHREADS) {
-        const int i = idx / P, p = idx - i * P;
-        const int64_t mi = m0 + i;
-        const float dg = s.sc[i * FW + F_GAM] * s.sc[i * FW + F_QK] + Dh;
-        const float dx = sF[i * cd.lfp + p] + dg * a.dy[mi * E + (int64_t)h * P + p];
-        dproj[mi * d.dipp + d.x_off + (int64_t)h * P + p] = from_f<T>(dx);
-      }
-    }
+  const int t0 = ch * CQ, nb = min(CQ, a.len - t0);
+  const int64_t m0 = (int64_t)b * a.len + t0;
+  const int64_t u = bh * nch + ch;
+  const float *dEc = cv.de + u * P * N;
+  /* 1. loads: the prepared scalars, q, ktil, dY (scan_prep_chunked); x */
+  tab_load(cv.tab + u * CQ * TW, s.sc, TAB_FIELDS, misc);
+  tile_load(s.sq, cd.lqn, cv.q + u * CQ * cd.Np, cd.Np);
+  tile_load(s.sk, cd.lqn, cv.k + u * CQ * cd.Np, cd.Np);
+  tile_load(s.sxw, cd.lqp, cv.dy + u * CQ * cd.Pp, cd.Pp);
+  x_load<T>(a, s.sx, cd, m0, nb, h, vec);
+  /* 2. E (bf16; the padding zero for dE too) and <dE, E> */
+  if (P < cd.Pp || N < cd.Np)
     for (int idx = tid; idx < cd.Pp * cd.Np; idx += CTHREADS) {
       const int p = idx / cd.Np, n = idx - p * cd.Np;
-      s.sdE[p * cd.lqn + n] = __float2bfloat16_rn(s.sEf[p * cd.lfn + n]);
+      if (p >= P || n >= N) s.sE[p * cd.lqn + n] = __float2bfloat16_rn(0.0f);
     }
-    /* 9. decay gradient (warp 0): da into the table (scan_post_seq_chunked finishes the scalars) */
-    if (wid == 0) { /* two tokens per lane; sums and the suffix scan by shuffles (fixed order) */
-      float dEE = 0;
-      for (int w = 0; w < CWARPS; w++) dEE += s.red[w];
-      const int j0 = 2 * lane, j1 = j0 + 1;
-      const float v0 = j0 < nb ? s.sc[j0 * FW + F_V] : 0.0f, v1 = j1 < nb ? s.sc[j1 * FW + F_V] : 0.0f;
-      const float sumv = warp_sum(v0 + v1);
-      float dc[2];
-#pragma unroll
-      for (int k = 0; k < 2; k++) {
-        const int j = j0 + k;
-        dc[k] = 0;
-        if (j < nb) {
-          const float *t = s.sc + j * FW;
-          dc[k] = t[F_R] + t[F_ROW] - t[F_COL] - t[F_V];
-          if (j == nb - 1) dc[k] += misc[0] * dEE + sumv;
+  float part = warp_sum(state_to_tile(s.sE, cd.lqn, a.chunk_states + u * P * N, dEc, P, N));
+  if (lane == 0) s.red[wid] = part;
+  cp_wait_all();
+  __syncthreads();
+  if (tid == 0) {
+    float dee = 0;
+    for (int w = 0; w < CWARPS; w++) dee += s.red[w];
+    misc[1] = dee;
+  }
+  /* 4-5. S1 = q ktil^T, S2 = dY x^T tile by tile (warp's scratch; tiles above the diagonal: 0):
+   * L1 = L o S1, L2 = L o S2 (bf16); M = L o S1 o S2 (u < t) summed per tile row and column */
+  {
+    float *s1 = s.sR + wid * 512, *s2 = s1 + 256;
+    float *rowp = s.sR + CWARPS * 512, *colp = rowp + CQ * (CQ / 16); /* [CQ][CQ / 16] */
+    for (int tile = wid; tile < (CQ / 16) * (CQ / 16); tile += CWARPS) {
+      const int ti = tile / (CQ / 16), tj = tile % (CQ / 16);
+      OT *l1 = s.sL1 + ti * 16 * cd.lqq + tj * 16, *l2 = s.sL2 + ti * 16 * cd.lqq + tj * 16;
+      if (tj > ti) {
+        for (int e = lane; e < 256; e += 32) {
+          l1[(e >> 4) * cd.lqq + (e & 15)] = __float2bfloat16_rn(0.0f);
+          l2[(e >> 4) * cd.lqq + (e & 15)] = __float2bfloat16_rn(0.0f);
         }
+        if (lane < 16) {
+          rowp[(ti * 16 + lane) * (CQ / 16) + tj] = 0;
+          colp[(tj * 16 + lane) * (CQ / 16) + ti] = 0;
+        }
+        continue;
       }
-      float sfx = dc[0] + dc[1];
+      {
+        wmma::fragment<wmma::accumulator, 16, 16, 16, float> c;
+        wmma::fill_fragment(c, 0.0f);
+        for (int k = 0; k < cd.Np; k += 16) {
+          wmma::fragment<wmma::matrix_a, 16, 16, 16, OT, RM> fa;
+          wmma::fragment<wmma::matrix_b, 16, 16, 16, OT, CM> fb;
+          wmma::load_matrix_sync(fa, s.sq + (size_t)ti * 16 * cd.lqn + k, cd.lqn);
+          wmma::load_matrix_sync(fb, s.sk + (size_t)tj * 16 * cd.lqn + k, cd.lqn);
+          wmma::mma_sync(c, fa, fb, c);
+        }
+        wmma::store_matrix_sync(s1, c, 16, wmma::mem_row_major);
+      }
+      {
+        wmma::fragment<wmma::accumulator, 16, 16, 16, float> c;
+        wmma::fill_fragment(c, 0.0f);
+        for (int k = 0; k < cd.Pp; k += 16) {
+          wmma::fragment<wmma::matrix_a, 16, 16, 16, OT, RM> fa;
+          wmma::fragment<wmma::matrix_b, 16, 16, 16, OT, CM> fb;
+          wmma::load_matrix_sync(fa, s.sxw + (size_t)ti * 16 * cd.lqp + k, cd.lqp);
+          wmma::load_matrix_sync(fb, s.sx + (size_t)tj * 16 * cd.lqp + k, cd.lqp);
+          wmma::mma_sync(c, fa, fb, c);
+        }
+        wmma::store_matrix_sync(s2, c, 16, wmma::mem_row_major);
+      }
+      __syncwarp();
+      for (int e = lane; e < 256; e += 32) {
+        const int t = ti * 16 + (e >> 4), u = tj * 16 + (e & 15);
+        float l = 0;
+        if (t < nb && u < t && u >= (int)s.sc[t * FW + F_SEG])
+          l = expf(fminf(s.sc[t * FW + F_C] - s.sc[u * FW + F_C], 0.0f));
+        const float v1 = l * s1[e], v2 = l * s2[e];
+        l1[(e >> 4) * cd.lqq + (e & 15)] = __float2bfloat16_rn(v1);
+        l2[(e >> 4) * cd.lqq + (e & 15)] = __float2bfloat16_rn(v2);
+        s1[e] = u < t ? v1 * s2[e] : 0.0f;
+      }
+      __syncwarp();
+      if (lane < 16) { /* row lane of the tile: sum over its 16 columns, in order */
+        float acc = 0;
 #pragma unroll
-      for (int o = 1; o < 32; o <<= 1) {
-        const float v = __shfl_down_sync(0xffffffffu, sfx, o);
-        if (lane + o < 32) sfx += v;
+        for (int c = 0; c < 16; c++) acc += s1[lane * 16 + c];
+        rowp[(ti * 16 + lane) * (CQ / 16) + tj] = acc;
+      } else { /* column lane - 16: sum over the 16 rows, in order */
+        const int c = lane - 16;
+        float acc = 0;
+#pragma unroll
+        for (int r = 0; r < 16; r++) acc += s1[r * 16 + c];
+        colp[(tj * 16 + c) * (CQ / 16) + ti] = acc;
       }
-      float ex = __shfl_down_sync(0xffffffffu, sfx, 1);
-      if (lane == 31) ex = 0;
-      float *tab = cv.tab + u * CQ * TW;
-      if (j1 < nb) tab[j1 * TW + T_DA] = s.sc[j1 * FW + F_RST] != 0 ? 0.0f : ex + dc[1];
-      if (j0 < nb) tab[j0 * TW + T_DA] = s.sc[j0 * FW + F_RST] != 0 ? 0.0f : ex + dc[1] + dc[0];
+      __syncwarp();
+    }
+    __syncthreads();
+    if (tid < CQ) { /* row sums of M: the tiles' partials in order */
+      float acc = 0;
+#pragma unroll
+      for (int j = 0; j < CQ / 16; j++) acc += rowp[tid * (CQ / 16) + j];
+      s.sc[tid * FW + F_ROW] = acc;
+    } else if (tid < 2 * CQ) { /* column sums */
+      const int u = tid - CQ;
+      float acc = 0;
+#pragma unroll
+      for (int j = 0; j < CQ / 16; j++) acc += colp[u * (CQ / 16) + j];
+      s.sc[u * FW + F_COL] = acc;
     }
     __syncthreads();
   }
-
-  /* the window's first token: v_in^T dE_0 k_in (its beta term; dropped at a reset by the post kernel) */
-  float part = 0;
-  if (a.in_v && a.in_k)
-    for (int idx = tid; idx < P * N; idx += CTHREADS) {
-      const int p = idx / N, n = idx - p * N;
-      part += a.in_v[bh * P + p] * s.sEf[p * cd.lfn + n] * a.in_k[bh * N + n];
-    }
-  part = warp_sum(part);
-  if (lane == 0) s.red[wid] = part;
+  /* 6. dq = EC (dY E) + L2 ktil (+ diagonal); r_t */
+  float *dq = a.dbc_head + ((m0 * H + h) * 2 + 1) * N, *dk = a.dbc_head + ((m0 * H + h) * 2 + 0) * N;
+  for (int c0 = 0; c0 < cd.Np; c0 += cd.cw) {
+    const int w = min(cd.cw, cd.Np - c0);
+    bmm<RM, RM>(sF, cd.lfc, s.sxw, cd.lqp, s.sE + c0, cd.lqn, CQ, w, cd.Pp, false);
+    __syncthreads();
+    scale_rows_dot(sF, cd.lfc, s.sq + c0, cd.lqn, w, s.sc, nb, F_EC, F_R, c0 > 0);
+    __syncthreads();
+    bmm<RM, RM>(sF, cd.lfc, s.sL2, cd.lqq, s.sk + c0, cd.lqn, CQ, w, CQ, true);
+    __syncthreads();
+    rows_out(dq + c0, (int64_t)H * 2 * N, sF, cd.lfc, nb, min(w, N - c0)); /* dq (raw) */
+    __syncthreads();
+  }
+  /* dE (bf16) where E was */
+  state_to_tile(s.sdE, cd.lqn, dEc, NULL, P, N);
   __syncthreads();
-  if (tid == 0) {
-    float dbp = 0;
-    for (int w = 0; w < CWARPS; w++) dbp += s.red[w];
-    cv.tab[bh * nch * CQ * TW + T_DBP0] = dbp;
+  /* 7. dktil = W (x dE) + L2^T q; v_s */
+  for (int c0 = 0; c0 < cd.Np; c0 += cd.cw) {
+    const int w = min(cd.cw, cd.Np - c0);
+    bmm<RM, RM>(sF, cd.lfc, s.sx, cd.lqp, s.sdE + c0, cd.lqn, CQ, w, cd.Pp, false);
+    __syncthreads();
+    scale_rows_dot(sF, cd.lfc, s.sk + c0, cd.lqn, w, s.sc, nb, F_W, F_V, c0 > 0);
+    __syncthreads();
+    bmm<CM, RM>(sF, cd.lfc, s.sL2, cd.lqq, s.sq + c0, cd.lqn, CQ, w, CQ, true);
+    __syncthreads();
+    rows_out(dk + c0, (int64_t)H * 2 * N, sF, cd.lfc, nb, min(w, N - c0)); /* dktil (raw) */
+    __syncthreads();
+  }
+  /* 8. dx = W (ktil dE^T) + L1^T dY (+ diagonal, D) */
+  bmm<RM, CM>(sF, cd.lfp, s.sk, cd.lqn, s.sdE, cd.lqn, CQ, cd.Pp, cd.Np, false);
+  __syncthreads();
+  for (int idx = tid; idx < CQ * cd.Pp; idx += CTHREADS) {
+    const int i = idx / cd.Pp, p = idx - i * cd.Pp;
+    sF[i * cd.lfp + p] *= i < nb ? s.sc[i * FW + F_W] : 0.0f;
+  }
+  __syncthreads();
+  bmm<CM, RM>(sF, cd.lfp, s.sL1, cd.lqq, s.sxw, cd.lqp, CQ, cd.Pp, CQ, true);
+  __syncthreads();
+  if (vec) {
+    const int vpr = P / 8;
+    for (int idx = tid; idx < nb * vpr; idx += CTHREADS) {
+      const int i = idx / vpr, p = (idx - i * vpr) * 8;
+      const int64_t mi = m0 + i;
+      const float dg = s.sc[i * FW + F_GAM] * s.sc[i * FW + F_QK] + Dh;
+      const float *dyp = a.dy + mi * E + (int64_t)h * P + p;
+      const float4 d0 = *(const float4 *)dyp, d1 = *(const float4 *)(dyp + 4);
+      const float dy[8] = {d0.x, d0.y, d0.z, d0.w, d1.x, d1.y, d1.z, d1.w};
+      float dx[8];
+#pragma unroll
+      for (int k = 0; k < 8; k++) dx[k] = sF[i * cd.lfp + p + k] + dg * dy[k];
+      st8(dproj + mi * d.dipp + d.x_off + (int64_t)h * P + p, dx);
+    }
+  } else {
+#pragma unroll 4
+    for (int idx = tid; idx < nb * P; idx += CTHREADS) {
+      const int i = idx / P, p = idx - i * P;
+      const int64_t mi = m0 + i;
+      const float dg = s.sc[i * FW + F_GAM] * s.sc[i * FW + F_QK] + Dh;
+      const float dx = sF[i * cd.lfp + p] + dg * a.dy[mi * E + (int64_t)h * P + p];
+      dproj[mi * d.dipp + d.x_off + (int64_t)h * P + p] = from_f<T>(dx);
+    }
+  }
+  /* 9. decay gradient (warp 0): da into the table (scan_post_seq_chunked finishes the scalars) */
+  if (wid == 0) { /* two tokens per lane; sums and the suffix scan by shuffles (fixed order) */
+    const float dEE = misc[1];
+    const int j0 = 2 * lane, j1 = j0 + 1;
+    const float v0 = j0 < nb ? s.sc[j0 * FW + F_V] : 0.0f, v1 = j1 < nb ? s.sc[j1 * FW + F_V] : 0.0f;
+    const float sumv = warp_sum(v0 + v1);
+    float dc[2];
+#pragma unroll
+    for (int k = 0; k < 2; k++) {
+      const int j = j0 + k;
+      dc[k] = 0;
+      if (j < nb) {
+        const float *t = s.sc + j * FW;
+        dc[k] = t[F_R] + t[F_ROW] - t[F_COL] - t[F_V];
+        if (j == nb - 1) dc[k] += misc[0] * dEE + sumv;
+      }
+    }
+    float sfx = dc[0] + dc[1];
+#pragma unroll
+    for (int o = 1; o < 32; o <<= 1) {
+      const float v = __shfl_down_sync(0xffffffffu, sfx, o);
+      if (lane + o < 32) sfx += v;
+    }
+    float ex = __shfl_down_sync(0xffffffffu, sfx, 1);
+    if (lane == 31) ex = 0;
+    float *tab = cv.tab + u * CQ * TW;
+    if (j1 < nb) tab[j1 * TW + T_DA] = s.sc[j1 * FW + F_RST] != 0 ? 0.0f : ex + dc[1];
+    if (j0 < nb) tab[j0 * TW + T_DA] = s.sc[j0 * FW + F_RST] != 0 ? 0.0f : ex + dc[1] + dc[0];
   }
 }
 
@@ -1532,7 +1679,11 @@ static bool bwd_two_ctas(int32_t smem) { return smem <= 228 * 1024 / 2 - 1024; }
 int64_t m3k_chunked_smem(int which, int32_t P, int32_t N, int32_t S) {
   switch (which) {
   case M3K_CHUNKED_FWD: return fwd_in_regs(P, N) ? (int64_t)carve_r(NULL, P, N, NULL) : INT64_MAX;
-  case M3K_CHUNKED_BWD: return (int64_t)carve_c(NULL, P, N, NULL);
+  case M3K_CHUNKED_BWD: { /* the larger of the dE walk and the per-chunk kernel */
+    if (!fwd_in_regs(P, N)) return INT64_MAX;
+    const size_t c = carve_c(NULL, P, N, NULL), w = carve_d(NULL, P, N, NULL);
+    return (int64_t)(c > w ? c : w);
+  }
   case M3K_CHUNKED_PREP: return (int64_t)carve_p(NULL, P, N, S, NULL);
   default: {
     const size_t one = carve_post(NULL, N, S, CQ, NULL), seq = carve_post(NULL, N, S, seq_block(S), NULL);
@@ -1551,6 +1702,8 @@ template <typename T> static cudaError_t chunked_prepare(const m3k_scan_plan *pl
   if (e == cudaSuccess)
     e = cudaFuncSetAttribute(scan_fwd_chunked_r<T>, cudaFuncAttributePreferredSharedMemoryCarveout,
                              cudaSharedmemCarveoutMaxShared);
+  if (e == cudaSuccess)
+    e = cudaFuncSetAttribute(scan_dstate_chunked<T>, cudaFuncAttributeMaxDynamicSharedMemorySize, plan->smem_cbwd);
   if (e == cudaSuccess)
     e = cudaFuncSetAttribute(scan_bwd_chunked<T, 1>, cudaFuncAttributeMaxDynamicSharedMemorySize, plan->smem_cbwd);
   if (e == cudaSuccess)
@@ -1592,14 +1745,17 @@ cudaError_t m3k_chunked_fwd(cudaStream_t s, int prec, const m3k_scan_plan *plan,
   return cudaGetLastError();
 }
 
-/* Backward: the per-chunk preparation (with the gate backward), the reverse walk, the per-token
- * finish, then the scalars along the sequence. */
+/* Backward: the per-chunk preparation (with the gate backward), the reverse walk of dE, the
+ * per-chunk products, the per-token finish, then the scalars along the sequence. */
 template <typename T> static void chunked_bwd(cudaStream_t s, const m3k_scan_plan *plan, const m3k_scan_args &a) {
   const dim3 chunks((a.len + CQ - 1) / CQ, a.d.H, a.rows), walks(a.d.H, a.rows);
+  const int P = a.d.P, N = a.d.N;
   scan_prep_chunked<T, true><<<chunks, CTHREADS, plan->smem_cprep, s>>>(a);
-  if (bwd_two_ctas(plan->smem_cbwd)) scan_bwd_chunked<T, 2><<<walks, CTHREADS, plan->smem_cbwd, s>>>(a);
-  else scan_bwd_chunked<T, 1><<<walks, CTHREADS, plan->smem_cbwd, s>>>(a);
-  /* each takes its own size, within the plan's limit (the larger of the two) */
+  /* each takes its own size, within the plan's limit (the largest) */
+  scan_dstate_chunked<T><<<walks, CTHREADS, carve_d(NULL, P, N, NULL), s>>>(a);
+  const int32_t per_chunk = (int32_t)carve_c(NULL, P, N, NULL);
+  if (bwd_two_ctas(per_chunk)) scan_bwd_chunked<T, 2><<<chunks, CTHREADS, per_chunk, s>>>(a);
+  else scan_bwd_chunked<T, 1><<<chunks, CTHREADS, per_chunk, s>>>(a);
   scan_post_chunked<T><<<chunks, CTHREADS, carve_post(NULL, a.d.N, a.d.S, CQ, NULL), s>>>(a);
   scan_post_seq_chunked<T><<<walks, CTHREADS, carve_post(NULL, a.d.N, a.d.S, seq_block(a.d.S), NULL), s>>>(a);
 }
