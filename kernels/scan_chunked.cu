@@ -14,8 +14,8 @@
  *     y_t = EC_t E q_t + sum_{seg_t <= s < t} e^{c_t - c_s} (q_t.ktil_s) x_s + (gamma_t q_t.k_t + D) x_t
  *     E  <- dec E + sum_s W_s x_s ktil_s^T
  *   i.e. per chunk the matrix products S = q ktil^T (Q x Q), Y = (L o S) x + diag(EC) q E^T and
- *   E += (diag(W) x)^T ktil, with L the masked decay matrix, on tensor cores (wmma 16x16x16,
- *   bf16 operands, float32 accumulation; bf16 also for f16 training: its range holds the loss-
+ *   E += (diag(W) x)^T ktil, with L the masked decay matrix, on tensor cores (mma.sync m16n8k16
+ *   with ldmatrix, mma_tile.cuh; bf16 operands, float32 accumulation; bf16 also for f16 training: its range holds the loss-
  *   scaled gradients). Everything else (scalars, cumsums, masks, norms, gate, rotation, angles)
  *   is float32 with the formulas of scan.cu.
  *   Backward (dE = gradient of the state leaving the chunk: a reverse walk over the chunks runs only
@@ -50,13 +50,8 @@
  * shapes whose tiles do not fit in shared memory, keep the SIMT kernels (m3k_chunked_smem answers
  * INT64_MAX / a size above the limit).
  */
-#include <mma.h>
-
-#include <type_traits>
-
+#include "mma_tile.cuh"
 #include "scan_math.cuh"
-
-using namespace nvcuda;
 
 typedef __nv_bfloat16 OT; /* tensor-core operand type */
 
@@ -95,7 +90,7 @@ struct csmem {
   OT *sdE;   /* [Pp][lqn] bwd: dE (bf16; the same space as sE, after its last use) */
   OT *sL1;   /* [CQ][lqq] fwd: L o S; bwd: L o S1 */
   OT *sL2;   /* [CQ][lqq] bwd: L o S2 */
-  float *sR;   /* fwd: per-warp scratch, then Y [CQ][lfp]; bwd: per-warp S1, S2 tiles + M partials, then [CQ][max(lfc, lfp)]; dstate: per-warp scratch */
+  float *sR;   /* fwd: per-warp scratch, then Y [CQ][lfp]; bwd: M's row / column partials, then [CQ][max(lfc, lfp)] */
   float *th;   /* [CQ][S] prep, post: theta of the chunk; post_seq: tanh of the angle logits */
   float *dth;  /* [CQ][S] post_seq: angle gradient of the chunk, then pi D tanh */
   float *sbk, *sbq; /* [Np] B_bias[h], C_bias[h] */
@@ -130,8 +125,8 @@ __host__ __device__ inline size_t carve_c(unsigned char *base, int P, int N, csm
   CT(sL1, OT, CQ * c.lqq);
   CT(sL2, OT, CQ * c.lqq);
   {
-    /* per-warp S1, S2 scratch tiles + the row / column partials of M, then [CQ][max(lfc, lfp)] */
-    size_t r = (size_t)CWARPS * 512 + 2 * CQ * (CQ / 16);
+    /* the row / column partials of M, then [CQ][max(lfc, lfp)] */
+    size_t r = (size_t)2 * CQ * (CQ / 16);
     const size_t o = (size_t)CQ * (c.lfc > c.lfp ? c.lfc : c.lfp);
     if (o > r) r = o;
     CT(sR, float, r);
@@ -144,14 +139,13 @@ __host__ __device__ inline size_t carve_c(unsigned char *base, int P, int N, csm
 }
 
 /* Shared memory of scan_dstate_chunked: q, dY and the table of two chunks (the next one loads while
- * the current one computes), the per-warp scratch. */
+ * the current one computes). */
 __host__ __device__ inline size_t carve_d(unsigned char *base, int P, int N, csmem *m) {
   const cdims c = make_cdims(P, N);
   size_t off = 0;
   csmem t = {};
   CT(sq, OT, 2 * CQ * c.lqn);
   CT(sxw, OT, 2 * CQ * c.lqp);
-  CT(sR, float, CWARPS * 256);
   CT(sc, float, 2 * (CQ + 1) * FW);
   CT(red, float, 32);
   CT(misc, float, 8);
@@ -159,8 +153,8 @@ __host__ __device__ inline size_t carve_d(unsigned char *base, int P, int N, csm
   return off + 128;
 }
 
-/* Forward, E in registers (scan_fwd_chunked_r): the float32 state E lives in wmma accumulator
- * fragments (tile wid + CWARPS j of the Pp x Np state for warp wid, j < FR_MAXT), so neither the
+/* Forward, E in registers (scan_fwd_chunked_r): the float32 state E lives in mma accumulator
+ * tiles (acc16; tile wid + CWARPS j of the Pp x Np state for warp wid, j < FR_MAXT), so neither the
  * float32 copy of E nor the float32 S tile nor a separate W x tile are in shared memory (lm130:
  * 168 -> 103 KB: two CTAs per SM). Shapes with more E tiles take the SIMT kernels. */
 enum { FR_MAXT = 4 };
@@ -178,12 +172,8 @@ __host__ __device__ inline size_t carve_r(unsigned char *base, int P, int N, csm
   CT(sk, OT, CQ * c.lqn);
   CT(sx, OT, CQ * c.lqp); /* x, then (after Y) W x in place */
   CT(sE, OT, c.Pp * c.lqn);
-  CT(sL1, OT, CQ * c.lqq); /* L o S; after Y: per-warp 16 x 16 float32 scratch (E -> bf16) */
-  {
-    size_t r = (size_t)CQ * c.lfp; /* Y; before Y: per-warp 16 x 16 float32 scratch (S tiles) */
-    if (r < (size_t)CWARPS * 256) r = (size_t)CWARPS * 256;
-    CT(sR, float, r);
-  }
+  CT(sL1, OT, CQ * c.lqq); /* L o S */
+  CT(sR, float, CQ * c.lfp); /* Y */
   CT(sc, float, (CQ + 1) * FW);
   CT(misc, float, 8);
   if (m) *m = t;
@@ -279,8 +269,6 @@ __host__ __device__ inline size_t carve_post(unsigned char *base, int N, int S, 
 
 /* ---- tensor-core block product -------------------------------------------------------------------- */
 
-template <typename L> struct is_row { static constexpr bool v = false; };
-template <> struct is_row<wmma::row_major> { static constexpr bool v = true; };
 
 /* C[M x Nn] (float32, row stride ldc) (+)= A[M x K] B[K x Nn]; A row-major (A[i lda + k]) or
  * column-major (A[k lda + i]), B row-major (B[k ldb + j]) or column-major (B[j ldb + k]); M, Nn,
@@ -288,44 +276,42 @@ template <> struct is_row<wmma::row_major> { static constexpr bool v = true; };
  * warp's tiles at a time (independent accumulator chains, k outermost); each tile's K loop runs in
  * order (deterministic). */
 enum { BMM_ILP = 4 };
-template <typename LA, typename LB>
+template <bool A_ROW, bool B_ROW>
 __device__ __forceinline__ void bmm(float *C, int ldc, const OT *A, int lda, const OT *B, int ldb, int M, int Nn,
                                     int K, bool acc) {
   const int wid = threadIdx.x >> 5;
   const int tn = Nn / 16, nt = (M / 16) * tn;
+  const unsigned as = k16_step(A_ROW, lda), bs = k16_step(!B_ROW, ldb);
   for (int first = wid; first < nt; first += CWARPS * BMM_ILP) {
-    wmma::fragment<wmma::accumulator, 16, 16, 16, float> c[BMM_ILP];
+    acc16 c[BMM_ILP];
+    unsigned aa[BMM_ILP], ba[BMM_ILP];
 #pragma unroll
     for (int j = 0; j < BMM_ILP; j++) {
       const int tile = first + CWARPS * j;
       if (tile >= nt) break;
-      float *cp = C + (size_t)(tile / tn * 16) * ldc + tile % tn * 16;
-      if (acc) wmma::load_matrix_sync(c[j], cp, ldc, wmma::mem_row_major);
-      else wmma::fill_fragment(c[j], 0.0f);
+      const int i0 = tile / tn * 16, j0 = tile % tn * 16;
+      if (acc) acc_load(c[j], C + (size_t)i0 * ldc + j0, ldc);
+      else acc_zero(c[j]);
+      aa[j] = lds_addr(A_ROW ? A + (size_t)i0 * lda : A + i0, lda, A_ROW);
+      ba[j] = lds_addr(B_ROW ? B + j0 : B + (size_t)j0 * ldb, ldb, B_ROW);
     }
     for (int k = 0; k < K; k += 16) {
 #pragma unroll
       for (int j = 0; j < BMM_ILP; j++) {
-        const int tile = first + CWARPS * j;
-        if (tile >= nt) break;
-        const int i0 = tile / tn * 16, j0 = tile % tn * 16;
-        wmma::fragment<wmma::matrix_a, 16, 16, 16, OT, LA> fa;
-        wmma::fragment<wmma::matrix_b, 16, 16, 16, OT, LB> fb;
-        wmma::load_matrix_sync(fa, is_row<LA>::v ? A + (size_t)i0 * lda + k : A + (size_t)k * lda + i0, lda);
-        wmma::load_matrix_sync(fb, is_row<LB>::v ? B + (size_t)k * ldb + j0 : B + (size_t)j0 * ldb + k, ldb);
-        wmma::mma_sync(c[j], fa, fb, c[j]);
+        if (first + CWARPS * j >= nt) break;
+        mma_k16<A_ROW, B_ROW>(c[j], aa[j], ba[j]);
+        aa[j] += as;
+        ba[j] += bs;
       }
     }
 #pragma unroll
     for (int j = 0; j < BMM_ILP; j++) {
       const int tile = first + CWARPS * j;
       if (tile >= nt) break;
-      wmma::store_matrix_sync(C + (size_t)(tile / tn * 16) * ldc + tile % tn * 16, c[j], ldc, wmma::mem_row_major);
+      acc_store(C + (size_t)(tile / tn * 16) * ldc + tile % tn * 16, ldc, c[j]);
     }
   }
 }
-typedef wmma::row_major RM;
-typedef wmma::col_major CM;
 
 /* ---- per-chunk pieces shared by both directions ----------------------------------------------------- */
 
@@ -707,29 +693,40 @@ template <typename T> __device__ __forceinline__ void st8(T *p, const float *v) 
   *(uint4 *)p = r;
 }
 
-/* Per row i of the float32 tile F (a row per warp): with c = sc[i][fc] (0 past nb), F_i <- c F_i and
- * sc[i][fo] = c (F_i . X_i) for i < nb (add: +=), the dot over the row's w columns with the bf16 tile X. */
+/* Per row i of the float32 tile F (four threads per row): with c = sc[i][fc] (0 past nb), F_i <- c F_i
+ * and sc[i][fo] = c (F_i . X_i) for i < nb (add: +=), the dot over the row's w columns with the bf16
+ * tile X (each thread's columns in order, then a fixed shuffle tree). */
+static_assert(CTHREADS == 4 * CQ, "scale_rows_dot: four threads per row");
 __device__ __forceinline__ void scale_rows_dot(float *F, int ldf, const OT *X, int ldx, int w, float *sc, int nb, int fc,
                                                int fo, bool add) {
-  const int lane = threadIdx.x & 31;
-  for (int i = threadIdx.x >> 5; i < CQ; i += CWARPS) {
-    const float c = i < nb ? sc[i * FW + fc] : 0.0f;
-    float r = 0;
-    for (int n = lane; n < w; n += 32) {
-      const float v = F[i * ldf + n];
-      r += v * __bfloat162float(X[i * ldx + n]);
-      F[i * ldf + n] = c * v;
-    }
-    r = warp_sum(r);
-    if (lane == 0 && i < nb) sc[i * FW + fo] = add ? sc[i * FW + fo] + c * r : c * r;
+  const int i = threadIdx.x >> 2, q = threadIdx.x & 3;
+  const float c = i < nb ? sc[i * FW + fc] : 0.0f;
+  float r = 0;
+  for (int n = q; n < w; n += 4) {
+    const float v = F[i * ldf + n];
+    r += v * __bfloat162float(X[i * ldx + n]);
+    F[i * ldf + n] = c * v;
   }
+  r += __shfl_xor_sync(0xffffffffu, r, 1);
+  r += __shfl_xor_sync(0xffffffffu, r, 2);
+  if (q == 0 && i < nb) sc[i * FW + fo] = add ? sc[i * FW + fo] + c * r : c * r;
 }
 
-/* dst[i * ld_dst + n] = src[i * ld + n] for rows i < nb, n < N (float32, a row per warp). */
+/* dst[i * ld_dst + n] = src[i * ld + n] for rows i < nb, n < N (float32; four columns per item where
+ * N, ld and ld_dst are multiples of 4). */
 __device__ __forceinline__ void rows_out(float *dst, int64_t ld_dst, const float *src, int ld, int nb, int N) {
-  const int lane = threadIdx.x & 31;
-  for (int i = threadIdx.x >> 5; i < nb; i += CWARPS)
-    for (int n = lane; n < N; n += 32) dst[i * ld_dst + n] = src[i * ld + n];
+  if (((N | ld | (int)ld_dst) & 3) == 0) {
+    const int vpr = N / 4;
+    for (int idx = threadIdx.x; idx < nb * vpr; idx += CTHREADS) {
+      const int i = idx / vpr, n = (idx - i * vpr) * 4;
+      *(float4 *)(dst + i * ld_dst + n) = *(const float4 *)(src + i * ld + n);
+    }
+  } else {
+    for (int idx = threadIdx.x; idx < nb * N; idx += CTHREADS) {
+      const int i = idx / N, n = idx - i * N;
+      dst[i * ld_dst + n] = src[i * ld + n];
+    }
+  }
 }
 
 /* ---- the parallel parts: angles, then per-chunk preparation ------------------------------------------- */
@@ -844,7 +841,6 @@ __global__ void __launch_bounds__(CTHREADS, 3) scan_prep_chunked(const m3k_scan_
  * the mask zeroes the rest) through a per-warp scratch straight into L o S (bf16); each warp's
  * Y tiles = EC-scaled q E^T plus (L o S) x without leaving the warp; W x in place in sx after Y;
  * E = dec E + (W x)^T ktil in registers, converted to bf16 through the per-warp scratch. */
-static_assert(CQ * (CQ + 8) * sizeof(OT) >= CWARPS * 256 * sizeof(float), "sL1 holds the per-warp scratch");
 
 template <typename T>
 __global__ void __launch_bounds__(CTHREADS, 2) scan_fwd_chunked_r(const m3k_scan_args a) {
@@ -862,10 +858,8 @@ __global__ void __launch_bounds__(CTHREADS, 2) scan_fwd_chunked_r(const m3k_scan
   const float Dh = a.D[h];
   float *misc = s.misc;
   const int etn = cd.Np / 16, ent = (cd.Pp / 16) * etn; /* E tiles (row-major over Pp x Np) */
-  float *wscr = s.sR + wid * 256;           /* per-warp scratch in the Y area (before Y exists) */
-  float *escr = (float *)s.sL1 + wid * 256; /* per-warp scratch in the L o S area (after Y) */
-  float *sY = s.sR;                         /* [CQ][lfp] */
-  wmma::fragment<wmma::accumulator, 16, 16, 16, float> eacc[FR_MAXT];
+  float *sY = s.sR; /* [CQ][lfp] */
+  acc16 eacc[FR_MAXT];
   const int nch = (a.len + CQ - 1) / CQ;
   const bool vec = act_vec(d);
   cviews cv;
@@ -879,22 +873,20 @@ __global__ void __launch_bounds__(CTHREADS, 2) scan_fwd_chunked_r(const m3k_scan
       const int tile = wid + CWARPS * j;
       if (tile < ent) {
         const int i0 = tile / etn * 16, j0 = tile % etn * 16;
-        for (int e = lane; e < 256; e += 32) {
-          const int p = i0 + (e >> 4), n = j0 + (e & 15);
+#pragma unroll
+        for (int e = 0; e < 8; e++) {
+          const int p = i0 + acc_row(e), n = j0 + acc_col(e);
           float v = 0;
           if (p < P && n < N) {
             if (a.in_ssm) v = a.in_ssm[(bh * P + p) * N + n];
             if (a.in_v && a.in_k) v += bp0 * a.in_v[bh * P + p] * a.in_k[bh * N + n];
           }
-          wscr[e] = v;
+          eacc[j].v[e] = v;
           s.sE[p * cd.lqn + n] = __float2bfloat16_rn(v);
           if (a.chunk_states && p < P && n < N) a.chunk_states[(bh * nch * P + p) * N + n] = v; /* [nch][P][N] */
         }
-        __syncwarp();
-        wmma::load_matrix_sync(eacc[j], wscr, 16, wmma::mem_row_major);
-        __syncwarp();
       } else {
-        wmma::fill_fragment(eacc[j], 0.0f);
+        acc_zero(eacc[j]);
       }
     }
   }
@@ -918,25 +910,17 @@ __global__ void __launch_bounds__(CTHREADS, 2) scan_fwd_chunked_r(const m3k_scan
         for (int e = lane; e < 256; e += 32) l1[(e >> 4) * cd.lqq + (e & 15)] = __float2bfloat16_rn(0.0f);
         continue;
       }
-      wmma::fragment<wmma::accumulator, 16, 16, 16, float> c;
-      wmma::fill_fragment(c, 0.0f);
-      for (int k = 0; k < cd.Np; k += 16) {
-        wmma::fragment<wmma::matrix_a, 16, 16, 16, OT, RM> fa;
-        wmma::fragment<wmma::matrix_b, 16, 16, 16, OT, CM> fb;
-        wmma::load_matrix_sync(fa, s.sq + (size_t)ti * 16 * cd.lqn + k, cd.lqn);
-        wmma::load_matrix_sync(fb, s.sk + (size_t)tj * 16 * cd.lqn + k, cd.lqn);
-        wmma::mma_sync(c, fa, fb, c);
-      }
-      wmma::store_matrix_sync(wscr, c, 16, wmma::mem_row_major);
-      __syncwarp();
-      for (int e = lane; e < 256; e += 32) {
-        const int t = ti * 16 + (e >> 4), u = tj * 16 + (e & 15);
+      acc16 c;
+      acc_zero(c);
+      mma_tile<true, false>(c, s.sq + (size_t)ti * 16 * cd.lqn, cd.lqn, s.sk + (size_t)tj * 16 * cd.lqn, cd.lqn, cd.Np);
+#pragma unroll
+      for (int e = 0; e < 8; e++) {
+        const int t = ti * 16 + acc_row(e), u = tj * 16 + acc_col(e);
         float v = 0;
         if (t < nb && u < t && u >= (int)s.sc[t * FW + F_SEG])
-          v = expf(fminf(s.sc[t * FW + F_C] - s.sc[u * FW + F_C], 0.0f)) * wscr[e];
-        l1[(e >> 4) * cd.lqq + (e & 15)] = __float2bfloat16_rn(v);
+          v = expf(fminf(s.sc[t * FW + F_C] - s.sc[u * FW + F_C], 0.0f)) * c.v[e];
+        l1[acc_row(e) * cd.lqq + acc_col(e)] = __float2bfloat16_rn(v);
       }
-      __syncwarp();
     }
     __syncthreads();
     /* 5-6. Y = diag(EC) q E^T + (L o S) x, each output tile within one warp */
@@ -944,32 +928,16 @@ __global__ void __launch_bounds__(CTHREADS, 2) scan_fwd_chunked_r(const m3k_scan
       const int tn = cd.Pp / 16, nt = (CQ / 16) * tn;
       for (int tile = wid; tile < nt; tile += CWARPS) {
         const int i0 = tile / tn * 16, j0 = tile % tn * 16;
-        float *yp = sY + (size_t)i0 * cd.lfp + j0;
-        wmma::fragment<wmma::accumulator, 16, 16, 16, float> c;
-        wmma::fill_fragment(c, 0.0f);
-        for (int k = 0; k < cd.Np; k += 16) {
-          wmma::fragment<wmma::matrix_a, 16, 16, 16, OT, RM> fa;
-          wmma::fragment<wmma::matrix_b, 16, 16, 16, OT, CM> fb;
-          wmma::load_matrix_sync(fa, s.sq + (size_t)i0 * cd.lqn + k, cd.lqn);
-          wmma::load_matrix_sync(fb, s.sE + (size_t)j0 * cd.lqn + k, cd.lqn);
-          wmma::mma_sync(c, fa, fb, c);
+        acc16 c;
+        acc_zero(c);
+        mma_tile<true, false>(c, s.sq + (size_t)i0 * cd.lqn, cd.lqn, s.sE + (size_t)j0 * cd.lqn, cd.lqn, cd.Np);
+#pragma unroll
+        for (int e = 0; e < 8; e++) {
+          const int t = i0 + acc_row(e);
+          c.v[e] *= t < nb ? s.sc[t * FW + F_EC] : 0.0f;
         }
-        wmma::store_matrix_sync(yp, c, cd.lfp, wmma::mem_row_major);
-        __syncwarp();
-        for (int e = lane; e < 256; e += 32) {
-          const int t = i0 + (e >> 4);
-          yp[(e >> 4) * cd.lfp + (e & 15)] *= t < nb ? s.sc[t * FW + F_EC] : 0.0f;
-        }
-        __syncwarp();
-        wmma::load_matrix_sync(c, yp, cd.lfp, wmma::mem_row_major);
-        for (int k = 0; k < CQ; k += 16) {
-          wmma::fragment<wmma::matrix_a, 16, 16, 16, OT, RM> fa;
-          wmma::fragment<wmma::matrix_b, 16, 16, 16, OT, RM> fb;
-          wmma::load_matrix_sync(fa, s.sL1 + (size_t)i0 * cd.lqq + k, cd.lqq);
-          wmma::load_matrix_sync(fb, s.sx + (size_t)k * cd.lqp + j0, cd.lqp);
-          wmma::mma_sync(c, fa, fb, c);
-        }
-        wmma::store_matrix_sync(yp, c, cd.lfp, wmma::mem_row_major);
+        mma_tile<true, true>(c, s.sL1 + (size_t)i0 * cd.lqq, cd.lqq, s.sx + j0, cd.lqp, CQ);
+        acc_store(sY + (size_t)i0 * cd.lfp + j0, cd.lfp, c);
       }
     }
     __syncthreads();
@@ -989,23 +957,15 @@ __global__ void __launch_bounds__(CTHREADS, 2) scan_fwd_chunked_r(const m3k_scan
         if (tile < ent) {
           const int i0 = tile / etn * 16, j0 = tile % etn * 16;
 #pragma unroll
-          for (int e = 0; e < eacc[j].num_elements; e++) eacc[j].x[e] *= dec;
-          for (int k = 0; k < CQ; k += 16) {
-            wmma::fragment<wmma::matrix_a, 16, 16, 16, OT, CM> fa;
-            wmma::fragment<wmma::matrix_b, 16, 16, 16, OT, RM> fb;
-            wmma::load_matrix_sync(fa, s.sx + (size_t)k * cd.lqp + i0, cd.lqp);
-            wmma::load_matrix_sync(fb, s.sk + (size_t)k * cd.lqn + j0, cd.lqn);
-            wmma::mma_sync(eacc[j], fa, fb, eacc[j]);
-          }
-          wmma::store_matrix_sync(escr, eacc[j], 16, wmma::mem_row_major);
-          __syncwarp();
+          for (int e = 0; e < 8; e++) eacc[j].v[e] *= dec;
+          mma_tile<false, true>(eacc[j], s.sx + i0, cd.lqp, s.sk + j0, cd.lqn, CQ);
           const bool keep = a.chunk_states && ch + 1 < nch;
-          for (int e = lane; e < 256; e += 32) {
-            const int p = i0 + (e >> 4), n = j0 + (e & 15);
-            s.sE[p * cd.lqn + n] = __float2bfloat16_rn(escr[e]);
-            if (keep && p < P && n < N) a.chunk_states[((u + 1) * P + p) * N + n] = escr[e];
+#pragma unroll
+          for (int e = 0; e < 8; e++) {
+            const int p = i0 + acc_row(e), n = j0 + acc_col(e);
+            s.sE[p * cd.lqn + n] = __float2bfloat16_rn(eacc[j].v[e]);
+            if (keep && p < P && n < N) a.chunk_states[((u + 1) * P + p) * N + n] = eacc[j].v[e];
           }
-          __syncwarp();
         }
       }
     }
@@ -1081,13 +1041,11 @@ __global__ void __launch_bounds__(CTHREADS, 2) scan_fwd_chunked_r(const m3k_scan
       const int tile = wid + CWARPS * j;
       if (tile < ent) {
         const int i0 = tile / etn * 16, j0 = tile % etn * 16;
-        wmma::store_matrix_sync(escr, eacc[j], 16, wmma::mem_row_major);
-        __syncwarp();
-        for (int e = lane; e < 256; e += 32) {
-          const int p = i0 + (e >> 4), n = j0 + (e & 15);
-          if (p < P && n < N) a.fin_ssm[bh * P * N + (int64_t)p * N + n] = escr[e];
+#pragma unroll
+        for (int e = 0; e < 8; e++) {
+          const int p = i0 + acc_row(e), n = j0 + acc_col(e);
+          if (p < P && n < N) a.fin_ssm[bh * P * N + (int64_t)p * N + n] = eacc[j].v[e];
         }
-        __syncwarp();
       }
     }
   }
@@ -1134,12 +1092,11 @@ __global__ void __launch_bounds__(CTHREADS, 2) scan_dstate_chunked(const m3k_sca
   const int64_t bh = (int64_t)b * H + h;
   const int nch = (a.len + CQ - 1) / CQ;
   const int etn = cd.Np / 16, ent = (cd.Pp / 16) * etn; /* dE tiles (row-major over Pp x Np) */
-  float *wscr = s.sR + wid * 256;
   cviews cv;
   chunk_views(a.chunk_scratch, a.rows, a.len, H, P, N, true, &cv);
-  wmma::fragment<wmma::accumulator, 16, 16, 16, float> eacc[FR_MAXT];
+  acc16 eacc[FR_MAXT];
 #pragma unroll
-  for (int j = 0; j < FR_MAXT; j++) wmma::fill_fragment(eacc[j], 0.0f); /* nothing flows from the final state */
+  for (int j = 0; j < FR_MAXT; j++) acc_zero(eacc[j]); /* nothing flows from the final state */
   const auto load = [&](int ch, int buf) {
     const int64_t u = bh * nch + ch;
     tab_load(cv.tab + u * CQ * TW, s.sc + buf * (CQ + 1) * FW, F_EC + 1, s.misc + buf);
@@ -1168,16 +1125,14 @@ __global__ void __launch_bounds__(CTHREADS, 2) scan_dstate_chunked(const m3k_sca
       if (tile < ent) {
         const int i0 = tile / etn * 16, j0 = tile % etn * 16;
         if (P == cd.Pp && N == cd.Np) {
-          wmma::store_matrix_sync(de + i0 * N + j0, eacc[j], N, wmma::mem_row_major);
+          acc_store(de + i0 * N + j0, N, eacc[j]);
           continue;
         }
-        wmma::store_matrix_sync(wscr, eacc[j], 16, wmma::mem_row_major);
-        __syncwarp();
-        for (int e = lane; e < 256; e += 32) {
-          const int p = i0 + (e >> 4), n = j0 + (e & 15);
-          if (p < P && n < N) de[p * N + n] = wscr[e];
+#pragma unroll
+        for (int e = 0; e < 8; e++) {
+          const int p = i0 + acc_row(e), n = j0 + acc_col(e);
+          if (p < P && n < N) de[p * N + n] = eacc[j].v[e];
         }
-        __syncwarp();
       }
     }
     /* EC dY in place */
@@ -1195,14 +1150,8 @@ __global__ void __launch_bounds__(CTHREADS, 2) scan_dstate_chunked(const m3k_sca
       if (tile < ent) {
         const int i0 = tile / etn * 16, j0 = tile % etn * 16;
 #pragma unroll
-        for (int e = 0; e < eacc[j].num_elements; e++) eacc[j].x[e] *= dec;
-        for (int k = 0; k < CQ; k += 16) {
-          wmma::fragment<wmma::matrix_a, 16, 16, 16, OT, CM> fa;
-          wmma::fragment<wmma::matrix_b, 16, 16, 16, OT, RM> fb;
-          wmma::load_matrix_sync(fa, sy + (size_t)k * cd.lqp + i0, cd.lqp);
-          wmma::load_matrix_sync(fb, sq + (size_t)k * cd.lqn + j0, cd.lqn);
-          wmma::mma_sync(eacc[j], fa, fb, eacc[j]);
-        }
+        for (int e = 0; e < 8; e++) eacc[j].v[e] *= dec;
+        mma_tile<false, true>(eacc[j], sy + i0, cd.lqp, sq + j0, cd.lqn, CQ);
       }
     }
     __syncthreads();
@@ -1216,13 +1165,11 @@ __global__ void __launch_bounds__(CTHREADS, 2) scan_dstate_chunked(const m3k_sca
       const int tile = wid + CWARPS * j;
       if (tile < ent) {
         const int i0 = tile / etn * 16, j0 = tile % etn * 16;
-        wmma::store_matrix_sync(wscr, eacc[j], 16, wmma::mem_row_major);
-        __syncwarp();
-        for (int e = lane; e < 256; e += 32) {
-          const int p = i0 + (e >> 4), n = j0 + (e & 15);
-          if (p < P && n < N) part += a.in_v[bh * P + p] * wscr[e] * a.in_k[bh * N + n];
+#pragma unroll
+        for (int e = 0; e < 8; e++) {
+          const int p = i0 + acc_row(e), n = j0 + acc_col(e);
+          if (p < P && n < N) part += a.in_v[bh * P + p] * eacc[j].v[e] * a.in_k[bh * N + n];
         }
-        __syncwarp();
       }
     }
   }
@@ -1314,11 +1261,10 @@ __global__ void __launch_bounds__(CTHREADS, MINB) scan_bwd_chunked(const m3k_sca
     for (int w = 0; w < CWARPS; w++) dee += s.red[w];
     misc[1] = dee;
   }
-  /* 4-5. S1 = q ktil^T, S2 = dY x^T tile by tile (warp's scratch; tiles above the diagonal: 0):
+  /* 4-5. S1 = q ktil^T, S2 = dY x^T tile by tile in the warp's registers (tiles above the diagonal: 0):
    * L1 = L o S1, L2 = L o S2 (bf16); M = L o S1 o S2 (u < t) summed per tile row and column */
   {
-    float *s1 = s.sR + wid * 512, *s2 = s1 + 256;
-    float *rowp = s.sR + CWARPS * 512, *colp = rowp + CQ * (CQ / 16); /* [CQ][CQ / 16] */
+    float *rowp = s.sR, *colp = rowp + CQ * (CQ / 16); /* [CQ][CQ / 16] */
     for (int tile = wid; tile < (CQ / 16) * (CQ / 16); tile += CWARPS) {
       const int ti = tile / (CQ / 16), tj = tile % (CQ / 16);
       OT *l1 = s.sL1 + ti * 16 * cd.lqq + tj * 16, *l2 = s.sL2 + ti * 16 * cd.lqq + tj * 16;
@@ -1333,55 +1279,43 @@ __global__ void __launch_bounds__(CTHREADS, MINB) scan_bwd_chunked(const m3k_sca
         }
         continue;
       }
-      {
-        wmma::fragment<wmma::accumulator, 16, 16, 16, float> c;
-        wmma::fill_fragment(c, 0.0f);
-        for (int k = 0; k < cd.Np; k += 16) {
-          wmma::fragment<wmma::matrix_a, 16, 16, 16, OT, RM> fa;
-          wmma::fragment<wmma::matrix_b, 16, 16, 16, OT, CM> fb;
-          wmma::load_matrix_sync(fa, s.sq + (size_t)ti * 16 * cd.lqn + k, cd.lqn);
-          wmma::load_matrix_sync(fb, s.sk + (size_t)tj * 16 * cd.lqn + k, cd.lqn);
-          wmma::mma_sync(c, fa, fb, c);
-        }
-        wmma::store_matrix_sync(s1, c, 16, wmma::mem_row_major);
-      }
-      {
-        wmma::fragment<wmma::accumulator, 16, 16, 16, float> c;
-        wmma::fill_fragment(c, 0.0f);
-        for (int k = 0; k < cd.Pp; k += 16) {
-          wmma::fragment<wmma::matrix_a, 16, 16, 16, OT, RM> fa;
-          wmma::fragment<wmma::matrix_b, 16, 16, 16, OT, CM> fb;
-          wmma::load_matrix_sync(fa, s.sxw + (size_t)ti * 16 * cd.lqp + k, cd.lqp);
-          wmma::load_matrix_sync(fb, s.sx + (size_t)tj * 16 * cd.lqp + k, cd.lqp);
-          wmma::mma_sync(c, fa, fb, c);
-        }
-        wmma::store_matrix_sync(s2, c, 16, wmma::mem_row_major);
-      }
-      __syncwarp();
-      for (int e = lane; e < 256; e += 32) {
-        const int t = ti * 16 + (e >> 4), u = tj * 16 + (e & 15);
+      acc16 c1, c2;
+      acc_zero(c1);
+      acc_zero(c2);
+      mma_tile<true, false>(c1, s.sq + (size_t)ti * 16 * cd.lqn, cd.lqn, s.sk + (size_t)tj * 16 * cd.lqn, cd.lqn, cd.Np);
+      mma_tile<true, false>(c2, s.sxw + (size_t)ti * 16 * cd.lqp, cd.lqp, s.sx + (size_t)tj * 16 * cd.lqp, cd.lqp, cd.Pp);
+      float m[8];
+#pragma unroll
+      for (int e = 0; e < 8; e++) {
+        const int t = ti * 16 + acc_row(e), u = tj * 16 + acc_col(e);
         float l = 0;
         if (t < nb && u < t && u >= (int)s.sc[t * FW + F_SEG])
           l = expf(fminf(s.sc[t * FW + F_C] - s.sc[u * FW + F_C], 0.0f));
-        const float v1 = l * s1[e], v2 = l * s2[e];
-        l1[(e >> 4) * cd.lqq + (e & 15)] = __float2bfloat16_rn(v1);
-        l2[(e >> 4) * cd.lqq + (e & 15)] = __float2bfloat16_rn(v2);
-        s1[e] = u < t ? v1 * s2[e] : 0.0f;
+        const float v1 = l * c1.v[e], v2 = l * c2.v[e];
+        l1[acc_row(e) * cd.lqq + acc_col(e)] = __float2bfloat16_rn(v1);
+        l2[acc_row(e) * cd.lqq + acc_col(e)] = __float2bfloat16_rn(v2);
+        m[e] = u < t ? v1 * c2.v[e] : 0.0f;
       }
-      __syncwarp();
-      if (lane < 16) { /* row lane of the tile: sum over its 16 columns, in order */
-        float acc = 0;
+      /* the tile's row sums (rows lane / 4, + 8: over the 4 lanes of a row) and column sums
+       * (columns 2 (lane % 4) + q, + 8: over the 8 lanes of a column), fixed shuffle trees */
+      float r0 = m[0] + m[1] + m[4] + m[5], r1 = m[2] + m[3] + m[6] + m[7];
+      float cs[4] = {m[0] + m[2], m[1] + m[3], m[4] + m[6], m[5] + m[7]};
 #pragma unroll
-        for (int c = 0; c < 16; c++) acc += s1[lane * 16 + c];
-        rowp[(ti * 16 + lane) * (CQ / 16) + tj] = acc;
-      } else { /* column lane - 16: sum over the 16 rows, in order */
-        const int c = lane - 16;
-        float acc = 0;
-#pragma unroll
-        for (int r = 0; r < 16; r++) acc += s1[r * 16 + c];
-        colp[(tj * 16 + c) * (CQ / 16) + ti] = acc;
+      for (int o = 1; o < 4; o <<= 1) {
+        r0 += __shfl_xor_sync(0xffffffffu, r0, o);
+        r1 += __shfl_xor_sync(0xffffffffu, r1, o);
       }
-      __syncwarp();
+#pragma unroll
+      for (int o = 4; o < 32; o <<= 1)
+#pragma unroll
+        for (int k = 0; k < 4; k++) cs[k] += __shfl_xor_sync(0xffffffffu, cs[k], o);
+      if ((lane & 3) == 0) {
+        rowp[(ti * 16 + lane / 4) * (CQ / 16) + tj] = r0;
+        rowp[(ti * 16 + lane / 4 + 8) * (CQ / 16) + tj] = r1;
+      }
+      if (lane < 4)
+#pragma unroll
+        for (int k = 0; k < 4; k++) colp[(tj * 16 + 8 * (k >> 1) + 2 * lane + (k & 1)) * (CQ / 16) + ti] = cs[k];
     }
     __syncthreads();
     if (tid < CQ) { /* row sums of M: the tiles' partials in order */
@@ -1402,11 +1336,11 @@ __global__ void __launch_bounds__(CTHREADS, MINB) scan_bwd_chunked(const m3k_sca
   float *dq = a.dbc_head + ((m0 * H + h) * 2 + 1) * N, *dk = a.dbc_head + ((m0 * H + h) * 2 + 0) * N;
   for (int c0 = 0; c0 < cd.Np; c0 += cd.cw) {
     const int w = min(cd.cw, cd.Np - c0);
-    bmm<RM, RM>(sF, cd.lfc, s.sxw, cd.lqp, s.sE + c0, cd.lqn, CQ, w, cd.Pp, false);
+    bmm<true, true>(sF, cd.lfc, s.sxw, cd.lqp, s.sE + c0, cd.lqn, CQ, w, cd.Pp, false);
     __syncthreads();
     scale_rows_dot(sF, cd.lfc, s.sq + c0, cd.lqn, w, s.sc, nb, F_EC, F_R, c0 > 0);
     __syncthreads();
-    bmm<RM, RM>(sF, cd.lfc, s.sL2, cd.lqq, s.sk + c0, cd.lqn, CQ, w, CQ, true);
+    bmm<true, true>(sF, cd.lfc, s.sL2, cd.lqq, s.sk + c0, cd.lqn, CQ, w, CQ, true);
     __syncthreads();
     rows_out(dq + c0, (int64_t)H * 2 * N, sF, cd.lfc, nb, min(w, N - c0)); /* dq (raw) */
     __syncthreads();
@@ -1417,24 +1351,24 @@ __global__ void __launch_bounds__(CTHREADS, MINB) scan_bwd_chunked(const m3k_sca
   /* 7. dktil = W (x dE) + L2^T q; v_s */
   for (int c0 = 0; c0 < cd.Np; c0 += cd.cw) {
     const int w = min(cd.cw, cd.Np - c0);
-    bmm<RM, RM>(sF, cd.lfc, s.sx, cd.lqp, s.sdE + c0, cd.lqn, CQ, w, cd.Pp, false);
+    bmm<true, true>(sF, cd.lfc, s.sx, cd.lqp, s.sdE + c0, cd.lqn, CQ, w, cd.Pp, false);
     __syncthreads();
     scale_rows_dot(sF, cd.lfc, s.sk + c0, cd.lqn, w, s.sc, nb, F_W, F_V, c0 > 0);
     __syncthreads();
-    bmm<CM, RM>(sF, cd.lfc, s.sL2, cd.lqq, s.sq + c0, cd.lqn, CQ, w, CQ, true);
+    bmm<false, true>(sF, cd.lfc, s.sL2, cd.lqq, s.sq + c0, cd.lqn, CQ, w, CQ, true);
     __syncthreads();
     rows_out(dk + c0, (int64_t)H * 2 * N, sF, cd.lfc, nb, min(w, N - c0)); /* dktil (raw) */
     __syncthreads();
   }
   /* 8. dx = W (ktil dE^T) + L1^T dY (+ diagonal, D) */
-  bmm<RM, CM>(sF, cd.lfp, s.sk, cd.lqn, s.sdE, cd.lqn, CQ, cd.Pp, cd.Np, false);
+  bmm<true, false>(sF, cd.lfp, s.sk, cd.lqn, s.sdE, cd.lqn, CQ, cd.Pp, cd.Np, false);
   __syncthreads();
   for (int idx = tid; idx < CQ * cd.Pp; idx += CTHREADS) {
     const int i = idx / cd.Pp, p = idx - i * cd.Pp;
     sF[i * cd.lfp + p] *= i < nb ? s.sc[i * FW + F_W] : 0.0f;
   }
   __syncthreads();
-  bmm<CM, RM>(sF, cd.lfp, s.sL1, cd.lqq, s.sxw, cd.lqp, CQ, cd.Pp, CQ, true);
+  bmm<false, true>(sF, cd.lfp, s.sL1, cd.lqq, s.sxw, cd.lqp, CQ, cd.Pp, CQ, true);
   __syncthreads();
   if (vec) {
     const int vpr = P / 8;
