@@ -158,8 +158,9 @@ typedef struct m3k_scan_args {
   float *part_norm;            /* [rows, H, P]: mixer norm weight partials (=), outproj_norm only */
   float *chunk_scratch;        /* the chunked scan's per-chunk scratch (m3k_scan_chunk_scratch floats, sized for
                                   the backward when it runs); NULL: the SIMT kernels */
-  float *chunk_states;         /* [rows, H, ceil(len / 64), P, N] the state entering each chunk: the chunked
-                                  forward writes it (when not NULL), its backward reads it (required) */
+  float *chunk_states;         /* one layer's m3k_scan_chunk_states floats: what the chunked forward keeps for its
+                                  backward (the state entering each chunk, the chunks' q, ktil and token
+                                  scalars); the forward writes it when not NULL, the backward reads it (required) */
 } m3k_scan_args;
 
 cudaError_t m3k_scan_fwd(cudaStream_t s, int prec, const m3k_scan_plan *plan, const m3k_scan_args *a);

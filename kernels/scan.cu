@@ -983,7 +983,7 @@ extern "C" int64_t m3k_scan_chunk_scratch(const m3k_scan_plan *plan, int prec, i
 extern "C" int64_t m3k_scan_chunk_states(const m3k_scan_plan *plan, int prec, int32_t rows, int32_t len, int32_t H,
                                          int32_t P, int32_t N) {
   if (prec == M3K_F32 || !plan->chunked) return 0;
-  return (int64_t)rows * H * ((len + M3K_CHUNK - 1) / M3K_CHUNK) * P * N;
+  return m3k_chunked_kept(rows, len, H, P, N);
 }
 
 extern "C" cudaError_t m3k_scan_prepare(int prec, const m3k_scan_plan *plan) {
@@ -1018,7 +1018,7 @@ extern "C" cudaError_t m3k_scan_fwd(cudaStream_t s, int prec, const m3k_scan_pla
 }
 
 extern "C" cudaError_t m3k_scan_bwd(cudaStream_t s, int prec, const m3k_scan_plan *plan, const m3k_scan_args *a) {
-  if (takes_chunked(prec, plan, a) && a->chunk_states) return m3k_chunked_bwd(s, prec, plan, a);
+  if (takes_chunked(prec, plan, a) && a->chunk_states) return m3k_chunked_bwd(s, prec, a);
   const dim3 grid(a->d.H, a->rows);
   M3K_DISPATCH(prec, SCAN_TILE_DISPATCH(plan, (scan_bwd_kernel<RP, RN, T><<<grid, plan->threads, plan->smem_bwd, s>>>(
                                                    *a, make_geo(plan->pth, plan->nth, plan->tb_bwd, plan->sb)))));

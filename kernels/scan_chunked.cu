@@ -33,10 +33,10 @@
  *   stopped at resets) and the scalar chain to dd_dt, dd_A, trap exactly as scan.cu.
  *
  * Pipeline (launchers at the end). Forward: scan_angles_chunked (theta, sequential per pair),
- * scan_prep_chunked (per chunk, in parallel: token scalars, cumsums, masks, q, ktil into the chunk
- * scratch), scan_fwd_chunked_r (the walk; in training it keeps the state entering each chunk in
- * a.chunk_states). Backward: scan_prep_chunked (the same, plus the gate backward), scan_dstate_chunked
- * (the reverse walk of dE alone: dE leaving each chunk into the scratch, <dE, E>, dbp_0),
+ * scan_prep_chunked (per chunk, in parallel: token scalars, cumsums, masks, q, ktil), scan_fwd_chunked_r
+ * (the walk; in training it keeps the state entering each chunk: with q, ktil and the scalars, what
+ * the forward keeps in a.chunk_states). Backward: scan_gate_bwd_chunked (per chunk, in parallel: the
+ * gate backward), scan_dstate_chunked (the reverse walk of dE alone: dE leaving each chunk, dbp_0),
  * scan_bwd_chunked (per chunk, in parallel: the products, raw dq / dktil into dbc_head, da into the
  * table), scan_post_chunked (per chunk, in parallel: the diagonal terms, rotation backward, dscale,
  * the angle shares, B/C bias partials),
@@ -95,8 +95,8 @@ struct csmem {
   float *dth;  /* [CQ][S] post_seq: angle gradient of the chunk, then pi D tanh */
   float *sbk, *sbq; /* [Np] B_bias[h], C_bias[h] */
   float *sc;   /* [CQ + 1][FW] token scalars (post_seq: [CQ][TW] table rows) */
-  float *kl;   /* [Np] prep (forward): k (rotated, unscaled) of the window's last token */
-  float *pOn;  /* [CWARPS][Pp] prep (backward): mixer norm weight partials per warp */
+  float *kl;   /* [Np] prep: k (rotated, unscaled) of the window's last token */
+  float *pOn;  /* [CWARPS][Pp] gate backward: mixer norm weight partials per warp */
   float *pbw;  /* [CWARPS][2N] post: B_bias, C_bias partials per warp */
   float *red;  /* [32] */
   float *misc; /* [8]: misc[0] = dec of the chunk */
@@ -183,9 +183,10 @@ __host__ __device__ inline size_t carve_r(unsigned char *base, int P, int N, csm
 /* The chunk scratch (m3k_scan_args.chunk_scratch): per unit u = (b H + h) nch + c, i.e. per (row, head,
  * chunk), what the parallel kernels around the walks exchange with them (the walks run the products):
  *   q, k   [u][CQ][Np] bf16: q (rotated), ktil = scale k (rotated); rows >= nb and columns >= N zero
- *   tab    [u][CQ][TW] float: per token the scalars F_A .. F_QK (backward: .. F_DYX) of scan_prep_chunked,
- *          then T_DEC (row 0: the chunk's dec), and in the backward T_DA (the walk), T_DSCALE, T_DGAM
- *          (scan_post_chunked), T_DBP0 (unit 0 row 0: v_in^T dE_0 k_in, the walk); rows >= nb zero
+ *   tab    [u][CQ][TW] float: per token the scalars F_A .. F_QK of scan_prep_chunked, then T_DEC (row
+ *          0: the chunk's dec), and in the backward F_DYX (scan_gate_bwd_chunked), T_DA (the per-chunk
+ *          kernel), T_DSCALE, T_DGAM (scan_post_chunked), T_DBP0 (unit 0 row 0: v_in^T dE_0 k_in, the
+ *          dE walk); rows >= nb zero
  *   kl     [rows H][N] float: the window's last k (rotated, unscaled), from scan_prep_chunked to the
  *          forward walk, which writes fin_k only after reading in_k (in evaluation both are the
  *          carried state itself)
@@ -194,41 +195,62 @@ __host__ __device__ inline size_t carve_r(unsigned char *base, int P, int N, csm
  *   de     [u][P][N] float: dE leaving the chunk (scan_dstate_chunked)
  *   pon    [u][Pp] float: the chunk's mixer-norm weight partials (outproj_norm)
  *   pbc    [u][2][N] float: the chunk's B_bias, C_bias gradient partials
- * (the states entering the chunks are not scratch: a.chunk_states, written by the forward walk). */
+ * In training (a.chunk_states set) the forward keeps what its backward reads in a.chunk_states, per
+ * layer (kept_views): the state entering each chunk, states [u][P][N] float (the forward walk), and
+ * q, k, tab as above (the scratch's are then unused): the backward does not prepare them again. */
 enum { TW = 24, T_DEC = 16, T_DA, T_DSCALE, T_DGAM, T_DBP0, T_DTANG, T_DV, TAB_FIELDS = F_DYX + 1 };
 static_assert(TAB_FIELDS <= T_DEC && T_DV < TW && (int)TW >= (int)FW, "table layout"); /* T_DTANG, T_DV: post_seq's own */
 
 struct cviews {
   OT *q, *k, *dy;
-  float *tab, *kl, *de, *pon, *pbc;
+  float *states, *tab, *kl, *de, *pon, *pbc;
 };
 
-/* Carves the scratch at base (NULL: only the size); returns its size in floats. */
-__host__ __device__ inline int64_t chunk_views(float *base, int rows, int len, int H, int P, int N, bool bwd,
-                                               cviews *v) {
+#define CV(field, type, n) t.field = (type *)(b + cs_take(off, (size_t)(n) * sizeof(type)))
+
+/* q, k, tab at off of b (see chunk_views). */
+__host__ __device__ inline void carve_qkt(unsigned char *b, size_t &off, const cdims &c, size_t units, cviews &t) {
+  CV(q, OT, units * CQ * c.Np);
+  CV(k, OT, units * CQ * c.Np);
+  CV(tab, float, units * CQ * TW);
+}
+
+/* Carves one layer's a.chunk_states at base (NULL: only the size): states, then q, k, tab; returns
+ * its size in floats. */
+__host__ __device__ inline int64_t kept_views(float *base, int rows, int len, int H, int P, int N, cviews *v) {
   const cdims c = make_cdims(P, N);
   const size_t units = (size_t)rows * H * ((len + CQ - 1) / CQ);
   size_t off = 0;
   unsigned char *b = (unsigned char *)base;
-  cviews t;
-#define CV(field, type, n) t.field = (type *)(b + cs_take(off, (size_t)(n) * sizeof(type)))
-  CV(q, OT, units * CQ * c.Np);
-  CV(k, OT, units * CQ * c.Np);
-  CV(tab, float, units * CQ * TW);
+  cviews t = {};
+  CV(states, float, units * P * N);
+  carve_qkt(b, off, c, units, t);
+  if (v) *v = t;
+  return (int64_t)((off + 127) / sizeof(float));
+}
+
+/* Carves the scratch at base (NULL: only the size); with kept (a.chunk_states), states, q, k and tab
+ * come from there. Returns the scratch's size in floats. */
+__host__ __device__ inline int64_t chunk_views(float *base, float *kept, int rows, int len, int H, int P, int N,
+                                               bool bwd, cviews *v) {
+  const cdims c = make_cdims(P, N);
+  const size_t units = (size_t)rows * H * ((len + CQ - 1) / CQ);
+  size_t off = 0;
+  unsigned char *b = (unsigned char *)base;
+  cviews t = {};
+  carve_qkt(b, off, c, units, t);
+  if (kept) kept_views(kept, rows, len, H, P, N, &t);
   CV(kl, float, (size_t)rows * H * N);
   if (bwd) {
     CV(dy, OT, units * CQ * c.Pp);
     CV(de, float, units * P * N);
     CV(pon, float, units * c.Pp);
     CV(pbc, float, units * 2 * N);
-  } else {
-    t.dy = NULL;
-    t.de = t.pon = t.pbc = NULL;
   }
-#undef CV
   if (v) *v = t;
   return (int64_t)((off + 127) / sizeof(float));
 }
+#undef CV
 
 /* Shared memory of scan_prep_chunked. */
 __host__ __device__ inline size_t carve_p(unsigned char *base, int P, int N, int S, csmem *m) {
@@ -242,8 +264,18 @@ __host__ __device__ inline size_t carve_p(unsigned char *base, int P, int N, int
   CT(sbq, float, c.Np);
   CT(sc, float, (CQ + 1) * FW);
   CT(kl, float, c.Np);
-  CT(pOn, float, CWARPS * c.Pp);
   CT(misc, float, 8);
+  if (m) *m = t;
+  return off + 128;
+}
+
+/* Shared memory of scan_gate_bwd_chunked. */
+__host__ __device__ inline size_t carve_g(unsigned char *base, int P, csmem *m) {
+  const cdims c = make_cdims(P, 16);
+  size_t off = 0;
+  csmem t = {};
+  CT(sc, float, CQ * FW);
+  CT(pOn, float, CWARPS * c.Pp);
   if (m) *m = t;
   return off + 128;
 }
@@ -535,49 +567,66 @@ __device__ __forceinline__ void c_biases(const m3k_scan_args &a, const csmem &s,
 }
 
 /* The gate backward of the chunk's tokens (warp per token, as scan.cu): dz into dproj, dy (a.dy and
- * the bf16 rows dyt [CQ][Pp], zero past nb and P), dy.x (F_DYX), the mixer-norm weight terms per warp. */
+ * the bf16 rows dyt [CQ][Pp], zero past nb and P), dy.x (F_DYX), the mixer-norm weight terms per warp.
+ * Each warp loads its next token's inputs while it finishes the current one. */
+struct gate_in {
+  float x[4], z[4], dg[4], y[4], rn;
+};
+template <typename T>
+__device__ __forceinline__ void gate_load(const m3k_scan_args &a, int64_t mi, int h, gate_in &g) {
+  const m3k_dims &d = a.d;
+  const int P = d.P, lane = threadIdx.x & 31;
+  const T *proj = (const T *)a.proj;
+  g.rn = d.outproj_norm ? __ldg(a.y_rstd + mi * d.H + h) : 1.0f;
+#pragma unroll
+  for (int k = 0; k < 4; k++) {
+    const int p = lane + 32 * k;
+    g.x[k] = g.z[k] = g.dg[k] = g.y[k] = 0;
+    if (p < P) {
+      const T *pr = proj + mi * d.dipp + (int64_t)h * P + p;
+      const int64_t o = mi * d.E + (int64_t)h * P + p;
+      g.x[k] = ldact(pr + d.x_off);
+      g.z[k] = ldact(pr + d.z_off);
+      g.dg[k] = __ldg(a.dgated + o);
+      g.y[k] = __ldg(a.y + o);
+    }
+  }
+}
 template <typename T>
 __device__ __forceinline__ void c_gate_bwd(const m3k_scan_args &a, const csmem &s, const cdims &cd, int64_t m0, int nb,
                                            int h, OT *dyt) {
   const m3k_dims &d = a.d;
-  const int P = d.P, H = d.H, E = d.E, lane = threadIdx.x & 31, wid = threadIdx.x >> 5;
-  const T *proj = (const T *)a.proj;
+  const int P = d.P, E = d.E, lane = threadIdx.x & 31, wid = threadIdx.x >> 5;
   T *dproj = (T *)a.dproj;
+  float wn[4];
+#pragma unroll
+  for (int k = 0; k < 4; k++) {
+    const int p = lane + 32 * k;
+    wn[k] = d.outproj_norm && p < P ? __ldg(a.out_norm + (int64_t)h * P + p) : 1.0f;
+  }
+  gate_in g, nx;
+  if (wid < nb) gate_load<T>(a, m0 + wid, h, g);
   for (int i = wid; i < CQ; i += CWARPS) {
     OT *dyr = dyt + (size_t)i * cd.Pp;
     if (i >= nb) {
       for (int p = lane; p < cd.Pp; p += 32) dyr[p] = __float2bfloat16_rn(0.0f);
       continue;
     }
+    if (i + CWARPS < nb) gate_load<T>(a, m0 + i + CWARPS, h, nx);
     const int64_t mi = m0 + i;
-    float yv[4], dg[4], zv[4], xv[4], dyn[4];
-    const float rn = d.outproj_norm ? __ldg(a.y_rstd + mi * H + h) : 1.0f;
-#pragma unroll
-    for (int k = 0; k < 4; k++) {
-      const int p = lane + 32 * k;
-      yv[k] = dg[k] = zv[k] = xv[k] = 0;
-      if (p < P) {
-        const T *pr = proj + mi * d.dipp + (int64_t)h * P + p;
-        const int64_t o = mi * E + (int64_t)h * P + p;
-        xv[k] = ldact(pr + d.x_off);
-        zv[k] = ldact(pr + d.z_off);
-        dg[k] = __ldg(a.dgated + o);
-        yv[k] = __ldg(a.y + o);
-      }
-    }
-    float dot = 0;
+    const float rn = g.rn;
+    float dyn[4], dot = 0;
 #pragma unroll
     for (int k = 0; k < 4; k++) {
       const int p = lane + 32 * k;
       dyn[k] = 0;
       if (p < P) {
-        const float z = zv[k];
+        const float z = g.z[k];
         const float sg = sigmoidf_(z), silu = z * sg, dsilu = sg * (1 + z * (1 - sg));
-        const float wn = d.outproj_norm ? __ldg(a.out_norm + (int64_t)h * P + p) : 1.0f;
-        const float yn = d.outproj_norm ? yv[k] * rn * wn : yv[k];
-        dproj[mi * d.dipp + d.z_off + (int64_t)h * P + p] = from_f<T>(dg[k] * yn * dsilu);
-        dyn[k] = dg[k] * silu;
-        if (d.outproj_norm) dot += yv[k] * wn * dyn[k];
+        const float yn = d.outproj_norm ? g.y[k] * rn * wn[k] : g.y[k];
+        dproj[mi * d.dipp + d.z_off + (int64_t)h * P + p] = from_f<T>(g.dg[k] * yn * dsilu);
+        dyn[k] = g.dg[k] * silu;
+        if (d.outproj_norm) dot += g.y[k] * wn[k] * dyn[k];
       }
     }
     float cn = 0;
@@ -590,20 +639,20 @@ __device__ __forceinline__ void c_gate_bwd(const m3k_scan_args &a, const csmem &
         float dy = 0;
         if (p < P) {
           if (d.outproj_norm) {
-            const float wn = __ldg(a.out_norm + (int64_t)h * P + p);
-            s.pOn[wid * cd.Pp + p] += yv[k] * rn * dyn[k];
-            dy = rn * wn * dyn[k] - yv[k] * cn;
+            s.pOn[wid * cd.Pp + p] += g.y[k] * rn * dyn[k];
+            dy = rn * wn[k] * dyn[k] - g.y[k] * cn;
           } else {
             dy = dyn[k];
           }
           a.dy[mi * E + (int64_t)h * P + p] = dy;
-          dyx += dy * xv[k];
+          dyx += dy * g.x[k];
         }
         dyr[p] = __float2bfloat16_rn(dy);
       }
     }
     dyx = warp_sum(dyx);
     if (lane == 0) s.sc[i * FW + F_DYX] = dyx;
+    g = nx;
   }
 }
 
@@ -781,9 +830,9 @@ __global__ void __launch_bounds__(CTHREADS) scan_angles_chunked(const m3k_scan_a
 }
 
 /* One CTA per (chunk, head, row): the chunk's token scalars, cumsums and masks, q and ktil (and the
- * window's last k into the scratch's kl in the forward), for the backward also the gate backward; all into
- * the chunk scratch (see chunk_views). */
-template <typename T, bool BWD>
+ * window's last k into the scratch's kl); into the chunk scratch or, in training, what the forward
+ * keeps (see chunk_views). */
+template <typename T>
 __global__ void __launch_bounds__(CTHREADS, 3) scan_prep_chunked(const m3k_scan_args a) {
   extern __shared__ __align__(128) unsigned char smraw[];
   const m3k_dims &d = a.d;
@@ -793,11 +842,11 @@ __global__ void __launch_bounds__(CTHREADS, 3) scan_prep_chunked(const m3k_scan_
   csmem s;
   carve_p(smraw, P, N, S, &s);
   cviews cv;
-  chunk_views(a.chunk_scratch, a.rows, a.len, H, P, N, BWD, &cv);
+  chunk_views(a.chunk_scratch, a.chunk_states, a.rows, a.len, H, P, N, false, &cv);
   const int nch = (a.len + CQ - 1) / CQ, t0 = ch * CQ, nb = min(CQ, a.len - t0);
   const int64_t m0 = (int64_t)b * a.len + t0, bh = (int64_t)b * H + h, u = bh * nch + ch;
   float *misc = s.misc;
-  const bool want_kl = !BWD && a.fin_k && t0 + nb == a.len;
+  const bool want_kl = a.fin_k && t0 + nb == a.len;
 
   c_scalars<T>(a, s.sc, m0, t0, nb, h);
 #pragma unroll 4
@@ -806,28 +855,46 @@ __global__ void __launch_bounds__(CTHREADS, 3) scan_prep_chunked(const m3k_scan_
     s.th[idx] = __ldg(a.theta + ((m0 + i) * H + h) * S + j);
   }
   c_biases(a, s, cd, h);
-  if (BWD)
-    for (int k = tid; k < CWARPS * cd.Pp; k += CTHREADS) s.pOn[k] = 0;
   __syncthreads();
   if (wid == 0) c_prep(s.sc, nb, misc);
   __syncthreads();
   c_build(a, s, cd, m0, t0, nb, g, true, s.th, want_kl ? s.kl : NULL);
-  if (BWD) c_gate_bwd<T>(a, s, cd, m0, nb, h, cv.dy + u * CQ * cd.Pp);
   __syncthreads();
   tile_store(cv.q + u * CQ * cd.Np, s.sq, cd.lqn, cd.Np);
   tile_store(cv.k + u * CQ * cd.Np, s.sk, cd.lqn, cd.Np);
   float *tab = cv.tab + u * CQ * TW;
-  const int nf = BWD ? TAB_FIELDS : F_QK + 1;
   for (int idx = tid; idx < CQ * TW; idx += CTHREADS) {
     const int i = idx / TW, f = idx - i * TW;
     float v = 0;
-    if (i < nb && f < nf) v = s.sc[i * FW + f];
+    if (i < nb && f <= F_QK) v = s.sc[i * FW + f];
     if (idx == T_DEC) v = misc[0];
     tab[idx] = v;
   }
   if (want_kl)
     for (int n = tid; n < N; n += CTHREADS) cv.kl[bh * N + n] = s.kl[n];
-  if (BWD && d.outproj_norm)
+}
+
+/* The backward's first kernel, one CTA per (chunk, head, row): the gate backward of the chunk's
+ * tokens (c_gate_bwd) into dproj's z columns, a.dy and the scratch's dy tile, dy.x into the table
+ * (F_DYX), the chunk's mixer-norm weight partials (pon). */
+template <typename T>
+__global__ void __launch_bounds__(CTHREADS) scan_gate_bwd_chunked(const m3k_scan_args a) {
+  extern __shared__ __align__(128) unsigned char smraw[];
+  const int ch = blockIdx.x, h = blockIdx.y, b = blockIdx.z;
+  const int P = a.d.P, N = a.d.N, H = a.d.H, tid = threadIdx.x;
+  const cdims cd = make_cdims(P, N);
+  csmem s;
+  carve_g(smraw, P, &s);
+  cviews cv;
+  chunk_views(a.chunk_scratch, a.chunk_states, a.rows, a.len, H, P, N, true, &cv);
+  const int nch = (a.len + CQ - 1) / CQ, t0 = ch * CQ, nb = min(CQ, a.len - t0);
+  const int64_t m0 = (int64_t)b * a.len + t0, u = ((int64_t)b * H + h) * nch + ch;
+  for (int k = tid; k < CWARPS * cd.Pp; k += CTHREADS) s.pOn[k] = 0;
+  __syncthreads();
+  c_gate_bwd<T>(a, s, cd, m0, nb, h, cv.dy + u * CQ * cd.Pp);
+  __syncthreads();
+  for (int i = tid; i < nb; i += CTHREADS) cv.tab[(u * CQ + i) * TW + F_DYX] = s.sc[i * FW + F_DYX];
+  if (a.d.outproj_norm)
     for (int p = tid; p < cd.Pp; p += CTHREADS) {
       float acc = 0;
       for (int w = 0; w < CWARPS; w++) acc += s.pOn[w * cd.Pp + p];
@@ -863,7 +930,7 @@ __global__ void __launch_bounds__(CTHREADS, 2) scan_fwd_chunked_r(const m3k_scan
   const int nch = (a.len + CQ - 1) / CQ;
   const bool vec = act_vec(d);
   cviews cv;
-  chunk_views(a.chunk_scratch, a.rows, a.len, H, P, N, false, &cv);
+  chunk_views(a.chunk_scratch, a.chunk_states, a.rows, a.len, H, P, N, false, &cv);
 
   /* E_0 = H_in + bp_0 v_in k_in^T (only read where no reset precedes: masks) */
   {
@@ -883,7 +950,7 @@ __global__ void __launch_bounds__(CTHREADS, 2) scan_fwd_chunked_r(const m3k_scan
           }
           eacc[j].v[e] = v;
           s.sE[p * cd.lqn + n] = __float2bfloat16_rn(v);
-          if (a.chunk_states && p < P && n < N) a.chunk_states[(bh * nch * P + p) * N + n] = v; /* [nch][P][N] */
+          if (cv.states && p < P && n < N) cv.states[(bh * nch * P + p) * N + n] = v; /* [nch][P][N] */
         }
       } else {
         acc_zero(eacc[j]);
@@ -959,12 +1026,12 @@ __global__ void __launch_bounds__(CTHREADS, 2) scan_fwd_chunked_r(const m3k_scan
 #pragma unroll
           for (int e = 0; e < 8; e++) eacc[j].v[e] *= dec;
           mma_tile<false, true>(eacc[j], s.sx + i0, cd.lqp, s.sk + j0, cd.lqn, CQ);
-          const bool keep = a.chunk_states && ch + 1 < nch;
+          const bool keep = cv.states && ch + 1 < nch;
 #pragma unroll
           for (int e = 0; e < 8; e++) {
             const int p = i0 + acc_row(e), n = j0 + acc_col(e);
             s.sE[p * cd.lqn + n] = __float2bfloat16_rn(eacc[j].v[e]);
-            if (keep && p < P && n < N) a.chunk_states[((u + 1) * P + p) * N + n] = eacc[j].v[e];
+            if (keep && p < P && n < N) cv.states[((u + 1) * P + p) * N + n] = eacc[j].v[e];
           }
         }
       }
@@ -1093,7 +1160,7 @@ __global__ void __launch_bounds__(CTHREADS, 2) scan_dstate_chunked(const m3k_sca
   const int nch = (a.len + CQ - 1) / CQ;
   const int etn = cd.Np / 16, ent = (cd.Pp / 16) * etn; /* dE tiles (row-major over Pp x Np) */
   cviews cv;
-  chunk_views(a.chunk_scratch, a.rows, a.len, H, P, N, true, &cv);
+  chunk_views(a.chunk_scratch, a.chunk_states, a.rows, a.len, H, P, N, true, &cv);
   acc16 eacc[FR_MAXT];
 #pragma unroll
   for (int j = 0; j < FR_MAXT; j++) acc_zero(eacc[j]); /* nothing flows from the final state */
@@ -1234,7 +1301,7 @@ __global__ void __launch_bounds__(CTHREADS, MINB) scan_bwd_chunked(const m3k_sca
   const int nch = (a.len + CQ - 1) / CQ;
   const bool vec = act_vec(d);
   cviews cv;
-  chunk_views(a.chunk_scratch, a.rows, a.len, H, P, N, true, &cv);
+  chunk_views(a.chunk_scratch, a.chunk_states, a.rows, a.len, H, P, N, true, &cv);
   float *sF = s.sR;
   const int t0 = ch * CQ, nb = min(CQ, a.len - t0);
   const int64_t m0 = (int64_t)b * a.len + t0;
@@ -1252,7 +1319,7 @@ __global__ void __launch_bounds__(CTHREADS, MINB) scan_bwd_chunked(const m3k_sca
       const int p = idx / cd.Np, n = idx - p * cd.Np;
       if (p >= P || n >= N) s.sE[p * cd.lqn + n] = __float2bfloat16_rn(0.0f);
     }
-  float part = warp_sum(state_to_tile(s.sE, cd.lqn, a.chunk_states + u * P * N, dEc, P, N));
+  float part = warp_sum(state_to_tile(s.sE, cd.lqn, cv.states + u * P * N, dEc, P, N));
   if (lane == 0) s.red[wid] = part;
   cp_wait_all();
   __syncthreads();
@@ -1442,7 +1509,7 @@ __global__ void __launch_bounds__(CTHREADS) scan_post_chunked(const m3k_scan_arg
   csmem s;
   carve_post(smraw, N, S, CQ, &s);
   cviews cv;
-  chunk_views(a.chunk_scratch, a.rows, a.len, H, P, N, true, &cv);
+  chunk_views(a.chunk_scratch, a.chunk_states, a.rows, a.len, H, P, N, true, &cv);
   const int nch = (a.len + CQ - 1) / CQ, t0 = ch * CQ, nb = min(CQ, a.len - t0);
   const int64_t m0 = (int64_t)b * a.len + t0, u = ((int64_t)b * H + h) * nch + ch;
   float *tab = cv.tab + u * CQ * TW;
@@ -1526,7 +1593,7 @@ __global__ void __launch_bounds__(CTHREADS) scan_post_seq_chunked(const m3k_scan
   const int TB = seq_block(S);
   carve_post(smraw, N, S, TB, &s);
   cviews cv;
-  chunk_views(a.chunk_scratch, a.rows, a.len, H, P, N, true, &cv);
+  chunk_views(a.chunk_scratch, a.chunk_states, a.rows, a.len, H, P, N, true, &cv);
   const int nch = (a.len + CQ - 1) / CQ;
   const int64_t bh = (int64_t)b * H + h;
   const float *tab_row = cv.tab + bh * nch * CQ * TW; /* token t of the row: tab_row + t TW (full chunks) */
@@ -1627,7 +1694,11 @@ int64_t m3k_chunked_smem(int which, int32_t P, int32_t N, int32_t S) {
 }
 
 int64_t m3k_chunked_scratch(int32_t rows, int32_t len, int32_t H, int32_t P, int32_t N, int bwd) {
-  return chunk_views(NULL, rows, len, H, P, N, bwd != 0, NULL);
+  return chunk_views(NULL, NULL, rows, len, H, P, N, bwd != 0, NULL);
+}
+
+int64_t m3k_chunked_kept(int32_t rows, int32_t len, int32_t H, int32_t P, int32_t N) {
+  return kept_views(NULL, rows, len, H, P, N, NULL);
 }
 
 template <typename T> static cudaError_t chunked_prepare(const m3k_scan_plan *plan) {
@@ -1646,11 +1717,7 @@ template <typename T> static cudaError_t chunked_prepare(const m3k_scan_plan *pl
     e = cudaFuncSetAttribute(scan_bwd_chunked<T, 2>, cudaFuncAttributePreferredSharedMemoryCarveout,
                              cudaSharedmemCarveoutMaxShared);
   if (e == cudaSuccess)
-    e = cudaFuncSetAttribute(scan_prep_chunked<T, false>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                             plan->smem_cprep);
-  if (e == cudaSuccess)
-    e = cudaFuncSetAttribute(scan_prep_chunked<T, true>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                             plan->smem_cprep);
+    e = cudaFuncSetAttribute(scan_prep_chunked<T>, cudaFuncAttributeMaxDynamicSharedMemorySize, plan->smem_cprep);
   if (e == cudaSuccess)
     e = cudaFuncSetAttribute(scan_post_chunked<T>, cudaFuncAttributeMaxDynamicSharedMemorySize, plan->smem_cpost);
   if (e == cudaSuccess)
@@ -1669,7 +1736,7 @@ template <typename T> static void chunked_fwd(cudaStream_t s, const m3k_scan_pla
   const int nch = (a.len + CQ - 1) / CQ;
   if (a.d.S > 0)
     scan_angles_chunked<T><<<dim3(a.d.H, a.rows), CTHREADS, (size_t)seq_block(a.d.S) * (a.d.S + 2) * sizeof(float), s>>>(a);
-  scan_prep_chunked<T, false><<<dim3(nch, a.d.H, a.rows), CTHREADS, plan->smem_cprep, s>>>(a);
+  scan_prep_chunked<T><<<dim3(nch, a.d.H, a.rows), CTHREADS, plan->smem_cprep, s>>>(a);
   scan_fwd_chunked_r<T><<<dim3(a.d.H, a.rows), CTHREADS, plan->smem_cfwd, s>>>(a);
 }
 
@@ -1679,13 +1746,13 @@ cudaError_t m3k_chunked_fwd(cudaStream_t s, int prec, const m3k_scan_plan *plan,
   return cudaGetLastError();
 }
 
-/* Backward: the per-chunk preparation (with the gate backward), the reverse walk of dE, the
- * per-chunk products, the per-token finish, then the scalars along the sequence. */
-template <typename T> static void chunked_bwd(cudaStream_t s, const m3k_scan_plan *plan, const m3k_scan_args &a) {
+/* Backward (after a training forward: a.chunk_states): the gate backward, the reverse walk of dE,
+ * the per-chunk products, the per-token finish, then the scalars along the sequence. */
+template <typename T> static void chunked_bwd(cudaStream_t s, const m3k_scan_args &a) {
   const dim3 chunks((a.len + CQ - 1) / CQ, a.d.H, a.rows), walks(a.d.H, a.rows);
   const int P = a.d.P, N = a.d.N;
-  scan_prep_chunked<T, true><<<chunks, CTHREADS, plan->smem_cprep, s>>>(a);
-  /* each takes its own size, within the plan's limit (the largest) */
+  scan_gate_bwd_chunked<T><<<chunks, CTHREADS, carve_g(NULL, P, NULL), s>>>(a);
+  /* each takes its own shared memory size, within the limits m3k_chunked_prepare set */
   scan_dstate_chunked<T><<<walks, CTHREADS, carve_d(NULL, P, N, NULL), s>>>(a);
   const int32_t per_chunk = (int32_t)carve_c(NULL, P, N, NULL);
   if (bwd_two_ctas(per_chunk)) scan_bwd_chunked<T, 2><<<chunks, CTHREADS, per_chunk, s>>>(a);
@@ -1694,8 +1761,8 @@ template <typename T> static void chunked_bwd(cudaStream_t s, const m3k_scan_pla
   scan_post_seq_chunked<T><<<walks, CTHREADS, carve_post(NULL, a.d.N, a.d.S, seq_block(a.d.S), NULL), s>>>(a);
 }
 
-cudaError_t m3k_chunked_bwd(cudaStream_t s, int prec, const m3k_scan_plan *plan, const m3k_scan_args *a) {
-  if (prec == M3K_BF16) chunked_bwd<bf16>(s, plan, *a);
-  else chunked_bwd<f16>(s, plan, *a);
+cudaError_t m3k_chunked_bwd(cudaStream_t s, int prec, const m3k_scan_args *a) {
+  if (prec == M3K_BF16) chunked_bwd<bf16>(s, *a);
+  else chunked_bwd<f16>(s, *a);
   return cudaGetLastError();
 }

@@ -129,9 +129,11 @@ enum { M3K_CHUNKED_BWD = 0, M3K_CHUNKED_FWD, M3K_CHUNKED_PREP, M3K_CHUNKED_POST 
 int64_t m3k_chunked_smem(int which, int32_t P, int32_t N, int32_t S);
 /* Floats of the chunk scratch (forward part only when bwd = 0). */
 int64_t m3k_chunked_scratch(int32_t rows, int32_t len, int32_t H, int32_t P, int32_t N, int bwd);
+/* Floats of what a training forward keeps for its backward, per layer (m3k_scan_args.chunk_states). */
+int64_t m3k_chunked_kept(int32_t rows, int32_t len, int32_t H, int32_t P, int32_t N);
 cudaError_t m3k_chunked_prepare(int prec, const m3k_scan_plan *plan);
 cudaError_t m3k_chunked_fwd(cudaStream_t s, int prec, const m3k_scan_plan *plan, const m3k_scan_args *a);
-cudaError_t m3k_chunked_bwd(cudaStream_t s, int prec, const m3k_scan_plan *plan, const m3k_scan_args *a);
+cudaError_t m3k_chunked_bwd(cudaStream_t s, int prec, const m3k_scan_args *a);
 
 /* ---- the one-token forward (scan_step.cu): m3k_scan_fwd when a->len == 1 --------------------------- */
 

@@ -117,7 +117,7 @@ struct backend {
   float *part;                             /* [B, H, 2 + 2N] */
   float *part_norm;                        /* [B, H, P] */
   float *chunk_scratch;                    /* the chunked scan's scratch (m3k_scan_chunk_scratch; or NULL) */
-  float *chunk_states;                     /* per layer: the state entering each chunk (training; or NULL) */
+  float *chunk_states;                     /* per layer: what the chunked forward keeps for its backward (training; or NULL) */
   float *wcontrib;                         /* [Mc, max(dm, 2N)] */
   float *colsum_scratch;
   float *logits;                           /* lm: [lm_rows, V]; mse: [Mc, od] predictions */
