@@ -164,6 +164,33 @@ __host__ __device__ inline bool fwd_in_regs(int P, int N) {
   return (c.Pp / 16) * (c.Np / 16) <= CWARPS * FR_MAXT;
 }
 
+/* The walks' register state (acc16 [FR_MAXT] per warp): f(j, i0, j0) for each of the warp's tiles j, the
+ * Pp x Np state's tile wid + CWARPS j (row-major over its 16 x 16 tiles) at row i0, column j0. */
+template <typename F> __device__ __forceinline__ void for_state_tiles(const cdims &cd, F f) {
+  const int wid = threadIdx.x >> 5, etn = cd.Np / 16, ent = (cd.Pp / 16) * etn;
+#pragma unroll
+  for (int j = 0; j < FR_MAXT; j++) {
+    const int tile = wid + CWARPS * j;
+    if (tile < ent) f(j, tile / etn * 16, tile % etn * 16);
+  }
+}
+/* f(j, e, p, n) for element e of each of the warp's state tiles j: state row p, column n. */
+template <typename F> __device__ __forceinline__ void for_state_elems(const cdims &cd, F f) {
+  for_state_tiles(cd, [&](int j, int i0, int j0) {
+#pragma unroll
+    for (int e = 0; e < 8; e++) f(j, e, i0 + acc_row(e), j0 + acc_col(e));
+  });
+}
+/* The walks' recurrence: state <- dec state + X^T Y, X [CQ][Pp] (row stride ldx), Y [CQ][Np] (ldy). */
+__device__ __forceinline__ void state_update(acc16 (&st)[FR_MAXT], const cdims &cd, float dec, const OT *X, int ldx,
+                                             const OT *Y, int ldy) {
+  for_state_tiles(cd, [&](int j, int i0, int j0) {
+#pragma unroll
+    for (int e = 0; e < 8; e++) st[j].v[e] *= dec;
+    mma_tile<false, true>(st[j], X + i0, ldx, Y + j0, ldy, CQ);
+  });
+}
+
 __host__ __device__ inline size_t carve_r(unsigned char *base, int P, int N, csmem *m) {
   const cdims c = make_cdims(P, N);
   size_t off = 0;
@@ -924,7 +951,6 @@ __global__ void __launch_bounds__(CTHREADS, 2) scan_fwd_chunked_r(const m3k_scan
   const int64_t bh = (int64_t)b * H + h;
   const float Dh = a.D[h];
   float *misc = s.misc;
-  const int etn = cd.Np / 16, ent = (cd.Pp / 16) * etn; /* E tiles (row-major over Pp x Np) */
   float *sY = s.sR; /* [CQ][lfp] */
   acc16 eacc[FR_MAXT];
   const int nch = (a.len + CQ - 1) / CQ;
@@ -936,26 +962,17 @@ __global__ void __launch_bounds__(CTHREADS, 2) scan_fwd_chunked_r(const m3k_scan
   {
     const float bp0 = __ldg(cv.tab + bh * nch * CQ * TW + F_BP);
 #pragma unroll
-    for (int j = 0; j < FR_MAXT; j++) {
-      const int tile = wid + CWARPS * j;
-      if (tile < ent) {
-        const int i0 = tile / etn * 16, j0 = tile % etn * 16;
-#pragma unroll
-        for (int e = 0; e < 8; e++) {
-          const int p = i0 + acc_row(e), n = j0 + acc_col(e);
-          float v = 0;
-          if (p < P && n < N) {
-            if (a.in_ssm) v = a.in_ssm[(bh * P + p) * N + n];
-            if (a.in_v && a.in_k) v += bp0 * a.in_v[bh * P + p] * a.in_k[bh * N + n];
-          }
-          eacc[j].v[e] = v;
-          s.sE[p * cd.lqn + n] = __float2bfloat16_rn(v);
-          if (cv.states && p < P && n < N) cv.states[(bh * nch * P + p) * N + n] = v; /* [nch][P][N] */
-        }
-      } else {
-        acc_zero(eacc[j]);
+    for (int j = 0; j < FR_MAXT; j++) acc_zero(eacc[j]);
+    for_state_elems(cd, [&](int j, int e, int p, int n) {
+      float v = 0;
+      if (p < P && n < N) {
+        if (a.in_ssm) v = a.in_ssm[(bh * P + p) * N + n];
+        if (a.in_v && a.in_k) v += bp0 * a.in_v[bh * P + p] * a.in_k[bh * N + n];
       }
-    }
+      eacc[j].v[e] = v;
+      s.sE[p * cd.lqn + n] = __float2bfloat16_rn(v);
+      if (cv.states && p < P && n < N) cv.states[(bh * nch * P + p) * N + n] = v; /* [nch][P][N] */
+    });
   }
   __syncthreads();
 
@@ -1015,26 +1032,14 @@ __global__ void __launch_bounds__(CTHREADS, 2) scan_fwd_chunked_r(const m3k_scan
       s.sx[i * cd.lqp + p] = __float2bfloat16_rn(w * __bfloat162float(s.sx[i * cd.lqp + p]));
     }
     __syncthreads();
-    /* 6'. E <- dec E + (W x)^T ktil in the warps' registers; E -> bf16 (sE) through the scratch */
+    /* 6'. E <- dec E + (W x)^T ktil in the warps' registers; E -> bf16 (sE), kept for the next chunk */
     {
-      const float dec = misc[0];
-#pragma unroll
-      for (int j = 0; j < FR_MAXT; j++) {
-        const int tile = wid + CWARPS * j;
-        if (tile < ent) {
-          const int i0 = tile / etn * 16, j0 = tile % etn * 16;
-#pragma unroll
-          for (int e = 0; e < 8; e++) eacc[j].v[e] *= dec;
-          mma_tile<false, true>(eacc[j], s.sx + i0, cd.lqp, s.sk + j0, cd.lqn, CQ);
-          const bool keep = cv.states && ch + 1 < nch;
-#pragma unroll
-          for (int e = 0; e < 8; e++) {
-            const int p = i0 + acc_row(e), n = j0 + acc_col(e);
-            s.sE[p * cd.lqn + n] = __float2bfloat16_rn(eacc[j].v[e]);
-            if (keep && p < P && n < N) cv.states[((u + 1) * P + p) * N + n] = eacc[j].v[e];
-          }
-        }
-      }
+      state_update(eacc, cd, misc[0], s.sx, cd.lqp, s.sk, cd.lqn);
+      const bool keep = cv.states && ch + 1 < nch;
+      for_state_elems(cd, [&](int j, int e, int p, int n) {
+        s.sE[p * cd.lqn + n] = __float2bfloat16_rn(eacc[j].v[e]);
+        if (keep && p < P && n < N) cv.states[((u + 1) * P + p) * N + n] = eacc[j].v[e];
+      });
     }
     /* 7. epilogue (as scan.cu): y = Y + (gamma q.k + D) x; the per-head norm; the gate. vec: eight
      * columns per item, and without the norm the gate in the same pass */
@@ -1102,20 +1107,10 @@ __global__ void __launch_bounds__(CTHREADS, 2) scan_fwd_chunked_r(const m3k_scan
     __syncthreads();
   }
 
-  if (a.fin_ssm) {
-#pragma unroll
-    for (int j = 0; j < FR_MAXT; j++) {
-      const int tile = wid + CWARPS * j;
-      if (tile < ent) {
-        const int i0 = tile / etn * 16, j0 = tile % etn * 16;
-#pragma unroll
-        for (int e = 0; e < 8; e++) {
-          const int p = i0 + acc_row(e), n = j0 + acc_col(e);
-          if (p < P && n < N) a.fin_ssm[bh * P * N + (int64_t)p * N + n] = eacc[j].v[e];
-        }
-      }
-    }
-  }
+  if (a.fin_ssm)
+    for_state_elems(cd, [&](int j, int e, int p, int n) {
+      if (p < P && n < N) a.fin_ssm[bh * P * N + (int64_t)p * N + n] = eacc[j].v[e];
+    });
   if (a.fin_k) /* after E_0 read in_k; fin_angle: scan_angles_chunked */
     for (int n = tid; n < N; n += CTHREADS) a.fin_k[bh * N + n] = cv.kl[bh * N + n];
   if (a.fin_v)
@@ -1158,7 +1153,6 @@ __global__ void __launch_bounds__(CTHREADS, 2) scan_dstate_chunked(const m3k_sca
   carve_d(smraw, P, N, &s);
   const int64_t bh = (int64_t)b * H + h;
   const int nch = (a.len + CQ - 1) / CQ;
-  const int etn = cd.Np / 16, ent = (cd.Pp / 16) * etn; /* dE tiles (row-major over Pp x Np) */
   cviews cv;
   chunk_views(a.chunk_scratch, a.chunk_states, a.rows, a.len, H, P, N, true, &cv);
   acc16 eacc[FR_MAXT];
@@ -1186,22 +1180,12 @@ __global__ void __launch_bounds__(CTHREADS, 2) scan_dstate_chunked(const m3k_sca
     __syncthreads();
     /* dE leaving the chunk -> scratch (float32 [P][N]: straight from the fragments when unpadded) */
     float *de = cv.de + u * P * N;
-#pragma unroll
-    for (int j = 0; j < FR_MAXT; j++) {
-      const int tile = wid + CWARPS * j;
-      if (tile < ent) {
-        const int i0 = tile / etn * 16, j0 = tile % etn * 16;
-        if (P == cd.Pp && N == cd.Np) {
-          acc_store(de + i0 * N + j0, N, eacc[j]);
-          continue;
-        }
-#pragma unroll
-        for (int e = 0; e < 8; e++) {
-          const int p = i0 + acc_row(e), n = j0 + acc_col(e);
-          if (p < P && n < N) de[p * N + n] = eacc[j].v[e];
-        }
-      }
-    }
+    if (P == cd.Pp && N == cd.Np)
+      for_state_tiles(cd, [&](int j, int i0, int j0) { acc_store(de + i0 * N + j0, N, eacc[j]); });
+    else
+      for_state_elems(cd, [&](int j, int e, int p, int n) {
+        if (p < P && n < N) de[p * N + n] = eacc[j].v[e];
+      });
     /* EC dY in place */
     for (int idx = tid; idx < CQ * cd.Pp; idx += CTHREADS) {
       const int i = idx / cd.Pp, p = idx - i * cd.Pp;
@@ -1210,36 +1194,16 @@ __global__ void __launch_bounds__(CTHREADS, 2) scan_dstate_chunked(const m3k_sca
     }
     __syncthreads();
     /* dE <- dec dE + (EC dY)^T q */
-    const float dec = s.misc[buf];
-#pragma unroll
-    for (int j = 0; j < FR_MAXT; j++) {
-      const int tile = wid + CWARPS * j;
-      if (tile < ent) {
-        const int i0 = tile / etn * 16, j0 = tile % etn * 16;
-#pragma unroll
-        for (int e = 0; e < 8; e++) eacc[j].v[e] *= dec;
-        mma_tile<false, true>(eacc[j], sy + i0, cd.lqp, sq + j0, cd.lqn, CQ);
-      }
-    }
+    state_update(eacc, cd, s.misc[buf], sy, cd.lqp, sq, cd.lqn);
     __syncthreads();
   }
 
   /* the window's first token: v_in^T dE_0 k_in */
   float part = 0;
-  if (a.in_v && a.in_k) {
-#pragma unroll
-    for (int j = 0; j < FR_MAXT; j++) {
-      const int tile = wid + CWARPS * j;
-      if (tile < ent) {
-        const int i0 = tile / etn * 16, j0 = tile % etn * 16;
-#pragma unroll
-        for (int e = 0; e < 8; e++) {
-          const int p = i0 + acc_row(e), n = j0 + acc_col(e);
-          if (p < P && n < N) part += a.in_v[bh * P + p] * eacc[j].v[e] * a.in_k[bh * N + n];
-        }
-      }
-    }
-  }
+  if (a.in_v && a.in_k)
+    for_state_elems(cd, [&](int j, int e, int p, int n) {
+      if (p < P && n < N) part += a.in_v[bh * P + p] * eacc[j].v[e] * a.in_k[bh * N + n];
+    });
   part = warp_sum(part);
   if (lane == 0) s.red[wid] = part;
   __syncthreads();
