@@ -15,9 +15,9 @@
  *     E  <- dec E + sum_s W_s x_s ktil_s^T
  *   i.e. per chunk the matrix products S = q ktil^T (Q x Q), Y = (L o S) x + diag(EC) q E^T and
  *   E += (diag(W) x)^T ktil, with L the masked decay matrix, on tensor cores (mma.sync m16n8k16
- *   with ldmatrix, mma_tile.cuh; bf16 operands, float32 accumulation; bf16 also for f16 training: its range holds the loss-
- *   scaled gradients). Everything else (scalars, cumsums, masks, norms, gate, rotation, angles)
- *   is float32 with the formulas of scan.cu.
+ *   with ldmatrix, mma_tile.cuh; bf16 operands, float32 accumulation; bf16 also for f16 training:
+ *   its range holds the loss-scaled gradients). Everything else (scalars, cumsums, masks, norms, gate,
+ *   rotation, angles) is float32 with the formulas of scan.cu.
  *   Backward (dE = gradient of the state leaving the chunk: a reverse walk over the chunks runs only
  *   its recurrence, then every chunk in parallel, with the entering states as the forward kept them
  *   in a.chunk_states): with S1 = q ktil^T, S2 = dY x^T, L1 = L o S1, L2 = L o S2,
@@ -90,7 +90,7 @@ struct csmem {
   OT *sdE;   /* [Pp][lqn] bwd: dE (bf16; the same space as sE, after its last use) */
   OT *sL1;   /* [CQ][lqq] fwd: L o S; bwd: L o S1 */
   OT *sL2;   /* [CQ][lqq] bwd: L o S2 */
-  float *sR;   /* fwd: per-warp scratch, then Y [CQ][lfp]; bwd: M's row / column partials, then [CQ][max(lfc, lfp)] */
+  float *sR;   /* fwd: Y [CQ][lfp]; bwd: M's row / column partials, then [CQ][max(lfc, lfp)] */
   float *th;   /* [CQ][S] prep, post: theta of the chunk; post_seq: tanh of the angle logits */
   float *dth;  /* [CQ][S] post_seq: angle gradient of the chunk, then pi D tanh */
   float *sbk, *sbq; /* [Np] B_bias[h], C_bias[h] */
@@ -695,11 +695,11 @@ __device__ __forceinline__ void cp_wait_all() { asm volatile("cp.async.wait_all;
 __device__ __forceinline__ void cp_commit() { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
 __device__ __forceinline__ void cp_wait_prev() { asm volatile("cp.async.wait_group 1;\n" ::: "memory"); }
 
-/* rows (default CQ) rows of w bf16 (w a multiple of 8) from the scratch (row stride w) into a padded
- * shared tile (row stride ld). */
-__device__ __forceinline__ void tile_load(OT *dst, int ld, const OT *src, int w, int rows = CQ) {
+/* CQ rows of w bf16 (w a multiple of 8) from the scratch (row stride w) into a padded shared tile
+ * (row stride ld). */
+__device__ __forceinline__ void tile_load(OT *dst, int ld, const OT *src, int w) {
   const int vpr = w / 8;
-  for (int idx = threadIdx.x; idx < rows * vpr; idx += blockDim.x) {
+  for (int idx = threadIdx.x; idx < CQ * vpr; idx += blockDim.x) {
     const int i = idx / vpr, v = idx - i * vpr;
     cp16(dst + i * ld + v * 8, src + (size_t)i * w + v * 8);
   }
