@@ -1244,6 +1244,27 @@ __device__ __forceinline__ float state_to_tile(OT *dst, int ld, const float *src
   return part;
 }
 
+/* One [CQ][N] result of the per-chunk backward (raw dq or dktil) in column blocks of cd.cw through F
+ * ([CQ][lfc] float32): F = A1 B1 (A1 [CQ][Pp], row stride lqp; B1 [Pp][Np], lqn); per row i, with
+ * c = sc[i][fc], F <- c F and sc[i][fo] = c (F . X) over all columns (X [CQ][Np], lqn); F += L2' B2
+ * (L2 [CQ][CQ], lqq, transposed unless L2_ROW; B2 [CQ][Np], lqn); rows < nb to dst (row stride ld_dst). */
+template <bool L2_ROW>
+__device__ __forceinline__ void kgrad_blocks(float *F, const cdims &cd, const OT *A1, const OT *B1, const OT *X, float *sc,
+                                             int nb, int fc, int fo, const OT *L2, const OT *B2, float *dst,
+                                             int64_t ld_dst, int N) {
+  for (int c0 = 0; c0 < cd.Np; c0 += cd.cw) {
+    const int w = min(cd.cw, cd.Np - c0);
+    bmm<true, true>(F, cd.lfc, A1, cd.lqp, B1 + c0, cd.lqn, CQ, w, cd.Pp, false);
+    __syncthreads();
+    scale_rows_dot(F, cd.lfc, X + c0, cd.lqn, w, sc, nb, fc, fo, c0 > 0);
+    __syncthreads();
+    bmm<L2_ROW, true>(F, cd.lfc, L2, cd.lqq, B2 + c0, cd.lqn, CQ, w, CQ, true);
+    __syncthreads();
+    rows_out(dst + c0, ld_dst, F, cd.lfc, nb, min(w, N - c0));
+    __syncthreads();
+  }
+}
+
 /* One CTA per (chunk, head, row), after scan_dstate_chunked: the chunk's products with dE leaving it
  * (the scratch) and the state entering it (a.chunk_states), both converted to bf16 in one space (E
  * until dq is done, then dE); the float32 [CQ][Np] products in column blocks (cd.cw). MINB = 2 (128
@@ -1364,33 +1385,14 @@ __global__ void __launch_bounds__(CTHREADS, MINB) scan_bwd_chunked(const m3k_sca
     __syncthreads();
   }
   /* 6. dq = EC (dY E) + L2 ktil (+ diagonal); r_t */
+  const int64_t ld_bc = (int64_t)H * 2 * N;
   float *dq = a.dbc_head + ((m0 * H + h) * 2 + 1) * N, *dk = a.dbc_head + ((m0 * H + h) * 2 + 0) * N;
-  for (int c0 = 0; c0 < cd.Np; c0 += cd.cw) {
-    const int w = min(cd.cw, cd.Np - c0);
-    bmm<true, true>(sF, cd.lfc, s.sxw, cd.lqp, s.sE + c0, cd.lqn, CQ, w, cd.Pp, false);
-    __syncthreads();
-    scale_rows_dot(sF, cd.lfc, s.sq + c0, cd.lqn, w, s.sc, nb, F_EC, F_R, c0 > 0);
-    __syncthreads();
-    bmm<true, true>(sF, cd.lfc, s.sL2, cd.lqq, s.sk + c0, cd.lqn, CQ, w, CQ, true);
-    __syncthreads();
-    rows_out(dq + c0, (int64_t)H * 2 * N, sF, cd.lfc, nb, min(w, N - c0)); /* dq (raw) */
-    __syncthreads();
-  }
+  kgrad_blocks<true>(sF, cd, s.sxw, s.sE, s.sq, s.sc, nb, F_EC, F_R, s.sL2, s.sk, dq, ld_bc, N); /* dq (raw) */
   /* dE (bf16) where E was */
   state_to_tile(s.sdE, cd.lqn, dEc, NULL, P, N);
   __syncthreads();
   /* 7. dktil = W (x dE) + L2^T q; v_s */
-  for (int c0 = 0; c0 < cd.Np; c0 += cd.cw) {
-    const int w = min(cd.cw, cd.Np - c0);
-    bmm<true, true>(sF, cd.lfc, s.sx, cd.lqp, s.sdE + c0, cd.lqn, CQ, w, cd.Pp, false);
-    __syncthreads();
-    scale_rows_dot(sF, cd.lfc, s.sk + c0, cd.lqn, w, s.sc, nb, F_W, F_V, c0 > 0);
-    __syncthreads();
-    bmm<false, true>(sF, cd.lfc, s.sL2, cd.lqq, s.sq + c0, cd.lqn, CQ, w, CQ, true);
-    __syncthreads();
-    rows_out(dk + c0, (int64_t)H * 2 * N, sF, cd.lfc, nb, min(w, N - c0)); /* dktil (raw) */
-    __syncthreads();
-  }
+  kgrad_blocks<false>(sF, cd, s.sx, s.sdE, s.sk, s.sc, nb, F_W, F_V, s.sL2, s.sq, dk, ld_bc, N); /* dktil (raw) */
   /* 8. dx = W (ktil dE^T) + L1^T dY (+ diagonal, D) */
   bmm<true, false>(sF, cd.lfp, s.sk, cd.lqn, s.sdE, cd.lqn, CQ, cd.Pp, cd.Np, false);
   __syncthreads();

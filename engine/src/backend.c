@@ -1,13 +1,23 @@
 /*
  * backend.c — what the trainer (trainer.c) and the inference object (infer.c) share in
- * front of a backend: the device choice, the checks of a window's inputs, of row lists, layer
- * indices and of a state handed to set_state. Both callers validate here, so a bad call changes nothing.
+ * front of a backend: the placement fields of a creation config, the device choice, the
+ * checks of a window's inputs, of row lists, layer indices and of a state handed to
+ * set_state. Both callers validate here, so a bad call changes nothing.
  */
 #include "backend.h"
 
 #include <math.h>
 
 #include "errors.h"
+
+m3_status m3_check_placement(int32_t precision, int32_t device, int32_t device_index) {
+  if (precision < M3_PRECISION_F32 || precision > M3_PRECISION_F16)
+    return m3_fail(M3_ERR_CONFIG, "precision = %d: must be f32, bf16 or f16", precision);
+  if (device < M3_DEVICE_AUTO || device > M3_DEVICE_CUDA)
+    return m3_fail(M3_ERR_CONFIG, "device = %d: must be auto, cpu or cuda", device);
+  if (device_index < 0) return m3_fail(M3_ERR_CONFIG, "device index = %d: must be >= 0", device_index);
+  return M3_OK;
+}
 
 m3_status m3_backend_open(const backend_args *a, int32_t device, int32_t *chosen, backend **out,
                           const backend_ops **ops) {

@@ -47,12 +47,7 @@ static m3_status check_cfg(const m3_infer_cfg *c) {
   if (c->max_len < 1) return m3_fail(M3_ERR_CONFIG, "max_len = %d: must be an integer >= 1", c->max_len);
   if ((int64_t)c->batch * c->max_len > ((int64_t)1 << 31))
     return m3_fail(M3_ERR_CONFIG, "batch * max_len = %lld: must be <= 2^31", (long long)c->batch * c->max_len);
-  if (c->precision < M3_PRECISION_F32 || c->precision > M3_PRECISION_F16)
-    return m3_fail(M3_ERR_CONFIG, "precision = %d: must be f32, bf16 or f16", c->precision);
-  if (c->device < M3_DEVICE_AUTO || c->device > M3_DEVICE_CUDA)
-    return m3_fail(M3_ERR_CONFIG, "device = %d: must be auto, cpu or cuda", c->device);
-  if (c->device_index < 0) return m3_fail(M3_ERR_CONFIG, "device index = %d: must be >= 0", c->device_index);
-  return M3_OK;
+  return m3_check_placement(c->precision, c->device, c->device_index);
 }
 
 static m3_status alloc_staging(m3_infer *inf) {

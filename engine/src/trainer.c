@@ -52,12 +52,7 @@ static m3_status check_cfg(const m3_trainer_cfg *c) {
   if (!(isfinite(c->eps) && c->eps > 0)) return m3_fail(M3_ERR_CONFIG, "eps = %g: must be a finite number > 0", c->eps);
   if (!(isfinite(c->clip) && c->clip >= 0))
     return m3_fail(M3_ERR_CONFIG, "clip = %g: must be a finite number >= 0 (0 = off)", c->clip);
-  if (c->precision < M3_PRECISION_F32 || c->precision > M3_PRECISION_F16)
-    return m3_fail(M3_ERR_CONFIG, "precision = %d: must be f32, bf16 or f16", c->precision);
-  if (c->device < M3_DEVICE_AUTO || c->device > M3_DEVICE_CUDA)
-    return m3_fail(M3_ERR_CONFIG, "device = %d: must be auto, cpu or cuda", c->device);
-  if (c->device_index < 0) return m3_fail(M3_ERR_CONFIG, "device index = %d: must be >= 0", c->device_index);
-  return M3_OK;
+  return m3_check_placement(c->precision, c->device, c->device_index);
 }
 
 static m3_status make_backend(m3_trainer *tr, const float *params) {

@@ -193,14 +193,7 @@ end
 -- Zeroes the state of all rows, or of a list of 0-based rows.
 function I:reset(rows)
   local p = live(self)
-  if rows == nil then
-    check(C.m3_infer_reset(p, nil, 0))
-    return
-  end
-  if type(rows) ~= "table" then raise("reset: rows must be a list of 0-based row indices, got " .. type(rows)) end
-  local arr = ffi.new("int32_t[?]", math.max(#rows, 1))
-  for i = 1, #rows do arr[i - 1] = want_int(rows[i], "reset: rows[" .. i .. "]", 0) end
-  check(C.m3_infer_reset(p, arr, #rows))
+  check(C.m3_infer_reset(p, states.rows(rows, "reset")))
 end
 
 function I:states()

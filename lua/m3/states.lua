@@ -4,7 +4,9 @@
 --
 --   states.read(cfg, B, get)          get(layer0, angle, ssm, k, v) fills one layer (pointers)
 --   states.write(cfg, B, s, set)      checks every layer's shapes first, then set(layer0, ...)
+--   states.rows(rows, what)           a reset's rows (nil: all) as C arguments: int32_t array, count
 
+local ffi = require "ffi"
 local lib = require "m3.lib"
 local tensor = require "m3.tensor"
 local options = require "m3.options"
@@ -66,6 +68,16 @@ function states.write(cfg, B, list, set)
     local r = ready[l]
     set(l - 1, r.angle.data, r.ssm.data, r.k.data, r.v.data)
   end
+end
+
+-- The rows a reset names: nil (all rows) -> nil, 0; a list of 0-based row indices -> an int32_t
+-- array and its length. `what` names the call in errors (the C side checks the range).
+function states.rows(rows, what)
+  if rows == nil then return nil, 0 end
+  if type(rows) ~= "table" then raise(what .. ": rows must be a list of 0-based row indices, got " .. type(rows)) end
+  local arr = ffi.new("int32_t[?]", math.max(#rows, 1))
+  for i = 1, #rows do arr[i - 1] = options.want_int(rows[i], what .. ": rows[" .. i .. "]", 0) end
+  return arr, #rows
 end
 
 return states

@@ -384,14 +384,7 @@ end
 -- Zeroes the state of all rows, or of a list of 0-based rows.
 function T:reset_state(rows)
   local p = live(self)
-  if rows == nil then
-    check(C.m3_trainer_reset_state(p, nil, 0))
-    return
-  end
-  if type(rows) ~= "table" then raise("reset_state: rows must be a list of 0-based row indices, got " .. type(rows)) end
-  local arr = ffi.new("int32_t[?]", math.max(#rows, 1))
-  for i = 1, #rows do arr[i - 1] = want_int(rows[i], "reset_state: rows[" .. i .. "]", 0) end
-  check(C.m3_trainer_reset_state(p, arr, #rows))
+  check(C.m3_trainer_reset_state(p, states.rows(rows, "reset_state")))
 end
 
 -- A list with one {angle=, ssm=, k=, v=} table of float32 tensors per layer (copies).
