@@ -1,7 +1,7 @@
 /*
  * common.cuh — helpers shared by the kernels: the 16-bit activation types and their
- * conversions, warp/block reductions in a fixed order, and the dispatch from a precision
- * code to a template instantiation.
+ * conversions, warp/block reductions in a fixed order, asynchronous copies into shared memory,
+ * and the dispatch from a precision code to a template instantiation.
  *
  * Determinism: every reduction here combines values in an order fixed by thread indices
  * (shuffle trees, then warps in index order); nothing uses floating-point atomics, so the
@@ -62,6 +62,21 @@ template <typename V> __device__ __forceinline__ V block_sum(V v, V *red) {
 }
 
 __device__ __forceinline__ float sigmoidf_(float v) { return 1.0f / (1.0f + expf(-v)); }
+
+/* Asynchronous copies global -> shared (cp.async; sm_80+): cp16 moves 16 bytes (both addresses
+ * 16-byte aligned), cp4 4 bytes. They complete at cp_wait_all() (every copy of the thread) or
+ * cp_wait_prev() (all but the last cp_commit() group); a barrier then publishes them to the block. */
+__device__ __forceinline__ void cp16(void *dst, const void *src) {
+  const unsigned d = (unsigned)__cvta_generic_to_shared(dst);
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(d), "l"(src) : "memory");
+}
+__device__ __forceinline__ void cp4(void *dst, const void *src) {
+  const unsigned d = (unsigned)__cvta_generic_to_shared(dst);
+  asm volatile("cp.async.ca.shared.global [%0], [%1], 4;\n" ::"r"(d), "l"(src) : "memory");
+}
+__device__ __forceinline__ void cp_wait_all() { asm volatile("cp.async.wait_all;\n" ::: "memory"); }
+__device__ __forceinline__ void cp_commit() { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
+__device__ __forceinline__ void cp_wait_prev() { asm volatile("cp.async.wait_group 1;\n" ::: "memory"); }
 
 static inline unsigned grid_for(int64_t n, int threads) {
   int64_t b = (n + threads - 1) / threads;

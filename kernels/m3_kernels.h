@@ -175,6 +175,34 @@ cudaError_t m3k_scan_param_grads(cudaStream_t s, const float *part, const float 
                                  float *g_dt_bias, float *g_D, float *g_B_bias, float *g_C_bias, float *g_norm,
                                  float *g_B_norm, float *g_C_norm);
 
+/* ---- the fused one-token inference step (decode_fused.cu) ----------------------------------------------- */
+
+typedef struct m3k_decode_layer {
+  const float *norm, *B_norm, *C_norm, *dt_bias, *D, *B_bias, *C_bias, *out_norm; /* f32 parameters */
+  const void *in_proj, *out_proj; /* act weights [dip, dm], [dm, E] */
+  float *angle, *ssm, *k, *v;     /* the layer's carried state [B, H, ...], advanced in place */
+} m3k_decode_layer;
+
+typedef struct m3k_decode_args {
+  m3k_dims d;
+  int32_t L, rows;
+  const m3k_decode_layer *layers; /* [L] in device memory */
+  const float *h0;                /* [rows, dm] the input rows (after the input layer) */
+  const uint8_t *resets;          /* [rows]; NULL: none */
+  const float *norm_f;            /* [dm] */
+  float *out, *out_rstd;          /* [rows, dm], [rows]: norm_f's output and 1 / RMS */
+  void *out_act;                  /* [rows, dm] act copy of out */
+} m3k_decode_args;
+
+/* Dynamic shared memory of the fused step (bf16, f16) for a model of L layers, or 0 where it does
+ * not apply (f32, a layer's in_proj + out_proj weights above 512 KiB, P > 128, N > 256, d_model or
+ * E not a multiple of 32, or more than max_smem bytes). */
+size_t m3k_decode_smem(int prec, const m3k_dims *d, int32_t L, int32_t max_smem);
+/* Raises the step kernels' dynamic shared-memory limit to smem (call once, outside capture). */
+cudaError_t m3k_decode_prepare(int prec, size_t smem);
+/* One token of rows a->rows through every layer and norm_f (one CTA per row). */
+cudaError_t m3k_decode_step(cudaStream_t s, int prec, const m3k_decode_args *a, size_t smem);
+
 /* ---- heads and inputs --------------------------------------------------------------------------------- */
 
 /* h0[m] = emb[tokens[m]] (f32). */

@@ -1,7 +1,7 @@
 /*
  * mma_tile.cuh — 16 x 16 float32 tiles of bf16 tensor-core products for one warp, on mma.sync
  * (m16n8k16, float32 accumulation) with ldmatrix loads from shared memory: the warp-level primitive
- * of the chunked scan (scan_chunked.cu). The accumulator layout is the mma's, so element-wise
+ * of the chunked scan (scan_chunked.cu; decode_fused.cu uses the m16n8k16 step for its GEMVs). The accumulator layout is the mma's, so element-wise
  * work can address it: element e of acc16::v sits at row acc_row(e), column acc_col(e) of the tile.
  * Operands are bf16 tiles in shared memory, row-major (X[i ld + k]) or column-major (X[k ld + i]),
  * with 16-byte aligned rows (ld a multiple of 8). Each product runs its K loop in order.
@@ -48,6 +48,14 @@ __device__ __forceinline__ void ldsm4_t(unsigned addr, unsigned (&r)[4]) {
 }
 __device__ __forceinline__ void mma16816(float *c, const unsigned (&a)[4], unsigned b0, unsigned b1) {
   asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
+               "{%0, %1, %2, %3};\n"
+               : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+               : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
+/* The same step with f16 operands. */
+__device__ __forceinline__ void mma16816_f16(float *c, const unsigned (&a)[4], unsigned b0, unsigned b1) {
+  asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
                "{%0, %1, %2, %3};\n"
                : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
                : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));

@@ -683,17 +683,9 @@ __device__ __forceinline__ void c_gate_bwd(const m3k_scan_args &a, const csmem &
   }
 }
 
-/* ---- loads into shared memory: asynchronous 16-byte copies (cp.async), so that all of a chunk's
- * loads are in flight at once; callers end the phase with cp_wait_all() (or, loading one chunk ahead,
- * cp_commit() after each chunk's loads and cp_wait_prev() for all but the last group) and a barrier ---- */
-
-__device__ __forceinline__ void cp16(void *dst, const void *src) {
-  const unsigned d = (unsigned)__cvta_generic_to_shared(dst);
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(d), "l"(src) : "memory");
-}
-__device__ __forceinline__ void cp_wait_all() { asm volatile("cp.async.wait_all;\n" ::: "memory"); }
-__device__ __forceinline__ void cp_commit() { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
-__device__ __forceinline__ void cp_wait_prev() { asm volatile("cp.async.wait_group 1;\n" ::: "memory"); }
+/* ---- loads into shared memory: cp16 (common.cuh), so that all of a chunk's loads are in flight at
+ * once; callers end the phase with cp_wait_all() (or, loading one chunk ahead, cp_commit() after each
+ * chunk's loads and cp_wait_prev() for all but the last group) and a barrier ---- */
 
 /* CQ rows of w bf16 (w a multiple of 8) from the scratch (row stride w) into a padded shared tile
  * (row stride ld). */

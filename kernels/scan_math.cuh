@@ -120,6 +120,42 @@ __device__ __forceinline__ void warp_norm_gate(const m3k_scan_args &a, int64_t m
   }
 }
 
+/* V consecutive state floats (streaming: evict-first loads and stores) */
+template <int V> struct state_vec;
+template <> struct state_vec<4> {
+  static __device__ __forceinline__ void load(const float *p, float *v) {
+    const float4 t = __ldcs((const float4 *)p);
+    v[0] = t.x;
+    v[1] = t.y;
+    v[2] = t.z;
+    v[3] = t.w;
+  }
+  static __device__ __forceinline__ void store(float *p, const float *v) {
+    __stcs((float4 *)p, make_float4(v[0], v[1], v[2], v[3]));
+  }
+};
+template <> struct state_vec<1> {
+  static __device__ __forceinline__ void load(const float *p, float *v) { v[0] = __ldcs(p); }
+  static __device__ __forceinline__ void store(float *p, const float *v) { __stcs(p, v[0]); }
+};
+
+/* The lane tile of a one-token state update (scan_step.cu, decode_fused.cu): a row of N floats
+ * belongs to lw lanes (the power of two covering the row's vectors, at most 32), lane j holding
+ * the row's vectors j, j + lw, ... (NJ of them). A vector is a float4 (V = 4) when the groups
+ * cover the rows exactly (N = 4 lw, or N = 256: two per lane) and the state is 16-byte aligned,
+ * else one float (V = 1, NJ = 8: N <= 256). */
+struct step_tile {
+  int V, NJ, lw;
+};
+static inline step_tile step_tile_for(int N, bool aligned) {
+  const int nv = N / 4;
+  const bool pow2 = nv > 0 && (nv & (nv - 1)) == 0;
+  const bool vec = N % 4 == 0 && pow2 && nv <= 64 && aligned;
+  step_tile t = {vec ? 4 : 1, vec ? (nv <= 32 ? 1 : 2) : 8, 1};
+  while (t.lw < (vec ? nv : N) && t.lw < 32) t.lw <<= 1;
+  return t;
+}
+
 /* ---- the chunked scan (scan_chunked.cu) ---------------------------------------------------------- */
 
 enum { M3K_CHUNK = 64 }; /* tokens per chunk */

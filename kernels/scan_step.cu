@@ -32,25 +32,6 @@
 
 enum { STEP_THREADS = 256, STEP_WARPS = STEP_THREADS / 32 };
 
-/* V consecutive state floats (streaming: evict-first loads and stores) */
-template <int V> struct state_vec;
-template <> struct state_vec<4> {
-  static __device__ __forceinline__ void load(const float *p, float *v) {
-    const float4 t = __ldcs((const float4 *)p);
-    v[0] = t.x;
-    v[1] = t.y;
-    v[2] = t.z;
-    v[3] = t.w;
-  }
-  static __device__ __forceinline__ void store(float *p, const float *v) {
-    __stcs((float4 *)p, make_float4(v[0], v[1], v[2], v[3]));
-  }
-};
-template <> struct state_vec<1> {
-  static __device__ __forceinline__ void load(const float *p, float *v) { v[0] = __ldcs(p); }
-  static __device__ __forceinline__ void store(float *p, const float *v) { __stcs(p, v[0]); }
-};
-
 /* V floats per vector, NJ vectors per lane and row (N <= V NJ LW), lw = LW lanes per row. */
 template <int V, int NJ, bool DENSE, typename T>
 __global__ void __launch_bounds__(STEP_THREADS, 3) scan_step_kernel(const m3k_scan_args a, const int lw) {
@@ -196,19 +177,12 @@ __global__ void __launch_bounds__(STEP_THREADS, 3) scan_step_kernel(const m3k_sc
   }
 }
 
-/* The tile: float4 vectors when the lane groups cover the rows exactly (N = 4 LW with LW = 1, 2, ...,
- * 32, or N = 256: two vectors per lane) and the state buffers are 16-byte aligned, else single
- * floats (NJ = 8: N <= 256). */
 template <typename T> static void launch_step(cudaStream_t s, const m3k_scan_args &a) {
-  const int N = a.d.N, nv = N / 4;
-  const bool pow2 = nv > 0 && (nv & (nv - 1)) == 0;
-  const bool vec = N % 4 == 0 && pow2 && nv <= 64 && ((uintptr_t)a.in_ssm | (uintptr_t)a.fin_ssm) % 16 == 0;
-  int lw = 1;
-  while (lw < (vec ? nv : N) && lw < 32) lw <<= 1;
+  const step_tile t = step_tile_for(a.d.N, ((uintptr_t)a.in_ssm | (uintptr_t)a.fin_ssm) % 16 == 0);
   const dim3 grid(a.d.H, a.rows);
-  if (!vec) scan_step_kernel<1, 8, false, T><<<grid, STEP_THREADS, 0, s>>>(a, lw);
-  else if (nv <= 32) scan_step_kernel<4, 1, true, T><<<grid, STEP_THREADS, 0, s>>>(a, lw);
-  else scan_step_kernel<4, 2, true, T><<<grid, STEP_THREADS, 0, s>>>(a, lw);
+  if (t.V == 1) scan_step_kernel<1, 8, false, T><<<grid, STEP_THREADS, 0, s>>>(a, t.lw);
+  else if (t.NJ == 1) scan_step_kernel<4, 1, true, T><<<grid, STEP_THREADS, 0, s>>>(a, t.lw);
+  else scan_step_kernel<4, 2, true, T><<<grid, STEP_THREADS, 0, s>>>(a, t.lw);
 }
 
 cudaError_t m3k_scan_step(cudaStream_t s, int prec, const m3k_scan_args *a) {

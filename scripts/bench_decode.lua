@@ -6,7 +6,8 @@
 --                                  [--steps N]
 --   m3lua scripts/bench.lua --decode [same flags]
 --
--- Columns: "step" is the engine step alone (out and logits stay on the device); "+logits"
+-- Columns: "fused" says whether a one-token step runs as one launch (decode_fused.cu: small
+-- models on CUDA); "step" is the engine step alone (out and logits stay on the device); "+logits"
 -- adds copying the [B, vocab] logits to the host into one reused tensor ("lm" only; a new tensor
 -- per step adds its zero fill and page faults: a [128, 50280] copy took 25.7 ms with a new tensor,
 -- 7.4 ms into a reused one, on the 2-core development machine); "generate" is inf:generate with
@@ -92,7 +93,8 @@ local function run(name, dtype, B)
     local tok = input_of(cfg, B, 1, 2)
     local no_copy = { out = false, logits = false }
     local n = (name == "lm130" and opt.device == "cpu") and 3 or opt.steps
-    local r = { name = name, dtype = dtype, B = B, mem = inf:info().device_bytes / 2 ^ 30 }
+    local info = inf:info()
+    local r = { name = name, dtype = dtype, B = B, mem = info.device_bytes / 2 ^ 30, fused = info.fused_decode }
     r.us = time_us(function() inf:step(tok, no_copy) end, n)
     if cfg.head == "lm" then
       local with_logits = { out = false, logits = m3.tensor({ B, cfg.vocab_size }) } -- one buffer, reused
@@ -129,16 +131,16 @@ for _, name in ipairs(opt.configs) do
 end
 
 print("")
-print(string.format("%-7s %-5s %5s %12s %12s %14s %14s %8s %6s", "decode", "dtype", "B", "µs/step", "tokens/s",
-  "+logits µs", "generate tok/s", "mem GiB", "bar"))
+print(string.format("%-7s %-5s %5s %12s %12s %14s %14s %8s %6s %6s", "decode", "dtype", "B", "µs/step", "tokens/s",
+  "+logits µs", "generate tok/s", "mem GiB", "fused", "bar"))
 for _, r in ipairs(rows) do
   if r.failed then
     print(string.format("%-7s %-5s %5d FAILED: %s", r.name, r.dtype, r.B, r.failed:sub(1, 80)))
   else
     local bar = "-"
     if r.bar and r.dtype == "bf16" and opt.device == "cuda" then bar = r.us <= r.bar and "ok" or ">" .. r.bar end
-    print(string.format("%-7s %-5s %5d %12.1f %12.0f %14s %14s %8.2f %6s", r.name, r.dtype, r.B, r.us, r.tok_s,
+    print(string.format("%-7s %-5s %5d %12.1f %12.0f %14s %14s %8.2f %6s %6s", r.name, r.dtype, r.B, r.us, r.tok_s,
       r.us_logits and string.format("%.1f", r.us_logits) or "-",
-      r.gen_tok_s and string.format("%.0f", r.gen_tok_s) or "-", r.mem, bar))
+      r.gen_tok_s and string.format("%.0f", r.gen_tok_s) or "-", r.mem, r.fused and "yes" or "no", bar))
   end
 end

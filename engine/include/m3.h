@@ -19,7 +19,7 @@
 
 /* Bumped whenever a declaration below changes; the Lua binding refuses a library whose
  * m3_abi_version() differs from the header it was generated from. */
-#define M3_ABI_VERSION 6
+#define M3_ABI_VERSION 7
 
 #ifdef __cplusplus
 extern "C" {
@@ -393,6 +393,7 @@ typedef struct m3_infer_info {
   int32_t poisoned;
   int32_t logit_rows;     /* rows of the last step (its logits are readable), 0 before any */
   int64_t device_bytes;   /* bytes held on the device (0 on the CPU) */
+  int32_t fused_decode;   /* 1: a one-token step runs every layer in one launch (CUDA bf16/f16, small models) */
 } m3_infer_info;
 
 void m3_infer_cfg_defaults(m3_infer_cfg *cfg);

@@ -76,6 +76,8 @@ typedef struct backend_ops {
   m3_status (*read_arena)(const backend *be, arena_kind kind, float *dst);
   m3_status (*write_arena)(backend *be, arena_kind kind, const float *src);
   int64_t (*device_bytes)(const backend *be);
+  /* 1 when a one-token inference step runs as one fused launch; NULL: never */
+  int32_t (*fused_decode)(const backend *be);
   /* wall time spent in matrix products since creation; NULL: not measured */
   double (*gemm_seconds)(const backend *be);
   /* forward only (infer = 1): rows x len from the carried state, which it then advances;

@@ -113,6 +113,7 @@ void m3_infer_get_info(const m3_infer *inf, m3_infer_info *o) {
   o->poisoned = inf->poisoned;
   o->logit_rows = inf->logit_rows;
   o->device_bytes = inf->ops->device_bytes(inf->be);
+  o->fused_decode = inf->ops->fused_decode ? inf->ops->fused_decode(inf->be) : 0;
 }
 
 /* ---- guards ---------------------------------------------------------------------------------- */

@@ -96,7 +96,7 @@ local infer_methods = {
   states = "inf:states() -> {{angle =, ssm =, k =, v =}, ...}  the trainer's format",
   set_states = "inf:set_states(s)  e.g. inf:set_states(tr:states())",
   generate = "inf:generate(prompt [B,T] | {ids}, n, {temperature = 1, top_k = 0, top_p = 1, seed = 0,\n  stop = id | {ids}, pad = <stop token>, carry = false}) -> tokens int32 [B,n], lengths\n  temperature 0: greedy. Rows start from zero state (carry: from theirs); a row that draws a\n  stop token is done: later positions hold pad; lengths[r] counts its tokens up to the stop.\n  Row r draws from its own generator (seed, r): deterministic per seed.",
-  info = "inf:info() -> {device, dtype, batch, max_len, graph, device_bytes}",
+  info = "inf:info() -> {device, dtype, batch, max_len, graph, device_bytes, fused_decode}",
   close = "inf:close()  free memory now; later calls raise \"inference object is closed\"",
 }
 for name, text in pairs(infer_methods) do T["infer:" .. name] = text end

@@ -328,6 +328,7 @@ function I:info()
     graph = i.graph ~= 0,
     poisoned = i.poisoned ~= 0,
     device_bytes = tonumber(i.device_bytes),
+    fused_decode = i.fused_decode ~= 0,
   }
 end
 

@@ -26,6 +26,9 @@
  * of the last position; the scan reads and writes the carried state in place (each block
  * loads its (row, head) state before it stores it). One-token steps replay a CUDA graph
  * per row count (upload, forward, head GEMM); the logits stay on the device until read.
+ * Where the model is small enough (m3k_decode_smem; bf16 and f16), a one-token step's layers and
+ * norm_f run as one launch (decode_fused.cu) instead of five launches per layer; M3_DECODE_FUSED=0 in the
+ * environment at creation keeps the per-layer launches (tests compare the two).
  */
 #include <cuda_runtime_api.h>
 #include <math.h>
@@ -139,6 +142,7 @@ struct backend {
   m3k_batch_info *d_info;
   m3k_metrics *d_metrics;
   void *workspace;
+  m3k_decode_layer *decode_layers;         /* [L] the fused one-token step's per-layer pointers (or NULL) */
 
   /* ---- pinned host staging (same capacities) ---- */
   char *pin;
@@ -161,6 +165,7 @@ struct backend {
   prof pf;
   int infer;       /* forward only (inference): see the header */
   int infer_graph; /* inference: one-token steps replay graphs */
+  size_t decode_smem; /* inference: shared memory of the fused one-token step; 0: per-layer launches */
   int fwd_carry;  /* the last training forward started from the carried state */
   int last_carry; /* carry of the last forward or step (the default shape of capture_graph) */
 };
@@ -341,6 +346,7 @@ static void carve_device(backend *be, carver *c) {
   be->d_info = take(c, sizeof(m3k_batch_info));
   be->d_metrics = take(c, sizeof(m3k_metrics));
   be->workspace = take(c, WORKSPACE_BYTES);
+  be->decode_layers = be->decode_smem ? take(c, (size_t)L * sizeof(m3k_decode_layer)) : NULL;
 }
 
 static void carve_pinned(backend *be, carver *c) {
@@ -509,13 +515,11 @@ static m3_status save_incoming(backend *be, int32_t rows) {
   return M3_OK;
 }
 
-static m3_status enq_forward(backend *be, int32_t rows, int32_t len, int carry, int train) {
+/* The input layer of M positions into resid[0]. */
+static m3_status enq_input(backend *be, int64_t M) {
   const m3_dims *d = be->d;
   const m3_layout *lay = be->lay;
-  const int64_t M = (int64_t)rows * len, dm = d->dm;
-  mark(be, PH_INPUT);
-  if (carry && train && !be->infer) TRY(save_incoming(be, rows));
-  if (train) be->fwd_carry = carry;
+  const int64_t dm = d->dm;
   float *h0 = resid_l(be, 0);
   switch (d->input) {
     case M3_INPUT_FEATURES:
@@ -529,6 +533,17 @@ static m3_status enq_forward(backend *be, int32_t rows, int32_t len, int carry, 
       CK(m3k_embed_fwd(be->st, be->tokens, be->params + lay->embedding, h0, M, d->dm));
       break;
   }
+  return M3_OK;
+}
+
+static m3_status enq_forward(backend *be, int32_t rows, int32_t len, int carry, int train) {
+  const m3_dims *d = be->d;
+  const m3_layout *lay = be->lay;
+  const int64_t M = (int64_t)rows * len, dm = d->dm;
+  mark(be, PH_INPUT);
+  if (carry && train && !be->infer) TRY(save_incoming(be, rows));
+  if (train) be->fwd_carry = carry;
+  TRY(enq_input(be, M));
   for (int l = 0; l < d->L; l++) {
     const layer_offsets *lo = &lay->layer[l];
     mark(be, PH_NORM_F);
@@ -843,7 +858,17 @@ static m3_status enq_step(backend *be, int32_t rows, int32_t len, int carry) {
 static m3_status enq_infer(backend *be, int32_t rows, int32_t len) {
   const m3_dims *d = be->d;
   TRY(upload_inputs(be, (int64_t)rows * len, 0));
-  TRY(enq_forward(be, rows, len, 1, 0));
+  if (len == 1 && be->decode_smem) {
+    mark(be, PH_INPUT);
+    TRY(enq_input(be, rows));
+    mark(be, PH_SCAN_F);
+    const m3k_decode_args a = {be->kd,          d->L,        rows,         be->decode_layers,
+                               resid_l(be, 0),  be->resets,  be->params + be->lay->norm_f,
+                               be->out,         be->out_rstd, be->out_act};
+    CK(m3k_decode_step(be->st, be->prec, &a, be->decode_smem));
+  } else {
+    TRY(enq_forward(be, rows, len, 1, 0));
+  }
   if (d->head != M3_HEAD_LM) return M3_OK;
   const int64_t dm = d->dm;
   const void *last = (const char *)be->out_act + (size_t)((len - 1) * dm) * be->act_bytes;
@@ -1116,6 +1141,7 @@ static m3_status op_write_arena(backend *be, arena_kind kind, const float *src) 
 }
 
 static int64_t op_device_bytes(const backend *be) { return (int64_t)be->arena_bytes; }
+static int32_t op_fused_decode(const backend *be) { return be->decode_smem > 0; }
 
 static m3_status op_infer(backend *be, const m3_batch *b, float *out) {
   ENTER(be);
@@ -1192,6 +1218,7 @@ static const backend_ops cuda_ops = {
     .read_arena = op_read_arena,
     .write_arena = op_write_arena,
     .device_bytes = op_device_bytes,
+    .fused_decode = op_fused_decode,
     .infer = op_infer,
     .read_logits = op_read_logits,
     .set_profiling = op_set_profiling,
@@ -1224,6 +1251,38 @@ static void kernel_dims(const m3_dims *d, m3k_dims *k) {
   k->a_floor = (float)d->a_floor;
 }
 
+/* The fused one-token step's per-layer pointers (parameters, act weights, carried state) -> device. */
+static m3_status upload_decode_layers(backend *be) {
+  const m3_dims *d = be->d;
+  const int64_t BH = (int64_t)be->B * d->H;
+  m3k_decode_layer *h = calloc((size_t)d->L, sizeof *h);
+  if (!h) return m3_fail(M3_ERR_MEMORY, "out of host memory");
+  for (int l = 0; l < d->L; l++) {
+    const layer_offsets *lo = &be->lay->layer[l];
+    const float *p = be->params;
+    const m3k_decode_layer x = {p + lo->norm,
+                                p + lo->B_norm,
+                                p + lo->C_norm,
+                                p + lo->dt_bias,
+                                p + lo->D,
+                                p + lo->B_bias,
+                                p + lo->C_bias,
+                                d->outproj_norm ? p + lo->out_norm : NULL,
+                                wgt(be, lo->in_proj),
+                                wgt(be, lo->out_proj),
+                                be->s_angle + l * BH * d->S,
+                                be->s_ssm + l * BH * d->P * d->N,
+                                be->s_k + l * BH * d->N,
+                                be->s_v + l * BH * d->P};
+    h[l] = x;
+  }
+  cudaError_t e = cudaMemcpyAsync(be->decode_layers, h, (size_t)d->L * sizeof *h, cudaMemcpyHostToDevice, be->st);
+  if (e == cudaSuccess) e = cudaStreamSynchronize(be->st);
+  free(h);
+  CK(e);
+  return M3_OK;
+}
+
 static m3_status init_device(backend *be, const backend_args *a) {
   const m3_layout *lay = be->lay;
   CK(cudaSetDevice(be->dev));
@@ -1233,6 +1292,11 @@ static m3_status init_device(backend *be, const backend_args *a) {
   if (!m3k_scan_make_plan(be->d->P, be->d->N, be->d->S, max_smem, &be->scan, why))
     return m3_fail(M3_ERR_UNSUPPORTED, "%s", why);
   CK(m3k_scan_prepare(be->prec, &be->scan));
+  if (be->infer) {
+    const char *fused = getenv("M3_DECODE_FUSED");
+    if (!fused || strcmp(fused, "0") != 0) be->decode_smem = m3k_decode_smem(be->prec, &be->kd, be->d->L, max_smem);
+    if (be->decode_smem) CK(m3k_decode_prepare(be->prec, be->decode_smem));
+  }
   CK(cudaStreamCreateWithFlags(&be->st, cudaStreamNonBlocking));
 
   carver c = {NULL, 0};
@@ -1271,6 +1335,7 @@ static m3_status init_device(backend *be, const backend_args *a) {
   if (ef == cudaSuccess) ef = cudaStreamSynchronize(be->st);
   free(flags);
   CK(ef);
+  if (be->decode_layers) TRY(upload_decode_layers(be));
   if (be->d->input == M3_INPUT_TOKENS) {
     be->hist = calloc((size_t)be->d->vocab, sizeof(int32_t));
     if (!be->hist) return m3_fail(M3_ERR_MEMORY, "out of host memory");

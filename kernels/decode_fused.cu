@@ -1,0 +1,354 @@
+/*
+ * decode_fused.cu — the one-token inference step of a small model in one launch (m3k_decode_step):
+ * one CTA per row runs every layer and norm_f from the row's input h0 (SPEC.md §3), with the
+ * residual stream, the layer's projections and its carried state in shared memory. Per layer:
+ *
+ *   xn = RMSNorm(h) -> proj = in_proj xn (a GEMV over the act-type weights, float32 sums)
+ *   -> B_hat, C_hat (RMSNorm per group) -> token scalars, angles, rotated k and q per head
+ *   -> H = alpha H_in + beta x_in k_in^T + gamma x k^T, y = H q + D x -> [mixer norm] and gate
+ *   -> h += out_proj gated (GEMV)
+ *
+ * Why: the unfused decode of a small model is five launches per layer (rmsnorm.cu, cuBLAS,
+ * bcnorm.cu, scan_step.cu, cuBLAS), each a few microseconds of launch latency around well under
+ * a microsecond of work. Here a step is one launch. Every CTA reads all the weights (from L2 after
+ * the first row), so the step applies only where a layer's weights are small: m3k_decode_smem
+ * decides, and returns 0 elsewhere (the caller keeps the unfused path).
+ *
+ * The same formulas and roundings as the unfused path: xn, proj and gated are rounded to the
+ * activation type where that path stores them; the norms sum in rmsnorm_fwd_kernel's and
+ * bcnorm_fwd_kernel's lane order; the state update and y use scan_step's lane tile and butterfly
+ * order (step_tile_for), the token math scan_math.cuh's. Only the GEMV sums differ in order from
+ * cuBLAS (agreement within SPEC.md §8, not bitwise); they run on tensor cores (mma, float32
+ * accumulation), which is why the step is for bf16 and f16 only: f32 models take no tensor cores
+ * (SPEC.md §8), and a float32-FMA version measured slower than the per-layer launches at B 1
+ * (rl: 90 vs 65 µs per step; kernels/NOTES.md).
+ *
+ * Overlap: a layer's carried state (ssm, k, v, angles) and its small parameters (norm weights,
+ * biases, D; two slots, by layer parity) are copied into shared memory by cp.async while the
+ * previous layer's gate and out_proj run.
+ * In place: every carried value is in shared memory before its slot is written back, and each
+ * slot is written once. A reset at the token counts the incoming state as zero. Every sum has a
+ * fixed order: bitwise repeatable.
+ */
+#include <type_traits>
+
+#include "mma_tile.cuh"
+#include "scan_math.cuh"
+
+enum { DEC_THREADS = 512, DEC_WARPS = DEC_THREADS / 32, DEC_KCH = 4 /* GEMV: 32-column chunks in flight per lane */ };
+static const int64_t DEC_MAX_LAYER_BYTES = (int64_t)512 << 10; /* in_proj + out_proj weights of a layer */
+
+/* Byte offsets of the shared-memory arrays (each 16-byte aligned); total = the dynamic size. */
+struct decode_smem {
+  int res, xn, proj, bc, k, q, kin, ssm, vin, ang, bx, gx, y, gated, al, yr, lay;
+  int par[2], norm, B_norm, C_norm, dt_bias, D, B_bias, C_bias, out_norm, par_bytes; /* a layer's parameters */
+  int total;
+};
+__host__ __device__ inline decode_smem decode_layout(const m3k_dims &d, int L, int act_bytes) {
+  decode_smem o;
+  int off = 0;
+  auto take = [&](int bytes) {
+    const int at = off;
+    off += (bytes + 15) / 16 * 16;
+    return at;
+  };
+  const int F = (int)sizeof(float), HP = d.H * d.P;
+  o.res = take(d.dm * F);             /* the residual stream h [dm] */
+  o.xn = take(d.dm * act_bytes);      /* RMSNorm(h) [dm], act */
+  o.proj = take(d.dipp * F);          /* in_proj's output [dip] (act values) */
+  o.bc = take(2 * d.G * d.N * F);     /* B_hat, C_hat [2, G, N] */
+  o.k = take(d.H * d.N * F);          /* rotated k [H, N] */
+  o.q = take(d.H * d.N * F);          /* rotated q [H, N] */
+  o.kin = take(d.H * d.N * F);        /* carried k [H, N] */
+  o.ssm = take(HP * d.N * F);         /* carried state [H, P, N] */
+  o.vin = take(HP * F);               /* carried x [H, P] */
+  o.ang = take(d.H * d.S * F);        /* carried angles [H, S] */
+  o.bx = take(HP * F);                /* beta x_in [H, P] */
+  o.gx = take(HP * F);                /* gamma x [H, P] */
+  o.y = take(HP * F);                 /* H q [H, P] */
+  o.gated = take(d.E * act_bytes);    /* gate output [E], act */
+  o.al = take(d.H * F);               /* alpha [H] */
+  o.yr = take(d.H * F);               /* the mixer norm's y_rstd [H] (not kept) */
+  o.lay = take(L * (int)sizeof(m3k_decode_layer));
+  const int par0 = off; /* the small parameters, at offsets within a slot */
+  o.norm = take(d.dm * F) - par0;
+  o.B_norm = take(d.N * F) - par0;
+  o.C_norm = take(d.N * F) - par0;
+  o.dt_bias = take(d.H * F) - par0;
+  o.D = take(d.H * F) - par0;
+  o.B_bias = take(d.H * d.N * F) - par0;
+  o.C_bias = take(d.H * d.N * F) - par0;
+  o.out_norm = take(d.outproj_norm ? HP * F : 0) - par0;
+  o.par_bytes = off - par0;
+  o.par[0] = par0;
+  o.par[1] = take(o.par_bytes);
+  o.total = off;
+  return o;
+}
+
+/* emit(j, sum_k x[k] W[j, k]) for j < J, by one lane per row: W row-major [J, K] (act type, K a
+ * multiple of 32, rows 16-byte aligned), x [K] act in shared memory. On tensor cores (mma m16n8k16,
+ * float32 accumulation, as cuBLAS runs the unfused path's), a warp 16 rows at a time: lane
+ * (g, t) = (lane / 4, lane % 4) loads 16 bytes of rows g and g + 8 at columns 8 t .. 8 t + 7 of each
+ * 32-column chunk, and the same columns of x; mma step s of the chunk takes words 2 s, 2 s + 1 of
+ * them as its k pairs (2 t, 2 t + 1) and (2 t + 8, 2 t + 9). A and B use the same k order, so the
+ * product is the row sums; every column of B is x, so every column of C holds them, and lanes t = 0
+ * emit column 0 (rows g, g + 8). */
+template <typename T, typename Emit>
+__device__ __forceinline__ void gemv(const T *__restrict__ W, int J, int K, const T *x, Emit emit) {
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, t = lane & 3;
+  const uint4 *xv = (const uint4 *)x + t;
+  for (int j0 = warp * 16; j0 < J; j0 += DEC_WARPS * 16) {
+    const int r0 = j0 + g, r1 = r0 + 8;
+    const uint4 *p0 = (const uint4 *)(W + (int64_t)r0 * K) + t, *p1 = (const uint4 *)(W + (int64_t)r1 * K) + t;
+    float c[4] = {0, 0, 0, 0};
+    for (int kc = 0; kc < K; kc += 32 * DEC_KCH) {
+      uint4 u0[DEC_KCH], u1[DEC_KCH];
+#pragma unroll
+      for (int q = 0; q < DEC_KCH; q++) {
+        const int k8 = (kc + 32 * q) / 8; /* 16-byte column of the chunk's start */
+        const bool kv = kc + 32 * q < K;
+        u0[q] = kv && r0 < J ? __ldg(p0 + k8) : make_uint4(0, 0, 0, 0);
+        u1[q] = kv && r1 < J ? __ldg(p1 + k8) : make_uint4(0, 0, 0, 0);
+      }
+#pragma unroll
+      for (int q = 0; q < DEC_KCH; q++) {
+        if (kc + 32 * q >= K) break;
+        const uint4 xq = xv[(kc + 32 * q) / 8];
+        const unsigned a0[4] = {u0[q].x, u1[q].x, u0[q].y, u1[q].y}, a1[4] = {u0[q].z, u1[q].z, u0[q].w, u1[q].w};
+        if constexpr (std::is_same<T, bf16>::value) {
+          mma16816(c, a0, xq.x, xq.y);
+          mma16816(c, a1, xq.z, xq.w);
+        } else {
+          mma16816_f16(c, a0, xq.x, xq.y);
+          mma16816_f16(c, a1, xq.z, xq.w);
+        }
+      }
+    }
+    if (t == 0) {
+      if (r0 < J) emit(r0, c[0]);
+      if (r1 < J) emit(r1, c[2]);
+    }
+  }
+}
+
+/* 1 / RMS of x [n] (shared memory) as rmsnorm_fwd_kernel sums it, in every lane of the warp */
+__device__ __forceinline__ float row_rstd(const float *x, int n) {
+  float ss = 0;
+  for (int j = threadIdx.x & 31; j < n; j += 32) ss += x[j] * x[j];
+  ss = warp_sum(ss);
+  return 1.0f / sqrtf(ss / (float)n + 1e-5f);
+}
+
+/* n floats global -> shared, asynchronously (16-byte copies where both sides allow) */
+__device__ __forceinline__ void copy_async(float *dst, const float *src, int n) {
+  if (n % 4 == 0 && (uintptr_t)src % 16 == 0) {
+    for (int i = threadIdx.x; i < n / 4; i += DEC_THREADS) cp16(dst + 4 * i, src + 4 * i);
+  } else {
+    for (int i = threadIdx.x; i < n; i += DEC_THREADS) cp4(dst + i, src + i);
+  }
+}
+
+template <typename T, int V, int NJ>
+__global__ void __launch_bounds__(DEC_THREADS, 1) decode_kernel(const m3k_decode_args a, const int lw) {
+  extern __shared__ __align__(16) unsigned char smem[];
+  const m3k_dims &d = a.d;
+  const decode_smem o = decode_layout(d, a.L, (int)sizeof(T));
+  float *s_res = (float *)(smem + o.res), *s_proj = (float *)(smem + o.proj), *s_bc = (float *)(smem + o.bc);
+  float *s_k = (float *)(smem + o.k), *s_q = (float *)(smem + o.q), *s_kin = (float *)(smem + o.kin);
+  float *s_ssm = (float *)(smem + o.ssm), *s_vin = (float *)(smem + o.vin), *s_ang = (float *)(smem + o.ang);
+  float *s_bx = (float *)(smem + o.bx), *s_gx = (float *)(smem + o.gx), *s_y = (float *)(smem + o.y);
+  float *s_al = (float *)(smem + o.al);
+  T *s_xn = (T *)(smem + o.xn), *s_gated = (T *)(smem + o.gated);
+  m3k_decode_layer *s_lay = (m3k_decode_layer *)(smem + o.lay);
+  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, b = blockIdx.x;
+  const int P = d.P, N = d.N, S = d.S, H = d.H, dm = d.dm, U = N - S, HP = H * P;
+  const bool rs = a.resets && a.resets[b];
+
+  /* layer l's carried state (row b) and small parameters -> shared memory (complete at cp_wait_all) */
+  auto load_layer = [&](int l) {
+    const m3k_decode_layer &ly = s_lay[l];
+    const int64_t bh = (int64_t)b * H;
+    copy_async(s_ssm, ly.ssm + bh * P * N, HP * N);
+    copy_async(s_kin, ly.k + bh * N, H * N);
+    copy_async(s_vin, ly.v + bh * P, HP);
+    copy_async(s_ang, ly.angle + bh * S, H * S);
+    unsigned char *par = smem + o.par[l & 1];
+    copy_async((float *)(par + o.norm), ly.norm, dm);
+    copy_async((float *)(par + o.B_norm), ly.B_norm, N);
+    copy_async((float *)(par + o.C_norm), ly.C_norm, N);
+    copy_async((float *)(par + o.dt_bias), ly.dt_bias, H);
+    copy_async((float *)(par + o.D), ly.D, H);
+    copy_async((float *)(par + o.B_bias), ly.B_bias, H * N);
+    copy_async((float *)(par + o.C_bias), ly.C_bias, H * N);
+    if (d.outproj_norm) copy_async((float *)(par + o.out_norm), ly.out_norm, HP);
+    cp_commit();
+  };
+
+  for (int i = tid; i < a.L * (int)(sizeof(m3k_decode_layer) / 4); i += DEC_THREADS)
+    ((int *)s_lay)[i] = ((const int *)a.layers)[i];
+  for (int j = tid; j < dm; j += DEC_THREADS) s_res[j] = a.h0[(int64_t)b * dm + j];
+  __syncthreads();
+  load_layer(0);
+  cp_wait_all();
+  __syncthreads();
+
+  for (int l = 0; l < a.L; l++) {
+    const m3k_decode_layer &ly = s_lay[l];
+    const unsigned char *par = smem + o.par[l & 1];
+    const float *p_norm = (const float *)(par + o.norm), *p_dt_bias = (const float *)(par + o.dt_bias);
+    const float *p_D = (const float *)(par + o.D);
+    /* the fields of m3k_scan_args that rot_unit and warp_norm_gate read */
+    m3k_scan_args sa;
+    sa.d = d;
+    sa.bc_hat = s_bc;
+    sa.B_bias = (const float *)(par + o.B_bias);
+    sa.C_bias = (const float *)(par + o.C_bias);
+    sa.out_norm = (const float *)(par + o.out_norm);
+    sa.y_rstd = (float *)(smem + o.yr);
+    /* the layer norm (every warp sums the row itself), in_proj */
+    const float r = row_rstd(s_res, dm);
+    for (int j = tid; j < dm; j += DEC_THREADS) s_xn[j] = from_f<T>(s_res[j] * r * p_norm[j]);
+    __syncthreads();
+    gemv<T>((const T *)ly.in_proj, d.dip, dm, s_xn, [&](int j, float v) { s_proj[j] = to_f(from_f<T>(v)); });
+    __syncthreads();
+
+    /* B_hat, C_hat: a warp per (B | C, group) */
+    for (int it = warp; it < 2 * d.G; it += DEC_WARPS) {
+      const int which = it / d.G, g = it % d.G;
+      const float *x = s_proj + (which ? d.C_off : d.B_off) + g * N;
+      const float *w = (const float *)(par + (which ? o.C_norm : o.B_norm));
+      float ss = 0;
+      for (int n = lane; n < N; n += 32) ss += x[n] * x[n];
+      ss = warp_sum(ss);
+      const float rr = 1.0f / sqrtf(ss / (float)N + 1e-5f);
+      for (int n = lane; n < N; n += 32) s_bc[it * N + n] = x[n] * rr * w[n];
+    }
+    __syncthreads();
+
+    /* per (head, rotation unit): the angle and the rotated k, q; per (head, row p): beta x_in, gamma x */
+    for (int i = tid; i < H * U; i += DEC_THREADS) {
+      const int h = i / U, u = i % U;
+      const tok_scalars ts = token_scalars(s_proj[d.dt_off + h], p_dt_bias[h], s_proj[d.A_off + h],
+                                           s_proj[d.trap_off + h], d.a_floor);
+      float c = 1, sn = 0;
+      if (u < S) {
+        const float th = wrap_sum(rs ? 0.0f : s_ang[h * S + u], PI_F * tanhf(s_proj[d.ang_off + u]) * ts.dt);
+        ly.angle[((int64_t)b * H + h) * S + u] = th;
+        sincosf(th, &sn, &c);
+      }
+      rot_unit<T>(sa, 0, h, h / d.hpg, u, c, sn, s_k + h * N, s_q + h * N);
+    }
+    for (int i = tid; i < HP; i += DEC_THREADS) {
+      const int h = i / P;
+      const tok_scalars ts = token_scalars(s_proj[d.dt_off + h], p_dt_bias[h], s_proj[d.A_off + h],
+                                           s_proj[d.trap_off + h], d.a_floor);
+      s_bx[i] = rs ? 0.0f : ts.beta * s_vin[i];
+      s_gx[i] = ts.gamma * s_proj[d.x_off + i];
+      if (i % P == 0) s_al[h] = rs ? 0.0f : ts.alpha;
+    }
+    __syncthreads();
+
+    /* the final k and x; the state rows (h, p), lw lanes each: H = alpha H + bx k_in + gx k, y = H q */
+    for (int i = tid; i < H * N; i += DEC_THREADS) ly.k[(int64_t)b * H * N + i] = s_k[i];
+    for (int i = tid; i < HP; i += DEC_THREADS) ly.v[(int64_t)b * HP + i] = s_proj[d.x_off + i];
+    {
+      const int nv = N / V, groups = DEC_THREADS / lw, gid = tid / lw, lj = tid & (lw - 1);
+      float *hout = ly.ssm + (int64_t)b * HP * N;
+      for (int r0 = 0; r0 < HP; r0 += groups) {
+        const int row = r0 + gid;
+        float acc = 0;
+        if (row < HP) {
+          const int h = row / P;
+          const float al = s_al[h], bx = s_bx[row], gx = s_gx[row];
+#pragma unroll
+          for (int j = 0; j < NJ; j++) {
+            const int f = lj + lw * j;
+            if (f >= nv) continue;
+            const int n0 = f * V;
+            float hv[V];
+#pragma unroll
+            for (int e = 0; e < V; e++) {
+              const float kin = rs ? 0.0f : s_kin[h * N + n0 + e];
+              hv[e] = al * (rs ? 0.0f : s_ssm[row * N + n0 + e]) + bx * kin + gx * s_k[h * N + n0 + e];
+              acc += hv[e] * s_q[h * N + n0 + e];
+            }
+            state_vec<V>::store(hout + (int64_t)row * N + n0, hv);
+          }
+        }
+        for (int w = 1; w < lw; w <<= 1) acc += __shfl_xor_sync(0xffffffffu, acc, w);
+        if (row < HP && lj == 0) s_y[row] = acc;
+      }
+    }
+    __syncthreads();
+
+    /* the next layer's state and parameters start coming; y + D x, the mixer norm and the gate (a warp
+     * per head), out_proj */
+    if (l + 1 < a.L) load_layer(l + 1);
+    for (int h = warp; h < H; h += DEC_WARPS) {
+      const float Dh = p_D[h];
+      float yv[4], ss = 0;
+#pragma unroll
+      for (int k = 0; k < 4; k++) {
+        const int p = lane + 32 * k;
+        yv[k] = 0;
+        if (p < P) {
+          yv[k] = s_y[h * P + p] + Dh * s_proj[d.x_off + h * P + p];
+          ss += yv[k] * yv[k];
+        }
+      }
+      warp_norm_gate<T>(sa, 0, h, yv, ss, s_proj + d.z_off + h * P, s_gated + h * P);
+    }
+    __syncthreads();
+    gemv<T>((const T *)ly.out_proj, dm, d.E, s_gated, [&](int j, float v) { s_res[j] += v; });
+    cp_wait_all();
+    __syncthreads();
+  }
+
+  /* norm_f */
+  const float r = row_rstd(s_res, dm);
+  if (tid == 0) a.out_rstd[b] = r;
+  for (int j = tid; j < dm; j += DEC_THREADS) {
+    const float v = s_res[j] * r * a.norm_f[j];
+    ((T *)a.out_act)[(int64_t)b * dm + j] = from_f<T>(v);
+    a.out[(int64_t)b * dm + j] = v;
+  }
+}
+
+extern "C" size_t m3k_decode_smem(int prec, const m3k_dims *d, int32_t L, int32_t max_smem) {
+  const int64_t layer_bytes = ((int64_t)d->dip * d->dm + (int64_t)d->dm * d->E) * 2;
+  if (prec == M3K_F32 || d->P > 128 || d->N > 256 || d->dm % 32 || d->E % 32 || layer_bytes > DEC_MAX_LAYER_BYTES)
+    return 0;
+  const decode_smem o = decode_layout(*d, L, 2);
+  return o.total <= max_smem ? (size_t)o.total : 0;
+}
+
+template <typename T> static cudaError_t decode_prepare(size_t smem) {
+  const void *k[3] = {(const void *)decode_kernel<T, 1, 8>, (const void *)decode_kernel<T, 4, 1>,
+                      (const void *)decode_kernel<T, 4, 2>};
+  for (int i = 0; i < 3; i++) {
+    const cudaError_t e = cudaFuncSetAttribute(k[i], cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
+    if (e != cudaSuccess) return e;
+  }
+  return cudaSuccess;
+}
+
+extern "C" cudaError_t m3k_decode_prepare(int prec, size_t smem) {
+  if (prec == M3K_BF16) return decode_prepare<bf16>(smem);
+  if (prec == M3K_F16) return decode_prepare<f16>(smem);
+  return cudaErrorInvalidValue;
+}
+
+template <typename T> static void launch_decode(cudaStream_t s, const m3k_decode_args &a, size_t smem) {
+  const step_tile t = step_tile_for(a.d.N, true); /* the state slices of a row are 16-byte aligned when N % 4 == 0 */
+  if (t.V == 1) decode_kernel<T, 1, 8><<<a.rows, DEC_THREADS, smem, s>>>(a, t.lw);
+  else if (t.NJ == 1) decode_kernel<T, 4, 1><<<a.rows, DEC_THREADS, smem, s>>>(a, t.lw);
+  else decode_kernel<T, 4, 2><<<a.rows, DEC_THREADS, smem, s>>>(a, t.lw);
+}
+
+extern "C" cudaError_t m3k_decode_step(cudaStream_t s, int prec, const m3k_decode_args *a, size_t smem) {
+  if (prec == M3K_BF16) launch_decode<bf16>(s, *a, smem);
+  else if (prec == M3K_F16) launch_decode<f16>(s, *a, smem);
+  else return cudaErrorInvalidValue;
+  return cudaGetLastError();
+}
