@@ -286,17 +286,8 @@ __global__ void __launch_bounds__(DEC_THREADS, 1) decode_kernel(const m3k_decode
      * per head), out_proj */
     if (l + 1 < a.L) load_layer(l + 1);
     for (int h = warp; h < H; h += DEC_WARPS) {
-      const float Dh = p_D[h];
-      float yv[4], ss = 0;
-#pragma unroll
-      for (int k = 0; k < 4; k++) {
-        const int p = lane + 32 * k;
-        yv[k] = 0;
-        if (p < P) {
-          yv[k] = s_y[h * P + p] + Dh * s_proj[d.x_off + h * P + p];
-          ss += yv[k] * yv[k];
-        }
-      }
+      float yv[4];
+      const float ss = warp_head_y(s_y + h * P, s_proj + d.x_off + h * P, p_D[h], P, NULL, yv);
       warp_norm_gate<T>(sa, 0, h, yv, ss, s_proj + d.z_off + h * P, s_gated + h * P);
     }
     __syncthreads();

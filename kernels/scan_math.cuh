@@ -95,6 +95,24 @@ __device__ __forceinline__ void rot_unit(const m3k_scan_args &a, int64_t m, int 
   }
 }
 
+/* One token's y = H q + D x of one head, held by a warp: yv[k] = hq[p] + Dh x[p] at p = lane + 32 k
+ * (P <= 128), also stored to y when not NULL; returns the lane's sum of y^2 (warp_norm_gate's ss). */
+__device__ __forceinline__ float warp_head_y(const float *hq, const float *x, float Dh, int P, float *y, float yv[4]) {
+  const int lane = threadIdx.x & 31;
+  float ss = 0;
+#pragma unroll
+  for (int k = 0; k < 4; k++) {
+    const int p = lane + 32 * k;
+    yv[k] = 0;
+    if (p < P) {
+      yv[k] = hq[p] + Dh * x[p];
+      if (y) y[p] = yv[k];
+      ss += yv[k] * yv[k];
+    }
+  }
+  return ss;
+}
+
 /* The end of one token's scan output for one head, held by a warp: yv[k] = y at p = lane + 32 k
  * (P <= 128), ss = the lane's sum of y^2. The mixer norm (outproj_norm: y_rstd of position m) and
  * the gate: gated[p] = norm(y)_p silu(z[p]) (z: the token's z values, float32). */

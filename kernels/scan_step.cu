@@ -160,19 +160,8 @@ __global__ void __launch_bounds__(STEP_THREADS, 3) scan_step_kernel(const m3k_sc
   /* epilogue (warp 0): D x, the mixer norm and the gate, as scan_fwd_kernel's */
   if (wid == 0) {
     T *gated = (T *)a.gated + m * E + (int64_t)h * P;
-    float *y = a.y + m * E + (int64_t)h * P;
-    const float Dh = a.D[h];
-    float yv[4], ss = 0;
-#pragma unroll
-    for (int k = 0; k < 4; k++) {
-      const int p = lane + 32 * k;
-      yv[k] = 0;
-      if (p < P) {
-        yv[k] = s_y[p] + Dh * s_x[p];
-        y[p] = yv[k];
-        ss += yv[k] * yv[k];
-      }
-    }
+    float yv[4];
+    const float ss = warp_head_y(s_y, s_x, a.D[h], P, a.y + m * E + (int64_t)h * P, yv);
     warp_norm_gate<T>(a, m, h, yv, ss, s_z, gated);
   }
 }

@@ -54,6 +54,20 @@ static inline double rel_l2_f(const float *a, const double *b, long n) {
   return den > 0 ? sqrt(num / den) : sqrt(num);
 }
 
+/* ||a - b|| / ||b|| over n floats, summed in double (0 when both are zero). */
+static inline double rel_l2_ff(const float *a, const float *b, long n) {
+  double num = 0, den = 0;
+  for (long i = 0; i < n; i++) {
+    num += ((double)a[i] - b[i]) * ((double)a[i] - b[i]);
+    den += (double)b[i] * b[i];
+  }
+  return den > 0 ? sqrt(num / den) : sqrt(num);
+}
+
+static inline const char *precision_name(int p) {
+  return p == M3_PRECISION_F32 ? "f32" : p == M3_PRECISION_BF16 ? "bf16" : "f16";
+}
+
 static inline void fill_normal(m3_rng *r, double *x, long n, double scale) {
   for (long i = 0; i < n; i++) x[i] = m3_rng_normal(r) * scale;
 }

@@ -59,16 +59,7 @@ static m3_infer *infer(const m3_weights *w, int device, int prec, int B, int gra
   return inf;
 }
 
-static double rel_ff(const float *a, const float *b, long n) {
-  double num = 0, den = 0;
-  for (long i = 0; i < n; i++) {
-    num += ((double)a[i] - b[i]) * ((double)a[i] - b[i]);
-    den += (double)b[i] * b[i];
-  }
-  return den > 0 ? sqrt(num / den) : sqrt(num);
-}
-
-/* rel_ff for angles: each difference taken around the circle (into [-pi, pi]), since an angle just
+/* rel_l2_ff for angles: each difference taken around the circle (into [-pi, pi]), since an angle just
  * below 2 pi and one just above 0 are close */
 static double rel_angle(const float *a, const float *b, long n) {
   double num = 0, den = 0;
@@ -79,8 +70,6 @@ static double rel_angle(const float *a, const float *b, long n) {
   }
   return den > 0 ? sqrt(num / den) : sqrt(num);
 }
-
-static const char *prec_name(int p) { return p == M3_PRECISION_F32 ? "f32" : p == M3_PRECISION_BF16 ? "bf16" : "f16"; }
 
 /* element counts of one layer's state tensors for B rows: angle, ssm, k, v */
 static void state_sizes(const m3_config *c, int B, long n[4]) {
@@ -107,7 +96,7 @@ static void decode_case(int idx, const spec *s, int prec) {
   unsetenv("M3_DECODE_FUSED");
   o[3] = infer(w, M3_DEVICE_CUDA, prec, s->B, 0);
   char tag[96];
-  snprintf(tag, sizeof tag, "case %d %s (P %d N %d G %d rope %.1f norm %d B %d)", idx, prec_name(prec), s->P, s->N,
+  snprintf(tag, sizeof tag, "case %d %s (P %d N %d G %d rope %.1f norm %d B %d)", idx, precision_name(prec), s->P, s->N,
            s->G, s->rope, s->outnorm, s->B);
   for (int k = 0; k < N_OBJ; k++)
     if (!o[k]) {
@@ -165,7 +154,7 @@ static void decode_case(int idx, const spec *s, int prec) {
     b.resets = resets;
     for (int k = 0; k < N_OBJ; k++) CHECK_OK(m3_infer_step(o[k], &b, out[k], nl ? logits[k] : NULL));
     for (int k = 1; k <= 2; k++) {
-      const double e = rel_ff(out[k], out[0], s->B * dm), el = nl ? rel_ff(logits[k], logits[0], nl) : 0;
+      const double e = rel_l2_ff(out[k], out[0], s->B * dm), el = nl ? rel_l2_ff(logits[k], logits[0], nl) : 0;
       worst_out = fmax(worst_out, fmax(e, el));
       CHECK(e <= tol && el <= tol, "%s step %d %s: out rel %.3g, logits rel %.3g", tag, t,
             k == 1 ? "fused" : "per-layer", e, el);
@@ -182,7 +171,7 @@ static void decode_case(int idx, const spec *s, int prec) {
     }
     for (int k = 1; k <= 2; k++)
       for (int j = 0; j < 4; j++) {
-        const double e = j == 0 ? rel_angle(st[k][j], st[0][j], n[j]) : rel_ff(st[k][j], st[0][j], n[j]);
+        const double e = j == 0 ? rel_angle(st[k][j], st[0][j], n[j]) : rel_l2_ff(st[k][j], st[0][j], n[j]);
         worst_state = fmax(worst_state, e);
         CHECK(e <= tol, "%s layer %d %s: state %d rel %.3g", tag, l, k == 1 ? "fused" : "per-layer", j, e);
       }

@@ -121,15 +121,6 @@ static m3_trainer *trainer(const m3_weights *w, int device, int prec, int B, int
   return t;
 }
 
-static double rel_ff(const float *a, const float *b, long n) {
-  double num = 0, den = 0;
-  for (long i = 0; i < n; i++) {
-    num += ((double)a[i] - b[i]) * ((double)a[i] - b[i]);
-    den += (double)b[i] * b[i];
-  }
-  return den > 0 ? sqrt(num / den) : sqrt(num);
-}
-
 static double cos_ff(const float *a, const float *b, long n) {
   double ab = 0, aa = 0, bb = 0;
   for (long i = 0; i < n; i++) {
@@ -141,8 +132,6 @@ static double cos_ff(const float *a, const float *b, long n) {
   return ab / sqrt(aa * bb + 1e-300);
 }
 
-static const char *prec_name(int p) { return p == M3_PRECISION_F32 ? "f32" : p == M3_PRECISION_BF16 ? "bf16" : "f16"; }
-
 /* ---- 1. CUDA vs CPU -------------------------------------------------------------------------------- */
 
 typedef struct worst {
@@ -150,7 +139,7 @@ typedef struct worst {
 } worst;
 
 static void compare_out(const char *tag, const float *g, const float *c, long n, int prec, worst *w) {
-  const double e = rel_ff(g, c, n);
+  const double e = rel_l2_ff(g, c, n);
   w->out = fmax(w->out, e);
   CHECK(e <= (prec == M3_PRECISION_F32 ? 1e-5 : 2e-2), "%s: out rel %.3g", tag, e);
 }
@@ -172,7 +161,7 @@ static void compare_states(const char *tag, m3_trainer *tg, m3_trainer *tc, cons
     CHECK_OK(m3_trainer_get_state(tc, l, h[0], h[1], h[2], h[3]));
     for (int k = 0; k < 4; k++) {
       if (!n[k]) continue;
-      double e = rel_ff(g[k], h[k], n[k]);
+      double e = rel_l2_ff(g[k], h[k], n[k]);
       if (k == 0) { /* angles wrap at 2 pi: compare on the circle */
         double num = 0, den = 0;
         for (long i = 0; i < n[k]; i++) {
@@ -202,7 +191,7 @@ static void compare_grads(const char *tag, m3_trainer *tg, m3_trainer *tc, const
     m3_weights_tensor(gg, i, &a);
     m3_weights_tensor(gc, i, &b);
     if (prec == M3_PRECISION_F32) {
-      const double e = rel_ff(a.data, b.data, (long)a.numel);
+      const double e = rel_l2_ff(a.data, b.data, (long)a.numel);
       w->grad_rel = fmax(w->grad_rel, e);
       CHECK(e <= 1e-4, "%s: grad %s rel %.3g", tag, a.name, e);
     } else {
@@ -221,7 +210,7 @@ static void compare_weights(const char *tag, m3_trainer *tg, m3_trainer *tc, con
   CHECK_OK(m3_weights_create(c, &b));
   CHECK_OK(m3_trainer_snapshot(tg, a));
   CHECK_OK(m3_trainer_snapshot(tc, b));
-  const double e = rel_ff(m3_weights_data(a), m3_weights_data(b), (long)m3_weights_arena_size(a));
+  const double e = rel_l2_ff(m3_weights_data(a), m3_weights_data(b), (long)m3_weights_arena_size(a));
   w->weights = fmax(w->weights, e);
   CHECK(e <= (prec == M3_PRECISION_F32 ? 1e-4 : 2e-2), "%s: weights after the update rel %.3g", tag, e);
   m3_weights_destroy(a);
@@ -258,7 +247,7 @@ static void set_random_states(m3_trainer *a, m3_trainer *b, const m3_config *c, 
 static void parity_case(int idx, const spec *s, int prec) {
   char tag[160];
   snprintf(tag, sizeof tag, "case %d %s (P %d N %d H %d G %d rope %.1f norm %d in %d head %d T %d)", idx,
-           prec_name(prec), s->P, s->N, s->H, s->G, s->rope, s->outnorm, s->input, s->head, s->T);
+           precision_name(prec), s->P, s->N, s->H, s->G, s->rope, s->outnorm, s->input, s->head, s->T);
   const m3_config c = config_of(s);
   m3_weights *w = NULL;
   CHECK_OK(m3_weights_create(&c, &w));
@@ -439,23 +428,23 @@ static void self_checks(const spec *s, int prec) {
   run_mode(&c, w, prec, s->B, s->T, shp, MODE_SHAPES_GRAPH, &sh_graph);
   run_mode(&c, w, prec, s->B, s->T, shp, MODE_SHAPES_EAGER, &sh_eager);
   if (eager.w && again.w && graph.w && split.w && lr_graph.w && lr_eager.w && lr_re.w && sh_graph.w && sh_eager.w) {
-    snprintf(tag, sizeof tag, "%s head %d: run to run", prec_name(prec), s->head);
+    snprintf(tag, sizeof tag, "%s head %d: run to run", precision_name(prec), s->head);
     same_bits(tag, &eager, &again, 4);
-    snprintf(tag, sizeof tag, "%s head %d: graph replay vs eager", prec_name(prec), s->head);
+    snprintf(tag, sizeof tag, "%s head %d: graph replay vs eager", precision_name(prec), s->head);
     same_bits(tag, &graph, &eager, 4);
-    snprintf(tag, sizeof tag, "%s head %d: split vs fused", prec_name(prec), s->head);
+    snprintf(tag, sizeof tag, "%s head %d: split vs fused", precision_name(prec), s->head);
     same_bits(tag, &split, &eager, s->head == M3_HEAD_NONE ? 0 : 4);
-    snprintf(tag, sizeof tag, "%s head %d: set_lr under a graph vs eager", prec_name(prec), s->head);
+    snprintf(tag, sizeof tag, "%s head %d: set_lr under a graph vs eager", precision_name(prec), s->head);
     same_bits(tag, &lr_graph, &lr_eager, 4);
-    snprintf(tag, sizeof tag, "%s head %d: drop, set_lr, capture vs eager", prec_name(prec), s->head);
+    snprintf(tag, sizeof tag, "%s head %d: drop, set_lr, capture vs eager", precision_name(prec), s->head);
     same_bits(tag, &lr_re, &lr_eager, 4);
-    snprintf(tag, sizeof tag, "%s head %d: changing shapes under graph mode vs eager", prec_name(prec), s->head);
+    snprintf(tag, sizeof tag, "%s head %d: changing shapes under graph mode vs eager", precision_name(prec), s->head);
     same_bits(tag, &sh_graph, &sh_eager, 4);
     const long n = (long)m3_weights_arena_size(eager.w);
     CHECK(memcmp(m3_weights_data(lr_graph.w), m3_weights_data(eager.w), (size_t)n * sizeof(float)) != 0,
-          "%s head %d: set_lr under a graph changed nothing", prec_name(prec), s->head);
+          "%s head %d: set_lr under a graph changed nothing", precision_name(prec), s->head);
   }
-  printf("self checks %s head %d input %d: done\n", prec_name(prec), s->head, s->input);
+  printf("self checks %s head %d input %d: done\n", precision_name(prec), s->head, s->input);
   fflush(stdout);
   result *all[] = {&eager, &again, &graph, &split, &lr_graph, &lr_eager, &lr_re, &sh_graph, &sh_eager};
   for (size_t i = 0; i < sizeof all / sizeof all[0]; i++) result_free(all[i]);
