@@ -1,8 +1,9 @@
 /*
  * scan_math.cuh — the per-token math shared by the scan kernels (scan.cu: the float32 SIMT
  * scan; scan_chunked.cu: the tensor-core chunked scan for the 16-bit precisions; scan_step.cu:
- * the forward of one-token windows), so that all compute the token scalars, the angle walk and
- * the rotation with the same formulas as the CPU reference (engine/src/cpu/scan.c), and the
+ * the forward of one-token windows; decode_fused.cu: the fused one-token inference step), so
+ * that all compute the token scalars, the angle walk, the rotation, y and the gate with the same
+ * formulas as the CPU reference (engine/src/cpu/scan.c); the one-token state tile; and the
  * launchers of the chunked and one-token scans that scan.cu dispatches to.
  */
 #ifndef M3_KERNELS_SCAN_MATH_CUH
