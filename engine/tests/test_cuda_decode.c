@@ -17,7 +17,6 @@
  */
 #include "harness.h"
 
-#define PI2 6.283185307179586
 enum { STEPS = 5 };
 
 typedef struct spec {
@@ -27,23 +26,7 @@ typedef struct spec {
 } spec;
 
 static m3_config config_of(const spec *s) {
-  m3_config c;
-  m3_config_defaults(&c);
-  c.d_model = s->P * s->H / 2;
-  c.n_layers = 2;
-  c.d_state = s->N;
-  c.expand = 2;
-  c.headdim = s->P;
-  c.ngroups = s->G;
-  c.rope_fraction = s->rope;
-  c.outproj_norm = s->outnorm;
-  c.input = s->input;
-  c.head = s->head;
-  if (s->input == M3_INPUT_FEATURES) c.input_dim = 12;
-  if (s->input == M3_INPUT_TOKENS || s->head == M3_HEAD_LM) c.vocab_size = 50;
-  if (s->head == M3_HEAD_MSE) c.out_dim = 3;
-  c.tie_embeddings = s->input == M3_INPUT_TOKENS;
-  return c;
+  return test_config(s->P, s->N, s->H, s->G, s->rope, s->outnorm, s->input, s->head, s->input == M3_INPUT_TOKENS);
 }
 
 static m3_infer *infer(const m3_weights *w, int device, int prec, int B, int graph) {
@@ -57,28 +40,6 @@ static m3_infer *infer(const m3_weights *w, int device, int prec, int B, int gra
   m3_infer *inf = NULL;
   CHECK_OK(m3_infer_create(&ic, &inf));
   return inf;
-}
-
-/* rel_l2_ff for angles: each difference taken around the circle (into [-pi, pi]), since an angle just
- * below 2 pi and one just above 0 are close */
-static double rel_angle(const float *a, const float *b, long n) {
-  double num = 0, den = 0;
-  for (long i = 0; i < n; i++) {
-    const double e = remainder((double)a[i] - b[i], PI2);
-    num += e * e;
-    den += (double)b[i] * b[i];
-  }
-  return den > 0 ? sqrt(num / den) : sqrt(num);
-}
-
-/* element counts of one layer's state tensors for B rows: angle, ssm, k, v */
-static void state_sizes(const m3_config *c, int B, long n[4]) {
-  m3_config_derived dv;
-  m3_config_derive(c, &dv);
-  n[0] = (long)B * dv.nheads * dv.num_rope_angles;
-  n[1] = (long)B * dv.nheads * c->headdim * c->d_state;
-  n[2] = (long)B * dv.nheads * c->d_state;
-  n[3] = (long)B * dv.nheads * c->headdim;
 }
 
 enum { N_OBJ = 4 }; /* CPU, fused (graph), per-layer, fused eager */
@@ -118,11 +79,7 @@ static void decode_case(int idx, const spec *s, int prec) {
   state_sizes(&c, s->B, n);
   for (int l = 0; l < c.n_layers; l++) {
     float *st[4];
-    for (int k = 0; k < 4; k++) st[k] = calloc((size_t)n[k] + 1, sizeof(float));
-    for (long i = 0; i < n[0]; i++) st[0][i] = (float)(m3_rng_uniform(&r) * PI2);
-    fill_normal_f(&r, st[1], n[1], 0.3);
-    fill_normal_f(&r, st[2], n[2], 1.0);
-    fill_normal_f(&r, st[3], n[3], 1.0);
+    random_layer_state(&r, n, st);
     for (int k = 0; k < N_OBJ; k++) CHECK_OK(m3_infer_set_state(o[k], l, st[0], st[1], st[2], st[3]));
     for (int k = 0; k < 4; k++) free(st[k]);
   }
@@ -171,7 +128,7 @@ static void decode_case(int idx, const spec *s, int prec) {
     }
     for (int k = 1; k <= 2; k++)
       for (int j = 0; j < 4; j++) {
-        const double e = j == 0 ? rel_angle(st[k][j], st[0][j], n[j]) : rel_l2_ff(st[k][j], st[0][j], n[j]);
+        const double e = j == 0 ? rel_angle_ff(st[k][j], st[0][j], n[j]) : rel_l2_ff(st[k][j], st[0][j], n[j]);
         worst_state = fmax(worst_state, e);
         CHECK(e <= tol, "%s layer %d %s: state %d rel %.3g", tag, l, k == 1 ? "fused" : "per-layer", j, e);
       }

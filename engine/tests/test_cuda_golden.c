@@ -10,19 +10,6 @@
  */
 #include "golden.h"
 
-/* rel L2 of angles by their wrapped difference (a value that crossed 2 pi on one side only
- * counts by how far it really is) */
-static double rel_angle(const float *a, const double *b, long n) {
-  double num = 0, den = 0;
-  for (long i = 0; i < n; i++) {
-    double d = fmod(fabs((double)a[i] - b[i]), 6.283185307179586);
-    d = fmin(d, 6.283185307179586 - d);
-    num += d * d;
-    den += b[i] * b[i];
-  }
-  return den > 0 ? sqrt(num / den) : sqrt(num);
-}
-
 static double cos_fd(const float *a, const double *b, long n) {
   double ab = 0, aa = 0, bb = 0;
   for (long i = 0; i < n; i++) {
@@ -112,7 +99,7 @@ static void run(const golden_case *g, int prec) {
           if (!per[k]) continue;
           snprintf(name, sizeof name, "final.%d.%s", l, GOLDEN_STATE_KINDS[k]);
           CHECK(golden_to_double(g, name, ref) == per[k], "%s: %s missing", file, name);
-          e = k == 0 ? rel_angle(p[k], ref, per[k]) : rel_l2_f(p[k], ref, per[k]);
+          e = k == 0 ? rel_angle_f(p[k], ref, per[k]) : rel_l2_f(p[k], ref, per[k]);
           CHECK(e <= tol_out, "%s %s: %s differs by %.3g", file, tag, name, e);
           worst = fmax(worst, e);
         }

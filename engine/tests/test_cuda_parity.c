@@ -17,8 +17,6 @@
  */
 #include "harness.h"
 
-#define PI2 6.283185307179586
-
 /* ---- configs, batches, trainers ------------------------------------------------------------- */
 
 typedef struct spec {
@@ -28,23 +26,7 @@ typedef struct spec {
 } spec;
 
 static m3_config config_of(const spec *s) {
-  m3_config c;
-  m3_config_defaults(&c);
-  c.d_model = s->P * s->H / 2;
-  c.n_layers = 2;
-  c.d_state = s->N;
-  c.expand = 2;
-  c.headdim = s->P;
-  c.ngroups = s->G;
-  c.rope_fraction = s->rope;
-  c.outproj_norm = s->outnorm;
-  c.input = s->input;
-  c.head = s->head;
-  c.tie_embeddings = s->tied;
-  if (s->input == M3_INPUT_FEATURES) c.input_dim = 12;
-  if (s->input == M3_INPUT_TOKENS || s->head == M3_HEAD_LM) c.vocab_size = 50;
-  if (s->head == M3_HEAD_MSE) c.out_dim = 3;
-  return c;
+  return test_config(s->P, s->N, s->H, s->G, s->rope, s->outnorm, s->input, s->head, s->tied);
 }
 
 typedef struct batch {
@@ -146,10 +128,8 @@ static void compare_out(const char *tag, const float *g, const float *c, long n,
 
 static void compare_states(const char *tag, m3_trainer *tg, m3_trainer *tc, const m3_config *c, int B, int prec,
                            worst *w) {
-  m3_config_derived dv;
-  m3_config_derive(c, &dv);
-  const long n[4] = {(long)B * dv.nheads * dv.num_rope_angles, (long)B * dv.nheads * c->headdim * c->d_state,
-                     (long)B * dv.nheads * c->d_state, (long)B * dv.nheads * c->headdim};
+  long n[4];
+  state_sizes(c, B, n);
   static const char *const kinds[4] = {"angle", "ssm", "k", "v"};
   for (int l = 0; l < c->n_layers; l++) {
     float *g[4], *h[4];
@@ -161,17 +141,7 @@ static void compare_states(const char *tag, m3_trainer *tg, m3_trainer *tc, cons
     CHECK_OK(m3_trainer_get_state(tc, l, h[0], h[1], h[2], h[3]));
     for (int k = 0; k < 4; k++) {
       if (!n[k]) continue;
-      double e = rel_l2_ff(g[k], h[k], n[k]);
-      if (k == 0) { /* angles wrap at 2 pi: compare on the circle */
-        double num = 0, den = 0;
-        for (long i = 0; i < n[k]; i++) {
-          double dd = fmod(fabs((double)g[k][i] - h[k][i]), PI2);
-          dd = fmin(dd, PI2 - dd);
-          num += dd * dd;
-          den += (double)h[k][i] * h[k][i];
-        }
-        e = den > 0 ? sqrt(num / den) : sqrt(num);
-      }
+      const double e = k == 0 ? rel_angle_ff(g[k], h[k], n[k]) : rel_l2_ff(g[k], h[k], n[k]);
       w->state = fmax(w->state, e);
       CHECK(e <= (prec == M3_PRECISION_F32 ? 1e-5 : 2e-2), "%s: layer %d state %s rel %.3g", tag, l, kinds[k], e);
       free(g[k]);
@@ -227,17 +197,11 @@ static void compare_loss(const char *tag, const m3_metrics *g, const m3_metrics 
 }
 
 static void set_random_states(m3_trainer *a, m3_trainer *b, const m3_config *c, int B, m3_rng *r) {
-  m3_config_derived dv;
-  m3_config_derive(c, &dv);
-  const long n[4] = {(long)B * dv.nheads * dv.num_rope_angles, (long)B * dv.nheads * c->headdim * c->d_state,
-                     (long)B * dv.nheads * c->d_state, (long)B * dv.nheads * c->headdim};
+  long n[4];
+  state_sizes(c, B, n);
   for (int l = 0; l < c->n_layers; l++) {
     float *s[4];
-    for (int k = 0; k < 4; k++) s[k] = calloc((size_t)n[k] + 1, sizeof(float));
-    for (long i = 0; i < n[0]; i++) s[0][i] = (float)(m3_rng_uniform(r) * PI2);
-    fill_normal_f(r, s[1], n[1], 0.3);
-    fill_normal_f(r, s[2], n[2], 1.0);
-    fill_normal_f(r, s[3], n[3], 1.0);
+    random_layer_state(r, n, s);
     CHECK_OK(m3_trainer_set_state(a, l, s[0], s[1], s[2], s[3]));
     CHECK_OK(m3_trainer_set_state(b, l, s[0], s[1], s[2], s[3]));
     for (int k = 0; k < 4; k++) free(s[k]);
@@ -329,20 +293,18 @@ typedef struct result {
 } result;
 
 static void result_take(result *res, m3_trainer *t, const m3_config *c, int B) {
-  m3_config_derived dv;
-  m3_config_derive(c, &dv);
   CHECK_OK(m3_weights_create(c, &res->w));
   CHECK_OK(m3_weights_create(c, &res->g));
   CHECK_OK(m3_trainer_snapshot(t, res->w));
   CHECK_OK(m3_trainer_grads(t, res->g));
-  const long per = (long)B * dv.nheads * (dv.num_rope_angles + c->headdim * c->d_state + c->d_state + c->headdim);
+  long n[4];
+  state_sizes(c, B, n);
+  const long per = n[0] + n[1] + n[2] + n[3];
   res->nstate = per * c->n_layers;
   res->state = calloc((size_t)res->nstate + 1, sizeof(float));
   for (int l = 0; l < c->n_layers; l++) {
     float *p = res->state + l * per;
-    const long na = (long)B * dv.nheads * dv.num_rope_angles, ns = (long)B * dv.nheads * c->headdim * c->d_state,
-               nk = (long)B * dv.nheads * c->d_state;
-    CHECK_OK(m3_trainer_get_state(t, l, p, p + na, p + na + ns, p + na + ns + nk));
+    CHECK_OK(m3_trainer_get_state(t, l, p, p + n[0], p + n[0] + n[1], p + n[0] + n[1] + n[2]));
   }
 }
 
