@@ -1,7 +1,7 @@
 /*
  * common.cuh — helpers shared by the kernels: the 16-bit activation types and their
- * conversions, warp/block reductions in a fixed order, asynchronous copies into shared memory,
- * and the dispatch from a precision code to a template instantiation.
+ * conversions, warp/block reductions in a fixed order, asynchronous and bulk (TMA) copies between
+ * global and shared memory, and the dispatch from a precision code to a template instantiation.
  *
  * Determinism: every reduction here combines values in an order fixed by thread indices
  * (shuffle trees, then warps in index order); nothing uses floating-point atomics, so the
@@ -77,6 +77,49 @@ __device__ __forceinline__ void cp4(void *dst, const void *src) {
 __device__ __forceinline__ void cp_wait_all() { asm volatile("cp.async.wait_all;\n" ::: "memory"); }
 __device__ __forceinline__ void cp_commit() { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
 __device__ __forceinline__ void cp_wait_prev() { asm volatile("cp.async.wait_group 1;\n" ::: "memory"); }
+
+/* Bulk copies on the tensor memory accelerator (sm_90): one thread moves a contiguous block of
+ * `bytes` (a multiple of 16, both addresses 16-byte aligned) with one instruction, streamed (L2
+ * evict-first: every byte moves once). Into shared memory: bar_init once (by the issuing thread),
+ * bulk_load arms the barrier with the byte count and starts the copy, and bar_wait(bar, 0) returns
+ * once every byte has landed (visible to all threads that wait; the barrier must be published to
+ * them by a __syncthreads() first). Out of shared memory: each thread that wrote the block calls
+ * bulk_store_fence() before a __syncthreads(); then one thread calls bulk_store, and
+ * bulk_store_drain() before the block exits (the source must stay valid until it has been read). */
+__device__ __forceinline__ unsigned smem_u32(const void *p) { return (unsigned)__cvta_generic_to_shared(p); }
+__device__ __forceinline__ uint64_t evict_first_policy() {
+  uint64_t pol;
+  asm volatile("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;\n" : "=l"(pol));
+  return pol;
+}
+__device__ __forceinline__ void bar_init(uint64_t *bar) {
+  asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;\n" ::"r"(smem_u32(bar)) : "memory");
+  asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+  asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
+}
+__device__ __forceinline__ void bulk_load(void *dst, const void *src, unsigned bytes, uint64_t *bar) {
+  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(smem_u32(bar)), "r"(bytes) : "memory");
+  asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes.L2::cache_hint [%0], [%1], %2, [%3], %4;\n"
+               ::"r"(smem_u32(dst)), "l"(src), "r"(bytes), "r"(smem_u32(bar)), "l"(evict_first_policy())
+               : "memory");
+}
+__device__ __forceinline__ void bar_wait(uint64_t *bar, unsigned phase) {
+  unsigned done;
+  do {
+    asm volatile("{\n .reg .pred p;\n mbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\n selp.u32 %0, 1, 0, p;\n}\n"
+                 : "=r"(done)
+                 : "r"(smem_u32(bar)), "r"(phase)
+                 : "memory");
+  } while (!done);
+}
+__device__ __forceinline__ void bulk_store_fence() { asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory"); }
+__device__ __forceinline__ void bulk_store(void *dst, const void *src, unsigned bytes) {
+  asm volatile("cp.async.bulk.global.shared::cta.bulk_group.L2::cache_hint [%0], [%1], %2, %3;\n" ::"l"(dst),
+               "r"(smem_u32(src)), "r"(bytes), "l"(evict_first_policy())
+               : "memory");
+  asm volatile("cp.async.bulk.commit_group;\n" ::: "memory");
+}
+__device__ __forceinline__ void bulk_store_drain() { asm volatile("cp.async.bulk.wait_group.read 0;\n" ::: "memory"); }
 
 static inline unsigned grid_for(int64_t n, int threads) {
   int64_t b = (n + threads - 1) / threads;

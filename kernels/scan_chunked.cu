@@ -448,60 +448,6 @@ __device__ __forceinline__ void c_prep(float *sc, int nb, float *misc) {
   if (lane == 0) misc[0] = seglast < 0 ? expf(clast) : 0.0f;
 }
 
-/* The rotated k and q (float32) of unit u of a position (u < S: pair (2u, 2u+1) rotated by theta;
- * else the passing column 2S + u - S): the raw B_hat, C_hat values are loaded first (unit_load,
- * read-only path, several units per lane in flight), then biased and rotated (unit_make). */
-struct unit_kq {
-  int n0, pair;
-  float k0, k1, q0, q1, cs, sn;
-};
-struct unit_raw {
-  float k0, k1, q0, q1;
-};
-
-__device__ __forceinline__ int unit_col(int u, int S) { return u < S ? 2 * u : 2 * S + (u - S); }
-
-__device__ __forceinline__ unit_raw unit_load(const float *bk, const float *bq, int u, int S) {
-  unit_raw r;
-  const int n0 = unit_col(u, S);
-  r.k0 = __ldg(bk + n0);
-  r.q0 = __ldg(bq + n0);
-  r.k1 = r.q1 = 0;
-  if (u < S) {
-    r.k1 = __ldg(bk + n0 + 1);
-    r.q1 = __ldg(bq + n0 + 1);
-  }
-  return r;
-}
-
-__device__ __forceinline__ unit_kq unit_make(const unit_raw &w, const float *sbk, const float *sbq, int u, int S,
-                                             float theta) {
-  unit_kq r;
-  const int n0 = unit_col(u, S);
-  r.n0 = n0;
-  if (u < S) {
-    float c, sn;
-    sincosf(theta, &sn, &c);
-    const float k0 = w.k0 + sbk[n0], k1 = w.k1 + sbk[n0 + 1];
-    const float q0 = w.q0 + sbq[n0], q1 = w.q1 + sbq[n0 + 1];
-    r.pair = 1;
-    r.k0 = k0 * c - k1 * sn;
-    r.k1 = k0 * sn + k1 * c;
-    r.q0 = q0 * c - q1 * sn;
-    r.q1 = q0 * sn + q1 * c;
-    r.cs = c;
-    r.sn = sn;
-  } else {
-    r.pair = 0;
-    r.k0 = w.k0 + sbk[n0];
-    r.q0 = w.q0 + sbq[n0];
-    r.k1 = r.q1 = 0;
-    r.cs = 1;
-    r.sn = 0;
-  }
-  return r;
-}
-
 /* Calls body(unit_kq, u, pre(u)) for the units u = lane, lane + 32, ... of local token i (position
  * m), loading up to 4 units per lane (and the caller's pre(u) loads) before using them. th: [CQ][S]
  * angles of the chunk. */

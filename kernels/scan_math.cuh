@@ -96,6 +96,62 @@ __device__ __forceinline__ void rot_unit(const m3k_scan_args &a, int64_t m, int 
   }
 }
 
+/* The rotated k and q (float32) of unit u of a position (u < S: pair (2u, 2u+1) rotated by theta;
+ * else the passing column 2S + u - S): the raw B_hat, C_hat values are loaded first (unit_load,
+ * read-only path, several units in flight), then biased and rotated (unit_make; sbk, sbq: the head's
+ * B_bias, C_bias staged in shared memory) with rot_unit's formulas. */
+struct unit_kq {
+  int n0, pair;
+  float k0, k1, q0, q1, cs, sn;
+};
+struct unit_raw {
+  float k0, k1, q0, q1;
+};
+
+__device__ __forceinline__ int unit_col(int u, int S) { return u < S ? 2 * u : 2 * S + (u - S); }
+
+/* (V: float, or the activation type for the raw in_proj values of scan_step's inline B/C norm) */
+template <typename V> __device__ __forceinline__ unit_raw unit_load(const V *bk, const V *bq, int u, int S) {
+  unit_raw r;
+  const int n0 = unit_col(u, S);
+  r.k0 = to_f(__ldg(bk + n0));
+  r.q0 = to_f(__ldg(bq + n0));
+  r.k1 = r.q1 = 0;
+  if (u < S) {
+    r.k1 = to_f(__ldg(bk + n0 + 1));
+    r.q1 = to_f(__ldg(bq + n0 + 1));
+  }
+  return r;
+}
+
+__device__ __forceinline__ unit_kq unit_make(const unit_raw &w, const float *sbk, const float *sbq, int u, int S,
+                                             float theta) {
+  unit_kq r;
+  const int n0 = unit_col(u, S);
+  r.n0 = n0;
+  if (u < S) {
+    float c, sn;
+    sincosf(theta, &sn, &c);
+    const float k0 = w.k0 + sbk[n0], k1 = w.k1 + sbk[n0 + 1];
+    const float q0 = w.q0 + sbq[n0], q1 = w.q1 + sbq[n0 + 1];
+    r.pair = 1;
+    r.k0 = k0 * c - k1 * sn;
+    r.k1 = k0 * sn + k1 * c;
+    r.q0 = q0 * c - q1 * sn;
+    r.q1 = q0 * sn + q1 * c;
+    r.cs = c;
+    r.sn = sn;
+  } else {
+    r.pair = 0;
+    r.k0 = w.k0 + sbk[n0];
+    r.q0 = w.q0 + sbq[n0];
+    r.k1 = r.q1 = 0;
+    r.cs = 1;
+    r.sn = 0;
+  }
+  return r;
+}
+
 /* One token's y = H q + D x of one head, held by a warp: yv[k] = hq[p] + Dh x[p] at p = lane + 32 k
  * (P <= 128), also stored to y when not NULL; returns the lane's sum of y^2 (warp_norm_gate's ss). */
 __device__ __forceinline__ float warp_head_y(const float *hq, const float *x, float Dh, int P, float *y, float yv[4]) {
@@ -193,5 +249,7 @@ cudaError_t m3k_chunked_bwd(cudaStream_t s, int prec, const m3k_scan_args *a);
 /* ---- the one-token forward (scan_step.cu): m3k_scan_fwd when a->len == 1 --------------------------- */
 
 cudaError_t m3k_scan_step(cudaStream_t s, int prec, const m3k_scan_args *a);
+/* Raises the one-token kernels' dynamic shared-memory limit to smem (the plan's smem_step). */
+cudaError_t m3k_scan_step_prepare(int prec, int32_t smem);
 
 #endif
