@@ -110,6 +110,7 @@ typedef struct m3k_scan_plan {
   int32_t tb_fwd, tb_bwd; /* tokens per shared-memory block */
   int32_t sb;         /* backward: tokens per sub-block of the over-p reductions */
   int32_t smem_fwd, smem_bwd; /* dynamic shared memory bytes */
+  int32_t smem_step;          /* the one-token forward's (scan_step.cu): one (row, head) state */
   /* The chunked tensor-core scan (scan_chunked.cu) of the 16-bit precisions: 1 when its shared
    * memory fits (P, N) (M3_SCAN_SIMT=1 turns it off); f32, and plans where it is 0, use the SIMT
    * kernels. A window takes it when it spans more than one 64-token chunk, or when P x N >=
@@ -137,7 +138,9 @@ typedef struct m3k_scan_args {
   m3k_dims d;
   int32_t rows, len;
   const void *proj;            /* [M, dipp] act: in_proj output */
-  const float *bc_hat;         /* [M, 2, G, N] */
+  const float *bc_hat;         /* [M, 2, G, N]; NULL (one-token inference windows): scan_step normalises B and C
+                                  itself from proj with B_norm, C_norm, as bcnorm_fwd would */
+  const float *B_norm, *C_norm; /* [N] the B/C RMSNorm weights (read only when bc_hat is NULL) */
   const float *dt_bias, *D, *B_bias, *C_bias, *out_norm; /* parameters of the layer (f32) */
   const uint8_t *resets;       /* [rows, len] */
   const float *in_angle, *in_ssm, *in_k, *in_v; /* incoming state [B, H, ...] of the layer; NULL: zeros */

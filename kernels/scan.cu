@@ -944,6 +944,7 @@ extern "C" int m3k_scan_make_plan(int32_t P, int32_t N, int32_t S, int32_t max_s
   }
   p.smem_fwd = (int32_t)(fwd_smem_floats(make_geo(p.pth, p.nth, p.tb_fwd, 1), Pp, Np, S) * 4);
   p.smem_bwd = (int32_t)(bwd_smem_floats(make_geo(p.pth, p.nth, p.tb_bwd, p.sb), Pp, Np, S, nw) * 4);
+  p.smem_step = P * N * 4;
   /* The chunked tensor-core scan (16-bit precisions) where its tiles fit in shared memory; which
    * windows take it: takes_chunked. M3_SCAN_CHUNK_MIN_STATE overrides the P x N threshold (the GPU
    * tests set 0), M3_SCAN_SIMT turns the chunked scan off. */
@@ -988,6 +989,7 @@ extern "C" int64_t m3k_scan_chunk_states(const m3k_scan_plan *plan, int prec, in
 
 extern "C" cudaError_t m3k_scan_prepare(int prec, const m3k_scan_plan *plan) {
   cudaError_t e = m3k_chunked_prepare(prec, plan);
+  if (e == cudaSuccess) e = m3k_scan_step_prepare(prec, plan->smem_step);
   if (e != cudaSuccess) return e;
   M3K_DISPATCH(prec, SCAN_TILE_DISPATCH(plan, {
     e = cudaFuncSetAttribute(scan_fwd_kernel<RP, RN, T>, cudaFuncAttributeMaxDynamicSharedMemorySize, plan->smem_fwd);

@@ -9,35 +9,48 @@
  *
  * A single token has no recurrence to walk: the work is moving the P x N float32 state of every
  * (row, head) in and out once, so the kernel is built for bandwidth. One CTA of 8 warps per
- * (head h, row b), at most 80 registers so that 3 CTAs share a multiprocessor. First the
- * per-(b, h) work, into shared memory, one item per thread: the token scalars (every thread
- * computes them: no barrier), the angle and rotated k, q of each rotation unit, beta x_in and
- * gamma x of each row p. Then the state: a row p belongs to a group of LW lanes (the power of two
- * covering the row's vectors, at most 32; 32 / LW rows per warp at a time), lane j of a group
- * holding the row's vectors j, j + LW, ... A vector is a float4 (V = 4) when the groups cover the
- * rows exactly (N = 4 LW, or N = 256: two per lane) and the state buffers are 16-byte aligned,
- * else one float (V = 1). Each lane keeps the loads of R rows (32 floats) in flight, the first
- * batch issued before the per-(b, h) work so that the two overlap; loads and stores are streaming
- * (every element moves once). y[p] = H[p, :] q is summed per lane, then over the group by shuffle
- * butterflies (the R rows' interleaved). Last, warp 0 adds D x and applies the optional per-head
- * RMSNorm and the gate exactly as scan_fwd_kernel's epilogue does.
+ * (head h, row b). When the state moves as float4 vectors (below) it moves in bulk: thread 0
+ * starts one TMA copy of the (b, h) state (contiguous, P N floats) into shared memory before
+ * anything else, the update runs in place there, and one bulk store writes it back; no registers
+ * hold loads in flight, so four CTAs share a multiprocessor. Meanwhile the per-(b, h) work, into
+ * shared memory, one item per thread, with every global load issued before any is waited on (one
+ * round trip, not a chain): the token scalars (every thread computes them), the angle and rotated
+ * k, q of each rotation unit, beta x_in and gamma x of each row p. A one-token inference window
+ * passes no bc_hat: then the kernel also normalises B and C of the head's group from proj (warps 0
+ * and 1 sum the squares as bcnorm_fwd_kernel does, and every value is x r w with its rounding:
+ * bitwise the same B_hat, C_hat), one launch per layer fewer. Then the state: a row p belongs
+ * to a group of LW lanes (the power of two covering the row's vectors, at most 32; 32 / LW rows per
+ * warp at a time), lane j of a group holding the row's vectors j, j + LW, ... A vector is a float4
+ * (V = 4) when the groups cover the rows exactly (N = 4 LW, or N = 256: two per lane) and the state
+ * buffers are 16-byte aligned, else one float (V = 1): then each lane loads straight from global
+ * memory, keeping the loads of R rows (32 floats) in flight, the first batch issued before the
+ * per-(b, h) work so that the two overlap, and stores the same way (streaming: every element moves
+ * once). y[p] = H[p, :] q is summed per lane, then over the group by shuffle butterflies (the R
+ * rows' interleaved). Last, warp 0 adds D x and applies the optional per-head RMSNorm and the gate
+ * exactly as scan_fwd_kernel's epilogue does. (A persistent, double-buffered variant measured no
+ * faster: kernels/NOTES.md, runs 22-24.)
  *
  * In place: decode passes the carried state as both in_* and fin_*. Each element of in_ssm is read
- * and then written by the same thread and never read again, and so is each angle; in_k and in_v
- * are read before the barrier, fin_k and fin_v written after it. A reset at the token counts the
- * incoming state (H, k, x, angles) as zero, as the CPU reference does (the loads are discarded).
- * Every sum has a fixed order: bitwise repeatable.
+ * before it is written (by the bulk copy in, or by the thread that writes it) and never read
+ * again, and so is each angle; in_k and in_v are read before the barrier, fin_k and fin_v written
+ * after it. A reset at the token counts the incoming state (H, k, x, angles) as zero, as the CPU
+ * reference does (the loads are discarded). Every sum has a fixed order: bitwise repeatable.
  */
 #include "scan_math.cuh"
 
 enum { STEP_THREADS = 256, STEP_WARPS = STEP_THREADS / 32 };
 
-/* V floats per vector, NJ vectors per lane and row (N <= V NJ LW), lw = LW lanes per row. */
+/* V floats per vector, NJ vectors per lane and row (N <= V NJ LW), lw = LW lanes per row. With V = 4
+ * the state moves in bulk through s_state (P N floats of dynamic shared memory). */
 template <int V, int NJ, bool DENSE, typename T>
-__global__ void __launch_bounds__(STEP_THREADS, 3) scan_step_kernel(const m3k_scan_args a, const int lw) {
-  enum { R = 32 / (V * NJ) }; /* rows per lane group and batch */
+__global__ void __launch_bounds__(STEP_THREADS, V == 4 ? 4 : 3) scan_step_kernel(const m3k_scan_args a, const int lw) {
+  enum { BULK = V == 4, R = (BULK ? 16 : 32) / (V * NJ) }; /* R: rows per lane group and batch */
+  extern __shared__ __align__(16) float s_state[];                  /* BULK: the (b, h) state [P][N] */
   __shared__ float s_kin[256], s_k[256], s_q[256];                  /* [N] incoming k, rotated k, q */
   __shared__ float s_bx[128], s_gx[128], s_x[128], s_z[128], s_y[128]; /* [P] */
+  __shared__ float s_bk[256], s_bq[256];                            /* [N] the head's B_bias, C_bias */
+  __shared__ float s_rbc[2];                                        /* inline B/C norm: 1 / RMS of B, C */
+  __shared__ uint64_t s_bar;                                        /* BULK: the copy in has landed */
   const m3k_dims &d = a.d;
   const int h = blockIdx.x, b = blockIdx.y, g = h / d.hpg;
   const int P = d.P, N = d.N, S = d.S, H = d.H, E = d.E, nv = N / V;
@@ -47,20 +60,31 @@ __global__ void __launch_bounds__(STEP_THREADS, 3) scan_step_kernel(const m3k_sc
   const int64_t bh = (int64_t)b * H + h, m = b;                 /* m: the token's position */
   const float *hin = a.in_ssm ? a.in_ssm + bh * P * N : NULL;
   float *hout = a.fin_ssm ? a.fin_ssm + bh * P * N : NULL;
+  const unsigned state_bytes = (unsigned)(P * N * sizeof(float));
+  if (BULK && tid == 0) {
+    bar_init(&s_bar);
+    if (hin) bulk_load(s_state, hin, state_bytes, &s_bar);
+  }
 
-  /* The vectors of row p = p0 + RS r + slot at offsets RSTR r + JSTR j from hin + (p0 + slot) N + lj V:
+  /* The vectors of row p = p0 + RS r + slot at offsets RSTR r + JSTR j from (p0 + slot) N + lj V:
    * compile-time offsets when the lane groups cover the rows exactly (DENSE: N = V NJ LW). */
   const int RSTR = DENSE ? STEP_THREADS * NJ * V : RS * N, JSTR = DENSE ? 32 * V : lw * V;
   float hv[R][NJ][V];
   auto load = [&](int p0) {
-    const int64_t o = (int64_t)(p0 + slot) * N + lj * V;
+    const int o = (p0 + slot) * N + lj * V; /* < P N <= 32768 */
 #pragma unroll
     for (int r = 0; r < R; r++) {
       const bool pv = p0 + RS * r + slot < P;
 #pragma unroll
       for (int j = 0; j < NJ; j++) {
+        const int oe = o + RSTR * r + JSTR * j;
         if (hin && pv && lj + lw * j < nv) {
-          state_vec<V>::load(hin + o + RSTR * r + JSTR * j, hv[r][j]);
+          if (BULK) {
+            const float4 t = *(const float4 *)(s_state + oe);
+            hv[r][j][0] = t.x, hv[r][j][1] = t.y, hv[r][j][2] = t.z, hv[r][j][3] = t.w;
+          } else {
+            state_vec<V>::load(hin + oe, hv[r][j]);
+          }
         } else {
 #pragma unroll
           for (int e = 0; e < V; e++) hv[r][j][e] = 0;
@@ -68,38 +92,89 @@ __global__ void __launch_bounds__(STEP_THREADS, 3) scan_step_kernel(const m3k_sc
       }
     }
   };
-  load(0);
+  if (!BULK) load(0);
 
-  /* the per-(b, h) work, one item per thread (N - S <= N <= 256 = STEP_THREADS, P <= 128) */
+  /* the per-(b, h) work, one item per thread (N - S <= N <= 256 = STEP_THREADS, P <= 128): every
+   * load first (nothing waits on one before all are issued), then the math */
   const T *pr = (const T *)a.proj + m * d.dipp;
-  const tok_scalars ts = token_scalars(to_f(pr[d.dt_off + h]), a.dt_bias[h], to_f(pr[d.A_off + h]),
-                                       to_f(pr[d.trap_off + h]), d.a_floor);
+  const float dd_dt = to_f(pr[d.dt_off + h]), dt_bias = a.dt_bias[h], dd_A = to_f(pr[d.A_off + h]);
+  const float trap = to_f(pr[d.trap_off + h]);
   const bool rs = a.resets && a.resets[m];
-  const float al = rs ? 0.0f : ts.alpha, be = rs ? 0.0f : ts.beta, ga = ts.gamma;
-  if (tid < N - S) { /* rotation unit tid: the pair (2 tid, 2 tid + 1), or a passing column */
-    float c = 1, sn = 0;
-    if (tid < S) {
-      const float th0 = a.in_angle && !rs ? a.in_angle[bh * S + tid] : 0.0f;
-      const float th = wrap_sum(th0, PI_F * tanhf(to_f(pr[d.ang_off + tid])) * ts.dt);
-      a.theta[(m * H + h) * S + tid] = th;
-      if (a.fin_angle) a.fin_angle[bh * S + tid] = th;
-      sincosf(th, &sn, &c);
-    }
-    rot_unit<T>(a, m, h, g, tid, c, sn, s_k, s_q);
+  const int U = N - S;
+  float ang = 0, th0 = 0, kin0 = 0, x = 0, z = 0, vin = 0; /* kin0: this thread's in_k element */
+  unit_raw raw = {0, 0, 0, 0}, wbc = {0, 0, 0, 0}; /* wbc: inline B/C norm weights of the unit */
+  if (tid < S) {
+    ang = to_f(pr[d.ang_off + tid]);
+    if (a.in_angle) th0 = a.in_angle[bh * S + tid];
   }
-  if (tid < N) s_kin[tid] = a.in_k && !rs ? a.in_k[bh * N + tid] : 0.0f;
+  const T *pB = pr + d.B_off + (int64_t)g * N, *pC = pr + d.C_off + (int64_t)g * N; /* raw B, C of group g */
+  if (tid < U) {
+    if (a.bc_hat) {
+      raw = unit_load(a.bc_hat + ((m * 2 + 0) * d.G + g) * N, a.bc_hat + ((m * 2 + 1) * d.G + g) * N, tid, S);
+    } else {
+      raw = unit_load(pB, pC, tid, S);
+      wbc = unit_load(a.B_norm, a.C_norm, tid, S);
+    }
+  }
+  if (tid < N) {
+    cp4(s_bk + tid, a.B_bias + (int64_t)h * N + tid);
+    cp4(s_bq + tid, a.C_bias + (int64_t)h * N + tid);
+    if (a.in_k) kin0 = a.in_k[bh * N + tid];
+  }
   if (tid < P) {
     const T *px = pr + (int64_t)h * P + tid;
-    const float x = to_f(px[d.x_off]);
-    s_bx[tid] = be * (a.in_v && !rs ? a.in_v[bh * P + tid] : 0.0f);
+    x = to_f(px[d.x_off]);
+    z = to_f(px[d.z_off]);
+    if (a.in_v) vin = a.in_v[bh * P + tid];
+  }
+  if (!a.bc_hat && wid < 2) { /* B (warp 0), C (warp 1): 1 / RMS over N, summed as bcnorm_fwd_kernel does */
+    const T *xs = wid ? pC : pB;
+    float ss = 0;
+    for (int n = lane; n < N; n += 32) {
+      const float v = to_f(xs[n]);
+      ss += v * v;
+    }
+    ss = warp_sum(ss);
+    if (lane == 0) s_rbc[wid] = 1.0f / sqrtf(ss / (float)N + 1e-5f);
+  }
+  cp_wait_all();
+  __syncthreads(); /* s_bk, s_bq, s_rbc */
+  if (!a.bc_hat) { /* B_hat, C_hat of the unit = x r w, bcnorm_fwd_kernel's rounding */
+    raw.k0 = raw.k0 * s_rbc[0] * wbc.k0;
+    raw.k1 = raw.k1 * s_rbc[0] * wbc.k1;
+    raw.q0 = raw.q0 * s_rbc[1] * wbc.q0;
+    raw.q1 = raw.q1 * s_rbc[1] * wbc.q1;
+  }
+
+  const tok_scalars ts = token_scalars(dd_dt, dt_bias, dd_A, trap, d.a_floor);
+  const float al = rs ? 0.0f : ts.alpha, be = rs ? 0.0f : ts.beta, ga = ts.gamma;
+  if (tid < U) { /* rotation unit tid: the pair (2 tid, 2 tid + 1), or a passing column */
+    float th = 0;
+    if (tid < S) {
+      th = wrap_sum(rs ? 0.0f : th0, PI_F * tanhf(ang) * ts.dt);
+      a.theta[(m * H + h) * S + tid] = th;
+      if (a.fin_angle) a.fin_angle[bh * S + tid] = th;
+    }
+    const unit_kq r = unit_make(raw, s_bk, s_bq, tid, S, th);
+    s_k[r.n0] = r.k0;
+    s_q[r.n0] = r.q0;
+    if (r.pair) {
+      s_k[r.n0 + 1] = r.k1;
+      s_q[r.n0 + 1] = r.q1;
+    }
+  }
+  if (tid < N) s_kin[tid] = rs ? 0.0f : kin0;
+  if (tid < P) {
+    s_bx[tid] = be * (rs ? 0.0f : vin);
     s_gx[tid] = ga * x;
     s_x[tid] = x;
-    s_z[tid] = to_f(px[d.z_off]);
+    s_z[tid] = z;
   }
   __syncthreads();
   /* every read of in_k and in_v is done: k and x are the final state */
   if (a.fin_k && tid < N) a.fin_k[bh * N + tid] = s_k[tid];
   if (a.fin_v && tid < P) a.fin_v[bh * P + tid] = s_x[tid];
+  if (BULK && hin) bar_wait(&s_bar, 0);
 
   /* the state, R rows per lane group at a time */
   float kin[NJ][V], kc[NJ][V], qc[NJ][V];
@@ -115,8 +190,8 @@ __global__ void __launch_bounds__(STEP_THREADS, 3) scan_step_kernel(const m3k_sc
     }
   }
   for (int p0 = 0; p0 < P; p0 += RS * R) {
-    if (p0 > 0) load(p0);
-    const int64_t o = (int64_t)(p0 + slot) * N + lj * V;
+    if (BULK || p0 > 0) load(p0);
+    const int o = (p0 + slot) * N + lj * V;
     if (rs) {
 #pragma unroll
       for (int r = 0; r < R; r++)
@@ -142,7 +217,11 @@ __global__ void __launch_bounds__(STEP_THREADS, 3) scan_step_kernel(const m3k_sc
       if (hout && pv) {
 #pragma unroll
         for (int j = 0; j < NJ; j++)
-          if (lj + lw * j < nv) state_vec<V>::store(hout + o + RSTR * r + JSTR * j, hv[r][j]);
+          if (lj + lw * j < nv) {
+            const int oe = o + RSTR * r + JSTR * j;
+            if (BULK) *(float4 *)(s_state + oe) = make_float4(hv[r][j][0], hv[r][j][1], hv[r][j][2], hv[r][j][3]);
+            else state_vec<V>::store(hout + oe, hv[r][j]);
+          }
       }
     }
     /* y over the lane group: the R rows' butterflies interleaved */
@@ -155,7 +234,9 @@ __global__ void __launch_bounds__(STEP_THREADS, 3) scan_step_kernel(const m3k_sc
       if (p < P && lj == 0) s_y[p] = acc[r];
     }
   }
+  if (BULK) bulk_store_fence();
   __syncthreads();
+  if (BULK && hout && tid == 0) bulk_store(hout, s_state, state_bytes);
 
   /* epilogue (warp 0): D x, the mixer norm and the gate, as scan_fwd_kernel's */
   if (wid == 0) {
@@ -164,14 +245,28 @@ __global__ void __launch_bounds__(STEP_THREADS, 3) scan_step_kernel(const m3k_sc
     const float ss = warp_head_y(s_y, s_x, a.D[h], P, a.y + m * E + (int64_t)h * P, yv);
     warp_norm_gate<T>(a, m, h, yv, ss, s_z, gated);
   }
+  if (BULK && tid == 0) bulk_store_drain();
 }
 
 template <typename T> static void launch_step(cudaStream_t s, const m3k_scan_args &a) {
   const step_tile t = step_tile_for(a.d.N, ((uintptr_t)a.in_ssm | (uintptr_t)a.fin_ssm) % 16 == 0);
   const dim3 grid(a.d.H, a.rows);
+  const size_t smem = (size_t)a.d.P * a.d.N * sizeof(float);
   if (t.V == 1) scan_step_kernel<1, 8, false, T><<<grid, STEP_THREADS, 0, s>>>(a, t.lw);
-  else if (t.NJ == 1) scan_step_kernel<4, 1, true, T><<<grid, STEP_THREADS, 0, s>>>(a, t.lw);
-  else scan_step_kernel<4, 2, true, T><<<grid, STEP_THREADS, 0, s>>>(a, t.lw);
+  else if (t.NJ == 1) scan_step_kernel<4, 1, true, T><<<grid, STEP_THREADS, smem, s>>>(a, t.lw);
+  else scan_step_kernel<4, 2, true, T><<<grid, STEP_THREADS, smem, s>>>(a, t.lw);
+}
+
+template <typename T> static cudaError_t step_prepare(int smem) {
+  cudaError_t e = cudaFuncSetAttribute(scan_step_kernel<4, 1, true, T>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
+  if (e == cudaSuccess)
+    e = cudaFuncSetAttribute(scan_step_kernel<4, 2, true, T>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
+  return e;
+}
+
+cudaError_t m3k_scan_step_prepare(int prec, int32_t smem) {
+  M3K_DISPATCH(prec, return step_prepare<T>(smem));
+  return cudaSuccess;
 }
 
 cudaError_t m3k_scan_step(cudaStream_t s, int prec, const m3k_scan_args *a) {

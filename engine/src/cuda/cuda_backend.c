@@ -552,10 +552,16 @@ static m3_status enq_forward(backend *be, int32_t rows, int32_t len, int carry, 
     mark(be, PH_INPROJ_F);
     TRY(mm_nt(be, M, d->dip, dm, xn_l(be, l), dm, wgt(be, lo->in_proj), dm, NULL, proj_l(be, l), be->kd.dipp, G_ACT,
               0.0f));
-    mark(be, PH_BCNORM_F);
-    CK(m3k_bcnorm_fwd(be->st, be->prec, &be->kd, proj_l(be, l), be->params + lo->B_norm, be->params + lo->C_norm,
-                      bc_hat_l(be, l), bc_rstd_l(be, l), M));
-    const m3k_scan_args a = scan_args(be, l, rows, len, carry, train || be->infer, train);
+    m3k_scan_args a = scan_args(be, l, rows, len, carry, train || be->infer, train);
+    if (be->infer && len == 1) { /* one-token inference: scan_step normalises B and C itself (no backward) */
+      a.bc_hat = NULL;
+      a.B_norm = be->params + lo->B_norm;
+      a.C_norm = be->params + lo->C_norm;
+    } else {
+      mark(be, PH_BCNORM_F);
+      CK(m3k_bcnorm_fwd(be->st, be->prec, &be->kd, proj_l(be, l), be->params + lo->B_norm, be->params + lo->C_norm,
+                        bc_hat_l(be, l), bc_rstd_l(be, l), M));
+    }
     mark(be, PH_SCAN_F);
     CK(m3k_scan_fwd(be->st, be->prec, &be->scan, &a));
     mark(be, PH_OUTPROJ_F);
