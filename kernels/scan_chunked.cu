@@ -745,47 +745,61 @@ __device__ __forceinline__ void rows_out(float *dst, int64_t ld_dst, const float
 
 /* ---- the parallel parts: angles, then per-chunk preparation ------------------------------------------- */
 
-/* Tokens per pass of the kernels that walk a whole row along the sequence (scan_angles_chunked,
- * scan_post_seq_chunked): several chunks when the per-pair arrays stay small. */
+/* Tokens per pass of scan_post_seq_chunked, which walks a whole row along the sequence: several
+ * chunks when the per-pair arrays stay small. */
 __host__ __device__ inline int seq_block(int S) { return S <= 32 ? 4 * CQ : CQ; }
 
-/* Forward only: theta (a.theta) of every position and fin_angle, one CTA per (head, row): the
- * increments pi tanh(angle logit) dt of seq_block(S) tokens in parallel, then one thread per pair
- * walks them (wrapped sums, restarted at resets, from in_angle) exactly as scan.cu. Shared memory:
- * seq_block(S) (S + 2) floats. */
+/* Forward only: theta (a.theta) of every position and fin_angle, one CTA per (head, row), the sequence
+ * in blocks of angles_block(S) tokens. The walker warps (one thread per pair: S threads) walk block k
+ * (wrapped sums, restarted at resets, from in_angle) exactly as scan.cu while the other warps, the
+ * producers, prepare block k + 1: dt and the reset flag per token, then the increments
+ * pi tanh(angle logit) dt of every (token, pair), into the other of two buffers; one barrier per
+ * block. Shared memory: angles_smem_floats(S). */
+__host__ __device__ inline int angles_block(int S) { return S <= 32 ? 2 * CQ : S <= 64 ? CQ : CQ / 2; }
+__host__ __device__ inline int angles_smem_floats(int S) { return 2 * angles_block(S) * (S + 1) + angles_block(S); }
+static_assert(2 * 2 * CQ * 33 + 2 * CQ <= 12288 && 2 * CQ * 65 + CQ <= 12288 && CQ * 129 + CQ / 2 <= 12288,
+              "angles: within the default 48 KB of shared memory");
+
 template <typename T>
 __global__ void __launch_bounds__(CTHREADS) scan_angles_chunked(const m3k_scan_args a) {
   extern __shared__ __align__(128) unsigned char smraw[];
   const m3k_dims &d = a.d;
   const int h = blockIdx.x, b = blockIdx.y, S = d.S, H = d.H, tid = threadIdx.x;
   const T *proj = (const T *)a.proj;
-  const int TB = seq_block(S);
-  float *inc = (float *)smraw, *dt = inc + TB * S, *rst = dt + TB;
+  const int TB = angles_block(S), nblk = (a.len + TB - 1) / TB;
+  const int walkers = (S + 31) / 32 * 32, nprod = CTHREADS - walkers, pt = tid - walkers; /* S <= 128 */
+  float *inc[2] = {(float *)smraw, (float *)smraw + TB * S}, *rst[2] = {inc[1] + TB * S, inc[1] + TB * S + TB};
+  float *dt = rst[1] + TB; /* producers' scratch: dt of the block's tokens */
   const int64_t bh = (int64_t)b * H + h;
   float v = tid < S && a.in_angle ? a.in_angle[bh * S + tid] : 0.0f;
-  for (int t0 = 0; t0 < a.len; t0 += TB) {
-    const int nb = min(TB, a.len - t0);
-    const int64_t m0 = (int64_t)b * a.len + t0;
-    for (int i = tid; i < nb; i += CTHREADS) {
-      const T *pr = proj + (m0 + i) * d.dipp;
-      dt[i] = token_scalars(to_f(pr[d.dt_off + h]), a.dt_bias[h], to_f(pr[d.A_off + h]), to_f(pr[d.trap_off + h]),
-                            d.a_floor).dt;
-      rst[i] = a.resets && a.resets[m0 + i] ? 1.0f : 0.0f;
-    }
-    __syncthreads();
+  for (int k = 0; k <= nblk; k++) {
+    if (pt >= 0 && k < nblk) { /* produce block k */
+      const int t0 = k * TB, nb = min(TB, a.len - t0);
+      const int64_t m0 = (int64_t)b * a.len + t0;
+      float *ib = inc[k & 1], *rb = rst[k & 1];
+      for (int i = pt; i < nb; i += nprod) {
+        const T *pr = proj + (m0 + i) * d.dipp;
+        dt[i] = token_scalars(to_f(pr[d.dt_off + h]), a.dt_bias[h], to_f(pr[d.A_off + h]), to_f(pr[d.trap_off + h]),
+                              d.a_floor).dt;
+        rb[i] = a.resets && a.resets[m0 + i] ? 1.0f : 0.0f;
+      }
+      asm volatile("bar.sync 1, %0;" ::"r"(nprod) : "memory"); /* the producers' dt */
 #pragma unroll 8
-    for (int idx = tid; idx < nb * S; idx += CTHREADS) {
-      const int i = idx / S, j = idx - i * S;
-      inc[idx] = PI_F * tanhf(ldact(proj + (m0 + i) * d.dipp + d.ang_off + j)) * dt[i];
+      for (int idx = pt; idx < nb * S; idx += nprod) {
+        const int i = idx / S, j = idx - i * S;
+        ib[idx] = PI_F * tanhf(ldact(proj + (m0 + i) * d.dipp + d.ang_off + j)) * dt[i];
+      }
     }
-    __syncthreads();
-    if (tid < S) {
+    if (tid < S && k > 0) { /* walk block k - 1 */
+      const int t0 = (k - 1) * TB, nb = min(TB, a.len - t0);
+      const int64_t m0 = (int64_t)b * a.len + t0;
+      const float *ib = inc[(k - 1) & 1], *rb = rst[(k - 1) & 1];
       float *out = a.theta + (m0 * H + h) * S + tid;
       const int64_t step = (int64_t)H * S;
 #pragma unroll 4
       for (int i = 0; i < nb; i++, out += step) {
-        if (rst[i] != 0) v = 0;
-        v = wrap_sum(v, inc[i * S + tid]);
+        if (rb[i] != 0) v = 0;
+        v = wrap_sum(v, ib[i * S + tid]);
         *out = v;
       }
     }
@@ -1639,7 +1653,7 @@ cudaError_t m3k_chunked_prepare(int prec, const m3k_scan_plan *plan) {
 template <typename T> static void chunked_fwd(cudaStream_t s, const m3k_scan_plan *plan, const m3k_scan_args &a) {
   const int nch = (a.len + CQ - 1) / CQ;
   if (a.d.S > 0)
-    scan_angles_chunked<T><<<dim3(a.d.H, a.rows), CTHREADS, (size_t)seq_block(a.d.S) * (a.d.S + 2) * sizeof(float), s>>>(a);
+    scan_angles_chunked<T><<<dim3(a.d.H, a.rows), CTHREADS, (size_t)angles_smem_floats(a.d.S) * sizeof(float), s>>>(a);
   scan_prep_chunked<T><<<dim3(nch, a.d.H, a.rows), CTHREADS, plan->smem_cprep, s>>>(a);
   scan_fwd_chunked_r<T><<<dim3(a.d.H, a.rows), CTHREADS, plan->smem_cfwd, s>>>(a);
 }
