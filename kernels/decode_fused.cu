@@ -8,9 +8,9 @@
  *   -> H = alpha H_in + beta x_in k_in^T + gamma x k^T, y = H q + D x -> [mixer norm] and gate
  *   -> h += out_proj gated (GEMV)
  *
- * Why: the unfused decode of a small model is five launches per layer (rmsnorm.cu, cuBLAS,
- * bcnorm.cu, scan_step.cu, cuBLAS), each a few microseconds of launch latency around well under
- * a microsecond of work. Here a step is one launch. Every CTA reads all the weights (from L2 after
+ * Why: the unfused decode of a small model is four launches per layer (rmsnorm.cu, cuBLAS,
+ * scan_step.cu with the B/C norm, cuBLAS), each a few microseconds of launch latency around well
+ * under a microsecond of work. Here a step is one launch. Every CTA reads all the weights (from L2 after
  * the first row), so the step applies only where a layer's weights are small: m3k_decode_smem
  * decides, and returns 0 elsewhere (the caller keeps the unfused path).
  *
