@@ -944,7 +944,7 @@ extern "C" int m3k_scan_make_plan(int32_t P, int32_t N, int32_t S, int32_t max_s
   }
   p.smem_fwd = (int32_t)(fwd_smem_floats(make_geo(p.pth, p.nth, p.tb_fwd, 1), Pp, Np, S) * 4);
   p.smem_bwd = (int32_t)(bwd_smem_floats(make_geo(p.pth, p.nth, p.tb_bwd, p.sb), Pp, Np, S, nw) * 4);
-  p.smem_step = P * N * 4;
+  p.smem_step = m3k_step_smem(P, N);
   /* The chunked tensor-core scan (16-bit precisions) where its tiles fit in shared memory; which
    * windows take it: takes_chunked. M3_SCAN_CHUNK_MIN_STATE overrides the P x N threshold (the GPU
    * tests set 0), M3_SCAN_SIMT turns the chunked scan off. */

@@ -248,6 +248,8 @@ cudaError_t m3k_chunked_bwd(cudaStream_t s, int prec, const m3k_scan_args *a);
 
 /* ---- the one-token forward (scan_step.cu): m3k_scan_fwd when a->len == 1 --------------------------- */
 
+/* Dynamic shared memory of the one-token kernels' bulk variants: one (row, head) state. */
+static inline int32_t m3k_step_smem(int32_t P, int32_t N) { return P * N * (int32_t)sizeof(float); }
 cudaError_t m3k_scan_step(cudaStream_t s, int prec, const m3k_scan_args *a);
 /* Raises the one-token kernels' dynamic shared-memory limit to smem (the plan's smem_step). */
 cudaError_t m3k_scan_step_prepare(int prec, int32_t smem);

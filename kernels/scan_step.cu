@@ -251,7 +251,7 @@ __global__ void __launch_bounds__(STEP_THREADS, V == 4 ? 4 : 3) scan_step_kernel
 template <typename T> static void launch_step(cudaStream_t s, const m3k_scan_args &a) {
   const step_tile t = step_tile_for(a.d.N, ((uintptr_t)a.in_ssm | (uintptr_t)a.fin_ssm) % 16 == 0);
   const dim3 grid(a.d.H, a.rows);
-  const size_t smem = (size_t)a.d.P * a.d.N * sizeof(float);
+  const size_t smem = m3k_step_smem(a.d.P, a.d.N);
   if (t.V == 1) scan_step_kernel<1, 8, false, T><<<grid, STEP_THREADS, 0, s>>>(a, t.lw);
   else if (t.NJ == 1) scan_step_kernel<4, 1, true, T><<<grid, STEP_THREADS, smem, s>>>(a, t.lw);
   else scan_step_kernel<4, 2, true, T><<<grid, STEP_THREADS, smem, s>>>(a, t.lw);
