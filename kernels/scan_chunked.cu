@@ -91,9 +91,8 @@ struct csmem {
   OT *sL1;   /* [CQ][lqq] fwd: L o S; bwd: L o S1 */
   OT *sL2;   /* [CQ][lqq] bwd: L o S2 */
   float *sR;   /* fwd: Y [CQ][lfp]; bwd: M's row / column partials, then [CQ][max(lfc, lfp)] */
-  float *th;   /* [CQ][S] prep, post: theta of the chunk; post_seq: tanh of the angle logits */
+  float *th;   /* [CQ][S] post_seq: tanh of the angle logits */
   float *dth;  /* [CQ][S] post_seq: angle gradient of the chunk, then pi D tanh */
-  float *sbk, *sbq; /* [Np] B_bias[h], C_bias[h] */
   float *sc;   /* [CQ + 1][FW] token scalars (post_seq: [CQ][TW] table rows) */
   float *kl;   /* [Np] prep: k (rotated, unscaled) of the window's last token */
   float *pOn;  /* [CWARPS][Pp] gate backward: mixer norm weight partials per warp */
@@ -280,15 +279,12 @@ __host__ __device__ inline int64_t chunk_views(float *base, float *kept, int row
 #undef CV
 
 /* Shared memory of scan_prep_chunked. */
-__host__ __device__ inline size_t carve_p(unsigned char *base, int P, int N, int S, csmem *m) {
+__host__ __device__ inline size_t carve_p(unsigned char *base, int P, int N, csmem *m) {
   const cdims c = make_cdims(P, N);
   size_t off = 0;
   csmem t = {};
   CT(sq, OT, CQ * c.lqn);
   CT(sk, OT, CQ * c.lqn);
-  CT(th, float, CQ * S + 1);
-  CT(sbk, float, c.Np);
-  CT(sbq, float, c.Np);
   CT(sc, float, (CQ + 1) * FW);
   CT(kl, float, c.Np);
   CT(misc, float, 8);
@@ -307,20 +303,25 @@ __host__ __device__ inline size_t carve_g(unsigned char *base, int P, csmem *m) 
   return off + 128;
 }
 
-/* Shared memory of scan_post_chunked (rows = CQ; th: theta of the chunk) and scan_post_seq_chunked
- * (rows = seq_block(S); th: tanh of the angle logits, dth: the angle gradient, sc: table rows). */
-__host__ __device__ inline size_t carve_post(unsigned char *base, int N, int S, int rows, csmem *m) {
-  const cdims c = make_cdims(16, N);
+/* Shared memory of scan_post_chunked: the chunk's table (FW layout), the warps' B/C bias partials. */
+__host__ __device__ inline size_t carve_q(unsigned char *base, int N, csmem *m) {
+  size_t off = 0;
+  csmem t = {};
+  CT(sc, float, (CQ + 1) * FW);
+  CT(pbw, float, CWARPS * 2 * N);
+  CT(misc, float, 8);
+  if (m) *m = t;
+  return off + 128;
+}
+
+/* Shared memory of scan_post_seq_chunked (rows = seq_block(S)): th: tanh of the angle logits, dth: the
+ * angle gradient, sc: table rows (TW layout). */
+__host__ __device__ inline size_t carve_post(unsigned char *base, int S, int rows, csmem *m) {
   size_t off = 0;
   csmem t = {};
   CT(th, float, rows * S + 1);
   CT(dth, float, rows * S + 1);
-  CT(sbk, float, c.Np);
-  CT(sbq, float, c.Np);
-  CT(sc, float, (rows + 1) * TW); /* TW >= FW: holds either layout */
-  CT(pbw, float, CWARPS * 2 * N);
-  CT(red, float, 32);
-  CT(misc, float, 8);
+  CT(sc, float, (rows + 1) * TW);
   if (m) *m = t;
   return off + 128;
 }
@@ -448,53 +449,82 @@ __device__ __forceinline__ void c_prep(float *sc, int nb, float *misc) {
   if (lane == 0) misc[0] = seglast < 0 ? expf(clast) : 0.0f;
 }
 
-/* Calls body(unit_kq, u, pre(u)) for the units u = lane, lane + 32, ... of local token i (position
- * m), loading up to 4 units per lane (and the caller's pre(u) loads) before using them. th: [CQ][S]
- * angles of the chunk. */
-template <int UD = 4, typename L, typename F>
-__device__ __forceinline__ void for_units_pre(const m3k_scan_args &a, const csmem &s, const float *th, int64_t m,
-                                              int g, int i, L pre, F body) {
-  const int lane = threadIdx.x & 31, N = a.d.N, S = a.d.S, U = N - S;
-  const float *bk = a.bc_hat + ((m * 2 + 0) * a.d.G + g) * N; // [N] B_hat
-  const float *bq = a.bc_hat + ((m * 2 + 1) * a.d.G + g) * N; // [N] C_hat
-  for (int u0 = lane; u0 < U; u0 += 32 * UD) {
-    unit_raw w[UD];
-    float tv[UD];
-    decltype(pre(0)) x[UD];
-#pragma unroll
-    for (int j = 0; j < UD; j++) {
-      const int u = u0 + 32 * j;
-      if (u < U) {
-        w[j] = unit_load(bk, bq, u, S);
-        tv[j] = u < S ? th[i * S + u] : 0.0f;
-        x[j] = pre(u);
-      }
-    }
-#pragma unroll
-    for (int j = 0; j < UD; j++) {
-      const int u = u0 + 32 * j;
-      if (u < U) body(unit_make(w[j], s.sbk, s.sbq, u, S, tv[j]), u, x[j]);
-    }
-  }
-}
+/* ---- the per-token unit loops of scan_prep_chunked and scan_post_chunked: each warp walks the chunk's
+ * tokens i = wid, wid + 8, ... and lane l owns the units u = l + 32 j (j < UPL, N - S <= 32 UPL) at every
+ * token (a compile-time count: no loop over units, no idle unit slots beyond UPL), and a token's loads
+ * (B_hat / C_hat, the biases, theta) are all issued before any is used. */
 
-/* for_units_pre without caller loads: body(unit_kq, u). */
-struct no_pre {
-  __device__ int operator()(int) const { return 0; }
+/* Units per lane for N - S <= 256 units (UNITS_DISPATCH binds it as a compile-time constant). */
+#define UNITS_DISPATCH(U, body)                                                     \
+  do {                                                                              \
+    const int u_ = (U);                                                             \
+    if (u_ <= 32) { enum { UPL = 1 }; body; }                                       \
+    else if (u_ <= 64) { enum { UPL = 2 }; body; }                                  \
+    else if (u_ <= 96) { enum { UPL = 3 }; body; }                                  \
+    else if (u_ <= 128) { enum { UPL = 4 }; body; }                                 \
+    else { enum { UPL = 8 }; body; }                                                \
+  } while (0)
+
+template <int UPL> struct lane_units {
+  int n0[UPL];    /* first column of unit j (-1: the lane has no unit j) */
+  bool pair[UPL]; /* a rotated pair (n0, n0 + 1), else a passing column */
 };
-template <int UD = 4, typename F>
-__device__ __forceinline__ void for_units(const m3k_scan_args &a, const csmem &s, const float *th, int64_t m, int g,
-                                          int i, F body) {
-  for_units_pre<UD>(a, s, th, m, g, i, no_pre(), [&](const unit_kq &r, int u, int) { body(r, u); });
+template <int UPL> __device__ __forceinline__ lane_units<UPL> lane_units_of(int N, int S) {
+  const int lane = threadIdx.x & 31;
+  lane_units<UPL> L;
+#pragma unroll
+  for (int j = 0; j < UPL; j++) {
+    const int u = lane + 32 * j;
+    L.n0[j] = u < N - S ? unit_col(u, S) : -1;
+    L.pair[j] = u < S;
+  }
+  return L;
 }
 
-/* q (bf16, if want_q), ktil (bf16), q.k (float32) of the chunk, warp per token; rows >= nb and
- * columns >= N are zero. Angles from th [CQ][S]. kl: the window's last k (or NULL). */
-template <int UD = 4>
+/* The lane's units at one position: B_hat / C_hat plus the head's B_bias / C_bias (bk, bq: the
+ * position's [N] rows of group g; bb, cb: the biases of head h, L1-resident after the first token)
+ * and theta (th: the position's [S] angles of head h). */
+template <int UPL> struct lane_raw {
+  unit_raw w[UPL];
+  float th[UPL];
+};
+template <int UPL>
+__device__ __forceinline__ void lane_load(const lane_units<UPL> &L, const float *bk, const float *bq, const float *bb,
+                                          const float *cb, const float *th, int S, lane_raw<UPL> &r) {
+  const int lane = threadIdx.x & 31;
+  unit_raw bias[UPL];
+#pragma unroll
+  for (int j = 0; j < UPL; j++)
+    if (L.n0[j] >= 0) {
+      r.w[j] = unit_load(bk, bq, lane + 32 * j, S);
+      bias[j] = unit_load(bb, cb, lane + 32 * j, S);
+      r.th[j] = L.pair[j] ? __ldg(th + lane + 32 * j) : 0.0f;
+    }
+#pragma unroll
+  for (int j = 0; j < UPL; j++)
+    if (L.n0[j] >= 0) {
+      r.w[j].k0 += bias[j].k0;
+      r.w[j].k1 += bias[j].k1;
+      r.w[j].q0 += bias[j].q0;
+      r.w[j].q1 += bias[j].q1;
+    }
+}
+/* Unit j (L.n0[j] >= 0) rotated, as unit_make. */
+template <int UPL>
+__device__ __forceinline__ unit_kq lane_unit(const lane_units<UPL> &L, const lane_raw<UPL> &r, int j) {
+  return unit_rotate(L.n0[j], L.pair[j], r.w[j].k0, r.w[j].k1, r.w[j].q0, r.w[j].q1, r.th[j]);
+}
+
+/* q, ktil (bf16) and q.k (float32) of the chunk; rows >= nb and columns >= N are zero. kl: the window's
+ * last k (or NULL). */
+template <int UPL>
 __device__ __forceinline__ void c_build(const m3k_scan_args &a, const csmem &s, const cdims &cd, int64_t m0, int t0,
-                                        int nb, int g, bool want_q, const float *th, float *kl) {
+                                        int nb, int h, int g, float *kl) {
   const int lane = threadIdx.x & 31, wid = threadIdx.x >> 5;
-  const int N = a.d.N;
+  const int N = a.d.N, S = a.d.S, GN = a.d.G * N;
+  const lane_units<UPL> L = lane_units_of<UPL>(N, S);
+  const float *bc0 = a.bc_hat + (m0 * 2 * a.d.G + g) * N, *th0 = a.theta + (m0 * a.d.H + h) * S;
+  const float *bb = a.B_bias + (int64_t)h * N, *cb = a.C_bias + (int64_t)h * N;
   for (int i = wid; i < CQ; i += CWARPS) {
     OT *q = s.sq + i * cd.lqn, *k = s.sk + i * cd.lqn;
     if (i >= nb) {
@@ -504,20 +534,30 @@ __device__ __forceinline__ void c_build(const m3k_scan_args &a, const csmem &s, 
       }
       continue;
     }
+    lane_raw<UPL> r;
+    const float *bk = bc0 + (int64_t)i * 2 * GN;
+    lane_load(L, bk, bk + GN, bb, cb, th0 + (int64_t)i * a.d.H * S, S, r);
     const float sc = s.sc[i * FW + F_SCALE];
     const bool last = kl && (t0 + i == a.len - 1);
     float qk = 0;
-    for_units<UD>(a, s, th, m0 + i, g, i, [&](const unit_kq &r, int) {
-      qk += r.q0 * r.k0 + r.q1 * r.k1;
-      k[r.n0] = __float2bfloat16_rn(sc * r.k0);
-      if (want_q) q[r.n0] = __float2bfloat16_rn(r.q0);
-      if (last) kl[r.n0] = r.k0;
-      if (r.pair) {
-        k[r.n0 + 1] = __float2bfloat16_rn(sc * r.k1);
-        if (want_q) q[r.n0 + 1] = __float2bfloat16_rn(r.q1);
-        if (last) kl[r.n0 + 1] = r.k1;
+#pragma unroll
+    for (int j = 0; j < UPL; j++) {
+      if (L.n0[j] < 0) continue;
+      const unit_kq u = lane_unit(L, r, j);
+      qk += u.q0 * u.k0 + u.q1 * u.k1;
+      if (u.pair) { /* n0 even, rows of even length: 4-byte aligned pairs */
+        *(__nv_bfloat162 *)(k + u.n0) = __floats2bfloat162_rn(sc * u.k0, sc * u.k1);
+        *(__nv_bfloat162 *)(q + u.n0) = __floats2bfloat162_rn(u.q0, u.q1);
+        if (last) {
+          kl[u.n0] = u.k0;
+          kl[u.n0 + 1] = u.k1;
+        }
+      } else {
+        k[u.n0] = __float2bfloat16_rn(sc * u.k0);
+        q[u.n0] = __float2bfloat16_rn(u.q0);
+        if (last) kl[u.n0] = u.k0;
       }
-    });
+    }
     for (int n = N + lane; n < cd.Np; n += 32) {
       q[n] = __float2bfloat16_rn(0.0f);
       k[n] = __float2bfloat16_rn(0.0f);
@@ -530,14 +570,6 @@ __device__ __forceinline__ void c_build(const m3k_scan_args &a, const csmem &s, 
 /* Read-only activation loads (the non-coherent path: never for data this kernel writes). */
 template <typename T> __device__ __forceinline__ float ldact(const T *p) { return to_f(__ldg(p)); }
 template <> __device__ __forceinline__ float ldact<float>(const float *p) { return __ldg(p); }
-
-/* B_bias[h], C_bias[h] into shared memory (padded with zeros). */
-__device__ __forceinline__ void c_biases(const m3k_scan_args &a, const csmem &s, const cdims &cd, int h) {
-  for (int n = threadIdx.x; n < cd.Np; n += blockDim.x) {
-    s.sbk[n] = n < a.d.N ? a.B_bias[(int64_t)h * a.d.N + n] : 0.0f;
-    s.sbq[n] = n < a.d.N ? a.C_bias[(int64_t)h * a.d.N + n] : 0.0f;
-  }
-}
 
 /* The gate backward of the chunk's tokens (warp per token, as scan.cu): dz into dproj, dy (a.dy and
  * the bf16 rows dyt [CQ][Pp], zero past nb and P), dy.x (F_DYX), the mixer-norm weight terms per warp.
@@ -811,15 +843,15 @@ __global__ void __launch_bounds__(CTHREADS) scan_angles_chunked(const m3k_scan_a
 /* One CTA per (chunk, head, row): the chunk's token scalars, cumsums and masks, q and ktil (and the
  * window's last k into the scratch's kl); into the chunk scratch or, in training, what the forward
  * keeps (see chunk_views). */
-template <typename T>
-__global__ void __launch_bounds__(CTHREADS, 3) scan_prep_chunked(const m3k_scan_args a) {
+template <typename T, int UPL>
+__global__ void __launch_bounds__(CTHREADS, UPL <= 4 ? 3 : 1) scan_prep_chunked(const m3k_scan_args a) {
   extern __shared__ __align__(128) unsigned char smraw[];
   const m3k_dims &d = a.d;
   const int ch = blockIdx.x, h = blockIdx.y, b = blockIdx.z, g = h / d.hpg;
-  const int P = d.P, N = d.N, S = d.S, H = d.H, tid = threadIdx.x, wid = tid >> 5;
+  const int P = d.P, N = d.N, H = d.H, tid = threadIdx.x, wid = tid >> 5;
   const cdims cd = make_cdims(P, N);
   csmem s;
-  carve_p(smraw, P, N, S, &s);
+  carve_p(smraw, P, N, &s);
   cviews cv;
   chunk_views(a.chunk_scratch, a.chunk_states, a.rows, a.len, H, P, N, false, &cv);
   const int nch = (a.len + CQ - 1) / CQ, t0 = ch * CQ, nb = min(CQ, a.len - t0);
@@ -828,16 +860,10 @@ __global__ void __launch_bounds__(CTHREADS, 3) scan_prep_chunked(const m3k_scan_
   const bool want_kl = a.fin_k && t0 + nb == a.len;
 
   c_scalars<T>(a, s.sc, m0, t0, nb, h);
-#pragma unroll 4
-  for (int idx = tid; idx < nb * S; idx += CTHREADS) {
-    const int i = idx / S, j = idx - i * S;
-    s.th[idx] = __ldg(a.theta + ((m0 + i) * H + h) * S + j);
-  }
-  c_biases(a, s, cd, h);
   __syncthreads();
   if (wid == 0) c_prep(s.sc, nb, misc);
   __syncthreads();
-  c_build(a, s, cd, m0, t0, nb, g, true, s.th, want_kl ? s.kl : NULL);
+  c_build<UPL>(a, s, cd, m0, t0, nb, h, g, want_kl ? s.kl : NULL);
   __syncthreads();
   tile_store(cv.q + u * CQ * cd.Np, s.sq, cd.lqn, cd.Np);
   tile_store(cv.k + u * CQ * cd.Np, s.sk, cd.lqn, cd.Np);
@@ -1417,76 +1443,100 @@ __global__ void __launch_bounds__(CTHREADS, MINB) scan_bwd_chunked(const m3k_sca
  * (B slot): the diagonal term, dscale = dktil.k, dk = scale dktil + gamma (dY.x) q, the rotation backward
  * of both (in place: dbc_head final), the angle gradient shares (a.dthq), dscale and dgamma (table), and
  * the chunk's B_bias / C_bias partials (pbc). */
-template <typename T>
-__global__ void __launch_bounds__(CTHREADS) scan_post_chunked(const m3k_scan_args a) {
+template <typename T, int UPL>
+__global__ void __launch_bounds__(CTHREADS, UPL <= 3 ? 3 : UPL == 4 ? 2 : 1) scan_post_chunked(const m3k_scan_args a) {
   extern __shared__ __align__(128) unsigned char smraw[];
   const m3k_dims &d = a.d;
   const int ch = blockIdx.x, h = blockIdx.y, b = blockIdx.z, g = h / d.hpg;
-  const int P = d.P, N = d.N, S = d.S, H = d.H, tid = threadIdx.x, lane = tid & 31, wid = tid >> 5;
-  const cdims cd = make_cdims(P, N);
+  const int P = d.P, N = d.N, S = d.S, H = d.H, GN = d.G * N, tid = threadIdx.x, lane = tid & 31, wid = tid >> 5;
   csmem s;
-  carve_post(smraw, N, S, CQ, &s);
+  carve_q(smraw, N, &s);
   cviews cv;
   chunk_views(a.chunk_scratch, a.chunk_states, a.rows, a.len, H, P, N, true, &cv);
   const int nch = (a.len + CQ - 1) / CQ, t0 = ch * CQ, nb = min(CQ, a.len - t0);
   const int64_t m0 = (int64_t)b * a.len + t0, u = ((int64_t)b * H + h) * nch + ch;
   float *tab = cv.tab + u * CQ * TW;
   tab_load(tab, s.sc, TAB_FIELDS, s.misc);
-#pragma unroll 4
-  for (int idx = tid; idx < nb * S; idx += CTHREADS) {
-    const int i = idx / S, j = idx - i * S;
-    s.th[idx] = __ldg(a.theta + ((m0 + i) * H + h) * S + j);
-  }
-  c_biases(a, s, cd, h);
-  float *pw = s.pbw + wid * 2 * N; /* [B_bias | C_bias] of this warp's tokens */
-  for (int c = lane; c < 2 * N; c += 32) pw[c] = 0;
+  const lane_units<UPL> L = lane_units_of<UPL>(N, S);
+  const float *bc0 = a.bc_hat + (m0 * 2 * d.G + g) * N, *th0 = a.theta + (m0 * H + h) * S;
+  const float *bb = a.B_bias + (int64_t)h * N, *cb = a.C_bias + (int64_t)h * N;
+  /* The warp's B_bias / C_bias gradient partials of the lane's units, summed over its tokens in order: in
+   * registers for one or two units per lane, else in the warp's row of pbw (registers would cost a CTA
+   * per SM); each column is one lane's. */
+  constexpr bool REG = UPL <= 2;
+  float *pw = s.pbw + wid * 2 * N; /* [B_bias | C_bias] */
+  float pk0[UPL] = {}, pk1[UPL] = {}, pq0[UPL] = {}, pq1[UPL] = {};
+  const auto add = [&](float &reg, int col, float v) {
+    if (REG) reg += v;
+    else pw[col] += v;
+  };
+  if (!REG)
+    for (int c = lane; c < 2 * N; c += 32) pw[c] = 0;
   cp_wait_all();
   __syncthreads();
   for (int i = wid; i < nb; i += CWARPS) {
     const int64_t mi = m0 + i;
+    float *fk = a.dbc_head + ((mi * H + h) * 2 + 0) * N, *fq = fk + N; /* the raw dktil, dq; then dk, dq */
+    lane_raw<UPL> r;
+    const float *bk = bc0 + (int64_t)i * 2 * GN;
+    lane_load(L, bk, bk + GN, bb, cb, th0 + (int64_t)i * H * S, S, r);
+    float4 f[UPL];
+#pragma unroll
+    for (int j = 0; j < UPL; j++) {
+      const int n0 = L.n0[j];
+      if (n0 >= 0) f[j] = make_float4(fq[n0], L.pair[j] ? fq[n0 + 1] : 0.0f, fk[n0], L.pair[j] ? fk[n0 + 1] : 0.0f);
+    }
     const float sc = s.sc[i * FW + F_SCALE], gd = s.sc[i * FW + F_GAM] * s.sc[i * FW + F_DYX];
-    float *fk = a.dbc_head + ((mi * H + h) * 2 + 0) * N, *fq = fk + N;
     float ds = 0;
-    /* the raw dq, dktil of the unit, loaded with its B/C values */
-    const auto raw = [&](int un) {
-      const int n0 = unit_col(un, S);
-      const bool pair = un < S;
-      return make_float4(fq[n0], pair ? fq[n0 + 1] : 0.0f, fk[n0], pair ? fk[n0 + 1] : 0.0f);
-    };
-    for_units_pre(a, s, s.th, mi, g, i, raw, [&](const unit_kq &r, int un, float4 f) {
-      if (r.pair) {
-        const float q0 = f.x + gd * r.k0, q1 = f.y + gd * r.k1;
-        const float e0 = f.z, e1 = f.w;
-        ds += e0 * r.k0 + e1 * r.k1;
-        const float k0 = sc * e0 + gd * r.q0, k1 = sc * e1 + gd * r.q1;
-        const float oq0 = r.cs * q0 + r.sn * q1, oq1 = -r.sn * q0 + r.cs * q1;
-        const float ok0 = r.cs * k0 + r.sn * k1, ok1 = -r.sn * k0 + r.cs * k1;
-        fq[r.n0] = oq0;
-        fq[r.n0 + 1] = oq1;
-        fk[r.n0] = ok0;
-        fk[r.n0 + 1] = ok1;
-        pw[r.n0] += ok0;
-        pw[r.n0 + 1] += ok1;
-        pw[N + r.n0] += oq0;
-        pw[N + r.n0 + 1] += oq1;
-        a.dthq[(mi * H + h) * S + un] = (-q0 * r.q1 + q1 * r.q0) + (-k0 * r.k1 + k1 * r.k0);
+#pragma unroll
+    for (int j = 0; j < UPL; j++) {
+      if (L.n0[j] < 0) continue;
+      const unit_kq r_ = lane_unit(L, r, j);
+      if (r_.pair) {
+        const float q0 = f[j].x + gd * r_.k0, q1 = f[j].y + gd * r_.k1;
+        const float e0 = f[j].z, e1 = f[j].w;
+        ds += e0 * r_.k0 + e1 * r_.k1;
+        const float k0 = sc * e0 + gd * r_.q0, k1 = sc * e1 + gd * r_.q1;
+        const float oq0 = r_.cs * q0 + r_.sn * q1, oq1 = -r_.sn * q0 + r_.cs * q1;
+        const float ok0 = r_.cs * k0 + r_.sn * k1, ok1 = -r_.sn * k0 + r_.cs * k1;
+        fq[r_.n0] = oq0;
+        fq[r_.n0 + 1] = oq1;
+        fk[r_.n0] = ok0;
+        fk[r_.n0 + 1] = ok1;
+        add(pk0[j], r_.n0, ok0);
+        add(pk1[j], r_.n0 + 1, ok1);
+        add(pq0[j], N + r_.n0, oq0);
+        add(pq1[j], N + r_.n0 + 1, oq1);
+        a.dthq[(mi * H + h) * S + lane + 32 * j] = (-q0 * r_.q1 + q1 * r_.q0) + (-k0 * r_.k1 + k1 * r_.k0);
       } else {
-        const float oq = f.x + gd * r.k0;
-        const float e0 = f.z;
-        ds += e0 * r.k0;
-        const float ok = sc * e0 + gd * r.q0;
-        fq[r.n0] = oq;
-        fk[r.n0] = ok;
-        pw[r.n0] += ok;
-        pw[N + r.n0] += oq;
+        const float oq = f[j].x + gd * r_.k0;
+        const float e0 = f[j].z;
+        ds += e0 * r_.k0;
+        const float ok = sc * e0 + gd * r_.q0;
+        fq[r_.n0] = oq;
+        fk[r_.n0] = ok;
+        add(pk0[j], r_.n0, ok);
+        add(pq0[j], N + r_.n0, oq);
       }
-    });
+    }
     ds = warp_sum(ds);
     if (lane == 0) {
       tab[i * TW + T_DSCALE] = ds;
       tab[i * TW + T_DGAM] = ds + s.sc[i * FW + F_DYX] * s.sc[i * FW + F_QK];
     }
   }
+  if (REG)
+#pragma unroll
+    for (int j = 0; j < UPL; j++) {
+      const int n0 = L.n0[j];
+      if (n0 < 0) continue;
+      pw[n0] = pk0[j];
+      pw[N + n0] = pq0[j];
+      if (L.pair[j]) {
+        pw[n0 + 1] = pk1[j];
+        pw[N + n0 + 1] = pq1[j];
+      }
+    }
   __syncthreads();
   for (int c = tid; c < 2 * N; c += CTHREADS) { /* c < N: B_bias, else C_bias; the warps in order */
     float acc = 0;
@@ -1509,7 +1559,7 @@ __global__ void __launch_bounds__(CTHREADS) scan_post_seq_chunked(const m3k_scan
   const T *proj = (const T *)a.proj;
   csmem s;
   const int TB = seq_block(S);
-  carve_post(smraw, N, S, TB, &s);
+  carve_post(smraw, S, TB, &s);
   cviews cv;
   chunk_views(a.chunk_scratch, a.chunk_states, a.rows, a.len, H, P, N, true, &cv);
   const int nch = (a.len + CQ - 1) / CQ;
@@ -1603,9 +1653,9 @@ int64_t m3k_chunked_smem(int which, int32_t P, int32_t N, int32_t S) {
     const size_t c = carve_c(NULL, P, N, NULL), w = carve_d(NULL, P, N, NULL);
     return (int64_t)(c > w ? c : w);
   }
-  case M3K_CHUNKED_PREP: return (int64_t)carve_p(NULL, P, N, S, NULL);
+  case M3K_CHUNKED_PREP: return (int64_t)carve_p(NULL, P, N, NULL);
   default: {
-    const size_t one = carve_post(NULL, N, S, CQ, NULL), seq = carve_post(NULL, N, S, seq_block(S), NULL);
+    const size_t one = carve_q(NULL, N, NULL), seq = carve_post(NULL, S, seq_block(S), NULL);
     return (int64_t)(one > seq ? one : seq);
   }
   }
@@ -1617,6 +1667,14 @@ int64_t m3k_chunked_scratch(int32_t rows, int32_t len, int32_t H, int32_t P, int
 
 int64_t m3k_chunked_kept(int32_t rows, int32_t len, int32_t H, int32_t P, int32_t N) {
   return kept_views(NULL, rows, len, H, P, N, NULL);
+}
+
+template <typename T, int UPL> static cudaError_t unit_kernels_prepare(const m3k_scan_plan *plan) {
+  cudaError_t e =
+      cudaFuncSetAttribute(scan_prep_chunked<T, UPL>, cudaFuncAttributeMaxDynamicSharedMemorySize, plan->smem_cprep);
+  if (e == cudaSuccess)
+    e = cudaFuncSetAttribute(scan_post_chunked<T, UPL>, cudaFuncAttributeMaxDynamicSharedMemorySize, plan->smem_cpost);
+  return e;
 }
 
 template <typename T> static cudaError_t chunked_prepare(const m3k_scan_plan *plan) {
@@ -1634,10 +1692,11 @@ template <typename T> static cudaError_t chunked_prepare(const m3k_scan_plan *pl
   if (e == cudaSuccess)
     e = cudaFuncSetAttribute(scan_bwd_chunked<T, 2>, cudaFuncAttributePreferredSharedMemoryCarveout,
                              cudaSharedmemCarveoutMaxShared);
-  if (e == cudaSuccess)
-    e = cudaFuncSetAttribute(scan_prep_chunked<T>, cudaFuncAttributeMaxDynamicSharedMemorySize, plan->smem_cprep);
-  if (e == cudaSuccess)
-    e = cudaFuncSetAttribute(scan_post_chunked<T>, cudaFuncAttributeMaxDynamicSharedMemorySize, plan->smem_cpost);
+  if (e == cudaSuccess) e = unit_kernels_prepare<T, 1>(plan);
+  if (e == cudaSuccess) e = unit_kernels_prepare<T, 2>(plan);
+  if (e == cudaSuccess) e = unit_kernels_prepare<T, 3>(plan);
+  if (e == cudaSuccess) e = unit_kernels_prepare<T, 4>(plan);
+  if (e == cudaSuccess) e = unit_kernels_prepare<T, 8>(plan);
   if (e == cudaSuccess)
     e = cudaFuncSetAttribute(scan_post_seq_chunked<T>, cudaFuncAttributeMaxDynamicSharedMemorySize,
                              plan->smem_cpost);
@@ -1654,7 +1713,8 @@ template <typename T> static void chunked_fwd(cudaStream_t s, const m3k_scan_pla
   const int nch = (a.len + CQ - 1) / CQ;
   if (a.d.S > 0)
     scan_angles_chunked<T><<<dim3(a.d.H, a.rows), CTHREADS, (size_t)angles_smem_floats(a.d.S) * sizeof(float), s>>>(a);
-  scan_prep_chunked<T><<<dim3(nch, a.d.H, a.rows), CTHREADS, plan->smem_cprep, s>>>(a);
+  UNITS_DISPATCH(a.d.N - a.d.S,
+                 (scan_prep_chunked<T, UPL><<<dim3(nch, a.d.H, a.rows), CTHREADS, plan->smem_cprep, s>>>(a)));
   scan_fwd_chunked_r<T><<<dim3(a.d.H, a.rows), CTHREADS, plan->smem_cfwd, s>>>(a);
 }
 
@@ -1675,8 +1735,8 @@ template <typename T> static void chunked_bwd(cudaStream_t s, const m3k_scan_arg
   const int32_t per_chunk = (int32_t)carve_c(NULL, P, N, NULL);
   if (bwd_two_ctas(per_chunk)) scan_bwd_chunked<T, 2><<<chunks, CTHREADS, per_chunk, s>>>(a);
   else scan_bwd_chunked<T, 1><<<chunks, CTHREADS, per_chunk, s>>>(a);
-  scan_post_chunked<T><<<chunks, CTHREADS, carve_post(NULL, a.d.N, a.d.S, CQ, NULL), s>>>(a);
-  scan_post_seq_chunked<T><<<walks, CTHREADS, carve_post(NULL, a.d.N, a.d.S, seq_block(a.d.S), NULL), s>>>(a);
+  UNITS_DISPATCH(a.d.N - a.d.S, (scan_post_chunked<T, UPL><<<chunks, CTHREADS, carve_q(NULL, N, NULL), s>>>(a)));
+  scan_post_seq_chunked<T><<<walks, CTHREADS, carve_post(NULL, a.d.S, seq_block(a.d.S), NULL), s>>>(a);
 }
 
 cudaError_t m3k_chunked_bwd(cudaStream_t s, int prec, const m3k_scan_args *a) {

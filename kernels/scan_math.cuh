@@ -124,16 +124,14 @@ template <typename V> __device__ __forceinline__ unit_raw unit_load(const V *bk,
   return r;
 }
 
-__device__ __forceinline__ unit_kq unit_make(const unit_raw &w, const float *sbk, const float *sbq, int u, int S,
-                                             float theta) {
+/* Unit of first column n0 from its biased B/C values (k1, q1: the pair's second column, unused for a
+ * passing column): rotated by theta when it is a pair. */
+__device__ __forceinline__ unit_kq unit_rotate(int n0, bool pair, float k0, float k1, float q0, float q1, float theta) {
   unit_kq r;
-  const int n0 = unit_col(u, S);
   r.n0 = n0;
-  if (u < S) {
+  if (pair) {
     float c, sn;
     sincosf(theta, &sn, &c);
-    const float k0 = w.k0 + sbk[n0], k1 = w.k1 + sbk[n0 + 1];
-    const float q0 = w.q0 + sbq[n0], q1 = w.q1 + sbq[n0 + 1];
     r.pair = 1;
     r.k0 = k0 * c - k1 * sn;
     r.k1 = k0 * sn + k1 * c;
@@ -143,13 +141,21 @@ __device__ __forceinline__ unit_kq unit_make(const unit_raw &w, const float *sbk
     r.sn = sn;
   } else {
     r.pair = 0;
-    r.k0 = w.k0 + sbk[n0];
-    r.q0 = w.q0 + sbq[n0];
+    r.k0 = k0;
+    r.q0 = q0;
     r.k1 = r.q1 = 0;
     r.cs = 1;
     r.sn = 0;
   }
   return r;
+}
+
+__device__ __forceinline__ unit_kq unit_make(const unit_raw &w, const float *sbk, const float *sbq, int u, int S,
+                                             float theta) {
+  const int n0 = unit_col(u, S);
+  if (u < S)
+    return unit_rotate(n0, true, w.k0 + sbk[n0], w.k1 + sbk[n0 + 1], w.q0 + sbq[n0], w.q1 + sbq[n0 + 1], theta);
+  return unit_rotate(n0, false, w.k0 + sbk[n0], 0.0f, w.q0 + sbq[n0], 0.0f, theta);
 }
 
 /* One token's y = H q + D x of one head, held by a warp: yv[k] = hq[p] + Dh x[p] at p = lane + 32 k
