@@ -451,8 +451,9 @@ __device__ __forceinline__ void c_prep(float *sc, int nb, float *misc) {
 
 /* ---- the per-token unit loops of scan_prep_chunked and scan_post_chunked: each warp walks the chunk's
  * tokens i = wid, wid + 8, ... and lane l owns the units u = l + 32 j (j < UPL, N - S <= 32 UPL) at every
- * token (a compile-time count: no loop over units, no idle unit slots beyond UPL), and a token's loads
- * (B_hat / C_hat, the biases, theta) are all issued before any is used. */
+ * token (a compile-time count: no loop over units, no idle unit slots beyond UPL), so a unit's column and
+ * the head's B/C biases are set up once per CTA, and a token's loads (B_hat / C_hat, theta) are all
+ * issued before any is used. */
 
 /* Units per lane for N - S <= 256 units (UNITS_DISPATCH binds it as a compile-time constant). */
 #define UNITS_DISPATCH(U, body)                                                     \
@@ -468,51 +469,49 @@ __device__ __forceinline__ void c_prep(float *sc, int nb, float *misc) {
 template <int UPL> struct lane_units {
   int n0[UPL];    /* first column of unit j (-1: the lane has no unit j) */
   bool pair[UPL]; /* a rotated pair (n0, n0 + 1), else a passing column */
+  float bk0[UPL], bk1[UPL], bq0[UPL], bq1[UPL]; /* B_bias[h], C_bias[h] at the unit's columns */
 };
-template <int UPL> __device__ __forceinline__ lane_units<UPL> lane_units_of(int N, int S) {
-  const int lane = threadIdx.x & 31;
+template <int UPL> __device__ __forceinline__ lane_units<UPL> lane_units_of(const m3k_scan_args &a, int h) {
+  const int lane = threadIdx.x & 31, N = a.d.N, S = a.d.S;
+  const float *bb = a.B_bias + (int64_t)h * N, *cb = a.C_bias + (int64_t)h * N;
   lane_units<UPL> L;
 #pragma unroll
   for (int j = 0; j < UPL; j++) {
     const int u = lane + 32 * j;
-    L.n0[j] = u < N - S ? unit_col(u, S) : -1;
+    const bool live = u < N - S;
+    L.n0[j] = live ? unit_col(u, S) : -1;
     L.pair[j] = u < S;
+    const unit_raw b = live ? unit_load(bb, cb, u, S) : unit_raw{0, 0, 0, 0};
+    L.bk0[j] = b.k0;
+    L.bk1[j] = b.k1;
+    L.bq0[j] = b.q0;
+    L.bq1[j] = b.q1;
   }
   return L;
 }
 
-/* The lane's units at one position: B_hat / C_hat plus the head's B_bias / C_bias (bk, bq: the
- * position's [N] rows of group g; bb, cb: the biases of head h, L1-resident after the first token)
- * and theta (th: the position's [S] angles of head h). */
+/* The lane's units at one position: raw B_hat / C_hat values (bk, bq: the position's [N] rows of
+ * group g) and theta (th: the position's [S] angles of head h). */
 template <int UPL> struct lane_raw {
   unit_raw w[UPL];
   float th[UPL];
 };
 template <int UPL>
-__device__ __forceinline__ void lane_load(const lane_units<UPL> &L, const float *bk, const float *bq, const float *bb,
-                                          const float *cb, const float *th, int S, lane_raw<UPL> &r) {
+__device__ __forceinline__ void lane_load(const lane_units<UPL> &L, const float *bk, const float *bq, const float *th,
+                                          int S, lane_raw<UPL> &r) {
   const int lane = threadIdx.x & 31;
-  unit_raw bias[UPL];
 #pragma unroll
   for (int j = 0; j < UPL; j++)
     if (L.n0[j] >= 0) {
       r.w[j] = unit_load(bk, bq, lane + 32 * j, S);
-      bias[j] = unit_load(bb, cb, lane + 32 * j, S);
       r.th[j] = L.pair[j] ? __ldg(th + lane + 32 * j) : 0.0f;
     }
-#pragma unroll
-  for (int j = 0; j < UPL; j++)
-    if (L.n0[j] >= 0) {
-      r.w[j].k0 += bias[j].k0;
-      r.w[j].k1 += bias[j].k1;
-      r.w[j].q0 += bias[j].q0;
-      r.w[j].q1 += bias[j].q1;
-    }
 }
-/* Unit j (L.n0[j] >= 0) rotated, as unit_make. */
+/* Unit j (L.n0[j] >= 0) biased and rotated, as unit_make. */
 template <int UPL>
 __device__ __forceinline__ unit_kq lane_unit(const lane_units<UPL> &L, const lane_raw<UPL> &r, int j) {
-  return unit_rotate(L.n0[j], L.pair[j], r.w[j].k0, r.w[j].k1, r.w[j].q0, r.w[j].q1, r.th[j]);
+  return unit_rotate(L.n0[j], L.pair[j], r.w[j].k0 + L.bk0[j], r.w[j].k1 + L.bk1[j], r.w[j].q0 + L.bq0[j],
+                     r.w[j].q1 + L.bq1[j], r.th[j]);
 }
 
 /* q, ktil (bf16) and q.k (float32) of the chunk; rows >= nb and columns >= N are zero. kl: the window's
@@ -522,9 +521,8 @@ __device__ __forceinline__ void c_build(const m3k_scan_args &a, const csmem &s, 
                                         int nb, int h, int g, float *kl) {
   const int lane = threadIdx.x & 31, wid = threadIdx.x >> 5;
   const int N = a.d.N, S = a.d.S, GN = a.d.G * N;
-  const lane_units<UPL> L = lane_units_of<UPL>(N, S);
+  const lane_units<UPL> L = lane_units_of<UPL>(a, h);
   const float *bc0 = a.bc_hat + (m0 * 2 * a.d.G + g) * N, *th0 = a.theta + (m0 * a.d.H + h) * S;
-  const float *bb = a.B_bias + (int64_t)h * N, *cb = a.C_bias + (int64_t)h * N;
   for (int i = wid; i < CQ; i += CWARPS) {
     OT *q = s.sq + i * cd.lqn, *k = s.sk + i * cd.lqn;
     if (i >= nb) {
@@ -536,7 +534,7 @@ __device__ __forceinline__ void c_build(const m3k_scan_args &a, const csmem &s, 
     }
     lane_raw<UPL> r;
     const float *bk = bc0 + (int64_t)i * 2 * GN;
-    lane_load(L, bk, bk + GN, bb, cb, th0 + (int64_t)i * a.d.H * S, S, r);
+    lane_load(L, bk, bk + GN, th0 + (int64_t)i * a.d.H * S, S, r);
     const float sc = s.sc[i * FW + F_SCALE];
     const bool last = kl && (t0 + i == a.len - 1);
     float qk = 0;
@@ -1457,9 +1455,8 @@ __global__ void __launch_bounds__(CTHREADS, UPL <= 3 ? 3 : UPL == 4 ? 2 : 1) sca
   const int64_t m0 = (int64_t)b * a.len + t0, u = ((int64_t)b * H + h) * nch + ch;
   float *tab = cv.tab + u * CQ * TW;
   tab_load(tab, s.sc, TAB_FIELDS, s.misc);
-  const lane_units<UPL> L = lane_units_of<UPL>(N, S);
+  const lane_units<UPL> L = lane_units_of<UPL>(a, h);
   const float *bc0 = a.bc_hat + (m0 * 2 * d.G + g) * N, *th0 = a.theta + (m0 * H + h) * S;
-  const float *bb = a.B_bias + (int64_t)h * N, *cb = a.C_bias + (int64_t)h * N;
   /* The warp's B_bias / C_bias gradient partials of the lane's units, summed over its tokens in order: in
    * registers for one or two units per lane, else in the warp's row of pbw (registers would cost a CTA
    * per SM); each column is one lane's. */
@@ -1479,7 +1476,7 @@ __global__ void __launch_bounds__(CTHREADS, UPL <= 3 ? 3 : UPL == 4 ? 2 : 1) sca
     float *fk = a.dbc_head + ((mi * H + h) * 2 + 0) * N, *fq = fk + N; /* the raw dktil, dq; then dk, dq */
     lane_raw<UPL> r;
     const float *bk = bc0 + (int64_t)i * 2 * GN;
-    lane_load(L, bk, bk + GN, bb, cb, th0 + (int64_t)i * H * S, S, r);
+    lane_load(L, bk, bk + GN, th0 + (int64_t)i * H * S, S, r);
     float4 f[UPL];
 #pragma unroll
     for (int j = 0; j < UPL; j++) {
