@@ -98,8 +98,9 @@ __device__ __forceinline__ void rot_unit(const m3k_scan_args &a, int64_t m, int 
 
 /* The rotated k and q (float32) of unit u of a position (u < S: pair (2u, 2u+1) rotated by theta;
  * else the passing column 2S + u - S): the raw B_hat, C_hat values are loaded first (unit_load,
- * read-only path, several units in flight), then biased and rotated (unit_make; sbk, sbq: the head's
- * B_bias, C_bias staged in shared memory) with rot_unit's formulas. */
+ * read-only path, several units in flight), then biased and rotated with rot_unit's formulas
+ * (unit_rotate; unit_make adds the head's B_bias, C_bias from shared memory first, scan_step's way; the
+ * chunked kernels keep them in registers: scan_chunked.cu's lane_unit). */
 struct unit_kq {
   int n0, pair;
   float k0, k1, q0, q1, cs, sn;
