@@ -1,7 +1,8 @@
 /*
  * decode_fused.cu — the one-token inference step of a small model in one launch (m3k_decode_step):
- * one CTA per row runs every layer and norm_f from the row's input h0 (SPEC.md §3), with the
- * residual stream, the layer's projections and its carried state in shared memory. Per layer:
+ * a cluster of C CTAs per row runs every layer and norm_f from the row's input h0 (SPEC.md §3),
+ * with the residual stream, the layer's projections and its carried state in shared memory. Per
+ * layer:
  *
  *   xn = RMSNorm(h) -> proj = in_proj xn (a GEMV over the act-type weights, float32 sums)
  *   -> B_hat, C_hat (RMSNorm per group) -> token scalars, angles, rotated k and q per head
@@ -10,9 +11,16 @@
  *
  * Why: the unfused decode of a small model is four launches per layer (rmsnorm.cu, cuBLAS,
  * scan_step.cu with the B/C norm, cuBLAS), each a few microseconds of launch latency around well
- * under a microsecond of work. Here a step is one launch. Every CTA reads all the weights (from L2 after
- * the first row), so the step applies only where a layer's weights are small: m3k_decode_smem
- * decides, and returns 0 elsewhere (the caller keeps the unfused path).
+ * under a microsecond of work. Here a step is one launch. Every cluster reads all the weights (from
+ * L2 after the first row), so the step applies only where a layer's weights are small:
+ * m3k_decode_smem decides, and returns 0 elsewhere (the caller keeps the unfused path).
+ *
+ * The cluster (distributed shared memory): every CTA keeps the whole residual stream, proj and
+ * gated; the GEMVs' 16-row tiles are dealt over all warps of the cluster, and each result is
+ * stored into every CTA's copy; the heads are split into C contiguous ranges (a CTA's carried
+ * state, token math, state update and gate are its own heads'). Three cluster barriers a layer:
+ * after in_proj, after the gate, after out_proj. A single CTA walked one chain of dependent phases
+ * per layer (kernels/NOTES.md, runs 17-21); C CTAs walk it with 1 / C of the weight rows and heads.
  *
  * The same formulas and roundings as the unfused path: xn, proj and gated are rounded to the
  * activation type where that path stores them; the norms sum in rmsnorm_fwd_kernel's and
@@ -21,21 +29,26 @@
  * cuBLAS (agreement within SPEC.md §8, not bitwise); they run on tensor cores (mma, float32
  * accumulation), which is why the step is for bf16 and f16 only: f32 models take no tensor cores
  * (SPEC.md §8), and a float32-FMA version measured slower than the per-layer launches at B 1
- * (rl: 90 vs 65 µs per step; kernels/NOTES.md).
+ * (rl: 90 vs 65 µs per step; kernels/NOTES.md). Every value is computed by one warp in one order
+ * whatever C is, so the result does not depend on the cluster size (bitwise; the tests check it).
  *
- * Overlap: a layer's carried state (ssm, k, v, angles) and its small parameters (norm weights,
- * biases, D; two slots, by layer parity) are copied into shared memory by cp.async while the
- * previous layer's gate and out_proj run.
+ * Overlap: a layer's carried state (ssm, k, v, angles: the CTA's heads) and its small parameters
+ * (norm weights, biases, D; two slots, by layer parity) are copied into shared memory by cp.async
+ * while the previous layer's gate and out_proj run.
  * In place: every carried value is in shared memory before its slot is written back, and each
  * slot is written once. A reset at the token counts the incoming state as zero. Every sum has a
  * fixed order: bitwise repeatable.
  */
+#include <cooperative_groups.h>
 #include <type_traits>
 
 #include "mma_tile.cuh"
 #include "scan_math.cuh"
 
-enum { DEC_THREADS = 512, DEC_WARPS = DEC_THREADS / 32, DEC_KCH = 4 /* GEMV: 32-column chunks in flight per lane */ };
+namespace cg = cooperative_groups;
+
+enum { DEC_THREADS = 256, DEC_WARPS = DEC_THREADS / 32, DEC_KCH = 8 /* GEMV: 32-column chunks in flight per lane */ };
+enum { DEC_MAX_CLUSTER = 16 }; /* CTAs per row at most (16: a non-portable cluster size) */
 static const int64_t DEC_MAX_LAYER_BYTES = (int64_t)512 << 10; /* in_proj + out_proj weights of a layer */
 
 /* Byte offsets of the shared-memory arrays (each 16-byte aligned); total = the dynamic size. */
@@ -93,12 +106,12 @@ __host__ __device__ inline decode_smem decode_layout(const m3k_dims &d, int L, i
  * 32-column chunk, and the same columns of x; mma step s of the chunk takes words 2 s, 2 s + 1 of
  * them as its k pairs (2 t, 2 t + 1) and (2 t + 8, 2 t + 9). A and B use the same k order, so the
  * product is the row sums; every column of B is x, so every column of C holds them, and lanes t = 0
- * emit column 0 (rows g, g + 8). */
+ * emit column 0 (rows g, g + 8). The row tiles are dealt over nw warps, this one being warp w. */
 template <typename T, typename Emit>
-__device__ __forceinline__ void gemv(const T *__restrict__ W, int J, int K, const T *x, Emit emit) {
-  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, t = lane & 3;
+__device__ __forceinline__ void gemv(const T *__restrict__ W, int J, int K, const T *x, int w, int nw, Emit emit) {
+  const int lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
   const uint4 *xv = (const uint4 *)x + t;
-  for (int j0 = warp * 16; j0 < J; j0 += DEC_WARPS * 16) {
+  for (int j0 = w * 16; j0 < J; j0 += nw * 16) {
     const int r0 = j0 + g, r1 = r0 + 8;
     const uint4 *p0 = (const uint4 *)(W + (int64_t)r0 * K) + t, *p1 = (const uint4 *)(W + (int64_t)r1 * K) + t;
     float c[4] = {0, 0, 0, 0};
@@ -135,23 +148,37 @@ __device__ __forceinline__ void gemv(const T *__restrict__ W, int J, int K, cons
 /* 1 / RMS of x [n] (shared memory) as rmsnorm_fwd_kernel sums it, in every lane of the warp */
 __device__ __forceinline__ float row_rstd(const float *x, int n) {
   float ss = 0;
+#pragma unroll 1
   for (int j = threadIdx.x & 31; j < n; j += 32) ss += x[j] * x[j];
   ss = warp_sum(ss);
   return 1.0f / sqrtf(ss / (float)n + 1e-5f);
 }
 
-/* n floats global -> shared, asynchronously (16-byte copies where both sides allow) */
-__device__ __forceinline__ void copy_async(float *dst, const float *src, int n) {
-  if (n % 4 == 0 && (uintptr_t)src % 16 == 0) {
-    for (int i = threadIdx.x; i < n / 4; i += DEC_THREADS) cp16(dst + 4 * i, src + 4 * i);
+/* n floats global -> shared, asynchronously (16-byte copies where both sides allow), by nt threads of
+ * which this is thread t; not inlined: a layer's loads are a dozen calls, and the kernel's code must
+ * stay small (instruction cache) */
+__device__ __noinline__ void copy_async(float *dst, const float *src, int n, int t, int nt) {
+  if (n % 4 == 0 && (uintptr_t)src % 16 == 0 && (uintptr_t)dst % 16 == 0) {
+#pragma unroll 1
+    for (int i = t; i < n / 4; i += nt) cp16(dst + 4 * i, src + 4 * i);
   } else {
-    for (int i = threadIdx.x; i < n; i += DEC_THREADS) cp4(dst + i, src + i);
+#pragma unroll 1
+    for (int i = t; i < n; i += nt) cp4(dst + i, src + i);
   }
+}
+
+/* v into element i of the array at local (this CTA's shared memory) in every CTA of the cluster */
+template <typename V>
+__device__ __forceinline__ void put_all(const cg::cluster_group &cl, V *local, int i, V v) {
+  const int C = (int)cl.num_blocks();
+#pragma unroll 1
+  for (int r = 0; r < C; r++) cl.map_shared_rank(local, r)[i] = v;
 }
 
 template <typename T, int V, int NJ>
 __global__ void __launch_bounds__(DEC_THREADS, 1) decode_kernel(const m3k_decode_args a, const int lw) {
   extern __shared__ __align__(16) unsigned char smem[];
+  const cg::cluster_group cl = cg::this_cluster();
   const m3k_dims &d = a.d;
   const decode_smem o = decode_layout(d, a.L, (int)sizeof(T));
   float *s_res = (float *)(smem + o.res), *s_proj = (float *)(smem + o.proj), *s_bc = (float *)(smem + o.bc);
@@ -161,37 +188,46 @@ __global__ void __launch_bounds__(DEC_THREADS, 1) decode_kernel(const m3k_decode
   float *s_al = (float *)(smem + o.al);
   T *s_xn = (T *)(smem + o.xn), *s_gated = (T *)(smem + o.gated);
   m3k_decode_layer *s_lay = (m3k_decode_layer *)(smem + o.lay);
-  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, b = blockIdx.x;
+  const int C = (int)cl.num_blocks(), rank = (int)cl.block_rank();
+  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, b = blockIdx.x / C;
   const int P = d.P, N = d.N, S = d.S, H = d.H, dm = d.dm, U = N - S, HP = H * P;
+  /* this CTA's heads [h0, h1); its warps' place among the cluster's (the GEMV tiles) */
+  const int hpc = (H + C - 1) / C, h0 = min(H, rank * hpc), h1 = min(H, h0 + hpc), nh = h1 - h0;
+  const int cw = rank * DEC_WARPS + warp, ncw = C * DEC_WARPS;
   const bool rs = a.resets && a.resets[b];
 
-  /* layer l's carried state (row b) and small parameters -> shared memory (complete at cp_wait_all) */
-  auto load_layer = [&](int l) {
+  /* layer l's carried state (row b, this CTA's heads) and small parameters -> shared memory, by the
+   * threads [t0, DEC_THREADS) (complete at cp_wait_all) */
+  auto load_layer = [&](int l, int t0) {
+    if (tid < t0) return;
+    const int t = tid - t0, nt = DEC_THREADS - t0;
     const m3k_decode_layer &ly = s_lay[l];
-    const int64_t bh = (int64_t)b * H;
-    copy_async(s_ssm, ly.ssm + bh * P * N, HP * N);
-    copy_async(s_kin, ly.k + bh * N, H * N);
-    copy_async(s_vin, ly.v + bh * P, HP);
-    copy_async(s_ang, ly.angle + bh * S, H * S);
+    const int64_t bh = (int64_t)b * H + h0;
+    copy_async(s_ssm + h0 * P * N, ly.ssm + bh * P * N, nh * P * N, t, nt);
+    copy_async(s_kin + h0 * N, ly.k + bh * N, nh * N, t, nt);
+    copy_async(s_vin + h0 * P, ly.v + bh * P, nh * P, t, nt);
+    copy_async(s_ang + h0 * S, ly.angle + bh * S, nh * S, t, nt);
     unsigned char *par = smem + o.par[l & 1];
-    copy_async((float *)(par + o.norm), ly.norm, dm);
-    copy_async((float *)(par + o.B_norm), ly.B_norm, N);
-    copy_async((float *)(par + o.C_norm), ly.C_norm, N);
-    copy_async((float *)(par + o.dt_bias), ly.dt_bias, H);
-    copy_async((float *)(par + o.D), ly.D, H);
-    copy_async((float *)(par + o.B_bias), ly.B_bias, H * N);
-    copy_async((float *)(par + o.C_bias), ly.C_bias, H * N);
-    if (d.outproj_norm) copy_async((float *)(par + o.out_norm), ly.out_norm, HP);
+    copy_async((float *)(par + o.norm), ly.norm, dm, t, nt);
+    copy_async((float *)(par + o.B_norm), ly.B_norm, N, t, nt);
+    copy_async((float *)(par + o.C_norm), ly.C_norm, N, t, nt);
+    copy_async((float *)(par + o.dt_bias), ly.dt_bias, H, t, nt);
+    copy_async((float *)(par + o.D), ly.D, H, t, nt);
+    copy_async((float *)(par + o.B_bias), ly.B_bias, H * N, t, nt);
+    copy_async((float *)(par + o.C_bias), ly.C_bias, H * N, t, nt);
+    if (d.outproj_norm) copy_async((float *)(par + o.out_norm), ly.out_norm, HP, t, nt);
     cp_commit();
   };
+  /* the gate's warps (one per head of this CTA); the other threads load the next layer meanwhile */
+  const int gate_warps = min(nh, DEC_WARPS), load_t0 = gate_warps < DEC_WARPS ? 32 * gate_warps : 0;
 
   for (int i = tid; i < a.L * (int)(sizeof(m3k_decode_layer) / 4); i += DEC_THREADS)
     ((int *)s_lay)[i] = ((const int *)a.layers)[i];
   for (int j = tid; j < dm; j += DEC_THREADS) s_res[j] = a.h0[(int64_t)b * dm + j];
   __syncthreads();
-  load_layer(0);
+  load_layer(0, 0);
   cp_wait_all();
-  __syncthreads();
+  cl.sync(); /* every CTA of the cluster runs before any stores into its shared memory */
 
   for (int l = 0; l < a.L; l++) {
     const m3k_decode_layer &ly = s_lay[l];
@@ -206,12 +242,13 @@ __global__ void __launch_bounds__(DEC_THREADS, 1) decode_kernel(const m3k_decode
     sa.C_bias = (const float *)(par + o.C_bias);
     sa.out_norm = (const float *)(par + o.out_norm);
     sa.y_rstd = (float *)(smem + o.yr);
-    /* the layer norm (every warp sums the row itself), in_proj */
+    /* the layer norm (every warp sums the row itself), in_proj over the cluster */
     const float r = row_rstd(s_res, dm);
     for (int j = tid; j < dm; j += DEC_THREADS) s_xn[j] = from_f<T>(s_res[j] * r * p_norm[j]);
     __syncthreads();
-    gemv<T>((const T *)ly.in_proj, d.dip, dm, s_xn, [&](int j, float v) { s_proj[j] = to_f(from_f<T>(v)); });
-    __syncthreads();
+    gemv<T>((const T *)ly.in_proj, d.dip, dm, s_xn, cw, ncw,
+            [&](int j, float v) { put_all(cl, s_proj, j, to_f(from_f<T>(v))); });
+    cl.sync();
 
     /* B_hat, C_hat: a warp per (B | C, group) */
     for (int it = warp; it < 2 * d.G; it += DEC_WARPS) {
@@ -227,8 +264,8 @@ __global__ void __launch_bounds__(DEC_THREADS, 1) decode_kernel(const m3k_decode
     __syncthreads();
 
     /* per (head, rotation unit): the angle and the rotated k, q; per (head, row p): beta x_in, gamma x */
-    for (int i = tid; i < H * U; i += DEC_THREADS) {
-      const int h = i / U, u = i % U;
+    for (int i = tid; i < nh * U; i += DEC_THREADS) {
+      const int h = h0 + i / U, u = i % U;
       const tok_scalars ts = token_scalars(s_proj[d.dt_off + h], p_dt_bias[h], s_proj[d.A_off + h],
                                            s_proj[d.trap_off + h], d.a_floor);
       float c = 1, sn = 0;
@@ -239,7 +276,9 @@ __global__ void __launch_bounds__(DEC_THREADS, 1) decode_kernel(const m3k_decode
       }
       rot_unit<T>(sa, 0, h, h / d.hpg, u, c, sn, s_k + h * N, s_q + h * N);
     }
-    for (int i = tid; i < HP; i += DEC_THREADS) {
+    /* (the row items start on the first warp after the unit items': both chains run side by side) */
+    const int row_t0 = min(DEC_THREADS, (nh * U + 31) / 32 * 32) % DEC_THREADS;
+    for (int i = h0 * P + (tid + DEC_THREADS - row_t0) % DEC_THREADS; i < h1 * P; i += DEC_THREADS) {
       const int h = i / P;
       const tok_scalars ts = token_scalars(s_proj[d.dt_off + h], p_dt_bias[h], s_proj[d.A_off + h],
                                            s_proj[d.trap_off + h], d.a_floor);
@@ -250,15 +289,15 @@ __global__ void __launch_bounds__(DEC_THREADS, 1) decode_kernel(const m3k_decode
     __syncthreads();
 
     /* the final k and x; the state rows (h, p), lw lanes each: H = alpha H + bx k_in + gx k, y = H q */
-    for (int i = tid; i < H * N; i += DEC_THREADS) ly.k[(int64_t)b * H * N + i] = s_k[i];
-    for (int i = tid; i < HP; i += DEC_THREADS) ly.v[(int64_t)b * HP + i] = s_proj[d.x_off + i];
+    for (int i = h0 * N + tid; i < h1 * N; i += DEC_THREADS) ly.k[(int64_t)b * H * N + i] = s_k[i];
+    for (int i = h0 * P + tid; i < h1 * P; i += DEC_THREADS) ly.v[(int64_t)b * HP + i] = s_proj[d.x_off + i];
     {
       const int nv = N / V, groups = DEC_THREADS / lw, gid = tid / lw, lj = tid & (lw - 1);
       float *hout = ly.ssm + (int64_t)b * HP * N;
-      for (int r0 = 0; r0 < HP; r0 += groups) {
+      for (int r0 = h0 * P; r0 < h1 * P; r0 += groups) {
         const int row = r0 + gid;
         float acc = 0;
-        if (row < HP) {
+        if (row < h1 * P) {
           const int h = row / P;
           const float al = s_al[h], bx = s_bx[row], gx = s_gx[row];
 #pragma unroll
@@ -277,29 +316,33 @@ __global__ void __launch_bounds__(DEC_THREADS, 1) decode_kernel(const m3k_decode
           }
         }
         for (int w = 1; w < lw; w <<= 1) acc += __shfl_xor_sync(0xffffffffu, acc, w);
-        if (row < HP && lj == 0) s_y[row] = acc;
+        if (row < h1 * P && lj == 0) s_y[row] = acc;
       }
     }
     __syncthreads();
 
     /* the next layer's state and parameters start coming; y + D x, the mixer norm and the gate (a warp
-     * per head), out_proj */
-    if (l + 1 < a.L) load_layer(l + 1);
-    for (int h = warp; h < H; h += DEC_WARPS) {
+     * per head; the warp then stores the head's values into every other CTA); out_proj over the cluster */
+    if (l + 1 < a.L) load_layer(l + 1, load_t0);
+    for (int h = h0 + warp; h < h1; h += DEC_WARPS) {
       float yv[4];
       const float ss = warp_head_y(s_y + h * P, s_proj + d.x_off + h * P, p_D[h], P, NULL, yv);
       warp_norm_gate<T>(sa, 0, h, yv, ss, s_proj + d.z_off + h * P, s_gated + h * P);
+      __syncwarp();
+      for (int r = 0; r < C; r++)
+        if (r != rank)
+          for (int p = lane; p < P; p += 32) cl.map_shared_rank(s_gated, r)[h * P + p] = s_gated[h * P + p];
     }
-    __syncthreads();
-    gemv<T>((const T *)ly.out_proj, dm, d.E, s_gated, [&](int j, float v) { s_res[j] += v; });
+    cl.sync();
+    gemv<T>((const T *)ly.out_proj, dm, d.E, s_gated, cw, ncw, [&](int j, float v) { put_all(cl, s_res, j, s_res[j] + v); });
     cp_wait_all();
-    __syncthreads();
+    cl.sync();
   }
 
-  /* norm_f */
+  /* norm_f, its columns dealt over the cluster */
   const float r = row_rstd(s_res, dm);
-  if (tid == 0) a.out_rstd[b] = r;
-  for (int j = tid; j < dm; j += DEC_THREADS) {
+  if (rank == 0 && tid == 0) a.out_rstd[b] = r;
+  for (int j = rank * DEC_THREADS + tid; j < dm; j += C * DEC_THREADS) {
     const float v = s_res[j] * r * a.norm_f[j];
     ((T *)a.out_act)[(int64_t)b * dm + j] = from_f<T>(v);
     a.out[(int64_t)b * dm + j] = v;
@@ -314,32 +357,73 @@ extern "C" size_t m3k_decode_smem(int prec, const m3k_dims *d, int32_t L, int32_
   return o.total <= max_smem ? (size_t)o.total : 0;
 }
 
-template <typename T> static cudaError_t decode_prepare(size_t smem) {
-  const void *k[3] = {(const void *)decode_kernel<T, 1, 8>, (const void *)decode_kernel<T, 4, 1>,
-                      (const void *)decode_kernel<T, 4, 2>};
-  for (int i = 0; i < 3; i++) {
-    const cudaError_t e = cudaFuncSetAttribute(k[i], cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
+/* The step kernel for each state tile (step_tile_for): V 1 (NJ 8), V 4 with NJ 1 or 2 */
+enum { DEC_KERNELS = 3 };
+template <typename T> static const void *decode_kernel_at(int i) {
+  if (i == 0) return (const void *)decode_kernel<T, 1, 8>;
+  return i == 1 ? (const void *)decode_kernel<T, 4, 1> : (const void *)decode_kernel<T, 4, 2>;
+}
+
+/* Occupancy of a cluster of C CTAs per row with smem bytes each: can at least one run? */
+static bool cluster_fits(const void *kernel, int C, size_t smem) {
+  cudaLaunchConfig_t cfg = {};
+  cudaLaunchAttribute at;
+  at.id = cudaLaunchAttributeClusterDimension;
+  at.val.clusterDim.x = (unsigned)C;
+  at.val.clusterDim.y = at.val.clusterDim.z = 1;
+  cfg.gridDim = dim3((unsigned)C);
+  cfg.blockDim = dim3(DEC_THREADS);
+  cfg.dynamicSmemBytes = smem;
+  cfg.attrs = &at;
+  cfg.numAttrs = 1;
+  int n = 0;
+  return cudaOccupancyMaxActiveClusters(&n, kernel, &cfg) == cudaSuccess && n > 0;
+}
+
+template <typename T> static cudaError_t decode_prepare(size_t smem, int32_t cap, int32_t *max_cluster) {
+  int32_t best = DEC_MAX_CLUSTER;
+  for (int i = 0; i < DEC_KERNELS; i++) {
+    const void *k = decode_kernel_at<T>(i);
+    cudaError_t e = cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
+    if (e == cudaSuccess) e = cudaFuncSetAttribute(k, cudaFuncAttributeNonPortableClusterSizeAllowed, 1);
     if (e != cudaSuccess) return e;
+    int32_t c = best;
+    while (c > 1 && !cluster_fits(k, c, smem)) c /= 2;
+    best = c;
   }
+  cudaGetLastError(); /* an occupancy query that said no leaves no error behind */
+  *max_cluster = best < cap ? best : cap;
   return cudaSuccess;
 }
 
-extern "C" cudaError_t m3k_decode_prepare(int prec, size_t smem) {
-  if (prec == M3K_BF16) return decode_prepare<bf16>(smem);
-  if (prec == M3K_F16) return decode_prepare<f16>(smem);
+extern "C" cudaError_t m3k_decode_prepare(int prec, size_t smem, int32_t cap, int32_t *max_cluster) {
+  if (cap < 1) cap = 1;
+  if (prec == M3K_BF16) return decode_prepare<bf16>(smem, cap, max_cluster);
+  if (prec == M3K_F16) return decode_prepare<f16>(smem, cap, max_cluster);
   return cudaErrorInvalidValue;
 }
 
-template <typename T> static void launch_decode(cudaStream_t s, const m3k_decode_args &a, size_t smem) {
+template <typename T> static cudaError_t launch_decode(cudaStream_t s, const m3k_decode_args &a, size_t smem) {
   const step_tile t = step_tile_for(a.d.N, true); /* the state slices of a row are 16-byte aligned when N % 4 == 0 */
-  if (t.V == 1) decode_kernel<T, 1, 8><<<a.rows, DEC_THREADS, smem, s>>>(a, t.lw);
-  else if (t.NJ == 1) decode_kernel<T, 4, 1><<<a.rows, DEC_THREADS, smem, s>>>(a, t.lw);
-  else decode_kernel<T, 4, 2><<<a.rows, DEC_THREADS, smem, s>>>(a, t.lw);
+  const int ki = t.V == 1 ? 0 : t.NJ == 1 ? 1 : 2;
+  cudaLaunchConfig_t cfg = {};
+  cudaLaunchAttribute at;
+  at.id = cudaLaunchAttributeClusterDimension;
+  at.val.clusterDim.x = (unsigned)a.cluster;
+  at.val.clusterDim.y = at.val.clusterDim.z = 1;
+  cfg.gridDim = dim3((unsigned)(a.rows * a.cluster));
+  cfg.blockDim = dim3(DEC_THREADS);
+  cfg.dynamicSmemBytes = smem;
+  cfg.stream = s;
+  cfg.attrs = &at;
+  cfg.numAttrs = 1;
+  void *args[] = {(void *)&a, (void *)&t.lw};
+  return cudaLaunchKernelExC(&cfg, decode_kernel_at<T>(ki), args);
 }
 
 extern "C" cudaError_t m3k_decode_step(cudaStream_t s, int prec, const m3k_decode_args *a, size_t smem) {
-  if (prec == M3K_BF16) launch_decode<bf16>(s, *a, smem);
-  else if (prec == M3K_F16) launch_decode<f16>(s, *a, smem);
-  else return cudaErrorInvalidValue;
-  return cudaGetLastError();
+  if (a->cluster < 1 || a->cluster > DEC_MAX_CLUSTER) return cudaErrorInvalidValue;
+  if (prec == M3K_BF16) return launch_decode<bf16>(s, *a, smem);
+  if (prec == M3K_F16) return launch_decode<f16>(s, *a, smem);
+  return cudaErrorInvalidValue;
 }

@@ -4,13 +4,15 @@
  * Each case runs the same random one-token steps (random incoming states, inputs and resets,
  * several rows) through a CPU inference object (float32, the reference), the CUDA fused step
  * (decode_fused.cu: one launch per step, small bf16 / f16 models), the CUDA per-layer launches
- * (M3_DECODE_FUSED=0 at creation) and the fused step without a graph, for f32, bf16 and f16:
+ * (M3_DECODE_FUSED=0 at creation), the fused step without a graph and the fused step with its
+ * cluster capped (M3_DECODE_CLUSTER=1 or 3 at creation), for f32, bf16 and f16:
  *   - outputs (and "lm" logits) of every step and every layer's final state vs the CPU within
  *     SPEC.md §8 (f32 rel L2 <= 1e-5, 16-bit <= 2e-2; angles compared around the circle), for
  *     both CUDA paths;
  *   - info().fused_decode says which path ran: the small configs take the fused step, the
  *     per-layer object and a model beyond the fused step's limit do not;
- *   - graph replay = eager, bitwise.
+ *   - graph replay = eager, bitwise;
+ *   - the fused step's outputs and states do not depend on its cluster size, bitwise.
  * Configs cover P, N (the float4 and the scalar state tiles, N up to 256), G, rope_fraction
  * 0 / 0.5 / 1, outproj_norm, every input and head.
  * Exit 77 (skipped) without a CUDA device.
@@ -42,7 +44,7 @@ static m3_infer *infer(const m3_weights *w, int device, int prec, int B, int gra
   return inf;
 }
 
-enum { N_OBJ = 4 }; /* CPU, fused (graph), per-layer, fused eager */
+enum { N_OBJ = 5 }; /* CPU, fused (graph), per-layer, fused eager, fused with a capped cluster */
 
 static void decode_case(int idx, const spec *s, int prec) {
   const m3_config c = config_of(s);
@@ -56,6 +58,9 @@ static void decode_case(int idx, const spec *s, int prec) {
   o[2] = infer(w, M3_DEVICE_CUDA, prec, s->B, 1);
   unsetenv("M3_DECODE_FUSED");
   o[3] = infer(w, M3_DEVICE_CUDA, prec, s->B, 0);
+  setenv("M3_DECODE_CLUSTER", idx % 2 ? "3" : "1", 1);
+  o[4] = infer(w, M3_DEVICE_CUDA, prec, s->B, 1);
+  unsetenv("M3_DECODE_CLUSTER");
   char tag[96];
   snprintf(tag, sizeof tag, "case %d %s (P %d N %d G %d rope %.1f norm %d B %d)", idx, precision_name(prec), s->P, s->N,
            s->G, s->rope, s->outnorm, s->B);
@@ -96,7 +101,7 @@ static void decode_case(int idx, const spec *s, int prec) {
   }
   const double tol = prec == M3_PRECISION_F32 ? 1e-5 : 2e-2;
   double worst_out = 0, worst_state = 0;
-  int eager_same = 1;
+  int eager_same = 1, cluster_same = 1;
   for (int t = 0; t < STEPS; t++) {
     for (int row = 0; row < s->B; row++) {
       tokens[row] = (int32_t)(m3_rng_next(&r) % 50);
@@ -118,11 +123,14 @@ static void decode_case(int idx, const spec *s, int prec) {
     }
     eager_same &= memcmp(out[1], out[3], (size_t)(s->B * dm) * sizeof(float)) == 0 &&
                   memcmp(logits[1], logits[3], (size_t)nl * sizeof(float)) == 0;
+    cluster_same &= memcmp(out[1], out[4], (size_t)(s->B * dm) * sizeof(float)) == 0 &&
+                    memcmp(logits[1], logits[4], (size_t)nl * sizeof(float)) == 0;
   }
   CHECK(eager_same, "%s: graph replay differs from eager steps", tag);
+  CHECK(cluster_same, "%s: the fused step's output depends on its cluster size", tag);
   for (int l = 0; l < c.n_layers; l++) {
     float *st[N_OBJ][4];
-    for (int k = 0; k < 3; k++) {
+    for (int k = 0; k < N_OBJ; k++) {
       for (int j = 0; j < 4; j++) st[k][j] = calloc((size_t)n[j] + 1, sizeof(float));
       CHECK_OK(m3_infer_get_state(o[k], l, st[k][0], st[k][1], st[k][2], st[k][3]));
     }
@@ -132,7 +140,10 @@ static void decode_case(int idx, const spec *s, int prec) {
         worst_state = fmax(worst_state, e);
         CHECK(e <= tol, "%s layer %d %s: state %d rel %.3g", tag, l, k == 1 ? "fused" : "per-layer", j, e);
       }
-    for (int k = 0; k < 3; k++)
+    for (int j = 0; j < 4; j++)
+      CHECK(memcmp(st[1][j], st[4][j], (size_t)n[j] * sizeof(float)) == 0,
+            "%s layer %d: the fused step's state %d depends on its cluster size", tag, l, j);
+    for (int k = 0; k < N_OBJ; k++)
       for (int j = 0; j < 4; j++) free(st[k][j]);
   }
   printf("%s: fused %d, worst out %.3g, state %.3g\n", tag, info[1].fused_decode, worst_out, worst_state);

@@ -28,7 +28,9 @@
  * per row count (upload, forward, head GEMM); the logits stay on the device until read.
  * Where the model is small enough (m3k_decode_smem; bf16 and f16), a one-token step's layers and
  * norm_f run as one launch (decode_fused.cu) instead of five launches per layer; M3_DECODE_FUSED=0 in the
- * environment at creation keeps the per-layer launches (tests compare the two).
+ * environment at creation keeps the per-layer launches (tests compare the two). That launch runs a
+ * cluster of CTAs per row, as many as the device holds for all rows at once (decode_cluster_for);
+ * M3_DECODE_CLUSTER=n at creation caps the cluster size (tests and benchmarks compare sizes).
  */
 #include <cuda_runtime_api.h>
 #include <math.h>
@@ -166,6 +168,8 @@ struct backend {
   int infer;       /* forward only (inference): see the header */
   int infer_graph; /* inference: one-token steps replay graphs */
   size_t decode_smem; /* inference: shared memory of the fused one-token step; 0: per-layer launches */
+  int32_t decode_cluster; /* the fused step's CTAs per row at most (m3k_decode_prepare) */
+  int32_t sms;            /* the device's multiprocessors */
   int fwd_carry;  /* the last training forward started from the carried state */
   int last_carry; /* carry of the last forward or step (the default shape of capture_graph) */
 };
@@ -859,6 +863,16 @@ static m3_status enq_step(backend *be, int32_t rows, int32_t len, int carry) {
   return download_metrics(be);
 }
 
+/* CTAs per row of the fused one-token step: the largest power of two up to the cap that still runs
+ * every row's cluster at once (one CTA per multiprocessor). The default cap: rl at B 1 measured 48.1 µs
+ * per step with 8, 52.0 with 16, 65.4 with 1 (H200, kernels/NOTES.md). */
+enum { DECODE_CLUSTER_CAP = 8 };
+static int32_t decode_cluster_for(const backend *be, int32_t rows) {
+  int32_t c = be->decode_cluster;
+  while (c > 1 && (int64_t)rows * c > be->sms) c /= 2;
+  return c;
+}
+
 /* An inference step: upload, forward from the carried state (advancing it in place) and, for
  * "lm", logits [rows, V] of each row's last position (rows of out strided by len). */
 static m3_status enq_infer(backend *be, int32_t rows, int32_t len) {
@@ -868,9 +882,9 @@ static m3_status enq_infer(backend *be, int32_t rows, int32_t len) {
     mark(be, PH_INPUT);
     TRY(enq_input(be, rows));
     mark(be, PH_SCAN_F);
-    const m3k_decode_args a = {be->kd,          d->L,        rows,         be->decode_layers,
-                               resid_l(be, 0),  be->resets,  be->params + be->lay->norm_f,
-                               be->out,         be->out_rstd, be->out_act};
+    const m3k_decode_args a = {be->kd,       d->L,           rows,           decode_cluster_for(be, rows),
+                               be->decode_layers, resid_l(be, 0), be->resets, be->params + be->lay->norm_f,
+                               be->out,      be->out_rstd,   be->out_act};
     CK(m3k_decode_step(be->st, be->prec, &a, be->decode_smem));
   } else {
     TRY(enq_forward(be, rows, len, 1, 0));
@@ -1301,7 +1315,10 @@ static m3_status init_device(backend *be, const backend_args *a) {
   if (be->infer) {
     const char *fused = getenv("M3_DECODE_FUSED");
     if (!fused || strcmp(fused, "0") != 0) be->decode_smem = m3k_decode_smem(be->prec, &be->kd, be->d->L, max_smem);
-    if (be->decode_smem) CK(m3k_decode_prepare(be->prec, be->decode_smem));
+    const char *cap = getenv("M3_DECODE_CLUSTER");
+    if (be->decode_smem)
+      CK(m3k_decode_prepare(be->prec, be->decode_smem, cap ? atoi(cap) : DECODE_CLUSTER_CAP, &be->decode_cluster));
+    CK(cudaDeviceGetAttribute(&be->sms, cudaDevAttrMultiProcessorCount, be->dev));
   }
   CK(cudaStreamCreateWithFlags(&be->st, cudaStreamNonBlocking));
 
