@@ -16,11 +16,14 @@
  * m3k_decode_smem decides, and returns 0 elsewhere (the caller keeps the unfused path).
  *
  * The cluster (distributed shared memory): every CTA keeps the whole residual stream, proj and
- * gated; the GEMVs' 16-row tiles are dealt over all warps of the cluster, and each result is
- * stored into every CTA's copy; the heads are split into C contiguous ranges (a CTA's carried
- * state, token math, state update and gate are its own heads'). Three cluster barriers a layer:
- * after in_proj, after the gate, after out_proj. A single CTA walked one chain of dependent phases
- * per layer (kernels/NOTES.md, runs 17-21); C CTAs walk it with 1 / C of the weight rows and heads.
+ * gated; the GEMVs' 16-row tiles are dealt over the CTAs (own_tiles) and their warps, and each
+ * result is stored into every CTA's copy; the heads are split into C contiguous ranges (a CTA's
+ * carried state, token math, state update and gate are its own heads'). Three cluster barriers a
+ * layer: after in_proj, after the gate, after out_proj. A single CTA walked one chain of dependent
+ * phases per layer (kernels/NOTES.md, runs 17-21); C CTAs walk it with 1 / C of the weight rows and
+ * heads. Where a CTA's tiles of every layer fit in shared memory (rl: 28 KB a layer at C = 8), it
+ * copies them all in at the start (bulk copies, a barrier per layer), so the GEMVs read shared
+ * memory instead of waiting on L2 in the chain.
  *
  * The same formulas and roundings as the unfused path: xn, proj and gated are rounded to the
  * activation type where that path stores them; the norms sum in rmsnorm_fwd_kernel's and
@@ -34,7 +37,8 @@
  *
  * Overlap: a layer's carried state (ssm, k, v, angles: the CTA's heads) and its small parameters
  * (norm weights, biases, D; two slots, by layer parity) are copied into shared memory by cp.async
- * while the previous layer's gate and out_proj run.
+ * (by the warps the gate leaves idle) while the previous layer's gate and out_proj run. h0 and the
+ * resets may be pinned host memory (the caller's staging, read once).
  * In place: every carried value is in shared memory before its slot is written back, and each
  * slot is written once. A reset at the token counts the incoming state as zero. Every sum has a
  * fixed order: bitwise repeatable.
@@ -53,7 +57,7 @@ static const int64_t DEC_MAX_LAYER_BYTES = (int64_t)512 << 10; /* in_proj + out_
 
 /* Byte offsets of the shared-memory arrays (each 16-byte aligned); total = the dynamic size. */
 struct decode_smem {
-  int res, xn, proj, bc, k, q, kin, ssm, vin, ang, bx, gx, y, gated, al, yr, lay;
+  int res, xn, proj, bc, k, q, kin, ssm, vin, ang, bx, gx, y, gated, al, yr, lay, bars, wts;
   int par[2], norm, B_norm, C_norm, dt_bias, D, B_bias, C_bias, out_norm, par_bytes; /* a layer's parameters */
   int total;
 };
@@ -95,8 +99,19 @@ __host__ __device__ inline decode_smem decode_layout(const m3k_dims &d, int L, i
   o.par_bytes = off - par0;
   o.par[0] = par0;
   o.par[1] = take(o.par_bytes);
+  o.bars = take(L * 8); /* one mbarrier per layer: its weight tiles have landed */
+  o.wts = off;          /* the CTA's weight tiles of every layer (decode_weights), when they fit */
   o.total = off;
   return o;
+}
+
+/* The GEMV tiles (16 rows) of a CTA: of a GEMV with T tiles, tile t belongs to CTA t % C as its
+ * (t / C)-th, taken by warp (t / C) % DEC_WARPS. A CTA's copy of a layer's weights (when they fit in
+ * shared memory) is its in_proj tiles, then its out_proj tiles, each at most 16 rows, in that order,
+ * every CTA sized as the one with the most. */
+__host__ __device__ inline int own_tiles(int J, int C) { return ((J + 15) / 16 + C - 1) / C; }
+__host__ __device__ inline int64_t decode_layer_weights(const m3k_dims &d, int C, int act_bytes) {
+  return ((int64_t)own_tiles(d.dip, C) * d.dm + (int64_t)own_tiles(d.dm, C) * d.E) * 16 * act_bytes;
 }
 
 /* emit(j, sum_k x[k] W[j, k]) for j < J, by one lane per row: W row-major [J, K] (act type, K a
@@ -106,14 +121,19 @@ __host__ __device__ inline decode_smem decode_layout(const m3k_dims &d, int L, i
  * 32-column chunk, and the same columns of x; mma step s of the chunk takes words 2 s, 2 s + 1 of
  * them as its k pairs (2 t, 2 t + 1) and (2 t + 8, 2 t + 9). A and B use the same k order, so the
  * product is the row sums; every column of B is x, so every column of C holds them, and lanes t = 0
- * emit column 0 (rows g, g + 8). The row tiles are dealt over nw warps, this one being warp w. */
+ * emit column 0 (rows g, g + 8). The row tiles are this CTA's of C (own_tiles); ws: its copy of them
+ * in shared memory (NULL: read W). */
 template <typename T, typename Emit>
-__device__ __forceinline__ void gemv(const T *__restrict__ W, int J, int K, const T *x, int w, int nw, Emit emit) {
+__device__ __forceinline__ void gemv(const T *__restrict__ W, const T *ws, int J, int K, const T *x, int rank, int C,
+                                     Emit emit) {
   const int lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
   const uint4 *xv = (const uint4 *)x + t;
-  for (int j0 = w * 16; j0 < J; j0 += nw * 16) {
+  for (int i = threadIdx.x >> 5;; i += DEC_WARPS) {
+    const int j0 = 16 * (rank + C * i);
+    if (j0 >= J) break;
     const int r0 = j0 + g, r1 = r0 + 8;
-    const uint4 *p0 = (const uint4 *)(W + (int64_t)r0 * K) + t, *p1 = (const uint4 *)(W + (int64_t)r1 * K) + t;
+    const T *base = ws ? ws + (int64_t)(16 * i - j0) * K : W;
+    const uint4 *p0 = (const uint4 *)(base + (int64_t)r0 * K) + t, *p1 = (const uint4 *)(base + (int64_t)r1 * K) + t;
     float c[4] = {0, 0, 0, 0};
     for (int kc = 0; kc < K; kc += 32 * DEC_KCH) {
       uint4 u0[DEC_KCH], u1[DEC_KCH];
@@ -121,8 +141,8 @@ __device__ __forceinline__ void gemv(const T *__restrict__ W, int J, int K, cons
       for (int q = 0; q < DEC_KCH; q++) {
         const int k8 = (kc + 32 * q) / 8; /* 16-byte column of the chunk's start */
         const bool kv = kc + 32 * q < K;
-        u0[q] = kv && r0 < J ? __ldg(p0 + k8) : make_uint4(0, 0, 0, 0);
-        u1[q] = kv && r1 < J ? __ldg(p1 + k8) : make_uint4(0, 0, 0, 0);
+        u0[q] = kv && r0 < J ? p0[k8] : make_uint4(0, 0, 0, 0);
+        u1[q] = kv && r1 < J ? p1[k8] : make_uint4(0, 0, 0, 0);
       }
 #pragma unroll
       for (int q = 0; q < DEC_KCH; q++) {
@@ -191,9 +211,11 @@ __global__ void __launch_bounds__(DEC_THREADS, 1) decode_kernel(const m3k_decode
   const int C = (int)cl.num_blocks(), rank = (int)cl.block_rank();
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, b = blockIdx.x / C;
   const int P = d.P, N = d.N, S = d.S, H = d.H, dm = d.dm, U = N - S, HP = H * P;
-  /* this CTA's heads [h0, h1); its warps' place among the cluster's (the GEMV tiles) */
+  /* this CTA's heads [h0, h1) */
   const int hpc = (H + C - 1) / C, h0 = min(H, rank * hpc), h1 = min(H, h0 + hpc), nh = h1 - h0;
-  const int cw = rank * DEC_WARPS + warp, ncw = C * DEC_WARPS;
+  uint64_t *s_bar = (uint64_t *)(smem + o.bars);
+  const int64_t wl_elems = decode_layer_weights(d, C, 1); /* a layer's weight copy, elements */
+  const int in_elems = own_tiles(d.dip, C) * 16 * dm;
   const bool rs = a.resets && a.resets[b];
 
   /* layer l's carried state (row b, this CTA's heads) and small parameters -> shared memory, by the
@@ -223,9 +245,29 @@ __global__ void __launch_bounds__(DEC_THREADS, 1) decode_kernel(const m3k_decode
 
   for (int i = tid; i < a.L * (int)(sizeof(m3k_decode_layer) / 4); i += DEC_THREADS)
     ((int *)s_lay)[i] = ((const int *)a.layers)[i];
-  for (int j = tid; j < dm; j += DEC_THREADS) s_res[j] = a.h0[(int64_t)b * dm + j];
+  copy_async(s_res, a.h0 + (int64_t)b * dm, dm, tid, DEC_THREADS);
   __syncthreads();
-  load_layer(0, 0);
+  load_layer(0, 0); /* ahead of the weight copies, which take the multiprocessor's load bandwidth for a while */
+  if (a.weights_in_smem && warp == 0) {
+    /* every layer's weight tiles of this CTA, one barrier per layer (armed by lane l for layer l), the
+     * copies dealt over the lanes */
+    const int Js[2] = {d.dip, dm}, Ks[2] = {dm, d.E}, nt[2] = {own_tiles(d.dip, C), own_tiles(dm, C)};
+    auto tile_bytes = [&](int m, int i) { return max(0, min(16, Js[m] - 16 * (rank + C * i))) * Ks[m] * (int)sizeof(T); };
+    for (int l = lane; l < a.L; l += 32) {
+      unsigned bytes = 0;
+      for (int m = 0; m < 2; m++)
+        for (int i = 0; i < nt[m]; i++) bytes += tile_bytes(m, i);
+      bar_init(&s_bar[l]);
+      bar_expect_tx(&s_bar[l], bytes);
+    }
+    __syncwarp();
+    for (int c = lane; c < a.L * (nt[0] + nt[1]); c += 32) {
+      const int l = c / (nt[0] + nt[1]), m = c % (nt[0] + nt[1]) >= nt[0], i = c % (nt[0] + nt[1]) - (m ? nt[0] : 0);
+      const T *W = (const T *)(m ? s_lay[l].out_proj : s_lay[l].in_proj);
+      T *dst = (T *)(smem + o.wts) + l * wl_elems + (m ? in_elems : 0) + i * 16 * Ks[m];
+      if (tile_bytes(m, i)) bulk_copy_in(dst, W + (int64_t)16 * (rank + C * i) * Ks[m], tile_bytes(m, i), &s_bar[l]);
+    }
+  }
   cp_wait_all();
   cl.sync(); /* every CTA of the cluster runs before any stores into its shared memory */
 
@@ -246,7 +288,9 @@ __global__ void __launch_bounds__(DEC_THREADS, 1) decode_kernel(const m3k_decode
     const float r = row_rstd(s_res, dm);
     for (int j = tid; j < dm; j += DEC_THREADS) s_xn[j] = from_f<T>(s_res[j] * r * p_norm[j]);
     __syncthreads();
-    gemv<T>((const T *)ly.in_proj, d.dip, dm, s_xn, cw, ncw,
+    const T *ws = a.weights_in_smem ? (const T *)(smem + o.wts) + l * wl_elems : NULL;
+    if (ws) bar_wait(&s_bar[l], 0);
+    gemv<T>((const T *)ly.in_proj, ws, d.dip, dm, s_xn, rank, C,
             [&](int j, float v) { put_all(cl, s_proj, j, to_f(from_f<T>(v))); });
     cl.sync();
 
@@ -334,7 +378,8 @@ __global__ void __launch_bounds__(DEC_THREADS, 1) decode_kernel(const m3k_decode
           for (int p = lane; p < P; p += 32) cl.map_shared_rank(s_gated, r)[h * P + p] = s_gated[h * P + p];
     }
     cl.sync();
-    gemv<T>((const T *)ly.out_proj, dm, d.E, s_gated, cw, ncw, [&](int j, float v) { put_all(cl, s_res, j, s_res[j] + v); });
+    gemv<T>((const T *)ly.out_proj, ws ? ws + in_elems : NULL, dm, d.E, s_gated, rank, C,
+            [&](int j, float v) { put_all(cl, s_res, j, s_res[j] + v); });
     cp_wait_all();
     cl.sync();
   }
@@ -380,15 +425,15 @@ static bool cluster_fits(const void *kernel, int C, size_t smem) {
   return cudaOccupancyMaxActiveClusters(&n, kernel, &cfg) == cudaSuccess && n > 0;
 }
 
-template <typename T> static cudaError_t decode_prepare(size_t smem, int32_t cap, int32_t *max_cluster) {
+template <typename T> static cudaError_t decode_prepare(size_t max_smem, int32_t cap, int32_t *max_cluster) {
   int32_t best = DEC_MAX_CLUSTER;
   for (int i = 0; i < DEC_KERNELS; i++) {
     const void *k = decode_kernel_at<T>(i);
-    cudaError_t e = cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
+    cudaError_t e = cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)max_smem);
     if (e == cudaSuccess) e = cudaFuncSetAttribute(k, cudaFuncAttributeNonPortableClusterSizeAllowed, 1);
     if (e != cudaSuccess) return e;
     int32_t c = best;
-    while (c > 1 && !cluster_fits(k, c, smem)) c /= 2;
+    while (c > 1 && !cluster_fits(k, c, max_smem)) c /= 2;
     best = c;
   }
   cudaGetLastError(); /* an occupancy query that said no leaves no error behind */
@@ -396,16 +441,21 @@ template <typename T> static cudaError_t decode_prepare(size_t smem, int32_t cap
   return cudaSuccess;
 }
 
-extern "C" cudaError_t m3k_decode_prepare(int prec, size_t smem, int32_t cap, int32_t *max_cluster) {
+extern "C" cudaError_t m3k_decode_prepare(int prec, size_t max_smem, int32_t cap, int32_t *max_cluster) {
   if (cap < 1) cap = 1;
-  if (prec == M3K_BF16) return decode_prepare<bf16>(smem, cap, max_cluster);
-  if (prec == M3K_F16) return decode_prepare<f16>(smem, cap, max_cluster);
+  if (prec == M3K_BF16) return decode_prepare<bf16>(max_smem, cap, max_cluster);
+  if (prec == M3K_F16) return decode_prepare<f16>(max_smem, cap, max_cluster);
   return cudaErrorInvalidValue;
 }
 
-template <typename T> static cudaError_t launch_decode(cudaStream_t s, const m3k_decode_args &a, size_t smem) {
+template <typename T> static cudaError_t launch_decode(cudaStream_t s, m3k_decode_args a, size_t max_smem) {
   const step_tile t = step_tile_for(a.d.N, true); /* the state slices of a row are 16-byte aligned when N % 4 == 0 */
   const int ki = t.V == 1 ? 0 : t.NJ == 1 ? 1 : 2;
+  /* the CTAs' weight tiles go to shared memory where they fit (small models, large clusters) */
+  size_t smem = (size_t)decode_layout(a.d, a.L, (int)sizeof(T)).total;
+  const size_t weights = (size_t)a.L * (size_t)decode_layer_weights(a.d, a.cluster, (int)sizeof(T));
+  a.weights_in_smem = smem + weights <= max_smem;
+  if (a.weights_in_smem) smem += weights;
   cudaLaunchConfig_t cfg = {};
   cudaLaunchAttribute at;
   at.id = cudaLaunchAttributeClusterDimension;
@@ -421,9 +471,9 @@ template <typename T> static cudaError_t launch_decode(cudaStream_t s, const m3k
   return cudaLaunchKernelExC(&cfg, decode_kernel_at<T>(ki), args);
 }
 
-extern "C" cudaError_t m3k_decode_step(cudaStream_t s, int prec, const m3k_decode_args *a, size_t smem) {
+extern "C" cudaError_t m3k_decode_step(cudaStream_t s, int prec, const m3k_decode_args *a, size_t max_smem) {
   if (a->cluster < 1 || a->cluster > DEC_MAX_CLUSTER) return cudaErrorInvalidValue;
-  if (prec == M3K_BF16) return launch_decode<bf16>(s, *a, smem);
-  if (prec == M3K_F16) return launch_decode<f16>(s, *a, smem);
+  if (prec == M3K_BF16) return launch_decode<bf16>(s, *a, max_smem);
+  if (prec == M3K_F16) return launch_decode<f16>(s, *a, max_smem);
   return cudaErrorInvalidValue;
 }

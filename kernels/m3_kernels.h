@@ -190,24 +190,26 @@ typedef struct m3k_decode_args {
   m3k_dims d;
   int32_t L, rows;
   int32_t cluster;                /* CTAs per row (a thread-block cluster): 1 .. m3k_decode_prepare's maximum */
+  int32_t weights_in_smem;        /* set by m3k_decode_step: the CTAs copy their weight tiles to shared memory */
   const m3k_decode_layer *layers; /* [L] in device memory */
-  const float *h0;                /* [rows, dm] the input rows (after the input layer) */
-  const uint8_t *resets;          /* [rows]; NULL: none */
+  const float *h0;                /* [rows, dm] the input rows (after the input layer); may be pinned host memory */
+  const uint8_t *resets;          /* [rows]; NULL: none; may be pinned host memory */
   const float *norm_f;            /* [dm] */
   float *out, *out_rstd;          /* [rows, dm], [rows]: norm_f's output and 1 / RMS */
   void *out_act;                  /* [rows, dm] act copy of out */
 } m3k_decode_args;
 
-/* Dynamic shared memory of the fused step (bf16, f16) for a model of L layers, or 0 where it does
- * not apply (f32, a layer's in_proj + out_proj weights above 512 KiB, P > 128, N > 256, d_model or
- * E not a multiple of 32, or more than max_smem bytes). */
+/* Dynamic shared memory of the fused step (bf16, f16) for a model of L layers without its weight
+ * copies, or 0 where it does not apply (f32, a layer's in_proj + out_proj weights above 512 KiB,
+ * P > 128, N > 256, d_model or E not a multiple of 32, or more than max_smem bytes). */
 size_t m3k_decode_smem(int prec, const m3k_dims *d, int32_t L, int32_t max_smem);
-/* Raises the step kernels' dynamic shared-memory limit to smem (call once, outside capture) and sets
- * *max_cluster to the largest cluster size (a power of two, at most cap and 16) the device can run
- * with it. */
-cudaError_t m3k_decode_prepare(int prec, size_t smem, int32_t cap, int32_t *max_cluster);
-/* One token of rows a->rows through every layer and norm_f (a cluster of a->cluster CTAs per row). */
-cudaError_t m3k_decode_step(cudaStream_t s, int prec, const m3k_decode_args *a, size_t smem);
+/* Raises the step kernels' dynamic shared-memory limit to max_smem (call once, outside capture) and
+ * sets *max_cluster to the largest cluster size (a power of two, at most cap and 16) the device can
+ * run with it. */
+cudaError_t m3k_decode_prepare(int prec, size_t max_smem, int32_t cap, int32_t *max_cluster);
+/* One token of rows a->rows through every layer and norm_f (a cluster of a->cluster CTAs per row),
+ * with the weights staged in shared memory where they fit in max_smem. */
+cudaError_t m3k_decode_step(cudaStream_t s, int prec, const m3k_decode_args *a, size_t max_smem);
 
 /* ---- heads and inputs --------------------------------------------------------------------------------- */
 
