@@ -409,18 +409,25 @@ template <typename T> static const void *decode_kernel_at(int i) {
   return i == 1 ? (const void *)decode_kernel<T, 4, 1> : (const void *)decode_kernel<T, 4, 2>;
 }
 
-/* Occupancy of a cluster of C CTAs per row with smem bytes each: can at least one run? */
-static bool cluster_fits(const void *kernel, int C, size_t smem) {
+/* The launch of rows clusters of C CTAs with smem bytes each (*at: the cluster attribute it points to) */
+static cudaLaunchConfig_t cluster_launch(cudaLaunchAttribute *at, int C, int rows, size_t smem, cudaStream_t s) {
+  at->id = cudaLaunchAttributeClusterDimension;
+  at->val.clusterDim.x = (unsigned)C;
+  at->val.clusterDim.y = at->val.clusterDim.z = 1;
   cudaLaunchConfig_t cfg = {};
-  cudaLaunchAttribute at;
-  at.id = cudaLaunchAttributeClusterDimension;
-  at.val.clusterDim.x = (unsigned)C;
-  at.val.clusterDim.y = at.val.clusterDim.z = 1;
-  cfg.gridDim = dim3((unsigned)C);
+  cfg.gridDim = dim3((unsigned)(rows * C));
   cfg.blockDim = dim3(DEC_THREADS);
   cfg.dynamicSmemBytes = smem;
-  cfg.attrs = &at;
+  cfg.stream = s;
+  cfg.attrs = at;
   cfg.numAttrs = 1;
+  return cfg;
+}
+
+/* Occupancy of a cluster of C CTAs per row with smem bytes each: can at least one run? */
+static bool cluster_fits(const void *kernel, int C, size_t smem) {
+  cudaLaunchAttribute at;
+  const cudaLaunchConfig_t cfg = cluster_launch(&at, C, 1, smem, 0);
   int n = 0;
   return cudaOccupancyMaxActiveClusters(&n, kernel, &cfg) == cudaSuccess && n > 0;
 }
@@ -456,17 +463,8 @@ template <typename T> static cudaError_t launch_decode(cudaStream_t s, m3k_decod
   const size_t weights = (size_t)a.L * (size_t)decode_layer_weights(a.d, a.cluster, (int)sizeof(T));
   a.weights_in_smem = smem + weights <= max_smem;
   if (a.weights_in_smem) smem += weights;
-  cudaLaunchConfig_t cfg = {};
   cudaLaunchAttribute at;
-  at.id = cudaLaunchAttributeClusterDimension;
-  at.val.clusterDim.x = (unsigned)a.cluster;
-  at.val.clusterDim.y = at.val.clusterDim.z = 1;
-  cfg.gridDim = dim3((unsigned)(a.rows * a.cluster));
-  cfg.blockDim = dim3(DEC_THREADS);
-  cfg.dynamicSmemBytes = smem;
-  cfg.stream = s;
-  cfg.attrs = &at;
-  cfg.numAttrs = 1;
+  const cudaLaunchConfig_t cfg = cluster_launch(&at, a.cluster, a.rows, smem, s);
   void *args[] = {(void *)&a, (void *)&t.lw};
   return cudaLaunchKernelExC(&cfg, decode_kernel_at<T>(ki), args);
 }
