@@ -29,13 +29,7 @@ __global__ void bcnorm_fwd_kernel(m3k_dims d, const T *__restrict__ proj, const 
   const int64_t m = item / (2 * d.G);
   const T *x = proj + m * d.dipp + (which ? d.C_off : d.B_off) + (int64_t)g * d.N; // [N]
   const float *w = which ? wC : wB;
-  float ss = 0;
-  for (int n = lane; n < d.N; n += 32) {
-    const float v = to_f(x[n]);
-    ss += v * v;
-  }
-  ss = warp_sum(ss);
-  const float r = 1.0f / sqrtf(ss / (float)d.N + 1e-5f);
+  const float r = warp_rstd(x, d.N);
   if (lane == 0) bc_rstd[item] = r;
   for (int n = lane; n < d.N; n += 32) bc_hat[item * d.N + n] = to_f(x[n]) * r * w[n];
 }

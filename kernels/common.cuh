@@ -35,6 +35,19 @@ __device__ __forceinline__ float warp_sum(float v) {
   return v;
 }
 
+/* 1 / RMS of x [n] (float32 sums, eps 1e-5), in every lane of the warp: each lane sums the squares of
+ * its elements lane, lane + 32, ..., then warp_sum. Every RMSNorm of the kernels sums this way, so a
+ * fused kernel reproduces the unfused one's rstd bitwise. */
+template <typename V> __device__ __forceinline__ float warp_rstd(const V *x, int n) {
+  float ss = 0;
+  for (int j = threadIdx.x & 31; j < n; j += 32) {
+    const float v = to_f(x[j]);
+    ss += v * v;
+  }
+  ss = warp_sum(ss);
+  return 1.0f / sqrtf(ss / (float)n + 1e-5f);
+}
+
 __device__ __forceinline__ double warp_sum_d(double v) {
 #pragma unroll
   for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);

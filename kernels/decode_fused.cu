@@ -100,7 +100,7 @@ __host__ __device__ inline decode_smem decode_layout(const m3k_dims &d, int L, i
   o.par[0] = par0;
   o.par[1] = take(o.par_bytes);
   o.bars = take(L * 8); /* one mbarrier per layer: its weight tiles have landed */
-  o.wts = off;          /* the CTA's weight tiles of every layer (decode_weights), when they fit */
+  o.wts = off;          /* the CTA's weight tiles of every layer (decode_layer_weights), when they fit */
   o.total = off;
   return o;
 }
@@ -110,8 +110,10 @@ __host__ __device__ inline decode_smem decode_layout(const m3k_dims &d, int L, i
  * shared memory) is its in_proj tiles, then its out_proj tiles, each at most 16 rows, in that order,
  * every CTA sized as the one with the most. */
 __host__ __device__ inline int own_tiles(int J, int C) { return ((J + 15) / 16 + C - 1) / C; }
-__host__ __device__ inline int64_t decode_layer_weights(const m3k_dims &d, int C, int act_bytes) {
-  return ((int64_t)own_tiles(d.dip, C) * d.dm + (int64_t)own_tiles(d.dm, C) * d.E) * 16 * act_bytes;
+/* elements of a CTA's in_proj tiles, and of its whole copy of a layer */
+__host__ __device__ inline int64_t in_proj_weights(const m3k_dims &d, int C) { return (int64_t)own_tiles(d.dip, C) * 16 * d.dm; }
+__host__ __device__ inline int64_t decode_layer_weights(const m3k_dims &d, int C) {
+  return in_proj_weights(d, C) + (int64_t)own_tiles(d.dm, C) * 16 * d.E;
 }
 
 /* emit(j, sum_k x[k] W[j, k]) for j < J, by one lane per row: W row-major [J, K] (act type, K a
@@ -165,15 +167,6 @@ __device__ __forceinline__ void gemv(const T *__restrict__ W, const T *ws, int J
   }
 }
 
-/* 1 / RMS of x [n] (shared memory) as rmsnorm_fwd_kernel sums it, in every lane of the warp */
-__device__ __forceinline__ float row_rstd(const float *x, int n) {
-  float ss = 0;
-#pragma unroll 1
-  for (int j = threadIdx.x & 31; j < n; j += 32) ss += x[j] * x[j];
-  ss = warp_sum(ss);
-  return 1.0f / sqrtf(ss / (float)n + 1e-5f);
-}
-
 /* n floats global -> shared, asynchronously (16-byte copies where both sides allow), by nt threads of
  * which this is thread t; not inlined: a layer's loads are a dozen calls, and the kernel's code must
  * stay small (instruction cache) */
@@ -196,7 +189,8 @@ __device__ __forceinline__ void put_all(const cg::cluster_group &cl, V *local, i
 }
 
 template <typename T, int V, int NJ>
-__global__ void __launch_bounds__(DEC_THREADS, 1) decode_kernel(const m3k_decode_args a, const int lw) {
+__global__ void __launch_bounds__(DEC_THREADS, 1) decode_kernel(const m3k_decode_args a, const int lw,
+                                                                  const int weights_in_smem) {
   extern __shared__ __align__(16) unsigned char smem[];
   const cg::cluster_group cl = cg::this_cluster();
   const m3k_dims &d = a.d;
@@ -214,8 +208,7 @@ __global__ void __launch_bounds__(DEC_THREADS, 1) decode_kernel(const m3k_decode
   /* this CTA's heads [h0, h1) */
   const int hpc = (H + C - 1) / C, h0 = min(H, rank * hpc), h1 = min(H, h0 + hpc), nh = h1 - h0;
   uint64_t *s_bar = (uint64_t *)(smem + o.bars);
-  const int64_t wl_elems = decode_layer_weights(d, C, 1); /* a layer's weight copy, elements */
-  const int in_elems = own_tiles(d.dip, C) * 16 * dm;
+  const int64_t wl_elems = decode_layer_weights(d, C), in_elems = in_proj_weights(d, C);
   const bool rs = a.resets && a.resets[b];
 
   /* layer l's carried state (row b, this CTA's heads) and small parameters -> shared memory, by the
@@ -248,7 +241,7 @@ __global__ void __launch_bounds__(DEC_THREADS, 1) decode_kernel(const m3k_decode
   copy_async(s_res, a.h0 + (int64_t)b * dm, dm, tid, DEC_THREADS);
   __syncthreads();
   load_layer(0, 0); /* ahead of the weight copies, which take the multiprocessor's load bandwidth for a while */
-  if (a.weights_in_smem && warp == 0) {
+  if (weights_in_smem && warp == 0) {
     /* every layer's weight tiles of this CTA, one barrier per layer (armed by lane l for layer l), the
      * copies dealt over the lanes */
     const int Js[2] = {d.dip, dm}, Ks[2] = {dm, d.E}, nt[2] = {own_tiles(d.dip, C), own_tiles(dm, C)};
@@ -285,10 +278,10 @@ __global__ void __launch_bounds__(DEC_THREADS, 1) decode_kernel(const m3k_decode
     sa.out_norm = (const float *)(par + o.out_norm);
     sa.y_rstd = (float *)(smem + o.yr);
     /* the layer norm (every warp sums the row itself), in_proj over the cluster */
-    const float r = row_rstd(s_res, dm);
+    const float r = warp_rstd(s_res, dm);
     for (int j = tid; j < dm; j += DEC_THREADS) s_xn[j] = from_f<T>(s_res[j] * r * p_norm[j]);
     __syncthreads();
-    const T *ws = a.weights_in_smem ? (const T *)(smem + o.wts) + l * wl_elems : NULL;
+    const T *ws = weights_in_smem ? (const T *)(smem + o.wts) + l * wl_elems : NULL;
     if (ws) bar_wait(&s_bar[l], 0);
     gemv<T>((const T *)ly.in_proj, ws, d.dip, dm, s_xn, rank, C,
             [&](int j, float v) { put_all(cl, s_proj, j, to_f(from_f<T>(v))); });
@@ -299,10 +292,7 @@ __global__ void __launch_bounds__(DEC_THREADS, 1) decode_kernel(const m3k_decode
       const int which = it / d.G, g = it % d.G;
       const float *x = s_proj + (which ? d.C_off : d.B_off) + g * N;
       const float *w = (const float *)(par + (which ? o.C_norm : o.B_norm));
-      float ss = 0;
-      for (int n = lane; n < N; n += 32) ss += x[n] * x[n];
-      ss = warp_sum(ss);
-      const float rr = 1.0f / sqrtf(ss / (float)N + 1e-5f);
+      const float rr = warp_rstd(x, N);
       for (int n = lane; n < N; n += 32) s_bc[it * N + n] = x[n] * rr * w[n];
     }
     __syncthreads();
@@ -385,7 +375,7 @@ __global__ void __launch_bounds__(DEC_THREADS, 1) decode_kernel(const m3k_decode
   }
 
   /* norm_f, its columns dealt over the cluster */
-  const float r = row_rstd(s_res, dm);
+  const float r = warp_rstd(s_res, dm);
   if (rank == 0 && tid == 0) a.out_rstd[b] = r;
   for (int j = rank * DEC_THREADS + tid; j < dm; j += C * DEC_THREADS) {
     const float v = s_res[j] * r * a.norm_f[j];
@@ -455,17 +445,17 @@ extern "C" cudaError_t m3k_decode_prepare(int prec, size_t max_smem, int32_t cap
   return cudaErrorInvalidValue;
 }
 
-template <typename T> static cudaError_t launch_decode(cudaStream_t s, m3k_decode_args a, size_t max_smem) {
+template <typename T> static cudaError_t launch_decode(cudaStream_t s, const m3k_decode_args &a, size_t max_smem) {
   const step_tile t = step_tile_for(a.d.N, true); /* the state slices of a row are 16-byte aligned when N % 4 == 0 */
   const int ki = t.V == 1 ? 0 : t.NJ == 1 ? 1 : 2;
   /* the CTAs' weight tiles go to shared memory where they fit (small models, large clusters) */
   size_t smem = (size_t)decode_layout(a.d, a.L, (int)sizeof(T)).total;
-  const size_t weights = (size_t)a.L * (size_t)decode_layer_weights(a.d, a.cluster, (int)sizeof(T));
-  a.weights_in_smem = smem + weights <= max_smem;
-  if (a.weights_in_smem) smem += weights;
+  const size_t weights = (size_t)a.L * (size_t)decode_layer_weights(a.d, a.cluster) * sizeof(T);
+  const int weights_in_smem = smem + weights <= max_smem;
+  if (weights_in_smem) smem += weights;
   cudaLaunchAttribute at;
   const cudaLaunchConfig_t cfg = cluster_launch(&at, a.cluster, a.rows, smem, s);
-  void *args[] = {(void *)&a, (void *)&t.lw};
+  void *args[] = {(void *)&a, (void *)&t.lw, (void *)&weights_in_smem};
   return cudaLaunchKernelExC(&cfg, decode_kernel_at<T>(ki), args);
 }
 

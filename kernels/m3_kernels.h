@@ -190,7 +190,6 @@ typedef struct m3k_decode_args {
   m3k_dims d;
   int32_t L, rows;
   int32_t cluster;                /* CTAs per row (a thread-block cluster): 1 .. m3k_decode_prepare's maximum */
-  int32_t weights_in_smem;        /* set by m3k_decode_step: the CTAs copy their weight tiles to shared memory */
   const m3k_decode_layer *layers; /* [L] in device memory */
   const float *h0;                /* [rows, dm] the input rows (after the input layer); may be pinned host memory */
   const uint8_t *resets;          /* [rows]; NULL: none; may be pinned host memory */

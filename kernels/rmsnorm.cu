@@ -12,7 +12,6 @@
  */
 #include "common.cuh"
 
-static const float NORM_EPS = 1e-5f;
 
 template <typename T>
 __global__ void rmsnorm_fwd_kernel(const float *__restrict__ x, const float *__restrict__ w, T *y_act,
@@ -21,10 +20,7 @@ __global__ void rmsnorm_fwd_kernel(const float *__restrict__ x, const float *__r
   const int lane = threadIdx.x & 31;
   if (row >= rows) return;
   const float *xr = x + row * n; // [n]
-  float ss = 0;
-  for (int j = lane; j < n; j += 32) ss += xr[j] * xr[j];
-  ss = warp_sum(ss);
-  const float r = 1.0f / sqrtf(ss / (float)n + NORM_EPS);
+  const float r = warp_rstd(xr, n);
   if (lane == 0) rstd[row] = r;
   for (int j = lane; j < n; j += 32) {
     const float v = xr[j] * r * w[j];

@@ -128,14 +128,8 @@ __global__ void __launch_bounds__(STEP_THREADS, V == 4 ? 4 : 3) scan_step_kernel
     if (a.in_v) vin = a.in_v[bh * P + tid];
   }
   if (!a.bc_hat && wid < 2) { /* B (warp 0), C (warp 1): 1 / RMS over N, summed as bcnorm_fwd_kernel does */
-    const T *xs = wid ? pC : pB;
-    float ss = 0;
-    for (int n = lane; n < N; n += 32) {
-      const float v = to_f(xs[n]);
-      ss += v * v;
-    }
-    ss = warp_sum(ss);
-    if (lane == 0) s_rbc[wid] = 1.0f / sqrtf(ss / (float)N + 1e-5f);
+    const float r = warp_rstd(wid ? pC : pB, N);
+    if (lane == 0) s_rbc[wid] = r;
   }
   cp_wait_all();
   __syncthreads(); /* s_bk, s_bq, s_rbc */

@@ -519,8 +519,7 @@ static m3_status save_incoming(backend *be, int32_t rows) {
   return M3_OK;
 }
 
-/* The input layer of M positions into resid[0]. */
-/* The input layer into resid[0] from tokens (int32 [M]) or features (float32 [M, in_w]), either the
+/* The input layer of M positions into resid[0] from tokens (int32 [M]) or features (float32 [M, in_w]), either the
  * device copies upload_inputs makes or the pinned staging itself (read by the kernels through the
  * unified address space); identity input is uploaded straight into resid[0] (nothing to do). */
 static m3_status enq_input(backend *be, int64_t M, const int32_t *tokens, const float *in_f32) {
@@ -892,9 +891,9 @@ static m3_status enq_infer(backend *be, int32_t rows, int32_t len) {
     TRY(enq_input(be, rows, be->h_tokens, be->h_in));
     mark(be, PH_SCAN_F);
     const float *h0 = d->input == M3_INPUT_IDENTITY ? be->h_in : resid_l(be, 0);
-    const m3k_decode_args a = {be->kd,       d->L,         rows,         decode_cluster_for(be, rows),
-                               0,            be->decode_layers, h0,      be->h_resets,
-                               be->params + be->lay->norm_f, be->out, be->out_rstd, be->out_act};
+    const m3k_decode_args a = {be->kd,       d->L,           rows,          decode_cluster_for(be, rows),
+                               be->decode_layers, h0,        be->h_resets,  be->params + be->lay->norm_f,
+                               be->out,      be->out_rstd,   be->out_act};
     CK(m3k_decode_step(be->st, be->prec, &a, be->decode_smem));
   } else {
     TRY(upload_inputs(be, (int64_t)rows * len, 0));
@@ -1328,9 +1327,10 @@ static m3_status init_device(backend *be, const backend_args *a) {
     if ((!fused || strcmp(fused, "0") != 0) && m3k_decode_smem(be->prec, &be->kd, be->d->L, max_smem))
       be->decode_smem = (size_t)max_smem;
     const char *cap = getenv("M3_DECODE_CLUSTER");
-    if (be->decode_smem)
+    if (be->decode_smem) {
       CK(m3k_decode_prepare(be->prec, be->decode_smem, cap ? atoi(cap) : DECODE_CLUSTER_CAP, &be->decode_cluster));
-    CK(cudaDeviceGetAttribute(&be->sms, cudaDevAttrMultiProcessorCount, be->dev));
+      CK(cudaDeviceGetAttribute(&be->sms, cudaDevAttrMultiProcessorCount, be->dev));
+    }
   }
   CK(cudaStreamCreateWithFlags(&be->st, cudaStreamNonBlocking));
 
