@@ -9,7 +9,8 @@
  *      bf16: rel L2 <= 2e-2 (out, states, loss, weights), cosine >= 0.99 (each gradient tensor).
  *   2. against itself, bitwise, for f32, bf16 and f16: graph replay = eager steps, split calls
  *      = fused steps, two runs equal, set_lr under a captured graph applies at the next replay
- *      (and drop_graph -> set_lr -> capture_graph), window shapes changing under graph mode.
+ *      (and drop_graph -> set_lr -> capture_graph), window shapes changing under graph mode; one
+ *      case large enough that its uploads overlap the step (a fused step in two parts).
  *   3. f16: an overflowing step skips the update (weights bitwise unchanged), halves the loss
  *      scale and does not count; sizes beyond the kernels fail at creation with a clear error.
  *
@@ -516,6 +517,9 @@ int main(void) {
       {16, 16, 4, 1, 0.5, 1, M3_INPUT_FEATURES, M3_HEAD_NONE, 1, 2, 40},
       {16, 32, 4, 2, 1.0, 0, M3_INPUT_TOKENS, M3_HEAD_LM, 1, 2, 40},
       {8, 16, 4, 1, 0.5, 0, M3_INPUT_IDENTITY, M3_HEAD_MSE, 1, 3, 33},
+      /* input and d_out of 1 MiB: both go through the copy stream and the step runs in two parts
+       * (cuda_backend.c, step_splits); its smaller windows (changing shapes) do not */
+      {16, 16, 16, 1, 0.5, 0, M3_INPUT_IDENTITY, M3_HEAD_NONE, 1, 4, 512},
   };
   for (int p = M3_PRECISION_F32; p <= M3_PRECISION_F16; p++)
     for (size_t i = 0; i < sizeof self / sizeof self[0]; i++) self_checks(&self[i], p);

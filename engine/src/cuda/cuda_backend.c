@@ -14,6 +14,12 @@
  * finite flag) come back through one small copy into pinned memory; the call waits for it
  * because the trainer needs the finite flag before it counts the step.
  *
+ * Large float32 uploads (an "identity" / "features" input, a head "none" step's d_out, each at least
+ * OVERLAP_BYTES) go through a copy stream outside the graph, in pieces, so the host's copy into the
+ * pinned staging overlaps the copy engine (upload_overlapped); and such a step runs as two parts
+ * (two graphs): the forward is enqueued before the host stages d_out, so the staging and upload of
+ * d_out overlap the forward, and the backward waits for it (step_splits).
+ *
  * Determinism: the kernels reduce in fixed orders and every GEMM shape runs one cached
  * cuBLASLt algorithm with one workspace, so eager steps, graph replays and split calls give
  * the same bits, run after run.
@@ -68,7 +74,7 @@ static const size_t WORKSPACE_BYTES = (size_t)32 << 20;
 
 typedef struct graph_entry {
   int32_t rows, len, carry;
-  cudaGraphExec_t exec;
+  cudaGraphExec_t exec[2]; /* the sequence, or (step_splits) the step's front and back */
   uint64_t used;
 } graph_entry;
 
@@ -83,6 +89,8 @@ struct backend {
   int64_t Mc; /* capacity positions B * T */
   int poisoned;
   cudaStream_t st;
+  cudaStream_t copy_st; /* large uploads (upload_overlapped) */
+  cudaEvent_t uploaded; /* the last upload_overlapped's copies are done */
   gemm_ctx gm;
   int gm_ready;
   m3k_scan_plan scan;
@@ -748,17 +756,54 @@ static void sort_tokens(backend *be, const int32_t *tok, int64_t M) {
   be->h_info->nseg = nseg;
 }
 
-/* The window's inputs (kept on the device for the backward, which reads the forward's inputs). */
-static void stage_inputs(backend *be, const m3_batch *b, int train) {
+/* Large float32 uploads (see the header): at least OVERLAP_BYTES, in pieces of OVERLAP_PIECE (1 MiB:
+ * mid bf16 12.55-12.68 ms per step against 12.81-12.92 with 2 MiB, H200, kernels/NOTES.md). Their
+ * sizes for a window of M positions, 0 where the upload is small (a copy inside the sequence). */
+enum { OVERLAP_BYTES = 1 << 20, OVERLAP_PIECE = 1 << 20 };
+static size_t overlapped_input(const backend *be, int64_t M) {
+  const size_t bytes = (size_t)(M * be->in_w) * sizeof(float);
+  return be->d->input != M3_INPUT_TOKENS && bytes >= OVERLAP_BYTES ? bytes : 0;
+}
+static size_t overlapped_dout(const backend *be, int64_t M) {
+  const size_t bytes = (size_t)(M * be->d->dm) * sizeof(float);
+  return be->d->head == M3_HEAD_NONE && bytes >= OVERLAP_BYTES ? bytes : 0;
+}
+/* A training step in two parts: its d_out is staged and uploaded while its forward runs. */
+static int step_splits(const backend *be, int64_t M) { return overlapped_dout(be, M) > 0; }
+
+/* bytes from the host's src to the device's dst through the pinned staging at stage, on the copy
+ * stream: the host copies piece i + 1 while the copy engine moves piece i. The compute stream waits
+ * for the last piece before its next work. */
+static m3_status upload_overlapped(backend *be, void *dst, void *stage, const void *src, size_t bytes) {
+  for (size_t o = 0; o < bytes; o += OVERLAP_PIECE) {
+    const size_t n = bytes - o < (size_t)OVERLAP_PIECE ? bytes - o : (size_t)OVERLAP_PIECE;
+    stage_copy((char *)stage + o, (const char *)src + o, n);
+    CK(cudaMemcpyAsync((char *)dst + o, (char *)stage + o, n, cudaMemcpyHostToDevice, be->copy_st));
+  }
+  CK(cudaEventRecord(be->uploaded, be->copy_st));
+  CK(cudaStreamWaitEvent(be->st, be->uploaded, 0));
+  return M3_OK;
+}
+
+static float *input_dst(const backend *be) {
+  return be->d->input == M3_INPUT_IDENTITY ? resid_l(be, 0) : be->in_f32;
+}
+
+/* The window's inputs (kept on the device for the backward, which reads the forward's inputs); a
+ * large float32 input is uploaded here (upload_inputs then leaves it out). */
+static m3_status stage_inputs(backend *be, const m3_batch *b, int train) {
   const int64_t M = (int64_t)b->rows * b->len;
+  if (b->resets) memcpy(be->h_resets, b->resets, (size_t)M);
+  else memset(be->h_resets, 0, (size_t)M);
   if (be->d->input == M3_INPUT_TOKENS) {
     memcpy(be->h_tokens, b->tokens, (size_t)M * sizeof(int32_t));
     if (train) sort_tokens(be, b->tokens, M);
-  } else {
-    stage_copy(be->h_in, b->input, (size_t)(M * be->in_w) * sizeof(float));
+    return M3_OK;
   }
-  if (b->resets) memcpy(be->h_resets, b->resets, (size_t)M);
-  else memset(be->h_resets, 0, (size_t)M);
+  const size_t big = overlapped_input(be, M);
+  if (big) return upload_overlapped(be, input_dst(be), be->h_in, b->input, big);
+  stage_copy(be->h_in, b->input, (size_t)(M * be->in_w) * sizeof(float));
+  return M3_OK;
 }
 
 static void stage_targets(backend *be, const m3_batch *b, int want_grad) {
@@ -804,9 +849,8 @@ static m3_status upload_inputs(backend *be, int64_t M, int train) {
       H2D(be->seg_tok, be->h_seg_tok, (size_t)M * sizeof(int32_t));
       H2D(be->seg_start, be->h_seg_start, (size_t)(M + 1) * sizeof(int32_t));
     }
-  } else {
-    H2D(be->d->input == M3_INPUT_IDENTITY ? resid_l(be, 0) : be->in_f32, be->h_in,
-        (size_t)(M * be->in_w) * sizeof(float));
+  } else if (!overlapped_input(be, M)) {
+    H2D(input_dst(be), be->h_in, (size_t)(M * be->in_w) * sizeof(float));
   }
   H2D(be->resets, be->h_resets, (size_t)M);
   return M3_OK;
@@ -857,14 +901,19 @@ static void read_update(const backend *be, update_result *r) {
   r->finite = be->h_metrics->finite;
 }
 
-/* The whole fused step as one sequence on the stream (eager, or captured into a graph). */
-static m3_status enq_step(backend *be, int32_t rows, int32_t len, int carry) {
+/* The fused step on the stream (eager, or captured into graphs): the whole, or (step_splits) its
+ * front (uploads, forward) or back (backward, update, metrics). */
+enum { STEP_WHOLE, STEP_FRONT, STEP_BACK };
+static m3_status enq_step(backend *be, int part, int32_t rows, int32_t len, int carry) {
   const int64_t M = (int64_t)rows * len;
-  mark(be, PH_UPLOAD);
-  TRY(upload_step(be));
-  TRY(upload_inputs(be, M, 1));
-  TRY(upload_targets(be, M, 1));
-  TRY(enq_forward(be, rows, len, carry, 1));
+  if (part != STEP_BACK) {
+    mark(be, PH_UPLOAD);
+    TRY(upload_step(be));
+    TRY(upload_inputs(be, M, 1));
+    TRY(upload_targets(be, M, !step_splits(be, M)));
+    TRY(enq_forward(be, rows, len, carry, 1));
+  }
+  if (part == STEP_FRONT) return M3_OK;
   TRY(enq_backward(be, rows, len, 1));
   TRY(enq_update(be));
   return download_metrics(be);
@@ -908,11 +957,11 @@ static m3_status enq_infer(backend *be, int32_t rows, int32_t len) {
 
 /* ---- graphs ---------------------------------------------------------------------------------------------------- */
 
-static m3_status capture(backend *be, int32_t rows, int32_t len, int carry, cudaGraphExec_t *out) {
+static m3_status capture(backend *be, int part, int32_t rows, int32_t len, int carry, cudaGraphExec_t *out) {
   cudaGraph_t graph = NULL;
   CK(cudaStreamBeginCapture(be->st, cudaStreamCaptureModeRelaxed));
   be->pf.capturing = 1;
-  const m3_status s = be->infer ? enq_infer(be, rows, len) : enq_step(be, rows, len, carry);
+  const m3_status s = be->infer ? enq_infer(be, rows, len) : enq_step(be, part, rows, len, carry);
   be->pf.capturing = 0;
   const cudaError_t e = cudaStreamEndCapture(be->st, &graph);
   if (s != M3_OK) {
@@ -927,13 +976,22 @@ static m3_status capture(backend *be, int32_t rows, int32_t len, int carry, cuda
   return M3_OK;
 }
 
-static m3_status graph_for(backend *be, int32_t rows, int32_t len, int carry, cudaGraphExec_t *out) {
+static void destroy_entry(graph_entry *g) {
+  for (int k = 0; k < 2; k++)
+    if (g->exec[k]) cudaGraphExecDestroy(g->exec[k]);
+  memset(g, 0, sizeof *g);
+}
+
+/* The graphs of a shape: out[0] the sequence (or a split step's front), out[1] a split step's back
+ * (else NULL). */
+static m3_status graph_for(backend *be, int32_t rows, int32_t len, int carry, cudaGraphExec_t out[2]) {
   be->tick++;
   for (int i = 0; i < be->n_graphs; i++) {
     graph_entry *g = &be->graphs[i];
     if (g->rows == rows && g->len == len && g->carry == carry) {
       g->used = be->tick;
-      *out = g->exec;
+      out[0] = g->exec[0];
+      out[1] = g->exec[1];
       return M3_OK;
     }
   }
@@ -942,15 +1000,17 @@ static m3_status graph_for(backend *be, int32_t rows, int32_t len, int carry, cu
     slot = 0;
     for (int i = 1; i < MAX_GRAPHS; i++)
       if (be->graphs[i].used < be->graphs[slot].used) slot = i;
-    CK(cudaGraphExecDestroy(be->graphs[slot].exec));
-    be->graphs[slot].exec = NULL;
+    destroy_entry(&be->graphs[slot]);
   } else {
     be->n_graphs++;
   }
   graph_entry *g = &be->graphs[slot];
   memset(g, 0, sizeof *g);
-  const m3_status s = capture(be, rows, len, carry, &g->exec);
+  const int split = !be->infer && step_splits(be, (int64_t)rows * len);
+  m3_status s = capture(be, split ? STEP_FRONT : STEP_WHOLE, rows, len, carry, &g->exec[0]);
+  if (s == M3_OK && split) s = capture(be, STEP_BACK, rows, len, carry, &g->exec[1]);
   if (s != M3_OK) {
+    destroy_entry(g);
     be->graphs[slot] = be->graphs[be->n_graphs - 1];
     be->n_graphs--;
     return s;
@@ -959,13 +1019,13 @@ static m3_status graph_for(backend *be, int32_t rows, int32_t len, int carry, cu
   g->len = len;
   g->carry = carry;
   g->used = be->tick;
-  *out = g->exec;
+  out[0] = g->exec[0];
+  out[1] = g->exec[1];
   return M3_OK;
 }
 
 static void free_graphs(backend *be) {
-  for (int i = 0; i < be->n_graphs; i++)
-    if (be->graphs[i].exec) cudaGraphExecDestroy(be->graphs[i].exec);
+  for (int i = 0; i < be->n_graphs; i++) destroy_entry(&be->graphs[i]);
   be->n_graphs = 0;
 }
 
@@ -973,7 +1033,7 @@ static void free_graphs(backend *be) {
 
 static void destroy(backend *be) {
   if (!be) return;
-  if (be->arena || be->pin || be->st) cudaSetDevice(be->dev);
+  if (be->arena || be->pin || be->st || be->copy_st) cudaSetDevice(be->dev);
   if (be->pf.events)
     for (int i = 0; i < PROF_MARKS; i++)
       if (be->pf.ev[i]) cudaEventDestroy(be->pf.ev[i]);
@@ -983,6 +1043,8 @@ static void destroy(backend *be) {
   if (be->arena) cudaFree(be->arena);
   if (be->pin) cudaFreeHost(be->pin);
   if (be->st) cudaStreamDestroy(be->st);
+  if (be->copy_st) cudaStreamDestroy(be->copy_st);
+  if (be->uploaded) cudaEventDestroy(be->uploaded);
   cudaGetLastError();
   free(be->hist);
   free(be);
@@ -990,7 +1052,7 @@ static void destroy(backend *be) {
 
 static m3_status op_forward(backend *be, const m3_batch *b, int carry, int train, float *out) {
   ENTER(be);
-  stage_inputs(be, b, train);
+  TRY(stage_inputs(be, b, train));
   TRY(upload_inputs(be, (int64_t)b->rows * b->len, train));
   TRY(enq_forward(be, b->rows, b->len, carry, train));
   if (out)
@@ -1030,18 +1092,21 @@ static m3_status op_update(backend *be, const step_params *p, update_result *res
 static m3_status op_step(backend *be, const m3_batch *b, int carry, double weight, const step_params *p,
                          head_result *head, update_result *upd, int32_t *graph_replayed) {
   ENTER(be);
+  const int64_t M = (int64_t)b->rows * b->len;
+  const int split = step_splits(be, M);
   stage_step(be, p, weight);
-  stage_inputs(be, b, 1);
-  stage_targets(be, b, 1);
-  if (be->graph_mode) {
-    cudaGraphExec_t ex;
-    TRY(graph_for(be, b->rows, b->len, carry, &ex));
-    CK(cudaGraphLaunch(ex, be->st));
-    *graph_replayed = 1;
-  } else {
-    TRY(enq_step(be, b->rows, b->len, carry));
-    *graph_replayed = 0;
+  TRY(stage_inputs(be, b, 1));
+  stage_targets(be, b, !split);
+  cudaGraphExec_t ex[2] = {NULL, NULL};
+  if (be->graph_mode) TRY(graph_for(be, b->rows, b->len, carry, ex));
+  if (ex[0]) CK(cudaGraphLaunch(ex[0], be->st));
+  else TRY(enq_step(be, split ? STEP_FRONT : STEP_WHOLE, b->rows, b->len, carry));
+  if (split) { /* while the forward runs */
+    TRY(upload_overlapped(be, be->d_out, be->h_dout, b->d_out, overlapped_dout(be, M)));
+    if (ex[1]) CK(cudaGraphLaunch(ex[1], be->st));
+    else TRY(enq_step(be, STEP_BACK, b->rows, b->len, carry));
   }
+  *graph_replayed = be->graph_mode;
   TRY(sync(be));
   be->last_rows = b->rows;
   be->last_len = b->len;
@@ -1054,7 +1119,7 @@ static m3_status op_step(backend *be, const m3_batch *b, int carry, double weigh
 static m3_status op_evaluate(backend *be, const m3_batch *b, int carry, head_result *res, float *out) {
   ENTER(be);
   const int64_t M = (int64_t)b->rows * b->len;
-  stage_inputs(be, b, 0);
+  TRY(stage_inputs(be, b, 0));
   stage_targets(be, b, 0);
   TRY(upload_inputs(be, M, 0));
   TRY(upload_targets(be, M, 0));
@@ -1071,9 +1136,9 @@ static m3_status op_evaluate(backend *be, const m3_batch *b, int carry, head_res
 static m3_status op_capture_graph(backend *be) {
   ENTER(be);
   const int32_t rows = be->last_rows ? be->last_rows : be->B, len = be->last_len ? be->last_len : be->T;
-  cudaGraphExec_t ex;
+  cudaGraphExec_t ex[2];
   be->graph_mode = 1;
-  const m3_status s = graph_for(be, rows, len, be->last_carry, &ex);
+  const m3_status s = graph_for(be, rows, len, be->last_carry, ex);
   if (s != M3_OK) be->graph_mode = 0;
   return s;
 }
@@ -1175,11 +1240,11 @@ static int32_t op_fused_decode(const backend *be) { return be->decode_smem > 0; 
 
 static m3_status op_infer(backend *be, const m3_batch *b, float *out) {
   ENTER(be);
-  stage_inputs(be, b, 0);
+  TRY(stage_inputs(be, b, 0));
   if (be->infer_graph && b->len == 1) {
-    cudaGraphExec_t ex;
-    TRY(graph_for(be, b->rows, 1, 1, &ex));
-    CK(cudaGraphLaunch(ex, be->st));
+    cudaGraphExec_t ex[2];
+    TRY(graph_for(be, b->rows, 1, 1, ex));
+    CK(cudaGraphLaunch(ex[0], be->st));
   } else {
     TRY(enq_infer(be, b->rows, b->len));
   }
@@ -1333,6 +1398,8 @@ static m3_status init_device(backend *be, const backend_args *a) {
     }
   }
   CK(cudaStreamCreateWithFlags(&be->st, cudaStreamNonBlocking));
+  CK(cudaStreamCreateWithFlags(&be->copy_st, cudaStreamNonBlocking));
+  CK(cudaEventCreateWithFlags(&be->uploaded, cudaEventDisableTiming));
 
   carver c = {NULL, 0};
   carve_device(be, &c);
