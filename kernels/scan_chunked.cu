@@ -17,7 +17,8 @@
  *   E += (diag(W) x)^T ktil, with L the masked decay matrix, on tensor cores (mma.sync m16n8k16
  *   with ldmatrix, mma_tile.cuh; bf16 operands, float32 accumulation; bf16 also for f16 training:
  *   its range holds the loss-scaled gradients). Everything else (scalars, cumsums, masks, norms, gate,
- *   rotation, angles) is float32 with the formulas of scan.cu.
+ *   rotation, angles) is float32 with the formulas of scan.cu; the angle walks along the sequence
+ *   (theta, and its gradient's reverse sum) run in two levels, so their sums round in another order.
  *   Backward (dE = gradient of the state leaving the chunk: a reverse walk over the chunks runs only
  *   its recurrence, then every chunk in parallel, with the entering states as the forward kept them
  *   in a.chunk_states): with S1 = q ktil^T, S2 = dY x^T, L1 = L o S1, L2 = L o S2,
@@ -30,9 +31,9 @@
  *       M = L o S1 o S2, r_t = EC_t q_t.(dY E)_t, v_s = W_s ktil_s.(x dE)_s; da_t = suffix sum of dc
  *       (0 at a reset); dbp_0 = v_in^T dE_0 k_in (the beta term of the window's first token).
  *   Then the rotation backward, the angle gradient (reverse cumulative sum along the sequence,
- *   stopped at resets) and the scalar chain to dd_dt, dd_A, trap exactly as scan.cu.
+ *   stopped at resets) and the scalar chain to dd_dt, dd_A, trap as scan.cu.
  *
- * Pipeline (launchers at the end). Forward: scan_angles_chunked (theta, sequential per pair),
+ * Pipeline (launchers at the end). Forward: scan_angles_chunked (theta, a two-level walk per pair),
  * scan_prep_chunked (per chunk, in parallel: token scalars, cumsums, masks, q, ktil), scan_fwd_chunked_r
  * (the walk; in training it keeps the state entering each chunk: with q, ktil and the scalars, what
  * the forward keeps in a.chunk_states). Backward: scan_gate_bwd_chunked (per chunk, in parallel: the
@@ -97,6 +98,8 @@ struct csmem {
   float *kl;   /* [Np] prep: k (rotated, unscaled) of the window's last token */
   float *pOn;  /* [CWARPS][Pp] gate backward: mixer norm weight partials per warp */
   float *pbw;  /* [CWARPS][2N] post: B_bias, C_bias partials per warp */
+  float *seg_in; /* [G][S] post_seq: the angle gradient entering each segment from the later tokens */
+  int *seg_cut;  /* [G] post_seq: each segment's last reset (-1: none) */
   float *red;  /* [32] */
   float *misc; /* [8]: misc[0] = dec of the chunk */
 };
@@ -314,14 +317,20 @@ __host__ __device__ inline size_t carve_q(unsigned char *base, int N, csmem *m) 
   return off + 128;
 }
 
+/* The two-level walks along the sequence (scan_angles_chunked's angles, scan_post_seq_chunked's angle
+ * gradient): one thread per (pair, segment), G = walk_segs(S) segments a block. */
+__host__ __device__ inline int walk_segs(int S) { return S > 0 ? min(CTHREADS / S, 64) : 1; }
+
 /* Shared memory of scan_post_seq_chunked (rows = seq_block(S)): th: tanh of the angle logits, dth: the
- * angle gradient, sc: table rows (TW layout). */
+ * angle gradient, sc: table rows (TW layout), the walk's segment carries. */
 __host__ __device__ inline size_t carve_post(unsigned char *base, int S, int rows, csmem *m) {
   size_t off = 0;
   csmem t = {};
   CT(th, float, rows * S + 1);
   CT(dth, float, rows * S + 1);
   CT(sc, float, (rows + 1) * TW);
+  CT(seg_in, float, walk_segs(S) * S + 1);
+  CT(seg_cut, int, walk_segs(S));
   if (m) *m = t;
   return off + 128;
 }
@@ -569,6 +578,17 @@ __device__ __forceinline__ void c_build(const m3k_scan_args &a, const csmem &s, 
 template <typename T> __device__ __forceinline__ float ldact(const T *p) { return to_f(__ldg(p)); }
 template <> __device__ __forceinline__ float ldact<float>(const float *p) { return __ldg(p); }
 
+/* The angle logits of a token load as 16-byte vectors of 8 when they are aligned so (tanh8: the tanh of
+ * the 8 at p), else one at a time. */
+__device__ inline bool angles_vec8(const m3k_dims &d) { return d.S % 8 == 0 && d.ang_off % 8 == 0 && d.dipp % 8 == 0; }
+template <typename T> __device__ __forceinline__ void tanh8(const T *p, float *out) {
+  static_assert(sizeof(T) == 2, "16-bit activations");
+  const uint4 u = __ldg((const uint4 *)p);
+  const T *v = (const T *)&u;
+#pragma unroll
+  for (int e = 0; e < 8; e++) out[e] = tanhf(to_f(v[e]));
+}
+
 /* The gate backward of the chunk's tokens (warp per token, as scan.cu): dz into dproj, dy (a.dy and
  * the bf16 rows dyt [CQ][Pp], zero past nb and P), dy.x (F_DYX), the mixer-norm weight terms per warp.
  * Each warp loads its next token's inputs while it finishes the current one. */
@@ -779,63 +799,98 @@ __device__ __forceinline__ void rows_out(float *dst, int64_t ld_dst, const float
  * chunks when the per-pair arrays stay small. */
 __host__ __device__ inline int seq_block(int S) { return S <= 32 ? 4 * CQ : CQ; }
 
-/* Forward only: theta (a.theta) of every position and fin_angle, one CTA per (head, row), the sequence
- * in blocks of angles_block(S) tokens. The walker warps (one thread per pair: S threads) walk block k
- * (wrapped sums, restarted at resets, from in_angle) exactly as scan.cu while the other warps, the
- * producers, prepare block k + 1: dt and the reset flag per token, then the increments
- * pi tanh(angle logit) dt of every (token, pair), into the other of two buffers; one barrier per
- * block. Shared memory: angles_smem_floats(S). */
-__host__ __device__ inline int angles_block(int S) { return S <= 32 ? 2 * CQ : S <= 64 ? CQ : CQ / 2; }
-__host__ __device__ inline int angles_smem_floats(int S) { return 2 * angles_block(S) * (S + 1) + angles_block(S); }
-static_assert(2 * 2 * CQ * 33 + 2 * CQ <= 12288 && 2 * CQ * 65 + CQ <= 12288 && CQ * 129 + CQ / 2 <= 12288,
+/* Forward only: theta (a.theta) of every position and fin_angle, one CTA per (head, row). The walk
+ * theta_t = wrap(theta_{t-1} + pi tanh(angle logit) dt), restarted at resets, runs in two levels so that
+ * its dependent chain is short: the sequence goes in blocks of G = walk_segs(S) segments of ANG_SEG
+ * tokens. Per block every thread first writes the increments of its (token, pair) items into shared
+ * memory; thread (pair j, segment g) then walks its segment from 0 (as if the angle entering it were 0,
+ * restarting at resets), in place; pair j's first thread carries the angle across the segments' ends
+ * (wrapped sums, or a segment's own end after a reset in it); last, every thread adds the angle entering
+ * its segment to its tokens before the segment's first reset. wrap(theta_in + local) equals the
+ * sequential walk mod 2 pi; its float32 roundings differ (a chain of ANG_SEG + G wrapped sums per block
+ * instead of one per token; within SPEC.md §8, like the tensor-core sums). H200 (kernels/NOTES.md run
+ * 58): lm130 168 -> 108 us, mid 78 -> 34 us a launch. Shared memory: angles_smem_floats(S). */
+enum { ANG_SEG = 16 };
+__host__ __device__ inline int angles_smem_floats(int S) {
+  const int G = walk_segs(S), AB = G * ANG_SEG;
+  return AB * S + 2 * AB + G * S + G;
+}
+static_assert(CTHREADS * ANG_SEG + 2 * 64 * ANG_SEG + CTHREADS + 64 <= 12288,
               "angles: within the default 48 KB of shared memory");
 
 template <typename T>
 __global__ void __launch_bounds__(CTHREADS) scan_angles_chunked(const m3k_scan_args a) {
   extern __shared__ __align__(128) unsigned char smraw[];
   const m3k_dims &d = a.d;
-  const int h = blockIdx.x, b = blockIdx.y, S = d.S, H = d.H, tid = threadIdx.x;
+  const int h = blockIdx.x, b = blockIdx.y, S = d.S, H = d.H, tid = threadIdx.x; /* 1 <= S <= 128 */
   const T *proj = (const T *)a.proj;
-  const int TB = angles_block(S), nblk = (a.len + TB - 1) / TB;
-  const int walkers = (S + 31) / 32 * 32, nprod = CTHREADS - walkers, pt = tid - walkers; /* S <= 128 */
-  float *inc[2] = {(float *)smraw, (float *)smraw + TB * S}, *rst[2] = {inc[1] + TB * S, inc[1] + TB * S + TB};
-  float *dt = rst[1] + TB; /* producers' scratch: dt of the block's tokens */
+  const int G = walk_segs(S), AB = G * ANG_SEG, j = tid % S, g = tid / S;
+  float *val = (float *)smraw;              /* [AB][S] increments, then each segment's local walk */
+  float *dt = val + AB * S, *rst = dt + AB; /* [AB] dt and the reset flag of each token */
+  float *tin = rst + AB;                    /* [G][S] the angle entering each segment */
+  int *first = (int *)(tin + G * S);        /* [G] each segment's first reset (ANG_SEG: none) */
   const int64_t bh = (int64_t)b * H + h;
-  float v = tid < S && a.in_angle ? a.in_angle[bh * S + tid] : 0.0f;
-  for (int k = 0; k <= nblk; k++) {
-    if (pt >= 0 && k < nblk) { /* produce block k */
-      const int t0 = k * TB, nb = min(TB, a.len - t0);
-      const int64_t m0 = (int64_t)b * a.len + t0;
-      float *ib = inc[k & 1], *rb = rst[k & 1];
-      for (int i = pt; i < nb; i += nprod) {
-        const T *pr = proj + (m0 + i) * d.dipp;
-        dt[i] = token_scalars(to_f(pr[d.dt_off + h]), a.dt_bias[h], to_f(pr[d.A_off + h]), to_f(pr[d.trap_off + h]),
-                              d.a_floor).dt;
-        rb[i] = a.resets && a.resets[m0 + i] ? 1.0f : 0.0f;
-      }
-      asm volatile("bar.sync 1, %0;" ::"r"(nprod) : "memory"); /* the producers' dt */
-#pragma unroll 8
-      for (int idx = pt; idx < nb * S; idx += nprod) {
-        const int i = idx / S, j = idx - i * S;
-        ib[idx] = PI_F * tanhf(ldact(proj + (m0 + i) * d.dipp + d.ang_off + j)) * dt[i];
-      }
+  float carry = tid < S && a.in_angle ? a.in_angle[bh * S + tid] : 0.0f; /* thread j < S: pair j */
+  for (int t0 = 0; t0 < a.len; t0 += AB) {
+    const int nb = min(AB, a.len - t0), nseg = (nb + ANG_SEG - 1) / ANG_SEG;
+    const int64_t m0 = (int64_t)b * a.len + t0;
+    for (int i = tid; i < nb; i += CTHREADS) {
+      const T *pr = proj + (m0 + i) * d.dipp;
+      dt[i] = token_scalars(to_f(pr[d.dt_off + h]), a.dt_bias[h], to_f(pr[d.A_off + h]), to_f(pr[d.trap_off + h]),
+                            d.a_floor).dt;
+      rst[i] = a.resets && a.resets[m0 + i] ? 1.0f : 0.0f;
     }
-    if (tid < S && k > 0) { /* walk block k - 1 */
-      const int t0 = (k - 1) * TB, nb = min(TB, a.len - t0);
-      const int64_t m0 = (int64_t)b * a.len + t0;
-      const float *ib = inc[(k - 1) & 1], *rb = rst[(k - 1) & 1];
-      float *out = a.theta + (m0 * H + h) * S + tid;
-      const int64_t step = (int64_t)H * S;
-#pragma unroll 4
-      for (int i = 0; i < nb; i++, out += step) {
-        if (rb[i] != 0) v = 0;
-        v = wrap_sum(v, ib[i * S + tid]);
-        *out = v;
+    __syncthreads();
+    if (angles_vec8(d)) {
+      const int S8 = S / 8;
+      for (int idx = tid; idx < nb * S8; idx += CTHREADS) {
+        const int i = idx / S8, j0 = (idx - i * S8) * 8;
+        float t8[8];
+        tanh8(proj + (m0 + i) * d.dipp + d.ang_off + j0, t8);
+#pragma unroll
+        for (int e = 0; e < 8; e++) val[i * S + j0 + e] = PI_F * t8[e] * dt[i];
+      }
+    } else {
+#pragma unroll 8
+      for (int idx = tid; idx < nb * S; idx += CTHREADS) {
+        const int i = idx / S, jj = idx - i * S;
+        val[idx] = PI_F * tanhf(ldact(proj + (m0 + i) * d.dipp + d.ang_off + jj)) * dt[i];
       }
     }
     __syncthreads();
+    const int i0 = g * ANG_SEG, i1 = min(i0 + ANG_SEG, nb); /* this thread's segment (g < nseg) */
+    if (g < nseg) {
+      float v = 0;
+      int fr = ANG_SEG;
+      for (int i = i0; i < i1; i++) {
+        if (rst[i] != 0) {
+          v = 0;
+          if (fr == ANG_SEG) fr = i - i0;
+        }
+        v = wrap_sum(v, val[i * S + j]);
+        val[i * S + j] = v;
+      }
+      if (j == 0) first[g] = fr;
+    }
+    __syncthreads();
+    if (tid < S) {
+      for (int q = 0; q < nseg; q++) {
+        tin[q * S + j] = carry;
+        const float end = val[(min(q * ANG_SEG + ANG_SEG, nb) - 1) * S + j];
+        carry = first[q] < ANG_SEG ? end : wrap_sum(carry, end);
+      }
+    }
+    __syncthreads();
+    if (g < nseg) {
+      const float in = tin[g * S + j];
+      const int fr = first[g];
+      float *out = a.theta + ((m0 + i0) * H + h) * S + j;
+      const int64_t step = (int64_t)H * S;
+      for (int i = i0; i < i1; i++, out += step) *out = i - i0 < fr ? wrap_sum(in, val[i * S + j]) : val[i * S + j];
+    }
+    __syncthreads();
   }
-  if (tid < S && a.fin_angle) a.fin_angle[bh * S + tid] = v;
+  if (tid < S && a.fin_angle) a.fin_angle[bh * S + tid] = carry;
 }
 
 /* One CTA per (chunk, head, row): the chunk's token scalars, cumsums and masks, q and ktil (and the
@@ -1543,9 +1598,11 @@ __global__ void __launch_bounds__(CTHREADS, UPL <= 3 ? 3 : UPL == 4 ? 2 : 1) sca
 }
 
 /* One CTA per (head, row), the chunks in reverse: the angle gradient (reverse cumulative sum per pair,
- * stopped at resets: dang_head, dtang), then per token the scalar chain to dd_dt, dd_A, trap (dbp of a
- * token = dscale of the token before it, v_in^T dE_0 k_in for the first, 0 at a reset), and the
- * per-(row, head) partials: dt_bias, D, B_bias, C_bias (part), the mixer norm weight (part_norm). */
+ * stopped at resets: dang_head, dtang; a two-level walk as scan_angles_chunked's: the block's segments
+ * summed from their ends in place, the carries across the segments, then every token's sum), then per
+ * token the scalar chain to dd_dt, dd_A, trap (dbp of a token = dscale of the token before it,
+ * v_in^T dE_0 k_in for the first, 0 at a reset), and the per-(row, head) partials: dt_bias, D, B_bias,
+ * C_bias (part), the mixer norm weight (part_norm). */
 template <typename T>
 __global__ void __launch_bounds__(CTHREADS) scan_post_seq_chunked(const m3k_scan_args a) {
   extern __shared__ __align__(128) unsigned char smraw[];
@@ -1557,6 +1614,7 @@ __global__ void __launch_bounds__(CTHREADS) scan_post_seq_chunked(const m3k_scan
   csmem s;
   const int TB = seq_block(S);
   carve_post(smraw, S, TB, &s);
+  const int G = walk_segs(S), seg_len = (TB + G - 1) / G, wj = S > 0 ? tid % S : 0, wg = S > 0 ? tid / S : G;
   cviews cv;
   chunk_views(a.chunk_scratch, a.chunk_states, a.rows, a.len, H, P, N, true, &cv);
   const int nch = (a.len + CQ - 1) / CQ;
@@ -1569,25 +1627,60 @@ __global__ void __launch_bounds__(CTHREADS) scan_post_seq_chunked(const m3k_scan
     const int64_t m0 = (int64_t)b * a.len + t0;
     const float *tab = tab_row + (int64_t)t0 * TW;
     for (int idx = tid; idx < nb * (TW / 4); idx += CTHREADS) cp16(st + idx * 4, tab + idx * 4);
+    if (angles_vec8(d)) {
+      const int S8 = S / 8;
+      for (int idx = tid; idx < nb * S8; idx += CTHREADS) {
+        const int i = idx / S8, j0 = (idx - i * S8) * 8;
+        tanh8(proj + (m0 + i) * d.dipp + d.ang_off + j0, s.th + i * S + j0);
+        const float4 *dq = (const float4 *)(a.dthq + ((m0 + i) * H + h) * S + j0);
+        *(float4 *)(s.dth + i * S + j0) = __ldg(dq);
+        *(float4 *)(s.dth + i * S + j0 + 4) = __ldg(dq + 1);
+      }
+    } else {
 #pragma unroll 8
-    for (int idx = tid; idx < nb * S; idx += CTHREADS) {
-      const int i = idx / S, j = idx - i * S;
-      s.th[idx] = tanhf(ldact(proj + (m0 + i) * d.dipp + d.ang_off + j));
-      s.dth[idx] = __ldg(a.dthq + ((m0 + i) * H + h) * S + j);
+      for (int idx = tid; idx < nb * S; idx += CTHREADS) {
+        const int i = idx / S, jj = idx - i * S;
+        s.th[idx] = tanhf(ldact(proj + (m0 + i) * d.dipp + d.ang_off + jj));
+        s.dth[idx] = __ldg(a.dthq + ((m0 + i) * H + h) * S + jj);
+      }
     }
     cp_wait_all();
     __syncthreads();
-    if (tid < S) {
+    /* D_i = dth_i + (no reset at i + 1 ? D_{i + 1} : 0): thread (pair wj, segment wg) sums its segment from
+     * its end (as if nothing came from later tokens), in place */
+    const int nseg = (nb + seg_len - 1) / seg_len, i0 = wg * seg_len, i1 = min(i0 + seg_len, nb);
+    if (wg < nseg) {
+      float v = 0;
+      int cut = -1;
+      for (int i = i1 - 1; i >= i0; i--) {
+        v += s.dth[i * S + wj];
+        s.dth[i * S + wj] = v;
+        if (st[i * TW + F_RST] != 0) {
+          v = 0;
+          if (cut < 0) cut = i;
+        }
+      }
+      if (wj == 0) s.seg_cut[wg] = cut;
+    }
+    __syncthreads();
+    /* pair wj's carry across the segments, from the last (a segment's tokens from its last reset on
+     * receive it) */
+    if (tid < S)
+      for (int q = nseg - 1; q >= 0; q--) {
+        s.seg_in[q * S + wj] = D;
+        const int e = q * seg_len;
+        D = st[e * TW + F_RST] != 0 ? 0.0f : s.dth[e * S + wj] + (s.seg_cut[q] < 0 ? D : 0.0f);
+      }
+    __syncthreads();
+    if (wg < nseg) {
+      const float in = s.seg_in[wg * S + wj];
+      const int cut = s.seg_cut[wg];
       const int64_t step = (int64_t)H * S;
-      float *out = a.dang_head + ((m0 + nb - 1) * H + h) * S + tid;
-#pragma unroll 4
-      for (int i = nb - 1; i >= 0; i--, out -= step) {
-        const float *t = st + i * TW;
-        D += s.dth[i * S + tid];
-        const float ta = s.th[i * S + tid];
-        s.dth[i * S + tid] = PI_F * D * ta;
-        *out = PI_F * D * t[F_DT] * (1 - ta * ta);
-        if (t[F_RST] != 0) D = 0;
+      float *out = a.dang_head + ((m0 + i0) * H + h) * S + wj;
+      for (int i = i0; i < i1; i++, out += step) {
+        const float Di = s.dth[i * S + wj] + (i >= cut ? in : 0.0f), ta = s.th[i * S + wj];
+        s.dth[i * S + wj] = PI_F * Di * ta;
+        *out = PI_F * Di * st[i * TW + F_DT] * (1 - ta * ta);
       }
     }
     __syncthreads();
@@ -1610,11 +1703,15 @@ __global__ void __launch_bounds__(CTHREADS) scan_post_seq_chunked(const m3k_scan
                                       t[F_DAD], t[T_DTANG]);
     }
     __syncthreads();
-    if (tid == 0)
-      for (int i = nb - 1; i >= 0; i--) {
-        pd += st[i * TW + T_DV];
-        sdyx += st[i * TW + F_DYX];
+    if (wid == 0) { /* the block's sums (lanes over the tokens, then the butterfly), added in block order */
+      float v = 0, x = 0;
+      for (int i = lane; i < nb; i += 32) {
+        v += st[i * TW + T_DV];
+        x += st[i * TW + F_DYX];
       }
+      pd += warp_sum(v);
+      sdyx += warp_sum(x);
+    }
     __syncthreads();
   }
   float *part = a.part + bh * (2 + 2 * (int64_t)N); // [2 + 2N]
