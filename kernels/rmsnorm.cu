@@ -12,7 +12,6 @@
  */
 #include "common.cuh"
 
-
 template <typename T>
 __global__ void rmsnorm_fwd_kernel(const float *__restrict__ x, const float *__restrict__ w, T *y_act,
                                    float *y_f32, float *__restrict__ rstd, int64_t rows, int32_t n) {

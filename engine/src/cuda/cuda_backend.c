@@ -1092,8 +1092,8 @@ static m3_status op_update(backend *be, const step_params *p, update_result *res
 static m3_status op_step(backend *be, const m3_batch *b, int carry, double weight, const step_params *p,
                          head_result *head, update_result *upd, int32_t *graph_replayed) {
   ENTER(be);
-  const int64_t M = (int64_t)b->rows * b->len;
-  const int split = step_splits(be, M);
+  const size_t dout_bytes = overlapped_dout(be, (int64_t)b->rows * b->len); /* > 0: the step splits */
+  const int split = dout_bytes > 0;
   stage_step(be, p, weight);
   TRY(stage_inputs(be, b, 1));
   stage_targets(be, b, !split);
@@ -1102,7 +1102,7 @@ static m3_status op_step(backend *be, const m3_batch *b, int carry, double weigh
   if (ex[0]) CK(cudaGraphLaunch(ex[0], be->st));
   else TRY(enq_step(be, split ? STEP_FRONT : STEP_WHOLE, b->rows, b->len, carry));
   if (split) { /* while the forward runs */
-    TRY(upload_overlapped(be, be->d_out, be->h_dout, b->d_out, overlapped_dout(be, M)));
+    TRY(upload_overlapped(be, be->d_out, be->h_dout, b->d_out, dout_bytes));
     if (ex[1]) CK(cudaGraphLaunch(ex[1], be->st));
     else TRY(enq_step(be, STEP_BACK, b->rows, b->len, carry));
   }
