@@ -226,7 +226,7 @@ __host__ __device__ inline size_t carve_r(unsigned char *base, int P, int N, csm
  *   pbc    [u][2][N] float: the chunk's B_bias, C_bias gradient partials
  * In training (a.chunk_states set) the forward keeps what its backward reads in a.chunk_states, per
  * layer (kept_views): the state entering each chunk, states [u][P][N] float (the forward walk), and
- * q, k, tab as above (the scratch's are then unused): the backward does not prepare them again. */
+ * q, k, tab as above (the scratch has none of them then): the backward does not prepare them again. */
 enum { TW = 24, T_DEC = 16, T_DA, T_DSCALE, T_DGAM, T_DBP0, T_DTANG, T_DV, TAB_FIELDS = F_DYX + 1 };
 static_assert(TAB_FIELDS <= T_DEC && T_DV < TW && (int)TW >= (int)FW, "table layout"); /* T_DTANG, T_DV: post_seq's own */
 
@@ -258,8 +258,9 @@ __host__ __device__ inline int64_t kept_views(float *base, int rows, int len, in
   return (int64_t)((off + 127) / sizeof(float));
 }
 
-/* Carves the scratch at base (NULL: only the size); with kept (a.chunk_states), states, q, k and tab
- * come from there. Returns the scratch's size in floats. */
+/* Carves the scratch at base (NULL: only the size). Training (kept, a.chunk_states; the size for
+ * the backward) takes states, q, k and tab from kept, inference q, k and tab from the scratch.
+ * Returns the scratch's size in floats. */
 __host__ __device__ inline int64_t chunk_views(float *base, float *kept, int rows, int len, int H, int P, int N,
                                                bool bwd, cviews *v) {
   const cdims c = make_cdims(P, N);
@@ -267,8 +268,8 @@ __host__ __device__ inline int64_t chunk_views(float *base, float *kept, int row
   size_t off = 0;
   unsigned char *b = (unsigned char *)base;
   cviews t = {};
-  carve_qkt(b, off, c, units, t);
   if (kept) kept_views(kept, rows, len, H, P, N, &t);
+  else if (!bwd) carve_qkt(b, off, c, units, t);
   CV(kl, float, (size_t)rows * H * N);
   if (bwd) {
     CV(dy, OT, units * CQ * c.Pp);
