@@ -42,7 +42,8 @@
  * table), scan_post_chunked (per chunk, in parallel: the diagonal terms, rotation backward, dscale,
  * the angle shares, B/C bias partials),
  * scan_post_seq_chunked (per (head, row): the angle gradient along the sequence, the scalar chain,
- * the per-(row, head) partials). The walks keep only the work that is sequential over the chunks:
+ * the per-(row, head) partials). The walks and the per-chunk backward are also compiled for a few fixed
+ * (P, N) (SHAPE_DISPATCH). The walks keep only the work that is sequential over the chunks:
  * one CTA (8 warps) per (head, row); operand tiles in shared memory (bf16, padded rows: +8
  * elements); each product's 16 x 16 output tiles spread over the warps. Every sum has a fixed order
  * (no atomics): bitwise repeatable. The walks keep the float32 state E / dE in the warps' accumulator
@@ -968,12 +969,12 @@ __global__ void __launch_bounds__(CTHREADS) scan_gate_bwd_chunked(const m3k_scan
  * Y tiles = EC-scaled q E^T plus (L o S) x without leaving the warp; W x in place in sx after Y;
  * E = dec E + (W x)^T ktil in registers, converted to bf16 through the per-warp scratch. */
 
-template <typename T>
+template <typename T, int PK, int NK>
 __global__ void __launch_bounds__(CTHREADS, 2) scan_fwd_chunked_r(const m3k_scan_args a) {
   extern __shared__ __align__(128) unsigned char smraw[];
   const m3k_dims &d = a.d;
   const int h = blockIdx.x, b = blockIdx.y;
-  const int P = d.P, N = d.N, H = d.H, E = d.E;
+  const int P = PK ? PK : d.P, N = NK ? NK : d.N, H = d.H, E = d.E;
   const int tid = threadIdx.x, lane = tid & 31, wid = tid >> 5;
   const cdims cd = make_cdims(P, N);
   csmem s;
@@ -1173,12 +1174,12 @@ __device__ __forceinline__ float c_finish(const m3k_scan_args &a, int64_t m, int
  * accumulator registers (the forward walk's tiles); q and dY of the next chunk load meanwhile. At
  * the end dbp_0 = v_in^T dE_0 k_in (tab T_DBP0 of the row's first unit; its beta term, dropped at a
  * reset by the post kernel). */
-template <typename T>
+template <typename T, int PK, int NK>
 __global__ void __launch_bounds__(CTHREADS, 2) scan_dstate_chunked(const m3k_scan_args a) {
   extern __shared__ __align__(128) unsigned char smraw[];
   const m3k_dims &d = a.d;
   const int h = blockIdx.x, b = blockIdx.y;
-  const int P = d.P, N = d.N, H = d.H;
+  const int P = PK ? PK : d.P, N = NK ? NK : d.N, H = d.H;
   const int tid = threadIdx.x, lane = tid & 31, wid = tid >> 5;
   const cdims cd = make_cdims(P, N);
   csmem s;
@@ -1301,12 +1302,12 @@ __device__ __forceinline__ void kgrad_blocks(float *F, const cdims &cd, const OT
  * (the scratch) and the state entering it (a.chunk_states), both converted to bf16 in one space (E
  * until dq is done, then dE); the float32 [CQ][Np] products in column blocks (cd.cw). MINB = 2 (128
  * registers) for shapes whose shared memory lets two CTAs share an SM (bwd_two_ctas). */
-template <typename T, int MINB>
+template <typename T, int MINB, int PK, int NK>
 __global__ void __launch_bounds__(CTHREADS, MINB) scan_bwd_chunked(const m3k_scan_args a) {
   extern __shared__ __align__(128) unsigned char smraw[];
   const m3k_dims &d = a.d;
   const int ch = blockIdx.x, h = blockIdx.y, b = blockIdx.z;
-  const int P = d.P, N = d.N, H = d.H, E = d.E;
+  const int P = PK ? PK : d.P, N = NK ? NK : d.N, H = d.H, E = d.E;
   const int tid = threadIdx.x, lane = tid & 31, wid = tid >> 5;
   const cdims cd = make_cdims(P, N);
   csmem s;
@@ -1772,21 +1773,44 @@ template <typename T, int UPL> static cudaError_t unit_kernels_prepare(const m3k
   return e;
 }
 
-template <typename T> static cudaError_t chunked_prepare(const m3k_scan_plan *plan) {
-  cudaError_t e = cudaFuncSetAttribute(scan_fwd_chunked_r<T>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+/* Binds PK, NK (P, N as compile-time constants; 0: read at run time) for the shapes the walks and the
+ * per-chunk backward are also compiled for, so that their index arithmetic folds and they need fewer
+ * registers (NOTES.md runs 68-69): the public configs' headdim 64 x d_state 128, and DESIGN.md's
+ * 32 x 64 and 16 x 16. */
+#define SHAPE_DISPATCH(P_, N_, body)                                                \
+  do {                                                                              \
+    if ((P_) == 64 && (N_) == 128) { enum { PK = 64, NK = 128 }; body; }            \
+    else if ((P_) == 32 && (N_) == 64) { enum { PK = 32, NK = 64 }; body; }         \
+    else if ((P_) == 16 && (N_) == 16) { enum { PK = 16, NK = 16 }; body; }         \
+    else { enum { PK = 0, NK = 0 }; body; }                                         \
+  } while (0)
+
+template <typename T, int PK, int NK> static cudaError_t shape_kernels_prepare(const m3k_scan_plan *plan) {
+  cudaError_t e = cudaFuncSetAttribute(scan_fwd_chunked_r<T, PK, NK>, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                        plan->smem_cfwd);
   if (e == cudaSuccess)
-    e = cudaFuncSetAttribute(scan_fwd_chunked_r<T>, cudaFuncAttributePreferredSharedMemoryCarveout,
+    e = cudaFuncSetAttribute(scan_fwd_chunked_r<T, PK, NK>, cudaFuncAttributePreferredSharedMemoryCarveout,
                              cudaSharedmemCarveoutMaxShared);
   if (e == cudaSuccess)
-    e = cudaFuncSetAttribute(scan_dstate_chunked<T>, cudaFuncAttributeMaxDynamicSharedMemorySize, plan->smem_cbwd);
+    e = cudaFuncSetAttribute(scan_dstate_chunked<T, PK, NK>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                             plan->smem_cbwd);
   if (e == cudaSuccess)
-    e = cudaFuncSetAttribute(scan_bwd_chunked<T, 1>, cudaFuncAttributeMaxDynamicSharedMemorySize, plan->smem_cbwd);
+    e = cudaFuncSetAttribute(scan_bwd_chunked<T, 1, PK, NK>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                             plan->smem_cbwd);
   if (e == cudaSuccess)
-    e = cudaFuncSetAttribute(scan_bwd_chunked<T, 2>, cudaFuncAttributeMaxDynamicSharedMemorySize, plan->smem_cbwd);
+    e = cudaFuncSetAttribute(scan_bwd_chunked<T, 2, PK, NK>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                             plan->smem_cbwd);
   if (e == cudaSuccess)
-    e = cudaFuncSetAttribute(scan_bwd_chunked<T, 2>, cudaFuncAttributePreferredSharedMemoryCarveout,
+    e = cudaFuncSetAttribute(scan_bwd_chunked<T, 2, PK, NK>, cudaFuncAttributePreferredSharedMemoryCarveout,
                              cudaSharedmemCarveoutMaxShared);
+  return e;
+}
+
+template <typename T> static cudaError_t chunked_prepare(const m3k_scan_plan *plan) {
+  cudaError_t e = shape_kernels_prepare<T, 0, 0>(plan);
+  if (e == cudaSuccess) e = shape_kernels_prepare<T, 64, 128>(plan);
+  if (e == cudaSuccess) e = shape_kernels_prepare<T, 32, 64>(plan);
+  if (e == cudaSuccess) e = shape_kernels_prepare<T, 16, 16>(plan);
   if (e == cudaSuccess) e = unit_kernels_prepare<T, 1>(plan);
   if (e == cudaSuccess) e = unit_kernels_prepare<T, 2>(plan);
   if (e == cudaSuccess) e = unit_kernels_prepare<T, 3>(plan);
@@ -1810,7 +1834,8 @@ template <typename T> static void chunked_fwd(cudaStream_t s, const m3k_scan_pla
     scan_angles_chunked<T><<<dim3(a.d.H, a.rows), CTHREADS, (size_t)angles_smem_floats(a.d.S) * sizeof(float), s>>>(a);
   UNITS_DISPATCH(a.d.N - a.d.S,
                  (scan_prep_chunked<T, UPL><<<dim3(nch, a.d.H, a.rows), CTHREADS, plan->smem_cprep, s>>>(a)));
-  scan_fwd_chunked_r<T><<<dim3(a.d.H, a.rows), CTHREADS, plan->smem_cfwd, s>>>(a);
+  SHAPE_DISPATCH(a.d.P, a.d.N,
+                 (scan_fwd_chunked_r<T, PK, NK><<<dim3(a.d.H, a.rows), CTHREADS, plan->smem_cfwd, s>>>(a)));
 }
 
 cudaError_t m3k_chunked_fwd(cudaStream_t s, int prec, const m3k_scan_plan *plan, const m3k_scan_args *a) {
@@ -1826,10 +1851,12 @@ template <typename T> static void chunked_bwd(cudaStream_t s, const m3k_scan_arg
   const int P = a.d.P, N = a.d.N;
   scan_gate_bwd_chunked<T><<<chunks, CTHREADS, carve_g(NULL, P, NULL), s>>>(a);
   /* each takes its own shared memory size, within the limits m3k_chunked_prepare set */
-  scan_dstate_chunked<T><<<walks, CTHREADS, carve_d(NULL, P, N, NULL), s>>>(a);
+  SHAPE_DISPATCH(P, N, (scan_dstate_chunked<T, PK, NK><<<walks, CTHREADS, carve_d(NULL, P, N, NULL), s>>>(a)));
   const int32_t per_chunk = (int32_t)carve_c(NULL, P, N, NULL);
-  if (bwd_two_ctas(per_chunk)) scan_bwd_chunked<T, 2><<<chunks, CTHREADS, per_chunk, s>>>(a);
-  else scan_bwd_chunked<T, 1><<<chunks, CTHREADS, per_chunk, s>>>(a);
+  const bool two = bwd_two_ctas(per_chunk);
+  SHAPE_DISPATCH(P, N,
+                 (two ? scan_bwd_chunked<T, 2, PK, NK><<<chunks, CTHREADS, per_chunk, s>>>(a)
+                      : scan_bwd_chunked<T, 1, PK, NK><<<chunks, CTHREADS, per_chunk, s>>>(a)));
   UNITS_DISPATCH(a.d.N - a.d.S, (scan_post_chunked<T, UPL><<<chunks, CTHREADS, carve_q(NULL, N, NULL), s>>>(a)));
   scan_post_seq_chunked<T><<<walks, CTHREADS, carve_post(NULL, a.d.S, seq_block(a.d.S), NULL), s>>>(a);
 }
