@@ -42,9 +42,9 @@
  * table), scan_post_chunked (per chunk, in parallel: the diagonal terms, rotation backward, dscale,
  * the angle shares, B/C bias partials),
  * scan_post_seq_chunked (per (head, row): the angle gradient along the sequence, the scalar chain,
- * the per-(row, head) partials). The walks and the per-chunk backward are also compiled for a few fixed
- * (P, N) (SHAPE_DISPATCH). The walks keep only the work that is sequential over the chunks:
- * one CTA (8 warps) per (head, row); operand tiles in shared memory (bf16, padded rows: +8
+ * the per-(row, head) partials). All but the angle walks, the gate backward and post_seq are also
+ * compiled for a few fixed (P, N) (SHAPE_DISPATCH). The walks keep only the work that is sequential
+ * over the chunks: one CTA (8 warps) per (head, row); operand tiles in shared memory (bf16, padded rows: +8
  * elements); each product's 16 x 16 output tiles spread over the warps. Every sum has a fixed order
  * (no atomics): bitwise repeatable. The walks keep the float32 state E / dE in the warps' accumulator
  * registers (no float32 S tile, W x in place; NOTES.md run 8); they hold at most
@@ -466,6 +466,18 @@ __device__ __forceinline__ void c_prep(float *sc, int nb, float *misc) {
  * the head's B/C biases are set up once per CTA, and a token's loads (B_hat / C_hat, theta) are all
  * issued before any is used. */
 
+/* Binds PK, NK (P, N as compile-time constants; 0: read at run time) for the shapes that the walks and
+ * the per-chunk preparation, products and post kernels are also compiled for, so that their index
+ * arithmetic folds and they need fewer registers (NOTES.md runs 68-70): the public configs' headdim
+ * 64 x d_state 128, and DESIGN.md's 32 x 64 and 16 x 16. */
+#define SHAPE_DISPATCH(P_, N_, body)                                                \
+  do {                                                                              \
+    if ((P_) == 64 && (N_) == 128) { enum { PK = 64, NK = 128 }; body; }            \
+    else if ((P_) == 32 && (N_) == 64) { enum { PK = 32, NK = 64 }; body; }         \
+    else if ((P_) == 16 && (N_) == 16) { enum { PK = 16, NK = 16 }; body; }         \
+    else { enum { PK = 0, NK = 0 }; body; }                                         \
+  } while (0)
+
 /* Units per lane for N - S <= 256 units (UNITS_DISPATCH binds it as a compile-time constant). */
 #define UNITS_DISPATCH(U, body)                                                     \
   do {                                                                              \
@@ -476,6 +488,17 @@ __device__ __forceinline__ void c_prep(float *sc, int nb, float *misc) {
     else if (u_ <= 128) { enum { UPL = 4 }; body; }                                 \
     else { enum { UPL = 8 }; body; }                                                \
   } while (0)
+
+/* SHAPE_DISPATCH, then UNITS_DISPATCH: for a fixed d_state NK only the UPL that N - S (NK / 2 ... NK)
+ * can take are instantiated. */
+__host__ __device__ constexpr int upl_of(int units) {
+  return units <= 32 ? 1 : units <= 64 ? 2 : units <= 96 ? 3 : units <= 128 ? 4 : 8;
+}
+__host__ __device__ constexpr bool upl_serves(int NK, int UPL) {
+  return NK == 0 || (UPL >= upl_of(NK / 2) && UPL <= upl_of(NK));
+}
+#define SHAPE_UNITS_DISPATCH(P_, N_, U_, body) \
+  SHAPE_DISPATCH(P_, N_, UNITS_DISPATCH(U_, if constexpr (upl_serves(NK, UPL)) body))
 
 template <int UPL> struct lane_units {
   int n0[UPL];    /* first column of unit j (-1: the lane has no unit j) */
@@ -528,10 +551,10 @@ __device__ __forceinline__ unit_kq lane_unit(const lane_units<UPL> &L, const lan
 /* q, ktil (bf16) and q.k (float32) of the chunk; rows >= nb and columns >= N are zero. kl: the window's
  * last k (or NULL). */
 template <int UPL>
-__device__ __forceinline__ void c_build(const m3k_scan_args &a, const csmem &s, const cdims &cd, int64_t m0, int t0,
-                                        int nb, int h, int g, float *kl) {
+__device__ __forceinline__ void c_build(const m3k_scan_args &a, const csmem &s, const cdims &cd, int N, int64_t m0,
+                                        int t0, int nb, int h, int g, float *kl) {
   const int lane = threadIdx.x & 31, wid = threadIdx.x >> 5;
-  const int N = a.d.N, S = a.d.S, GN = a.d.G * N;
+  const int S = a.d.S, GN = a.d.G * N;
   const lane_units<UPL> L = lane_units_of<UPL>(a, h);
   const float *bc0 = a.bc_hat + (m0 * 2 * a.d.G + g) * N, *th0 = a.theta + (m0 * a.d.H + h) * S;
   for (int i = wid; i < CQ; i += CWARPS) {
@@ -898,12 +921,12 @@ __global__ void __launch_bounds__(CTHREADS) scan_angles_chunked(const m3k_scan_a
 /* One CTA per (chunk, head, row): the chunk's token scalars, cumsums and masks, q and ktil (and the
  * window's last k into the scratch's kl); into the chunk scratch or, in training, what the forward
  * keeps (see chunk_views). */
-template <typename T, int UPL>
+template <typename T, int UPL, int PK, int NK>
 __global__ void __launch_bounds__(CTHREADS, UPL <= 4 ? 3 : 1) scan_prep_chunked(const m3k_scan_args a) {
   extern __shared__ __align__(128) unsigned char smraw[];
   const m3k_dims &d = a.d;
   const int ch = blockIdx.x, h = blockIdx.y, b = blockIdx.z, g = h / d.hpg;
-  const int P = d.P, N = d.N, H = d.H, tid = threadIdx.x, wid = tid >> 5;
+  const int P = PK ? PK : d.P, N = NK ? NK : d.N, H = d.H, tid = threadIdx.x, wid = tid >> 5;
   const cdims cd = make_cdims(P, N);
   csmem s;
   carve_p(smraw, P, N, &s);
@@ -918,7 +941,7 @@ __global__ void __launch_bounds__(CTHREADS, UPL <= 4 ? 3 : 1) scan_prep_chunked(
   __syncthreads();
   if (wid == 0) c_prep(s.sc, nb, misc);
   __syncthreads();
-  c_build<UPL>(a, s, cd, m0, t0, nb, h, g, want_kl ? s.kl : NULL);
+  c_build<UPL>(a, s, cd, N, m0, t0, nb, h, g, want_kl ? s.kl : NULL);
   __syncthreads();
   tile_store(cv.q + u * CQ * cd.Np, s.sq, cd.lqn, cd.Np);
   tile_store(cv.k + u * CQ * cd.Np, s.sk, cd.lqn, cd.Np);
@@ -1498,12 +1521,13 @@ __global__ void __launch_bounds__(CTHREADS, MINB) scan_bwd_chunked(const m3k_sca
  * (B slot): the diagonal term, dscale = dktil.k, dk = scale dktil + gamma (dY.x) q, the rotation backward
  * of both (in place: dbc_head final), the angle gradient shares (a.dthq), dscale and dgamma (table), and
  * the chunk's B_bias / C_bias partials (pbc). */
-template <typename T, int UPL>
+template <typename T, int UPL, int PK, int NK>
 __global__ void __launch_bounds__(CTHREADS, UPL <= 3 ? 3 : UPL == 4 ? 2 : 1) scan_post_chunked(const m3k_scan_args a) {
   extern __shared__ __align__(128) unsigned char smraw[];
   const m3k_dims &d = a.d;
   const int ch = blockIdx.x, h = blockIdx.y, b = blockIdx.z, g = h / d.hpg;
-  const int P = d.P, N = d.N, S = d.S, H = d.H, GN = d.G * N, tid = threadIdx.x, lane = tid & 31, wid = tid >> 5;
+  const int P = PK ? PK : d.P, N = NK ? NK : d.N, S = d.S, H = d.H, GN = d.G * N;
+  const int tid = threadIdx.x, lane = tid & 31, wid = tid >> 5;
   csmem s;
   carve_q(smraw, N, &s);
   cviews cv;
@@ -1765,25 +1789,14 @@ int64_t m3k_chunked_kept(int32_t rows, int32_t len, int32_t H, int32_t P, int32_
   return kept_views(NULL, rows, len, H, P, N, NULL);
 }
 
-template <typename T, int UPL> static cudaError_t unit_kernels_prepare(const m3k_scan_plan *plan) {
-  cudaError_t e =
-      cudaFuncSetAttribute(scan_prep_chunked<T, UPL>, cudaFuncAttributeMaxDynamicSharedMemorySize, plan->smem_cprep);
+template <typename T, int UPL, int PK, int NK> static cudaError_t unit_kernels_prepare(const m3k_scan_plan *plan) {
+  cudaError_t e = cudaFuncSetAttribute(scan_prep_chunked<T, UPL, PK, NK>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                       plan->smem_cprep);
   if (e == cudaSuccess)
-    e = cudaFuncSetAttribute(scan_post_chunked<T, UPL>, cudaFuncAttributeMaxDynamicSharedMemorySize, plan->smem_cpost);
+    e = cudaFuncSetAttribute(scan_post_chunked<T, UPL, PK, NK>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                             plan->smem_cpost);
   return e;
 }
-
-/* Binds PK, NK (P, N as compile-time constants; 0: read at run time) for the shapes the walks and the
- * per-chunk backward are also compiled for, so that their index arithmetic folds and they need fewer
- * registers (NOTES.md runs 68-69): the public configs' headdim 64 x d_state 128, and DESIGN.md's
- * 32 x 64 and 16 x 16. */
-#define SHAPE_DISPATCH(P_, N_, body)                                                \
-  do {                                                                              \
-    if ((P_) == 64 && (N_) == 128) { enum { PK = 64, NK = 128 }; body; }            \
-    else if ((P_) == 32 && (N_) == 64) { enum { PK = 32, NK = 64 }; body; }         \
-    else if ((P_) == 16 && (N_) == 16) { enum { PK = 16, NK = 16 }; body; }         \
-    else { enum { PK = 0, NK = 0 }; body; }                                         \
-  } while (0)
 
 template <typename T, int PK, int NK> static cudaError_t shape_kernels_prepare(const m3k_scan_plan *plan) {
   cudaError_t e = cudaFuncSetAttribute(scan_fwd_chunked_r<T, PK, NK>, cudaFuncAttributeMaxDynamicSharedMemorySize,
@@ -1811,11 +1824,12 @@ template <typename T> static cudaError_t chunked_prepare(const m3k_scan_plan *pl
   if (e == cudaSuccess) e = shape_kernels_prepare<T, 64, 128>(plan);
   if (e == cudaSuccess) e = shape_kernels_prepare<T, 32, 64>(plan);
   if (e == cudaSuccess) e = shape_kernels_prepare<T, 16, 16>(plan);
-  if (e == cudaSuccess) e = unit_kernels_prepare<T, 1>(plan);
-  if (e == cudaSuccess) e = unit_kernels_prepare<T, 2>(plan);
-  if (e == cudaSuccess) e = unit_kernels_prepare<T, 3>(plan);
-  if (e == cudaSuccess) e = unit_kernels_prepare<T, 4>(plan);
-  if (e == cudaSuccess) e = unit_kernels_prepare<T, 8>(plan);
+  /* every (shape, units per lane) instantiation: each shape of SHAPE_DISPATCH ({0, 0}: the others) with
+   * a unit count in each band of UNITS_DISPATCH */
+  const int shapes[4][2] = {{64, 128}, {32, 64}, {16, 16}, {0, 0}}, units[5] = {32, 64, 96, 128, 256};
+  for (int i = 0; i < 4 && e == cudaSuccess; i++)
+    for (int j = 0; j < 5 && e == cudaSuccess; j++)
+      SHAPE_UNITS_DISPATCH(shapes[i][0], shapes[i][1], units[j], (e = unit_kernels_prepare<T, UPL, PK, NK>(plan)));
   if (e == cudaSuccess)
     e = cudaFuncSetAttribute(scan_post_seq_chunked<T>, cudaFuncAttributeMaxDynamicSharedMemorySize,
                              plan->smem_cpost);
@@ -1832,8 +1846,9 @@ template <typename T> static void chunked_fwd(cudaStream_t s, const m3k_scan_pla
   const int nch = (a.len + CQ - 1) / CQ;
   if (a.d.S > 0)
     scan_angles_chunked<T><<<dim3(a.d.H, a.rows), CTHREADS, (size_t)angles_smem_floats(a.d.S) * sizeof(float), s>>>(a);
-  UNITS_DISPATCH(a.d.N - a.d.S,
-                 (scan_prep_chunked<T, UPL><<<dim3(nch, a.d.H, a.rows), CTHREADS, plan->smem_cprep, s>>>(a)));
+  SHAPE_UNITS_DISPATCH(a.d.P, a.d.N, a.d.N - a.d.S,
+                       (scan_prep_chunked<T, UPL, PK, NK>
+                        <<<dim3(nch, a.d.H, a.rows), CTHREADS, plan->smem_cprep, s>>>(a)));
   SHAPE_DISPATCH(a.d.P, a.d.N,
                  (scan_fwd_chunked_r<T, PK, NK><<<dim3(a.d.H, a.rows), CTHREADS, plan->smem_cfwd, s>>>(a)));
 }
@@ -1857,7 +1872,8 @@ template <typename T> static void chunked_bwd(cudaStream_t s, const m3k_scan_arg
   SHAPE_DISPATCH(P, N,
                  (two ? scan_bwd_chunked<T, 2, PK, NK><<<chunks, CTHREADS, per_chunk, s>>>(a)
                       : scan_bwd_chunked<T, 1, PK, NK><<<chunks, CTHREADS, per_chunk, s>>>(a)));
-  UNITS_DISPATCH(a.d.N - a.d.S, (scan_post_chunked<T, UPL><<<chunks, CTHREADS, carve_q(NULL, N, NULL), s>>>(a)));
+  SHAPE_UNITS_DISPATCH(P, N, a.d.N - a.d.S,
+                       (scan_post_chunked<T, UPL, PK, NK><<<chunks, CTHREADS, carve_q(NULL, N, NULL), s>>>(a)));
   scan_post_seq_chunked<T><<<walks, CTHREADS, carve_post(NULL, a.d.S, seq_block(a.d.S), NULL), s>>>(a);
 }
 
