@@ -42,9 +42,9 @@
  * table), scan_post_chunked (per chunk, in parallel: the diagonal terms, rotation backward, dscale,
  * the angle shares, B/C bias partials),
  * scan_post_seq_chunked (per (head, row): the angle gradient along the sequence, the scalar chain,
- * the per-(row, head) partials). All but the angle walks, the gate backward and post_seq are also
- * compiled for a few fixed (P, N) (SHAPE_DISPATCH). The walks keep only the work that is sequential
- * over the chunks: one CTA (8 warps) per (head, row); operand tiles in shared memory (bf16, padded rows: +8
+ * the per-(row, head) partials). All but the angle walks and post_seq are also compiled for a few
+ * fixed (P, N) (SHAPE_DISPATCH). The walks keep only the work that is sequential over the chunks:
+ * one CTA (8 warps) per (head, row); operand tiles in shared memory (bf16, padded rows: +8
  * elements); each product's 16 x 16 output tiles spread over the warps. Every sum has a fixed order
  * (no atomics): bitwise repeatable. The walks keep the float32 state E / dE in the warps' accumulator
  * registers (no float32 S tile, W x in place; NOTES.md run 8); they hold at most
@@ -467,9 +467,9 @@ __device__ __forceinline__ void c_prep(float *sc, int nb, float *misc) {
  * issued before any is used. */
 
 /* Binds PK, NK (P, N as compile-time constants; 0: read at run time) for the shapes that the walks and
- * the per-chunk preparation, products and post kernels are also compiled for, so that their index
- * arithmetic folds and they need fewer registers (NOTES.md runs 68-70): the public configs' headdim
- * 64 x d_state 128, and DESIGN.md's 32 x 64 and 16 x 16. */
+ * the per-chunk kernels are also compiled for, so that their index arithmetic folds and they need
+ * fewer registers (NOTES.md runs 68-72): the public configs' headdim 64 x d_state 128, and
+ * DESIGN.md's 32 x 64 and 16 x 16. */
 #define SHAPE_DISPATCH(P_, N_, body)                                                \
   do {                                                                              \
     if ((P_) == 64 && (N_) == 128) { enum { PK = 64, NK = 128 }; body; }            \
@@ -621,9 +621,9 @@ struct gate_in {
   float x[4], z[4], dg[4], y[4], rn;
 };
 template <typename T>
-__device__ __forceinline__ void gate_load(const m3k_scan_args &a, int64_t mi, int h, gate_in &g) {
+__device__ __forceinline__ void gate_load(const m3k_scan_args &a, int P, int64_t mi, int h, gate_in &g) {
   const m3k_dims &d = a.d;
-  const int P = d.P, lane = threadIdx.x & 31;
+  const int lane = threadIdx.x & 31;
   const T *proj = (const T *)a.proj;
   g.rn = d.outproj_norm ? __ldg(a.y_rstd + mi * d.H + h) : 1.0f;
 #pragma unroll
@@ -641,10 +641,10 @@ __device__ __forceinline__ void gate_load(const m3k_scan_args &a, int64_t mi, in
   }
 }
 template <typename T>
-__device__ __forceinline__ void c_gate_bwd(const m3k_scan_args &a, const csmem &s, const cdims &cd, int64_t m0, int nb,
-                                           int h, OT *dyt) {
+__device__ __forceinline__ void c_gate_bwd(const m3k_scan_args &a, const csmem &s, const cdims &cd, int P, int64_t m0,
+                                           int nb, int h, OT *dyt) {
   const m3k_dims &d = a.d;
-  const int P = d.P, E = d.E, lane = threadIdx.x & 31, wid = threadIdx.x >> 5;
+  const int E = d.E, lane = threadIdx.x & 31, wid = threadIdx.x >> 5;
   T *dproj = (T *)a.dproj;
   float wn[4];
 #pragma unroll
@@ -653,14 +653,14 @@ __device__ __forceinline__ void c_gate_bwd(const m3k_scan_args &a, const csmem &
     wn[k] = d.outproj_norm && p < P ? __ldg(a.out_norm + (int64_t)h * P + p) : 1.0f;
   }
   gate_in g, nx;
-  if (wid < nb) gate_load<T>(a, m0 + wid, h, g);
+  if (wid < nb) gate_load<T>(a, P, m0 + wid, h, g);
   for (int i = wid; i < CQ; i += CWARPS) {
     OT *dyr = dyt + (size_t)i * cd.Pp;
     if (i >= nb) {
       for (int p = lane; p < cd.Pp; p += 32) dyr[p] = __float2bfloat16_rn(0.0f);
       continue;
     }
-    if (i + CWARPS < nb) gate_load<T>(a, m0 + i + CWARPS, h, nx);
+    if (i + CWARPS < nb) gate_load<T>(a, P, m0 + i + CWARPS, h, nx);
     const int64_t mi = m0 + i;
     const float rn = g.rn;
     float dyn[4], dot = 0;
@@ -960,11 +960,11 @@ __global__ void __launch_bounds__(CTHREADS, UPL <= 4 ? 3 : 1) scan_prep_chunked(
 /* The backward's first kernel, one CTA per (chunk, head, row): the gate backward of the chunk's
  * tokens (c_gate_bwd) into dproj's z columns, a.dy and the scratch's dy tile, dy.x into the table
  * (F_DYX), the chunk's mixer-norm weight partials (pon). */
-template <typename T>
+template <typename T, int PK, int NK>
 __global__ void __launch_bounds__(CTHREADS) scan_gate_bwd_chunked(const m3k_scan_args a) {
   extern __shared__ __align__(128) unsigned char smraw[];
   const int ch = blockIdx.x, h = blockIdx.y, b = blockIdx.z;
-  const int P = a.d.P, N = a.d.N, H = a.d.H, tid = threadIdx.x;
+  const int P = PK ? PK : a.d.P, N = NK ? NK : a.d.N, H = a.d.H, tid = threadIdx.x;
   const cdims cd = make_cdims(P, N);
   csmem s;
   carve_g(smraw, P, &s);
@@ -974,7 +974,7 @@ __global__ void __launch_bounds__(CTHREADS) scan_gate_bwd_chunked(const m3k_scan
   const int64_t m0 = (int64_t)b * a.len + t0, u = ((int64_t)b * H + h) * nch + ch;
   for (int k = tid; k < CWARPS * cd.Pp; k += CTHREADS) s.pOn[k] = 0;
   __syncthreads();
-  c_gate_bwd<T>(a, s, cd, m0, nb, h, cv.dy + u * CQ * cd.Pp);
+  c_gate_bwd<T>(a, s, cd, P, m0, nb, h, cv.dy + u * CQ * cd.Pp);
   __syncthreads();
   for (int i = tid; i < nb; i += CTHREADS) cv.tab[(u * CQ + i) * TW + F_DYX] = s.sc[i * FW + F_DYX];
   if (a.d.outproj_norm)
@@ -1864,7 +1864,7 @@ cudaError_t m3k_chunked_fwd(cudaStream_t s, int prec, const m3k_scan_plan *plan,
 template <typename T> static void chunked_bwd(cudaStream_t s, const m3k_scan_args &a) {
   const dim3 chunks((a.len + CQ - 1) / CQ, a.d.H, a.rows), walks(a.d.H, a.rows);
   const int P = a.d.P, N = a.d.N;
-  scan_gate_bwd_chunked<T><<<chunks, CTHREADS, carve_g(NULL, P, NULL), s>>>(a);
+  SHAPE_DISPATCH(P, N, (scan_gate_bwd_chunked<T, PK, NK><<<chunks, CTHREADS, carve_g(NULL, P, NULL), s>>>(a)));
   /* each takes its own shared memory size, within the limits m3k_chunked_prepare set */
   SHAPE_DISPATCH(P, N, (scan_dstate_chunked<T, PK, NK><<<walks, CTHREADS, carve_d(NULL, P, N, NULL), s>>>(a)));
   const int32_t per_chunk = (int32_t)carve_c(NULL, P, N, NULL);
