@@ -479,21 +479,21 @@ __device__ __forceinline__ void c_prep(float *sc, int nb, float *misc) {
   } while (0)
 
 /* Units per lane for N - S <= 256 units (UNITS_DISPATCH binds it as a compile-time constant). */
+__host__ __device__ constexpr int upl_of(int units) {
+  return units <= 32 ? 1 : units <= 64 ? 2 : units <= 96 ? 3 : units <= 128 ? 4 : 8;
+}
 #define UNITS_DISPATCH(U, body)                                                     \
   do {                                                                              \
-    const int u_ = (U);                                                             \
-    if (u_ <= 32) { enum { UPL = 1 }; body; }                                       \
-    else if (u_ <= 64) { enum { UPL = 2 }; body; }                                  \
-    else if (u_ <= 96) { enum { UPL = 3 }; body; }                                  \
-    else if (u_ <= 128) { enum { UPL = 4 }; body; }                                 \
+    const int upl_ = upl_of(U);                                                     \
+    if (upl_ == 1) { enum { UPL = 1 }; body; }                                      \
+    else if (upl_ == 2) { enum { UPL = 2 }; body; }                                 \
+    else if (upl_ == 3) { enum { UPL = 3 }; body; }                                 \
+    else if (upl_ == 4) { enum { UPL = 4 }; body; }                                 \
     else { enum { UPL = 8 }; body; }                                                \
   } while (0)
 
 /* SHAPE_DISPATCH, then UNITS_DISPATCH: for a fixed d_state NK only the UPL that N - S (NK / 2 ... NK)
  * can take are instantiated. */
-__host__ __device__ constexpr int upl_of(int units) {
-  return units <= 32 ? 1 : units <= 64 ? 2 : units <= 96 ? 3 : units <= 128 ? 4 : 8;
-}
 __host__ __device__ constexpr bool upl_serves(int NK, int UPL) {
   return NK == 0 || (UPL >= upl_of(NK / 2) && UPL <= upl_of(NK));
 }
@@ -1820,16 +1820,15 @@ template <typename T, int PK, int NK> static cudaError_t shape_kernels_prepare(c
 }
 
 template <typename T> static cudaError_t chunked_prepare(const m3k_scan_plan *plan) {
-  cudaError_t e = shape_kernels_prepare<T, 0, 0>(plan);
-  if (e == cudaSuccess) e = shape_kernels_prepare<T, 64, 128>(plan);
-  if (e == cudaSuccess) e = shape_kernels_prepare<T, 32, 64>(plan);
-  if (e == cudaSuccess) e = shape_kernels_prepare<T, 16, 16>(plan);
-  /* every (shape, units per lane) instantiation: each shape of SHAPE_DISPATCH ({0, 0}: the others) with
-   * a unit count in each band of UNITS_DISPATCH */
+  /* every instantiation: each shape of SHAPE_DISPATCH ({0, 0}: all others) and, for the unit kernels,
+   * each with a unit count of every UPL of UNITS_DISPATCH */
   const int shapes[4][2] = {{64, 128}, {32, 64}, {16, 16}, {0, 0}}, units[5] = {32, 64, 96, 128, 256};
-  for (int i = 0; i < 4 && e == cudaSuccess; i++)
+  cudaError_t e = cudaSuccess;
+  for (int i = 0; i < 4 && e == cudaSuccess; i++) {
+    SHAPE_DISPATCH(shapes[i][0], shapes[i][1], (e = shape_kernels_prepare<T, PK, NK>(plan)));
     for (int j = 0; j < 5 && e == cudaSuccess; j++)
       SHAPE_UNITS_DISPATCH(shapes[i][0], shapes[i][1], units[j], (e = unit_kernels_prepare<T, UPL, PK, NK>(plan)));
+  }
   if (e == cudaSuccess)
     e = cudaFuncSetAttribute(scan_post_seq_chunked<T>, cudaFuncAttributeMaxDynamicSharedMemorySize,
                              plan->smem_cpost);
