@@ -21,7 +21,9 @@
  * butterflies over the ti lanes of a warp, then per-warp partials in shared memory summed per
  * token in warp order (in sub-blocks of SB tokens, to bound shared memory). Every sum has a
  * fixed order. Any window length works (the last block is partial); P <= 128 and N <= 256
- * (m3k_scan_make_plan).
+ * (m3k_scan_make_plan). Both kernels are also compiled for the fixed shapes of SHAPE_DISPATCH
+ * (SIMT_DISPATCH: P, N, the tile and the thread counts as constants, so that the index arithmetic
+ * and the butterflies fold; NOTES.md run 74).
  *
  * Backward (one kernel, two sweeps over the row; nothing is saved but theta and y):
  *   sweep F (forward in time) rebuilds H_t from the incoming state and forms
@@ -62,6 +64,31 @@ template <int RP, int RN> struct unroll_of {
 
 /* ---- geometry and reductions ---------------------------------------------------------------- */
 
+__host__ __device__ constexpr int pow2_at_least(int v) {
+  int p = 1;
+  while (p < v) p <<= 1;
+  return p;
+}
+
+/* The thread tile of (P, N): the first of the tiles (rp x rn state elements per thread) whose
+ * pth x nth threads (powers of two covering P and N) number at most 256, else 512; pth doubled up
+ * to whole warps. rp = 0: none fits. The plan (m3k_scan_make_plan) and the kernels compiled for a
+ * fixed shape (SIMT_DISPATCH) both take it from here. */
+struct simt_tile {
+  int rp, rn, pth, nth;
+};
+__host__ __device__ constexpr simt_tile simt_tile_for(int P, int N) {
+  constexpr int tiles[][2] = {{1, 1}, {1, 2}, {2, 2}, {2, 4}, {4, 4}, {4, 8}, {4, 16}};
+  for (int limit = 256; limit <= 512; limit *= 2)
+    for (const auto &t : tiles) {
+      simt_tile g = {t[0], t[1], pow2_at_least((P + t[0] - 1) / t[0]), pow2_at_least((N + t[1] - 1) / t[1])};
+      if (g.pth * g.nth > limit) continue;
+      while (g.pth * g.nth < 32) g.pth *= 2; /* whole warps: every lane takes part in the shuffles */
+      return g;
+    }
+  return simt_tile{0, 0, 0, 0};
+}
+
 /* Thread (ti, tj) = (tid / nth, tid % nth); pth * nth >= 32 and both are powers of two, so a
  * warp holds whole groups of tj lanes (nth <= 32) or a slice of one group (nth > 32). */
 struct geo {
@@ -85,15 +112,29 @@ __host__ __device__ inline geo make_geo(int pth, int nth, int TB, int SB) {
   return g;
 }
 
+/* The launch's geometry; for a kernel compiled for a fixed shape (PK, NK > 0) pth and nth (and what
+ * follows from them) are constants: the tile simt_tile_for picks, which is the plan's. */
+template <int RP, int RN, int PK, int NK> __device__ __forceinline__ geo kernel_geo(const geo &run) {
+  if constexpr (PK == 0) {
+    return run;
+  } else {
+    constexpr simt_tile t = simt_tile_for(PK, NK);
+    static_assert(t.rp == RP && t.rn == RN, "a fixed shape runs the tile simt_tile_for picks");
+    return make_geo(t.pth, t.nth, run.TB, run.SB);
+  }
+}
+
 /* sum over the tj lanes of this thread's group inside the warp (fixed butterfly order) */
 __device__ __forceinline__ float sum_tj(float v, int nth) {
   const int w = nth < 32 ? nth : 32;
+#pragma unroll
   for (int o = 1; o < w; o <<= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
   return v;
 }
 
 /* sum over the ti lanes of this warp that share tj */
 __device__ __forceinline__ float sum_ti(float v, int nth) {
+#pragma unroll
   for (int o = nth; o < 32; o <<= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
   return v;
 }
@@ -200,15 +241,16 @@ __device__ inline bwd_smem carve_bwd(float *sm, const geo &g, int Pp, int Np, in
 
 /* ---- forward ------------------------------------------------------------------------------------ */
 
-template <int RP, int RN, typename T>
-__global__ void __launch_bounds__(512) scan_fwd_kernel(const m3k_scan_args a, const geo gm) {
+template <int RP, int RN, int PK, int NK, typename T>
+__global__ void __launch_bounds__(512) scan_fwd_kernel(const m3k_scan_args a, const geo run_gm) {
   extern __shared__ float sm[];
   const m3k_dims &d = a.d;
+  const geo gm = kernel_geo<RP, RN, PK, NK>(run_gm);
   const int h = blockIdx.x, b = blockIdx.y, g = h / d.hpg;
-  const int P = d.P, N = d.N, S = d.S, H = d.H, E = d.E;
+  const int P = PK ? PK : d.P, N = NK ? NK : d.N, S = d.S, H = d.H, E = d.E;
   const int pth = gm.pth, nth = gm.nth, TB = gm.TB;
   const int Pp = pth * RP, Np = nth * RN;
-  const int tid = threadIdx.x, nthreads = blockDim.x, lane = tid & 31, wid = tid >> 5, nw = nthreads >> 5;
+  const int tid = threadIdx.x, nthreads = pth * nth, lane = tid & 31, wid = tid >> 5, nw = nthreads >> 5;
   const int ti = tid / nth, tj = tid - ti * nth;
   const bool ywriter = (tj & 31) == 0;
   const int yq_i = tj >> 5;
@@ -402,15 +444,16 @@ __device__ __forceinline__ void bwd_rotate_block(const m3k_scan_args &a, const b
   }
 }
 
-template <int RP, int RN, typename T>
-__global__ void __launch_bounds__(512) scan_bwd_kernel(const m3k_scan_args a, const geo gm) {
+template <int RP, int RN, int PK, int NK, typename T>
+__global__ void __launch_bounds__(512) scan_bwd_kernel(const m3k_scan_args a, const geo run_gm) {
   extern __shared__ float sm[];
   const m3k_dims &d = a.d;
+  const geo gm = kernel_geo<RP, RN, PK, NK>(run_gm);
   const int h = blockIdx.x, b = blockIdx.y, g = h / d.hpg;
-  const int P = d.P, N = d.N, S = d.S, H = d.H, E = d.E;
+  const int P = PK ? PK : d.P, N = NK ? NK : d.N, S = d.S, H = d.H, E = d.E;
   const int pth = gm.pth, nth = gm.nth, TB = gm.TB, SB = gm.SB;
   const int Pp = pth * RP, Np = nth * RN;
-  const int tid = threadIdx.x, nthreads = blockDim.x, lane = tid & 31, wid = tid >> 5, nw = nthreads >> 5;
+  const int tid = threadIdx.x, nthreads = pth * nth, lane = tid & 31, wid = tid >> 5, nw = nthreads >> 5;
   const int ti = tid / nth, tj = tid - ti * nth;
   const bool wwriter = (tj & 31) == 0, uwriter = (ti % gm.LT) == 0;
   const int wq_i = tj >> 5, uq_i = ti / gm.LT;
@@ -881,41 +924,24 @@ __global__ void scan_param_grads_kernel(const float *__restrict__ part, const fl
 
 /* ---- host side: plans and launches ------------------------------------------------------------------ */
 
-static int next_pow2(int v) {
-  int p = 1;
-  while (p < v) p <<= 1;
-  return p;
-}
-
-static const int TILES[][2] = {{1, 1}, {1, 2}, {2, 2}, {2, 4}, {4, 4}, {4, 8}, {4, 16}};
-enum { N_TILES = sizeof TILES / sizeof TILES[0] };
-
 extern "C" int m3k_scan_make_plan(int32_t P, int32_t N, int32_t S, int32_t max_smem, m3k_scan_plan *out,
                                   char *why) {
   if (P < 1 || P > 128 || N < 1 || N > 256) {
     snprintf(why, 256, "headdim %d x d_state %d: the CUDA scan supports headdim <= 128 and d_state <= 256", P, N);
     return 0;
   }
-  int chosen = -1;
-  for (int limit = 256; limit <= 512 && chosen < 0; limit *= 2)
-    for (int t = 0; t < N_TILES; t++) {
-      const int pth = next_pow2((P + TILES[t][0] - 1) / TILES[t][0]);
-      const int nth = next_pow2((N + TILES[t][1] - 1) / TILES[t][1]);
-      if (pth * nth <= limit) {
-        chosen = t;
-        break;
-      }
-    }
-  if (chosen < 0) {
+  const simt_tile tile = simt_tile_for(P, N);
+  if (tile.rp == 0) {
     snprintf(why, 256, "headdim %d x d_state %d: no thread tile of the CUDA scan fits", P, N);
     return 0;
   }
   m3k_scan_plan p;
-  p.rp = TILES[chosen][0];
-  p.rn = TILES[chosen][1];
-  p.pth = next_pow2((P + p.rp - 1) / p.rp);
-  p.nth = next_pow2((N + p.rn - 1) / p.rn);
-  while (p.pth * p.nth < 32) p.pth *= 2; /* whole warps: every lane takes part in the shuffles */
+  p.P = P;
+  p.N = N;
+  p.rp = tile.rp;
+  p.rn = tile.rn;
+  p.pth = tile.pth;
+  p.nth = tile.nth;
   p.threads = p.pth * p.nth;
   const int Pp = p.pth * p.rp, Np = p.nth * p.rn, nw = p.threads / 32;
   /* Token blocks as large as fit (two CTAs per multiprocessor when possible): the forward
@@ -975,6 +1001,14 @@ extern "C" int m3k_scan_make_plan(int32_t P, int32_t N, int32_t S, int32_t max_s
     else { enum { RP = 4, RN = 16 }; body; }                                       \
   } while (0)
 
+/* SHAPE_DISPATCH on the plan's shape, then SCAN_TILE_DISPATCH: a fixed shape instantiates only its
+ * own tile (simt_tile_for: the plan's), other shapes every tile with P and N read at run time. */
+__host__ __device__ constexpr bool tile_serves(int PK, int NK, int RP, int RN) {
+  return PK == 0 || (simt_tile_for(PK, NK).rp == RP && simt_tile_for(PK, NK).rn == RN);
+}
+#define SIMT_DISPATCH(plan, body) \
+  SHAPE_DISPATCH((plan)->P, (plan)->N, SCAN_TILE_DISPATCH(plan, if constexpr (tile_serves(PK, NK, RP, RN)) body))
+
 extern "C" int64_t m3k_scan_chunk_scratch(const m3k_scan_plan *plan, int prec, int32_t rows, int32_t len, int32_t H,
                                           int32_t P, int32_t N, int backward) {
   if (prec == M3K_F32 || !plan->chunked) return 0;
@@ -987,16 +1021,36 @@ extern "C" int64_t m3k_scan_chunk_states(const m3k_scan_plan *plan, int prec, in
   return m3k_chunked_kept(rows, len, H, P, N);
 }
 
+/* The SIMT kernels' launches and limits (templates, so that SIMT_DISPATCH's discarded tiles are never
+ * instantiated). */
+template <typename T> static cudaError_t simt_prepare(const m3k_scan_plan *plan) {
+  cudaError_t e = cudaSuccess;
+  SIMT_DISPATCH(plan, {
+    e = cudaFuncSetAttribute(scan_fwd_kernel<RP, RN, PK, NK, T>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                             plan->smem_fwd);
+    if (e == cudaSuccess)
+      e = cudaFuncSetAttribute(scan_bwd_kernel<RP, RN, PK, NK, T>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                               plan->smem_bwd);
+  });
+  return e;
+}
+
+template <typename T> static void simt_fwd(cudaStream_t s, const m3k_scan_plan *plan, const m3k_scan_args &a) {
+  const dim3 grid(a.d.H, a.rows);
+  const geo gm = make_geo(plan->pth, plan->nth, plan->tb_fwd, 1);
+  SIMT_DISPATCH(plan, (scan_fwd_kernel<RP, RN, PK, NK, T><<<grid, plan->threads, plan->smem_fwd, s>>>(a, gm)));
+}
+
+template <typename T> static void simt_bwd(cudaStream_t s, const m3k_scan_plan *plan, const m3k_scan_args &a) {
+  const dim3 grid(a.d.H, a.rows);
+  const geo gm = make_geo(plan->pth, plan->nth, plan->tb_bwd, plan->sb);
+  SIMT_DISPATCH(plan, (scan_bwd_kernel<RP, RN, PK, NK, T><<<grid, plan->threads, plan->smem_bwd, s>>>(a, gm)));
+}
+
 extern "C" cudaError_t m3k_scan_prepare(int prec, const m3k_scan_plan *plan) {
   cudaError_t e = m3k_chunked_prepare(prec, plan);
   if (e == cudaSuccess) e = m3k_scan_step_prepare(prec, plan->smem_step);
-  if (e != cudaSuccess) return e;
-  M3K_DISPATCH(prec, SCAN_TILE_DISPATCH(plan, {
-    e = cudaFuncSetAttribute(scan_fwd_kernel<RP, RN, T>, cudaFuncAttributeMaxDynamicSharedMemorySize, plan->smem_fwd);
-    if (e == cudaSuccess)
-      e = cudaFuncSetAttribute(scan_bwd_kernel<RP, RN, T>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                               plan->smem_bwd);
-  }));
+  if (e == cudaSuccess) M3K_DISPATCH(prec, e = simt_prepare<T>(plan));
   return e;
 }
 
@@ -1013,17 +1067,13 @@ static bool takes_chunked(int prec, const m3k_scan_plan *plan, const m3k_scan_ar
 extern "C" cudaError_t m3k_scan_fwd(cudaStream_t s, int prec, const m3k_scan_plan *plan, const m3k_scan_args *a) {
   if (a->len == 1) return m3k_scan_step(s, prec, a);
   if (takes_chunked(prec, plan, a)) return m3k_chunked_fwd(s, prec, plan, a);
-  const dim3 grid(a->d.H, a->rows);
-  M3K_DISPATCH(prec, SCAN_TILE_DISPATCH(plan, (scan_fwd_kernel<RP, RN, T><<<grid, plan->threads, plan->smem_fwd, s>>>(
-                                                   *a, make_geo(plan->pth, plan->nth, plan->tb_fwd, 1)))));
+  M3K_DISPATCH(prec, simt_fwd<T>(s, plan, *a));
   return cudaGetLastError();
 }
 
 extern "C" cudaError_t m3k_scan_bwd(cudaStream_t s, int prec, const m3k_scan_plan *plan, const m3k_scan_args *a) {
   if (takes_chunked(prec, plan, a) && a->chunk_states) return m3k_chunked_bwd(s, prec, a);
-  const dim3 grid(a->d.H, a->rows);
-  M3K_DISPATCH(prec, SCAN_TILE_DISPATCH(plan, (scan_bwd_kernel<RP, RN, T><<<grid, plan->threads, plan->smem_bwd, s>>>(
-                                                   *a, make_geo(plan->pth, plan->nth, plan->tb_bwd, plan->sb)))));
+  M3K_DISPATCH(prec, simt_bwd<T>(s, plan, *a));
   return cudaGetLastError();
 }
 

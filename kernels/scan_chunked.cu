@@ -466,18 +466,6 @@ __device__ __forceinline__ void c_prep(float *sc, int nb, float *misc) {
  * the head's B/C biases are set up once per CTA, and a token's loads (B_hat / C_hat, theta) are all
  * issued before any is used. */
 
-/* Binds PK, NK (P, N as compile-time constants; 0: read at run time) for the shapes that the walks and
- * the per-chunk kernels are also compiled for, so that their index arithmetic folds and they need
- * fewer registers (NOTES.md runs 68-72): the public configs' headdim 64 x d_state 128, and
- * DESIGN.md's 32 x 64 and 16 x 16. */
-#define SHAPE_DISPATCH(P_, N_, body)                                                \
-  do {                                                                              \
-    if ((P_) == 64 && (N_) == 128) { enum { PK = 64, NK = 128 }; body; }            \
-    else if ((P_) == 32 && (N_) == 64) { enum { PK = 32, NK = 64 }; body; }         \
-    else if ((P_) == 16 && (N_) == 16) { enum { PK = 16, NK = 16 }; body; }         \
-    else { enum { PK = 0, NK = 0 }; body; }                                         \
-  } while (0)
-
 /* Units per lane for N - S <= 256 units (UNITS_DISPATCH binds it as a compile-time constant). */
 __host__ __device__ constexpr int upl_of(int units) {
   return units <= 32 ? 1 : units <= 64 ? 2 : units <= 96 ? 3 : units <= 128 ? 4 : 8;

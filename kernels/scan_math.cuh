@@ -3,8 +3,9 @@
  * scan; scan_chunked.cu: the tensor-core chunked scan for the 16-bit precisions; scan_step.cu:
  * the forward of one-token windows; decode_fused.cu: the fused one-token inference step), so
  * that all compute the token scalars, the angle walk, the rotation, y and the gate with the same
- * formulas as the CPU reference (engine/src/cpu/scan.c); the one-token state tile; and the
- * launchers of the chunked and one-token scans that scan.cu dispatches to.
+ * formulas as the CPU reference (engine/src/cpu/scan.c); the one-token state tile; the shapes
+ * compiled as constants; and the launchers of the chunked and one-token scans that scan.cu
+ * dispatches to.
  */
 #ifndef M3_KERNELS_SCAN_MATH_CUH
 #define M3_KERNELS_SCAN_MATH_CUH
@@ -237,6 +238,20 @@ static inline step_tile step_tile_for(int N, bool aligned) {
   while (t.lw < (vec ? nv : N) && t.lw < 32) t.lw <<= 1;
   return t;
 }
+
+/* ---- shapes compiled as constants (scan.cu, scan_chunked.cu) ------------------------------------ */
+
+/* Binds PK, NK (P, N as compile-time constants; 0: read at run time) for the shapes that the scan
+ * kernels are also compiled for, so that their index arithmetic and reduction loops fold and they
+ * need fewer registers (NOTES.md runs 68-72): the public configs' headdim 64 x d_state 128, and
+ * DESIGN.md's 32 x 64 and 16 x 16. */
+#define SHAPE_DISPATCH(P_, N_, body)                                                \
+  do {                                                                              \
+    if ((P_) == 64 && (N_) == 128) { enum { PK = 64, NK = 128 }; body; }            \
+    else if ((P_) == 32 && (N_) == 64) { enum { PK = 32, NK = 64 }; body; }         \
+    else if ((P_) == 16 && (N_) == 16) { enum { PK = 16, NK = 16 }; body; }         \
+    else { enum { PK = 0, NK = 0 }; body; }                                         \
+  } while (0)
 
 /* ---- the chunked scan (scan_chunked.cu) ---------------------------------------------------------- */
 
