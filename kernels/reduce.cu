@@ -3,14 +3,15 @@
  * deterministic reductions every gradient path uses.
  *
  * Column sums (parameter gradients of norm weights and biases): dst[j] += sum_r src[r, j].
- * Thread mapping: one thread per column (coalesced rows); rows are cut into fixed chunks of
- * COLSUM_CHUNK, each chunk's sum goes to scratch[chunk, j], and a second pass adds the chunks
- * in index order. Short inputs (one chunk) add straight into dst. The order of additions
+ * Rows are cut into fixed chunks of COLSUM_CHUNK; a CTA sums one chunk for 32 columns, each of its
+ * COLSUM_WARPS warps a slice of the chunk's rows (lane = column: coalesced rows), then the warps'
+ * sums in warp order. Each chunk's sum goes to scratch[chunk, j], and a second pass adds the
+ * chunks in index order. Short inputs (one chunk) add straight into dst. The order of additions
  * depends only on the shape, never on scheduling: results are bitwise repeatable.
  */
 #include "common.cuh"
 
-enum { COLSUM_CHUNK = 256 };
+enum { COLSUM_CHUNK = 256, COLSUM_WARPS = 8, COLSUM_SLICE = COLSUM_CHUNK / COLSUM_WARPS };
 
 template <typename T> __global__ void to_act_kernel(const float *__restrict__ src, T *__restrict__ dst, int64_t n) {
   const int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
@@ -22,15 +23,24 @@ __global__ void fill_rows_kernel(const float *__restrict__ src, float *__restric
   if (i < rows * cols) dst[i] = src[i % cols];
 }
 
-/* scratch or dst: [chunks, cols] partial sums of src rows [chunk * CHUNK, ...) */
-__global__ void colsum_chunk_kernel(const float *__restrict__ src, int64_t rows, int32_t cols, int64_t ld,
-                                    float *__restrict__ out, int add) {
-  const int32_t j = blockIdx.x * blockDim.x + threadIdx.x;
-  if (j >= cols) return;
-  const int64_t r0 = (int64_t)blockIdx.y * COLSUM_CHUNK;
-  const int64_t r1 = r0 + COLSUM_CHUNK < rows ? r0 + COLSUM_CHUNK : rows;
+/* scratch or dst: [chunks, cols] partial sums of src rows [chunk * CHUNK, ...); 32 columns per CTA */
+__global__ void __launch_bounds__(32 * COLSUM_WARPS) colsum_chunk_kernel(const float *__restrict__ src, int64_t rows,
+                                                                         int32_t cols, int64_t ld,
+                                                                         float *__restrict__ out, int add) {
+  __shared__ float part[COLSUM_WARPS][32];
+  const int lane = threadIdx.x & 31, w = threadIdx.x >> 5;
+  const int32_t j = blockIdx.x * 32 + lane;
+  const int64_t r0 = (int64_t)blockIdx.y * COLSUM_CHUNK + (int64_t)w * COLSUM_SLICE;
+  const int64_t r1 = r0 + COLSUM_SLICE < rows ? r0 + COLSUM_SLICE : rows;
   float acc = 0;
-  for (int64_t r = r0; r < r1; r++) acc += src[r * ld + j];
+  if (j < cols) {
+#pragma unroll 8
+    for (int64_t r = r0; r < r1; r++) acc += src[r * ld + j];
+  }
+  part[w][lane] = acc;
+  __syncthreads();
+  if (w != 0 || j >= cols) return;
+  for (int k = 1; k < COLSUM_WARPS; k++) acc += part[k][lane];
   if (add) out[j] += acc;
   else out[(int64_t)blockIdx.y * cols + j] = acc;
 }
@@ -90,21 +100,21 @@ extern "C" cudaError_t m3k_colsum_partials(cudaStream_t s, const float *src, int
                                            float *scratch) {
   const int64_t chunks = m3k_colsum_chunks(rows);
   if (chunks <= 1) return cudaSuccess;
-  colsum_chunk_kernel<<<dim3(grid_for(cols, 128), (unsigned)chunks), 128, 0, s>>>(src, rows, cols, ld, scratch, 0);
+  colsum_chunk_kernel<<<dim3(grid_for(cols, 32), (unsigned)chunks), 32 * COLSUM_WARPS, 0, s>>>(src, rows, cols, ld,
+                                                                                             scratch, 0);
   return cudaGetLastError();
 }
 
 extern "C" cudaError_t m3k_colsum(cudaStream_t s, const float *src, int64_t rows, int32_t cols, int64_t ld,
                                   float *dst, float *scratch) {
   const int64_t chunks = (rows + COLSUM_CHUNK - 1) / COLSUM_CHUNK;
-  const int threads = 128;
+  const dim3 grid(grid_for(cols, 32), (unsigned)chunks);
   if (chunks <= 1) {
-    colsum_chunk_kernel<<<dim3(grid_for(cols, threads), 1), threads, 0, s>>>(src, rows, cols, ld, dst, 1);
+    colsum_chunk_kernel<<<grid, 32 * COLSUM_WARPS, 0, s>>>(src, rows, cols, ld, dst, 1);
     return cudaGetLastError();
   }
-  colsum_chunk_kernel<<<dim3(grid_for(cols, threads), (unsigned)chunks), threads, 0, s>>>(src, rows, cols, ld,
-                                                                                           scratch, 0);
-  colsum_final_kernel<<<grid_for(cols, threads), threads, 0, s>>>(scratch, chunks, cols, dst);
+  colsum_chunk_kernel<<<grid, 32 * COLSUM_WARPS, 0, s>>>(src, rows, cols, ld, scratch, 0);
+  colsum_final_kernel<<<grid_for(cols, 128), 128, 0, s>>>(scratch, chunks, cols, dst);
   return cudaGetLastError();
 }
 
