@@ -5,13 +5,17 @@
  * memory as its first operand and A's as its second, with m = N, n = M. A plan is keyed by
  * everything that can change the algorithm (transposes, sizes, leading dimensions, types,
  * beta != 0, pointer alignments) and keeps the heuristic's first algorithm for the fixed
- * workspace; the same key always runs the same algorithm, so results are repeatable.
+ * workspace; the same key always runs the same algorithm, so results are repeatable. Reductions
+ * of at most SHORT_K are not split (the heuristic splits even K = 32, the weight gradients of a
+ * 32-token window, and its reduce kernel then costs more than the split saves: NOTES.md run 77).
  */
 #include "gemm.h"
 
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
+
+enum { SHORT_K = 256 };
 
 struct gemm_plan {
   int ta, tb, a_kind, b_kind, d_kind, beta_nz;
@@ -116,6 +120,10 @@ static m3_status make_plan(gemm_ctx *g, const gemm_op *o, const int align[4], ge
     st = cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, &ac, sizeof ac);
   if (st == CUBLAS_STATUS_SUCCESS)
     st = cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, &ad, sizeof ad);
+  const uint32_t unsplit = CUBLASLT_REDUCTION_SCHEME_NONE;
+  if (st == CUBLAS_STATUS_SUCCESS && o->K <= SHORT_K)
+    st = cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_REDUCTION_SCHEME_MASK, &unsplit,
+                                              sizeof unsplit);
   cublasLtMatmulHeuristicResult_t res;
   int found = 0;
   if (st == CUBLAS_STATUS_SUCCESS)
