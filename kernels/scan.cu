@@ -188,7 +188,6 @@ struct bwd_smem {
   float *ufin;  /* [TB+1][Np] u per token (sweep R), unrotated dq (sweep F); slot TB: next token */
   float *hkb;   /* [TB][Pp] hk */
   float *dkb;   /* [TB][Np] dk (sweep R) or dq (sweep F) */
-  float *thbuf; /* [TB+1][S] angles; slot i: token t0 + i - 1 */
   float *cst;   /* [TB+1][S] cos of the angles (same slots) */
   float *snt;   /* [TB+1][S] sin of the angles */
   float *tab;   /* [TB][S] tanh of the angle logits */
@@ -199,13 +198,13 @@ struct bwd_smem {
   float *pBb;   /* [Np] B_bias gradient partial */
   float *pCb;   /* [Np] C_bias gradient partial */
   float *pOn;   /* [nwarps][Pp] mixer norm weight partials per warp */
-  float *misc;  /* [16]: 0 pD, 1 pdtb, 2 ad of the next token, 3 the next token is valid */
+  float *misc;  /* [16]: 0 pD, 1 pdtb, 2 ad of the next token (0: none, or a reset) */
 };
 
 __host__ __device__ inline int64_t bwd_smem_floats(const geo &g, int Pp, int Np, int S, int nwarps) {
   const int64_t TB = g.TB;
   return (TB + 1) * Np + TB * Np + (TB + 1) * Pp + 3 * TB * Pp + TB * Pp * g.YQ + (int64_t)g.SB * Np * g.UQ1 +
-         (TB + 1) * Pp + (TB + 1) * Np + TB * Pp + TB * Np + 3 * (TB + 1) * S + 3 * TB * S + (TB + 1) * SC_W + S +
+         (TB + 1) * Pp + (TB + 1) * Np + TB * Pp + TB * Np + 2 * (TB + 1) * S + 3 * TB * S + (TB + 1) * SC_W + S +
          2 * (int64_t)Np + (int64_t)nwarps * Pp + 16;
 }
 
@@ -224,8 +223,7 @@ __device__ inline bwd_smem carve_bwd(float *sm, const geo &g, int Pp, int Np, in
   m.ufin = m.wfin + (TB + 1) * Pp;
   m.hkb = m.ufin + (TB + 1) * Np;
   m.dkb = m.hkb + TB * Pp;
-  m.thbuf = m.dkb + TB * Np;
-  m.cst = m.thbuf + (TB + 1) * S;
+  m.cst = m.dkb + TB * Np;
   m.snt = m.cst + (TB + 1) * S;
   m.tab = m.snt + (TB + 1) * S;
   m.dthb = m.tab + TB * S;
@@ -425,18 +423,59 @@ __device__ __forceinline__ void bwd_scalars(const m3k_scan_args &a, const bwd_sm
   }
 }
 
-/* Rotated k (slots 1..nb) and q of the block from the angles in thbuf slots 1..nb; the cos and
- * sin of each pair are kept (cst, snt, same slots) for the rotation backward. */
+/* *total += the sum of the block's nb token scalars col[i * SC_W] (one warp: lane-strided partials,
+ * then the butterfly). */
+__device__ __forceinline__ void block_token_sum(const float *col, int nb, float *total, int lane) {
+  float v = 0;
+  for (int i = lane; i < nb; i += 32) v += col[i * SC_W];
+  v = warp_sum(v);
+  if (lane == 0) *total += v;
+}
+
+/* The decay gradient alpha_t dL/dalpha_t of the block's tokens (S_AD), from the last: the recursion
+ *   ad_t = reset_t ? 0 : (psi_t - beta_t dbeta_t - gamma_t dgamma_t) + ad_{t+1}
+ * (a reset's ad is 0, so a reset cuts the sum) as a suffix scan of the maps x -> c + m x over 32
+ * tokens at a time (one warp); *next holds ad of the token after the block and gets the block's first. */
+__device__ __forceinline__ void phi_scan(float *scal, int nb, float *next, int lane) {
+  float carry = *next;
+  for (int hi = nb; hi > 0; hi -= 32) { /* lane l: token hi - 32 + l */
+    const int i = hi - 32 + lane;
+    float c = 0, m = 0;
+    if (i >= 0) {
+      const float *sc = scal + i * SC_W;
+      if (sc[S_RESET] == 0) {
+        c = sc[S_PSI] - sc[S_BETA_RAW] * sc[S_DBETA] - sc[S_GAMMA] * sc[S_DGAMMA];
+        m = 1;
+      }
+    }
+#pragma unroll
+    for (int o = 1; o < 32; o <<= 1) {
+      const float c2 = __shfl_down_sync(0xffffffffu, c, o), m2 = __shfl_down_sync(0xffffffffu, m, o);
+      if (lane + o < 32) {
+        c += m * c2;
+        m *= m2;
+      }
+    }
+    const float ad = c + m * carry;
+    if (i >= 0) scal[i * SC_W + S_AD] = ad;
+    carry = __shfl_sync(0xffffffffu, ad, hi >= 32 ? 0 : 32 - hi);
+  }
+  if (lane == 0) *next = carry;
+}
+
+/* Rotated k (slots 1..nb) and q of the block from the angles the forward saved (theta); the cos
+ * and sin of each pair are kept (cst, snt, same slots) for the rotation backward. It reads only
+ * global memory, so it runs among the block's loads (their latencies overlap; no barrier between). */
 template <typename T>
 __device__ __forceinline__ void bwd_rotate_block(const m3k_scan_args &a, const bwd_smem &s, int64_t m0, int nb, int h,
-                                                 int g, int Np) {
-  const int tid = threadIdx.x, nthreads = blockDim.x, S = a.d.S, Up = Np - S;
+                                                 int g, int Np, int nthreads) {
+  const int tid = threadIdx.x, S = a.d.S, H = a.d.H, Up = Np - S;
 #pragma unroll 2
   for (int idx = tid; idx < nb * Up; idx += nthreads) {
     const int i = idx / Up, u = idx - i * Up;
     float c = 1, sn = 0;
     if (u < S) {
-      sincosf(s.thbuf[(i + 1) * S + u], &sn, &c);
+      sincosf(a.theta[((m0 + i) * H + h) * S + u], &sn, &c);
       s.cst[(i + 1) * S + u] = c;
       s.snt[(i + 1) * S + u] = sn;
     }
@@ -487,13 +526,8 @@ __global__ void __launch_bounds__(512) scan_bwd_kernel(const m3k_scan_args a, co
   for (int t0 = 0; t0 < a.len; t0 += TB) {
     const int nb = min(TB, a.len - t0);
     const int64_t m0 = (int64_t)b * a.len + t0;
-    /* loads: scalars, angles, x, and the gate backward's elementwise part */
+    /* loads: scalars, x, the gate backward's elementwise part, and the rotated k and q */
     bwd_scalars<T>(a, s, m0, nb, h, 0);
-#pragma unroll 4
-    for (int idx = tid; idx < nb * S; idx += nthreads) {
-      const int i = idx / S, j = idx - i * S;
-      s.thbuf[(i + 1) * S + j] = a.theta[((m0 + i) * H + h) * S + j];
-    }
 #pragma unroll 4
     for (int idx = tid; idx < nb * Pp; idx += nthreads) {
       const int i = idx / Pp, p = idx - i * Pp;
@@ -514,8 +548,8 @@ __global__ void __launch_bounds__(512) scan_bwd_kernel(const m3k_scan_args a, co
       s.gy[i * Pp + p] = yv;
       s.gd[i * Pp + p] = dyn;
     }
+    bwd_rotate_block<T>(a, s, m0, nb, h, g, Np, nthreads);
     __syncthreads();
-    bwd_rotate_block<T>(a, s, m0, nb, h, g, Np);
     /* dy through the mixer norm (one warp per token), dy . x */
     for (int i = wid; i < nb; i += nw) {
       const int64_t mi = m0 + i;
@@ -547,8 +581,7 @@ __global__ void __launch_bounds__(512) scan_bwd_kernel(const m3k_scan_args a, co
       if (lane == 0) s.scal[i * SC_W + S_DYX] = dyx;
     }
     __syncthreads();
-    if (tid == 0)
-      for (int i = 0; i < nb; i++) s.misc[0] += s.scal[i * SC_W + S_DYX];
+    if (wid == 0) block_token_sum(s.scal + S_DYX, nb, s.misc + 0, lane);
     /* rebuild H_t; dq_t = H_t^T dy_t, summed over p in sub-blocks */
     for (int i0 = 0; i0 < nb; i0 += SB) {
       const int i1 = min(nb, i0 + SB);
@@ -633,27 +666,21 @@ __global__ void __launch_bounds__(512) scan_bwd_kernel(const m3k_scan_args a, co
   for (int p = tid; p < Pp; p += nthreads) s.wfin[TB * Pp + p] = 0;
   for (int n = tid; n < Np; n += nthreads) s.ufin[TB * Np + n] = 0;
   if (tid < SC_W) s.scal[TB * SC_W + tid] = 0;
-  if (tid == 0) {
-    s.misc[2] = 0; /* alpha_t dL/dalpha_t of the next token */
-    s.misc[3] = 0; /* the next token exists and is not a reset */
-  }
+  if (tid == 0) s.misc[2] = 0; /* alpha_t dL/dalpha_t of the next token */
   __syncthreads();
 
   const int nblk = (a.len + TB - 1) / TB;
   for (int kb = nblk - 1; kb >= 0; kb--) {
     const int t0 = kb * TB, nb = min(TB, a.len - t0);
     const int64_t m0 = (int64_t)b * a.len + t0;
-    /* loads */
+    /* loads, and the rotated k (with token t0 - 1's) and q */
     bwd_scalars<T>(a, s, m0, nb, h, 1);
 #pragma unroll 4
-    for (int idx = tid; idx < (nb + 1) * S; idx += nthreads) {
-      const int i = idx / S, j = idx - i * S; /* slot i: token t0 + i - 1 */
-      if (i > 0 || t0 > 0) s.thbuf[idx] = a.theta[((m0 + i - 1) * H + h) * S + j];
-      if (i < nb) {
-        const int64_t mi = m0 + i;
-        s.tab[idx] = tanhf(to_f(proj[mi * d.dipp + d.ang_off + j]));
-        s.dthb[idx] = a.dthq[(mi * H + h) * S + j];
-      }
+    for (int idx = tid; idx < nb * S; idx += nthreads) {
+      const int i = idx / S, j = idx - i * S;
+      const int64_t mi = m0 + i;
+      s.tab[idx] = tanhf(to_f(proj[mi * d.dipp + d.ang_off + j]));
+      s.dthb[idx] = a.dthq[(mi * H + h) * S + j];
     }
 #pragma unroll 4
     for (int idx = tid; idx < (nb + 1) * Pp; idx += nthreads) {
@@ -666,12 +693,11 @@ __global__ void __launch_bounds__(512) scan_bwd_kernel(const m3k_scan_args a, co
       s.xbuf[idx] = xv;
       if (i < nb) s.dybuf[idx] = p < P ? a.dy[(m0 + i) * E + (int64_t)h * P + p] : 0.0f;
     }
-    __syncthreads();
-    bwd_rotate_block<T>(a, s, m0, nb, h, g, Np);
+    bwd_rotate_block<T>(a, s, m0, nb, h, g, Np, nthreads);
     if (t0 > 0) { /* slot 0: token t0 - 1 */
       for (int u = tid; u < Np - S; u += nthreads) {
         float c = 1, sn = 0;
-        if (u < S) sincosf(s.thbuf[u], &sn, &c);
+        if (u < S) sincosf(a.theta[((m0 - 1) * H + h) * S + u], &sn, &c);
         rot_unit<T>(a, m0 - 1, h, g, u, c, sn, s.kbuf, NULL);
       }
     } else { /* or the incoming state */
@@ -814,26 +840,14 @@ __global__ void __launch_bounds__(512) scan_bwd_kernel(const m3k_scan_args a, co
       s.Dth[j] = D;
     }
     __syncthreads();
-    /* per token: the angle part of dL/d dt; the phi recursion (reverse token order) */
+    /* per token: the angle part of dL/d dt; the decay gradients (phi_scan) */
     for (int i = wid; i < nb; i += nw) {
       float acc = 0;
       for (int j = lane; j < S; j += 32) acc += s.dda[i * S + j];
       acc = warp_sum(acc);
       if (lane == 0) s.scal[i * SC_W + S_DDTANG] = acc;
     }
-    if (tid == nthreads - 1) {
-      float ad_next = s.misc[2], valid = s.misc[3];
-      for (int i = nb - 1; i >= 0; i--) {
-        float *sc = s.scal + i * SC_W;
-        const float phi = sc[S_PSI] + (valid != 0 ? ad_next : 0.0f);
-        const float ad = sc[S_RESET] != 0 ? 0.0f : phi - sc[S_BETA_RAW] * sc[S_DBETA] - sc[S_GAMMA] * sc[S_DGAMMA];
-        sc[S_AD] = ad;
-        ad_next = ad;
-        valid = sc[S_RESET] != 0 ? 0.0f : 1.0f;
-      }
-      s.misc[2] = ad_next;
-      s.misc[3] = valid;
-    }
+    if (wid == nw - 1) phi_scan(s.scal, nb, s.misc + 2, lane);
     __syncthreads();
     /* the scalar chain to dd_dt, dd_A, trap, one thread per token */
     if (tid < nb) {
@@ -853,11 +867,7 @@ __global__ void __launch_bounds__(512) scan_bwd_kernel(const m3k_scan_args a, co
       sc[S_DV] = dv;
     }
     __syncthreads();
-    if (tid == 0) {
-      float pdtb = s.misc[1];
-      for (int i = nb - 1; i >= 0; i--) pdtb += s.scal[i * SC_W + S_DV];
-      s.misc[1] = pdtb;
-    }
+    if (wid == 0) block_token_sum(s.scal + S_DV, nb, s.misc + 1, lane);
     /* the block's first token is the next token of the block before it */
     for (int p = tid; p < Pp; p += nthreads) s.wfin[TB * Pp + p] = s.wfin[p];
     for (int n = tid; n < Np; n += nthreads) s.ufin[TB * Np + n] = s.ufin[n];
