@@ -298,10 +298,24 @@ __global__ void __launch_bounds__(512) scan_fwd_kernel(const m3k_scan_args a, co
       s.xbuf[(i + 1) * Pp + p] = p < P ? to_f(pr[d.x_off]) : 0.0f;
       s.zbuf[i * Pp + p] = p < P ? to_f(pr[d.z_off]) : 0.0f;
     }
+    /* B_hat + B_bias and C_hat + C_bias (k and q before the rotation; the padding 0) */
+#pragma unroll 2
+    for (int idx = tid; idx < nb * Np; idx += nthreads) {
+      const int i = idx / Np, n = idx - i * Np;
+      const int64_t m = m0 + i;
+      float kv = 0, qv = 0;
+      if (n < N) {
+        kv = a.bc_hat[((m * 2 + 0) * d.G + g) * N + n] + a.B_bias[(int64_t)h * N + n];
+        qv = a.bc_hat[((m * 2 + 1) * d.G + g) * N + n] + a.C_bias[(int64_t)h * N + n];
+      }
+      s.kbuf[(i + 1) * Np + n] = kv;
+      s.qbuf[i * Np + n] = qv;
+    }
     __syncthreads();
     /* angles: a sequential walk per rotated pair, in shared memory */
     for (int j = tid; j < S; j += nthreads) {
       float v = s.th[j];
+#pragma unroll 4
       for (int i = 0; i < nb; i++) {
         if (s.rst[i] != 0) v = 0;
         v = wrap_sum(v, PI_F * s.tnb[i * S + j] * s.scal[i * 4 + 3]);
@@ -311,14 +325,18 @@ __global__ void __launch_bounds__(512) scan_fwd_kernel(const m3k_scan_args a, co
       s.th[j] = v;
     }
     __syncthreads();
-    /* rotated k and q of the block, one unit (pair or passing column) per item */
-    const int Up = Np - S;
+    /* the pairs of k and q rotated in place (rot_unit's formulas), one per item */
 #pragma unroll 2
-    for (int idx = tid; idx < nb * Up; idx += nthreads) {
-      const int i = idx / Up, u = idx - i * Up;
-      float c = 1, sn = 0;
-      if (u < S) sincosf(s.thbuf[i * S + u], &sn, &c);
-      rot_unit<T>(a, m0 + i, h, g, u, c, sn, s.kbuf + (i + 1) * Np, s.qbuf + i * Np);
+    for (int idx = tid; idx < nb * S; idx += nthreads) {
+      const int i = idx / S, n0 = 2 * (idx - i * S);
+      float c, sn;
+      sincosf(s.thbuf[idx], &sn, &c);
+      float *k = s.kbuf + (i + 1) * Np + n0, *q = s.qbuf + i * Np + n0;
+      const float k0 = k[0], k1 = k[1], q0 = q[0], q1 = q[1];
+      k[0] = k0 * c - k1 * sn;
+      k[1] = k0 * sn + k1 * c;
+      q[0] = q0 * c - q1 * sn;
+      q[1] = q0 * sn + q1 * c;
     }
     __syncthreads();
     /* the recurrence through the block; y partials summed over the tj lanes */
