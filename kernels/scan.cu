@@ -972,15 +972,18 @@ extern "C" int m3k_scan_make_plan(int32_t P, int32_t N, int32_t S, int32_t max_s
   p.nth = tile.nth;
   p.threads = p.pth * p.nth;
   const int Pp = p.pth * p.rp, Np = p.nth * p.rn, nw = p.threads / 32;
-  /* Token blocks as large as fit (two CTAs per multiprocessor when possible): the forward
-   * takes the largest; the backward minimises the per-token share of block (~10 barriers)
-   * and sub-block (2 barriers) overheads. */
+  /* Token blocks as large as fit (two CTAs per multiprocessor when possible), at most 64 tokens
+   * and at most one per thread (the token scalars and the backward's scalar chain give each token
+   * of a block its own thread; 32-thread plans, P x N <= 32, get 32-token blocks): the forward
+   * takes the largest; the backward minimises the per-token share of block (~10 barriers) and
+   * sub-block (2 barriers) overheads. */
   const int64_t budget = max_smem < 110 * 1024 ? max_smem : 110 * 1024;
+  const int tb_max = p.threads < 64 ? p.threads : 64;
   p.tb_fwd = p.tb_bwd = p.sb = 0;
-  for (int tb = 64; tb >= 1 && !p.tb_fwd; tb /= 2)
+  for (int tb = tb_max; tb >= 1 && !p.tb_fwd; tb /= 2)
     if (fwd_smem_floats(make_geo(p.pth, p.nth, tb, 1), Pp, Np, S) * 4 <= budget) p.tb_fwd = tb;
   double best = 1e30;
-  for (int tb = 64; tb >= 1; tb /= 2)
+  for (int tb = tb_max; tb >= 1; tb /= 2)
     for (int sb = tb; sb >= 1; sb /= 2)
       if (bwd_smem_floats(make_geo(p.pth, p.nth, tb, sb), Pp, Np, S, nw) * 4 <= budget) {
         const double cost = 10.0 / tb + 2.0 / sb;

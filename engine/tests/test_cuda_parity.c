@@ -507,6 +507,8 @@ int main(void) {
       /* a padded state above 8192 elements: 16-bit takes the SIMT kernels (the chunked forward holds
        * at most 8192 state elements in registers) */
       {96, 96, 2, 1, 0.5, 1, M3_INPUT_IDENTITY, M3_HEAD_NONE, 1, 1, 70},
+      /* a 32-thread SIMT plan (P x N <= 32): its token blocks hold 32 tokens, one per thread */
+      {2, 4, 4, 1, 0.5, 0, M3_INPUT_FEATURES, M3_HEAD_MSE, 1, 2, 100},
   };
   const int ncases = (int)(sizeof cases / sizeof cases[0]);
   for (int i = 0; i < ncases; i++) {
