@@ -108,12 +108,12 @@ extern "C" cudaError_t m3k_colsum_partials(cudaStream_t s, const float *src, int
 extern "C" cudaError_t m3k_colsum(cudaStream_t s, const float *src, int64_t rows, int32_t cols, int64_t ld,
                                   float *dst, float *scratch) {
   const int64_t chunks = (rows + COLSUM_CHUNK - 1) / COLSUM_CHUNK;
-  const dim3 grid(grid_for(cols, 32), (unsigned)chunks);
   if (chunks <= 1) {
-    colsum_chunk_kernel<<<grid, 32 * COLSUM_WARPS, 0, s>>>(src, rows, cols, ld, dst, 1);
+    colsum_chunk_kernel<<<grid_for(cols, 32), 32 * COLSUM_WARPS, 0, s>>>(src, rows, cols, ld, dst, 1);
     return cudaGetLastError();
   }
-  colsum_chunk_kernel<<<grid, 32 * COLSUM_WARPS, 0, s>>>(src, rows, cols, ld, scratch, 0);
+  colsum_chunk_kernel<<<dim3(grid_for(cols, 32), (unsigned)chunks), 32 * COLSUM_WARPS, 0, s>>>(src, rows, cols, ld,
+                                                                                             scratch, 0);
   colsum_final_kernel<<<grid_for(cols, 128), 128, 0, s>>>(scratch, chunks, cols, dst);
   return cudaGetLastError();
 }
