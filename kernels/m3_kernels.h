@@ -104,7 +104,7 @@ cudaError_t m3k_bcnorm_bwd(cudaStream_t s, int prec, const m3k_dims *d, const vo
 /* ---- the scan (SPEC.md §3 steps 2-10) --------------------------------------------------------------- */
 
 typedef struct m3k_scan_plan {
-  int32_t P, N;       /* the shape it was made for: headdim, d_state */
+  int32_t P, N, S;    /* the shape it was made for: headdim, d_state, rotated pairs */
   int32_t rp, rn;     /* state elements per thread: rp rows (p) x rn columns (n) */
   int32_t pth, nth;   /* threads along p and n (powers of two, pth * nth >= 32) */
   int32_t threads;    /* pth * nth */

@@ -107,7 +107,7 @@ extern "C" cudaError_t m3k_colsum_partials(cudaStream_t s, const float *src, int
 
 extern "C" cudaError_t m3k_colsum(cudaStream_t s, const float *src, int64_t rows, int32_t cols, int64_t ld,
                                   float *dst, float *scratch) {
-  const int64_t chunks = (rows + COLSUM_CHUNK - 1) / COLSUM_CHUNK;
+  const int64_t chunks = m3k_colsum_chunks(rows);
   if (chunks <= 1) {
     colsum_chunk_kernel<<<grid_for(cols, 32), 32 * COLSUM_WARPS, 0, s>>>(src, rows, cols, ld, dst, 1);
     return cudaGetLastError();

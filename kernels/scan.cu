@@ -325,18 +325,16 @@ __global__ void __launch_bounds__(512) scan_fwd_kernel(const m3k_scan_args a, co
       s.th[j] = v;
     }
     __syncthreads();
-    /* the pairs of k and q rotated in place (rot_unit's formulas), one per item */
+    /* the pairs of k and q rotated in place (unit_rotate), one per item */
 #pragma unroll 2
     for (int idx = tid; idx < nb * S; idx += nthreads) {
       const int i = idx / S, n0 = 2 * (idx - i * S);
-      float c, sn;
-      sincosf(s.thbuf[idx], &sn, &c);
       float *k = s.kbuf + (i + 1) * Np + n0, *q = s.qbuf + i * Np + n0;
-      const float k0 = k[0], k1 = k[1], q0 = q[0], q1 = q[1];
-      k[0] = k0 * c - k1 * sn;
-      k[1] = k0 * sn + k1 * c;
-      q[0] = q0 * c - q1 * sn;
-      q[1] = q0 * sn + q1 * c;
+      const unit_kq r = unit_rotate(n0, true, k[0], k[1], q[0], q[1], s.thbuf[idx]);
+      k[0] = r.k0;
+      k[1] = r.k1;
+      q[0] = r.q0;
+      q[1] = r.q1;
     }
     __syncthreads();
     /* the recurrence through the block; y partials summed over the tj lanes */
@@ -966,6 +964,7 @@ extern "C" int m3k_scan_make_plan(int32_t P, int32_t N, int32_t S, int32_t max_s
   m3k_scan_plan p;
   p.P = P;
   p.N = N;
+  p.S = S;
   p.rp = tile.rp;
   p.rn = tile.rn;
   p.pth = tile.pth;

@@ -1808,15 +1808,11 @@ template <typename T, int PK, int NK> static cudaError_t shape_kernels_prepare(c
 }
 
 template <typename T> static cudaError_t chunked_prepare(const m3k_scan_plan *plan) {
-  /* every instantiation: each shape of SHAPE_DISPATCH ({0, 0}: all others) and, for the unit kernels,
-   * each with a unit count of every UPL of UNITS_DISPATCH */
-  const int shapes[4][2] = {{64, 128}, {32, 64}, {16, 16}, {0, 0}}, units[5] = {32, 64, 96, 128, 256};
+  /* the instantiations the plan's shape launches (chunked_fwd, chunked_bwd dispatch the same way) */
   cudaError_t e = cudaSuccess;
-  for (int i = 0; i < 4 && e == cudaSuccess; i++) {
-    SHAPE_DISPATCH(shapes[i][0], shapes[i][1], (e = shape_kernels_prepare<T, PK, NK>(plan)));
-    for (int j = 0; j < 5 && e == cudaSuccess; j++)
-      SHAPE_UNITS_DISPATCH(shapes[i][0], shapes[i][1], units[j], (e = unit_kernels_prepare<T, UPL, PK, NK>(plan)));
-  }
+  SHAPE_DISPATCH(plan->P, plan->N, (e = shape_kernels_prepare<T, PK, NK>(plan)));
+  if (e == cudaSuccess)
+    SHAPE_UNITS_DISPATCH(plan->P, plan->N, plan->N - plan->S, (e = unit_kernels_prepare<T, UPL, PK, NK>(plan)));
   if (e == cudaSuccess)
     e = cudaFuncSetAttribute(scan_post_seq_chunked<T>, cudaFuncAttributeMaxDynamicSharedMemorySize,
                              plan->smem_cpost);
