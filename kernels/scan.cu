@@ -23,7 +23,8 @@
  * fixed order. Any window length works (the last block is partial); P <= 128 and N <= 256
  * (m3k_scan_make_plan). Both kernels are also compiled for the fixed shapes of SHAPE_DISPATCH
  * (SIMT_DISPATCH: P, N, the tile and the thread counts as constants, so that the index arithmetic
- * and the butterflies fold; NOTES.md run 74).
+ * and the butterflies fold; NOTES.md run 74). The forward of the shapes of warp_fwd_shape (16 x 16)
+ * is scan_warp.cu's instead: a pipeline of seven warps per (row, head), the recurrence on two.
  *
  * Backward (one kernel, two sweeps over the row; nothing is saved but theta and y):
  *   sweep F (forward in time) rebuilds H_t from the incoming state and forms
@@ -1056,8 +1057,9 @@ extern "C" int64_t m3k_scan_chunk_states(const m3k_scan_plan *plan, int prec, in
 template <typename T> static cudaError_t simt_prepare(const m3k_scan_plan *plan) {
   cudaError_t e = cudaSuccess;
   SIMT_DISPATCH(plan, {
-    e = cudaFuncSetAttribute(scan_fwd_kernel<RP, RN, PK, NK, T>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                             plan->smem_fwd);
+    if constexpr (!warp_fwd_shape(PK, NK))
+      e = cudaFuncSetAttribute(scan_fwd_kernel<RP, RN, PK, NK, T>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                               plan->smem_fwd);
     if (e == cudaSuccess)
       e = cudaFuncSetAttribute(scan_bwd_kernel<RP, RN, PK, NK, T>, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                plan->smem_bwd);
@@ -1068,7 +1070,10 @@ template <typename T> static cudaError_t simt_prepare(const m3k_scan_plan *plan)
 template <typename T> static void simt_fwd(cudaStream_t s, const m3k_scan_plan *plan, const m3k_scan_args &a) {
   const dim3 grid(a.d.H, a.rows);
   const geo gm = make_geo(plan->pth, plan->nth, plan->tb_fwd, 1);
-  SIMT_DISPATCH(plan, (scan_fwd_kernel<RP, RN, PK, NK, T><<<grid, plan->threads, plan->smem_fwd, s>>>(a, gm)));
+  SIMT_DISPATCH(plan, {
+    if constexpr (!warp_fwd_shape(PK, NK))
+      (scan_fwd_kernel<RP, RN, PK, NK, T><<<grid, plan->threads, plan->smem_fwd, s>>>(a, gm));
+  });
 }
 
 template <typename T> static void simt_bwd(cudaStream_t s, const m3k_scan_plan *plan, const m3k_scan_args &a) {
@@ -1097,6 +1102,7 @@ static bool takes_chunked(int prec, const m3k_scan_plan *plan, const m3k_scan_ar
 extern "C" cudaError_t m3k_scan_fwd(cudaStream_t s, int prec, const m3k_scan_plan *plan, const m3k_scan_args *a) {
   if (a->len == 1) return m3k_scan_step(s, prec, a);
   if (takes_chunked(prec, plan, a)) return m3k_chunked_fwd(s, prec, plan, a);
+  if (warp_fwd_shape(a->d.P, a->d.N)) return m3k_warp_fwd(s, prec, a);
   M3K_DISPATCH(prec, simt_fwd<T>(s, plan, *a));
   return cudaGetLastError();
 }

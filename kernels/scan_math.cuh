@@ -1,11 +1,11 @@
 /*
  * scan_math.cuh — the per-token math shared by the scan kernels (scan.cu: the float32 SIMT
- * scan; scan_chunked.cu: the tensor-core chunked scan for the 16-bit precisions; scan_step.cu:
- * the forward of one-token windows; decode_fused.cu: the fused one-token inference step), so
- * that all compute the token scalars, the angle walk, the rotation, y and the gate with the same
- * formulas as the CPU reference (engine/src/cpu/scan.c); the one-token state tile; the shapes
- * compiled as constants; and the launchers of the chunked and one-token scans that scan.cu
- * dispatches to.
+ * scan; scan_chunked.cu: the tensor-core chunked scan for the 16-bit precisions; scan_warp.cu: the
+ * forward of small states; scan_step.cu: the forward of one-token windows; decode_fused.cu: the
+ * fused one-token inference step), so that all compute the token scalars, the angle walk, the
+ * rotation, y and the gate with the same formulas as the CPU reference (engine/src/cpu/scan.c);
+ * the one-token state tile; the shapes compiled as constants; and the launchers of the chunked,
+ * small-state and one-token scans that scan.cu dispatches to.
  */
 #ifndef M3_KERNELS_SCAN_MATH_CUH
 #define M3_KERNELS_SCAN_MATH_CUH
@@ -49,18 +49,14 @@ __device__ __forceinline__ float wrap_angle(float v) {
 }
 
 /* theta + inc wrapped into [0, 2 pi) exactly as wrap_angle(theta + inc), without fmodf in the
- * common case (|result before wrapping| < 4 pi: the subtraction is exact there, as fmod is). */
+ * common case (-2 pi < result before wrapping < 4 pi: the additions are exact there, as fmod is),
+ * with selects rather than branches there (it is the whole chain of a sequential angle walk). */
 __device__ __forceinline__ float wrap_sum(float v, float inc) {
-  float w = v + inc;
-  if (w >= 0 && w < 2 * TWO_PI_F) {
-    if (w >= TWO_PI_F) w -= TWO_PI_F;
-  } else if (w < 0 && w > -TWO_PI_F) {
-    w += TWO_PI_F;
-    if (w >= TWO_PI_F) w -= TWO_PI_F;
-  } else {
-    w = wrap_angle(w);
-  }
-  return w;
+  const float w = v + inc;
+  float t = w < 0 ? w + TWO_PI_F : w;
+  t = t >= TWO_PI_F ? t - TWO_PI_F : t;
+  if (!(w > -TWO_PI_F && w < 2 * TWO_PI_F)) t = wrap_angle(w);
+  return t;
 }
 
 /* The rotated k and q of one unit of position m: unit u < S is the pair (2u, 2u + 1), rotated by
@@ -267,6 +263,12 @@ int64_t m3k_chunked_kept(int32_t rows, int32_t len, int32_t H, int32_t P, int32_
 cudaError_t m3k_chunked_prepare(int prec, const m3k_scan_plan *plan);
 cudaError_t m3k_chunked_fwd(cudaStream_t s, int prec, const m3k_scan_plan *plan, const m3k_scan_args *a);
 cudaError_t m3k_chunked_bwd(cudaStream_t s, int prec, const m3k_scan_args *a);
+
+/* ---- the forward of small states (scan_warp.cu): a pipeline of warps per (row, head) ---------------- */
+
+/* The shapes it is compiled for; m3k_scan_fwd gives them every window the SIMT kernel would take. */
+__host__ __device__ constexpr bool warp_fwd_shape(int P, int N) { return P == 16 && N == 16; }
+cudaError_t m3k_warp_fwd(cudaStream_t s, int prec, const m3k_scan_args *a);
 
 /* ---- the one-token forward (scan_step.cu): m3k_scan_fwd when a->len == 1 --------------------------- */
 

@@ -515,6 +515,14 @@ int main(void) {
     parity_case(i, &cases[i], M3_PRECISION_F32);
     parity_case(i, &cases[i], M3_PRECISION_BF16);
   }
+  /* at the default threshold a 16-bit window of one chunk at P x N = 256 takes the SIMT backward and
+   * the small-state forward (scan_warp.cu): two 32-token chunks, the second partial, G 2, every column
+   * rotated, the mixer norm */
+  setenv("M3_SCAN_CHUNK_MIN_STATE", "1024", 1);
+  const spec small = {16, 16, 4, 2, 1.0, 1, M3_INPUT_FEATURES, M3_HEAD_MSE, 1, 2, 45};
+  parity_case(ncases, &small, M3_PRECISION_F32);
+  parity_case(ncases, &small, M3_PRECISION_BF16);
+  setenv("M3_SCAN_CHUNK_MIN_STATE", "0", 1);
   const spec self[] = {
       {16, 16, 4, 1, 0.5, 1, M3_INPUT_FEATURES, M3_HEAD_NONE, 1, 2, 40},
       {16, 32, 4, 2, 1.0, 0, M3_INPUT_TOKENS, M3_HEAD_LM, 1, 2, 40},
