@@ -1,6 +1,7 @@
 -- scripts/bench.lua — full training steps (forward + backward + AdamW) of the DESIGN.md
 -- benchmark configs: median ms per step, tokens/s, model TFLOP/s (6 * params * tokens / s),
--- device memory of the trainer, and the public PyTorch + Triton Mamba-3 numbers for scale.
+-- device memory of the trainer, and the public PyTorch + Triton Mamba-3 numbers for scale; on CUDA the
+-- bf16 speed bars, and for rl and rl-batch the f32 / bf16 step-time ratio against its bar (1.5).
 --
 --   m3lua scripts/bench.lua [--configs rl,rl-batch,mid,lm130] [--dtypes bf16,f32]
 --                           [--device cuda|cpu] [--steps N] [--no-graph] [--profile]
@@ -35,6 +36,7 @@ local CONFIGS = {
                               vocab_size = 50280, head = "lm" }, B = 16, T = 2048, fit_only = true },
 }
 local BAR_BF16 = { ["rl"] = 0.25, ["rl-batch"] = 0.6, ["mid"] = 10, ["lm130"] = 45 }
+local BAR_F32_RATIO = { ["rl"] = 1.5, ["rl-batch"] = 1.5 } -- f32 ms within this factor of bf16's
 
 -- ---- arguments --------------------------------------------------------------------------------
 
@@ -229,6 +231,20 @@ for _, r in ipairs(rows) do
     print(string.format("%-10s %-5s %-11s %5s %10.3f %12.0f %8.2f %8.2f %12s %8s %6s", r.name, r.dtype, shape,
       r.graph and "yes" or "no", r.ms, r.tok_s, r.tflops, r.mem, pub, speed, bar))
   end
+end
+if opt.device == "cuda" then
+  local ms = {}
+  for _, r in ipairs(rows) do
+    if r.ms then ms[r.name .. "/" .. r.dtype] = r.ms end
+  end
+  local ratios = {}
+  for _, name in ipairs(opt.configs) do
+    local f, b, bar = ms[name .. "/f32"], ms[name .. "/bf16"], BAR_F32_RATIO[name]
+    if f and b and bar then
+      ratios[#ratios + 1] = string.format("%s %.2f (bar %g: %s)", name, f / b, bar, f / b <= bar and "ok" or "missed")
+    end
+  end
+  if #ratios > 0 then print("f32 / bf16: " .. table.concat(ratios, ", ")) end
 end
 if opt.device == "cpu" then
   local r = rows[1]
