@@ -517,11 +517,16 @@ int main(void) {
   }
   /* at the default threshold a 16-bit window of one chunk at P x N = 256 takes the SIMT backward and
    * the small-state forward (scan_warp.cu): two 32-token chunks, the second partial, G 2, every column
-   * rotated, the mixer norm */
+   * rotated, the mixer norm; then windows of exactly two chunks (64) and of one chunk and a token (33) */
   setenv("M3_SCAN_CHUNK_MIN_STATE", "1024", 1);
-  const spec small = {16, 16, 4, 2, 1.0, 1, M3_INPUT_FEATURES, M3_HEAD_MSE, 1, 2, 45};
-  parity_case(ncases, &small, M3_PRECISION_F32);
-  parity_case(ncases, &small, M3_PRECISION_BF16);
+  const spec small[] = {
+      {16, 16, 4, 2, 1.0, 1, M3_INPUT_FEATURES, M3_HEAD_MSE, 1, 2, 45},
+      {16, 16, 2, 1, 0.5, 1, M3_INPUT_IDENTITY, M3_HEAD_NONE, 1, 3, 64},
+  };
+  for (int i = 0; i < (int)(sizeof small / sizeof small[0]); i++) {
+    parity_case(ncases + i, &small[i], M3_PRECISION_F32);
+    parity_case(ncases + i, &small[i], M3_PRECISION_BF16);
+  }
   setenv("M3_SCAN_CHUNK_MIN_STATE", "0", 1);
   const spec self[] = {
       {16, 16, 4, 1, 0.5, 1, M3_INPUT_FEATURES, M3_HEAD_NONE, 1, 2, 40},
