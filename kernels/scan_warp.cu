@@ -6,8 +6,9 @@
  * scan_fwd_kernel spreads a (row, head) over a CTA of one thread per state element; at 16 x 16 that
  * CTA spends its time in barriers and cross-warp sums, one phase after another (kernels/NOTES.md,
  * run 91: a warp alone is no faster, every phase a chain of latencies). Here a CTA of seven warps walks
- * the row's tokens in chunks of 32, four chunks in flight (a ring of four slots of shared memory),
- * one step per chunk, a barrier of the CTA after each step:
+ * the row's tokens in chunks of WCH = 32 (16 for windows of at most 64, such as rl's 32, so that they
+ * still overlap their steps), four chunks in flight (a ring of four slots of shared memory), one step
+ * per chunk, a barrier of the CTA after each step:
  *   warps 3-6 (loaders)  A(c): every load of chunk c in flight at once (the token scalars, tanh of the
  *            angle logits, x and z, B_hat + B_bias and C_hat + C_bias), then E(c - 3): D x, the
  *            optional per-head RMSNorm and the gate, two tokens a warp at a time;
@@ -23,10 +24,10 @@
  */
 #include "scan_math.cuh"
 
-enum { WCH = 32, NSLOT = 4, DW = 2, WALK = DW, LW = 4, LOAD0 = DW + 1 }; /* chunk; slots; warp roles */
+enum { NSLOT = 4, DW = 2, WALK = DW, LW = 4, LOAD0 = DW + 1 }; /* slots; warp roles */
 enum { WARP_THREADS = 32 * (DW + 1 + LW), NL = 32 * LW };               /* threads; loader threads */
 
-template <int P, int N> struct warp_slot {
+template <int P, int N, int WCH> struct warp_slot {
   float k[WCH + 1][N];   /* rotated k; row 0: the token before the chunk */
   float q[WCH][N];       /* rotated q */
   float x[WCH + 1][P];   /* row 0: the token before the chunk */
@@ -37,14 +38,14 @@ template <int P, int N> struct warp_slot {
   float rs[WCH];         /* 1 at a reset */
 };
 
-template <int P, int N, typename T>
+template <int P, int N, int WCH, typename T>
 __global__ void __launch_bounds__(WARP_THREADS) scan_fwd_warp_kernel(const m3k_scan_args a) {
   constexpr int RPW = P / DW, NS = RPW * N / 32, LPR = N / NS; /* rows a D warp, state a lane, lanes a row */
   constexpr int RX = WCH * P / NL, RK = WCH * N / NL;           /* A's items a loader */
   static_assert(P % DW == 0 && RPW * N % 32 == 0 && NS % 4 == 0 && N % NS == 0 && 32 % P == 0 &&
                     WCH * P % NL == 0 && NL % N == 0 && N / 2 <= 32,
                 "a shape the lane layouts cover");
-  __shared__ __align__(16) warp_slot<P, N> ring[NSLOT];
+  __shared__ __align__(16) warp_slot<P, N, WCH> ring[NSLOT];
   const m3k_dims &d = a.d;
   const int h = blockIdx.x, b = blockIdx.y, tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
   const int S = d.S, H = d.H, E = d.E, g = h / d.hpg, nch = (a.len + WCH - 1) / WCH;
@@ -70,7 +71,7 @@ __global__ void __launch_bounds__(WARP_THREADS) scan_fwd_warp_kernel(const m3k_s
     if (warp < DW) {
       const int c = s - 2;
       if (c >= 0 && c < nch) { /* D(c) */
-        warp_slot<P, N> &r = ring[c % NSLOT];
+        warp_slot<P, N, WCH> &r = ring[c % NSLOT];
         const int nb = chunk_len(c);
 #pragma unroll 4
         for (int i = 0; i < nb; i++) {
@@ -100,7 +101,7 @@ __global__ void __launch_bounds__(WARP_THREADS) scan_fwd_warp_kernel(const m3k_s
     } else if (warp == WALK) {
       const int c = s - 1;
       if (c >= 0 && c < nch) {
-        warp_slot<P, N> &r = ring[c % NSLOT];
+        warp_slot<P, N, WCH> &r = ring[c % NSLOT];
         const int nb = chunk_len(c);
         const int64_t m0 = (int64_t)b * a.len + (int64_t)c * WCH;
         if (lane < S) { /* B(c): the increments first, then a chain of selects and adds */
@@ -133,14 +134,14 @@ __global__ void __launch_bounds__(WARP_THREADS) scan_fwd_warp_kernel(const m3k_s
         }
         __syncwarp();
         if (c + 1 < nch) { /* the next chunk's row 0: this chunk's last token (nb = WCH) */
-          warp_slot<P, N> &nx = ring[(c + 1) % NSLOT];
+          warp_slot<P, N, WCH> &nx = ring[(c + 1) % NSLOT];
           if (lane < N) nx.k[0][lane] = r.k[WCH][lane];
           if (lane < P) nx.x[0][lane] = r.x[WCH][lane];
         }
       }
     } else {
       if (s < nch) { /* A(s) */
-        warp_slot<P, N> &r = ring[s % NSLOT];
+        warp_slot<P, N, WCH> &r = ring[s % NSLOT];
         const int nb = chunk_len(s);
         const int64_t m0 = (int64_t)b * a.len + (int64_t)s * WCH;
         float xr[RX], zr[RX], kr[RK], qr[RK], tr[RK];
@@ -192,7 +193,7 @@ __global__ void __launch_bounds__(WARP_THREADS) scan_fwd_warp_kernel(const m3k_s
       }
       const int c = s - 3;
       if (c >= 0 && c < nch) { /* E(c) */
-        const warp_slot<P, N> &r = ring[c % NSLOT];
+        const warp_slot<P, N, WCH> &r = ring[c % NSLOT];
         const int nb = chunk_len(c), p = lane % P;
         const int64_t m0 = (int64_t)b * a.len + (int64_t)c * WCH;
         const float Dh = a.D[h];
@@ -229,7 +230,7 @@ __global__ void __launch_bounds__(WARP_THREADS) scan_fwd_warp_kernel(const m3k_s
     for (int e = 0; e < NS; e++) a.fin_ssm[(bh * P + prow) * N + c0 + e] = hs[e];
   }
   if (warp == WALK) {
-    const warp_slot<P, N> &last = ring[(nch - 1) % NSLOT];
+    const warp_slot<P, N, WCH> &last = ring[(nch - 1) % NSLOT];
     if (a.fin_k && lane < N) a.fin_k[bh * N + lane] = last.k[chunk_len_last][lane];
     if (a.fin_v && lane < P) a.fin_v[bh * P + lane] = last.x[chunk_len_last][lane];
     if (a.fin_angle && lane < S) a.fin_angle[bh * S + lane] = run;
@@ -237,7 +238,9 @@ __global__ void __launch_bounds__(WARP_THREADS) scan_fwd_warp_kernel(const m3k_s
 }
 
 template <typename T> static void warp_fwd(cudaStream_t s, const m3k_scan_args &a) {
-  scan_fwd_warp_kernel<16, 16, T><<<dim3(a.d.H, a.rows), WARP_THREADS, 0, s>>>(a);
+  const dim3 grid(a.d.H, a.rows);
+  if (a.len <= 64) scan_fwd_warp_kernel<16, 16, 16, T><<<grid, WARP_THREADS, 0, s>>>(a);
+  else scan_fwd_warp_kernel<16, 16, 32, T><<<grid, WARP_THREADS, 0, s>>>(a);
 }
 
 cudaError_t m3k_warp_fwd(cudaStream_t s, int prec, const m3k_scan_args *a) {

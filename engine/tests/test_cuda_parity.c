@@ -516,8 +516,9 @@ int main(void) {
     parity_case(i, &cases[i], M3_PRECISION_BF16);
   }
   /* at the default threshold a 16-bit window of one chunk at P x N = 256 takes the SIMT backward and
-   * the small-state forward (scan_warp.cu): two 32-token chunks, the second partial, G 2, every column
-   * rotated, the mixer norm; then windows of exactly two chunks (64) and of one chunk and a token (33) */
+   * the small-state forward (scan_warp.cu, 16-token chunks up to 64 tokens): windows of 45 and 23 tokens
+   * (the last chunk partial), G 2, every column rotated, the mixer norm; then windows of 64 (whole chunks
+   * only) and 33 (two chunks and a token) */
   setenv("M3_SCAN_CHUNK_MIN_STATE", "1024", 1);
   const spec small[] = {
       {16, 16, 4, 2, 1.0, 1, M3_INPUT_FEATURES, M3_HEAD_MSE, 1, 2, 45},
