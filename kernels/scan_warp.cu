@@ -24,8 +24,8 @@
  */
 #include "scan_math.cuh"
 
-enum { NSLOT = 4, DW = 2, WALK = DW, LW = 4, LOAD0 = DW + 1 }; /* slots; warp roles */
-enum { WARP_THREADS = 32 * (DW + 1 + LW), NL = 32 * LW };               /* threads; loader threads */
+enum { NSLOT = 4, DW = 2, WALK = DW, LW = 4, LOAD0 = DW + 1 }; /* ring slots; warp roles */
+enum { WARP_THREADS = 32 * (DW + 1 + LW), NL = 32 * LW };       /* threads; loader threads */
 
 template <int P, int N, int WCH> struct warp_slot {
   float k[WCH + 1][N];   /* rotated k; row 0: the token before the chunk */
