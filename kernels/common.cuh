@@ -35,9 +35,10 @@ __device__ __forceinline__ float warp_sum(float v) {
   return v;
 }
 
-/* 1 / RMS of x [n] (float32 sums, eps 1e-5), in every lane of the warp: each lane sums the squares of
- * its elements lane, lane + 32, ..., then warp_sum. Every RMSNorm of the kernels sums this way, so a
- * fused kernel reproduces the unfused one's rstd bitwise. */
+/* 1 / RMS (eps 1e-5): rms_inv from the float32 sum of squares ss of n values; warp_rstd of x [n] in every
+ * lane of the warp: each lane sums the squares of its elements lane, lane + 32, ..., then warp_sum. Every
+ * RMSNorm of the kernels sums this way, so a fused kernel reproduces the unfused one's rstd bitwise. */
+__device__ __forceinline__ float rms_inv(float ss, int n) { return 1.0f / sqrtf(ss / (float)n + 1e-5f); }
 template <typename V> __device__ __forceinline__ float warp_rstd(const V *x, int n) {
   float ss = 0;
   for (int j = threadIdx.x & 31; j < n; j += 32) {
@@ -45,7 +46,7 @@ template <typename V> __device__ __forceinline__ float warp_rstd(const V *x, int
     ss += v * v;
   }
   ss = warp_sum(ss);
-  return 1.0f / sqrtf(ss / (float)n + 1e-5f);
+  return rms_inv(ss, n);
 }
 
 __device__ __forceinline__ double warp_sum_d(double v) {

@@ -278,8 +278,7 @@ __global__ void __launch_bounds__(512) scan_fwd_kernel(const m3k_scan_args a, co
     /* everything the block needs from global memory, in parallel */
     if (tid < nb) {
       const T *pr = proj + (m0 + tid) * d.dipp;
-      const tok_scalars ts = token_scalars(to_f(pr[d.dt_off + h]), a.dt_bias[h], to_f(pr[d.A_off + h]),
-                                           to_f(pr[d.trap_off + h]), d.a_floor);
+      const tok_scalars ts = row_scalars(a, pr, h);
       const bool rs = a.resets && a.resets[m0 + tid];
       s.scal[tid * 4 + 0] = rs ? 0.0f : ts.alpha;
       s.scal[tid * 4 + 1] = rs ? 0.0f : ts.beta;
@@ -326,16 +325,11 @@ __global__ void __launch_bounds__(512) scan_fwd_kernel(const m3k_scan_args a, co
       s.th[j] = v;
     }
     __syncthreads();
-    /* the pairs of k and q rotated in place (unit_rotate), one per item */
+    /* the pairs of k and q rotated in place, one per item */
 #pragma unroll 2
     for (int idx = tid; idx < nb * S; idx += nthreads) {
       const int i = idx / S, n0 = 2 * (idx - i * S);
-      float *k = s.kbuf + (i + 1) * Np + n0, *q = s.qbuf + i * Np + n0;
-      const unit_kq r = unit_rotate(n0, true, k[0], k[1], q[0], q[1], s.thbuf[idx]);
-      k[0] = r.k0;
-      k[1] = r.k1;
-      q[0] = r.q0;
-      q[1] = r.q1;
+      rotate_pair(s.kbuf + (i + 1) * Np + n0, s.qbuf + i * Np + n0, s.thbuf[idx]);
     }
     __syncthreads();
     /* the recurrence through the block; y partials summed over the tj lanes */
@@ -421,8 +415,7 @@ __device__ __forceinline__ void bwd_scalars(const m3k_scan_args &a, const bwd_sm
   const int tid = threadIdx.x;
   if (tid < nb) {
     const T *pr = proj + (m0 + tid) * d.dipp;
-    const tok_scalars ts = token_scalars(to_f(pr[d.dt_off + h]), a.dt_bias[h], to_f(pr[d.A_off + h]),
-                                         to_f(pr[d.trap_off + h]), d.a_floor);
+    const tok_scalars ts = row_scalars(a, pr, h);
     const bool rs = a.resets && a.resets[m0 + tid];
     float *sc = s.scal + tid * SC_W;
     sc[S_ALPHA] = rs ? 0.0f : ts.alpha;

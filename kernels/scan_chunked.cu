@@ -399,8 +399,7 @@ __device__ __forceinline__ void c_scalars(const m3k_scan_args &a, float *sc, int
       continue;
     }
     const T *pr = proj + (m0 + i) * d.dipp;
-    const tok_scalars ts = token_scalars(to_f(pr[d.dt_off + h]), a.dt_bias[h], to_f(pr[d.A_off + h]),
-                                         to_f(pr[d.trap_off + h]), d.a_floor);
+    const tok_scalars ts = row_scalars(a, pr, h);
     const bool rs = a.resets && a.resets[m0 + i];
     s[F_A] = ts.A * ts.dt;
     s[F_GAM] = ts.gamma;
@@ -849,8 +848,7 @@ __global__ void __launch_bounds__(CTHREADS) scan_angles_chunked(const m3k_scan_a
     const int64_t m0 = (int64_t)b * a.len + t0;
     for (int i = tid; i < nb; i += CTHREADS) {
       const T *pr = proj + (m0 + i) * d.dipp;
-      dt[i] = token_scalars(to_f(pr[d.dt_off + h]), a.dt_bias[h], to_f(pr[d.A_off + h]), to_f(pr[d.trap_off + h]),
-                            d.a_floor).dt;
+      dt[i] = row_scalars(a, pr, h).dt;
       rst[i] = a.resets && a.resets[m0 + i] ? 1.0f : 0.0f;
     }
     __syncthreads();
@@ -1129,7 +1127,7 @@ __global__ void __launch_bounds__(CTHREADS, 2) scan_fwd_chunked_r(const m3k_scan
         float ss = 0;
         for (int p = lane; p < P; p += 32) ss += sY[i * cd.lfp + p] * sY[i * cd.lfp + p];
         ss = warp_sum(ss);
-        const float rn = 1.0f / sqrtf(ss / (float)P + 1e-5f);
+        const float rn = rms_inv(ss, P);
         if (lane == 0) {
           s.sc[i * FW + F_R] = rn;
           a.y_rstd[(m0 + i) * H + h] = rn;
@@ -1144,8 +1142,7 @@ __global__ void __launch_bounds__(CTHREADS, 2) scan_fwd_chunked_r(const m3k_scan
         const int64_t mi = m0 + i;
         const float z = ldact(proj + mi * d.dipp + d.z_off + (int64_t)h * P + p);
         const float y = sY[i * cd.lfp + p];
-        const float yn = d.outproj_norm ? y * s.sc[i * FW + F_R] * a.out_norm[(int64_t)h * P + p] : y;
-        gated[mi * E + (int64_t)h * P + p] = from_f<T>(yn * (z * sigmoidf_(z)));
+        gated[mi * E + (int64_t)h * P + p] = from_f<T>(gate_value(a, h, p, y, s.sc[i * FW + F_R], z));
       }
     }
     __syncthreads();

@@ -41,6 +41,13 @@ __device__ __forceinline__ tok_scalars token_scalars(float dd_dt, float dt_bias,
   return s;
 }
 
+/* The token scalars of position m from its in_proj row (dd_dt, dd_A, trap of head h) */
+template <typename T> __device__ __forceinline__ tok_scalars row_scalars(const m3k_scan_args &a, const T *row, int h) {
+  const m3k_dims &d = a.d;
+  return token_scalars(to_f(row[d.dt_off + h]), a.dt_bias[h], to_f(row[d.A_off + h]), to_f(row[d.trap_off + h]),
+                       d.a_floor);
+}
+
 __device__ __forceinline__ float wrap_angle(float v) {
   v = fmodf(v, TWO_PI_F);
   if (v < 0) v += TWO_PI_F;
@@ -148,6 +155,15 @@ __device__ __forceinline__ unit_kq unit_rotate(int n0, bool pair, float k0, floa
   return r;
 }
 
+/* A rotated pair of k (k[0], k[1]) and q rotated in place by theta (unit_rotate's formulas) */
+__device__ __forceinline__ void rotate_pair(float *k, float *q, float theta) {
+  const unit_kq r = unit_rotate(0, true, k[0], k[1], q[0], q[1], theta);
+  k[0] = r.k0;
+  k[1] = r.k1;
+  q[0] = r.q0;
+  q[1] = r.q1;
+}
+
 __device__ __forceinline__ unit_kq unit_make(const unit_raw &w, const float *sbk, const float *sbq, int u, int S,
                                              float theta) {
   const int n0 = unit_col(u, S);
@@ -174,6 +190,12 @@ __device__ __forceinline__ float warp_head_y(const float *hq, const float *x, fl
   return ss;
 }
 
+/* The gate output of element p of head h: (the mixer norm's y rn w_p when outproj_norm, else y) silu(z) */
+__device__ __forceinline__ float gate_value(const m3k_scan_args &a, int h, int p, float y, float rn, float z) {
+  const float yn = a.d.outproj_norm ? y * rn * a.out_norm[(int64_t)h * a.d.P + p] : y;
+  return yn * (z * sigmoidf_(z));
+}
+
 /* The end of one token's scan output for one head, held by a warp: yv[k] = y at p = lane + 32 k
  * (P <= 128), ss = the lane's sum of y^2. The mixer norm (outproj_norm: y_rstd of position m) and
  * the gate: gated[p] = norm(y)_p silu(z[p]) (z: the token's z values, float32). */
@@ -184,18 +206,13 @@ __device__ __forceinline__ void warp_norm_gate(const m3k_scan_args &a, int64_t m
   const int lane = threadIdx.x & 31, P = d.P;
   float rn = 1;
   if (d.outproj_norm) {
-    ss = warp_sum(ss);
-    rn = 1.0f / sqrtf(ss / (float)P + 1e-5f);
+    rn = rms_inv(warp_sum(ss), P);
     if (lane == 0) a.y_rstd[m * d.H + h] = rn;
   }
 #pragma unroll
   for (int k = 0; k < 4; k++) {
     const int p = lane + 32 * k;
-    if (p < P) {
-      const float zp = z[p];
-      const float yn = d.outproj_norm ? yv[k] * rn * a.out_norm[(int64_t)h * P + p] : yv[k];
-      gated[p] = from_f<T>(yn * (zp * sigmoidf_(zp)));
-    }
+    if (p < P) gated[p] = from_f<T>(gate_value(a, h, p, yv[k], rn, z[p]));
   }
 }
 

@@ -123,13 +123,8 @@ __global__ void __launch_bounds__(WARP_THREADS) scan_fwd_warp_kernel(const m3k_s
         __syncwarp();
         for (int idx = lane; idx < nb * S; idx += 32) { /* C(c) */
           const int i = idx / S, j = idx - i * S;
-          float *k = &r.k[i + 1][2 * j], *q = &r.q[i][2 * j];
           const float th = r.th[i][j];
-          const unit_kq u = unit_rotate(2 * j, true, k[0], k[1], q[0], q[1], th);
-          k[0] = u.k0;
-          k[1] = u.k1;
-          q[0] = u.q0;
-          q[1] = u.q1;
+          rotate_pair(&r.k[i + 1][2 * j], &r.q[i][2 * j], th);
           __stcg(a.theta + ((m0 + i) * H + h) * S + j, th);
         }
         __syncwarp();
@@ -163,8 +158,7 @@ __global__ void __launch_bounds__(WARP_THREADS) scan_fwd_warp_kernel(const m3k_s
         }
         if (lt < nb) {
           const T *pr = proj + (m0 + lt) * d.dipp;
-          const tok_scalars ts = token_scalars(to_f(pr[d.dt_off + h]), a.dt_bias[h], to_f(pr[d.A_off + h]),
-                                               to_f(pr[d.trap_off + h]), d.a_floor);
+          const tok_scalars ts = row_scalars(a, pr, h);
           const bool rs = a.resets && a.resets[m0 + lt];
           r.sc[lt][0] = rs ? 0.0f : ts.alpha;
           r.sc[lt][1] = rs ? 0.0f : ts.beta;
@@ -209,14 +203,12 @@ __global__ void __launch_bounds__(WARP_THREADS) scan_fwd_warp_kernel(const m3k_s
             float ss = y * y;
 #pragma unroll
             for (int o = P / 2; o >= 1; o >>= 1) ss += __shfl_xor_sync(0xffffffffu, ss, o);
-            rn = 1.0f / sqrtf(ss / (float)P + 1e-5f);
+            rn = rms_inv(ss, P);
           }
           if (ok) {
             __stcg(a.y + mi * E + (int64_t)h * P + p, y);
             if (d.outproj_norm && p == 0) __stcg(a.y_rstd + mi * H + h, rn);
-            const float zp = r.z[i][p];
-            const float yn = d.outproj_norm ? y * rn * a.out_norm[(int64_t)h * P + p] : y;
-            __stcg(gated + mi * E + (int64_t)h * P + p, from_f<T>(yn * (zp * sigmoidf_(zp))));
+            __stcg(gated + mi * E + (int64_t)h * P + p, from_f<T>(gate_value(a, h, p, y, rn, r.z[i][p])));
           }
         }
       }
