@@ -416,7 +416,7 @@ __device__ __forceinline__ void bwd_scalars(const m3k_scan_args &a, const bwd_sm
   if (tid < nb) {
     const T *pr = proj + (m0 + tid) * d.dipp;
     const tok_scalars ts = row_scalars(a, pr, h);
-    const bool rs = a.resets && a.resets[m0 + tid];
+    const bool rs = a.resets && __ldg(a.resets + m0 + tid);
     float *sc = s.scal + tid * SC_W;
     sc[S_ALPHA] = rs ? 0.0f : ts.alpha;
     sc[S_BETA] = rs ? 0.0f : ts.beta;
@@ -431,6 +431,25 @@ __device__ __forceinline__ void bwd_scalars(const m3k_scan_args &a, const bwd_sm
     sc[S_BETA_RAW] = ts.beta;
     if (with_psi) sc[S_PSI] = a.psi[(m0 + tid) * d.H + h];
   }
+}
+
+/* The block's per-token B (which 0) or C (1) gradients of head h, col[i * Np + n], into dbc_head (the
+ * column sums walk shared memory only; these stores run in parallel beside them). */
+__device__ __forceinline__ void store_dbc_head(const m3k_scan_args &a, const float *col, int64_t m0, int nb, int h,
+                                               int which, int Np, int tid, int nthreads) {
+  const int N = a.d.N, H = a.d.H;
+  for (int idx = tid; idx < nb * N; idx += nthreads) {
+    const int i = idx / N, n = idx - i * N;
+    a.dbc_head[(((m0 + i) * H + h) * 2 + which) * N + n] = col[i * Np + n];
+  }
+}
+
+/* q.k of the block's token i (one warp), into its S_QK */
+__device__ __forceinline__ void token_qk(const bwd_smem &s, int i, int Np, int N, int lane) {
+  float qk = 0;
+  for (int n = lane; n < N; n += 32) qk += s.qbuf[i * Np + n] * s.kbuf[(i + 1) * Np + n];
+  qk = warp_sum(qk);
+  if (lane == 0) s.scal[i * SC_W + S_QK] = qk;
 }
 
 /* *total += the sum of the block's nb token scalars col[i * SC_W] (one warp: lane-strided partials,
@@ -473,23 +492,139 @@ __device__ __forceinline__ void phi_scan(float *scal, int nb, float *next, int l
   if (lane == 0) *next = carry;
 }
 
-/* Rotated k (slots 1..nb) and q of the block from the angles the forward saved (theta); the cos
- * and sin of each pair are kept (cst, snt, same slots) for the rotation backward. It reads only
- * global memory, so it runs among the block's loads (their latencies overlap; no barrier between). */
-template <typename T>
+/* Unit u of position m's rotated k, and q with the pair's cos and sin where q is not NULL (rot_unit's
+ * formulas, through unit_rotate), from the angle the forward saved. Its loads take the read-only path,
+ * so that the compiler may issue the next unit's ahead of this one's stores. */
+__device__ __forceinline__ void bwd_unit(const m3k_scan_args &a, int64_t m, int h, int g, int u, float *k, float *q,
+                                         float *cs, float *sn) {
+  const m3k_dims &d = a.d;
+  const int S = d.S, U = d.N - S;
+  if (u >= U) { /* the zero padding up to the padded width */
+    k[d.N + (u - U)] = 0;
+    if (q) q[d.N + (u - U)] = 0;
+    return;
+  }
+  const int n0 = unit_col(u, S);
+  const bool pair = u < S;
+  const unit_raw w = unit_load(a.bc_hat + ((m * 2 + 0) * d.G + g) * d.N, a.bc_hat + ((m * 2 + 1) * d.G + g) * d.N, u, S);
+  const float *kb = a.B_bias + (int64_t)h * d.N, *qb = a.C_bias + (int64_t)h * d.N;
+  const float theta = pair ? __ldg(a.theta + (m * d.H + h) * S + u) : 0.0f;
+  const unit_kq r = unit_rotate(n0, pair, w.k0 + __ldg(kb + n0), pair ? w.k1 + __ldg(kb + n0 + 1) : 0.0f,
+                                w.q0 + __ldg(qb + n0), pair ? w.q1 + __ldg(qb + n0 + 1) : 0.0f, theta);
+  k[n0] = r.k0;
+  if (pair) k[n0 + 1] = r.k1;
+  if (q) {
+    q[n0] = r.q0;
+    if (pair) {
+      q[n0 + 1] = r.q1;
+      *cs = r.cs;
+      *sn = r.sn;
+    }
+  }
+}
+
+/* Rotated k (slots 1..nb) and q of the block; the cos and sin of each pair are kept (cst, snt, same
+ * slots) for the rotation backward. It reads only global memory, so it runs among the block's loads
+ * (their latencies overlap; no barrier between). */
 __device__ __forceinline__ void bwd_rotate_block(const m3k_scan_args &a, const bwd_smem &s, int64_t m0, int nb, int h,
                                                  int g, int Np, int nthreads) {
-  const int tid = threadIdx.x, S = a.d.S, H = a.d.H, Up = Np - S;
+  const int tid = threadIdx.x, S = a.d.S, Up = Np - S;
 #pragma unroll 2
   for (int idx = tid; idx < nb * Up; idx += nthreads) {
     const int i = idx / Up, u = idx - i * Up;
-    float c = 1, sn = 0;
-    if (u < S) {
-      sincosf(a.theta[((m0 + i) * H + h) * S + u], &sn, &c);
-      s.cst[(i + 1) * S + u] = c;
-      s.snt[(i + 1) * S + u] = sn;
+    bwd_unit(a, m0 + i, h, g, u, s.kbuf + (i + 1) * Np, s.qbuf + i * Np, s.cst + (i + 1) * S + u,
+             s.snt + (i + 1) * S + u);
+  }
+}
+
+/* ---- the 16 x 16 recurrences --------------------------------------------------------------------
+ * At P x N = 16 x 16 (one state element a thread: 16 tj lanes and two ti a warp) both sweeps' token
+ * loops take four tokens at a time: the group's operands first, then the state's chain, then the sums
+ * as butterflies whose first stages pass half of the four values instead of adding all of them
+ * (sweep R: 7 shuffles for four tokens' w and u instead of 20), then the stores. Fewer shared-memory
+ * and shuffle instructions per token: the loops were bound by them (NOTES.md runs 105-109). */
+
+/* The four values v[] of each lane summed with those of the lane that differs in bit o: a lane
+ * without the bit (hi false) gets the sums of values 0 and 1, its partner those of 2 and 3. */
+__device__ __forceinline__ void pass_half(const float v[4], int o, bool hi, float out[2]) {
+  out[0] = (hi ? v[2] : v[0]) + __shfl_xor_sync(0xffffffffu, hi ? v[0] : v[2], o);
+  out[1] = (hi ? v[3] : v[1]) + __shfl_xor_sync(0xffffffffu, hi ? v[1] : v[3], o);
+}
+
+/* Sweep F over tokens [i0, i1) of a sub-block: H_t rebuilt in hs, dq_t = H_t^T dy_t summed over the
+ * warp's two ti into upart (the lane of even ti writes tokens 0 and 1 of a group, its partner 2, 3). */
+__device__ __forceinline__ void sweep_f16(float &hs, const bwd_smem &s, int i0, int i1, int ti, int tj, int UQ1) {
+  const bool hi = ti & 1;
+  const int uq = ti >> 1;
+  for (int i = i0; i < i1; i += 4) {
+    float al[4], be[4], ga[4], dy[4], x[5], k[5], dq[4], sum[2];
+#pragma unroll
+    for (int u = 0; u < 4; u++) { /* a token past the sub-block leaves the state as it is */
+      const bool on = i + u < i1;
+      const float *sc = s.scal + (on ? i + u : i) * SC_W;
+      al[u] = on ? sc[S_ALPHA] : 1.0f;
+      be[u] = on ? sc[S_BETA] : 0.0f;
+      ga[u] = on ? sc[S_GAMMA] : 0.0f;
+      dy[u] = s.dybuf[(on ? i + u : i) * 16 + ti];
     }
-    rot_unit<T>(a, m0 + i, h, g, u, c, sn, s.kbuf + (i + 1) * Np, s.qbuf + i * Np);
+#pragma unroll
+    for (int u = 0; u < 5; u++) {
+      const int t = min(i + u, i1);
+      x[u] = s.xbuf[t * 16 + ti];
+      k[u] = s.kbuf[t * 16 + tj];
+    }
+#pragma unroll
+    for (int u = 0; u < 4; u++) {
+      hs = al[u] * hs + be[u] * x[u] * k[u] + ga[u] * x[u + 1] * k[u + 1];
+      dq[u] = hs * dy[u];
+    }
+    pass_half(dq, 16, hi, sum);
+#pragma unroll
+    for (int e = 0; e < 2; e++) {
+      const int t = i + (hi ? 2 : 0) + e;
+      if (t < i1) s.upart[((t - i0) * 16 + tj) * UQ1 + uq] = sum[e];
+    }
+  }
+}
+
+/* Sweep R over tokens [i0, i1) of a sub-block, from the last: dH in hs; w_t = g_t k_{t-1} summed over
+ * the 16 tj lanes into wq (lanes tj = 0, 4, 8, 12 hold one token each), u_t = g_t^T x_{t-1} over the
+ * two ti into upart (as sweep_f16). */
+__device__ __forceinline__ void sweep_r16(float &hs, const bwd_smem &s, int i0, int i1, int ti, int tj, int UQ1) {
+  const bool hi = ti & 1, b8 = tj & 8, b4 = tj & 4;
+  const int uq = ti >> 1;
+  for (int i = i1 - 1; i >= i0; i -= 4) {
+    float al[4], dy[4], xp[4], kp[4], qc[4], w[4], up[4], wh[2], uh[2];
+#pragma unroll
+    for (int u = 0; u < 4; u++) { /* a token before the sub-block leaves dH as it is */
+      const bool on = i - u >= i0;
+      const int t = on ? i - u : i;
+      al[u] = on ? s.scal[t * SC_W + S_ALPHA] : 1.0f;
+      dy[u] = on ? s.dybuf[t * 16 + ti] : 0.0f;
+      xp[u] = s.xbuf[t * 16 + ti];
+      kp[u] = s.kbuf[t * 16 + tj];
+      qc[u] = s.qbuf[t * 16 + tj];
+    }
+#pragma unroll
+    for (int u = 0; u < 4; u++) {
+      const float gv = hs + dy[u] * qc[u];
+      w[u] = gv * kp[u];
+      up[u] = gv * xp[u];
+      hs = al[u] * gv;
+    }
+    pass_half(w, 8, b8, wh);
+    float wv = b4 ? wh[1] : wh[0];
+    wv += __shfl_xor_sync(0xffffffffu, b4 ? wh[0] : wh[1], 4);
+    wv += __shfl_xor_sync(0xffffffffu, wv, 2);
+    wv += __shfl_xor_sync(0xffffffffu, wv, 1);
+    pass_half(up, 16, hi, uh);
+    const int tw = i - ((b8 ? 2 : 0) + (b4 ? 1 : 0));
+    if ((tj & 3) == 0 && tw >= i0) s.wq[tw * 16 + ti] = wv;
+#pragma unroll
+    for (int e = 0; e < 2; e++) {
+      const int t = i - (hi ? 2 : 0) - e;
+      if (t >= i0) s.upart[((t - i0) * 16 + tj) * UQ1 + uq] = uh[e];
+    }
   }
 }
 
@@ -512,6 +647,10 @@ __global__ void __launch_bounds__(512) scan_bwd_kernel(const m3k_scan_args a, co
   const int64_t bh = (int64_t)b * H + h;
   const float Dh = a.D[h];
   const int U = S + (N - 2 * S); /* rotation units: pairs, then single columns */
+  /* A window of one block: sweep R keeps what sweep F loaded and computed (the token scalars, x, dy,
+   * the rotated k and q with their angles, q.k, dy.x), and sweep F hands psi and its angle share
+   * over in shared memory; sweep R then starts at its recurrence. */
+  const bool one = a.len <= TB;
 
   /* ===== sweep F: forward in time ===== */
   float hs[RP][RN];
@@ -545,12 +684,13 @@ __global__ void __launch_bounds__(512) scan_bwd_kernel(const m3k_scan_args a, co
       float xv = 0, dyn = 0, yv = 0;
       if (p < P) {
         const T *pr = proj + mi * d.dipp + (int64_t)h * P + p;
-        xv = to_f(pr[d.x_off]);
+        xv = to_f(__ldg(pr + d.x_off));
         const int64_t o = mi * E + (int64_t)h * P + p;
-        const float dg = a.dgated[o], z = to_f(pr[d.z_off]);
-        yv = a.y[o];
+        const float dg = __ldg(a.dgated + o), z = to_f(__ldg(pr + d.z_off));
+        yv = __ldg(a.y + o);
         const float sg = sigmoidf_(z), silu = z * sg, dsilu = sg * (1 + z * (1 - sg));
-        const float yn = d.outproj_norm ? yv * a.y_rstd[mi * H + h] * a.out_norm[(int64_t)h * P + p] : yv;
+        const float yn =
+            d.outproj_norm ? yv * __ldg(a.y_rstd + mi * H + h) * __ldg(a.out_norm + (int64_t)h * P + p) : yv;
         dproj[mi * d.dipp + d.z_off + (int64_t)h * P + p] = from_f<T>(dg * yn * dsilu);
         dyn = dg * silu;
       }
@@ -558,7 +698,7 @@ __global__ void __launch_bounds__(512) scan_bwd_kernel(const m3k_scan_args a, co
       s.gy[i * Pp + p] = yv;
       s.gd[i * Pp + p] = dyn;
     }
-    bwd_rotate_block<T>(a, s, m0, nb, h, g, Np, nthreads);
+    bwd_rotate_block(a, s, m0, nb, h, g, Np, nthreads);
     __syncthreads();
     /* dy through the mixer norm (one warp per token), dy . x */
     for (int i = wid; i < nb; i += nw) {
@@ -582,19 +722,22 @@ __global__ void __launch_bounds__(512) scan_bwd_kernel(const m3k_scan_args a, co
           } else {
             dy = dyn;
           }
-          a.dy[mi * E + (int64_t)h * P + p] = dy;
+          if (!one) a.dy[mi * E + (int64_t)h * P + p] = dy;
           dyx += dy * s.xbuf[(i + 1) * Pp + p];
         }
         s.dybuf[i * Pp + p] = dy;
       }
       dyx = warp_sum(dyx);
       if (lane == 0) s.scal[i * SC_W + S_DYX] = dyx;
+      if (one) token_qk(s, i, Np, N, lane);
     }
     __syncthreads();
     if (wid == 0) block_token_sum(s.scal + S_DYX, nb, s.misc + 0, lane);
     /* rebuild H_t; dq_t = H_t^T dy_t, summed over p in sub-blocks */
     for (int i0 = 0; i0 < nb; i0 += SB) {
       const int i1 = min(nb, i0 + SB);
+      if constexpr (PK == 16 && NK == 16) sweep_f16(hs[0][0], s, i0, i1, ti, tj, gm.UQ1);
+      else
 #pragma unroll unroll_of<RP, RN>::value
       for (int i = i0; i < i1; i++) {
         const float al = s.scal[i * SC_W + S_ALPHA], be = s.scal[i * SC_W + S_BETA], ga = s.scal[i * SC_W + S_GAMMA];
@@ -641,7 +784,9 @@ __global__ void __launch_bounds__(512) scan_bwd_kernel(const m3k_scan_args a, co
         const float d0 = dq[n0], d1 = dq[n0 + 1];
         e[n0] = cs * d0 + sn * d1;
         e[n0 + 1] = -sn * d0 + cs * d1;
-        a.dthq[((m0 + i) * H + h) * S + u] = -d0 * q[n0 + 1] + d1 * q[n0];
+        const float dth = -d0 * q[n0 + 1] + d1 * q[n0];
+        if (one) s.dthb[i * S + u] = dth;
+        else a.dthq[((m0 + i) * H + h) * S + u] = dth;
       } else {
         const int n = 2 * S + (u - S);
         e[n] = dq[n];
@@ -651,20 +796,25 @@ __global__ void __launch_bounds__(512) scan_bwd_kernel(const m3k_scan_args a, co
       float acc = 0;
       for (int n = lane; n < N; n += 32) acc += s.dkb[i * Np + n] * s.qbuf[i * Np + n];
       acc = warp_sum(acc);
-      if (lane == 0) a.psi[(m0 + i) * H + h] = acc;
+      if (lane == 0) {
+        if (one) s.scal[i * SC_W + S_PSI] = acc;
+        else a.psi[(m0 + i) * H + h] = acc;
+      }
     }
     __syncthreads();
     for (int n = tid; n < N; n += nthreads) {
       float acc = s.pCb[n];
-      for (int i = 0; i < nb; i++) {
-        const float v = s.ufin[i * Np + n];
-        acc += v;
-        a.dbc_head[(((m0 + i) * H + h) * 2 + 1) * N + n] = v;
-      }
+      for (int i = 0; i < nb; i++) acc += s.ufin[i * Np + n];
       s.pCb[n] = acc;
     }
-    for (int n = tid; n < Np; n += nthreads) s.kbuf[n] = s.kbuf[nb * Np + n];
-    for (int p = tid; p < Pp; p += nthreads) s.xbuf[p] = s.xbuf[nb * Pp + p];
+    store_dbc_head(a, s.ufin, m0, nb, h, 1, Np, tid, nthreads);
+    if (one) { /* sweep R's tanh of the angle logits */
+      for (int idx = (tid + nthreads - 32) & (nthreads - 1); idx < nb * S; idx += nthreads)
+        s.tab[idx] = tanhf(to_f(__ldg(proj + (m0 + idx / S) * d.dipp + d.ang_off + idx % S)));
+    } else {
+      for (int n = tid; n < Np; n += nthreads) s.kbuf[n] = s.kbuf[nb * Np + n];
+      for (int p = tid; p < Pp; p += nthreads) s.xbuf[p] = s.xbuf[nb * Pp + p];
+    }
     __syncthreads();
   }
 
@@ -683,47 +833,40 @@ __global__ void __launch_bounds__(512) scan_bwd_kernel(const m3k_scan_args a, co
   for (int kb = nblk - 1; kb >= 0; kb--) {
     const int t0 = kb * TB, nb = min(TB, a.len - t0);
     const int64_t m0 = (int64_t)b * a.len + t0;
-    /* loads, and the rotated k (with token t0 - 1's) and q */
-    bwd_scalars<T>(a, s, m0, nb, h, 1);
+    if (!one) { /* loads, and the rotated k (with token t0 - 1's) and q */
+      bwd_scalars<T>(a, s, m0, nb, h, 1);
 #pragma unroll 4
-    for (int idx = tid; idx < nb * S; idx += nthreads) {
-      const int i = idx / S, j = idx - i * S;
-      const int64_t mi = m0 + i;
-      s.tab[idx] = tanhf(to_f(proj[mi * d.dipp + d.ang_off + j]));
-      s.dthb[idx] = a.dthq[(mi * H + h) * S + j];
-    }
+      for (int idx = tid; idx < nb * S; idx += nthreads) {
+        const int i = idx / S, j = idx - i * S;
+        const int64_t mi = m0 + i;
+        s.tab[idx] = tanhf(to_f(__ldg(proj + mi * d.dipp + d.ang_off + j)));
+        s.dthb[idx] = a.dthq[(mi * H + h) * S + j];
+      }
 #pragma unroll 4
-    for (int idx = tid; idx < (nb + 1) * Pp; idx += nthreads) {
-      const int i = idx / Pp, p = idx - i * Pp; /* slot i: token t0 + i - 1 */
-      float xv = 0;
-      if (p < P) {
-        if (i > 0 || t0 > 0) xv = to_f(proj[(m0 + i - 1) * d.dipp + d.x_off + (int64_t)h * P + p]);
-        else if (a.in_v) xv = a.in_v[bh * P + p];
+      for (int idx = tid; idx < (nb + 1) * Pp; idx += nthreads) {
+        const int i = idx / Pp, p = idx - i * Pp; /* slot i: token t0 + i - 1 */
+        float xv = 0;
+        if (p < P) {
+          if (i > 0 || t0 > 0) xv = to_f(__ldg(proj + (m0 + i - 1) * d.dipp + d.x_off + (int64_t)h * P + p));
+          else if (a.in_v) xv = __ldg(a.in_v + bh * P + p);
+        }
+        s.xbuf[idx] = xv;
+        if (i < nb) s.dybuf[idx] = p < P ? a.dy[(m0 + i) * E + (int64_t)h * P + p] : 0.0f;
       }
-      s.xbuf[idx] = xv;
-      if (i < nb) s.dybuf[idx] = p < P ? a.dy[(m0 + i) * E + (int64_t)h * P + p] : 0.0f;
-    }
-    bwd_rotate_block<T>(a, s, m0, nb, h, g, Np, nthreads);
-    if (t0 > 0) { /* slot 0: token t0 - 1 */
-      for (int u = tid; u < Np - S; u += nthreads) {
-        float c = 1, sn = 0;
-        if (u < S) sincosf(a.theta[((m0 - 1) * H + h) * S + u], &sn, &c);
-        rot_unit<T>(a, m0 - 1, h, g, u, c, sn, s.kbuf, NULL);
+      bwd_rotate_block(a, s, m0, nb, h, g, Np, nthreads);
+      if (t0 > 0) { /* slot 0: token t0 - 1 */
+        for (int u = tid; u < Np - S; u += nthreads) bwd_unit(a, m0 - 1, h, g, u, s.kbuf, NULL, NULL, NULL);
+      } else { /* or the incoming state */
+        for (int n = tid; n < Np; n += nthreads) s.kbuf[n] = (a.in_k && n < N) ? a.in_k[bh * N + n] : 0.0f;
       }
-    } else { /* or the incoming state */
-      for (int n = tid; n < Np; n += nthreads) s.kbuf[n] = (a.in_k && n < N) ? a.in_k[bh * N + n] : 0.0f;
-    }
-    __syncthreads();
-    /* per token: q.k and dy.x */
-    for (int i = wid; i < nb; i += nw) {
-      float qk = 0, dyx = 0;
-      for (int n = lane; n < N; n += 32) qk += s.qbuf[i * Np + n] * s.kbuf[(i + 1) * Np + n];
-      for (int p = lane; p < P; p += 32) dyx += s.dybuf[i * Pp + p] * s.xbuf[(i + 1) * Pp + p];
-      qk = warp_sum(qk);
-      dyx = warp_sum(dyx);
-      if (lane == 0) {
-        s.scal[i * SC_W + S_QK] = qk;
-        s.scal[i * SC_W + S_DYX] = dyx;
+      __syncthreads();
+      /* per token: q.k and dy.x */
+      for (int i = wid; i < nb; i += nw) {
+        token_qk(s, i, Np, N, lane);
+        float dyx = 0;
+        for (int p = lane; p < P; p += 32) dyx += s.dybuf[i * Pp + p] * s.xbuf[(i + 1) * Pp + p];
+        dyx = warp_sum(dyx);
+        if (lane == 0) s.scal[i * SC_W + S_DYX] = dyx;
       }
     }
     /* the reverse recurrence: g = dH + dy q^T; w = g k_prev (over n); u = g^T x_prev (over p);
@@ -731,6 +874,8 @@ __global__ void __launch_bounds__(512) scan_bwd_kernel(const m3k_scan_args a, co
     const int nsub = (nb + SB - 1) / SB;
     for (int sbk = nsub - 1; sbk >= 0; sbk--) {
       const int i0 = sbk * SB, i1 = min(nb, i0 + SB);
+      if constexpr (PK == 16 && NK == 16) sweep_r16(hs[0][0], s, i0, i1, ti, tj, gm.UQ1);
+      else
 #pragma unroll unroll_of<RP, RN>::value
       for (int i = i1 - 1; i >= i0; i--) {
         const float al = s.scal[i * SC_W + S_ALPHA];
@@ -829,27 +974,28 @@ __global__ void __launch_bounds__(512) scan_bwd_kernel(const m3k_scan_args a, co
     __syncthreads();
     for (int n = tid; n < N; n += nthreads) {
       float acc = s.pBb[n];
-      for (int i = nb - 1; i >= 0; i--) {
-        const float v = s.dkb[i * Np + n];
-        acc += v;
-        a.dbc_head[(((m0 + i) * H + h) * 2 + 0) * N + n] = v;
-      }
+      for (int i = nb - 1; i >= 0; i--) acc += s.dkb[i * Np + n];
       s.pBb[n] = acc;
     }
-    /* the angle gradient: reverse cumulative sum per pair, stopped at resets */
-    for (int j = tid; j < S; j += nthreads) {
+    /* the angle gradient: reverse cumulative sum per pair, stopped at resets, on the threads from the
+     * second warp on (the column sums above start at thread 0); each token's sum D replaces its dthb */
+    for (int j = (tid + nthreads - 32) & (nthreads - 1); j < S; j += nthreads) {
       float D = s.Dth[j];
       for (int i = nb - 1; i >= 0; i--) {
-        const float *sc = s.scal + i * SC_W;
         D += s.dthb[i * S + j];
-        const float ta = s.tab[i * S + j];
-        s.dda[i * S + j] = PI_F * D * ta;
-        a.dang_head[((m0 + i) * H + h) * S + j] = PI_F * D * sc[S_DT] * (1 - ta * ta);
-        if (sc[S_RESET] != 0) D = 0;
+        s.dthb[i * S + j] = D;
+        s.dda[i * S + j] = PI_F * D * s.tab[i * S + j];
+        if (s.scal[i * SC_W + S_RESET] != 0) D = 0;
       }
       s.Dth[j] = D;
     }
+    store_dbc_head(a, s.dkb, m0, nb, h, 0, Np, tid, nthreads);
     __syncthreads();
+    for (int idx = tid; idx < nb * S; idx += nthreads) {
+      const int i = idx / S, j = idx - i * S;
+      const float ta = s.tab[idx];
+      a.dang_head[((m0 + i) * H + h) * S + j] = PI_F * s.dthb[idx] * s.scal[i * SC_W + S_DT] * (1 - ta * ta);
+    }
     /* per token: the angle part of dL/d dt; the decay gradients (phi_scan) */
     for (int i = wid; i < nb; i += nw) {
       float acc = 0;

@@ -41,11 +41,11 @@ __device__ __forceinline__ tok_scalars token_scalars(float dd_dt, float dt_bias,
   return s;
 }
 
-/* The token scalars of position m from its in_proj row (dd_dt, dd_A, trap of head h) */
+/* The token scalars of position m from its in_proj row (dd_dt, dd_A, trap of head h; read-only) */
 template <typename T> __device__ __forceinline__ tok_scalars row_scalars(const m3k_scan_args &a, const T *row, int h) {
   const m3k_dims &d = a.d;
-  return token_scalars(to_f(row[d.dt_off + h]), a.dt_bias[h], to_f(row[d.A_off + h]), to_f(row[d.trap_off + h]),
-                       d.a_floor);
+  return token_scalars(to_f(__ldg(row + d.dt_off + h)), __ldg(a.dt_bias + h), to_f(__ldg(row + d.A_off + h)),
+                       to_f(__ldg(row + d.trap_off + h)), d.a_floor);
 }
 
 __device__ __forceinline__ float wrap_angle(float v) {
