@@ -56,7 +56,7 @@
 
 enum { SC_W = 20 }; /* scalars per token in the backward's shared table */
 enum { S_ALPHA = 0, S_BETA, S_GAMMA, S_DT, S_LAM, S_DSP, S_DAD, S_A, S_RESET, S_ALPHA_RAW, S_BETA_RAW, S_QK, S_DYX,
-       S_DGAMMA, S_DBETA, S_DDTANG, S_PSI, S_AD, S_DV };
+       S_DGAMMA, S_DBETA, S_PSI, S_AD, S_DV };
 
 /* token-loop unrolling of the recurrence: small thread tiles interleave tokens */
 template <int RP, int RN> struct unroll_of {
@@ -438,6 +438,7 @@ __device__ __forceinline__ void bwd_scalars(const m3k_scan_args &a, const bwd_sm
 __device__ __forceinline__ void store_dbc_head(const m3k_scan_args &a, const float *col, int64_t m0, int nb, int h,
                                                int which, int Np, int tid, int nthreads) {
   const int N = a.d.N, H = a.d.H;
+#pragma unroll 1
   for (int idx = tid; idx < nb * N; idx += nthreads) {
     const int i = idx / N, n = idx - i * N;
     a.dbc_head[(((m0 + i) * H + h) * 2 + which) * N + n] = col[i * Np + n];
@@ -447,6 +448,7 @@ __device__ __forceinline__ void store_dbc_head(const m3k_scan_args &a, const flo
 /* q.k of the block's token i (one warp), into its S_QK */
 __device__ __forceinline__ void token_qk(const bwd_smem &s, int i, int Np, int N, int lane) {
   float qk = 0;
+#pragma unroll 1
   for (int n = lane; n < N; n += 32) qk += s.qbuf[i * Np + n] * s.kbuf[(i + 1) * Np + n];
   qk = warp_sum(qk);
   if (lane == 0) s.scal[i * SC_W + S_QK] = qk;
@@ -456,6 +458,7 @@ __device__ __forceinline__ void token_qk(const bwd_smem &s, int i, int Np, int N
  * then the butterfly). */
 __device__ __forceinline__ void block_token_sum(const float *col, int nb, float *total, int lane) {
   float v = 0;
+#pragma unroll 1
   for (int i = lane; i < nb; i += 32) v += col[i * SC_W];
   v = warp_sum(v);
   if (lane == 0) *total += v;
@@ -661,13 +664,17 @@ __global__ void __launch_bounds__(512) scan_bwd_kernel(const m3k_scan_args a, co
       const int p = ti + pth * r, n = tj + nth * c;
       hs[r][c] = (a.in_ssm && p < P && n < N) ? a.in_ssm[(bh * P + p) * N + n] : 0.0f;
     }
+#pragma unroll 1
   for (int n = tid; n < Np; n += nthreads) {
     s.kbuf[n] = (a.in_k && n < N) ? a.in_k[bh * N + n] : 0.0f;
     s.pBb[n] = 0;
     s.pCb[n] = 0;
   }
+#pragma unroll 1
   for (int p = tid; p < Pp; p += nthreads) s.xbuf[p] = (a.in_v && p < P) ? a.in_v[bh * P + p] : 0.0f;
+#pragma unroll 1
   for (int k = tid; k < nw * Pp; k += nthreads) s.pOn[k] = 0;
+#pragma unroll 1
   for (int j = tid; j < S; j += nthreads) s.Dth[j] = 0;
   if (tid < 16) s.misc[tid] = 0;
   __syncthreads();
@@ -701,16 +708,19 @@ __global__ void __launch_bounds__(512) scan_bwd_kernel(const m3k_scan_args a, co
     bwd_rotate_block(a, s, m0, nb, h, g, Np, nthreads);
     __syncthreads();
     /* dy through the mixer norm (one warp per token), dy . x */
+#pragma unroll 1
     for (int i = wid; i < nb; i += nw) {
       const int64_t mi = m0 + i;
       float rn = 1, cn = 0;
       if (d.outproj_norm) {
         rn = a.y_rstd[mi * H + h];
         float dot = 0;
+#pragma unroll 1
         for (int p = lane; p < P; p += 32) dot += s.gy[i * Pp + p] * a.out_norm[(int64_t)h * P + p] * s.gd[i * Pp + p];
         cn = warp_sum(dot) / (float)P * rn * rn * rn;
       }
       float dyx = 0;
+#pragma unroll 1
       for (int p = lane; p < Pp; p += 32) {
         float dy = 0;
         if (p < P) {
@@ -792,8 +802,10 @@ __global__ void __launch_bounds__(512) scan_bwd_kernel(const m3k_scan_args a, co
         e[n] = dq[n];
       }
     }
+#pragma unroll 1
     for (int i = wid; i < nb; i += nw) {
       float acc = 0;
+#pragma unroll 1
       for (int n = lane; n < N; n += 32) acc += s.dkb[i * Np + n] * s.qbuf[i * Np + n];
       acc = warp_sum(acc);
       if (lane == 0) {
@@ -802,6 +814,7 @@ __global__ void __launch_bounds__(512) scan_bwd_kernel(const m3k_scan_args a, co
       }
     }
     __syncthreads();
+#pragma unroll 1
     for (int n = tid; n < N; n += nthreads) {
       float acc = s.pCb[n];
       for (int i = 0; i < nb; i++) acc += s.ufin[i * Np + n];
@@ -809,10 +822,13 @@ __global__ void __launch_bounds__(512) scan_bwd_kernel(const m3k_scan_args a, co
     }
     store_dbc_head(a, s.ufin, m0, nb, h, 1, Np, tid, nthreads);
     if (one) { /* sweep R's tanh of the angle logits */
+#pragma unroll 1
       for (int idx = (tid + nthreads - 32) & (nthreads - 1); idx < nb * S; idx += nthreads)
         s.tab[idx] = tanhf(to_f(__ldg(proj + (m0 + idx / S) * d.dipp + d.ang_off + idx % S)));
     } else {
+#pragma unroll 1
       for (int n = tid; n < Np; n += nthreads) s.kbuf[n] = s.kbuf[nb * Np + n];
+#pragma unroll 1
       for (int p = tid; p < Pp; p += nthreads) s.xbuf[p] = s.xbuf[nb * Pp + p];
     }
     __syncthreads();
@@ -823,7 +839,9 @@ __global__ void __launch_bounds__(512) scan_bwd_kernel(const m3k_scan_args a, co
   for (int r = 0; r < RP; r++)
 #pragma unroll
     for (int c = 0; c < RN; c++) hs[r][c] = 0; /* now dH: the gradient reaching H_t from later tokens */
+#pragma unroll 1
   for (int p = tid; p < Pp; p += nthreads) s.wfin[TB * Pp + p] = 0;
+#pragma unroll 1
   for (int n = tid; n < Np; n += nthreads) s.ufin[TB * Np + n] = 0;
   if (tid < SC_W) s.scal[TB * SC_W + tid] = 0;
   if (tid == 0) s.misc[2] = 0; /* alpha_t dL/dalpha_t of the next token */
@@ -835,7 +853,7 @@ __global__ void __launch_bounds__(512) scan_bwd_kernel(const m3k_scan_args a, co
     const int64_t m0 = (int64_t)b * a.len + t0;
     if (!one) { /* loads, and the rotated k (with token t0 - 1's) and q */
       bwd_scalars<T>(a, s, m0, nb, h, 1);
-#pragma unroll 4
+#pragma unroll 1
       for (int idx = tid; idx < nb * S; idx += nthreads) {
         const int i = idx / S, j = idx - i * S;
         const int64_t mi = m0 + i;
@@ -855,15 +873,19 @@ __global__ void __launch_bounds__(512) scan_bwd_kernel(const m3k_scan_args a, co
       }
       bwd_rotate_block(a, s, m0, nb, h, g, Np, nthreads);
       if (t0 > 0) { /* slot 0: token t0 - 1 */
+#pragma unroll 1
         for (int u = tid; u < Np - S; u += nthreads) bwd_unit(a, m0 - 1, h, g, u, s.kbuf, NULL, NULL, NULL);
       } else { /* or the incoming state */
+#pragma unroll 1
         for (int n = tid; n < Np; n += nthreads) s.kbuf[n] = (a.in_k && n < N) ? a.in_k[bh * N + n] : 0.0f;
       }
       __syncthreads();
       /* per token: q.k and dy.x */
+#pragma unroll 1
       for (int i = wid; i < nb; i += nw) {
         token_qk(s, i, Np, N, lane);
         float dyx = 0;
+#pragma unroll 1
         for (int p = lane; p < P; p += 32) dyx += s.dybuf[i * Pp + p] * s.xbuf[(i + 1) * Pp + p];
         dyx = warp_sum(dyx);
         if (lane == 0) s.scal[i * SC_W + S_DYX] = dyx;
@@ -947,8 +969,10 @@ __global__ void __launch_bounds__(512) scan_bwd_kernel(const m3k_scan_args a, co
     __syncthreads();
     /* dgamma = x . hk, dbeta = x_prev . w; dk: rotation backward (B part) in place and the angle
      * gradient of each token */
+#pragma unroll 1
     for (int i = wid; i < nb; i += nw) {
       float dgm = 0, dbt = 0;
+#pragma unroll 1
       for (int p = lane; p < P; p += 32) {
         dgm += s.xbuf[(i + 1) * Pp + p] * s.hkb[i * Pp + p];
         dbt += s.xbuf[i * Pp + p] * s.wfin[i * Pp + p];
@@ -991,28 +1015,30 @@ __global__ void __launch_bounds__(512) scan_bwd_kernel(const m3k_scan_args a, co
     }
     store_dbc_head(a, s.dkb, m0, nb, h, 0, Np, tid, nthreads);
     __syncthreads();
+#pragma unroll 1
     for (int idx = tid; idx < nb * S; idx += nthreads) {
       const int i = idx / S, j = idx - i * S;
       const float ta = s.tab[idx];
       a.dang_head[((m0 + i) * H + h) * S + j] = PI_F * s.dthb[idx] * s.scal[i * SC_W + S_DT] * (1 - ta * ta);
     }
-    /* per token: the angle part of dL/d dt; the decay gradients (phi_scan) */
-    for (int i = wid; i < nb; i += nw) {
-      float acc = 0;
-      for (int j = lane; j < S; j += 32) acc += s.dda[i * S + j];
-      acc = warp_sum(acc);
-      if (lane == 0) s.scal[i * SC_W + S_DDTANG] = acc;
-    }
+    /* the decay gradients (phi_scan) */
     if (wid == nw - 1) phi_scan(s.scal, nb, s.misc + 2, lane);
     __syncthreads();
-    /* the scalar chain to dd_dt, dd_A, trap, one thread per token */
+    /* the scalar chain to dd_dt, dd_A, trap, one thread per token, with the angle part of dL/d dt
+     * (the token's dda summed in four interleaved partials) */
     if (tid < nb) {
       const int64_t mi = m0 + tid;
       float *sc = s.scal + tid * SC_W;
+      float ang[4] = {0, 0, 0, 0};
+#pragma unroll 1
+      for (int j = 0; j < S; j += 4)
+#pragma unroll
+        for (int e = 0; e < 4; e++)
+          if (j + e < S) ang[e] += s.dda[tid * S + j + e];
       const float dgm = sc[S_DGAMMA], dbt = sc[S_DBETA], be = sc[S_BETA_RAW], al = sc[S_ALPHA_RAW];
       const float lam = sc[S_LAM], dt = sc[S_DT];
       const float adb = sc[S_AD] + dbt * be; /* alpha * (dL/dalpha + dL/dbeta dbeta/dalpha) */
-      const float ddt = adb * sc[S_A] + dbt * (1 - lam) * al + dgm * lam + sc[S_DDTANG];
+      const float ddt = adb * sc[S_A] + dbt * (1 - lam) * al + dgm * lam + ((ang[0] + ang[1]) + (ang[2] + ang[3]));
       const float dA = adb * dt;
       const float dlam = -dbt * dt * al + dgm * dt;
       const float dv = ddt * sc[S_DSP];
@@ -1025,7 +1051,9 @@ __global__ void __launch_bounds__(512) scan_bwd_kernel(const m3k_scan_args a, co
     __syncthreads();
     if (wid == 0) block_token_sum(s.scal + S_DV, nb, s.misc + 1, lane);
     /* the block's first token is the next token of the block before it */
+#pragma unroll 1
     for (int p = tid; p < Pp; p += nthreads) s.wfin[TB * Pp + p] = s.wfin[p];
+#pragma unroll 1
     for (int n = tid; n < Np; n += nthreads) s.ufin[TB * Np + n] = s.ufin[n];
     if (tid < SC_W) s.scal[TB * SC_W + tid] = s.scal[tid];
     __syncthreads();
@@ -1037,13 +1065,16 @@ __global__ void __launch_bounds__(512) scan_bwd_kernel(const m3k_scan_args a, co
     part[0] = s.misc[1];
     part[1] = s.misc[0];
   }
+#pragma unroll 1
   for (int n = tid; n < N; n += nthreads) {
     part[2 + n] = s.pBb[n];
     part[2 + N + n] = s.pCb[n];
   }
   if (d.outproj_norm)
+#pragma unroll 1
     for (int p = tid; p < P; p += nthreads) {
       float acc = 0;
+#pragma unroll 1
       for (int w = 0; w < nw; w++) acc += s.pOn[w * Pp + p];
       a.part_norm[bh * P + p] = acc;
     }
