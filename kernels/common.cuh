@@ -49,6 +49,31 @@ template <typename V> __device__ __forceinline__ float warp_rstd(const V *x, int
   return rms_inv(ss, n);
 }
 
+/* Column sums in a fixed order (reduce.cu's m3k_colsum, and the kernels that fold one chunk of it in):
+ * rows are cut into chunks of COLSUM_CHUNK; a CTA of COLSUM_WARPS warps sums one chunk for 32 columns
+ * (lane = column), warp w the rows of its slice in order, then warp 0 the warps' sums in warp order. */
+enum { COLSUM_CHUNK = 256, COLSUM_WARPS = 8, COLSUM_SLICE = COLSUM_CHUNK / COLSUM_WARPS };
+
+/* The CTA's sum of the chunk of rows from chunk_row0 (up to rows) for the lane's column; value(r) is row
+ * r's entry, read only where col_ok. Every thread of the CTA calls it; the sum is valid in warp 0. */
+template <typename F>
+__device__ __forceinline__ float colsum_chunk(F value, int64_t chunk_row0, int64_t rows, bool col_ok) {
+  __shared__ float part[COLSUM_WARPS][32];
+  const int lane = threadIdx.x & 31, w = threadIdx.x >> 5;
+  const int64_t r0 = chunk_row0 + (int64_t)w * COLSUM_SLICE;
+  const int64_t r1 = r0 + COLSUM_SLICE < rows ? r0 + COLSUM_SLICE : rows;
+  float acc = 0;
+  if (col_ok) {
+#pragma unroll 8
+    for (int64_t r = r0; r < r1; r++) acc += value(r);
+  }
+  part[w][lane] = acc;
+  __syncthreads();
+  if (w == 0)
+    for (int k = 1; k < COLSUM_WARPS; k++) acc += part[k][lane];
+  return acc;
+}
+
 __device__ __forceinline__ double warp_sum_d(double v) {
 #pragma unroll
   for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);

@@ -83,11 +83,12 @@ cudaError_t m3k_sum_rows(cudaStream_t s, const float *part, int32_t rows, int32_
 cudaError_t m3k_rmsnorm_fwd(cudaStream_t s, int prec, const float *x, const float *w, void *y_act, float *y_f32,
                             float *rstd, int64_t rows, int32_t n);
 /* dx = (accumulate ? dx : 0) + r (w dy) - x r^3 mean(x w dy); dx_act (may be NULL) = act(dx);
- * wcontrib[r, j] = x r dy (the weight-gradient terms, summed later by m3k_colsum). With
- * dy_scale (may be NULL), dy is read as step->weight * dy (the seed of head "none"). */
+ * dw[j] += sum over rows of x r dy (m3k_colsum's order; wcontrib [rows, n] and scratch, as m3k_colsum's,
+ * are its workspace beyond one chunk of rows). With dy_scale (may be NULL), dy is read as
+ * step->weight * dy (the seed of head "none"). */
 cudaError_t m3k_rmsnorm_bwd(cudaStream_t s, int prec, const float *x, const float *w, const float *rstd,
                             const float *dy, const m3k_step *dy_scale, float *dx, void *dx_act, float *wcontrib,
-                            int64_t rows, int32_t n, int accumulate);
+                            float *dw, float *scratch, int64_t rows, int32_t n, int accumulate);
 
 /* ---- B/C RMSNorm per (position, B|C, group) ------------------------------------------------------ */
 

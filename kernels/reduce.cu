@@ -11,8 +11,6 @@
  */
 #include "common.cuh"
 
-enum { COLSUM_CHUNK = 256, COLSUM_WARPS = 8, COLSUM_SLICE = COLSUM_CHUNK / COLSUM_WARPS };
-
 template <typename T> __global__ void to_act_kernel(const float *__restrict__ src, T *__restrict__ dst, int64_t n) {
   const int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
   if (i < n) dst[i] = from_f<T>(src[i]);
@@ -27,20 +25,10 @@ __global__ void fill_rows_kernel(const float *__restrict__ src, float *__restric
 __global__ void __launch_bounds__(32 * COLSUM_WARPS) colsum_chunk_kernel(const float *__restrict__ src, int64_t rows,
                                                                          int32_t cols, int64_t ld,
                                                                          float *__restrict__ out, int add) {
-  __shared__ float part[COLSUM_WARPS][32];
-  const int lane = threadIdx.x & 31, w = threadIdx.x >> 5;
-  const int32_t j = blockIdx.x * 32 + lane;
-  const int64_t r0 = (int64_t)blockIdx.y * COLSUM_CHUNK + (int64_t)w * COLSUM_SLICE;
-  const int64_t r1 = r0 + COLSUM_SLICE < rows ? r0 + COLSUM_SLICE : rows;
-  float acc = 0;
-  if (j < cols) {
-#pragma unroll 8
-    for (int64_t r = r0; r < r1; r++) acc += src[r * ld + j];
-  }
-  part[w][lane] = acc;
-  __syncthreads();
-  if (w != 0 || j >= cols) return;
-  for (int k = 1; k < COLSUM_WARPS; k++) acc += part[k][lane];
+  const int32_t j = blockIdx.x * 32 + (threadIdx.x & 31);
+  const float acc =
+      colsum_chunk([&](int64_t r) { return src[r * ld + j]; }, (int64_t)blockIdx.y * COLSUM_CHUNK, rows, j < cols);
+  if ((threadIdx.x >> 5) != 0 || j >= cols) return;
   if (add) out[j] += acc;
   else out[(int64_t)blockIdx.y * cols + j] = acc;
 }

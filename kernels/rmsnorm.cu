@@ -6,9 +6,10 @@
  *
  * Thread mapping: one warp per row; lanes stride over the n columns, the row statistics are
  * warp-shuffle sums (fixed order). The backward writes dx "=" (or "+=" into the residual
- * gradient when `accumulate`) and, instead of adding into the weight gradient, writes the
- * per-row terms x r dy to `wcontrib`; m3k_colsum then adds their column sums to the gradient
- * in a fixed row order (no atomics, bitwise repeatable).
+ * gradient when `accumulate`) and adds the column sums of the per-row terms x r dy to the weight
+ * gradient in m3k_colsum's fixed row order (no atomics, bitwise repeatable): rows of one colsum
+ * chunk are summed by extra CTAs of the same launch, straight from x, rstd and dy; longer inputs
+ * write the terms to `wcontrib` for m3k_colsum.
  */
 #include "common.cuh"
 
@@ -31,20 +32,28 @@ __global__ void rmsnorm_fwd_kernel(const float *__restrict__ x, const float *__r
 template <typename T>
 __global__ void rmsnorm_bwd_kernel(const float *__restrict__ x, const float *__restrict__ w,
                                    const float *__restrict__ rstd, const float *dy, const m3k_step *dy_scale,
-                                   float *dx, T *dx_act, float *__restrict__ wcontrib, int64_t rows, int32_t n,
-                                   int accumulate) {
+                                   float *dx, T *dx_act, float *__restrict__ wcontrib, float *__restrict__ dw,
+                                   unsigned row_ctas, int64_t rows, int32_t n, int accumulate) {
+  const float sc = dy_scale ? dy_scale->weight : 1.0f;
+  if (blockIdx.x >= row_ctas) { /* dw's column sums, 32 columns a CTA (wcontrib NULL) */
+    const int32_t j = (blockIdx.x - row_ctas) * 32 + (threadIdx.x & 31);
+    const float acc = colsum_chunk([&](int64_t r) { return x[r * n + j] * rstd[r] * (sc * dy[r * n + j]); }, 0, rows,
+                                   j < n);
+    if ((threadIdx.x >> 5) == 0 && j < n) dw[j] += acc;
+    return;
+  }
   const int64_t row = (int64_t)blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5);
   const int lane = threadIdx.x & 31;
   if (row >= rows) return;
   const float *xr = x + row * n, *dyr = dy + row * n; // [n] each
-  const float r = rstd[row], sc = dy_scale ? dy_scale->weight : 1.0f;
+  const float r = rstd[row];
   float dot = 0;
   for (int j = lane; j < n; j += 32) dot += xr[j] * w[j] * (sc * dyr[j]);
   dot = warp_sum(dot);
   const float c = dot / (float)n * r * r * r;
   for (int j = lane; j < n; j += 32) {
     const float d = sc * dyr[j];
-    wcontrib[row * n + j] = xr[j] * r * d;
+    if (wcontrib) wcontrib[row * n + j] = xr[j] * r * d;
     float g = r * w[j] * d - xr[j] * c;
     if (accumulate) g += dx[row * n + j];
     dx[row * n + j] = g;
@@ -62,9 +71,17 @@ extern "C" cudaError_t m3k_rmsnorm_fwd(cudaStream_t s, int prec, const float *x,
 
 extern "C" cudaError_t m3k_rmsnorm_bwd(cudaStream_t s, int prec, const float *x, const float *w, const float *rstd,
                                        const float *dy, const m3k_step *dy_scale, float *dx, void *dx_act,
-                                       float *wcontrib, int64_t rows, int32_t n, int accumulate) {
+                                       float *wcontrib, float *dw, float *scratch, int64_t rows, int32_t n,
+                                       int accumulate) {
   const int threads = 256, per = threads / 32;
-  M3K_DISPATCH(prec, (rmsnorm_bwd_kernel<T><<<grid_for(rows, per), threads, 0, s>>>(
-                         x, w, rstd, dy, dy_scale, dx, (T *)dx_act, wcontrib, rows, n, accumulate)));
-  return cudaGetLastError();
+  const unsigned row_ctas = grid_for(rows, per);
+  const bool fold = m3k_colsum_chunks(rows) <= 1; /* one chunk: the column sums in this launch */
+  const unsigned ctas = row_ctas + (fold ? grid_for(n, 32) : 0);
+  static_assert(256 == 32 * COLSUM_WARPS, "the column-sum CTAs are the row CTAs' size");
+  M3K_DISPATCH(prec, (rmsnorm_bwd_kernel<T><<<ctas, threads, 0, s>>>(x, w, rstd, dy, dy_scale, dx, (T *)dx_act,
+                                                                      fold ? NULL : wcontrib, fold ? dw : NULL,
+                                                                      row_ctas, rows, n, accumulate)));
+  if (fold) return cudaGetLastError();
+  const cudaError_t e = cudaGetLastError();
+  return e != cudaSuccess ? e : m3k_colsum(s, wcontrib, rows, n, n, dw, scratch);
 }

@@ -646,9 +646,8 @@ static m3_status enq_backward(backend *be, int32_t rows, int32_t len, int zero_g
   void *dr_act = be->prec != M3K_F32 ? be->dresid_act : NULL;
   const int none = d->head == M3_HEAD_NONE;
   CK(m3k_rmsnorm_bwd(be->st, be->prec, resid_l(be, d->L), be->params + lay->norm_f, be->out_rstd,
-                     none ? be->d_out : be->dout, none ? be->d_step : NULL, be->dresid, dr_act, be->wcontrib, M,
-                     d->dm, 0));
-  CK(m3k_colsum(be->st, be->wcontrib, M, d->dm, dm, g + lay->norm_f, be->colsum_scratch));
+                     none ? be->d_out : be->dout, none ? be->d_step : NULL, be->dresid, dr_act, be->wcontrib,
+                     g + lay->norm_f, be->colsum_scratch, M, d->dm, 0));
   for (int l = d->L - 1; l >= 0; l--) {
     const layer_offsets *lo = &lay->layer[l];
     /* out_proj: dgated = dresid W_out, dW_out += dresid^T gated */
@@ -675,8 +674,7 @@ static m3_status enq_backward(backend *be, int32_t rows, int32_t len, int zero_g
     /* layer norm: dresid (the identity path) += norm path */
     mark(be, PH_NORM_B);
     CK(m3k_rmsnorm_bwd(be->st, be->prec, resid_l(be, l), be->params + lo->norm, rstd_l(be, l), be->dxn, NULL,
-                       be->dresid, dr_act, be->wcontrib, M, d->dm, 1));
-    CK(m3k_colsum(be->st, be->wcontrib, M, d->dm, dm, g + lo->norm, be->colsum_scratch));
+                       be->dresid, dr_act, be->wcontrib, g + lo->norm, be->colsum_scratch, M, d->dm, 1));
   }
   mark(be, PH_INPUT_B);
   switch (d->input) {
