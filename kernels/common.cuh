@@ -64,7 +64,7 @@ __device__ __forceinline__ float colsum_chunk(F value, int64_t chunk_row0, int64
   const int64_t r1 = r0 + COLSUM_SLICE < rows ? r0 + COLSUM_SLICE : rows;
   float acc = 0;
   if (col_ok) {
-#pragma unroll 8
+#pragma unroll COLSUM_SLICE /* every row's loads in flight */
     for (int64_t r = r0; r < r1; r++) acc += value(r);
   }
   part[w][lane] = acc;
