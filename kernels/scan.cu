@@ -41,6 +41,10 @@
  *       alpha_t dL/dalpha_t = phi_t - beta_t dbeta_t - gamma_t dgamma_t,
  *     so no state history is stored. Then the rotation backward, the angle gradient (a reverse
  *     cumulative sum stopped at resets) and the scalar chain to dd_dt, dd_A, trap.
+ *   A window of one block (rl's) loads once: sweep R starts from what sweep F left in shared memory.
+ *   At 16 x 16 the sweeps' token loops are sweep_f16 / sweep_r16 (four tokens at a time). Loops that
+ *   run once or hold no latency are not unrolled: a one-block window runs each phase's code once,
+ *   so the kernel's time follows its code size (instruction fetch; NOTES.md runs 110-114).
  * Outputs: activation gradients "=" (dproj columns z, x, dd_dt, dd_A, trap of head h; per-head
  * dbc_head / dang_head, summed over heads by bcnorm.cu); parameter gradients as per-(row, head)
  * partials "=" (part, part_norm), added "+=" to the gradient arena by m3k_scan_reduce_parts /
@@ -1015,6 +1019,7 @@ __global__ void __launch_bounds__(512) scan_bwd_kernel(const m3k_scan_args a, co
     }
     store_dbc_head(a, s.dkb, m0, nb, h, 0, Np, tid, nthreads);
     __syncthreads();
+    /* each token's angle-logit gradient, from its D */
 #pragma unroll 1
     for (int idx = tid; idx < nb * S; idx += nthreads) {
       const int i = idx / S, j = idx - i * S;
