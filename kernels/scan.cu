@@ -536,7 +536,7 @@ __device__ __forceinline__ void bwd_unit(const m3k_scan_args &a, int64_t m, int 
 __device__ __forceinline__ void bwd_rotate_block(const m3k_scan_args &a, const bwd_smem &s, int64_t m0, int nb, int h,
                                                  int g, int Np, int nthreads) {
   const int tid = threadIdx.x, S = a.d.S, Up = Np - S;
-#pragma unroll 2
+#pragma unroll 1
   for (int idx = tid; idx < nb * Up; idx += nthreads) {
     const int i = idx / Up, u = idx - i * Up;
     bwd_unit(a, m0 + i, h, g, u, s.kbuf + (i + 1) * Np, s.qbuf + i * Np, s.cst + (i + 1) * S + u,
@@ -688,7 +688,7 @@ __global__ void __launch_bounds__(512) scan_bwd_kernel(const m3k_scan_args a, co
     const int64_t m0 = (int64_t)b * a.len + t0;
     /* loads: scalars, x, the gate backward's elementwise part, and the rotated k and q */
     bwd_scalars<T>(a, s, m0, nb, h, 0);
-#pragma unroll 4
+#pragma unroll 2
     for (int idx = tid; idx < nb * Pp; idx += nthreads) {
       const int i = idx / Pp, p = idx - i * Pp;
       const int64_t mi = m0 + i;
