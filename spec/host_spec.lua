@@ -37,15 +37,24 @@ local function spit(path, s)
   f:close()
 end
 
+-- The shell command of m3lua args... with stdin text (from the .in file), stdout and stderr to the
+-- .out and .err files; results() reads them back with the exit status the command left in .rc.
+local function command(args, stdin)
+  local words = { quote(M3LUA) }
+  for _, a in ipairs(args) do words[#words + 1] = quote(a) end
+  spit(base .. ".in", stdin or "")
+  return ("M3LUA_HISTORY= %s < %s > %s 2> %s"):format(table.concat(words, " "), quote(base .. ".in"),
+    quote(base .. ".out"), quote(base .. ".err"))
+end
+
+local function results()
+  return slurp(base .. ".out"), slurp(base .. ".err"), tonumber(slurp(base .. ".rc"))
+end
+
 -- Runs `prefix m3lua args...` with stdin text; returns stdout, stderr, exit status.
 local function run(args, stdin, prefix)
-  local words = {}
-  for i, a in ipairs(args) do words[i] = quote(a) end
-  spit(base .. ".in", stdin or "")
-  os.execute(("M3LUA_HISTORY= %s %s %s < %s > %s 2> %s; echo $? > %s"):format(
-    prefix or "", quote(M3LUA), table.concat(words, " "), quote(base .. ".in"),
-    quote(base .. ".out"), quote(base .. ".err"), quote(base .. ".rc")))
-  return slurp(base .. ".out"), slurp(base .. ".err"), tonumber(slurp(base .. ".rc"))
+  os.execute(("%s %s; echo $? > %s"):format(prefix or "", command(args, stdin), quote(base .. ".rc")))
+  return results()
 end
 
 -- Runs m3lua args... (which end in an endless loop) in the background, with SIGINT back at its
@@ -54,11 +63,10 @@ end
 local function run_signalled(args, sig)
   local ready = base .. ".ready"
   os.remove(ready)
-  local words = { quote("-e"), quote(("io.open(%q, 'w'):close()"):format(ready)) }
-  for _, a in ipairs(args) do words[#words + 1] = quote(a) end
-  spit(base .. ".in", "")
+  local all = { "-e", ("io.open(%q, 'w'):close()"):format(ready) }
+  for _, a in ipairs(args) do all[#all + 1] = a end
   os.execute(([[
-env --default-signal=INT M3LUA_HISTORY= %s %s < %s > %s 2> %s &
+env --default-signal=INT %s &
 pid=$!
 n=0
 while [ ! -e %s ] && [ $n -lt 600 ]; do sleep 0.05; n=$((n + 1)); done
@@ -69,10 +77,9 @@ guard=$!
 wait $pid
 echo $? > %s
 kill $guard 2> /dev/null
-]]):format(quote(M3LUA), table.concat(words, " "), quote(base .. ".in"), quote(base .. ".out"),
-    quote(base .. ".err"), quote(ready), sig, quote(base .. ".rc")))
+]]):format(command(all), quote(ready), sig, quote(base .. ".rc")))
   os.remove(ready)
-  return slurp(base .. ".out"), slurp(base .. ".err"), tonumber(slurp(base .. ".rc"))
+  return results()
 end
 
 teardown(function()
