@@ -302,13 +302,12 @@ __global__ void __launch_bounds__(DEC_THREADS, 1) decode_kernel(const m3k_decode
       const int h = h0 + i / U, u = i % U;
       const tok_scalars ts = token_scalars(s_proj[d.dt_off + h], p_dt_bias[h], s_proj[d.A_off + h],
                                            s_proj[d.trap_off + h], d.a_floor);
-      float c = 1, sn = 0;
+      float th = 0;
       if (u < S) {
-        const float th = wrap_sum(rs ? 0.0f : s_ang[h * S + u], PI_F * tanhf(s_proj[d.ang_off + u]) * ts.dt);
+        th = wrap_sum(rs ? 0.0f : s_ang[h * S + u], PI_F * tanhf(s_proj[d.ang_off + u]) * ts.dt);
         ly.angle[((int64_t)b * H + h) * S + u] = th;
-        sincosf(th, &sn, &c);
       }
-      rot_unit<T>(sa, 0, h, h / d.hpg, u, c, sn, s_k + h * N, s_q + h * N);
+      rot_unit<false>(sa, 0, h, h / d.hpg, u, th, s_k + h * N, s_q + h * N, NULL, NULL);
     }
     /* (the row items start on the first warp after the unit items': both chains run side by side) */
     const int row_t0 = min(DEC_THREADS, (nh * U + 31) / 32 * 32) % DEC_THREADS;

@@ -293,7 +293,7 @@ __global__ void __launch_bounds__(512) scan_fwd_kernel(const m3k_scan_args a, co
 #pragma unroll 4
     for (int idx = tid; idx < nb * S; idx += nthreads) {
       const int i = idx / S, j = idx - i * S;
-      s.tnb[idx] = tanhf(to_f(proj[(m0 + i) * d.dipp + d.ang_off + j]));
+      s.tnb[idx] = angle_tanh(proj, d, m0 + i, j);
     }
 #pragma unroll 4
     for (int idx = tid; idx < nb * Pp; idx += nthreads) {
@@ -499,35 +499,14 @@ __device__ __forceinline__ void phi_scan(float *scal, int nb, float *next, int l
   if (lane == 0) *next = carry;
 }
 
-/* Unit u of position m's rotated k, and q with the pair's cos and sin where q is not NULL (rot_unit's
- * formulas, through unit_rotate), from the angle the forward saved. Its loads take the read-only path,
- * so that the compiler may issue the next unit's ahead of this one's stores. */
+/* Unit u of position m's rotated k, and q with the pair's cos and sin where q is not NULL, from the angle
+ * the forward saved; read-only loads, so that the compiler may issue the next unit's ahead of this one's
+ * stores. */
 __device__ __forceinline__ void bwd_unit(const m3k_scan_args &a, int64_t m, int h, int g, int u, float *k, float *q,
                                          float *cs, float *sn) {
-  const m3k_dims &d = a.d;
-  const int S = d.S, U = d.N - S;
-  if (u >= U) { /* the zero padding up to the padded width */
-    k[d.N + (u - U)] = 0;
-    if (q) q[d.N + (u - U)] = 0;
-    return;
-  }
-  const int n0 = unit_col(u, S);
-  const bool pair = u < S;
-  const unit_raw w = unit_load(a.bc_hat + ((m * 2 + 0) * d.G + g) * d.N, a.bc_hat + ((m * 2 + 1) * d.G + g) * d.N, u, S);
-  const float *kb = a.B_bias + (int64_t)h * d.N, *qb = a.C_bias + (int64_t)h * d.N;
-  const float theta = pair ? __ldg(a.theta + (m * d.H + h) * S + u) : 0.0f;
-  const unit_kq r = unit_rotate(n0, pair, w.k0 + __ldg(kb + n0), pair ? w.k1 + __ldg(kb + n0 + 1) : 0.0f,
-                                w.q0 + __ldg(qb + n0), pair ? w.q1 + __ldg(qb + n0 + 1) : 0.0f, theta);
-  k[n0] = r.k0;
-  if (pair) k[n0 + 1] = r.k1;
-  if (q) {
-    q[n0] = r.q0;
-    if (pair) {
-      q[n0 + 1] = r.q1;
-      *cs = r.cs;
-      *sn = r.sn;
-    }
-  }
+  const int S = a.d.S;
+  const float theta = u < S ? __ldg(a.theta + (m * a.d.H + h) * S + u) : 0.0f;
+  rot_unit<true>(a, m, h, g, u, theta, k, q, cs, sn);
 }
 
 /* Rotated k (slots 1..nb) and q of the block; the cos and sin of each pair are kept (cst, snt, same
@@ -828,7 +807,7 @@ __global__ void __launch_bounds__(512) scan_bwd_kernel(const m3k_scan_args a, co
     if (one) { /* sweep R's tanh of the angle logits */
 #pragma unroll 1
       for (int idx = (tid + nthreads - 32) & (nthreads - 1); idx < nb * S; idx += nthreads)
-        s.tab[idx] = tanhf(to_f(__ldg(proj + (m0 + idx / S) * d.dipp + d.ang_off + idx % S)));
+        s.tab[idx] = angle_tanh(proj, d, m0 + idx / S, idx % S);
     } else {
 #pragma unroll 1
       for (int n = tid; n < Np; n += nthreads) s.kbuf[n] = s.kbuf[nb * Np + n];
@@ -861,7 +840,7 @@ __global__ void __launch_bounds__(512) scan_bwd_kernel(const m3k_scan_args a, co
       for (int idx = tid; idx < nb * S; idx += nthreads) {
         const int i = idx / S, j = idx - i * S;
         const int64_t mi = m0 + i;
-        s.tab[idx] = tanhf(to_f(__ldg(proj + mi * d.dipp + d.ang_off + j)));
+        s.tab[idx] = angle_tanh(proj, d, mi, j);
         s.dthb[idx] = a.dthq[(mi * H + h) * S + j];
       }
 #pragma unroll 4

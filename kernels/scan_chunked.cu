@@ -865,7 +865,7 @@ __global__ void __launch_bounds__(CTHREADS) scan_angles_chunked(const m3k_scan_a
 #pragma unroll 8
       for (int idx = tid; idx < nb * S; idx += CTHREADS) {
         const int i = idx / S, jj = idx - i * S;
-        val[idx] = PI_F * tanhf(ldact(proj + (m0 + i) * d.dipp + d.ang_off + jj)) * dt[i];
+        val[idx] = PI_F * angle_tanh(proj, d, m0 + i, jj) * dt[i];
       }
     }
     __syncthreads();
@@ -1651,7 +1651,7 @@ __global__ void __launch_bounds__(CTHREADS) scan_post_seq_chunked(const m3k_scan
 #pragma unroll 8
       for (int idx = tid; idx < nb * S; idx += CTHREADS) {
         const int i = idx / S, jj = idx - i * S;
-        s.th[idx] = tanhf(ldact(proj + (m0 + i) * d.dipp + d.ang_off + jj));
+        s.th[idx] = angle_tanh(proj, d, m0 + i, jj);
         s.dth[idx] = __ldg(a.dthq + ((m0 + i) * H + h) * S + jj);
       }
     }

@@ -48,6 +48,11 @@ template <typename T> __device__ __forceinline__ tok_scalars row_scalars(const m
                        to_f(__ldg(row + d.trap_off + h)), d.a_floor);
 }
 
+/* tanh of position m's angle logit j (read-only), the angle's rate per unit dt over pi */
+template <typename T> __device__ __forceinline__ float angle_tanh(const T *proj, const m3k_dims &d, int64_t m, int j) {
+  return tanhf(to_f(__ldg(proj + m * d.dipp + d.ang_off + j)));
+}
+
 __device__ __forceinline__ float wrap_angle(float v) {
   v = fmodf(v, TWO_PI_F);
   if (v < 0) v += TWO_PI_F;
@@ -66,45 +71,11 @@ __device__ __forceinline__ float wrap_sum(float v, float inc) {
   return t;
 }
 
-/* The rotated k and q of one unit of position m: unit u < S is the pair (2u, 2u + 1), rotated by
- * (c, sn) = (cos, sin) theta[u]; S <= u < N - S is column 2S + (u - S), which passes; units from
- * N - S on are the zero padding up to the padded width. q may be NULL. */
-template <typename T>
-__device__ __forceinline__ void rot_unit(const m3k_scan_args &a, int64_t m, int h, int g, int u, float c, float sn,
-                                         float *k, float *q) {
-  const m3k_dims &d = a.d;
-  const int U = d.N - d.S;
-  if (u >= U) {
-    const int n = d.N + (u - U);
-    k[n] = 0;
-    if (q) q[n] = 0;
-    return;
-  }
-  const float *bk = a.bc_hat + ((m * 2 + 0) * d.G + g) * d.N; // [N] B_hat
-  const float *bq = a.bc_hat + ((m * 2 + 1) * d.G + g) * d.N; // [N] C_hat
-  const float *kb = a.B_bias + (int64_t)h * d.N, *qb = a.C_bias + (int64_t)h * d.N;
-  if (u < d.S) {
-    const int n0 = 2 * u;
-    const float k0 = bk[n0] + kb[n0], k1 = bk[n0 + 1] + kb[n0 + 1];
-    k[n0] = k0 * c - k1 * sn;
-    k[n0 + 1] = k0 * sn + k1 * c;
-    if (q) {
-      const float q0 = bq[n0] + qb[n0], q1 = bq[n0 + 1] + qb[n0 + 1];
-      q[n0] = q0 * c - q1 * sn;
-      q[n0 + 1] = q0 * sn + q1 * c;
-    }
-  } else {
-    const int n = 2 * d.S + (u - d.S);
-    k[n] = bk[n] + kb[n];
-    if (q) q[n] = bq[n] + qb[n];
-  }
-}
-
 /* The rotated k and q (float32) of unit u of a position (u < S: pair (2u, 2u+1) rotated by theta;
  * else the passing column 2S + u - S): the raw B_hat, C_hat values are loaded first (unit_load,
- * read-only path, several units in flight), then biased and rotated with rot_unit's formulas
- * (unit_rotate; unit_make adds the head's B_bias, C_bias from shared memory first, scan_step's way; the
- * chunked kernels keep them in registers: scan_chunked.cu's lane_unit). */
+ * read-only path, several units in flight), then biased and rotated (unit_rotate; unit_make adds the
+ * head's B_bias, C_bias from shared memory first, scan_step's way; the chunked kernels keep them in
+ * registers: scan_chunked.cu's lane_unit; rot_unit loads them itself). */
 struct unit_kq {
   int n0, pair;
   float k0, k1, q0, q1, cs, sn;
@@ -170,6 +141,44 @@ __device__ __forceinline__ unit_kq unit_make(const unit_raw &w, const float *sbk
   if (u < S)
     return unit_rotate(n0, true, w.k0 + sbk[n0], w.k1 + sbk[n0 + 1], w.q0 + sbq[n0], w.q1 + sbq[n0 + 1], theta);
   return unit_rotate(n0, false, w.k0 + sbk[n0], 0.0f, w.q0 + sbq[n0], 0.0f, theta);
+}
+
+/* The rotated k and q (q may be NULL) of unit u of position m, from bc_hat and the head's biases (unit_rotate
+ * by theta, the pair's angle; the cos and sin go to cs, sn where cs is not NULL and u is a pair). Units from
+ * N - S on are the zero padding up to the padded width. RO: those arrays are global memory the kernel does
+ * not write, read through the read-only path (several units' loads in flight); else plain loads (shared
+ * memory). */
+template <bool RO> __device__ __forceinline__ float unit_ld(const float *p) { return RO ? __ldg(p) : *p; }
+template <bool RO>
+__device__ __forceinline__ void rot_unit(const m3k_scan_args &a, int64_t m, int h, int g, int u, float theta,
+                                         float *k, float *q, float *cs, float *sn) {
+  const m3k_dims &d = a.d;
+  const int S = d.S, U = d.N - S;
+  if (u >= U) {
+    k[d.N + (u - U)] = 0;
+    if (q) q[d.N + (u - U)] = 0;
+    return;
+  }
+  const int n0 = unit_col(u, S);
+  const bool pair = u < S;
+  const float *bk = a.bc_hat + ((m * 2 + 0) * d.G + g) * d.N; // [N] B_hat
+  const float *bq = a.bc_hat + ((m * 2 + 1) * d.G + g) * d.N; // [N] C_hat
+  const float *kb = a.B_bias + (int64_t)h * d.N, *qb = a.C_bias + (int64_t)h * d.N;
+  const unit_kq r =
+      unit_rotate(n0, pair, unit_ld<RO>(bk + n0) + unit_ld<RO>(kb + n0),
+                  pair ? unit_ld<RO>(bk + n0 + 1) + unit_ld<RO>(kb + n0 + 1) : 0.0f,
+                  unit_ld<RO>(bq + n0) + unit_ld<RO>(qb + n0),
+                  pair ? unit_ld<RO>(bq + n0 + 1) + unit_ld<RO>(qb + n0 + 1) : 0.0f, theta);
+  k[n0] = r.k0;
+  if (pair) k[n0 + 1] = r.k1;
+  if (q) {
+    q[n0] = r.q0;
+    if (pair) q[n0 + 1] = r.q1;
+  }
+  if (cs && pair) {
+    *cs = r.cs;
+    *sn = r.sn;
+  }
 }
 
 /* One token's y = H q + D x of one head, held by a warp: yv[k] = hq[p] + Dh x[p] at p = lane + 32 k
