@@ -13,10 +13,38 @@
  *   and the angle logits, shared by all heads, get the sum over heads of the per-head shares
  *   (dang_head [M, H, S]) -> dproj's angle columns ("="). One block of two warps per position:
  *   warp 0 does B, warp 1 does C (each loops over groups in order), then both share the angles.
+ *   More blocks of the same launch add the scan's per-(row, head) partials, summed over rows in
+ *   row order, to the small-parameter gradients ("+="): dt_bias, D, B_bias, C_bias (and
+ *   out_norm); a thread per gradient. The B_norm / C_norm column sums of wcontrib are the
+ *   caller's (m3k_colsum, or folded into the layer norm's backward: m3k_rmsnorm_bwd's `also`).
  */
 #include "common.cuh"
 
-enum { BC_MAX_PER_LANE = 8 }; /* N <= 256 */
+enum { BC_MAX_PER_LANE = 8, BC_BWD_THREADS = 64 }; /* N <= 256 */
+
+/* The small-parameter gradients from the scan's partials: [dt_bias, D, B_bias, C_bias] of each head,
+ * then out_norm's; add_row_partial adds item k < row_partial_items. */
+__host__ __device__ inline int32_t row_partial_items(const m3k_dims &d) {
+  return d.H * (2 + 2 * d.N) + (d.outproj_norm ? d.H * d.P : 0);
+}
+__device__ __forceinline__ void add_row_partial(const m3k_dims &d, const m3k_scan_partials &sp, int32_t k) {
+  const int32_t width = 2 + 2 * d.N, n_scan = d.H * width;
+  if (k < n_scan) {
+    const int32_t h = k / width, e = k - h * width;
+    float acc = 0;
+    for (int32_t b = 0; b < sp.rows; b++) acc += sp.part[((int64_t)b * d.H + h) * width + e];
+    if (e == 0) sp.g_dt_bias[h] += acc;
+    else if (e == 1) sp.g_D[h] += acc;
+    else if (e < 2 + d.N) sp.g_B_bias[(int64_t)h * d.N + (e - 2)] += acc;
+    else sp.g_C_bias[(int64_t)h * d.N + (e - 2 - d.N)] += acc;
+    return;
+  }
+  k -= n_scan;
+  const int32_t n_norm = d.H * d.P;
+  float acc = 0;
+  for (int32_t b = 0; b < sp.rows; b++) acc += sp.part_norm[(int64_t)b * n_norm + k];
+  sp.g_norm[k] += acc;
+}
 
 template <typename T>
 __global__ void bcnorm_fwd_kernel(m3k_dims d, const T *__restrict__ proj, const float *__restrict__ wB,
@@ -38,10 +66,15 @@ template <typename T>
 __global__ void bcnorm_bwd_kernel(m3k_dims d, const T *__restrict__ proj, const float *__restrict__ wB,
                                   const float *__restrict__ wC, const float *__restrict__ bc_rstd,
                                   const float *__restrict__ dbc_head, const float *__restrict__ dang_head,
-                                  T *__restrict__ dproj, float *__restrict__ wcontrib, int64_t M) {
+                                  T *__restrict__ dproj, float *__restrict__ wcontrib, m3k_scan_partials sp,
+                                  int64_t M) {
+  if (blockIdx.x >= M) { /* the small-parameter gradients (they read only the scan's partials) */
+    const int32_t k = (int32_t)(blockIdx.x - M) * BC_BWD_THREADS + threadIdx.x;
+    if (k < row_partial_items(d)) add_row_partial(d, sp, k);
+    return;
+  }
   const int64_t m = blockIdx.x;
   const int which = threadIdx.x >> 5, lane = threadIdx.x & 31;
-  if (m >= M) return;
   const float *w = which ? wC : wB;
   float wc[BC_MAX_PER_LANE];
 #pragma unroll
@@ -98,8 +131,11 @@ extern "C" cudaError_t m3k_bcnorm_fwd(cudaStream_t s, int prec, const m3k_dims *
 
 extern "C" cudaError_t m3k_bcnorm_bwd(cudaStream_t s, int prec, const m3k_dims *d, const void *proj, const float *wB,
                                       const float *wC, const float *bc_rstd, const float *dbc_head,
-                                      const float *dang_head, void *dproj, float *wcontrib, int64_t M) {
-  M3K_DISPATCH(prec, (bcnorm_bwd_kernel<T><<<(unsigned)M, 64, 0, s>>>(*d, (const T *)proj, wB, wC, bc_rstd, dbc_head,
-                                                                      dang_head, (T *)dproj, wcontrib, M)));
+                                      const float *dang_head, void *dproj, float *wcontrib,
+                                      const m3k_scan_partials *sp, int64_t M) {
+  const unsigned ctas = (unsigned)M + grid_for(row_partial_items(*d), BC_BWD_THREADS);
+  M3K_DISPATCH(prec, (bcnorm_bwd_kernel<T><<<ctas, BC_BWD_THREADS, 0, s>>>(*d, (const T *)proj, wB, wC, bc_rstd,
+                                                                             dbc_head, dang_head, (T *)dproj,
+                                                                             wcontrib, *sp, M)));
   return cudaGetLastError();
 }

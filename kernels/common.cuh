@@ -74,6 +74,11 @@ __device__ __forceinline__ float colsum_chunk(F value, int64_t chunk_row0, int64
   return acc;
 }
 
+/* Where column j of a column-sum job adds its sum */
+__device__ __forceinline__ float *colsum_dst(const m3k_colsum_job &job, int32_t j) {
+  return j < job.split ? job.dst + j : job.dst_hi + (j - job.split);
+}
+
 __device__ __forceinline__ double warp_sum_d(double v) {
 #pragma unroll
   for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);

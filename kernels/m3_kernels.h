@@ -65,17 +65,19 @@ typedef struct m3k_metrics {
 cudaError_t m3k_to_act(cudaStream_t s, int prec, const float *src, void *dst, int64_t n);
 /* dst[r, j] = src[j] for rows r (bias broadcast). */
 cudaError_t m3k_fill_rows(cudaStream_t s, const float *src, float *dst, int64_t rows, int32_t cols);
-/* Deterministic column sums: dst[j] += sum over rows r (in a fixed order) of src[r * ld + j].
- * scratch holds m3k_colsum_scratch(rows, cols) floats. */
+/* A deterministic column sum: for j < cols, the sum over rows r (in a fixed order) of src[r * ld + j] is
+ * added (+=) to dst[j] for j < split, to dst_hi[j - split] from split on (two parameter tensors in one
+ * pass, B_norm | C_norm; split = cols for one). */
+typedef struct m3k_colsum_job {
+  const float *src;
+  int64_t ld;
+  int32_t cols, split;
+  float *dst, *dst_hi;
+} m3k_colsum_job;
+/* scratch holds m3k_colsum_scratch(rows, cols) floats. */
 int64_t m3k_colsum_scratch(int64_t rows, int32_t cols);
 int64_t m3k_colsum_chunks(int64_t rows);
-/* First pass of a column sum over more rows than one chunk: scratch[c, j] = sum of chunk c. */
-cudaError_t m3k_colsum_partials(cudaStream_t s, const float *src, int64_t rows, int32_t cols, int64_t ld,
-                                float *scratch);
-cudaError_t m3k_colsum(cudaStream_t s, const float *src, int64_t rows, int32_t cols, int64_t ld, float *dst,
-                       float *scratch);
-/* Per-layer small-parameter gradients: dst[k] += sum over b < rows of part[b * width + k]. */
-cudaError_t m3k_sum_rows(cudaStream_t s, const float *part, int32_t rows, int32_t width, float *dst);
+cudaError_t m3k_colsum(cudaStream_t s, const m3k_colsum_job *job, int64_t rows, float *scratch);
 
 /* ---- RMSNorm (eps 1e-5) over rows of n values ---------------------------------------------------- */
 
@@ -85,22 +87,34 @@ cudaError_t m3k_rmsnorm_fwd(cudaStream_t s, int prec, const float *x, const floa
 /* dx = (accumulate ? dx : 0) + r (w dy) - x r^3 mean(x w dy); dx_act (may be NULL) = act(dx);
  * dw[j] += sum over rows of x r dy (m3k_colsum's order; wcontrib [rows, n] and scratch, as m3k_colsum's,
  * are its workspace beyond one chunk of rows). With dy_scale (may be NULL), dy is read as
- * step->weight * dy (the seed of head "none"). */
+ * step->weight * dy (the seed of head "none"). also (may be NULL): another column sum over the same
+ * rows, done in this launch when they fit one chunk (else by m3k_colsum first; its src may be wcontrib). */
 cudaError_t m3k_rmsnorm_bwd(cudaStream_t s, int prec, const float *x, const float *w, const float *rstd,
                             const float *dy, const m3k_step *dy_scale, float *dx, void *dx_act, float *wcontrib,
-                            float *dw, float *scratch, int64_t rows, int32_t n, int accumulate);
+                            float *dw, const m3k_colsum_job *also, float *scratch, int64_t rows, int32_t n,
+                            int accumulate);
 
 /* ---- B/C RMSNorm per (position, B|C, group) ------------------------------------------------------ */
 
 /* bc_hat [M, 2, G, N] = RMSNorm_N(B or C of group g; B_norm | C_norm), bc_rstd [M, 2, G]. */
 cudaError_t m3k_bcnorm_fwd(cudaStream_t s, int prec, const m3k_dims *d, const void *proj, const float *wB,
                            const float *wC, float *bc_hat, float *bc_rstd, int64_t M);
+/* A layer's small-parameter gradients from the scan's per-(row, head) partials, added (+=) with row sums
+ * in row order: part [rows, H, 2 + 2N] -> g_dt_bias [H], g_D [H], g_B_bias [H, N], g_C_bias [H, N];
+ * part_norm [rows, H * P] -> g_norm [H * P] (with outproj_norm only). */
+typedef struct m3k_scan_partials {
+  const float *part, *part_norm;
+  int32_t rows;
+  float *g_dt_bias, *g_D, *g_B_bias, *g_C_bias, *g_norm;
+} m3k_scan_partials;
+
 /* Per position: sums the per-head dL/d(B_hat + bias), dL/d(C_hat + bias) over each group's heads,
  * RMSNorm backward into dproj's B and C columns (=), angle shares summed over heads into dproj's
- * angle columns (=); wcontrib [M, 2N] = the B_norm | C_norm weight-gradient terms (summed over groups). */
+ * angle columns (=); wcontrib [M, 2N] = the B_norm | C_norm weight-gradient terms (summed over groups,
+ * column sums left to the caller). In the same launch, sp's gradients. */
 cudaError_t m3k_bcnorm_bwd(cudaStream_t s, int prec, const m3k_dims *d, const void *proj, const float *wB,
                            const float *wC, const float *bc_rstd, const float *dbc_head, const float *dang_head,
-                           void *dproj, float *wcontrib, int64_t M);
+                           void *dproj, float *wcontrib, const m3k_scan_partials *sp, int64_t M);
 
 /* ---- the scan (SPEC.md §3 steps 2-10) --------------------------------------------------------------- */
 
@@ -170,15 +184,6 @@ typedef struct m3k_scan_args {
 
 cudaError_t m3k_scan_fwd(cudaStream_t s, int prec, const m3k_scan_plan *plan, const m3k_scan_args *a);
 cudaError_t m3k_scan_bwd(cudaStream_t s, int prec, const m3k_scan_plan *plan, const m3k_scan_args *a);
-/* Adds a layer's small-parameter gradients (+=), every sum in a fixed order: the scan's
- * per-(row, head) partials part [rows, H, 2 + 2N] -> g_dt_bias [H], g_D [H], g_B_bias [H, N],
- * g_C_bias [H, N]; part_norm [rows, H * P] (NULL without outproj_norm) -> g_norm [H * P];
- * the B_norm | C_norm terms bc [M, 2N] -> g_B_norm, g_C_norm (column sums; when M exceeds one
- * chunk, m3k_colsum_partials must have written scratch first). */
-cudaError_t m3k_scan_param_grads(cudaStream_t s, const float *part, const float *part_norm, int32_t rows, int32_t H,
-                                 int32_t N, int32_t P, const float *bc, int64_t M, const float *scratch,
-                                 float *g_dt_bias, float *g_D, float *g_B_bias, float *g_C_bias, float *g_norm,
-                                 float *g_B_norm, float *g_C_norm);
 
 /* ---- the fused one-token inference step (decode_fused.cu) ----------------------------------------------- */
 

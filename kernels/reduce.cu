@@ -2,11 +2,12 @@
  * reduce.cu — small elementwise kernels (f32 -> 16-bit conversion, bias broadcast) and the
  * deterministic reductions every gradient path uses.
  *
- * Column sums (parameter gradients of norm weights and biases): dst[j] += sum_r src[r, j].
+ * Column sums (parameter gradients of norm weights and biases): dst[j] += sum_r src[r, j]
+ * (m3k_colsum_job: the destination may be two tensors).
  * Rows are cut into fixed chunks of COLSUM_CHUNK; a CTA sums one chunk for 32 columns, each of its
  * COLSUM_WARPS warps a slice of the chunk's rows (lane = column: coalesced rows), then the warps'
  * sums in warp order. Each chunk's sum goes to scratch[chunk, j], and a second pass adds the
- * chunks in index order. Short inputs (one chunk) add straight into dst. The order of additions
+ * chunks in index order. Short inputs (one chunk) add straight into the destination. The order of additions
  * depends only on the shape, never on scheduling: results are bitwise repeatable.
  */
 #include "common.cuh"
@@ -21,33 +22,24 @@ __global__ void fill_rows_kernel(const float *__restrict__ src, float *__restric
   if (i < rows * cols) dst[i] = src[i % cols];
 }
 
-/* scratch or dst: [chunks, cols] partial sums of src rows [chunk * CHUNK, ...); 32 columns per CTA */
-__global__ void __launch_bounds__(32 * COLSUM_WARPS) colsum_chunk_kernel(const float *__restrict__ src, int64_t rows,
-                                                                         int32_t cols, int64_t ld,
-                                                                         float *__restrict__ out, int add) {
+/* Chunk blockIdx.y's column sums for 32 columns a CTA: into scratch [chunks, cols], or (scratch NULL, one
+ * chunk) added to the job's destinations. */
+__global__ void __launch_bounds__(32 * COLSUM_WARPS) colsum_chunk_kernel(m3k_colsum_job job, int64_t rows,
+                                                                         float *__restrict__ scratch) {
   const int32_t j = blockIdx.x * 32 + (threadIdx.x & 31);
-  const float acc =
-      colsum_chunk([&](int64_t r) { return src[r * ld + j]; }, (int64_t)blockIdx.y * COLSUM_CHUNK, rows, j < cols);
-  if ((threadIdx.x >> 5) != 0 || j >= cols) return;
-  if (add) out[j] += acc;
-  else out[(int64_t)blockIdx.y * cols + j] = acc;
+  const float acc = colsum_chunk([&](int64_t r) { return job.src[r * job.ld + j]; },
+                                 (int64_t)blockIdx.y * COLSUM_CHUNK, rows, j < job.cols);
+  if ((threadIdx.x >> 5) != 0 || j >= job.cols) return;
+  if (scratch) scratch[(int64_t)blockIdx.y * job.cols + j] = acc;
+  else *colsum_dst(job, j) += acc;
 }
 
-__global__ void colsum_final_kernel(const float *__restrict__ scratch, int64_t chunks, int32_t cols,
-                                    float *__restrict__ dst) {
+__global__ void colsum_final_kernel(const float *__restrict__ scratch, int64_t chunks, m3k_colsum_job job) {
   const int32_t j = blockIdx.x * blockDim.x + threadIdx.x;
-  if (j >= cols) return;
+  if (j >= job.cols) return;
   float acc = 0;
-  for (int64_t c = 0; c < chunks; c++) acc += scratch[c * cols + j];
-  dst[j] += acc;
-}
-
-__global__ void sum_rows_kernel(const float *__restrict__ part, int32_t rows, int32_t width, float *__restrict__ dst) {
-  const int32_t k = blockIdx.x * blockDim.x + threadIdx.x;
-  if (k >= width) return;
-  float acc = 0;
-  for (int32_t b = 0; b < rows; b++) acc += part[(int64_t)b * width + k];
-  dst[k] += acc;
+  for (int64_t c = 0; c < chunks; c++) acc += scratch[c * job.cols + j];
+  *colsum_dst(job, j) += acc;
 }
 
 __global__ void loss_sum_kernel(const double *__restrict__ row_loss, const int32_t *__restrict__ row_hit, int64_t n,
@@ -84,30 +76,11 @@ extern "C" int64_t m3k_colsum_scratch(int64_t rows, int32_t cols) {
 
 extern "C" int64_t m3k_colsum_chunks(int64_t rows) { return (rows + COLSUM_CHUNK - 1) / COLSUM_CHUNK; }
 
-extern "C" cudaError_t m3k_colsum_partials(cudaStream_t s, const float *src, int64_t rows, int32_t cols, int64_t ld,
-                                           float *scratch) {
+extern "C" cudaError_t m3k_colsum(cudaStream_t s, const m3k_colsum_job *job, int64_t rows, float *scratch) {
   const int64_t chunks = m3k_colsum_chunks(rows);
-  if (chunks <= 1) return cudaSuccess;
-  colsum_chunk_kernel<<<dim3(grid_for(cols, 32), (unsigned)chunks), 32 * COLSUM_WARPS, 0, s>>>(src, rows, cols, ld,
-                                                                                             scratch, 0);
-  return cudaGetLastError();
-}
-
-extern "C" cudaError_t m3k_colsum(cudaStream_t s, const float *src, int64_t rows, int32_t cols, int64_t ld,
-                                  float *dst, float *scratch) {
-  const int64_t chunks = m3k_colsum_chunks(rows);
-  if (chunks <= 1) {
-    colsum_chunk_kernel<<<grid_for(cols, 32), 32 * COLSUM_WARPS, 0, s>>>(src, rows, cols, ld, dst, 1);
-    return cudaGetLastError();
-  }
-  colsum_chunk_kernel<<<dim3(grid_for(cols, 32), (unsigned)chunks), 32 * COLSUM_WARPS, 0, s>>>(src, rows, cols, ld,
-                                                                                             scratch, 0);
-  colsum_final_kernel<<<grid_for(cols, 128), 128, 0, s>>>(scratch, chunks, cols, dst);
-  return cudaGetLastError();
-}
-
-extern "C" cudaError_t m3k_sum_rows(cudaStream_t s, const float *part, int32_t rows, int32_t width, float *dst) {
-  sum_rows_kernel<<<grid_for(width, 128), 128, 0, s>>>(part, rows, width, dst);
+  const dim3 grid(grid_for(job->cols, 32), (unsigned)(chunks > 1 ? chunks : 1));
+  colsum_chunk_kernel<<<grid, 32 * COLSUM_WARPS, 0, s>>>(*job, rows, chunks > 1 ? scratch : NULL);
+  if (chunks > 1) colsum_final_kernel<<<grid_for(job->cols, 128), 128, 0, s>>>(scratch, chunks, *job);
   return cudaGetLastError();
 }
 

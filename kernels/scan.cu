@@ -47,8 +47,8 @@
  *   so the kernel's time follows its code size (instruction fetch; NOTES.md runs 110-114).
  * Outputs: activation gradients "=" (dproj columns z, x, dd_dt, dd_A, trap of head h; per-head
  * dbc_head / dang_head, summed over heads by bcnorm.cu); parameter gradients as per-(row, head)
- * partials "=" (part, part_norm), added "+=" to the gradient arena by m3k_scan_reduce_parts /
- * m3k_sum_rows in row order. Every sum has a fixed order: bitwise repeatable.
+ * partials "=" (part, part_norm), added "+=" to the gradient arena in row order by the B/C norm
+ * backward's tail (bcnorm.cu). Every sum has a fixed order: bitwise repeatable.
  *
  * Numerics: float32 throughout, precise expf/log1pf/tanhf/sincosf/fmodf (no fast math), the
  * same formulas and clamps as the CPU reference (engine/src/cpu/scan.c).
@@ -1064,45 +1064,6 @@ __global__ void __launch_bounds__(512) scan_bwd_kernel(const m3k_scan_args a, co
     }
 }
 
-/* One thread per output of the layer's small parameters; each sums its column in a fixed order. */
-__global__ void scan_param_grads_kernel(const float *__restrict__ part, const float *__restrict__ part_norm,
-                                        int32_t rows, int32_t H, int32_t N, int32_t P, const float *__restrict__ bc,
-                                        int64_t M, int64_t chunks, const float *__restrict__ scratch,
-                                        float *__restrict__ g_dt_bias, float *__restrict__ g_D,
-                                        float *__restrict__ g_B_bias, float *__restrict__ g_C_bias,
-                                        float *__restrict__ g_norm, float *__restrict__ g_B_norm,
-                                        float *__restrict__ g_C_norm) {
-  const int32_t width = 2 + 2 * N, n_scan = H * width, n_norm = part_norm ? H * P : 0;
-  int32_t k = blockIdx.x * blockDim.x + threadIdx.x;
-  if (k < n_scan) {
-    const int32_t h = k / width, e = k - h * width;
-    float acc = 0;
-    for (int32_t b = 0; b < rows; b++) acc += part[((int64_t)b * H + h) * width + e];
-    if (e == 0) g_dt_bias[h] += acc;
-    else if (e == 1) g_D[h] += acc;
-    else if (e < 2 + N) g_B_bias[(int64_t)h * N + (e - 2)] += acc;
-    else g_C_bias[(int64_t)h * N + (e - 2 - N)] += acc;
-    return;
-  }
-  k -= n_scan;
-  if (k < n_norm) {
-    float acc = 0;
-    for (int32_t b = 0; b < rows; b++) acc += part_norm[(int64_t)b * n_norm + k];
-    g_norm[k] += acc;
-    return;
-  }
-  k -= n_norm;
-  if (k < 2 * N) {
-    float acc = 0;
-    if (chunks <= 1)
-      for (int64_t r = 0; r < M; r++) acc += bc[r * 2 * N + k];
-    else
-      for (int64_t c = 0; c < chunks; c++) acc += scratch[c * 2 * N + k];
-    if (k < N) g_B_norm[k] += acc;
-    else g_C_norm[k - N] += acc;
-  }
-}
-
 /* ---- host side: plans and launches ------------------------------------------------------------------ */
 
 extern "C" int m3k_scan_make_plan(int32_t P, int32_t N, int32_t S, int32_t max_smem, m3k_scan_plan *out,
@@ -1264,16 +1225,5 @@ extern "C" cudaError_t m3k_scan_fwd(cudaStream_t s, int prec, const m3k_scan_pla
 extern "C" cudaError_t m3k_scan_bwd(cudaStream_t s, int prec, const m3k_scan_plan *plan, const m3k_scan_args *a) {
   if (takes_chunked(prec, plan, a) && a->chunk_states) return m3k_chunked_bwd(s, prec, a);
   M3K_DISPATCH(prec, simt_bwd<T>(s, plan, *a));
-  return cudaGetLastError();
-}
-
-extern "C" cudaError_t m3k_scan_param_grads(cudaStream_t s, const float *part, const float *part_norm, int32_t rows,
-                                            int32_t H, int32_t N, int32_t P, const float *bc, int64_t M,
-                                            const float *scratch, float *g_dt_bias, float *g_D, float *g_B_bias,
-                                            float *g_C_bias, float *g_norm, float *g_B_norm, float *g_C_norm) {
-  const int64_t n = (int64_t)H * (2 + 2 * N) + (part_norm ? (int64_t)H * P : 0) + 2 * N;
-  scan_param_grads_kernel<<<grid_for(n, 128), 128, 0, s>>>(part, part_norm, rows, H, N, P, bc, M,
-                                                           m3k_colsum_chunks(M), scratch, g_dt_bias, g_D, g_B_bias,
-                                                           g_C_bias, g_norm, g_B_norm, g_C_norm);
   return cudaGetLastError();
 }

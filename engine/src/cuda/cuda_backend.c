@@ -57,11 +57,11 @@ enum { MAX_GRAPHS = 16, LM_BLOCK_ROWS = 4096, SLICE_ALIGN = 128, PROF_MARKS = 20
  * m3_trainer_profile. A development aid, off by default. */
 typedef enum prof_phase {
   PH_UPLOAD, PH_INPUT, PH_NORM_F, PH_INPROJ_F, PH_BCNORM_F, PH_SCAN_F, PH_OUTPROJ_F, PH_HEAD, PH_NORM_B,
-  PH_OUTPROJ_B, PH_SCAN_B, PH_BCNORM_B, PH_PARAMS_B, PH_INPROJ_B, PH_INPUT_B, PH_UPDATE, PH_END, PH_COUNT
+  PH_OUTPROJ_B, PH_SCAN_B, PH_BCNORM_B, PH_INPROJ_B, PH_INPUT_B, PH_UPDATE, PH_END, PH_COUNT
 } prof_phase;
 static const char *const PHASE_NAME[PH_COUNT] = {
     "upload", "input", "norm fwd", "in_proj fwd", "bcnorm fwd", "scan fwd", "out_proj fwd", "head (+grad)",
-    "norm bwd", "out_proj bwd", "scan bwd", "bcnorm bwd", "small grads", "in_proj bwd", "input bwd", "update", "end"};
+    "norm bwd", "out_proj bwd", "scan bwd", "bcnorm bwd + small grads", "in_proj bwd", "input bwd", "update", "end"};
 
 typedef struct prof {
   int on, n, capturing, events; /* events: ev[] created (on the first switch-on) */
@@ -625,7 +625,8 @@ static m3_status enq_head(backend *be, int32_t rows, int32_t len, int want_grad)
                  be->mask, be->dpred, be->prec != M3K_F32 ? be->dpred_act : NULL, be->row_loss, M, (int32_t)od,
                  want_grad));
       if (want_grad) {
-        CK(m3k_colsum(be->st, be->dpred, M, (int32_t)od, od, be->grads + be->lay->readout_b, be->colsum_scratch));
+        const m3k_colsum_job bias = {be->dpred, od, (int32_t)od, (int32_t)od, be->grads + be->lay->readout_b, NULL};
+        CK(m3k_colsum(be->st, &bias, M, be->colsum_scratch));
         TRY(mm_nn(be, M, dm, od, be->dpred_act, od, wgt(be, be->lay->readout_w), dm, be->dout, dm));
         TRY(mm_tn_acc(be, od, dm, M, be->dpred_act, od, be->out_act, dm, be->grads + be->lay->readout_w, dm));
       }
@@ -647,26 +648,24 @@ static m3_status enq_backward(backend *be, int32_t rows, int32_t len, int zero_g
   const int none = d->head == M3_HEAD_NONE;
   CK(m3k_rmsnorm_bwd(be->st, be->prec, resid_l(be, d->L), be->params + lay->norm_f, be->out_rstd,
                      none ? be->d_out : be->dout, none ? be->d_step : NULL, be->dresid, dr_act, be->wcontrib,
-                     g + lay->norm_f, be->colsum_scratch, M, d->dm, 0));
+                     g + lay->norm_f, NULL, be->colsum_scratch, M, d->dm, 0));
   for (int l = d->L - 1; l >= 0; l--) {
     const layer_offsets *lo = &lay->layer[l];
     /* out_proj: dgated = dresid W_out, dW_out += dresid^T gated */
     mark(be, PH_OUTPROJ_B);
     TRY(mm_nn(be, M, E, dm, be->dresid_act, dm, wgt(be, lo->out_proj), E, be->dgated, E));
     TRY(mm_tn_acc(be, dm, E, M, be->dresid_act, dm, gated_l(be, l), E, g + lo->out_proj, E));
-    /* gate, scan, B/C norm */
+    /* gate, scan, B/C norm, the small-parameter gradients */
     const m3k_scan_args a = scan_args(be, l, rows, len, be->fwd_carry, 0, 1);
     mark(be, PH_SCAN_B);
     CK(m3k_scan_bwd(be->st, be->prec, &be->scan, &a));
     mark(be, PH_BCNORM_B);
+    const m3k_scan_partials sp = {be->part, be->part_norm, rows, g + lo->dt_bias, g + lo->D, g + lo->B_bias,
+                                  g + lo->C_bias, d->outproj_norm ? g + lo->out_norm : NULL};
     CK(m3k_bcnorm_bwd(be->st, be->prec, &be->kd, proj_l(be, l), be->params + lo->B_norm, be->params + lo->C_norm,
-                      bc_rstd_l(be, l), be->dbc_head, be->dang_head, be->dproj, be->wcontrib, M));
-    mark(be, PH_PARAMS_B);
-    CK(m3k_colsum_partials(be->st, be->wcontrib, M, (int32_t)(2 * N), 2 * N, be->colsum_scratch));
-    CK(m3k_scan_param_grads(be->st, be->part, d->outproj_norm ? be->part_norm : NULL, rows, d->H, d->N, d->P,
-                            be->wcontrib, M, be->colsum_scratch, g + lo->dt_bias, g + lo->D, g + lo->B_bias,
-                            g + lo->C_bias, d->outproj_norm ? g + lo->out_norm : NULL, g + lo->B_norm,
-                            g + lo->C_norm));
+                      bc_rstd_l(be, l), be->dbc_head, be->dang_head, be->dproj, be->wcontrib, &sp, M));
+    /* the B_norm | C_norm weight gradients: wcontrib's column sums, taken by the layer norm's backward */
+    const m3k_colsum_job bc_norm = {be->wcontrib, 2 * N, (int32_t)(2 * N), (int32_t)N, g + lo->B_norm, g + lo->C_norm};
     /* in_proj: dxn = dproj W_in, dW_in += dproj^T xn */
     mark(be, PH_INPROJ_B);
     TRY(mm_nn(be, M, dm, d->dip, be->dproj, be->kd.dipp, wgt(be, lo->in_proj), dm, be->dxn, dm));
@@ -674,14 +673,16 @@ static m3_status enq_backward(backend *be, int32_t rows, int32_t len, int zero_g
     /* layer norm: dresid (the identity path) += norm path */
     mark(be, PH_NORM_B);
     CK(m3k_rmsnorm_bwd(be->st, be->prec, resid_l(be, l), be->params + lo->norm, rstd_l(be, l), be->dxn, NULL,
-                       be->dresid, dr_act, be->wcontrib, g + lo->norm, be->colsum_scratch, M, d->dm, 1));
+                       be->dresid, dr_act, be->wcontrib, g + lo->norm, &bc_norm, be->colsum_scratch, M, d->dm, 1));
   }
   mark(be, PH_INPUT_B);
   switch (d->input) {
-    case M3_INPUT_FEATURES:
+    case M3_INPUT_FEATURES: {
       TRY(mm_tn_acc(be, dm, be->in_w, M, be->dresid_act, dm, be->in_act, be->in_w, g + lay->input_w, be->in_w));
-      CK(m3k_colsum(be->st, be->dresid, M, d->dm, dm, g + lay->input_b, be->colsum_scratch));
+      const m3k_colsum_job bias = {be->dresid, dm, d->dm, d->dm, g + lay->input_b, NULL};
+      CK(m3k_colsum(be->st, &bias, M, be->colsum_scratch));
       break;
+    }
     case M3_INPUT_TOKENS:
       CK(m3k_embed_bwd(be->st, be->d_info, be->seg_tok, be->seg_start, be->perm, be->dresid, g + lay->embedding, M,
                        d->dm));
