@@ -96,7 +96,8 @@ cudaError_t m3k_rmsnorm_bwd(cudaStream_t s, int prec, const float *x, const floa
 
 /* ---- B/C RMSNorm per (position, B|C, group) ------------------------------------------------------ */
 
-/* bc_hat [M, 2, G, N] = RMSNorm_N(B or C of group g; B_norm | C_norm), bc_rstd [M, 2, G]. */
+/* bc_hat [M, 2, G, N] = RMSNorm_N(B or C of group g; B_norm | C_norm), bc_rstd [M, 2, G] (m3k_scan_fwd runs it
+ * for the scan kernels that read bc_hat). */
 cudaError_t m3k_bcnorm_fwd(cudaStream_t s, int prec, const m3k_dims *d, const void *proj, const float *wB,
                            const float *wC, float *bc_hat, float *bc_rstd, int64_t M);
 /* A layer's small-parameter gradients from the scan's per-(row, head) partials, added (+=) with row sums
@@ -154,9 +155,12 @@ typedef struct m3k_scan_args {
   m3k_dims d;
   int32_t rows, len;
   const void *proj;            /* [M, dipp] act: in_proj output */
-  const float *bc_hat;         /* [M, 2, G, N]; NULL (one-token inference windows): scan_step normalises B and C
-                                  itself from proj with B_norm, C_norm, as bcnorm_fwd would */
-  const float *B_norm, *C_norm; /* [N] the B/C RMSNorm weights (read only when bc_hat is NULL) */
+  float *bc_hat;               /* [M, 2, G, N] B_hat, C_hat (m3k_bcnorm_fwd's), bc_rstd [M, 2, G] their 1 / RMS:
+                                  m3k_scan_fwd writes them from proj with B_norm, C_norm (in the scan kernel
+                                  itself, or by m3k_bcnorm_fwd first for the kernels that read bc_hat); the
+                                  backward reads them. NULL only for a one-token window not trained */
+  float *bc_rstd;
+  const float *B_norm, *C_norm; /* [N] the B/C RMSNorm weights */
   const float *dt_bias, *D, *B_bias, *C_bias, *out_norm; /* parameters of the layer (f32) */
   const uint8_t *resets;       /* [rows, len] */
   const float *in_angle, *in_ssm, *in_k, *in_v; /* incoming state [B, H, ...] of the layer; NULL: zeros */

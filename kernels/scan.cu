@@ -1214,10 +1214,15 @@ static bool takes_chunked(int prec, const m3k_scan_plan *plan, const m3k_scan_ar
   return prec != M3K_F32 && plan->chunked && a->len > 1 && a->chunk_scratch && worth;
 }
 
+/* scan_step and scan_fwd_warp normalise B and C themselves; the chunked and SIMT forwards read bc_hat */
 extern "C" cudaError_t m3k_scan_fwd(cudaStream_t s, int prec, const m3k_scan_plan *plan, const m3k_scan_args *a) {
   if (a->len == 1) return m3k_scan_step(s, prec, a);
-  if (takes_chunked(prec, plan, a)) return m3k_chunked_fwd(s, prec, plan, a);
-  if (warp_fwd_shape(a->d.P, a->d.N)) return m3k_warp_fwd(s, prec, a);
+  const bool chunked = takes_chunked(prec, plan, a);
+  if (!chunked && warp_fwd_shape(a->d.P, a->d.N)) return m3k_warp_fwd(s, prec, a);
+  const cudaError_t e =
+      m3k_bcnorm_fwd(s, prec, &a->d, a->proj, a->B_norm, a->C_norm, a->bc_hat, a->bc_rstd, (int64_t)a->rows * a->len);
+  if (e != cudaSuccess) return e;
+  if (chunked) return m3k_chunked_fwd(s, prec, plan, a);
   M3K_DISPATCH(prec, simt_fwd<T>(s, plan, *a));
   return cudaGetLastError();
 }

@@ -15,10 +15,11 @@
  * hold loads in flight, so four CTAs share a multiprocessor. Meanwhile the per-(b, h) work, into
  * shared memory, one item per thread, with every global load issued before any is waited on (one
  * round trip, not a chain): the token scalars (every thread computes them), the angle and rotated
- * k, q of each rotation unit, beta x_in and gamma x of each row p. A one-token inference window
- * passes no bc_hat: then the kernel also normalises B and C of the head's group from proj (warps 0
- * and 1 sum the squares as bcnorm_fwd_kernel does, and every value is x r w with its rounding:
- * bitwise the same B_hat, C_hat), one launch per layer fewer. Then the state: a row p belongs
+ * k, q of each rotation unit, beta x_in and gamma x of each row p. B and C of the head's group are
+ * normalised here from proj (warps 0 and 1 sum the squares as bcnorm_fwd_kernel does, and every value
+ * is x r w with its rounding: bitwise its B_hat, C_hat), one launch per layer fewer; the group's first
+ * head stores them in bc_hat and bc_rstd for the backward (not when bc_hat is NULL: one-token
+ * inference). Then the state: a row p belongs
  * to a group of LW lanes (the power of two covering the row's vectors, at most 32; 32 / LW rows per
  * warp at a time), lane j of a group holding the row's vectors j, j + LW, ... A vector is a float4
  * (V = 4) when the groups cover the rows exactly (N = 4 LW, or N = 256: two per lane) and the state
@@ -102,19 +103,15 @@ __global__ void __launch_bounds__(STEP_THREADS, V == 4 ? 4 : 3) scan_step_kernel
   const bool rs = a.resets && a.resets[m];
   const int U = N - S;
   float ang = 0, th0 = 0, kin0 = 0, x = 0, z = 0, vin = 0; /* kin0: this thread's in_k element */
-  unit_raw raw = {0, 0, 0, 0}, wbc = {0, 0, 0, 0}; /* wbc: inline B/C norm weights of the unit */
+  unit_raw raw = {0, 0, 0, 0}, wbc = {0, 0, 0, 0}; /* wbc: the B/C norm weights of the unit */
   if (tid < S) {
     ang = to_f(pr[d.ang_off + tid]);
     if (a.in_angle) th0 = a.in_angle[bh * S + tid];
   }
   const T *pB = pr + d.B_off + (int64_t)g * N, *pC = pr + d.C_off + (int64_t)g * N; /* raw B, C of group g */
   if (tid < U) {
-    if (a.bc_hat) {
-      raw = unit_load(a.bc_hat + ((m * 2 + 0) * d.G + g) * N, a.bc_hat + ((m * 2 + 1) * d.G + g) * N, tid, S);
-    } else {
-      raw = unit_load(pB, pC, tid, S);
-      wbc = unit_load(a.B_norm, a.C_norm, tid, S);
-    }
+    raw = unit_load(pB, pC, tid, S);
+    wbc = unit_load(a.B_norm, a.C_norm, tid, S);
   }
   if (tid < N) {
     cp4(s_bk + tid, a.B_bias + (int64_t)h * N + tid);
@@ -127,17 +124,29 @@ __global__ void __launch_bounds__(STEP_THREADS, V == 4 ? 4 : 3) scan_step_kernel
     z = to_f(px[d.z_off]);
     if (a.in_v) vin = a.in_v[bh * P + tid];
   }
-  if (!a.bc_hat && wid < 2) { /* B (warp 0), C (warp 1): 1 / RMS over N, summed as bcnorm_fwd_kernel does */
+  if (wid < 2) { /* B (warp 0), C (warp 1): 1 / RMS over N, summed as bcnorm_fwd_kernel does */
     const float r = warp_rstd(wid ? pC : pB, N);
     if (lane == 0) s_rbc[wid] = r;
   }
   cp_wait_all();
   __syncthreads(); /* s_bk, s_bq, s_rbc */
-  if (!a.bc_hat) { /* B_hat, C_hat of the unit = x r w, bcnorm_fwd_kernel's rounding */
-    raw.k0 = raw.k0 * s_rbc[0] * wbc.k0;
-    raw.k1 = raw.k1 * s_rbc[0] * wbc.k1;
-    raw.q0 = raw.q0 * s_rbc[1] * wbc.q0;
-    raw.q1 = raw.q1 * s_rbc[1] * wbc.q1;
+  /* B_hat, C_hat of the unit = x r w, bcnorm_fwd_kernel's rounding */
+  raw.k0 = raw.k0 * s_rbc[0] * wbc.k0;
+  raw.k1 = raw.k1 * s_rbc[0] * wbc.k1;
+  raw.q0 = raw.q0 * s_rbc[1] * wbc.q0;
+  raw.q1 = raw.q1 * s_rbc[1] * wbc.q1;
+  if (a.bc_hat && h % d.hpg == 0) { /* kept for the backward by the group's first head */
+    float *bk = a.bc_hat + ((m * 2 + 0) * d.G + g) * N, *bq = a.bc_hat + ((m * 2 + 1) * d.G + g) * N;
+    if (tid < U) {
+      const int n0 = unit_col(tid, S);
+      bk[n0] = raw.k0;
+      bq[n0] = raw.q0;
+      if (tid < S) {
+        bk[n0 + 1] = raw.k1;
+        bq[n0 + 1] = raw.q1;
+      }
+    }
+    if (tid < 2) a.bc_rstd[(m * 2 + tid) * d.G + g] = s_rbc[tid];
   }
 
   const tok_scalars ts = token_scalars(dd_dt, dt_bias, dd_A, trap, d.a_floor);

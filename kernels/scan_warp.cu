@@ -10,8 +10,10 @@
  * still overlap their steps), four chunks in flight (a ring of four slots of shared memory), one step
  * per chunk, a barrier of the CTA after each step:
  *   warps 3-6 (loaders)  A(c): every load of chunk c in flight at once (the token scalars, tanh of the
- *            angle logits, x and z, B_hat + B_bias and C_hat + C_bias), then E(c - 3): D x, the
- *            optional per-head RMSNorm and the gate, two tokens a warp at a time;
+ *            angle logits, x and z, the raw B and C), then B_hat + B_bias and C_hat + C_bias (the B/C
+ *            RMSNorm here, a token's N values on N lanes, summed and rounded as bcnorm_fwd_kernel does;
+ *            the group's first head stores B_hat, C_hat and their 1 / RMS for the backward), then
+ *            E(c - 3): D x, the optional per-head RMSNorm and the gate, two tokens a warp at a time;
  *   warp 2   B(c - 1): the angle walk (one lane per rotated pair, sequential as scan_fwd_kernel's),
  *            then C(c - 1): the pairs of k and q rotated in place, and the next chunk's row 0;
  *   warps 0-1  D(c - 2): the recurrence H_t = alpha H_{t-1} + beta x_{t-1} k_{t-1}^T + gamma x_t k_t^T
@@ -42,7 +44,7 @@ template <int P, int N, int WCH, typename T>
 __global__ void __launch_bounds__(WARP_THREADS) scan_fwd_warp_kernel(const m3k_scan_args a) {
   constexpr int RPW = P / DW, NS = RPW * N / 32, LPR = N / NS; /* rows a D warp, state a lane, lanes a row */
   constexpr int RX = WCH * P / NL, RK = WCH * N / NL;           /* A's items a loader */
-  static_assert(P % DW == 0 && RPW * N % 32 == 0 && NS % 4 == 0 && N % NS == 0 && 32 % P == 0 &&
+  static_assert(P % DW == 0 && RPW * N % 32 == 0 && NS % 4 == 0 && N % NS == 0 && 32 % P == 0 && 32 % N == 0 &&
                     WCH * P % NL == 0 && NL % N == 0 && N / 2 <= 32,
                 "a shape the lane layouts cover");
   __shared__ __align__(16) warp_slot<P, N, WCH> ring[NSLOT];
@@ -66,6 +68,8 @@ __global__ void __launch_bounds__(WARP_THREADS) scan_fwd_warp_kernel(const m3k_s
   const int lt = tid - 32 * LOAD0; /* loaders: 0 .. NL - 1 */
   const float kbias = warp >= LOAD0 ? a.B_bias[(int64_t)h * N + lt % N] : 0.0f; /* the column of lt + NL r */
   const float qbias = warp >= LOAD0 ? a.C_bias[(int64_t)h * N + lt % N] : 0.0f;
+  const float kw = warp >= LOAD0 ? a.B_norm[lt % N] : 0.0f, qw = warp >= LOAD0 ? a.C_norm[lt % N] : 0.0f;
+  const bool keeps_bc = a.bc_hat && h % d.hpg == 0; /* stores B_hat, C_hat for the backward */
 
   for (int s = 0; s < nch + 3; s++) {
     if (warp < DW) {
@@ -150,9 +154,9 @@ __global__ void __launch_bounds__(WARP_THREADS) scan_fwd_warp_kernel(const m3k_s
 #pragma unroll
         for (int k = 0; k < RK; k++) {
           const int idx = lt + NL * k, i = idx / N, n = idx % N;
-          const float *bc = a.bc_hat + ((m0 + i) * 2 * d.G + g) * N + n;
-          kr[k] = i < nb ? bc[0] : 0.0f;
-          qr[k] = i < nb ? bc[(int64_t)d.G * N] : 0.0f;
+          const T *pb = proj + (m0 + i) * d.dipp + d.B_off + (int64_t)g * N + n;
+          kr[k] = i < nb ? to_f(pb[0]) : 0.0f;
+          qr[k] = i < nb ? to_f(pb[d.C_off - d.B_off]) : 0.0f;
           const int it = S ? idx / S : 0, j = idx - it * S; /* S = 0: no rotated pairs */
           tr[k] = idx < nb * S ? to_f(proj[(m0 + it) * d.dipp + d.ang_off + j]) : 0.0f;
         }
@@ -171,6 +175,28 @@ __global__ void __launch_bounds__(WARP_THREADS) scan_fwd_warp_kernel(const m3k_s
           const int idx = lt + NL * k, i = idx / P, p = idx % P;
           r.x[i + 1][p] = xr[k];
           r.z[i][p] = zr[k];
+        }
+#pragma unroll
+        for (int k = 0; k < RK; k++) { /* B_hat, C_hat: warp_rstd's sums (its first stage adds lanes >= N's zeros) */
+          const int idx = lt + NL * k, i = idx / N, n = idx % N;
+          float sk = kr[k] * kr[k], sq = qr[k] * qr[k];
+#pragma unroll
+          for (int o = N / 2; o >= 1; o >>= 1) {
+            sk += __shfl_xor_sync(0xffffffffu, sk, o);
+            sq += __shfl_xor_sync(0xffffffffu, sq, o);
+          }
+          const float rk = rms_inv(sk, N), rq = rms_inv(sq, N);
+          kr[k] = kr[k] * rk * kw;
+          qr[k] = qr[k] * rq * qw;
+          if (keeps_bc && i < nb) {
+            float *bc = a.bc_hat + ((m0 + i) * 2 * d.G + g) * N + n;
+            bc[0] = kr[k];
+            bc[(int64_t)d.G * N] = qr[k];
+            if (n == 0) {
+              a.bc_rstd[((m0 + i) * 2 + 0) * d.G + g] = rk;
+              a.bc_rstd[((m0 + i) * 2 + 1) * d.G + g] = rq;
+            }
+          }
         }
 #pragma unroll
         for (int k = 0; k < RK; k++) {

@@ -56,11 +56,11 @@ enum { MAX_GRAPHS = 16, LM_BLOCK_ROWS = 4096, SLICE_ALIGN = 128, PROF_MARKS = 20
  * boundary, the time to the next event charged to the phase, totals read with
  * m3_trainer_profile. A development aid, off by default. */
 typedef enum prof_phase {
-  PH_UPLOAD, PH_INPUT, PH_NORM_F, PH_INPROJ_F, PH_BCNORM_F, PH_SCAN_F, PH_OUTPROJ_F, PH_HEAD, PH_NORM_B,
+  PH_UPLOAD, PH_INPUT, PH_NORM_F, PH_INPROJ_F, PH_SCAN_F, PH_OUTPROJ_F, PH_HEAD, PH_NORM_B,
   PH_OUTPROJ_B, PH_SCAN_B, PH_BCNORM_B, PH_INPROJ_B, PH_INPUT_B, PH_UPDATE, PH_END, PH_COUNT
 } prof_phase;
 static const char *const PHASE_NAME[PH_COUNT] = {
-    "upload", "input", "norm fwd", "in_proj fwd", "bcnorm fwd", "scan fwd", "out_proj fwd", "head (+grad)",
+    "upload", "input", "norm fwd", "in_proj fwd", "scan fwd", "out_proj fwd", "head (+grad)",
     "norm bwd", "out_proj bwd", "scan bwd", "bcnorm bwd + small grads", "in_proj bwd", "input bwd", "update", "end"};
 
 typedef struct prof {
@@ -474,6 +474,9 @@ static m3k_scan_args scan_args(const backend *be, int l, int32_t rows, int32_t l
   a.len = len;
   a.proj = proj_l(be, l);
   a.bc_hat = bc_hat_l(be, l);
+  a.bc_rstd = bc_rstd_l(be, l);
+  a.B_norm = be->params + lo->B_norm;
+  a.C_norm = be->params + lo->C_norm;
   a.dt_bias = be->params + lo->dt_bias;
   a.D = be->params + lo->D;
   a.B_bias = be->params + lo->B_bias;
@@ -572,15 +575,7 @@ static m3_status enq_forward(backend *be, int32_t rows, int32_t len, int carry, 
     TRY(mm_nt(be, M, d->dip, dm, xn_l(be, l), dm, wgt(be, lo->in_proj), dm, NULL, proj_l(be, l), be->kd.dipp, G_ACT,
               0.0f));
     m3k_scan_args a = scan_args(be, l, rows, len, carry, train || be->infer, train);
-    if (be->infer && len == 1) { /* one-token inference: scan_step normalises B and C itself (no backward) */
-      a.bc_hat = NULL;
-      a.B_norm = be->params + lo->B_norm;
-      a.C_norm = be->params + lo->C_norm;
-    } else {
-      mark(be, PH_BCNORM_F);
-      CK(m3k_bcnorm_fwd(be->st, be->prec, &be->kd, proj_l(be, l), be->params + lo->B_norm, be->params + lo->C_norm,
-                        bc_hat_l(be, l), bc_rstd_l(be, l), M));
-    }
+    if (be->infer && len == 1) a.bc_hat = NULL; /* one-token inference: B_hat, C_hat not kept (no backward) */
     mark(be, PH_SCAN_F);
     CK(m3k_scan_fwd(be->st, be->prec, &be->scan, &a));
     mark(be, PH_OUTPROJ_F);
