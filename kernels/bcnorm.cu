@@ -91,6 +91,7 @@ __global__ void bcnorm_bwd_kernel(m3k_dims d, const T *__restrict__ proj, const 
       ds[k] = 0;
       if (n < d.N) {
         float acc = 0;
+#pragma unroll 8 /* the heads' loads in flight together */
         for (int h = g * d.hpg; h < (g + 1) * d.hpg; h++) acc += dbc_head[((m * d.H + h) * 2 + which) * d.N + n];
         ds[k] = acc;
         dot += to_f(x[n]) * w[n] * acc;
@@ -115,6 +116,7 @@ __global__ void bcnorm_bwd_kernel(m3k_dims d, const T *__restrict__ proj, const 
   }
   for (int a = threadIdx.x; a < d.S; a += blockDim.x) {
     float acc = 0;
+#pragma unroll 8
     for (int h = 0; h < d.H; h++) acc += dang_head[(m * d.H + h) * d.S + a];
     dproj[m * d.dipp + d.ang_off + a] = from_f<T>(acc);
   }

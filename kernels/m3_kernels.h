@@ -250,14 +250,13 @@ cudaError_t m3k_loss_sum(cudaStream_t s, const double *row_loss, const int32_t *
 int64_t m3k_norm_blocks(int64_t n);
 /* g *= grad_unscale (when != 1); partial[b] = sum of g^2 over block b (double). */
 cudaError_t m3k_grad_sumsq(cudaStream_t s, const m3k_step *step, float *g, int64_t n, double *partial);
-/* Fixed-order sum of the partials: norm, finite flag and clip scale into metrics. */
-cudaError_t m3k_grad_norm(cudaStream_t s, const m3k_step *step, const double *partial, int64_t nblocks,
-                          m3k_metrics *metrics);
-/* AdamW over the flat arena when metrics->finite (SPEC.md §7, as the CPU backend), then the
- * 16-bit shadow (may be NULL) refreshed; decay_flags[i / 64] = 1 where weight decay applies
- * even with the reference no-decay group on, 0 for no-decay tensors. */
-cudaError_t m3k_adamw(cudaStream_t s, int prec, const m3k_step *step, const m3k_metrics *metrics, float *w,
-                      const float *g, float *m, float *v, void *shadow, const uint8_t *decay_flags, int64_t n);
+/* The fixed-order sum of the partials (m3k_norm_blocks(n) = nblocks of them): norm, finite flag and clip
+ * scale into metrics; then, when finite, AdamW over the flat arena (SPEC.md §7, as the CPU backend) and the
+ * 16-bit shadow (may be NULL) refreshed; decay_flags[i / 64] = 1 where weight decay applies even with the
+ * reference no-decay group on, 0 for no-decay tensors. */
+cudaError_t m3k_adamw(cudaStream_t s, int prec, const m3k_step *step, const double *partial, int64_t nblocks,
+                      m3k_metrics *metrics, float *w, const float *g, float *m, float *v, void *shadow,
+                      const uint8_t *decay_flags, int64_t n);
 
 #ifdef __cplusplus
 }

@@ -4,7 +4,9 @@
  *   1. grad_sumsq: g *= grad_unscale (f16 loss scaling; skipped when 1), and per block of
  *      NORM_BLOCK elements the sum of g^2 in double (thread-strided, then a shuffle/warp tree).
  *   2. grad_norm: one block adds the block partials in a fixed order -> norm (double),
- *      finite flag, clip scale = max_norm / (norm + 1e-6) when that is < 1.
+ *      finite flag, clip scale = max_norm / (norm + 1e-6) when that is < 1. For arenas of at
+ *      most FOLD_BLOCKS blocks every AdamW block adds them itself instead (the same order, so
+ *      the same bits; block 0 writes the metrics): a launch fewer.
  *   3. adamw: when finite, per element (PyTorch order, float32 as the CPU backend):
  *      g' = g clip;  m = b1 m + (1 - b1) g';  v = b2 v + (1 - b2) g'^2;
  *      w = w (1 - lr wd) - step_size m / (sqrt(v) / sqrt(1 - b2^t) + eps)
@@ -19,7 +21,7 @@
 
 #include "common.cuh"
 
-enum { NORM_BLOCK = 8192, NORM_THREADS = 256 };
+enum { NORM_BLOCK = 8192, NORM_THREADS = 256, FOLD_BLOCKS = 256 };
 
 __global__ void grad_sumsq_kernel(const m3k_step *step, float *__restrict__ g, int64_t n, double *__restrict__ partial) {
   __shared__ double red[32];
@@ -39,37 +41,63 @@ __global__ void grad_sumsq_kernel(const m3k_step *step, float *__restrict__ g, i
   if (threadIdx.x == 0) partial[blockIdx.x] = acc;
 }
 
-__global__ void grad_norm_kernel(const m3k_step *step, const double *__restrict__ partial, int64_t nblocks,
-                                 m3k_metrics *metrics) {
-  __shared__ double red[32];
+/* The fixed-order sum of the block partials (every thread of a NORM_THREADS block gets it) */
+__device__ __forceinline__ double partials_sum(const double *__restrict__ partial, int64_t nblocks, double *red) {
   double acc = 0;
-  for (int64_t i = threadIdx.x; i < nblocks; i += blockDim.x) acc += partial[i];
-  acc = block_sum(acc, red);
-  if (threadIdx.x == 0) {
-    const double norm = sqrt(acc);
-    metrics->norm_sq = acc;
-    metrics->grad_norm = norm;
-    metrics->finite = isfinite(norm) ? 1 : 0;
-    float cs = 1.0f;
-    if (step->clip > 0 && step->clip / (norm + 1e-6) < 1) cs = (float)(step->clip / (norm + 1e-6));
-    metrics->clip_scale = cs;
-  }
+  for (int64_t i = threadIdx.x; i < nblocks; i += NORM_THREADS) acc += partial[i];
+  return block_sum(acc, red);
 }
 
+__device__ __forceinline__ float clip_scale_of(const m3k_step *step, double norm) {
+  return step->clip > 0 && step->clip / (norm + 1e-6) < 1 ? (float)(step->clip / (norm + 1e-6)) : 1.0f;
+}
+
+__device__ __forceinline__ void write_norm(const m3k_step *step, double sumsq, m3k_metrics *metrics) {
+  const double norm = sqrt(sumsq);
+  metrics->norm_sq = sumsq;
+  metrics->grad_norm = norm;
+  metrics->finite = isfinite(norm) ? 1 : 0;
+  metrics->clip_scale = clip_scale_of(step, norm);
+}
+
+__global__ void __launch_bounds__(NORM_THREADS) grad_norm_kernel(const m3k_step *step,
+                                                                 const double *__restrict__ partial,
+                                                                 int64_t nblocks, m3k_metrics *metrics) {
+  __shared__ double red[32];
+  const double sumsq = partials_sum(partial, nblocks, red);
+  if (threadIdx.x == 0) write_norm(step, sumsq, metrics);
+}
+
+/* partial NULL: grad_norm_kernel has written the metrics; else this block sums the partials itself (its
+ * element's loads are in flight meanwhile) */
 template <typename T>
-__global__ void adamw_kernel(const m3k_step *__restrict__ step, const m3k_metrics *__restrict__ metrics,
-                             float *__restrict__ w, const float *__restrict__ g, float *__restrict__ m,
-                             float *__restrict__ v, T *__restrict__ shadow, const uint8_t *__restrict__ decay_flags,
-                             int64_t n) {
+__global__ void __launch_bounds__(NORM_THREADS)
+    adamw_kernel(const m3k_step *__restrict__ step, m3k_metrics *metrics, const double *__restrict__ partial,
+                 int64_t nblocks, float *__restrict__ w, const float *__restrict__ g, float *__restrict__ m,
+                 float *__restrict__ v, T *__restrict__ shadow, const uint8_t *__restrict__ decay_flags, int64_t n) {
+  __shared__ double red[32];
   const int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
-  if (i >= n || !metrics->finite) return;
+  const bool in = i < n;
+  const float g0 = in ? g[i] : 0.0f, m0 = in ? m[i] : 0.0f, v0 = in ? v[i] : 0.0f, w0 = in ? w[i] : 0.0f;
+  const bool decays = in && !(step->no_decay && !decay_flags[i >> 6]);
+  float clip_scale;
+  if (partial) {
+    const double sumsq = partials_sum(partial, nblocks, red);
+    if (blockIdx.x == 0 && threadIdx.x == 0) write_norm(step, sumsq, metrics);
+    const double norm = sqrt(sumsq);
+    if (!isfinite(norm)) return;
+    clip_scale = clip_scale_of(step, norm);
+  } else {
+    if (!metrics->finite) return;
+    clip_scale = metrics->clip_scale;
+  }
+  if (!in) return;
   const float lr = step->lr, b1 = step->beta1, b2 = step->beta2, eps = step->eps;
-  const float wd = (step->no_decay && !decay_flags[i >> 6]) ? 0.0f : step->weight_decay;
-  const float decay = 1 - lr * wd;
-  const float gi = g[i] * metrics->clip_scale;
-  const float mi = b1 * m[i] + (1 - b1) * gi;
-  const float vi = b2 * v[i] + (1 - b2) * gi * gi;
-  const float wi = w[i] * decay - step->step_size * mi / (sqrtf(vi) / step->bc2_sqrt + eps);
+  const float decay = 1 - lr * (decays ? step->weight_decay : 0.0f);
+  const float gi = g0 * clip_scale;
+  const float mi = b1 * m0 + (1 - b1) * gi;
+  const float vi = b2 * v0 + (1 - b2) * gi * gi;
+  const float wi = w0 * decay - step->step_size * mi / (sqrtf(vi) / step->bc2_sqrt + eps);
   m[i] = mi;
   v[i] = vi;
   w[i] = wi;
@@ -83,16 +111,16 @@ extern "C" cudaError_t m3k_grad_sumsq(cudaStream_t s, const m3k_step *step, floa
   return cudaGetLastError();
 }
 
-extern "C" cudaError_t m3k_grad_norm(cudaStream_t s, const m3k_step *step, const double *partial, int64_t nblocks,
-                                     m3k_metrics *metrics) {
-  grad_norm_kernel<<<1, 1024, 0, s>>>(step, partial, nblocks, metrics);
-  return cudaGetLastError();
-}
-
-extern "C" cudaError_t m3k_adamw(cudaStream_t s, int prec, const m3k_step *step, const m3k_metrics *metrics, float *w,
-                                 const float *g, float *m, float *v, void *shadow, const uint8_t *decay_flags,
-                                 int64_t n) {
-  M3K_DISPATCH(prec, (adamw_kernel<T><<<grid_for(n, 256), 256, 0, s>>>(step, metrics, w, g, m, v, (T *)shadow,
-                                                                        decay_flags, n)));
+extern "C" cudaError_t m3k_adamw(cudaStream_t s, int prec, const m3k_step *step, const double *partial,
+                                 int64_t nblocks, m3k_metrics *metrics, float *w, const float *g, float *m, float *v,
+                                 void *shadow, const uint8_t *decay_flags, int64_t n) {
+  const bool fold = nblocks <= FOLD_BLOCKS;
+  if (!fold) {
+    grad_norm_kernel<<<1, NORM_THREADS, 0, s>>>(step, partial, nblocks, metrics);
+    const cudaError_t e = cudaGetLastError();
+    if (e != cudaSuccess) return e;
+  }
+  M3K_DISPATCH(prec, (adamw_kernel<T><<<grid_for(n, NORM_THREADS), NORM_THREADS, 0, s>>>(
+                         step, metrics, fold ? partial : NULL, nblocks, w, g, m, v, (T *)shadow, decay_flags, n)));
   return cudaGetLastError();
 }

@@ -692,9 +692,8 @@ static m3_status enq_update(backend *be) {
   const int64_t n = be->lay->total;
   mark(be, PH_UPDATE);
   CK(m3k_grad_sumsq(be->st, be->d_step, be->grads, n, be->norm_part));
-  CK(m3k_grad_norm(be->st, be->d_step, be->norm_part, be->norm_blocks, be->d_metrics));
-  CK(m3k_adamw(be->st, be->prec, be->d_step, be->d_metrics, be->params, be->grads, be->adam_m, be->adam_v, be->shadow,
-               be->decay_flags, n));
+  CK(m3k_adamw(be->st, be->prec, be->d_step, be->norm_part, be->norm_blocks, be->d_metrics, be->params, be->grads,
+               be->adam_m, be->adam_v, be->shadow, be->decay_flags, n));
   return M3_OK;
 }
 
