@@ -68,8 +68,7 @@ __global__ void __launch_bounds__(NORM_THREADS) grad_norm_kernel(const m3k_step 
   if (threadIdx.x == 0) write_norm(step, sumsq, metrics);
 }
 
-/* partial NULL: grad_norm_kernel has written the metrics; else this block sums the partials itself (its
- * element's loads are in flight meanwhile) */
+/* partial NULL: grad_norm_kernel has written the metrics; else this block sums the partials itself */
 template <typename T>
 __global__ void __launch_bounds__(NORM_THREADS)
     adamw_kernel(const m3k_step *__restrict__ step, m3k_metrics *metrics, const double *__restrict__ partial,
@@ -77,9 +76,6 @@ __global__ void __launch_bounds__(NORM_THREADS)
                  float *__restrict__ v, T *__restrict__ shadow, const uint8_t *__restrict__ decay_flags, int64_t n) {
   __shared__ double red[32];
   const int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
-  const bool in = i < n;
-  const float g0 = in ? g[i] : 0.0f, m0 = in ? m[i] : 0.0f, v0 = in ? v[i] : 0.0f, w0 = in ? w[i] : 0.0f;
-  const bool decays = in && !(step->no_decay && !decay_flags[i >> 6]);
   float clip_scale;
   if (partial) {
     const double sumsq = partials_sum(partial, nblocks, red);
@@ -91,13 +87,14 @@ __global__ void __launch_bounds__(NORM_THREADS)
     if (!metrics->finite) return;
     clip_scale = metrics->clip_scale;
   }
-  if (!in) return;
+  if (i >= n) return;
   const float lr = step->lr, b1 = step->beta1, b2 = step->beta2, eps = step->eps;
-  const float decay = 1 - lr * (decays ? step->weight_decay : 0.0f);
-  const float gi = g0 * clip_scale;
-  const float mi = b1 * m0 + (1 - b1) * gi;
-  const float vi = b2 * v0 + (1 - b2) * gi * gi;
-  const float wi = w0 * decay - step->step_size * mi / (sqrtf(vi) / step->bc2_sqrt + eps);
+  const float wd = (step->no_decay && !decay_flags[i >> 6]) ? 0.0f : step->weight_decay;
+  const float decay = 1 - lr * wd;
+  const float gi = g[i] * clip_scale;
+  const float mi = b1 * m[i] + (1 - b1) * gi;
+  const float vi = b2 * v[i] + (1 - b2) * gi * gi;
+  const float wi = w[i] * decay - step->step_size * mi / (sqrtf(vi) / step->bc2_sqrt + eps);
   m[i] = mi;
   v[i] = vi;
   w[i] = wi;
