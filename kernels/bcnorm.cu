@@ -11,16 +11,17 @@
  *     dx = r (w ds) - x r^3 mean(x w ds)   -> dproj's B / C columns ("=")
  *     wcontrib[m, which*N + n] = sum_g x r ds  (B_norm / C_norm weight terms, column-summed later)
  *   and the angle logits, shared by all heads, get the sum over heads of the per-head shares
- *   (dang_head [M, H, S]) -> dproj's angle columns ("="). One block of two warps per position:
- *   warp 0 does B, warp 1 does C (each loops over groups in order), then both share the angles.
- *   More blocks of the same launch add the scan's per-(row, head) partials, summed over rows in
+ *   (dang_head [M, H, S]) -> dproj's angle columns ("="). Two warps per position (warp 0 does B,
+ *   warp 1 C, each looping over groups in order, then both share the angles), four positions a
+ *   CTA. More CTAs of the same launch add the scan's per-(row, head) partials, summed over rows in
  *   row order, to the small-parameter gradients ("+="): dt_bias, D, B_bias, C_bias (and
- *   out_norm); a thread per gradient. The B_norm / C_norm column sums of wcontrib are the
- *   caller's (m3k_colsum, or folded into the layer norm's backward: m3k_rmsnorm_bwd's `also`).
+ *   out_norm); a thread per gradient. Then the riders (riders.cuh: the layer's out_proj weight
+ *   gradient). The B_norm / C_norm column sums of wcontrib are the caller's (a rider of the layer
+ *   norm's backward).
  */
-#include "common.cuh"
+#include "riders.cuh"
 
-enum { BC_MAX_PER_LANE = 8, BC_BWD_THREADS = 64 }; /* N <= 256 */
+enum { BC_MAX_PER_LANE = 8, BC_BWD_THREADS = RIDER_THREADS, BC_BWD_POSITIONS = BC_BWD_THREADS / 64 }; /* N <= 256 */
 
 /* The small-parameter gradients from the scan's partials: [dt_bias, D, B_bias, C_bias] of each head,
  * then out_norm's; add_row_partial adds item k < row_partial_items. */
@@ -67,14 +68,19 @@ __global__ void bcnorm_bwd_kernel(m3k_dims d, const T *__restrict__ proj, const 
                                   const float *__restrict__ wC, const float *__restrict__ bc_rstd,
                                   const float *__restrict__ dbc_head, const float *__restrict__ dang_head,
                                   T *__restrict__ dproj, float *__restrict__ wcontrib, m3k_scan_partials sp,
-                                  int64_t M) {
-  if (blockIdx.x >= M) { /* the small-parameter gradients (they read only the scan's partials) */
-    const int32_t k = (int32_t)(blockIdx.x - M) * BC_BWD_THREADS + threadIdx.x;
+                                  m3k_riders riders, unsigned pos_ctas, unsigned part_ctas, int64_t M) {
+  if (blockIdx.x >= pos_ctas + part_ctas) {
+    ride<T>(riders, blockIdx.x - pos_ctas - part_ctas, M);
+    return;
+  }
+  if (blockIdx.x >= pos_ctas) { /* the small-parameter gradients (they read only the scan's partials) */
+    const int32_t k = (int32_t)(blockIdx.x - pos_ctas) * BC_BWD_THREADS + threadIdx.x;
     if (k < row_partial_items(d)) add_row_partial(d, sp, k);
     return;
   }
-  const int64_t m = blockIdx.x;
-  const int which = threadIdx.x >> 5, lane = threadIdx.x & 31;
+  const int64_t m = (int64_t)blockIdx.x * BC_BWD_POSITIONS + (threadIdx.x >> 6);
+  const int which = (threadIdx.x >> 5) & 1, lane = threadIdx.x & 31;
+  if (m >= M) return;
   const float *w = which ? wC : wB;
   float wc[BC_MAX_PER_LANE];
 #pragma unroll
@@ -114,7 +120,7 @@ __global__ void bcnorm_bwd_kernel(m3k_dims d, const T *__restrict__ proj, const 
     const int n = lane + 32 * k;
     if (n < d.N) wcontrib[m * 2 * d.N + which * d.N + n] = wc[k];
   }
-  for (int a = threadIdx.x; a < d.S; a += blockDim.x) {
+  for (int a = threadIdx.x & 63; a < d.S; a += 64) {
     float acc = 0;
 #pragma unroll 8
     for (int h = 0; h < d.H; h++) acc += dang_head[(m * d.H + h) * d.S + a];
@@ -134,10 +140,14 @@ extern "C" cudaError_t m3k_bcnorm_fwd(cudaStream_t s, int prec, const m3k_dims *
 extern "C" cudaError_t m3k_bcnorm_bwd(cudaStream_t s, int prec, const m3k_dims *d, const void *proj, const float *wB,
                                       const float *wC, const float *bc_rstd, const float *dbc_head,
                                       const float *dang_head, void *dproj, float *wcontrib,
-                                      const m3k_scan_partials *sp, int64_t M) {
-  const unsigned ctas = (unsigned)M + grid_for(row_partial_items(*d), BC_BWD_THREADS);
+                                      const m3k_scan_partials *sp, const m3k_riders *riders, int64_t M) {
+  const m3k_riders along = riders ? *riders : m3k_riders{};
+  if (!riders_fit(along, M)) return cudaErrorInvalidValue;
+  const unsigned pos_ctas = grid_for(M, BC_BWD_POSITIONS), part_ctas = grid_for(row_partial_items(*d), BC_BWD_THREADS);
+  const unsigned ctas = pos_ctas + part_ctas + rider_ctas(along);
   M3K_DISPATCH(prec, (bcnorm_bwd_kernel<T><<<ctas, BC_BWD_THREADS, 0, s>>>(*d, (const T *)proj, wB, wC, bc_rstd,
                                                                              dbc_head, dang_head, (T *)dproj,
-                                                                             wcontrib, *sp, M)));
+                                                                             wcontrib, *sp, along, pos_ctas,
+                                                                             part_ctas, M)));
   return cudaGetLastError();
 }

@@ -79,6 +79,25 @@ int64_t m3k_colsum_scratch(int64_t rows, int32_t cols);
 int64_t m3k_colsum_chunks(int64_t rows);
 cudaError_t m3k_colsum(cudaStream_t s, const m3k_colsum_job *job, int64_t rows, float *scratch);
 
+/* A weight gradient over few tokens: G[M, N] += A[K, M]^T B[K, N] with K <= M3K_RIDER_K (the window's
+ * positions), A and B of the activation type, G float32 (the arena); float32 products summed over k in
+ * order. */
+enum { M3K_RIDER_K = 64 };
+typedef struct m3k_wgrad {
+  const void *A, *B;
+  float *G;
+  int64_t lda, ldb, ldg;
+  int32_t M, N, K;
+} m3k_wgrad;
+
+/* Work that rides along in more CTAs of another kernel's launch, where it is independent of that
+ * kernel's own work: a column sum over that kernel's rows when they fit one chunk (colsum.cols = 0:
+ * none) and a weight gradient (wgrad.K = 0: none). A launch fewer for each. */
+typedef struct m3k_riders {
+  m3k_colsum_job colsum;
+  m3k_wgrad wgrad;
+} m3k_riders;
+
 /* ---- RMSNorm (eps 1e-5) over rows of n values ---------------------------------------------------- */
 
 /* y = x * rstd * w. y_act (prec) and/or y_f32 may be NULL; rstd [rows] is written. */
@@ -87,11 +106,11 @@ cudaError_t m3k_rmsnorm_fwd(cudaStream_t s, int prec, const float *x, const floa
 /* dx = (accumulate ? dx : 0) + r (w dy) - x r^3 mean(x w dy); dx_act (may be NULL) = act(dx);
  * dw[j] += sum over rows of x r dy (m3k_colsum's order; wcontrib [rows, n] and scratch, as m3k_colsum's,
  * are its workspace beyond one chunk of rows). With dy_scale (may be NULL), dy is read as
- * step->weight * dy (the seed of head "none"). also (may be NULL): another column sum over the same
- * rows, done in this launch when they fit one chunk (else by m3k_colsum first; its src may be wcontrib). */
+ * step->weight * dy (the seed of head "none"). riders (may be NULL): its column sum (over these rows)
+ * rides when they fit one chunk, else m3k_colsum runs it first (its src may be wcontrib). */
 cudaError_t m3k_rmsnorm_bwd(cudaStream_t s, int prec, const float *x, const float *w, const float *rstd,
                             const float *dy, const m3k_step *dy_scale, float *dx, void *dx_act, float *wcontrib,
-                            float *dw, const m3k_colsum_job *also, float *scratch, int64_t rows, int32_t n,
+                            float *dw, const m3k_riders *riders, float *scratch, int64_t rows, int32_t n,
                             int accumulate);
 
 /* ---- B/C RMSNorm per (position, B|C, group) ------------------------------------------------------ */
@@ -112,10 +131,12 @@ typedef struct m3k_scan_partials {
 /* Per position: sums the per-head dL/d(B_hat + bias), dL/d(C_hat + bias) over each group's heads,
  * RMSNorm backward into dproj's B and C columns (=), angle shares summed over heads into dproj's
  * angle columns (=); wcontrib [M, 2N] = the B_norm | C_norm weight-gradient terms (summed over groups,
- * column sums left to the caller). In the same launch, sp's gradients. */
+ * column sums left to the caller). In the same launch, sp's gradients and the riders (may be NULL; a
+ * column sum rides only over rows that fit one chunk). */
 cudaError_t m3k_bcnorm_bwd(cudaStream_t s, int prec, const m3k_dims *d, const void *proj, const float *wB,
                            const float *wC, const float *bc_rstd, const float *dbc_head, const float *dang_head,
-                           void *dproj, float *wcontrib, const m3k_scan_partials *sp, int64_t M);
+                           void *dproj, float *wcontrib, const m3k_scan_partials *sp, const m3k_riders *riders,
+                           int64_t M);
 
 /* ---- the scan (SPEC.md §3 steps 2-10) --------------------------------------------------------------- */
 

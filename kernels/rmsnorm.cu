@@ -9,10 +9,10 @@
  * gradient when `accumulate`) and adds the column sums of the per-row terms x r dy to the weight
  * gradient in m3k_colsum's fixed row order (no atomics, bitwise repeatable): rows of one colsum
  * chunk are summed by extra CTAs of the same launch, straight from x, rstd and dy; longer inputs
- * write the terms to `wcontrib` for m3k_colsum. A second column sum over the same rows (`also`:
- * the layer's B_norm | C_norm terms) rides along in more CTAs of one-chunk launches: a launch less.
+ * write the terms to `wcontrib` for m3k_colsum. Riders (riders.cuh: the layer's B_norm | C_norm
+ * column sums and its in_proj weight gradient) take more CTAs of the launch.
  */
-#include "common.cuh"
+#include "riders.cuh"
 
 template <typename T>
 __global__ void rmsnorm_fwd_kernel(const float *__restrict__ x, const float *__restrict__ w, T *y_act,
@@ -34,13 +34,11 @@ template <typename T>
 __global__ void rmsnorm_bwd_kernel(const float *__restrict__ x, const float *__restrict__ w,
                                    const float *__restrict__ rstd, const float *dy, const m3k_step *dy_scale,
                                    float *dx, T *dx_act, float *__restrict__ wcontrib, float *__restrict__ dw,
-                                   m3k_colsum_job also, unsigned row_ctas, int64_t rows, int32_t n, int accumulate) {
+                                   m3k_riders riders, unsigned row_ctas, unsigned dw_ctas, int64_t rows, int32_t n,
+                                   int accumulate) {
   const float sc = dy_scale ? dy_scale->weight : 1.0f;
-  const unsigned dw_ctas = (unsigned)(n + 31) / 32;
-  if (blockIdx.x >= row_ctas + dw_ctas) { /* also's column sums (one chunk) */
-    const int32_t j = (blockIdx.x - row_ctas - dw_ctas) * 32 + (threadIdx.x & 31);
-    const float acc = colsum_chunk([&](int64_t r) { return also.src[r * also.ld + j]; }, 0, rows, j < also.cols);
-    if ((threadIdx.x >> 5) == 0 && j < also.cols) *colsum_dst(also, j) += acc;
+  if (blockIdx.x >= row_ctas + dw_ctas) {
+    ride<T>(riders, blockIdx.x - row_ctas - dw_ctas, rows);
     return;
   }
   if (blockIdx.x >= row_ctas) { /* dw's column sums, 32 columns a CTA (wcontrib NULL) */
@@ -79,22 +77,24 @@ extern "C" cudaError_t m3k_rmsnorm_fwd(cudaStream_t s, int prec, const float *x,
 
 extern "C" cudaError_t m3k_rmsnorm_bwd(cudaStream_t s, int prec, const float *x, const float *w, const float *rstd,
                                        const float *dy, const m3k_step *dy_scale, float *dx, void *dx_act,
-                                       float *wcontrib, float *dw, const m3k_colsum_job *also, float *scratch,
+                                       float *wcontrib, float *dw, const m3k_riders *riders, float *scratch,
                                        int64_t rows, int32_t n, int accumulate) {
   const int threads = 256, per = threads / 32;
-  static_assert(256 == 32 * COLSUM_WARPS, "the column-sum CTAs are the row CTAs' size");
+  static_assert(256 == RIDER_THREADS, "the column-sum and rider CTAs are the row CTAs' size");
   const unsigned row_ctas = grid_for(rows, per);
   const bool fold = m3k_colsum_chunks(rows) <= 1; /* one chunk: the column sums in this launch */
-  const m3k_colsum_job none = {NULL, 0, 0, 0, NULL, NULL};
-  const m3k_colsum_job extra = fold && also ? *also : none;
-  if (!fold && also) { /* before the launch: also's src may be wcontrib */
-    const cudaError_t e = m3k_colsum(s, also, rows, scratch);
+  m3k_riders along = riders ? *riders : m3k_riders{};
+  if (!fold && along.colsum.cols) { /* before the launch: its src may be wcontrib */
+    const cudaError_t e = m3k_colsum(s, &along.colsum, rows, scratch);
     if (e != cudaSuccess) return e;
+    along.colsum.cols = 0;
   }
-  const unsigned ctas = row_ctas + (fold ? grid_for(n, 32) : 0) + (extra.cols ? grid_for(extra.cols, 32) : 0);
+  if (!riders_fit(along, rows)) return cudaErrorInvalidValue;
+  const unsigned dw_ctas = fold ? grid_for(n, 32) : 0;
+  const unsigned ctas = row_ctas + dw_ctas + rider_ctas(along);
   M3K_DISPATCH(prec, (rmsnorm_bwd_kernel<T><<<ctas, threads, 0, s>>>(x, w, rstd, dy, dy_scale, dx, (T *)dx_act,
-                                                                      fold ? NULL : wcontrib, fold ? dw : NULL, extra,
-                                                                      row_ctas, rows, n, accumulate)));
+                                                                      fold ? NULL : wcontrib, fold ? dw : NULL, along,
+                                                                      row_ctas, dw_ctas, rows, n, accumulate)));
   if (fold) return cudaGetLastError();
   const cudaError_t e = cudaGetLastError();
   const m3k_colsum_job own = {wcontrib, n, n, n, dw, NULL};

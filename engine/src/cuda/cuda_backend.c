@@ -437,6 +437,16 @@ static m3_status mm_tn_acc(backend *be, int64_t M, int64_t N, int64_t K, const v
   return gemm_checked(be, &o);
 }
 
+/* G[M, N] += A[K, M]^T B[K, N] over a window of K positions: a rider of the next launch that takes riders
+ * when K is a few positions (riders.cuh), else a cuBLASLt GEMM now */
+static m3_status mm_tn_acc_riding(backend *be, m3k_riders *ride, int64_t M, int64_t N, int64_t K, const void *A,
+                                  int64_t lda, const void *B, int64_t ldb, float *G, int64_t ldg) {
+  if (K > M3K_RIDER_K) return mm_tn_acc(be, M, N, K, A, lda, B, ldb, G, ldg);
+  const m3k_wgrad w = {A, B, G, lda, ldb, ldg, (int32_t)M, (int32_t)N, (int32_t)K};
+  ride->wgrad = w;
+  return M3_OK;
+}
+
 /* ---- the step sequence ----------------------------------------------------------------------------------- */
 
 static void mark(backend *be, prof_phase ph) {
@@ -646,10 +656,13 @@ static m3_status enq_backward(backend *be, int32_t rows, int32_t len, int zero_g
                      g + lay->norm_f, NULL, be->colsum_scratch, M, d->dm, 0));
   for (int l = d->L - 1; l >= 0; l--) {
     const layer_offsets *lo = &lay->layer[l];
-    /* out_proj: dgated = dresid W_out, dW_out += dresid^T gated */
+    /* out_proj: dgated = dresid W_out, dW_out += dresid^T gated (riding with the B/C norm backward) */
     mark(be, PH_OUTPROJ_B);
+    m3k_riders with_bcnorm, with_norm;
+    memset(&with_bcnorm, 0, sizeof with_bcnorm);
+    memset(&with_norm, 0, sizeof with_norm);
     TRY(mm_nn(be, M, E, dm, be->dresid_act, dm, wgt(be, lo->out_proj), E, be->dgated, E));
-    TRY(mm_tn_acc(be, dm, E, M, be->dresid_act, dm, gated_l(be, l), E, g + lo->out_proj, E));
+    TRY(mm_tn_acc_riding(be, &with_bcnorm, dm, E, M, be->dresid_act, dm, gated_l(be, l), E, g + lo->out_proj, E));
     /* gate, scan, B/C norm, the small-parameter gradients */
     const m3k_scan_args a = scan_args(be, l, rows, len, be->fwd_carry, 0, 1);
     mark(be, PH_SCAN_B);
@@ -658,17 +671,19 @@ static m3_status enq_backward(backend *be, int32_t rows, int32_t len, int zero_g
     const m3k_scan_partials sp = {be->part, be->part_norm, rows, g + lo->dt_bias, g + lo->D, g + lo->B_bias,
                                   g + lo->C_bias, d->outproj_norm ? g + lo->out_norm : NULL};
     CK(m3k_bcnorm_bwd(be->st, be->prec, &be->kd, proj_l(be, l), be->params + lo->B_norm, be->params + lo->C_norm,
-                      bc_rstd_l(be, l), be->dbc_head, be->dang_head, be->dproj, be->wcontrib, &sp, M));
-    /* the B_norm | C_norm weight gradients: wcontrib's column sums, taken by the layer norm's backward */
+                      bc_rstd_l(be, l), be->dbc_head, be->dang_head, be->dproj, be->wcontrib, &sp, &with_bcnorm, M));
+    /* the B_norm | C_norm weight gradients (wcontrib's column sums) ride with the layer norm's backward */
     const m3k_colsum_job bc_norm = {be->wcontrib, 2 * N, (int32_t)(2 * N), (int32_t)N, g + lo->B_norm, g + lo->C_norm};
-    /* in_proj: dxn = dproj W_in, dW_in += dproj^T xn */
+    with_norm.colsum = bc_norm;
+    /* in_proj: dxn = dproj W_in, dW_in += dproj^T xn (riding with the layer norm's backward) */
     mark(be, PH_INPROJ_B);
     TRY(mm_nn(be, M, dm, d->dip, be->dproj, be->kd.dipp, wgt(be, lo->in_proj), dm, be->dxn, dm));
-    TRY(mm_tn_acc(be, d->dip, dm, M, be->dproj, be->kd.dipp, xn_l(be, l), dm, g + lo->in_proj, dm));
+    TRY(mm_tn_acc_riding(be, &with_norm, d->dip, dm, M, be->dproj, be->kd.dipp, xn_l(be, l), dm, g + lo->in_proj,
+                         dm));
     /* layer norm: dresid (the identity path) += norm path */
     mark(be, PH_NORM_B);
     CK(m3k_rmsnorm_bwd(be->st, be->prec, resid_l(be, l), be->params + lo->norm, rstd_l(be, l), be->dxn, NULL,
-                       be->dresid, dr_act, be->wcontrib, g + lo->norm, &bc_norm, be->colsum_scratch, M, d->dm, 1));
+                       be->dresid, dr_act, be->wcontrib, g + lo->norm, &with_norm, be->colsum_scratch, M, d->dm, 1));
   }
   mark(be, PH_INPUT_B);
   switch (d->input) {
