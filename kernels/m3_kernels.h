@@ -269,7 +269,8 @@ cudaError_t m3k_loss_sum(cudaStream_t s, const double *row_loss, const int32_t *
 /* ---- optimizer tail --------------------------------------------------------------------------------------- */
 
 int64_t m3k_norm_blocks(int64_t n);
-/* g *= grad_unscale (when != 1); partial[b] = sum of g^2 over block b (double). */
+/* g *= grad_unscale (when != 1); partial[b] = sum of g^2 over block b (double). g 16-byte aligned (else
+ * cudaErrorMisalignedAddress). */
 cudaError_t m3k_grad_sumsq(cudaStream_t s, const m3k_step *step, float *g, int64_t n, double *partial);
 /* The fixed-order sum of the partials (m3k_norm_blocks(n) = nblocks of them): norm, finite flag and clip
  * scale into metrics; then, when finite, AdamW over the flat arena (SPEC.md §7, as the CPU backend) and the

@@ -2,7 +2,8 @@
  * optim.cu — the optimizer tail over the flat gradient arena (SPEC.md §7, backend.h):
  *
  *   1. grad_sumsq: g *= grad_unscale (f16 loss scaling; skipped when 1), and per block of
- *      NORM_BLOCK elements the sum of g^2 in double (thread-strided, then a shuffle/warp tree).
+ *      NORM_BLOCK elements the sum of g^2 in double (each thread's float4s, strided by the block
+ *      and loaded at once, in order; then a shuffle/warp tree).
  *   2. grad_norm: one block adds the block partials in a fixed order -> norm (double),
  *      finite flag, clip scale = max_norm / (norm + 1e-6) when that is < 1. For arenas of at
  *      most FOLD_BLOCKS blocks every AdamW block adds them itself instead (the same order, so
@@ -23,22 +24,44 @@
 
 enum { NORM_BLOCK = 8192, NORM_THREADS = 256, FOLD_BLOCKS = 256 };
 
-__global__ void grad_sumsq_kernel(const m3k_step *step, float *__restrict__ g, int64_t n, double *__restrict__ partial) {
+/* g: 16-byte aligned. Each thread's float4s of the block are loaded at once, then summed in order. */
+__global__ void __launch_bounds__(NORM_THREADS)
+    grad_sumsq_kernel(const m3k_step *step, float *__restrict__ g, int64_t n, double *__restrict__ partial) {
+  enum { PER = NORM_BLOCK / 4 / NORM_THREADS };
   __shared__ double red[32];
   const float u = step->grad_unscale;
   const int64_t base = (int64_t)blockIdx.x * NORM_BLOCK;
-  const int64_t end = base + NORM_BLOCK < n ? base + NORM_BLOCK : n;
+  const int len = (int)(base + NORM_BLOCK < n ? NORM_BLOCK : n - base), quads = len / 4, tid = threadIdx.x;
+  float4 *g4 = (float4 *)(g + base);
+  float4 v[PER];
+#pragma unroll
+  for (int e = 0; e < PER; e++) {
+    const int q = tid + NORM_THREADS * e;
+    v[e] = q < quads ? g4[q] : make_float4(0, 0, 0, 0);
+  }
   double acc = 0;
-  for (int64_t i = base + threadIdx.x; i < end; i += blockDim.x) {
-    float v = g[i];
+#pragma unroll
+  for (int e = 0; e < PER; e++) {
+    const int q = tid + NORM_THREADS * e;
     if (u != 1.0f) {
-      v *= u;
-      g[i] = v;
+      v[e] = make_float4(v[e].x * u, v[e].y * u, v[e].z * u, v[e].w * u);
+      if (q < quads) g4[q] = v[e];
     }
-    acc += (double)v * v;
+    acc += (double)v[e].x * v[e].x;
+    acc += (double)v[e].y * v[e].y;
+    acc += (double)v[e].z * v[e].z;
+    acc += (double)v[e].w * v[e].w;
+  }
+  for (int i = 4 * quads + tid; i < len; i += NORM_THREADS) { /* the last block's tail */
+    float x = g[base + i];
+    if (u != 1.0f) {
+      x *= u;
+      g[base + i] = x;
+    }
+    acc += (double)x * x;
   }
   acc = block_sum(acc, red);
-  if (threadIdx.x == 0) partial[blockIdx.x] = acc;
+  if (tid == 0) partial[blockIdx.x] = acc;
 }
 
 /* The fixed-order sum of the block partials (every thread of a NORM_THREADS block gets it) */
@@ -104,6 +127,7 @@ __global__ void __launch_bounds__(NORM_THREADS)
 extern "C" int64_t m3k_norm_blocks(int64_t n) { return (n + NORM_BLOCK - 1) / NORM_BLOCK; }
 
 extern "C" cudaError_t m3k_grad_sumsq(cudaStream_t s, const m3k_step *step, float *g, int64_t n, double *partial) {
+  if ((uintptr_t)g % 16 != 0) return cudaErrorMisalignedAddress;
   grad_sumsq_kernel<<<(unsigned)m3k_norm_blocks(n), NORM_THREADS, 0, s>>>(step, g, n, partial);
   return cudaGetLastError();
 }

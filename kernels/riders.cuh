@@ -5,19 +5,21 @@
  * multiprocessors) launches rider_ctas() more CTAs of RIDER_THREADS threads and hands each to ride():
  * the work is the same, a launch (~3-4 us at rl) less. The host must not write what a rider reads.
  *
- * Weight gradient G[M, N] += A[K, M]^T B[K, N]: a CTA per 16 x 64 tile of G stages the tile's K x 16
- * slice of A and K x 64 slice of B as float32 in shared memory, every load in flight at once (with G's
- * old values), then each thread sums its 1 x 4 outputs over k = 0 .. K-1 in order (float32 FMAs; true
- * float32 for float32 operands) and adds them to G. The order is fixed by the shape: bitwise repeatable.
- * (A 32 x 64 tile, 2 x 4 a thread, made the host launches ~1.5-2 us longer at rl: NOTES.md run 130.)
+ * Weight gradient G[M, N] += A[K, M]^T B[K, N]: a CTA per WG_TM x WG_TN tile of G stages the tile's
+ * K x WG_TM slice of A and K x WG_TN slice of B as float32 in shared memory, every load in flight at
+ * once (with G's old values), then each thread sums its 1 x WG_Q outputs over k = 0 .. K-1 in order
+ * (float32 FMAs; true float32 for float32 operands) and adds them to G. The order is fixed by the
+ * shape: bitwise repeatable. Tiles of 16 x 32 keep the riders within their hosts' time at rl better
+ * than 32 x 64, 16 x 64, 16 x 16 or 8 x 32 (NOTES.md runs 130-134).
  */
 #ifndef M3_KERNELS_RIDERS_CUH
 #define M3_KERNELS_RIDERS_CUH
 
 #include "common.cuh"
 
-enum { RIDER_THREADS = 32 * COLSUM_WARPS, WG_TM = 16, WG_TN = 64 };
-static_assert(RIDER_THREADS == 256 && WG_TM * WG_TN == 4 * RIDER_THREADS, "a thread holds 1 x 4 outputs of a tile");
+enum { RIDER_THREADS = 32 * COLSUM_WARPS, WG_TM = 16, WG_TN = 32 };
+enum { WG_Q = WG_TM * WG_TN / RIDER_THREADS, WG_TJ = WG_TN / WG_Q }; /* a thread's outputs: one row, WG_Q columns */
+static_assert(RIDER_THREADS == 256 && WG_TM * WG_TJ == RIDER_THREADS, "the threads cover the tile");
 
 __host__ __device__ inline unsigned rider_colsum_ctas(const m3k_riders &r) { return (unsigned)(r.colsum.cols + 31) / 32; }
 __host__ __device__ inline unsigned rider_wgrad_ctas(const m3k_riders &r) {
@@ -35,14 +37,14 @@ template <typename T> __device__ __forceinline__ void wgrad_tile(const m3k_wgrad
   __shared__ __align__(16) float Ys[M3K_RIDER_K][WG_TN]; /* [k][j]: B's slice */
   const unsigned tiles_n = (unsigned)(w.N + WG_TN - 1) / WG_TN;
   const int i0 = (int)(c / tiles_n) * WG_TM, j0 = (int)(c % tiles_n) * WG_TN;
-  const int tid = threadIdx.x, ti = tid / 16, tj = tid % 16; /* row i0 + ti, columns j0 + 4 tj + q */
-  const int lda = (int)w.lda, ldb = (int)w.ldb, K = w.K;  /* A, B: at most M3K_RIDER_K rows */
+  const int tid = threadIdx.x, ti = tid / WG_TJ, tj = tid % WG_TJ; /* row i0 + ti, columns j0 + WG_Q tj + q */
+  const int lda = (int)w.lda, ldb = (int)w.ldb, K = w.K;        /* A, B: at most M3K_RIDER_K rows */
   const T *A = (const T *)w.A + i0, *B = (const T *)w.B + j0;
   const bool row_ok = i0 + ti < w.M;
-  float *g = w.G + (int64_t)(i0 + ti) * w.ldg + j0 + 4 * tj;
-  float old[4];
+  float *g = w.G + (int64_t)(i0 + ti) * w.ldg + j0 + WG_Q * tj;
+  float old[WG_Q];
 #pragma unroll
-  for (int q = 0; q < 4; q++) old[q] = row_ok && j0 + 4 * tj + q < w.N ? g[q] : 0.0f;
+  for (int q = 0; q < WG_Q; q++) old[q] = row_ok && j0 + WG_Q * tj + q < w.N ? g[q] : 0.0f;
 #pragma unroll 4
   for (int s = tid; s < K * WG_TM; s += RIDER_THREADS) {
     const int k = s / WG_TM, i = s % WG_TM;
@@ -54,20 +56,19 @@ template <typename T> __device__ __forceinline__ void wgrad_tile(const m3k_wgrad
     Ys[k][j] = j0 + j < w.N ? to_f(__ldg(B + k * ldb + j)) : 0.0f;
   }
   __syncthreads();
-  float acc[4] = {0, 0, 0, 0};
+  float acc[WG_Q];
+#pragma unroll
+  for (int q = 0; q < WG_Q; q++) acc[q] = 0;
 #pragma unroll 8
   for (int k = 0; k < K; k++) {
     const float x = Xs[k][ti];
-    const float4 y = *(const float4 *)&Ys[k][4 * tj];
-    acc[0] = fmaf(x, y.x, acc[0]);
-    acc[1] = fmaf(x, y.y, acc[1]);
-    acc[2] = fmaf(x, y.z, acc[2]);
-    acc[3] = fmaf(x, y.w, acc[3]);
+#pragma unroll
+    for (int q = 0; q < WG_Q; q++) acc[q] = fmaf(x, Ys[k][WG_Q * tj + q], acc[q]);
   }
   if (!row_ok) return;
 #pragma unroll
-  for (int q = 0; q < 4; q++)
-    if (j0 + 4 * tj + q < w.N) g[q] = acc[q] + old[q];
+  for (int q = 0; q < WG_Q; q++)
+    if (j0 + WG_Q * tj + q < w.N) g[q] = acc[q] + old[q];
 }
 
 /* Rider CTA c (every thread of a RIDER_THREADS-thread CTA calls it); rows: the host kernel's */
