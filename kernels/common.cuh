@@ -79,6 +79,21 @@ __device__ __forceinline__ float *colsum_dst(const m3k_colsum_job &job, int32_t 
   return j < job.split ? job.dst + j : job.dst_hi + (j - job.split);
 }
 
+/* A job's sum for CTA c's 32 columns (lane = column) over the chunk of rows from chunk_row0: valid in
+ * warp 0; every thread of the CTA calls it. */
+__device__ __forceinline__ float colsum_job_chunk(const m3k_colsum_job &job, unsigned c, int64_t chunk_row0,
+                                                  int64_t rows) {
+  const int32_t j = (int32_t)c * 32 + (threadIdx.x & 31);
+  return colsum_chunk([&](int64_t r) { return job.src[r * job.ld + j]; }, chunk_row0, rows, j < job.cols);
+}
+
+/* A job over rows of one chunk, CTA c's columns added into the destinations */
+__device__ __forceinline__ void colsum_job_add(const m3k_colsum_job &job, unsigned c, int64_t rows) {
+  const float acc = colsum_job_chunk(job, c, 0, rows);
+  const int32_t j = (int32_t)c * 32 + (threadIdx.x & 31);
+  if ((threadIdx.x >> 5) == 0 && j < job.cols) *colsum_dst(job, j) += acc;
+}
+
 __device__ __forceinline__ double warp_sum_d(double v) {
 #pragma unroll
   for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);

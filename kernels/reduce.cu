@@ -26,12 +26,13 @@ __global__ void fill_rows_kernel(const float *__restrict__ src, float *__restric
  * chunk) added to the job's destinations. */
 __global__ void __launch_bounds__(32 * COLSUM_WARPS) colsum_chunk_kernel(m3k_colsum_job job, int64_t rows,
                                                                          float *__restrict__ scratch) {
+  if (!scratch) {
+    colsum_job_add(job, blockIdx.x, rows);
+    return;
+  }
+  const float acc = colsum_job_chunk(job, blockIdx.x, (int64_t)blockIdx.y * COLSUM_CHUNK, rows);
   const int32_t j = blockIdx.x * 32 + (threadIdx.x & 31);
-  const float acc = colsum_chunk([&](int64_t r) { return job.src[r * job.ld + j]; },
-                                 (int64_t)blockIdx.y * COLSUM_CHUNK, rows, j < job.cols);
-  if ((threadIdx.x >> 5) != 0 || j >= job.cols) return;
-  if (scratch) scratch[(int64_t)blockIdx.y * job.cols + j] = acc;
-  else *colsum_dst(job, j) += acc;
+  if ((threadIdx.x >> 5) == 0 && j < job.cols) scratch[(int64_t)blockIdx.y * job.cols + j] = acc;
 }
 
 __global__ void colsum_final_kernel(const float *__restrict__ scratch, int64_t chunks, m3k_colsum_job job) {

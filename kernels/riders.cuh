@@ -74,10 +74,7 @@ template <typename T> __device__ __forceinline__ void wgrad_tile(const m3k_wgrad
 /* Rider CTA c (every thread of a RIDER_THREADS-thread CTA calls it); rows: the host kernel's */
 template <typename T> __device__ __forceinline__ void ride(const m3k_riders &r, unsigned c, int64_t rows) {
   if (c < rider_colsum_ctas(r)) {
-    const m3k_colsum_job &job = r.colsum;
-    const int32_t j = (int32_t)c * 32 + (threadIdx.x & 31);
-    const float acc = colsum_chunk([&](int64_t row) { return job.src[row * job.ld + j]; }, 0, rows, j < job.cols);
-    if ((threadIdx.x >> 5) == 0 && j < job.cols) *colsum_dst(job, j) += acc;
+    colsum_job_add(r.colsum, c, rows);
     return;
   }
   wgrad_tile<T>(r.wgrad, c - rider_colsum_ctas(r));
