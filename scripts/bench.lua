@@ -11,7 +11,9 @@
 -- timer is the trainer's own wall time of each step call, which returns after the step's
 -- metrics are back on the host (the device is idle between steps). rl, rl-batch and mid
 -- use input "identity" and head "none" with a fixed random d_out (no head cost); lm130 uses
--- tokens and the tied "lm" head over 50280 tokens (its GEMMs count in the FLOPs).
+-- tokens and the tied "lm" head over 50280 tokens (its GEMMs count in the FLOPs). The batch
+-- is in pinned tensors (m3.tensor(..., {pinned = true}): uploads without a staging copy);
+-- --pageable times ordinary host memory instead.
 -- --profile (CUDA) times eagerly instead and prints each config's phases (tr:profile()):
 -- device ms per step in upload, norms, in_proj, scan, out_proj, head, update, ...
 -- `lm130-b16` only checks that lm130 at B 16 x T 2048 fits (two steps, memory).
@@ -54,6 +56,7 @@ local o = flags.parse(args, {
   { "steps", 20, "timed steps per config" },
   { "no_graph", false, "time eager steps instead of graph replays" },
   { "profile", false, "eager steps with the per-phase profile (CUDA)" },
+  { "pageable", false, "batches in ordinary host memory instead of pinned tensors" },
 }, "m3lua scripts/bench.lua [flags]    (--decode [flags]: scripts/bench_decode.lua)")
 local opt = {
   configs = o.configs ~= "" and flags.list(o.configs) or nil,
@@ -62,6 +65,7 @@ local opt = {
   steps = o.steps,
   graph = not (o.no_graph or o.profile),
   profile = o.profile,
+  pinned = { pinned = not o.pageable },
 }
 opt.device = opt.device or (m3.cuda_device_count() > 0 and "cuda" or "cpu")
 if opt.device == "cpu" then
@@ -91,17 +95,17 @@ end
 local function make_batch(cfg, B, T)
   local b = {}
   if cfg.input == "tokens" then
-    b.tokens = m3.tensor({ B, T }, "i32")
+    b.tokens = m3.tensor({ B, T }, "i32", opt.pinned)
     for k = 0, B * T - 1 do b.tokens[k] = u32() % cfg.vocab_size end
   else
-    b.input = m3.tensor({ B, T, cfg.d_model }, "f32")
+    b.input = m3.tensor({ B, T, cfg.d_model }, "f32", opt.pinned)
     for k = 0, B * T * cfg.d_model - 1 do b.input[k] = normal() end
   end
   if cfg.head == "lm" then
-    b.targets = m3.tensor({ B, T }, "i32")
+    b.targets = m3.tensor({ B, T }, "i32", opt.pinned)
     for k = 0, B * T - 1 do b.targets[k] = u32() % cfg.vocab_size end
   else
-    b.d_out = m3.tensor({ B, T, cfg.d_model }, "f32")
+    b.d_out = m3.tensor({ B, T, cfg.d_model }, "f32", opt.pinned)
     for k = 0, B * T * cfg.d_model - 1 do b.d_out[k] = 1e-2 * normal() end
   end
   return b

@@ -1,8 +1,10 @@
 -- CUDA trainers through the Lua binding (#gpu: pending without a CUDA device). The numeric
 -- parity suites are C tests (engine/tests/test_cuda_parity.c, test_cuda_golden.c); these check
 -- what a Lua user sees: training makes progress in every dtype, graphs and set_lr, checkpoint
--- resume bit-identical on the GPU, state tensors, the arena size and the size limit message.
+-- resume bit-identical on the GPU, state tensors, the arena size and the size limit message,
+-- batches in pinned tensors.
 
+local ffi = require "ffi"
 local m3 = require "m3"
 local helper = require "spec.helper"
 
@@ -84,6 +86,27 @@ describe("CUDA trainer #gpu", function()
     assert.equal(0, p:profile().calls)
     p:close()
     e:close()
+  end)
+
+  it("uploads batches in pinned tensors straight from them, with the same result", function()
+    if not helper.need_gpu(pending) then return end
+    -- input and d_out of 1 MiB each: the large-upload path (copy stream), here without staging
+    local cfg = helper.features_none({ d_model = 64, input_dim = 64 })
+    local o = { device = "cuda", dtype = "bf16", batch = 4, seq_len = 1024, seed = 5 }
+    local rng = helper.rng(3)
+    local a, b = m3.trainer(cfg, o), m3.trainer(cfg, o)
+    for _ = 1, 2 do
+      local plain, pinned = helper.batch(m3.config(cfg), 4, 1024, rng), {}
+      for k, t in pairs(plain) do
+        pinned[k] = m3.tensor(t:shape(), t:dtype(), { pinned = true })
+        ffi.copy(pinned[k].data, t.data, t:numel() * 4)
+      end
+      local ma, mb = a:step(plain), b:step(pinned)
+      assert.equal(ma.grad_norm, mb.grad_norm)
+    end
+    assert.is_true(helper.same_weights(a:snapshot(), b:snapshot()))
+    a:close()
+    b:close()
   end)
 
   it("replays a graph, applies set_lr at the next replay, and drops it", function()

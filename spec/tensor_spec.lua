@@ -38,6 +38,23 @@ describe("m3.tensor", function()
     assert.same({ 0, 3 }, m3.tensor({ 0, 3 }):shape())
   end)
 
+  it("makes pinned zero tensors (page-locked with a CUDA device, else ordinary memory)", function()
+    for _, dtype in ipairs({ "f32", "i32", "u8" }) do
+      local t = m3.tensor({ 3, 5 }, dtype, { pinned = true })
+      assert.equal(dtype, t:dtype())
+      assert.same({ 3, 5 }, t:shape())
+      for i = 0, 14 do assert.equal(0, t[i]) end
+      t[14] = 7
+      assert.equal(7, t[14])
+      assert.same(t:to_table(), t:clone():to_table())
+    end
+    assert.same({ 0 }, m3.tensor({ 0 }, "f32", { pinned = true }):shape())
+    assert.equal(0, m3.tensor({ 2 }, "f32", { pinned = false })[1])
+    assert.matches("unknown option pined", helper.error_of(m3.tensor, { 2 }, "f32", { pined = true }))
+    assert.matches("pinned must be a boolean", helper.error_of(m3.tensor, { 2 }, "f32", { pinned = 1 }))
+    assert.matches("options must be a table", helper.error_of(m3.tensor, { 2 }, "f32", "pinned"))
+  end)
+
   it("rejects bad shapes and dtypes with a clear error", function()
     assert.matches("shape%[2%] = %-1", helper.error_of(m3.tensor, { 2, -1 }))
     assert.matches("shape%[1%] = 1.5", helper.error_of(m3.tensor, { 1.5 }))

@@ -19,7 +19,7 @@
 
 /* Bumped whenever a declaration below changes; the Lua binding refuses a library whose
  * m3_abi_version() differs from the header it was generated from. */
-#define M3_ABI_VERSION 7
+#define M3_ABI_VERSION 8
 
 #ifdef __cplusplus
 extern "C" {
@@ -63,6 +63,11 @@ int32_t m3_interrupted(void);
 /* Build and machine facts. */
 int32_t m3_has_cuda_build(void);   /* 1 when the library was built with the CUDA backend */
 int32_t m3_cuda_device_count(void);/* usable CUDA devices (0 without a GPU or CUDA build) */
+/* Page-locked host memory, zeroed (CUDA builds on a machine with a device): a batch whose large arrays
+ * (input, d_out) live in it uploads straight from them, without the staging copy. NULL where it cannot
+ * be had (no CUDA build or device, or the allocation failed). Free with m3_host_pinned_free. */
+void *m3_host_pinned_alloc(size_t bytes);
+void m3_host_pinned_free(void *p);
 /* Threads used by the CPU backend (n <= 0: all cores). */
 void m3_cpu_set_threads(int32_t n);
 int32_t m3_cpu_threads(void);

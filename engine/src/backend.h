@@ -129,6 +129,9 @@ m3_status m3_cpu_backend_create(const backend_args *a, backend **out, const back
 m3_status m3_cuda_backend_create(const backend_args *a, backend **out, const backend_ops **ops);
 /* usable CUDA devices; 0 when the driver or a device is missing (never an error) */
 int32_t m3_cuda_count_devices(void);
+/* page-locked host memory, zeroed (NULL on failure); free with m3_cuda_host_free (NULL: nothing) */
+void *m3_cuda_host_alloc(size_t bytes);
+void m3_cuda_host_free(void *p);
 #endif
 
 #endif

@@ -1,6 +1,7 @@
 /*
  * info.c — library-wide facts and switches: ABI and version, the interrupt flag the
- * m3lua host sets from its signal handler, the CUDA build/device probe, CPU threads.
+ * m3lua host sets from its signal handler, the CUDA build/device probe, pinned host memory, CPU
+ * threads.
  */
 #include <cblas.h>
 #include <omp.h>
@@ -33,6 +34,23 @@ int32_t m3_cuda_device_count(void) {
   return m3_cuda_count_devices();
 #else
   return 0;
+#endif
+}
+
+void *m3_host_pinned_alloc(size_t bytes) {
+#ifdef M3_HAVE_CUDA
+  return m3_cuda_count_devices() > 0 ? m3_cuda_host_alloc(bytes) : NULL;
+#else
+  (void)bytes;
+  return NULL;
+#endif
+}
+
+void m3_host_pinned_free(void *p) {
+#ifdef M3_HAVE_CUDA
+  m3_cuda_host_free(p);
+#else
+  (void)p;
 #endif
 }
 

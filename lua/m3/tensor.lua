@@ -2,9 +2,9 @@
 --
 -- A tensor is an FFI struct (one type per dtype) holding a typed `data` pointer, the
 -- element count and up to 8 dims; `t[i]` is bounds-checked 0-based flat access and `#t`
--- the element count. The memory belongs to an anchor (an ffi.new array, a weights object
--- for views, a user's FFI array for wraps) kept alive in a registry until the tensor is
--- collected. Nothing here copies or loops over elements unless asked (from, to_table,
+-- the element count. The memory belongs to an anchor (an ffi.new array, page-locked memory
+-- for m3.tensor(shape, dtype, {pinned = true}), a weights object for views, a user's FFI
+-- array for wraps) kept alive in a registry until the tensor is collected. Nothing here copies or loops over elements unless asked (from, to_table,
 -- clone, cast).
 
 local ffi = require "ffi"
@@ -157,9 +157,27 @@ local function zeros(dtype, shape, n)
   return make(dtype, shape, n, buf, buf)
 end
 
-function tensor.new(shape, dtype)
+-- Zeros in page-locked memory where a CUDA device is present (a batch's large arrays there upload
+-- to the GPU without a staging copy), else in ordinary memory.
+local function pinned_zeros(dtype, shape, n)
+  local p = lib.C.m3_host_pinned_alloc(math.max(n, 1) * ffi.sizeof(ctype_of[dtype]))
+  if p == nil then return zeros(dtype, shape, n) end
+  return make(dtype, shape, n, ffi.cast(ptr_ct[dtype], p), ffi.gc(p, lib.C.m3_host_pinned_free))
+end
+
+function tensor.new(shape, dtype, opts)
   local n
   shape, n = check_shape(shape, "m3.tensor")
+  if opts ~= nil then
+    if type(opts) ~= "table" then
+      raise(string.format("m3.tensor: options must be a table ({pinned = true}), got %s", type(opts)))
+    end
+    for k, v in pairs(opts) do
+      if k ~= "pinned" then raise(string.format("m3.tensor: unknown option %s (the one option is pinned)", tostring(k))) end
+      if type(v) ~= "boolean" then raise(string.format("m3.tensor: pinned must be a boolean, got %s", type(v))) end
+    end
+    if opts.pinned then return pinned_zeros(tensor.dtype_name(dtype), shape, n) end
+  end
   return zeros(tensor.dtype_name(dtype), shape, n)
 end
 
@@ -339,4 +357,4 @@ function tensor.describe(v)
   return type_name(v)
 end
 
-return setmetatable(tensor, { __call = function(_, shape, dtype) return tensor.new(shape, dtype) end })
+return setmetatable(tensor, { __call = function(_, shape, dtype, opts) return tensor.new(shape, dtype, opts) end })

@@ -16,9 +16,10 @@
  *
  * Large float32 uploads (an "identity" / "features" input, a head "none" step's d_out, each at least
  * OVERLAP_BYTES) go through a copy stream outside the graph, in pieces, so the host's copy into the
- * pinned staging overlaps the copy engine (upload_overlapped); and such a step runs as two parts
- * (two graphs): the forward is enqueued before the host stages d_out, so the staging and upload of
- * d_out overlap the forward, and the backward waits for it (step_splits).
+ * pinned staging overlaps the copy engine (upload_overlapped; arrays already in page-locked memory,
+ * m3_host_pinned_alloc's, are copied straight from there); and such a step runs as two parts (two
+ * graphs): the forward is enqueued before the host stages d_out, so the staging and upload of d_out
+ * overlap the forward, and the backward waits for it (step_splits).
  *
  * Determinism: the kernels reduce in fixed orders and every GEMM shape runs one cached
  * cuBLASLt algorithm with one workspace, so eager steps, graph replays and split calls give
@@ -782,11 +783,27 @@ static int step_splits(const backend *be, int64_t M) { return overlapped_dout(be
 /* bytes from the host's src to the device's dst through the pinned staging at stage, on the copy
  * stream: the host copies piece i + 1 while the copy engine moves piece i. The compute stream waits
  * for the last piece before its next work. */
+/* Whether p is page-locked host memory (m3_host_pinned_alloc's, or the caller's own) */
+static int pinned(const void *p) {
+  struct cudaPointerAttributes a;
+  if (cudaPointerGetAttributes(&a, p) != cudaSuccess) {
+    cudaGetLastError();
+    return 0;
+  }
+  return a.type == cudaMemoryTypeHost;
+}
+
+/* src uploaded on the copy stream, the compute stream waiting for it: straight from page-locked memory,
+ * else staged piece by piece (the host copying a piece while the one before moves) */
 static m3_status upload_overlapped(backend *be, void *dst, void *stage, const void *src, size_t bytes) {
-  for (size_t o = 0; o < bytes; o += OVERLAP_PIECE) {
-    const size_t n = bytes - o < (size_t)OVERLAP_PIECE ? bytes - o : (size_t)OVERLAP_PIECE;
-    stage_copy((char *)stage + o, (const char *)src + o, n);
-    CK(cudaMemcpyAsync((char *)dst + o, (char *)stage + o, n, cudaMemcpyHostToDevice, be->copy_st));
+  if (pinned(src)) {
+    CK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyHostToDevice, be->copy_st));
+  } else {
+    for (size_t o = 0; o < bytes; o += OVERLAP_PIECE) {
+      const size_t n = bytes - o < (size_t)OVERLAP_PIECE ? bytes - o : (size_t)OVERLAP_PIECE;
+      stage_copy((char *)stage + o, (const char *)src + o, n);
+      CK(cudaMemcpyAsync((char *)dst + o, (char *)stage + o, n, cudaMemcpyHostToDevice, be->copy_st));
+    }
   }
   CK(cudaEventRecord(be->uploaded, be->copy_st));
   CK(cudaStreamWaitEvent(be->st, be->uploaded, 0));

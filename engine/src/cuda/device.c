@@ -1,9 +1,10 @@
 /*
- * device.c — finding CUDA devices. Counting never fails: without a driver or a device
- * the answer is 0, so "auto" quietly falls back to the CPU. The backend itself is in
- * cuda_backend.c.
+ * device.c — finding CUDA devices, and page-locked host memory for batches. Counting never
+ * fails: without a driver or a device the answer is 0, so "auto" quietly falls back to the
+ * CPU. The backend itself is in cuda_backend.c.
  */
 #include <cuda_runtime_api.h>
+#include <string.h>
 
 #include "../backend.h"
 
@@ -14,4 +15,18 @@ int32_t m3_cuda_count_devices(void) {
     return 0;
   }
   return n;
+}
+
+void *m3_cuda_host_alloc(size_t bytes) {
+  void *p = NULL;
+  if (cudaMallocHost(&p, bytes ? bytes : 1) != cudaSuccess) {
+    cudaGetLastError();
+    return NULL;
+  }
+  memset(p, 0, bytes);
+  return p;
+}
+
+void m3_cuda_host_free(void *p) {
+  if (p) cudaFreeHost(p);
 }
