@@ -69,7 +69,7 @@ for name, text in pairs(methods) do T["trainer:" .. name] = text end
 
 T["tensor"] = [[
 m3.tensor(shape, dtype)  zeros; dtype "f32" | "f64" | "i32" | "u8"
-m3.tensor(shape, dtype, {pinned = true})  in page-locked memory (GPU batches upload without a copy)
+m3.tensor(shape, dtype, {pinned = true})  page-locked (GPU batches upload without a copy; make once, refill)
 m3.tensor.from(nested_table, dtype); t:shape() t:numel() t:dtype() t[i] (0-based) t.data
 t:to_table() t:clone()]]
 
