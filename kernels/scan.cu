@@ -47,8 +47,8 @@
  *   so the kernel's time follows its code size (instruction fetch; NOTES.md runs 110-114).
  * Outputs: activation gradients "=" (dproj columns z, x, dd_dt, dd_A, trap of head h; per-head
  * dbc_head / dang_head, summed over heads by bcnorm.cu); parameter gradients as per-(row, head)
- * partials "=" (part, part_norm), added "+=" to the gradient arena in row order by the B/C norm
- * backward's tail (bcnorm.cu). Every sum has a fixed order: bitwise repeatable.
+ * partials "=" (part, part_norm), added "+=" to the gradient arena in row order by extra CTAs of
+ * the B/C norm backward's launch (bcnorm.cu). Every sum has a fixed order: bitwise repeatable.
  *
  * Numerics: float32 throughout, precise expf/log1pf/tanhf/sincosf/fmodf (no fast math), the
  * same formulas and clamps as the CPU reference (engine/src/cpu/scan.c).

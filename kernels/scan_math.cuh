@@ -75,7 +75,7 @@ __device__ __forceinline__ float wrap_sum(float v, float inc) {
  * else the passing column 2S + u - S): the raw B_hat, C_hat values are loaded first (unit_load,
  * read-only path, several units in flight), then biased and rotated (unit_rotate; unit_make adds the
  * head's B_bias, C_bias from shared memory first, scan_step's way; the chunked kernels keep them in
- * registers: scan_chunked.cu's lane_unit; rot_unit loads them itself). */
+ * registers: scan_chunked.cu's lane_unit; rot_unit loads them with unit_load too). */
 struct unit_kq {
   int n0, pair;
   float k0, k1, q0, q1, cs, sn;
@@ -86,16 +86,19 @@ struct unit_raw {
 
 __device__ __forceinline__ int unit_col(int u, int S) { return u < S ? 2 * u : 2 * S + (u - S); }
 
-/* (V: float, or the activation type for the raw in_proj values of scan_step's inline B/C norm) */
-template <typename V> __device__ __forceinline__ unit_raw unit_load(const V *bk, const V *bq, int u, int S) {
+/* (V: float, or the activation type for the raw in_proj values of scan_step's inline B/C norm; RO: the
+ * read-only path, for global memory the kernel does not write, else plain loads, as for shared memory) */
+template <bool RO, typename V> __device__ __forceinline__ float unit_ld(const V *p) { return to_f(RO ? __ldg(p) : *p); }
+template <bool RO = true, typename V>
+__device__ __forceinline__ unit_raw unit_load(const V *bk, const V *bq, int u, int S) {
   unit_raw r;
   const int n0 = unit_col(u, S);
-  r.k0 = to_f(__ldg(bk + n0));
-  r.q0 = to_f(__ldg(bq + n0));
+  r.k0 = unit_ld<RO>(bk + n0);
+  r.q0 = unit_ld<RO>(bq + n0);
   r.k1 = r.q1 = 0;
   if (u < S) {
-    r.k1 = to_f(__ldg(bk + n0 + 1));
-    r.q1 = to_f(__ldg(bq + n0 + 1));
+    r.k1 = unit_ld<RO>(bk + n0 + 1);
+    r.q1 = unit_ld<RO>(bq + n0 + 1);
   }
   return r;
 }
@@ -143,12 +146,9 @@ __device__ __forceinline__ unit_kq unit_make(const unit_raw &w, const float *sbk
   return unit_rotate(n0, false, w.k0 + sbk[n0], 0.0f, w.q0 + sbq[n0], 0.0f, theta);
 }
 
-/* The rotated k and q (q may be NULL) of unit u of position m, from bc_hat and the head's biases (unit_rotate
- * by theta, the pair's angle; the cos and sin go to cs, sn where cs is not NULL and u is a pair). Units from
- * N - S on are the zero padding up to the padded width. RO: those arrays are global memory the kernel does
- * not write, read through the read-only path (several units' loads in flight); else plain loads (shared
- * memory). */
-template <bool RO> __device__ __forceinline__ float unit_ld(const float *p) { return RO ? __ldg(p) : *p; }
+/* The rotated k and q (q may be NULL) of unit u of position m, from bc_hat and the head's biases (unit_load
+ * with RO as there, then unit_rotate by theta, the pair's angle; the cos and sin go to cs, sn where cs is not
+ * NULL and u is a pair). Units from N - S on are the zero padding up to the padded width. */
 template <bool RO>
 __device__ __forceinline__ void rot_unit(const m3k_scan_args &a, int64_t m, int h, int g, int u, float theta,
                                          float *k, float *q, float *cs, float *sn) {
@@ -161,14 +161,10 @@ __device__ __forceinline__ void rot_unit(const m3k_scan_args &a, int64_t m, int 
   }
   const int n0 = unit_col(u, S);
   const bool pair = u < S;
-  const float *bk = a.bc_hat + ((m * 2 + 0) * d.G + g) * d.N; // [N] B_hat
-  const float *bq = a.bc_hat + ((m * 2 + 1) * d.G + g) * d.N; // [N] C_hat
-  const float *kb = a.B_bias + (int64_t)h * d.N, *qb = a.C_bias + (int64_t)h * d.N;
-  const unit_kq r =
-      unit_rotate(n0, pair, unit_ld<RO>(bk + n0) + unit_ld<RO>(kb + n0),
-                  pair ? unit_ld<RO>(bk + n0 + 1) + unit_ld<RO>(kb + n0 + 1) : 0.0f,
-                  unit_ld<RO>(bq + n0) + unit_ld<RO>(qb + n0),
-                  pair ? unit_ld<RO>(bq + n0 + 1) + unit_ld<RO>(qb + n0 + 1) : 0.0f, theta);
+  const unit_raw w = unit_load<RO>(a.bc_hat + ((m * 2 + 0) * d.G + g) * d.N, a.bc_hat + ((m * 2 + 1) * d.G + g) * d.N,
+                                   u, S);
+  const unit_raw bias = unit_load<RO>(a.B_bias + (int64_t)h * d.N, a.C_bias + (int64_t)h * d.N, u, S);
+  const unit_kq r = unit_rotate(n0, pair, w.k0 + bias.k0, w.k1 + bias.k1, w.q0 + bias.q0, w.q1 + bias.q1, theta);
   k[n0] = r.k0;
   if (pair) k[n0 + 1] = r.k1;
   if (q) {
