@@ -6,8 +6,9 @@
  *   One warp per (position, B|C, group); lanes stride over N.
  *
  * backward: B and C are shared by the H/G heads of a group, so the scan's per-head gradients
- *   dL/d(B_hat + bias_h) (dbc_head [M, H, 2, N]) are summed over the group's heads in head
- *   order, then pushed through the RMSNorm:
+ *   dL/d(B_hat + bias_h) (dbc [M, G, slots, 2, N]: slots = H/G per-head values, or 1 when the scan
+ *   summed them already) are summed over the group's heads in head order, then pushed through the
+ *   RMSNorm:
  *     dx = r (w ds) - x r^3 mean(x w ds)   -> dproj's B / C columns ("=")
  *     wcontrib[m, which*N + n] = sum_g x r ds  (B_norm / C_norm weight terms, column-summed later)
  *   and the angle logits, shared by all heads, get the sum over heads of the per-head shares
@@ -66,7 +67,7 @@ __global__ void bcnorm_fwd_kernel(m3k_dims d, const T *__restrict__ proj, const 
 template <typename T>
 __global__ void bcnorm_bwd_kernel(m3k_dims d, const T *__restrict__ proj, const float *__restrict__ wB,
                                   const float *__restrict__ wC, const float *__restrict__ bc_rstd,
-                                  const float *__restrict__ dbc_head, const float *__restrict__ dang_head,
+                                  const float *__restrict__ dbc, int slots, const float *__restrict__ dang_head,
                                   T *__restrict__ dproj, float *__restrict__ wcontrib, m3k_scan_partials sp,
                                   m3k_riders riders, unsigned pos_ctas, unsigned part_ctas, int64_t M) {
   if (blockIdx.x >= pos_ctas + part_ctas) {
@@ -98,7 +99,7 @@ __global__ void bcnorm_bwd_kernel(m3k_dims d, const T *__restrict__ proj, const 
       if (n < d.N) {
         float acc = 0;
 #pragma unroll 8 /* the heads' loads in flight together */
-        for (int h = g * d.hpg; h < (g + 1) * d.hpg; h++) acc += dbc_head[((m * d.H + h) * 2 + which) * d.N + n];
+        for (int h = g * slots; h < (g + 1) * slots; h++) acc += dbc[((m * d.G * slots + h) * 2 + which) * d.N + n];
         ds[k] = acc;
         dot += to_f(x[n]) * w[n] * acc;
       }
@@ -138,7 +139,7 @@ extern "C" cudaError_t m3k_bcnorm_fwd(cudaStream_t s, int prec, const m3k_dims *
 }
 
 extern "C" cudaError_t m3k_bcnorm_bwd(cudaStream_t s, int prec, const m3k_dims *d, const void *proj, const float *wB,
-                                      const float *wC, const float *bc_rstd, const float *dbc_head,
+                                      const float *wC, const float *bc_rstd, const float *dbc, int32_t slots,
                                       const float *dang_head, void *dproj, float *wcontrib,
                                       const m3k_scan_partials *sp, const m3k_riders *riders, int64_t M) {
   const m3k_riders along = riders ? *riders : m3k_riders{};
@@ -146,7 +147,7 @@ extern "C" cudaError_t m3k_bcnorm_bwd(cudaStream_t s, int prec, const m3k_dims *
   const unsigned pos_ctas = grid_for(M, BC_BWD_POSITIONS), part_ctas = grid_for(row_partial_items(*d), BC_BWD_THREADS);
   const unsigned ctas = pos_ctas + part_ctas + rider_ctas(along);
   M3K_DISPATCH(prec, (bcnorm_bwd_kernel<T><<<ctas, BC_BWD_THREADS, 0, s>>>(*d, (const T *)proj, wB, wC, bc_rstd,
-                                                                             dbc_head, dang_head, (T *)dproj,
+                                                                             dbc, slots, dang_head, (T *)dproj,
                                                                              wcontrib, *sp, along, pos_ctas,
                                                                              part_ctas, M)));
   return cudaGetLastError();

@@ -128,13 +128,14 @@ typedef struct m3k_scan_partials {
   float *g_dt_bias, *g_D, *g_B_bias, *g_C_bias, *g_norm;
 } m3k_scan_partials;
 
-/* Per position: sums the per-head dL/d(B_hat + bias), dL/d(C_hat + bias) over each group's heads,
+/* Per position: sums the per-head dL/d(B_hat + bias), dL/d(C_hat + bias) over each group's heads
+ * (dbc [M, G, slots, 2, N]: slots = hpg for m3k_scan_args.dbc_head, 1 for dbc_group, already summed),
  * RMSNorm backward into dproj's B and C columns (=), angle shares summed over heads into dproj's
  * angle columns (=); wcontrib [M, 2N] = the B_norm | C_norm weight-gradient terms (summed over groups,
  * column sums left to the caller). In the same launch, sp's gradients and the riders (may be NULL; a
  * column sum rides only over rows that fit one chunk). */
 cudaError_t m3k_bcnorm_bwd(cudaStream_t s, int prec, const m3k_dims *d, const void *proj, const float *wB,
-                           const float *wC, const float *bc_rstd, const float *dbc_head, const float *dang_head,
+                           const float *wC, const float *bc_rstd, const float *dbc, int32_t slots, const float *dang_head,
                            void *dproj, float *wcontrib, const m3k_scan_partials *sp, const m3k_riders *riders,
                            int64_t M);
 
@@ -155,6 +156,9 @@ typedef struct m3k_scan_plan {
    * chunk_min_state (1024; environment M3_SCAN_CHUNK_MIN_STATE overrides it). */
   int32_t chunked, chunk_min_state;
   int32_t smem_cfwd, smem_cbwd, smem_cprep, smem_cpost; /* the walks, the per-chunk and post kernels */
+  /* The post kernel that sums each group's heads (0: it does not fit); launches whose grid of one CTA per
+   * (chunk, group, row) reaches post_sum_min_ctas (128; environment M3_SCAN_POST_SUM_MIN_CTAS) take it. */
+  int32_t smem_cpost_sum, post_sum_min_ctas;
 } m3k_scan_plan;
 
 /* Chooses the thread tile and token block for (P, N, S); returns 0 when the sizes are beyond
@@ -197,6 +201,8 @@ typedef struct m3k_scan_args {
   float *dthq;                 /* [M, H, S] scratch: angle gradient from q */
   float *psi;                  /* [M, H] scratch: dq . q */
   float *dbc_head;             /* [M, H, 2, N] per-head dL/d (B_hat + bias), dL/d (C_hat + bias) (=) */
+  float *dbc_group;            /* [M, G, 2, N] the same summed over each group's heads (=), written instead of
+                                  the final dbc_head where m3k_scan_bwd_sums_heads says so; may be NULL */
   float *dang_head;            /* [M, H, S] per-head share of dL/d ang (=) */
   float *part;                 /* [rows, H, 2 + 2N]: dt_bias, D, B_bias[N], C_bias[N] partials (=) */
   float *part_norm;            /* [rows, H, P]: mixer norm weight partials (=), outproj_norm only */
@@ -209,6 +215,9 @@ typedef struct m3k_scan_args {
 
 cudaError_t m3k_scan_fwd(cudaStream_t s, int prec, const m3k_scan_plan *plan, const m3k_scan_args *a);
 cudaError_t m3k_scan_bwd(cudaStream_t s, int prec, const m3k_scan_plan *plan, const m3k_scan_args *a);
+/* 1 when m3k_scan_bwd leaves the B/C gradients summed over each group's heads in a->dbc_group (the
+ * chunked backward of large windows), 0 when it leaves them per head in a->dbc_head. */
+int m3k_scan_bwd_sums_heads(int prec, const m3k_scan_plan *plan, const m3k_scan_args *a);
 
 /* ---- the fused one-token inference step (decode_fused.cu) ----------------------------------------------- */
 

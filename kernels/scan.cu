@@ -1119,9 +1119,11 @@ extern "C" int m3k_scan_make_plan(int32_t P, int32_t N, int32_t S, int32_t max_s
   p.smem_step = m3k_step_smem(P, N);
   /* The chunked tensor-core scan (16-bit precisions) where its tiles fit in shared memory; which
    * windows take it: takes_chunked. M3_SCAN_CHUNK_MIN_STATE overrides the P x N threshold (the GPU
-   * tests set 0), M3_SCAN_SIMT turns the chunked scan off. */
+   * tests set 0), M3_SCAN_SIMT turns the chunked scan off; M3_SCAN_POST_SUM_MIN_CTAS overrides where
+   * its post kernel sums a group's heads (m3k_chunked_sums_heads). */
   const int64_t cf = m3k_chunked_smem(M3K_CHUNKED_FWD, P, N, S), cb = m3k_chunked_smem(M3K_CHUNKED_BWD, P, N, S);
   const int64_t cp = m3k_chunked_smem(M3K_CHUNKED_PREP, P, N, S), cq = m3k_chunked_smem(M3K_CHUNKED_POST, P, N, S);
+  const int64_t cqs = m3k_chunked_smem(M3K_CHUNKED_POST_SUM, P, N, S);
   const char *min_state = getenv("M3_SCAN_CHUNK_MIN_STATE");
   const int64_t min_pn = min_state ? atoll(min_state) : 1024;
   p.chunked = cf <= max_smem && cb <= max_smem && cp <= max_smem && cq <= max_smem && getenv("M3_SCAN_SIMT") == NULL;
@@ -1130,6 +1132,10 @@ extern "C" int m3k_scan_make_plan(int32_t P, int32_t N, int32_t S, int32_t max_s
   p.smem_cbwd = p.chunked ? (int32_t)cb : 0;
   p.smem_cprep = p.chunked ? (int32_t)cp : 0;
   p.smem_cpost = p.chunked ? (int32_t)cq : 0;
+  p.smem_cpost_sum = p.chunked && cqs <= max_smem ? (int32_t)cqs : 0;
+  const char *sum_ctas = getenv("M3_SCAN_POST_SUM_MIN_CTAS");
+  const int64_t min_ctas = sum_ctas ? atoll(sum_ctas) : 128;
+  p.post_sum_min_ctas = (int32_t)(min_ctas < 0 ? 0 : min_ctas > INT32_MAX ? INT32_MAX : min_ctas);
   *out = p;
   return 1;
 }
@@ -1227,8 +1233,12 @@ extern "C" cudaError_t m3k_scan_fwd(cudaStream_t s, int prec, const m3k_scan_pla
   return cudaGetLastError();
 }
 
+extern "C" int m3k_scan_bwd_sums_heads(int prec, const m3k_scan_plan *plan, const m3k_scan_args *a) {
+  return takes_chunked(prec, plan, a) && a->chunk_states && m3k_chunked_sums_heads(plan, a);
+}
+
 extern "C" cudaError_t m3k_scan_bwd(cudaStream_t s, int prec, const m3k_scan_plan *plan, const m3k_scan_args *a) {
-  if (takes_chunked(prec, plan, a) && a->chunk_states) return m3k_chunked_bwd(s, prec, a);
+  if (takes_chunked(prec, plan, a) && a->chunk_states) return m3k_chunked_bwd(s, prec, plan, a);
   M3K_DISPATCH(prec, simt_bwd<T>(s, plan, *a));
   return cudaGetLastError();
 }

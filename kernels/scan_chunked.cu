@@ -40,17 +40,17 @@
  * gate backward), scan_dstate_chunked (the reverse walk of dE alone: dE leaving each chunk, dbp_0),
  * scan_bwd_chunked (per chunk, in parallel: the products, raw dq / dktil into dbc_head, da into the
  * table), scan_post_chunked (per chunk, in parallel: the diagonal terms, rotation backward, dscale,
- * the angle shares, B/C bias partials),
- * scan_post_seq_chunked (per (head, row): the angle gradient along the sequence, the scalar chain,
- * the per-(row, head) partials). All but the angle walks and post_seq are also compiled for a few
- * fixed (P, N) (SHAPE_DISPATCH). The walks keep only the work that is sequential over the chunks:
- * one CTA (8 warps) per (head, row); operand tiles in shared memory (bf16, padded rows: +8
- * elements); each product's 16 x 16 output tiles spread over the warps. Every sum has a fixed order
- * (no atomics): bitwise repeatable. The walks keep the float32 state E / dE in the warps' accumulator
- * registers (no float32 S tile, W x in place; NOTES.md run 8); they hold at most
- * CWARPS x FR_MAXT 16 x 16 tiles of it (Pp x Np <= 8192, e.g. lm130's 64 x 128): larger states, and
- * shapes whose tiles do not fit in shared memory, keep the SIMT kernels (m3k_chunked_smem answers
- * INT64_MAX / a size above the limit).
+ * the angle shares, B/C bias partials; on large launches it also sums each group's heads, so that the
+ * per-head B/C gradients are never written back), scan_post_seq_chunked (per (head, row): the angle
+ * gradient along the sequence, the scalar chain, the per-(row, head) partials). All but the angle walks
+ * and post_seq are also compiled for a few fixed (P, N) (SHAPE_DISPATCH). The walks keep only the
+ * work that is sequential over the chunks: one CTA (8 warps) per (head, row); operand tiles in shared
+ * memory (bf16, padded rows: +8 elements); each product's 16 x 16 output tiles spread over the
+ * warps. Every sum has a fixed order (no atomics): bitwise repeatable. The walks keep the float32
+ * state E / dE in the warps' accumulator registers (no float32 S tile, W x in place; NOTES.md run 8);
+ * they hold at most CWARPS x FR_MAXT 16 x 16 tiles of it (Pp x Np <= 8192, e.g. lm130's 64 x 128):
+ * larger states, and shapes whose tiles do not fit in shared memory, keep the SIMT kernels
+ * (m3k_chunked_smem answers INT64_MAX / a size above the limit).
  */
 #include "mma_tile.cuh"
 #include "scan_math.cuh"
@@ -99,6 +99,7 @@ struct csmem {
   float *kl;   /* [Np] prep: k (rotated, unscaled) of the window's last token */
   float *pOn;  /* [CWARPS][Pp] gate backward: mixer norm weight partials per warp */
   float *pbw;  /* [CWARPS][2N] post: B_bias, C_bias partials per warp */
+  float *gsum; /* [CQ][2N] post summing a group's heads: dk | dq of each token, summed over the heads so far */
   float *seg_in; /* [G][S] post_seq: the angle gradient entering each segment from the later tokens */
   int *seg_cut;  /* [G] post_seq: each segment's last reset (-1: none) */
   float *red;  /* [32] */
@@ -308,12 +309,15 @@ __host__ __device__ inline size_t carve_g(unsigned char *base, int P, csmem *m) 
   return off + 128;
 }
 
-/* Shared memory of scan_post_chunked: the chunk's table (FW layout), the warps' B/C bias partials. */
-__host__ __device__ inline size_t carve_q(unsigned char *base, int N, csmem *m) {
+/* Shared memory of scan_post_chunked: two heads' tables of the chunk (FW layout; the next one loads while
+ * the current one is used), the warps' B/C bias partials, and when it sums a group's heads (sum) the
+ * running sums. */
+__host__ __device__ inline size_t carve_q(unsigned char *base, int N, bool sum, csmem *m) {
   size_t off = 0;
   csmem t = {};
-  CT(sc, float, (CQ + 1) * FW);
+  CT(sc, float, 2 * (CQ + 1) * FW);
   CT(pbw, float, CWARPS * 2 * N);
+  if (sum) CT(gsum, float, CQ * 2 * N);
   CT(misc, float, 8);
   if (m) *m = t;
   return off + 128;
@@ -1504,107 +1508,163 @@ __global__ void __launch_bounds__(CTHREADS, MINB) scan_bwd_chunked(const m3k_sca
 
 /* One CTA per (chunk, head, row), warp per token: from the walk's raw dq (C slot of dbc_head) and dktil
  * (B slot): the diagonal term, dscale = dktil.k, dk = scale dktil + gamma (dY.x) q, the rotation backward
- * of both (in place: dbc_head final), the angle gradient shares (a.dthq), dscale and dgamma (table), and
- * the chunk's B_bias / C_bias partials (pbc). */
-template <typename T, int UPL, int PK, int NK>
-__global__ void __launch_bounds__(CTHREADS, UPL <= 3 ? 3 : UPL == 4 ? 2 : 1) scan_post_chunked(const m3k_scan_args a) {
+ * of both, the angle gradient shares (a.dthq), dscale and dgamma (table), and the chunk's B_bias / C_bias
+ * partials (pbc). dk, dq go back in place (dbc_head final), or with SUM one CTA per (chunk, group, row)
+ * walks the group's heads in order and writes only their sums (a.dbc_group, in the order and rounding of
+ * bcnorm_bwd's sum over dbc_head), which saves writing and reading back the per-head values. */
+template <typename T, int UPL, int PK, int NK, bool SUM>
+__global__ void __launch_bounds__(CTHREADS, SUM ? 2 : UPL <= 3 ? 3 : UPL == 4 ? 2 : 1)
+    scan_post_chunked(const m3k_scan_args a) {
   extern __shared__ __align__(128) unsigned char smraw[];
   const m3k_dims &d = a.d;
-  const int ch = blockIdx.x, h = blockIdx.y, b = blockIdx.z, g = h / d.hpg;
+  const int ch = blockIdx.x, b = blockIdx.z, g = SUM ? blockIdx.y : blockIdx.y / d.hpg;
+  const int h0 = SUM ? g * d.hpg : blockIdx.y, nh = SUM ? d.hpg : 1;
   const int P = PK ? PK : d.P, N = NK ? NK : d.N, S = d.S, H = d.H, GN = d.G * N;
   const int tid = threadIdx.x, lane = tid & 31, wid = tid >> 5;
   csmem s;
-  carve_q(smraw, N, &s);
+  carve_q(smraw, N, SUM, &s);
   cviews cv;
   chunk_views(a.chunk_scratch, a.chunk_states, a.rows, a.len, H, P, N, true, &cv);
   const int nch = (a.len + CQ - 1) / CQ, t0 = ch * CQ, nb = min(CQ, a.len - t0);
-  const int64_t m0 = (int64_t)b * a.len + t0, u = ((int64_t)b * H + h) * nch + ch;
-  float *tab = cv.tab + u * CQ * TW;
-  tab_load(tab, s.sc, TAB_FIELDS, s.misc);
-  const lane_units<UPL> L = lane_units_of<UPL>(a, h);
-  const float *bc0 = a.bc_hat + (m0 * 2 * d.G + g) * N, *th0 = a.theta + (m0 * H + h) * S;
+  const int64_t m0 = (int64_t)b * a.len + t0;
+  const auto tab_of = [&](int h) { return cv.tab + (((int64_t)b * H + h) * nch + ch) * CQ * TW; };
+  const auto sc_of = [&](int k) { return s.sc + (k & 1) * (CQ + 1) * FW; };
+  if (SUM)
+    for (int c = tid; c < CQ * 2 * N; c += CTHREADS) s.gsum[c] = 0;
+  tab_load(tab_of(h0), sc_of(0), TAB_FIELDS, s.misc);
+  cp_commit();
+  const float *bc0 = a.bc_hat + (m0 * 2 * d.G + g) * N;
   /* The warp's B_bias / C_bias gradient partials of the lane's units, summed over its tokens in order: in
    * registers for one or two units per lane, else in the warp's row of pbw (registers would cost a CTA
    * per SM); each column is one lane's. */
   constexpr bool REG = UPL <= 2;
-  float *pw = s.pbw + wid * 2 * N; /* [B_bias | C_bias] */
-  float pk0[UPL] = {}, pk1[UPL] = {}, pq0[UPL] = {}, pq1[UPL] = {};
-  const auto add = [&](float &reg, int col, float v) {
-    if (REG) reg += v;
-    else pw[col] += v;
-  };
+  float *pw = s.pbw + wid * 2 * N; /* [B_bias | C_bias]; without REG zero here, then again by its reader */
   if (!REG)
     for (int c = lane; c < 2 * N; c += 32) pw[c] = 0;
-  cp_wait_all();
-  __syncthreads();
-  for (int i = wid; i < nb; i += CWARPS) {
-    const int64_t mi = m0 + i;
-    float *fk = a.dbc_head + ((mi * H + h) * 2 + 0) * N, *fq = fk + N; /* the raw dktil, dq; then dk, dq */
-    lane_raw<UPL> r;
-    const float *bk = bc0 + (int64_t)i * 2 * GN;
-    lane_load(L, bk, bk + GN, th0 + (int64_t)i * H * S, S, r);
-    float4 f[UPL];
-#pragma unroll
-    for (int j = 0; j < UPL; j++) {
-      const int n0 = L.n0[j];
-      if (n0 >= 0) f[j] = make_float4(fq[n0], L.pair[j] ? fq[n0 + 1] : 0.0f, fk[n0], L.pair[j] ? fk[n0 + 1] : 0.0f);
+  /* dk, dq of a token to dbc_head (in place), or added to the group's running sums */
+  const auto put = [&](float *p, float v) {
+    if (SUM) *p += v;
+    else *p = v;
+  };
+  for (int k = 0; k < nh; k++) {
+    const int h = h0 + k;
+    const int64_t u = ((int64_t)b * H + h) * nch + ch;
+    float *tab = tab_of(h);
+    const float *sc = sc_of(k);
+    if (k + 1 < nh) { /* the next head's table into the other buffer (its last reader passed the barrier) */
+      tab_load(tab_of(h + 1), sc_of(k + 1), TAB_FIELDS, s.misc);
+      cp_commit();
+      cp_wait_prev();
+    } else {
+      cp_wait_all();
     }
-    const float sc = s.sc[i * FW + F_SCALE], gd = s.sc[i * FW + F_GAM] * s.sc[i * FW + F_DYX];
-    float ds = 0;
+    const lane_units<UPL> L = lane_units_of<UPL>(a, h);
+    const float *th0 = a.theta + (m0 * H + h) * S;
+    float pk0[UPL] = {}, pk1[UPL] = {}, pq0[UPL] = {}, pq1[UPL] = {};
+    const auto add = [&](float &reg, int col, float v) {
+      if (REG) reg += v;
+      else pw[col] += v;
+    };
+    __syncthreads();
+    /* token i's inputs: its B_hat / C_hat units and angles (r), the walk's raw dq, dktil (f) */
+    struct tok_in {
+      lane_raw<UPL> r;
+      float4 f[UPL];
+    };
+    const auto load = [&](int i, tok_in &in) {
+      const float *fk = a.dbc_head + (((m0 + i) * H + h) * 2 + 0) * N, *fq = fk + N;
+      const float *bk = bc0 + (int64_t)i * 2 * GN;
+      lane_load(L, bk, bk + GN, th0 + (int64_t)i * H * S, S, in.r);
 #pragma unroll
-    for (int j = 0; j < UPL; j++) {
-      if (L.n0[j] < 0) continue;
-      const unit_kq r_ = lane_unit(L, r, j);
-      if (r_.pair) {
-        const float q0 = f[j].x + gd * r_.k0, q1 = f[j].y + gd * r_.k1;
-        const float e0 = f[j].z, e1 = f[j].w;
-        ds += e0 * r_.k0 + e1 * r_.k1;
-        const float k0 = sc * e0 + gd * r_.q0, k1 = sc * e1 + gd * r_.q1;
-        const float oq0 = r_.cs * q0 + r_.sn * q1, oq1 = -r_.sn * q0 + r_.cs * q1;
-        const float ok0 = r_.cs * k0 + r_.sn * k1, ok1 = -r_.sn * k0 + r_.cs * k1;
-        fq[r_.n0] = oq0;
-        fq[r_.n0 + 1] = oq1;
-        fk[r_.n0] = ok0;
-        fk[r_.n0 + 1] = ok1;
-        add(pk0[j], r_.n0, ok0);
-        add(pk1[j], r_.n0 + 1, ok1);
-        add(pq0[j], N + r_.n0, oq0);
-        add(pq1[j], N + r_.n0 + 1, oq1);
-        a.dthq[(mi * H + h) * S + lane + 32 * j] = (-q0 * r_.q1 + q1 * r_.q0) + (-k0 * r_.k1 + k1 * r_.k0);
-      } else {
-        const float oq = f[j].x + gd * r_.k0;
-        const float e0 = f[j].z;
-        ds += e0 * r_.k0;
-        const float ok = sc * e0 + gd * r_.q0;
-        fq[r_.n0] = oq;
-        fk[r_.n0] = ok;
-        add(pk0[j], r_.n0, ok);
-        add(pq0[j], N + r_.n0, oq);
+      for (int j = 0; j < UPL; j++) {
+        const int n0 = L.n0[j];
+        if (n0 >= 0)
+          in.f[j] = make_float4(fq[n0], L.pair[j] ? fq[n0 + 1] : 0.0f, fk[n0], L.pair[j] ? fk[n0 + 1] : 0.0f);
       }
+    };
+    const auto finish = [&](int i, const tok_in &in) {
+      const int64_t mi = m0 + i;
+      /* dk, dq in place of the raw values, or added to the group's running sums */
+      float *ok = SUM ? s.gsum + i * 2 * N : a.dbc_head + ((mi * H + h) * 2 + 0) * N, *oq = ok + N;
+      const float scale = sc[i * FW + F_SCALE], gd = sc[i * FW + F_GAM] * sc[i * FW + F_DYX];
+      float ds = 0;
+#pragma unroll
+      for (int j = 0; j < UPL; j++) {
+        if (L.n0[j] < 0) continue;
+        const unit_kq r_ = lane_unit(L, in.r, j);
+        const float4 f = in.f[j];
+        if (r_.pair) { /* fused multiply-adds spelled out (dot2): both variants round alike */
+          const float q0 = __fmaf_rn(gd, r_.k0, f.x), q1 = __fmaf_rn(gd, r_.k1, f.y);
+          const float e0 = f.z, e1 = f.w;
+          ds += dot2(e0, r_.k0, e1, r_.k1);
+          const float k0 = dot2(scale, e0, gd, r_.q0), k1 = dot2(scale, e1, gd, r_.q1);
+          const float oq0 = dot2(r_.cs, q0, r_.sn, q1), oq1 = dot2(-r_.sn, q0, r_.cs, q1);
+          const float ok0 = dot2(r_.cs, k0, r_.sn, k1), ok1 = dot2(-r_.sn, k0, r_.cs, k1);
+          put(oq + r_.n0, oq0);
+          put(oq + r_.n0 + 1, oq1);
+          put(ok + r_.n0, ok0);
+          put(ok + r_.n0 + 1, ok1);
+          add(pk0[j], r_.n0, ok0);
+          add(pk1[j], r_.n0 + 1, ok1);
+          add(pq0[j], N + r_.n0, oq0);
+          add(pq1[j], N + r_.n0 + 1, oq1);
+          a.dthq[(mi * H + h) * S + lane + 32 * j] = dot2(-q0, r_.q1, q1, r_.q0) + dot2(-k0, r_.k1, k1, r_.k0);
+        } else {
+          const float oq0 = __fmaf_rn(gd, r_.k0, f.x);
+          const float e0 = f.z;
+          ds = __fmaf_rn(e0, r_.k0, ds);
+          const float ok0 = dot2(scale, e0, gd, r_.q0);
+          put(oq + r_.n0, oq0);
+          put(ok + r_.n0, ok0);
+          add(pk0[j], r_.n0, ok0);
+          add(pq0[j], N + r_.n0, oq0);
+        }
+      }
+      ds = warp_sum(ds);
+      if (lane == 0) {
+        tab[i * TW + T_DSCALE] = ds;
+        tab[i * TW + T_DGAM] = __fmaf_rn(sc[i * FW + F_DYX], sc[i * FW + F_QK], ds);
+      }
+    };
+    /* the warp's tokens in order, TOK at a time with their loads in flight together (the summing
+     * kernel has the registers for up to three units a lane: its shared memory allows two CTAs per SM
+     * at most) */
+    constexpr int TOK = SUM && UPL <= 3 ? 2 : 1;
+    for (int i = wid; i < nb; i += TOK * CWARPS) {
+      tok_in in[TOK];
+#pragma unroll
+      for (int t = 0; t < TOK; t++)
+        if (i + t * CWARPS < nb) load(i + t * CWARPS, in[t]);
+#pragma unroll
+      for (int t = 0; t < TOK; t++)
+        if (i + t * CWARPS < nb) finish(i + t * CWARPS, in[t]);
     }
-    ds = warp_sum(ds);
-    if (lane == 0) {
-      tab[i * TW + T_DSCALE] = ds;
-      tab[i * TW + T_DGAM] = ds + s.sc[i * FW + F_DYX] * s.sc[i * FW + F_QK];
+    if (REG)
+#pragma unroll
+      for (int j = 0; j < UPL; j++) {
+        const int n0 = L.n0[j];
+        if (n0 < 0) continue;
+        pw[n0] = pk0[j];
+        pw[N + n0] = pq0[j];
+        if (L.pair[j]) {
+          pw[n0 + 1] = pk1[j];
+          pw[N + n0 + 1] = pq1[j];
+        }
+      }
+    __syncthreads();
+    for (int c = tid; c < 2 * N; c += CTHREADS) { /* c < N: B_bias, else C_bias; the warps in order */
+      float acc = 0;
+      for (int w = 0; w < CWARPS; w++) {
+        acc += s.pbw[w * 2 * N + c];
+        if (!REG) s.pbw[w * 2 * N + c] = 0;
+      }
+      cv.pbc[u * 2 * N + c] = acc;
     }
   }
-  if (REG)
-#pragma unroll
-    for (int j = 0; j < UPL; j++) {
-      const int n0 = L.n0[j];
-      if (n0 < 0) continue;
-      pw[n0] = pk0[j];
-      pw[N + n0] = pq0[j];
-      if (L.pair[j]) {
-        pw[n0 + 1] = pk1[j];
-        pw[N + n0 + 1] = pq1[j];
-      }
-    }
-  __syncthreads();
-  for (int c = tid; c < 2 * N; c += CTHREADS) { /* c < N: B_bias, else C_bias; the warps in order */
-    float acc = 0;
-    for (int w = 0; w < CWARPS; w++) acc += s.pbw[w * 2 * N + c];
-    cv.pbc[u * 2 * N + c] = acc;
+  if (SUM) { /* the group's sums (the last head's barrier published them) */
+    float *out = a.dbc_group + (m0 * d.G + g) * 2 * N;
+    for (int i = wid; i < nb; i += CWARPS)
+      for (int c = lane; c < 2 * N; c += 32) out[(int64_t)i * d.G * 2 * N + c] = s.gsum[i * 2 * N + c];
   }
 }
 
@@ -1759,8 +1819,9 @@ int64_t m3k_chunked_smem(int which, int32_t P, int32_t N, int32_t S) {
     return (int64_t)(c > w ? c : w);
   }
   case M3K_CHUNKED_PREP: return (int64_t)carve_p(NULL, P, N, NULL);
+  case M3K_CHUNKED_POST_SUM: return (int64_t)carve_q(NULL, N, true, NULL);
   default: {
-    const size_t one = carve_q(NULL, N, NULL), seq = carve_post(NULL, S, seq_block(S), NULL);
+    const size_t one = carve_q(NULL, N, false, NULL), seq = carve_post(NULL, S, seq_block(S), NULL);
     return (int64_t)(one > seq ? one : seq);
   }
   }
@@ -1778,8 +1839,11 @@ template <typename T, int UPL, int PK, int NK> static cudaError_t unit_kernels_p
   cudaError_t e = cudaFuncSetAttribute(scan_prep_chunked<T, UPL, PK, NK>, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                        plan->smem_cprep);
   if (e == cudaSuccess)
-    e = cudaFuncSetAttribute(scan_post_chunked<T, UPL, PK, NK>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+    e = cudaFuncSetAttribute(scan_post_chunked<T, UPL, PK, NK, false>, cudaFuncAttributeMaxDynamicSharedMemorySize,
                              plan->smem_cpost);
+  if (e == cudaSuccess && plan->smem_cpost_sum)
+    e = cudaFuncSetAttribute(scan_post_chunked<T, UPL, PK, NK, true>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                             plan->smem_cpost_sum);
   return e;
 }
 
@@ -1839,9 +1903,17 @@ cudaError_t m3k_chunked_fwd(cudaStream_t s, int prec, const m3k_scan_plan *plan,
   return cudaGetLastError();
 }
 
+/* The post kernel sums each group's heads (into a.dbc_group) when its shared memory fits (the plan's
+ * smem_cpost_sum), a group has more than one head, and a CTA per (chunk, group, row) still gives the
+ * launch the plan's post_sum_min_ctas CTAs (128 by default, about one per multiprocessor: NOTES.md). */
+bool m3k_chunked_sums_heads(const m3k_scan_plan *plan, const m3k_scan_args *a) {
+  const int64_t ctas = (int64_t)((a->len + CQ - 1) / CQ) * a->d.G * a->rows;
+  return plan->smem_cpost_sum > 0 && a->dbc_group && a->d.hpg > 1 && ctas >= plan->post_sum_min_ctas;
+}
+
 /* Backward (after a training forward: a.chunk_states): the gate backward, the reverse walk of dE,
  * the per-chunk products, the per-token finish, then the scalars along the sequence. */
-template <typename T> static void chunked_bwd(cudaStream_t s, const m3k_scan_args &a) {
+template <typename T> static void chunked_bwd(cudaStream_t s, const m3k_scan_plan *plan, const m3k_scan_args &a) {
   const dim3 chunks((a.len + CQ - 1) / CQ, a.d.H, a.rows), walks(a.d.H, a.rows);
   const int P = a.d.P, N = a.d.N;
   SHAPE_DISPATCH(P, N, (scan_gate_bwd_chunked<T, PK, NK><<<chunks, CTHREADS, carve_g(NULL, P, NULL), s>>>(a)));
@@ -1852,13 +1924,20 @@ template <typename T> static void chunked_bwd(cudaStream_t s, const m3k_scan_arg
   SHAPE_DISPATCH(P, N,
                  (two ? scan_bwd_chunked<T, 2, PK, NK><<<chunks, CTHREADS, per_chunk, s>>>(a)
                       : scan_bwd_chunked<T, 1, PK, NK><<<chunks, CTHREADS, per_chunk, s>>>(a)));
-  SHAPE_UNITS_DISPATCH(P, N, a.d.N - a.d.S,
-                       (scan_post_chunked<T, UPL, PK, NK><<<chunks, CTHREADS, carve_q(NULL, N, NULL), s>>>(a)));
+  if (m3k_chunked_sums_heads(plan, &a)) {
+    const dim3 groups(chunks.x, a.d.G, a.rows);
+    SHAPE_UNITS_DISPATCH(P, N, a.d.N - a.d.S,
+                         (scan_post_chunked<T, UPL, PK, NK, true><<<groups, CTHREADS, plan->smem_cpost_sum, s>>>(a)));
+  } else {
+    SHAPE_UNITS_DISPATCH(P, N, a.d.N - a.d.S,
+                         (scan_post_chunked<T, UPL, PK, NK, false>
+                          <<<chunks, CTHREADS, carve_q(NULL, N, false, NULL), s>>>(a)));
+  }
   scan_post_seq_chunked<T><<<walks, CTHREADS, carve_post(NULL, a.d.S, seq_block(a.d.S), NULL), s>>>(a);
 }
 
-cudaError_t m3k_chunked_bwd(cudaStream_t s, int prec, const m3k_scan_args *a) {
-  if (prec == M3K_BF16) chunked_bwd<bf16>(s, *a);
-  else chunked_bwd<f16>(s, *a);
+cudaError_t m3k_chunked_bwd(cudaStream_t s, int prec, const m3k_scan_plan *plan, const m3k_scan_args *a) {
+  if (prec == M3K_BF16) chunked_bwd<bf16>(s, plan, *a);
+  else chunked_bwd<f16>(s, plan, *a);
   return cudaGetLastError();
 }

@@ -103,6 +103,11 @@ __device__ __forceinline__ unit_raw unit_load(const V *bk, const V *bq, int u, i
   return r;
 }
 
+/* a b + c d rounded one fixed way, fma(c, d, a b): left to itself the compiler may fuse either product,
+ * and may choose differently in two kernels built from the same source (scan_post_chunked's two
+ * variants must agree bitwise). */
+__device__ __forceinline__ float dot2(float a, float b, float c, float d) { return __fmaf_rn(c, d, __fmul_rn(a, b)); }
+
 /* Unit of first column n0 from its biased B/C values (k1, q1: the pair's second column, unused for a
  * passing column): rotated by theta when it is a pair. */
 __device__ __forceinline__ unit_kq unit_rotate(int n0, bool pair, float k0, float k1, float q0, float q1, float theta) {
@@ -112,10 +117,10 @@ __device__ __forceinline__ unit_kq unit_rotate(int n0, bool pair, float k0, floa
     float c, sn;
     sincosf(theta, &sn, &c);
     r.pair = 1;
-    r.k0 = k0 * c - k1 * sn;
-    r.k1 = k0 * sn + k1 * c;
-    r.q0 = q0 * c - q1 * sn;
-    r.q1 = q0 * sn + q1 * c;
+    r.k0 = dot2(k0, c, -k1, sn);
+    r.k1 = dot2(k0, sn, k1, c);
+    r.q0 = dot2(q0, c, -q1, sn);
+    r.q1 = dot2(q0, sn, q1, c);
     r.cs = c;
     r.sn = sn;
   } else {
@@ -275,8 +280,9 @@ static inline step_tile step_tile_for(int N, bool aligned) {
 
 enum { M3K_CHUNK = 64 }; /* tokens per chunk */
 
-/* Dynamic shared memory of a chunked kernel for (P, N, S) (INT64_MAX: the forward walk does not apply). */
-enum { M3K_CHUNKED_BWD = 0, M3K_CHUNKED_FWD, M3K_CHUNKED_PREP, M3K_CHUNKED_POST };
+/* Dynamic shared memory of a chunked kernel for (P, N, S) (INT64_MAX: the forward walk does not apply);
+ * POST_SUM: the post kernel that sums a group's heads. */
+enum { M3K_CHUNKED_BWD = 0, M3K_CHUNKED_FWD, M3K_CHUNKED_PREP, M3K_CHUNKED_POST, M3K_CHUNKED_POST_SUM };
 int64_t m3k_chunked_smem(int which, int32_t P, int32_t N, int32_t S);
 /* Floats of the chunk scratch (forward part only when bwd = 0). */
 int64_t m3k_chunked_scratch(int32_t rows, int32_t len, int32_t H, int32_t P, int32_t N, int bwd);
@@ -284,7 +290,9 @@ int64_t m3k_chunked_scratch(int32_t rows, int32_t len, int32_t H, int32_t P, int
 int64_t m3k_chunked_kept(int32_t rows, int32_t len, int32_t H, int32_t P, int32_t N);
 cudaError_t m3k_chunked_prepare(int prec, const m3k_scan_plan *plan);
 cudaError_t m3k_chunked_fwd(cudaStream_t s, int prec, const m3k_scan_plan *plan, const m3k_scan_args *a);
-cudaError_t m3k_chunked_bwd(cudaStream_t s, int prec, const m3k_scan_args *a);
+cudaError_t m3k_chunked_bwd(cudaStream_t s, int prec, const m3k_scan_plan *plan, const m3k_scan_args *a);
+/* Whether m3k_chunked_bwd writes the B/C gradients summed over each group's heads (a->dbc_group). */
+bool m3k_chunked_sums_heads(const m3k_scan_plan *plan, const m3k_scan_args *a);
 
 /* ---- the forward of small states (scan_warp.cu): a pipeline of warps per (row, head) ---------------- */
 

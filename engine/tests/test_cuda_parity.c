@@ -8,9 +8,10 @@
  *      f32: rel L2 <= 1e-5 (out, states, loss), 1e-4 (each gradient tensor, weights);
  *      bf16: rel L2 <= 2e-2 (out, states, loss, weights), cosine >= 0.99 (each gradient tensor).
  *   2. against itself, bitwise, for f32, bf16 and f16: graph replay = eager steps, split calls
- *      = fused steps, two runs equal, set_lr under a captured graph applies at the next replay
- *      (and drop_graph -> set_lr -> capture_graph), window shapes changing under graph mode; one
- *      case large enough that its uploads overlap the step (a fused step in two parts).
+ *      = fused steps, two runs equal, the B/C gradients summed over heads by either kernel (the
+ *      chunked post kernel or the B/C norm backward), set_lr under a captured graph applies at the
+ *      next replay (and drop_graph -> set_lr -> capture_graph), window shapes changing under graph
+ *      mode; one case large enough that its uploads overlap the step (a fused step in two parts).
  *   3. f16: an overflowing step skips the update (weights bitwise unchanged), halves the loss
  *      scale and does not count; sizes beyond the kernels fail at creation with a clear error.
  *
@@ -380,9 +381,13 @@ static void self_checks(const spec *s, int prec) {
   for (int i = 0; i < 4; i++) batch_make(&bs[i], &c, s->B, s->T, &r, 1, dscale);
   for (int i = 0; i < 4; i++) batch_make(&shp[i], &c, i == 2 ? 1 : s->B, i == 1 || i == 3 ? s->T / 2 + 1 : s->T, &r, 1,
                                          dscale);
-  result eager, again, graph, split, lr_graph, lr_eager, lr_re, sh_graph, sh_eager;
+  result eager, again, per_head, graph, split, lr_graph, lr_eager, lr_re, sh_graph, sh_eager;
   run_mode(&c, w, prec, s->B, s->T, bs, MODE_EAGER, &eager);
   run_mode(&c, w, prec, s->B, s->T, bs, MODE_EAGER, &again);
+  /* the chunked backward's B/C gradients summed per head by the B/C norm backward instead of the post kernel */
+  setenv("M3_SCAN_POST_SUM_MIN_CTAS", "2000000000", 1);
+  run_mode(&c, w, prec, s->B, s->T, bs, MODE_EAGER, &per_head);
+  setenv("M3_SCAN_POST_SUM_MIN_CTAS", "0", 1);
   run_mode(&c, w, prec, s->B, s->T, bs, MODE_GRAPH, &graph);
   run_mode(&c, w, prec, s->B, s->T, bs, MODE_SPLIT, &split);
   run_mode(&c, w, prec, s->B, s->T, bs, MODE_LR_GRAPH, &lr_graph);
@@ -390,9 +395,12 @@ static void self_checks(const spec *s, int prec) {
   run_mode(&c, w, prec, s->B, s->T, bs, MODE_LR_RECAPTURE, &lr_re);
   run_mode(&c, w, prec, s->B, s->T, shp, MODE_SHAPES_GRAPH, &sh_graph);
   run_mode(&c, w, prec, s->B, s->T, shp, MODE_SHAPES_EAGER, &sh_eager);
-  if (eager.w && again.w && graph.w && split.w && lr_graph.w && lr_eager.w && lr_re.w && sh_graph.w && sh_eager.w) {
+  if (eager.w && again.w && per_head.w && graph.w && split.w && lr_graph.w && lr_eager.w && lr_re.w && sh_graph.w &&
+      sh_eager.w) {
     snprintf(tag, sizeof tag, "%s head %d: run to run", precision_name(prec), s->head);
     same_bits(tag, &eager, &again, 4);
+    snprintf(tag, sizeof tag, "%s head %d: heads summed by the post kernel vs per head", precision_name(prec), s->head);
+    same_bits(tag, &eager, &per_head, 4);
     snprintf(tag, sizeof tag, "%s head %d: graph replay vs eager", precision_name(prec), s->head);
     same_bits(tag, &graph, &eager, 4);
     snprintf(tag, sizeof tag, "%s head %d: split vs fused", precision_name(prec), s->head);
@@ -409,7 +417,7 @@ static void self_checks(const spec *s, int prec) {
   }
   printf("self checks %s head %d input %d: done\n", precision_name(prec), s->head, s->input);
   fflush(stdout);
-  result *all[] = {&eager, &again, &graph, &split, &lr_graph, &lr_eager, &lr_re, &sh_graph, &sh_eager};
+  result *all[] = {&eager, &again, &per_head, &graph, &split, &lr_graph, &lr_eager, &lr_re, &sh_graph, &sh_eager};
   for (size_t i = 0; i < sizeof all / sizeof all[0]; i++) result_free(all[i]);
   for (int i = 0; i < 4; i++) {
     batch_free(&bs[i]);
@@ -488,8 +496,10 @@ int main(void) {
     printf("skipped: no CUDA device\n");
     return 77;
   }
-  /* every 16-bit case runs the chunked tensor-core scan (by default it starts at P x N = 1024) */
+  /* every 16-bit case runs the chunked tensor-core scan (by default it starts at P x N = 1024), whose
+   * post kernel sums a group's heads wherever a group has several (self_checks compares the other way) */
   setenv("M3_SCAN_CHUNK_MIN_STATE", "0", 1);
+  setenv("M3_SCAN_POST_SUM_MIN_CTAS", "0", 1);
   const spec cases[] = {
       /* P,  N,  H, G, rope, norm, input, head, tied, B, T */
       {8, 16, 8, 1, 0.5, 0, M3_INPUT_FEATURES, M3_HEAD_NONE, 1, 2, 63},

@@ -127,6 +127,7 @@ struct backend {
   float *dthq;                             /* [Mc, H, S] */
   float *psi;                              /* [Mc, H] */
   float *dbc_head;                         /* [Mc, H, 2, N] */
+  float *dbc_group;                        /* [Mc, G, 2, N] */
   float *dang_head;                        /* [Mc, H, S] */
   float *part;                             /* [B, H, 2 + 2N] */
   float *part_norm;                        /* [B, H, P] */
@@ -307,6 +308,7 @@ static void carve_device(backend *be, carver *c) {
   be->dthq = TAKE_F(c, Mg * H * S);
   be->psi = TAKE_F(c, Mg * H);
   be->dbc_head = TAKE_F(c, Mg * H * 2 * N);
+  be->dbc_group = TAKE_F(c, Mg * G * 2 * N);
   be->dang_head = TAKE_F(c, Mg * H * S);
   be->part = TAKE_F(c, ti * B * H * (2 + 2 * N));
   be->part_norm = TAKE_F(c, ti * B * H * P);
@@ -518,6 +520,7 @@ static m3k_scan_args scan_args(const backend *be, int l, int32_t rows, int32_t l
   a.dthq = be->dthq;
   a.psi = be->psi;
   a.dbc_head = be->dbc_head;
+  a.dbc_group = be->dbc_group;
   a.dang_head = be->dang_head;
   a.part = be->part;
   a.part_norm = be->part_norm;
@@ -671,8 +674,10 @@ static m3_status enq_backward(backend *be, int32_t rows, int32_t len, int zero_g
     mark(be, PH_BCNORM_B);
     const m3k_scan_partials sp = {be->part, be->part_norm, rows, g + lo->dt_bias, g + lo->D, g + lo->B_bias,
                                   g + lo->C_bias, d->outproj_norm ? g + lo->out_norm : NULL};
+    const int summed = m3k_scan_bwd_sums_heads(be->prec, &be->scan, &a);
     CK(m3k_bcnorm_bwd(be->st, be->prec, &be->kd, proj_l(be, l), be->params + lo->B_norm, be->params + lo->C_norm,
-                      bc_rstd_l(be, l), be->dbc_head, be->dang_head, be->dproj, be->wcontrib, &sp, &with_bcnorm, M));
+                      bc_rstd_l(be, l), summed ? be->dbc_group : be->dbc_head, summed ? 1 : be->kd.hpg,
+                      be->dang_head, be->dproj, be->wcontrib, &sp, &with_bcnorm, M));
     /* the B_norm | C_norm weight gradients (wcontrib's column sums) ride with the layer norm's backward */
     const m3k_colsum_job bc_norm = {be->wcontrib, 2 * N, (int32_t)(2 * N), (int32_t)N, g + lo->B_norm, g + lo->C_norm};
     with_norm.colsum = bc_norm;
