@@ -136,20 +136,20 @@ __host__ __device__ inline size_t carve_c(unsigned char *base, int P, int N, csm
     CT(sR, float, r);
   }
   CT(sc, float, (CQ + 1) * FW);
-  CT(red, float, 32);
   CT(misc, float, 8);
   if (m) *m = t;
   return off + 128;
 }
 
-/* Shared memory of scan_dstate_chunked: q, dY and the table of two chunks (the next one loads while
- * the current one computes). */
+/* Shared memory of scan_dstate_chunked: q, dY, the entering state E and the table of two chunks (the
+ * next one loads while the current one computes). */
 __host__ __device__ inline size_t carve_d(unsigned char *base, int P, int N, csmem *m) {
   const cdims c = make_cdims(P, N);
   size_t off = 0;
   csmem t = {};
   CT(sq, OT, 2 * CQ * c.lqn);
   CT(sxw, OT, 2 * CQ * c.lqp);
+  CT(sE, OT, 2 * c.Pp * c.lqn);
   CT(sc, float, 2 * (CQ + 1) * FW);
   CT(red, float, 32);
   CT(misc, float, 8);
@@ -185,6 +185,15 @@ template <typename F> __device__ __forceinline__ void for_state_elems(const cdim
     for (int e = 0; e < 8; e++) f(j, e, i0 + acc_row(e), j0 + acc_col(e));
   });
 }
+/* The walks' state to global memory in bf16, [Pp][Np] (its padding too: the walks keep it zero). */
+__device__ __forceinline__ void state_keep(OT *dst, const acc16 (&st)[FR_MAXT], const cdims &cd) {
+  for_state_tiles(cd, [&](int j, int i0, int j0) {
+#pragma unroll
+    for (int e = 0; e < 8; e += 2)
+      *(__nv_bfloat162 *)(dst + (i0 + acc_row(e)) * cd.Np + j0 + acc_col(e)) =
+          __floats2bfloat162_rn(st[j].v[e], st[j].v[e + 1]);
+  });
+}
 /* The walks' recurrence: state <- dec state + X^T Y, X [CQ][Pp] (row stride ldx), Y [CQ][Np] (ldy). */
 __device__ __forceinline__ void state_update(acc16 (&st)[FR_MAXT], const cdims &cd, float dec, const OT *X, int ldx,
                                              const OT *Y, int ldy) {
@@ -217,24 +226,25 @@ __host__ __device__ inline size_t carve_r(unsigned char *base, int P, int N, csm
  *   tab    [u][CQ][TW] float: per token the scalars F_A .. F_QK of scan_prep_chunked, then T_DEC (row
  *          0: the chunk's dec), and in the backward F_DYX (scan_gate_bwd_chunked), T_DA (the per-chunk
  *          kernel), T_DSCALE, T_DGAM (scan_post_chunked), T_DBP0 (unit 0 row 0: v_in^T dE_0 k_in, the
- *          dE walk); rows >= nb zero
+ *          dE walk), T_DEE (row 0: <dE, E> of dE leaving the chunk and E entering it, the dE walk);
+ *          rows >= nb zero
  *   kl     [rows H][N] float: the window's last k (rotated, unscaled), from scan_prep_chunked to the
  *          forward walk, which writes fin_k only after reading in_k (in evaluation both are the
  *          carried state itself)
  * and for the backward only:
  *   dy     [u][CQ][Pp] bf16: dL/dy after the gate backward; rows >= nb and columns >= P zero
- *   de     [u][P][N] float: dE leaving the chunk (scan_dstate_chunked)
+ *   de     [u][Pp][Np] bf16: dE leaving the chunk (scan_dstate_chunked; padding zero)
  *   pon    [u][Pp] float: the chunk's mixer-norm weight partials (outproj_norm)
  *   pbc    [u][2][N] float: the chunk's B_bias, C_bias gradient partials
  * In training (a.chunk_states set) the forward keeps what its backward reads in a.chunk_states, per
- * layer (kept_views): the state entering each chunk, states [u][P][N] float (the forward walk), and
- * q, k, tab as above (the scratch has none of them then): the backward does not prepare them again. */
-enum { TW = 24, T_DEC = 16, T_DA, T_DSCALE, T_DGAM, T_DBP0, T_DTANG, T_DV, TAB_FIELDS = F_DYX + 1 };
-static_assert(TAB_FIELDS <= T_DEC && T_DV < TW && (int)TW >= (int)FW, "table layout"); /* T_DTANG, T_DV: post_seq's own */
+ * layer (kept_views): the state entering each chunk, states [u][Pp][Np] bf16 (the forward walk; the
+ * per-chunk products read E in bf16 anyway; padding zero), and q, k, tab as above (the scratch has none of them then): the backward does not prepare them again. */
+enum { TW = 24, T_DEC = 16, T_DA, T_DSCALE, T_DGAM, T_DBP0, T_DTANG, T_DV, T_DEE, TAB_FIELDS = F_DYX + 1 };
+static_assert(TAB_FIELDS <= T_DEC && T_DEE < TW && (int)TW >= (int)FW, "table layout"); /* T_DTANG, T_DV: post_seq's own */
 
 struct cviews {
-  OT *q, *k, *dy;
-  float *states, *tab, *kl, *de, *pon, *pbc;
+  OT *q, *k, *dy, *states, *de;
+  float *tab, *kl, *pon, *pbc;
 };
 
 #define CV(field, type, n) t.field = (type *)(b + cs_take(off, (size_t)(n) * sizeof(type)))
@@ -254,7 +264,7 @@ __host__ __device__ inline int64_t kept_views(float *base, int rows, int len, in
   size_t off = 0;
   unsigned char *b = (unsigned char *)base;
   cviews t = {};
-  CV(states, float, units * P * N);
+  CV(states, OT, units * c.Pp * c.Np);
   carve_qkt(b, off, c, units, t);
   if (v) *v = t;
   return (int64_t)((off + 127) / sizeof(float));
@@ -275,7 +285,7 @@ __host__ __device__ inline int64_t chunk_views(float *base, float *kept, int row
   CV(kl, float, (size_t)rows * H * N);
   if (bwd) {
     CV(dy, OT, units * CQ * c.Pp);
-    CV(de, float, units * P * N);
+    CV(de, OT, units * c.Pp * c.Np);
     CV(pon, float, units * c.Pp);
     CV(pbc, float, units * 2 * N);
   }
@@ -699,11 +709,11 @@ __device__ __forceinline__ void c_gate_bwd(const m3k_scan_args &a, const csmem &
  * once; callers end the phase with cp_wait_all() (or, loading one chunk ahead, cp_commit() after each
  * chunk's loads and cp_wait_prev() for all but the last group) and a barrier ---- */
 
-/* CQ rows of w bf16 (w a multiple of 8) from the scratch (row stride w) into a padded shared tile
- * (row stride ld). */
-__device__ __forceinline__ void tile_load(OT *dst, int ld, const OT *src, int w) {
+/* rows (CQ unless given) rows of w bf16 (w a multiple of 8) from the scratch (row stride w) into a
+ * padded shared tile (row stride ld). */
+__device__ __forceinline__ void tile_load(OT *dst, int ld, const OT *src, int w, int rows = CQ) {
   const int vpr = w / 8;
-  for (int idx = threadIdx.x; idx < CQ * vpr; idx += blockDim.x) {
+  for (int idx = threadIdx.x; idx < rows * vpr; idx += blockDim.x) {
     const int i = idx / vpr, v = idx - i * vpr;
     cp16(dst + i * ld + v * 8, src + (size_t)i * w + v * 8);
   }
@@ -1017,8 +1027,8 @@ __global__ void __launch_bounds__(CTHREADS, 2) scan_fwd_chunked_r(const m3k_scan
       }
       eacc[j].v[e] = v;
       s.sE[p * cd.lqn + n] = __float2bfloat16_rn(v);
-      if (cv.states && p < P && n < N) cv.states[(bh * nch * P + p) * N + n] = v; /* [nch][P][N] */
     });
+    if (cv.states) state_keep(cv.states + bh * nch * cd.Pp * cd.Np, eacc, cd);
   }
   __syncthreads();
 
@@ -1081,11 +1091,8 @@ __global__ void __launch_bounds__(CTHREADS, 2) scan_fwd_chunked_r(const m3k_scan
     /* 6'. E <- dec E + (W x)^T ktil in the warps' registers; E -> bf16 (sE), kept for the next chunk */
     {
       state_update(eacc, cd, misc[0], s.sx, cd.lqp, s.sk, cd.lqn);
-      const bool keep = cv.states && ch + 1 < nch;
-      for_state_elems(cd, [&](int j, int e, int p, int n) {
-        s.sE[p * cd.lqn + n] = __float2bfloat16_rn(eacc[j].v[e]);
-        if (keep && p < P && n < N) cv.states[((u + 1) * P + p) * N + n] = eacc[j].v[e];
-      });
+      for_state_elems(cd, [&](int j, int e, int p, int n) { s.sE[p * cd.lqn + n] = __float2bfloat16_rn(eacc[j].v[e]); });
+      if (cv.states && ch + 1 < nch) state_keep(cv.states + (u + 1) * cd.Pp * cd.Np, eacc, cd);
     }
     /* 7. epilogue (as scan.cu): y = Y + (gamma q.k + D) x; the per-head norm; the gate. vec: eight
      * columns per item, and without the norm the gate in the same pass */
@@ -1182,8 +1189,9 @@ __device__ __forceinline__ float c_finish(const m3k_scan_args &a, int64_t m, int
 }
 
 /* The reverse walk of dE alone, one CTA per (head, row): per chunk (last first) dE leaving it goes to
- * the scratch (float32), then dE <- dec dE + (EC dY)^T q in the warps'
- * accumulator registers (the forward walk's tiles); q and dY of the next chunk load meanwhile. At
+ * the scratch (bf16) and its dot with the kept state entering the chunk to the table (T_DEE), then
+ * dE <- dec dE + (EC dY)^T q in the warps' accumulator registers (the forward walk's tiles); q, dY and
+ * E of the next chunk load meanwhile. At
  * the end dbp_0 = v_in^T dE_0 k_in (tab T_DBP0 of the row's first unit; its beta term, dropped at a
  * reset by the post kernel). */
 template <typename T, int PK, int NK>
@@ -1208,6 +1216,7 @@ __global__ void __launch_bounds__(CTHREADS, 2) scan_dstate_chunked(const m3k_sca
     tab_load(cv.tab + u * CQ * TW, s.sc + buf * (CQ + 1) * FW, F_EC + 1, s.misc + buf);
     tile_load(s.sq + buf * CQ * cd.lqn, cd.lqn, cv.q + u * CQ * cd.Np, cd.Np);
     tile_load(s.sxw + buf * CQ * cd.lqp, cd.lqp, cv.dy + u * CQ * cd.Pp, cd.Pp);
+    tile_load(s.sE + buf * cd.Pp * cd.lqn, cd.lqn, cv.states + u * cd.Pp * cd.Np, cd.Np, cd.Pp);
     cp_commit();
   };
   load(nch - 1, 0);
@@ -1223,14 +1232,13 @@ __global__ void __launch_bounds__(CTHREADS, 2) scan_dstate_chunked(const m3k_sca
       cp_wait_all();
     }
     __syncthreads();
-    /* dE leaving the chunk -> scratch (float32 [P][N]: straight from the fragments when unpadded) */
-    float *de = cv.de + u * P * N;
-    if (P == cd.Pp && N == cd.Np)
-      for_state_tiles(cd, [&](int j, int i0, int j0) { acc_store(de + i0 * N + j0, N, eacc[j]); });
-    else
-      for_state_elems(cd, [&](int j, int e, int p, int n) {
-        if (p < P && n < N) de[p * N + n] = eacc[j].v[e];
-      });
+    /* dE leaving the chunk -> scratch (bf16), and the warp's share of <dE, E> with E entering it */
+    state_keep(cv.de + u * cd.Pp * cd.Np, eacc, cd);
+    const OT *sE = s.sE + buf * cd.Pp * cd.lqn;
+    float dee = 0;
+    for_state_elems(cd, [&](int j, int e, int p, int n) { dee += eacc[j].v[e] * __bfloat162float(sE[p * cd.lqn + n]); });
+    dee = warp_sum(dee);
+    if (lane == 0) s.red[wid] = dee;
     /* EC dY in place */
     for (int idx = tid; idx < CQ * cd.Pp; idx += CTHREADS) {
       const int i = idx / cd.Pp, p = idx - i * cd.Pp;
@@ -1238,6 +1246,11 @@ __global__ void __launch_bounds__(CTHREADS, 2) scan_dstate_chunked(const m3k_sca
       sy[i * cd.lqp + p] = __float2bfloat16_rn(ec * __bfloat162float(sy[i * cd.lqp + p]));
     }
     __syncthreads();
+    if (tid == 0) { /* the warps' shares in order */
+      float sum = 0;
+      for (int w = 0; w < CWARPS; w++) sum += s.red[w];
+      cv.tab[u * CQ * TW + T_DEE] = sum;
+    }
     /* dE <- dec dE + (EC dY)^T q */
     state_update(eacc, cd, s.misc[buf], sy, cd.lqp, sq, cd.lqn);
     __syncthreads();
@@ -1257,36 +1270,6 @@ __global__ void __launch_bounds__(CTHREADS, 2) scan_dstate_chunked(const m3k_sca
     for (int w = 0; w < CWARPS; w++) dbp += s.red[w];
     cv.tab[bh * nch * CQ * TW + T_DBP0] = dbp;
   }
-}
-
-/* The float32 [P][N] state src into the bf16 tile dst (row stride ld; its padding untouched); returns
- * this thread's share of <src, other> (other NULL: 0). Four columns per item where N allows. */
-__device__ __forceinline__ float state_to_tile(OT *dst, int ld, const float *src, const float *other, int P, int N) {
-  float part = 0;
-  if ((N & 3) == 0) {
-    const int vpr = N / 4;
-#pragma unroll 4
-    for (int idx = threadIdx.x; idx < P * vpr; idx += blockDim.x) {
-      const int p = idx / vpr, n = (idx - p * vpr) * 4;
-      const float4 v = __ldg((const float4 *)(src + p * N + n));
-      if (other) {
-        const float4 o = __ldg((const float4 *)(other + p * N + n));
-        part += v.x * o.x + v.y * o.y + v.z * o.z + v.w * o.w;
-      }
-      __nv_bfloat162 *t = (__nv_bfloat162 *)(dst + p * ld + n);
-      t[0] = __floats2bfloat162_rn(v.x, v.y);
-      t[1] = __floats2bfloat162_rn(v.z, v.w);
-    }
-  } else {
-#pragma unroll 4
-    for (int idx = threadIdx.x; idx < P * N; idx += blockDim.x) {
-      const int p = idx / N, n = idx - p * N;
-      const float v = __ldg(src + idx);
-      if (other) part += v * __ldg(other + idx);
-      dst[p * ld + n] = __float2bfloat16_rn(v);
-    }
-  }
-  return part;
 }
 
 /* One [CQ][N] result of the per-chunk backward (raw dq or dktil) in column blocks of cd.cw through F
@@ -1311,8 +1294,8 @@ __device__ __forceinline__ void kgrad_blocks(float *F, const cdims &cd, const OT
 }
 
 /* One CTA per (chunk, head, row), after scan_dstate_chunked: the chunk's products with dE leaving it
- * (the scratch) and the state entering it (a.chunk_states), both converted to bf16 in one space (E
- * until dq is done, then dE); the float32 [CQ][Np] products in column blocks (cd.cw). MINB = 2 (128
+ * (the scratch) and the state entering it (a.chunk_states), both bf16, copied into one space (E until
+ * dq is done, then dE); the float32 [CQ][Np] products in column blocks (cd.cw). MINB = 2 (128
  * registers) for shapes whose shared memory lets two CTAs share an SM (bwd_two_ctas). */
 template <typename T, int MINB, int PK, int NK>
 __global__ void __launch_bounds__(CTHREADS, MINB) scan_bwd_chunked(const m3k_scan_args a) {
@@ -1336,28 +1319,17 @@ __global__ void __launch_bounds__(CTHREADS, MINB) scan_bwd_chunked(const m3k_sca
   const int t0 = ch * CQ, nb = min(CQ, a.len - t0);
   const int64_t m0 = (int64_t)b * a.len + t0;
   const int64_t u = bh * nch + ch;
-  const float *dEc = cv.de + u * P * N;
-  /* 1. loads: the prepared scalars, q, ktil, dY (scan_prep_chunked); x */
+  /* 1. loads: the prepared scalars, q, ktil, dY (scan_prep_chunked); x; E (bf16, as the forward kept
+   * it); <dE, E> (the dE walk's) */
   tab_load(cv.tab + u * CQ * TW, s.sc, TAB_FIELDS, misc);
+  if (tid == 0) misc[1] = cv.tab[u * CQ * TW + T_DEE];
   tile_load(s.sq, cd.lqn, cv.q + u * CQ * cd.Np, cd.Np);
   tile_load(s.sk, cd.lqn, cv.k + u * CQ * cd.Np, cd.Np);
   tile_load(s.sxw, cd.lqp, cv.dy + u * CQ * cd.Pp, cd.Pp);
+  tile_load(s.sE, cd.lqn, cv.states + u * cd.Pp * cd.Np, cd.Np, cd.Pp);
   x_load<T>(a, s.sx, cd, m0, nb, h, vec);
-  /* 2. E (bf16; the padding zero for dE too) and <dE, E> */
-  if (P < cd.Pp || N < cd.Np)
-    for (int idx = tid; idx < cd.Pp * cd.Np; idx += CTHREADS) {
-      const int p = idx / cd.Np, n = idx - p * cd.Np;
-      if (p >= P || n >= N) s.sE[p * cd.lqn + n] = __float2bfloat16_rn(0.0f);
-    }
-  float part = warp_sum(state_to_tile(s.sE, cd.lqn, cv.states + u * P * N, dEc, P, N));
-  if (lane == 0) s.red[wid] = part;
   cp_wait_all();
   __syncthreads();
-  if (tid == 0) {
-    float dee = 0;
-    for (int w = 0; w < CWARPS; w++) dee += s.red[w];
-    misc[1] = dee;
-  }
   /* 4-5. S1 = q ktil^T, S2 = dY x^T tile by tile in the warp's registers (tiles above the diagonal: 0):
    * L1 = L o S1, L2 = L o S2 (bf16); M = L o S1 o S2 (u < t) summed per tile row and column */
   {
@@ -1433,8 +1405,9 @@ __global__ void __launch_bounds__(CTHREADS, MINB) scan_bwd_chunked(const m3k_sca
   const int64_t ld_bc = (int64_t)H * 2 * N;
   float *dq = a.dbc_head + ((m0 * H + h) * 2 + 1) * N, *dk = a.dbc_head + ((m0 * H + h) * 2 + 0) * N;
   kgrad_blocks<true>(sF, cd, s.sxw, s.sE, s.sq, s.sc, nb, F_EC, F_R, s.sL2, s.sk, dq, ld_bc, N); /* dq (raw) */
-  /* dE (bf16) where E was */
-  state_to_tile(s.sdE, cd.lqn, dEc, NULL, P, N);
+  /* dE (bf16) where E was (dq, its last reader, ended with a barrier) */
+  tile_load(s.sdE, cd.lqn, cv.de + u * cd.Pp * cd.Np, cd.Np, cd.Pp);
+  cp_wait_all();
   __syncthreads();
   /* 7. dktil = W (x dE) + L2^T q; v_s */
   kgrad_blocks<false>(sF, cd, s.sx, s.sdE, s.sk, s.sc, nb, F_W, F_V, s.sL2, s.sq, dk, ld_bc, N); /* dktil (raw) */
