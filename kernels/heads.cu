@@ -43,27 +43,17 @@ __global__ void embed_bwd_kernel(const m3k_batch_info *__restrict__ info, const 
 }
 
 /* ce reads a row four logits at a time: one float4 where V allows (V % 4 == 0: every row 16-byte
- * aligned), else four scalars with -inf past the end. */
+ * aligned), else four scalars with -inf past the end; the gradient goes back the same way. */
 __device__ __forceinline__ void ce_load4(const float *lg, int32_t v0, int32_t V, bool vec, float (&x)[4]) {
-  if (vec) {
-    const float4 t = __ldg((const float4 *)(lg + v0));
-    x[0] = t.x, x[1] = t.y, x[2] = t.z, x[3] = t.w;
-    return;
-  }
+  if (vec) return ld_f<4>(lg + v0, x);
 #pragma unroll
-  for (int k = 0; k < 4; k++) x[k] = v0 + k < V ? __ldg(lg + v0 + k) : -INFINITY;
+  for (int k = 0; k < 4; k++) x[k] = v0 + k < V ? lg[v0 + k] : -INFINITY;
 }
 template <typename T> __device__ __forceinline__ void ce_store4(T *dl, int32_t v0, int32_t V, bool vec, const float (&p)[4]) {
-  if (vec && sizeof(T) == 4) {
-    *(float4 *)(dl + v0) = make_float4(p[0], p[1], p[2], p[3]);
-  } else if (vec) {
-    T t[4] = {from_f<T>(p[0]), from_f<T>(p[1]), from_f<T>(p[2]), from_f<T>(p[3])};
-    *(uint2 *)(dl + v0) = *(const uint2 *)t;
-  } else {
+  if (vec) return st_v<4>(dl + v0, p);
 #pragma unroll
-    for (int k = 0; k < 4; k++)
-      if (v0 + k < V) dl[v0 + k] = from_f<T>(p[k]);
-  }
+  for (int k = 0; k < 4; k++)
+    if (v0 + k < V) dl[v0 + k] = from_f<T>(p[k]);
 }
 
 template <typename T>

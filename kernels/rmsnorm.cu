@@ -4,12 +4,12 @@
  *   forward:  r = 1 / sqrt(mean(x^2) + eps),  y = x r w
  *   backward: dx = r (w dy) - x r^3 mean(x w dy),  dL/dw_j = sum over rows of x_j r dy_j
  *
- * Thread mapping: one warp per row; lanes stride over the n columns, the row statistics are
- * warp-shuffle sums (fixed order). The backward writes dx "=" (or "+=" into the residual
- * gradient when `accumulate`) and adds the column sums of the per-row terms x r dy to the weight
- * gradient in m3k_colsum's fixed row order (no atomics, bitwise repeatable): rows of one colsum
- * chunk are summed by extra CTAs of the same launch, straight from x, rstd and dy; longer inputs
- * write the terms to `wcontrib` for m3k_colsum. Riders (riders.cuh: the layer's B_norm | C_norm
+ * Thread mapping: one warp per row; lanes stride over the n columns (the backward four at a time
+ * where n % 4 == 0), the row statistics are warp-shuffle sums (fixed order). The backward writes
+ * dx "=" (or "+=" into the residual gradient when `accumulate`) and adds the column sums of the
+ * per-row terms x r dy to the weight gradient in m3k_colsum's fixed row order (no atomics, bitwise
+ * repeatable): rows of one colsum chunk are summed by extra CTAs of the same launch, straight from
+ * x, rstd and dy; longer inputs write the terms to `wcontrib` for m3k_colsum. Riders (riders.cuh: the layer's B_norm | C_norm
  * column sums and its in_proj weight gradient) take more CTAs of the launch.
  */
 #include "riders.cuh"
@@ -27,6 +27,41 @@ __global__ void rmsnorm_fwd_kernel(const float *__restrict__ x, const float *__r
     const float v = xr[j] * r * w[j];
     if (y_act) y_act[row * n + j] = from_f<T>(v);
     if (y_f32) y_f32[row * n + j] = v;
+  }
+}
+
+/* One row of the backward, the lane's columns V at a time (j = V lane + 32 V i + k). */
+template <int V, typename T>
+__device__ __forceinline__ void rmsnorm_bwd_row(const float *xr, const float *w, const float *dyr, float sc, float r,
+                                                float *wc, float *dxr, T *dar, int32_t n, int accumulate) {
+  const int lane = threadIdx.x & 31;
+  float dot = 0;
+  for (int j = lane * V; j < n; j += 32 * V) {
+    float xv[V], wv[V], dv[V];
+    ld_f<V>(xr + j, xv);
+    ld_f<V>(w + j, wv);
+    ld_f<V>(dyr + j, dv);
+#pragma unroll
+    for (int k = 0; k < V; k++) dot += xv[k] * wv[k] * (sc * dv[k]);
+  }
+  dot = warp_sum(dot);
+  const float c = dot / (float)n * r * r * r;
+  for (int j = lane * V; j < n; j += 32 * V) {
+    float xv[V], wv[V], dv[V], g[V], t[V];
+    ld_f<V>(xr + j, xv);
+    ld_f<V>(w + j, wv);
+    ld_f<V>(dyr + j, dv);
+    if (accumulate) ld_f<V>(dxr + j, g);
+#pragma unroll
+    for (int k = 0; k < V; k++) {
+      const float d = sc * dv[k];
+      t[k] = xv[k] * r * d;
+      const float v = r * wv[k] * d - xv[k] * c;
+      g[k] = accumulate ? g[k] + v : v;
+    }
+    if (wc) st_v<V>(wc + j, t);
+    st_v<V>(dxr + j, g);
+    if (dar) st_v<V>(dar + j, g);
   }
 }
 
@@ -49,22 +84,14 @@ __global__ void rmsnorm_bwd_kernel(const float *__restrict__ x, const float *__r
     return;
   }
   const int64_t row = (int64_t)blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5);
-  const int lane = threadIdx.x & 31;
   if (row >= rows) return;
   const float *xr = x + row * n, *dyr = dy + row * n; // [n] each
-  const float r = rstd[row];
-  float dot = 0;
-  for (int j = lane; j < n; j += 32) dot += xr[j] * w[j] * (sc * dyr[j]);
-  dot = warp_sum(dot);
-  const float c = dot / (float)n * r * r * r;
-  for (int j = lane; j < n; j += 32) {
-    const float d = sc * dyr[j];
-    if (wcontrib) wcontrib[row * n + j] = xr[j] * r * d;
-    float g = r * w[j] * d - xr[j] * c;
-    if (accumulate) g += dx[row * n + j];
-    dx[row * n + j] = g;
-    if (dx_act) dx_act[row * n + j] = from_f<T>(g);
-  }
+  if ((n & 3) == 0) /* every row 16-byte aligned: four columns per access */
+    rmsnorm_bwd_row<4>(xr, w, dyr, sc, rstd[row], wcontrib ? wcontrib + row * n : NULL, dx + row * n,
+                       dx_act ? dx_act + row * n : NULL, n, accumulate);
+  else
+    rmsnorm_bwd_row<1>(xr, w, dyr, sc, rstd[row], wcontrib ? wcontrib + row * n : NULL, dx + row * n,
+                       dx_act ? dx_act + row * n : NULL, n, accumulate);
 }
 
 extern "C" cudaError_t m3k_rmsnorm_fwd(cudaStream_t s, int prec, const float *x, const float *w, void *y_act,
