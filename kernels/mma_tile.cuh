@@ -74,16 +74,24 @@ __device__ __forceinline__ unsigned lds_addr(const __nv_bfloat16 *X, int ld, boo
  * B) or down ld rows. */
 __device__ __forceinline__ unsigned k16_step(bool along_row, int ld) { return along_row ? 32u : 32u * ld; }
 
-/* One k16 step of c += A B with the lane's ldmatrix addresses aa, ba (lds_addr); see mma_tile. */
-template <bool A_ROW, bool B_ROW>
-__device__ __forceinline__ void mma_k16(acc16 &c, unsigned aa, unsigned ba) {
-  unsigned a[4], b[4];
-  if (A_ROW) ldsm4(aa, a);
-  else ldsm4_t(aa, a);
+/* One k16 step of c += A B with the lane's ldmatrix addresses aa, ba (lds_addr); see mma_tile.
+ * ldsm_b loads the B fragment alone, and mma_k16_a takes it loaded (several tiles of one column). */
+template <bool B_ROW> __device__ __forceinline__ void ldsm_b(unsigned ba, unsigned (&b)[4]) {
   if (B_ROW) ldsm4_t(ba, b);
   else ldsm4(ba, b);
+}
+template <bool A_ROW> __device__ __forceinline__ void mma_k16_a(acc16 &c, unsigned aa, const unsigned (&b)[4]) {
+  unsigned a[4];
+  if (A_ROW) ldsm4(aa, a);
+  else ldsm4_t(aa, a);
   mma16816(c.v, a, b[0], b[1]);
   mma16816(c.v + 4, a, b[2], b[3]);
+}
+template <bool A_ROW, bool B_ROW>
+__device__ __forceinline__ void mma_k16(acc16 &c, unsigned aa, unsigned ba) {
+  unsigned b[4];
+  ldsm_b<B_ROW>(ba, b);
+  mma_k16_a<A_ROW>(c, aa, b);
 }
 
 /* c += A[16 x K] B[K x 16]: A's tile at A (row-major: A[i lda + k]; column-major: A[k lda + i]),

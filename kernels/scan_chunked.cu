@@ -359,7 +359,8 @@ __host__ __device__ inline size_t carve_post(unsigned char *base, int S, int row
  * column-major (A[k lda + i]), B row-major (B[k ldb + j]) or column-major (B[j ldb + k]); M, Nn,
  * K multiples of 16. The 16 x 16 output tiles are spread over the CTA's warps, up to BMM_ILP of a
  * warp's tiles at a time (independent accumulator chains, k outermost); each tile's K loop runs in
- * order (deterministic). */
+ * order (deterministic). When the tile columns divide the warps, a warp's tiles share their column,
+ * so each k step loads its B fragment once for all of them. */
 enum { BMM_ILP = 4 };
 template <bool A_ROW, bool B_ROW>
 __device__ __forceinline__ void bmm(float *C, int ldc, const OT *A, int lda, const OT *B, int ldb, int M, int Nn,
@@ -380,13 +381,26 @@ __device__ __forceinline__ void bmm(float *C, int ldc, const OT *A, int lda, con
       aa[j] = lds_addr(A_ROW ? A + (size_t)i0 * lda : A + i0, lda, A_ROW);
       ba[j] = lds_addr(B_ROW ? B + j0 : B + (size_t)j0 * ldb, ldb, B_ROW);
     }
-    for (int k = 0; k < K; k += 16) {
+    if (CWARPS % tn == 0) {
+      for (int k = 0; k < K; k += 16, ba[0] += bs) {
+        unsigned bf[4];
+        ldsm_b<B_ROW>(ba[0], bf);
 #pragma unroll
-      for (int j = 0; j < BMM_ILP; j++) {
-        if (first + CWARPS * j >= nt) break;
-        mma_k16<A_ROW, B_ROW>(c[j], aa[j], ba[j]);
-        aa[j] += as;
-        ba[j] += bs;
+        for (int j = 0; j < BMM_ILP; j++) {
+          if (first + CWARPS * j >= nt) break;
+          mma_k16_a<A_ROW>(c[j], aa[j], bf);
+          aa[j] += as;
+        }
+      }
+    } else {
+      for (int k = 0; k < K; k += 16) {
+#pragma unroll
+        for (int j = 0; j < BMM_ILP; j++) {
+          if (first + CWARPS * j >= nt) break;
+          mma_k16<A_ROW, B_ROW>(c[j], aa[j], ba[j]);
+          aa[j] += as;
+          ba[j] += bs;
+        }
       }
     }
 #pragma unroll
