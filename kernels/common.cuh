@@ -31,7 +31,7 @@ template <> __device__ __forceinline__ f16 from_f<f16>(float x) { return __float
 
 /* V (1 or 4) consecutive values at p to or from registers: one vector access when V is 4 (p then
  * 16-byte aligned for floats, 8-byte for 16-bit types). */
-template <int V> __device__ __forceinline__ void ld_f(const float *p, float (&v)[V]) {
+template <int V> __device__ __forceinline__ void ld_v(const float *p, float (&v)[V]) {
   if constexpr (V == 4) {
     const float4 t = *(const float4 *)p;
     v[0] = t.x, v[1] = t.y, v[2] = t.z, v[3] = t.w;

@@ -45,11 +45,12 @@ __global__ void embed_bwd_kernel(const m3k_batch_info *__restrict__ info, const 
 /* ce reads a row four logits at a time: one float4 where V allows (V % 4 == 0: every row 16-byte
  * aligned), else four scalars with -inf past the end; the gradient goes back the same way. */
 __device__ __forceinline__ void ce_load4(const float *lg, int32_t v0, int32_t V, bool vec, float (&x)[4]) {
-  if (vec) return ld_f<4>(lg + v0, x);
+  if (vec) return ld_v<4>(lg + v0, x);
 #pragma unroll
   for (int k = 0; k < 4; k++) x[k] = v0 + k < V ? lg[v0 + k] : -INFINITY;
 }
-template <typename T> __device__ __forceinline__ void ce_store4(T *dl, int32_t v0, int32_t V, bool vec, const float (&p)[4]) {
+template <typename T>
+__device__ __forceinline__ void ce_store4(T *dl, int32_t v0, int32_t V, bool vec, const float (&p)[4]) {
   if (vec) return st_v<4>(dl + v0, p);
 #pragma unroll
   for (int k = 0; k < 4; k++)

@@ -135,9 +135,9 @@ typedef struct m3k_scan_partials {
  * column sums left to the caller). In the same launch, sp's gradients and the riders (may be NULL; a
  * column sum rides only over rows that fit one chunk). */
 cudaError_t m3k_bcnorm_bwd(cudaStream_t s, int prec, const m3k_dims *d, const void *proj, const float *wB,
-                           const float *wC, const float *bc_rstd, const float *dbc, int32_t slots, const float *dang_head,
-                           void *dproj, float *wcontrib, const m3k_scan_partials *sp, const m3k_riders *riders,
-                           int64_t M);
+                           const float *wC, const float *bc_rstd, const float *dbc, int32_t slots,
+                           const float *dang_head, void *dproj, float *wcontrib, const m3k_scan_partials *sp,
+                           const m3k_riders *riders, int64_t M);
 
 /* ---- the scan (SPEC.md §3 steps 2-10) --------------------------------------------------------------- */
 

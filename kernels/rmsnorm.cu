@@ -9,8 +9,9 @@
  * dx "=" (or "+=" into the residual gradient when `accumulate`) and adds the column sums of the
  * per-row terms x r dy to the weight gradient in m3k_colsum's fixed row order (no atomics, bitwise
  * repeatable): rows of one colsum chunk are summed by extra CTAs of the same launch, straight from
- * x, rstd and dy; longer inputs write the terms to `wcontrib` for m3k_colsum. Riders (riders.cuh: the layer's B_norm | C_norm
- * column sums and its in_proj weight gradient) take more CTAs of the launch.
+ * x, rstd and dy; longer inputs write the terms to `wcontrib` for m3k_colsum. Riders (riders.cuh:
+ * the layer's B_norm | C_norm column sums and its in_proj weight gradient) take more CTAs of the
+ * launch.
  */
 #include "riders.cuh"
 
@@ -38,9 +39,9 @@ __device__ __forceinline__ void rmsnorm_bwd_row(const float *xr, const float *w,
   float dot = 0;
   for (int j = lane * V; j < n; j += 32 * V) {
     float xv[V], wv[V], dv[V];
-    ld_f<V>(xr + j, xv);
-    ld_f<V>(w + j, wv);
-    ld_f<V>(dyr + j, dv);
+    ld_v<V>(xr + j, xv);
+    ld_v<V>(w + j, wv);
+    ld_v<V>(dyr + j, dv);
 #pragma unroll
     for (int k = 0; k < V; k++) dot += xv[k] * wv[k] * (sc * dv[k]);
   }
@@ -48,10 +49,10 @@ __device__ __forceinline__ void rmsnorm_bwd_row(const float *xr, const float *w,
   const float c = dot / (float)n * r * r * r;
   for (int j = lane * V; j < n; j += 32 * V) {
     float xv[V], wv[V], dv[V], g[V], t[V];
-    ld_f<V>(xr + j, xv);
-    ld_f<V>(w + j, wv);
-    ld_f<V>(dyr + j, dv);
-    if (accumulate) ld_f<V>(dxr + j, g);
+    ld_v<V>(xr + j, xv);
+    ld_v<V>(w + j, wv);
+    ld_v<V>(dyr + j, dv);
+    if (accumulate) ld_v<V>(dxr + j, g);
 #pragma unroll
     for (int k = 0; k < V; k++) {
       const float d = sc * dv[k];

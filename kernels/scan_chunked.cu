@@ -99,7 +99,7 @@ struct csmem {
   float *kl;   /* [Np] prep: k (rotated, unscaled) of the window's last token */
   float *pOn;  /* [CWARPS][Pp] gate backward: mixer norm weight partials per warp */
   float *pbw;  /* [CWARPS][2N] post: B_bias, C_bias partials per warp */
-  float *gsum; /* [CQ][2N] post summing a group's heads: dk | dq of each token, summed over the heads so far */
+  float *gsum; /* [CQ][2N] post summing a group's heads: each token's dk | dq over the heads so far */
   float *seg_in; /* [G][S] post_seq: the angle gradient entering each segment from the later tokens */
   int *seg_cut;  /* [G] post_seq: each segment's last reset (-1: none) */
   float *red;  /* [32] */
@@ -238,7 +238,8 @@ __host__ __device__ inline size_t carve_r(unsigned char *base, int P, int N, csm
  *   pbc    [u][2][N] float: the chunk's B_bias, C_bias gradient partials
  * In training (a.chunk_states set) the forward keeps what its backward reads in a.chunk_states, per
  * layer (kept_views): the state entering each chunk, states [u][Pp][Np] bf16 (the forward walk; the
- * per-chunk products read E in bf16 anyway; padding zero), and q, k, tab as above (the scratch has none of them then): the backward does not prepare them again. */
+ * per-chunk products read E in bf16 anyway; padding zero), and q, k, tab as above (the scratch has
+ * none of them then): the backward does not prepare them again. */
 enum { TW = 24, T_DEC = 16, T_DA, T_DSCALE, T_DGAM, T_DBP0, T_DTANG, T_DV, T_DEE, TAB_FIELDS = F_DYX + 1 };
 static_assert(TAB_FIELDS <= T_DEC && T_DEE < TW && (int)TW >= (int)FW, "table layout"); /* T_DTANG, T_DV: post_seq's own */
 
@@ -1105,7 +1106,9 @@ __global__ void __launch_bounds__(CTHREADS, 2) scan_fwd_chunked_r(const m3k_scan
     /* 6'. E <- dec E + (W x)^T ktil in the warps' registers; E -> bf16 (sE), kept for the next chunk */
     {
       state_update(eacc, cd, misc[0], s.sx, cd.lqp, s.sk, cd.lqn);
-      for_state_elems(cd, [&](int j, int e, int p, int n) { s.sE[p * cd.lqn + n] = __float2bfloat16_rn(eacc[j].v[e]); });
+      for_state_elems(cd, [&](int j, int e, int p, int n) {
+        s.sE[p * cd.lqn + n] = __float2bfloat16_rn(eacc[j].v[e]);
+      });
       if (cv.states && ch + 1 < nch) state_keep(cv.states + (u + 1) * cd.Pp * cd.Np, eacc, cd);
     }
     /* 7. epilogue (as scan.cu): y = Y + (gamma q.k + D) x; the per-head norm; the gate. vec: eight
@@ -1205,9 +1208,8 @@ __device__ __forceinline__ float c_finish(const m3k_scan_args &a, int64_t m, int
 /* The reverse walk of dE alone, one CTA per (head, row): per chunk (last first) dE leaving it goes to
  * the scratch (bf16) and its dot with the kept state entering the chunk to the table (T_DEE), then
  * dE <- dec dE + (EC dY)^T q in the warps' accumulator registers (the forward walk's tiles); q, dY and
- * E of the next chunk load meanwhile. At
- * the end dbp_0 = v_in^T dE_0 k_in (tab T_DBP0 of the row's first unit; its beta term, dropped at a
- * reset by the post kernel). */
+ * E of the next chunk load meanwhile. At the end dbp_0 = v_in^T dE_0 k_in (tab T_DBP0 of the row's
+ * first unit; its beta term, dropped at a reset by the post kernel). */
 template <typename T, int PK, int NK>
 __global__ void __launch_bounds__(CTHREADS, 2) scan_dstate_chunked(const m3k_scan_args a) {
   extern __shared__ __align__(128) unsigned char smraw[];
@@ -1250,7 +1252,9 @@ __global__ void __launch_bounds__(CTHREADS, 2) scan_dstate_chunked(const m3k_sca
     state_keep(cv.de + u * cd.Pp * cd.Np, eacc, cd);
     const OT *sE = s.sE + buf * cd.Pp * cd.lqn;
     float dee = 0;
-    for_state_elems(cd, [&](int j, int e, int p, int n) { dee += eacc[j].v[e] * __bfloat162float(sE[p * cd.lqn + n]); });
+    for_state_elems(cd, [&](int j, int e, int p, int n) {
+      dee += eacc[j].v[e] * __bfloat162float(sE[p * cd.lqn + n]);
+    });
     dee = warp_sum(dee);
     if (lane == 0) s.red[wid] = dee;
     /* EC dY in place */
@@ -1571,7 +1575,6 @@ __global__ void __launch_bounds__(CTHREADS, SUM ? 2 : UPL <= 3 ? 3 : UPL == 4 ? 
     };
     const auto finish = [&](int i, const tok_in &in) {
       const int64_t mi = m0 + i;
-      /* dk, dq in place of the raw values, or added to the group's running sums */
       float *ok = SUM ? s.gsum + i * 2 * N : a.dbc_head + ((mi * H + h) * 2 + 0) * N, *oq = ok + N;
       const float scale = sc[i * FW + F_SCALE], gd = sc[i * FW + F_GAM] * sc[i * FW + F_DYX];
       float ds = 0;
