@@ -785,9 +785,6 @@ static size_t overlapped_dout(const backend *be, int64_t M) {
 /* A training step in two parts: its d_out is staged and uploaded while its forward runs. */
 static int step_splits(const backend *be, int64_t M) { return overlapped_dout(be, M) > 0; }
 
-/* bytes from the host's src to the device's dst through the pinned staging at stage, on the copy
- * stream: the host copies piece i + 1 while the copy engine moves piece i. The compute stream waits
- * for the last piece before its next work. */
 /* Whether p is page-locked host memory (m3_host_pinned_alloc's, or the caller's own) */
 static int pinned(const void *p) {
   struct cudaPointerAttributes a;
@@ -798,8 +795,9 @@ static int pinned(const void *p) {
   return a.type == cudaMemoryTypeHost;
 }
 
-/* src uploaded on the copy stream, the compute stream waiting for it: straight from page-locked memory,
- * else staged piece by piece (the host copying a piece while the one before moves) */
+/* bytes from the host's src to the device's dst on the copy stream, the compute stream waiting for the
+ * last of them before its next work: straight from page-locked memory, else through the pinned staging
+ * at stage piece by piece (the host copies piece i + 1 while the copy engine moves piece i) */
 static m3_status upload_overlapped(backend *be, void *dst, void *stage, const void *src, size_t bytes) {
   if (pinned(src)) {
     CK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyHostToDevice, be->copy_st));
