@@ -19,17 +19,16 @@
  * normalised here from proj (warps 0 and 1 sum the squares as bcnorm_fwd_kernel does, and every value
  * is x r w with its rounding: bitwise its B_hat, C_hat), one launch per layer fewer; the group's first
  * head stores them in bc_hat and bc_rstd for the backward (not when bc_hat is NULL: one-token
- * inference). Then the state: a row p belongs
- * to a group of LW lanes (the power of two covering the row's vectors, at most 32; 32 / LW rows per
- * warp at a time), lane j of a group holding the row's vectors j, j + LW, ... A vector is a float4
- * (V = 4) when the groups cover the rows exactly (N = 4 LW, or N = 256: two per lane) and the state
- * buffers are 16-byte aligned, else one float (V = 1): then each lane loads straight from global
- * memory, keeping the loads of R rows (32 floats) in flight, the first batch issued before the
- * per-(b, h) work so that the two overlap, and stores the same way (streaming: every element moves
- * once). y[p] = H[p, :] q is summed per lane, then over the group by shuffle butterflies (the R
- * rows' interleaved). Last, warp 0 adds D x and applies the optional per-head RMSNorm and the gate
- * exactly as scan_fwd_kernel's epilogue does. (A persistent, double-buffered variant measured no
- * faster: kernels/NOTES.md, runs 22-24.)
+ * inference). Then the state: a row p belongs to a group of LW lanes (the power of two covering the
+ * row's vectors, at most 32; 32 / LW rows per warp at a time), lane j of a group holding the row's
+ * vectors j, j + LW, ... A vector is a float4 (V = 4) when the groups cover the rows exactly (N = 4
+ * LW, or N = 256: two per lane) and the state buffers are 16-byte aligned, else one float (V = 1):
+ * then each lane loads straight from global memory, keeping the loads of R rows (32 floats) in flight,
+ * the first batch issued before the per-(b, h) work so that the two overlap, and stores the same way
+ * (streaming: every element moves once). y[p] = H[p, :] q is summed per lane, then over the group by
+ * shuffle butterflies (the R rows' interleaved). Last, warp 0 adds D x and applies the optional
+ * per-head RMSNorm and the gate exactly as scan_fwd_kernel's epilogue does. (A persistent,
+ * double-buffered variant measured no faster: kernels/NOTES.md, runs 22-24.)
  *
  * In place: decode passes the carried state as both in_* and fin_*. Each element of in_ssm is read
  * before it is written (by the bulk copy in, or by the thread that writes it) and never read

@@ -4,8 +4,8 @@
 -- element count and up to 8 dims; `t[i]` is bounds-checked 0-based flat access and `#t`
 -- the element count. The memory belongs to an anchor (an ffi.new array, page-locked memory
 -- for m3.tensor(shape, dtype, {pinned = true}), a weights object for views, a user's FFI
--- array for wraps) kept alive in a registry until the tensor is collected. Nothing here copies or loops over elements unless asked (from, to_table,
--- clone, cast).
+-- array for wraps) kept alive in a registry until the tensor is collected. Nothing here
+-- copies or loops over elements unless asked (from, to_table, clone, cast).
 
 local ffi = require "ffi"
 local lib = require "m3.lib"
@@ -173,7 +173,9 @@ function tensor.new(shape, dtype, opts)
       raise(string.format("m3.tensor: options must be a table ({pinned = true}), got %s", type(opts)))
     end
     for k, v in pairs(opts) do
-      if k ~= "pinned" then raise(string.format("m3.tensor: unknown option %s (the one option is pinned)", tostring(k))) end
+      if k ~= "pinned" then
+        raise(string.format("m3.tensor: unknown option %s (the one option is pinned)", tostring(k)))
+      end
       if type(v) ~= "boolean" then raise(string.format("m3.tensor: pinned must be a boolean, got %s", type(v))) end
     end
     if opts.pinned then return pinned_zeros(tensor.dtype_name(dtype), shape, n) end
