@@ -29,12 +29,15 @@ template <> __device__ __forceinline__ float from_f<float>(float x) { return x; 
 template <> __device__ __forceinline__ bf16 from_f<bf16>(float x) { return __float2bfloat16_rn(x); }
 template <> __device__ __forceinline__ f16 from_f<f16>(float x) { return __float2half_rn(x); }
 
-/* V (1 or 4) consecutive values at p to or from registers: one vector access when V is 4 (p then
- * 16-byte aligned for floats, 8-byte for 16-bit types). */
+/* V (1, 2 or 4) consecutive values at p to or from registers: one vector access when V is 2 or 4 (p then
+ * aligned to V elements). */
 template <int V> __device__ __forceinline__ void ld_v(const float *p, float (&v)[V]) {
   if constexpr (V == 4) {
     const float4 t = *(const float4 *)p;
     v[0] = t.x, v[1] = t.y, v[2] = t.z, v[3] = t.w;
+  } else if constexpr (V == 2) {
+    const float2 t = *(const float2 *)p;
+    v[0] = t.x, v[1] = t.y;
   } else {
     for (int k = 0; k < V; k++) v[k] = p[k];
   }
@@ -45,6 +48,11 @@ template <int V, typename T> __device__ __forceinline__ void st_v(T *p, const fl
   } else if constexpr (V == 4) {
     const T t[4] = {from_f<T>(v[0]), from_f<T>(v[1]), from_f<T>(v[2]), from_f<T>(v[3])};
     *(uint2 *)p = *(const uint2 *)t;
+  } else if constexpr (V == 2 && sizeof(T) == 4) {
+    *(float2 *)p = make_float2(v[0], v[1]);
+  } else if constexpr (V == 2) {
+    const T t[2] = {from_f<T>(v[0]), from_f<T>(v[1])};
+    *(unsigned *)p = *(const unsigned *)t;
   } else {
     for (int k = 0; k < V; k++) p[k] = from_f<T>(v[k]);
   }

@@ -58,6 +58,10 @@
 typedef __nv_bfloat16 OT; /* tensor-core operand type */
 
 enum { CQ = M3K_CHUNK, CTHREADS = 256, CWARPS = 8 };
+/* The backward's products in registers: a [CQ][KB] column block is the CTA's CWARPS x BMM_ILP 16 x 16
+ * accumulator tiles (bmm_regs). */
+enum { BMM_ILP = 4, KB = CWARPS * BMM_ILP / (CQ / 16) * 16 };
+static_assert(CQ * (KB / 16) <= 2 * CQ * (CQ / 16), "carve_c: sR holds kgrad_regs' partials");
 
 /* per-token scalar table: sc[i * FW + F_x], i < CQ + 1 (slot CQ... unused; slot nb = next token) */
 enum { F_A = 0, F_GAM, F_BP, F_DT, F_RST, F_LAM, F_AA, F_DSP, F_DAD, F_C, F_SEG, F_EC, F_SCALE, F_W, F_QK, F_DYX,
@@ -67,7 +71,6 @@ struct cdims {
   int Pp, Np;            /* P, N rounded up to 16 */
   int lqn, lqp, lqq;     /* row strides of bf16 tiles N, P, Q wide */
   int lfp;               /* row stride of float32 tiles P wide */
-  int cw, lfc;           /* bwd: the [CQ][Np] float32 products in column blocks of cw (<= 64 or half of Np) */
 };
 
 __host__ __device__ inline cdims make_cdims(int P, int N) {
@@ -78,8 +81,6 @@ __host__ __device__ inline cdims make_cdims(int P, int N) {
   c.lqp = c.Pp + 8;
   c.lqq = CQ + 8;
   c.lfp = c.Pp + 4;
-  c.cw = c.Np > 64 ? (c.Np / 16 + 1) / 2 * 16 : c.Np;
-  c.lfc = c.cw + 4;
   return c;
 }
 
@@ -92,7 +93,7 @@ struct csmem {
   OT *sdE;   /* [Pp][lqn] bwd: dE (bf16; the same space as sE, after its last use) */
   OT *sL1;   /* [CQ][lqq] fwd: L o S; bwd: L o S1 */
   OT *sL2;   /* [CQ][lqq] bwd: L o S2 */
-  float *sR;   /* fwd: Y [CQ][lfp]; bwd: M's row / column partials, then [CQ][max(lfc, lfp)] */
+  float *sR;   /* fwd: Y [CQ][lfp]; bwd: M's row / column partials, then the row dots' tile partials */
   float *th;   /* [CQ][S] post_seq: tanh of the angle logits */
   float *dth;  /* [CQ][S] post_seq: angle gradient of the chunk, then pi D tanh */
   float *sc;   /* [CQ + 1][FW] token scalars (post_seq: [CQ][TW] table rows) */
@@ -128,13 +129,7 @@ __host__ __device__ inline size_t carve_c(unsigned char *base, int P, int N, csm
   t.sdE = t.sE;
   CT(sL1, OT, CQ * c.lqq);
   CT(sL2, OT, CQ * c.lqq);
-  {
-    /* the row / column partials of M, then [CQ][max(lfc, lfp)] */
-    size_t r = (size_t)2 * CQ * (CQ / 16);
-    const size_t o = (size_t)CQ * (c.lfc > c.lfp ? c.lfc : c.lfp);
-    if (o > r) r = o;
-    CT(sR, float, r);
-  }
+  CT(sR, float, 2 * CQ * (CQ / 16)); /* the row / column partials of M, then [CQ][KB / 16] (kgrad_regs) */
   CT(sc, float, (CQ + 1) * FW);
   CT(misc, float, 8);
   if (m) *m = t;
@@ -356,59 +351,53 @@ __host__ __device__ inline size_t carve_post(unsigned char *base, int S, int row
 /* ---- tensor-core block product -------------------------------------------------------------------- */
 
 
-/* C[M x Nn] (float32, row stride ldc) (+)= A[M x K] B[K x Nn]; A row-major (A[i lda + k]) or
- * column-major (A[k lda + i]), B row-major (B[k ldb + j]) or column-major (B[j ldb + k]); M, Nn,
- * K multiples of 16. The 16 x 16 output tiles are spread over the CTA's warps, up to BMM_ILP of a
- * warp's tiles at a time (independent accumulator chains, k outermost); each tile's K loop runs in
- * order (deterministic). When the tile columns divide the warps, a warp's tiles share their column,
- * so each k step loads its B fragment once for all of them. */
-enum { BMM_ILP = 4 };
+/* The warp's tile j (< BMM_ILP) of a [CQ][16 tn] product: false past the last; else its first row i0
+ * and column j0. Tiles go round the warps (tile wid + CWARPS j, row-major), so when tn divides CWARPS
+ * all of a warp's tiles lie in one column. */
+__device__ __forceinline__ bool reg_tile(int j, int tn, int &i0, int &j0) {
+  const int tile = (threadIdx.x >> 5) + CWARPS * j;
+  i0 = tile / tn * 16;
+  j0 = tile % tn * 16;
+  return tile < (CQ / 16) * tn;
+}
+
+/* c[j] += the warp's tiles (reg_tile) of A[CQ x K] B[K x 16 tn], tn <= KB / 16: A row-major (A[i lda + k])
+ * or column-major (A[k lda + i]), B row-major (B[k ldb + j]) or column-major (B[j ldb + k]); K a
+ * multiple of 16. The tiles' chains run side by side, k outermost, each in order (deterministic);
+ * tiles of one column load each k step's B fragment once. */
 template <bool A_ROW, bool B_ROW>
-__device__ __forceinline__ void bmm(float *C, int ldc, const OT *A, int lda, const OT *B, int ldb, int M, int Nn,
-                                    int K, bool acc) {
-  const int wid = threadIdx.x >> 5;
-  const int tn = Nn / 16, nt = (M / 16) * tn;
+__device__ __forceinline__ void bmm_regs(acc16 (&c)[BMM_ILP], const OT *A, int lda, const OT *B, int ldb, int tn,
+                                         int K) {
+  int i0, j0;
+  if (!reg_tile(0, tn, i0, j0)) return; /* (tn < CWARPS / 4: this warp has no tile) */
   const unsigned as = k16_step(A_ROW, lda), bs = k16_step(!B_ROW, ldb);
-  for (int first = wid; first < nt; first += CWARPS * BMM_ILP) {
-    acc16 c[BMM_ILP];
-    unsigned aa[BMM_ILP], ba[BMM_ILP];
+  unsigned aa[BMM_ILP], ba[BMM_ILP];
 #pragma unroll
-    for (int j = 0; j < BMM_ILP; j++) {
-      const int tile = first + CWARPS * j;
-      if (tile >= nt) break;
-      const int i0 = tile / tn * 16, j0 = tile % tn * 16;
-      if (acc) acc_load(c[j], C + (size_t)i0 * ldc + j0, ldc);
-      else acc_zero(c[j]);
-      aa[j] = lds_addr(A_ROW ? A + (size_t)i0 * lda : A + i0, lda, A_ROW);
-      ba[j] = lds_addr(B_ROW ? B + j0 : B + (size_t)j0 * ldb, ldb, B_ROW);
-    }
-    if (CWARPS % tn == 0) {
-      for (int k = 0; k < K; k += 16, ba[0] += bs) {
-        unsigned bf[4];
-        ldsm_b<B_ROW>(ba[0], bf);
+  for (int j = 0; j < BMM_ILP; j++) {
+    if (!reg_tile(j, tn, i0, j0)) break;
+    aa[j] = lds_addr(A_ROW ? A + (size_t)i0 * lda : A + i0, lda, A_ROW);
+    ba[j] = lds_addr(B_ROW ? B + j0 : B + (size_t)j0 * ldb, ldb, B_ROW);
+  }
+  if (CWARPS % tn == 0) {
+    for (int k = 0; k < K; k += 16, ba[0] += bs) {
+      unsigned bf[4];
+      ldsm_b<B_ROW>(ba[0], bf);
 #pragma unroll
-        for (int j = 0; j < BMM_ILP; j++) {
-          if (first + CWARPS * j >= nt) break;
-          mma_k16_a<A_ROW>(c[j], aa[j], bf);
-          aa[j] += as;
-        }
-      }
-    } else {
-      for (int k = 0; k < K; k += 16) {
-#pragma unroll
-        for (int j = 0; j < BMM_ILP; j++) {
-          if (first + CWARPS * j >= nt) break;
-          mma_k16<A_ROW, B_ROW>(c[j], aa[j], ba[j]);
-          aa[j] += as;
-          ba[j] += bs;
-        }
+      for (int j = 0; j < BMM_ILP; j++) {
+        if (!reg_tile(j, tn, i0, j0)) break;
+        mma_k16_a<A_ROW>(c[j], aa[j], bf);
+        aa[j] += as;
       }
     }
+  } else {
+    for (int k = 0; k < K; k += 16) {
 #pragma unroll
-    for (int j = 0; j < BMM_ILP; j++) {
-      const int tile = first + CWARPS * j;
-      if (tile >= nt) break;
-      acc_store(C + (size_t)(tile / tn * 16) * ldc + tile % tn * 16, ldc, c[j]);
+      for (int j = 0; j < BMM_ILP; j++) {
+        if (!reg_tile(j, tn, i0, j0)) break;
+        mma_k16<A_ROW, B_ROW>(c[j], aa[j], ba[j]);
+        aa[j] += as;
+        ba[j] += bs;
+      }
     }
   }
 }
@@ -796,42 +785,6 @@ template <typename T> __device__ __forceinline__ void st8(T *p, const float *v) 
 #pragma unroll
   for (int k = 0; k < 8; k++) e[k] = from_f<T>(v[k]);
   *(uint4 *)p = r;
-}
-
-/* Per row i of the float32 tile F (four threads per row): with c = sc[i][fc] (0 past nb), F_i <- c F_i
- * and sc[i][fo] = c (F_i . X_i) for i < nb (add: +=), the dot over the row's w columns with the bf16
- * tile X (each thread's columns in order, then a fixed shuffle tree). */
-static_assert(CTHREADS == 4 * CQ, "scale_rows_dot: four threads per row");
-__device__ __forceinline__ void scale_rows_dot(float *F, int ldf, const OT *X, int ldx, int w, float *sc, int nb, int fc,
-                                               int fo, bool add) {
-  const int i = threadIdx.x >> 2, q = threadIdx.x & 3;
-  const float c = i < nb ? sc[i * FW + fc] : 0.0f;
-  float r = 0;
-  for (int n = q; n < w; n += 4) {
-    const float v = F[i * ldf + n];
-    r += v * __bfloat162float(X[i * ldx + n]);
-    F[i * ldf + n] = c * v;
-  }
-  r += __shfl_xor_sync(0xffffffffu, r, 1);
-  r += __shfl_xor_sync(0xffffffffu, r, 2);
-  if (q == 0 && i < nb) sc[i * FW + fo] = add ? sc[i * FW + fo] + c * r : c * r;
-}
-
-/* dst[i * ld_dst + n] = src[i * ld + n] for rows i < nb, n < N (float32; four columns per item where
- * N, ld and ld_dst are multiples of 4). */
-__device__ __forceinline__ void rows_out(float *dst, int64_t ld_dst, const float *src, int ld, int nb, int N) {
-  if (((N | ld | (int)ld_dst) & 3) == 0) {
-    const int vpr = N / 4;
-    for (int idx = threadIdx.x; idx < nb * vpr; idx += CTHREADS) {
-      const int i = idx / vpr, n = (idx - i * vpr) * 4;
-      *(float4 *)(dst + i * ld_dst + n) = *(const float4 *)(src + i * ld + n);
-    }
-  } else {
-    for (int idx = threadIdx.x; idx < nb * N; idx += CTHREADS) {
-      const int i = idx / N, n = idx - i * N;
-      dst[i * ld_dst + n] = src[i * ld + n];
-    }
-  }
 }
 
 /* ---- the parallel parts: angles, then per-chunk preparation ------------------------------------------- */
@@ -1290,31 +1243,79 @@ __global__ void __launch_bounds__(CTHREADS, 2) scan_dstate_chunked(const m3k_sca
   }
 }
 
-/* One [CQ][N] result of the per-chunk backward (raw dq or dktil) in column blocks of cd.cw through F
- * ([CQ][lfc] float32): F = A1 B1 (A1 [CQ][Pp], row stride lqp; B1 [Pp][Np], lqn); per row i, with
- * c = sc[i][fc], F <- c F and sc[i][fo] = c (F . X) over all columns (X [CQ][Np], lqn); F += L2' B2
- * (L2 [CQ][CQ], lqq, transposed unless L2_ROW; B2 [CQ][Np], lqn); rows < nb to dst (row stride ld_dst). */
+/* One [CQ][N] result of the per-chunk backward (raw dq or dktil), a [CQ][KB] column block at a time in
+ * the warps' accumulator tiles: F = A1 B1 (A1 [CQ][Pp], row stride lqp; B1 [Pp][Np], lqn); per row i,
+ * with c = sc[i][fc] (0 past nb), sc[i][fo] = c (F_i . X_i) over all columns (X [CQ][Np], lqn; the
+ * tiles' partials through part, summed in column order) and F_i <- c F_i; then F += L2' B2 (L2
+ * [CQ][CQ], lqq, transposed unless L2_ROW; B2 [CQ][Np], lqn); rows < nb, columns < N straight to dst
+ * (row stride ld_dst). Every thread has read A1, B1, X, L2 and B2 when it returns. */
 template <bool L2_ROW>
-__device__ __forceinline__ void kgrad_blocks(float *F, const cdims &cd, const OT *A1, const OT *B1, const OT *X, float *sc,
-                                             int nb, int fc, int fo, const OT *L2, const OT *B2, float *dst,
-                                             int64_t ld_dst, int N) {
-  for (int c0 = 0; c0 < cd.Np; c0 += cd.cw) {
-    const int w = min(cd.cw, cd.Np - c0);
-    bmm<true, true>(F, cd.lfc, A1, cd.lqp, B1 + c0, cd.lqn, CQ, w, cd.Pp, false);
+__device__ __forceinline__ void kgrad_regs(const cdims &cd, const OT *A1, const OT *B1, const OT *X, float *sc,
+                                           int nb, int fc, int fo, const OT *L2, const OT *B2, float *dst,
+                                           int64_t ld_dst, int N, float *part) {
+  const int lane = threadIdx.x & 31;
+  const bool pairs = ((N | (int)ld_dst) & 1) == 0; /* float2 stores (dst's offset is a multiple of N) */
+  float dot = 0;                                   /* thread i < CQ: row i's F . X so far */
+  for (int c0 = 0; c0 < cd.Np; c0 += KB) {
+    const int tn = min(KB, cd.Np - c0) / 16;
+    acc16 c[BMM_ILP];
+#pragma unroll
+    for (int j = 0; j < BMM_ILP; j++) acc_zero(c[j]);
+    bmm_regs<true, true>(c, A1, cd.lqp, B1 + c0, cd.lqn, tn, cd.Pp);
+#pragma unroll
+    for (int j = 0; j < BMM_ILP; j++) {
+      int i0, j0;
+      if (!reg_tile(j, tn, i0, j0)) break;
+      const int r0 = i0 + lane / 4;
+      const float s0 = r0 < nb ? sc[r0 * FW + fc] : 0.0f, s1 = r0 + 8 < nb ? sc[(r0 + 8) * FW + fc] : 0.0f;
+      float d[2] = {0.0f, 0.0f};
+#pragma unroll
+      for (int e = 0; e < 8; e++) {
+        const int hi = (e >> 1) & 1;
+        d[hi] += c[j].v[e] * __bfloat162float(X[(i0 + acc_row(e)) * cd.lqn + c0 + j0 + acc_col(e)]);
+        c[j].v[e] *= hi ? s1 : s0;
+      }
+#pragma unroll
+      for (int hi = 0; hi < 2; hi++) {
+        d[hi] += __shfl_xor_sync(0xffffffffu, d[hi], 1);
+        d[hi] += __shfl_xor_sync(0xffffffffu, d[hi], 2);
+      }
+      if ((lane & 3) == 0) {
+        part[r0 * (KB / 16) + j0 / 16] = d[0];
+        part[(r0 + 8) * (KB / 16) + j0 / 16] = d[1];
+      }
+    }
+    bmm_regs<L2_ROW, true>(c, L2, cd.lqq, B2 + c0, cd.lqn, tn, CQ);
+#pragma unroll
+    for (int j = 0; j < BMM_ILP; j++) {
+      int i0, j0;
+      if (!reg_tile(j, tn, i0, j0)) break;
+#pragma unroll
+      for (int e = 0; e < 8; e += 2) {
+        const int i = i0 + acc_row(e), n = c0 + j0 + acc_col(e);
+        if (i >= nb) continue;
+        float *o = dst + i * ld_dst + n;
+        const float v[2] = {c[j].v[e], c[j].v[e + 1]};
+        if (pairs && n < N) st_v<2>(o, v);
+        else {
+          if (n < N) o[0] = v[0];
+          if (n + 1 < N) o[1] = v[1];
+        }
+      }
+    }
     __syncthreads();
-    scale_rows_dot(F, cd.lfc, X + c0, cd.lqn, w, sc, nb, fc, fo, c0 > 0);
-    __syncthreads();
-    bmm<L2_ROW, true>(F, cd.lfc, L2, cd.lqq, B2 + c0, cd.lqn, CQ, w, CQ, true);
-    __syncthreads();
-    rows_out(dst + c0, ld_dst, F, cd.lfc, nb, min(w, N - c0));
-    __syncthreads();
+    if (threadIdx.x < CQ)
+      for (int k = 0; k < tn; k++) dot += part[threadIdx.x * (KB / 16) + k];
+    if (c0 + KB < cd.Np) __syncthreads(); /* the next block writes part */
   }
+  if (threadIdx.x < nb) sc[threadIdx.x * FW + fo] = sc[threadIdx.x * FW + fc] * dot;
 }
 
 /* One CTA per (chunk, head, row), after scan_dstate_chunked: the chunk's products with dE leaving it
  * (the scratch) and the state entering it (a.chunk_states), both bf16, copied into one space (E until
- * dq is done, then dE); the float32 [CQ][Np] products in column blocks (cd.cw). MINB = 2 (128
- * registers) for shapes whose shared memory lets two CTAs share an SM (bwd_two_ctas). */
+ * dq is done, then dE); the float32 products in the warps' accumulator tiles, [CQ][KB] column blocks
+ * at a time, stored from there (kgrad_regs and step 8). MINB = 2 (128 registers) for shapes whose
+ * shared memory lets two CTAs share an SM (bwd_two_ctas). */
 template <typename T, int MINB, int PK, int NK>
 __global__ void __launch_bounds__(CTHREADS, MINB) scan_bwd_chunked(const m3k_scan_args a) {
   extern __shared__ __align__(128) unsigned char smraw[];
@@ -1333,7 +1334,6 @@ __global__ void __launch_bounds__(CTHREADS, MINB) scan_bwd_chunked(const m3k_sca
   const bool vec = act_vec(d);
   cviews cv;
   chunk_views(a.chunk_scratch, a.chunk_states, a.rows, a.len, H, P, N, true, &cv);
-  float *sF = s.sR;
   const int t0 = ch * CQ, nb = min(CQ, a.len - t0);
   const int64_t m0 = (int64_t)b * a.len + t0;
   const int64_t u = bh * nch + ch;
@@ -1422,47 +1422,59 @@ __global__ void __launch_bounds__(CTHREADS, MINB) scan_bwd_chunked(const m3k_sca
   /* 6. dq = EC (dY E) + L2 ktil (+ diagonal); r_t */
   const int64_t ld_bc = (int64_t)H * 2 * N;
   float *dq = a.dbc_head + ((m0 * H + h) * 2 + 1) * N, *dk = a.dbc_head + ((m0 * H + h) * 2 + 0) * N;
-  kgrad_blocks<true>(sF, cd, s.sxw, s.sE, s.sq, s.sc, nb, F_EC, F_R, s.sL2, s.sk, dq, ld_bc, N); /* dq (raw) */
+  kgrad_regs<true>(cd, s.sxw, s.sE, s.sq, s.sc, nb, F_EC, F_R, s.sL2, s.sk, dq, ld_bc, N, s.sR); /* dq (raw) */
   /* dE (bf16) where E was (dq, its last reader, ended with a barrier) */
   tile_load(s.sdE, cd.lqn, cv.de + u * cd.Pp * cd.Np, cd.Np, cd.Pp);
   cp_wait_all();
   __syncthreads();
   /* 7. dktil = W (x dE) + L2^T q; v_s */
-  kgrad_blocks<false>(sF, cd, s.sx, s.sdE, s.sk, s.sc, nb, F_W, F_V, s.sL2, s.sq, dk, ld_bc, N); /* dktil (raw) */
-  /* 8. dx = W (ktil dE^T) + L1^T dY (+ diagonal, D) */
-  bmm<true, false>(sF, cd.lfp, s.sk, cd.lqn, s.sdE, cd.lqn, CQ, cd.Pp, cd.Np, false);
-  __syncthreads();
-  for (int idx = tid; idx < CQ * cd.Pp; idx += CTHREADS) {
-    const int i = idx / cd.Pp, p = idx - i * cd.Pp;
-    sF[i * cd.lfp + p] *= i < nb ? s.sc[i * FW + F_W] : 0.0f;
-  }
-  __syncthreads();
-  bmm<false, true>(sF, cd.lfp, s.sL1, cd.lqq, s.sxw, cd.lqp, CQ, cd.Pp, CQ, true);
-  __syncthreads();
-  if (vec) {
-    const int vpr = P / 8;
-    for (int idx = tid; idx < nb * vpr; idx += CTHREADS) {
-      const int i = idx / vpr, p = (idx - i * vpr) * 8;
-      const int64_t mi = m0 + i;
-      const float dg = s.sc[i * FW + F_GAM] * s.sc[i * FW + F_QK] + Dh;
-      const float *dyp = a.dy + mi * E + (int64_t)h * P + p;
-      const float4 d0 = *(const float4 *)dyp, d1 = *(const float4 *)(dyp + 4);
-      const float dy[8] = {d0.x, d0.y, d0.z, d0.w, d1.x, d1.y, d1.z, d1.w};
-      float dx[8];
+  kgrad_regs<false>(cd, s.sx, s.sdE, s.sk, s.sc, nb, F_W, F_V, s.sL2, s.sq, dk, ld_bc, N, s.sR); /* dktil (raw) */
+  /* 8. dx = W (ktil dE^T) + L1^T dY (+ diagonal, D), [CQ][KB] column blocks in the warps' accumulator
+   * tiles, straight to dproj (two columns an access where every offset is even) */
+  {
+    const bool pairs = ((P | E | d.dipp | d.x_off) & 1) == 0;
+    for (int c0 = 0; c0 < cd.Pp; c0 += KB) {
+      const int tn = min(KB, cd.Pp - c0) / 16;
+      acc16 c[BMM_ILP];
 #pragma unroll
-      for (int k = 0; k < 8; k++) dx[k] = sF[i * cd.lfp + p + k] + dg * dy[k];
-      st8(dproj + mi * d.dipp + d.x_off + (int64_t)h * P + p, dx);
-    }
-  } else {
-#pragma unroll 4
-    for (int idx = tid; idx < nb * P; idx += CTHREADS) {
-      const int i = idx / P, p = idx - i * P;
-      const int64_t mi = m0 + i;
-      const float dg = s.sc[i * FW + F_GAM] * s.sc[i * FW + F_QK] + Dh;
-      const float dx = sF[i * cd.lfp + p] + dg * a.dy[mi * E + (int64_t)h * P + p];
-      dproj[mi * d.dipp + d.x_off + (int64_t)h * P + p] = from_f<T>(dx);
+      for (int j = 0; j < BMM_ILP; j++) acc_zero(c[j]);
+      bmm_regs<true, false>(c, s.sk, cd.lqn, s.sdE + (size_t)c0 * cd.lqn, cd.lqn, tn, cd.Np);
+#pragma unroll
+      for (int j = 0; j < BMM_ILP; j++) {
+        int i0, j0;
+        if (!reg_tile(j, tn, i0, j0)) break;
+        const int r0 = i0 + lane / 4;
+        const float w0 = r0 < nb ? s.sc[r0 * FW + F_W] : 0.0f, w1 = r0 + 8 < nb ? s.sc[(r0 + 8) * FW + F_W] : 0.0f;
+#pragma unroll
+        for (int e = 0; e < 8; e++) c[j].v[e] *= (e >> 1) & 1 ? w1 : w0;
+      }
+      bmm_regs<false, true>(c, s.sL1, cd.lqq, s.sxw + c0, cd.lqp, tn, CQ);
+#pragma unroll
+      for (int j = 0; j < BMM_ILP; j++) {
+        int i0, j0;
+        if (!reg_tile(j, tn, i0, j0)) break;
+#pragma unroll
+        for (int e = 0; e < 8; e += 2) {
+          const int i = i0 + acc_row(e), p = c0 + j0 + acc_col(e);
+          if (i >= nb || p >= P) continue;
+          const int64_t mi = m0 + i;
+          const float dg = s.sc[i * FW + F_GAM] * s.sc[i * FW + F_QK] + Dh;
+          const float *dyp = a.dy + mi * E + (int64_t)h * P + p;
+          T *dxp = dproj + mi * d.dipp + d.x_off + (int64_t)h * P + p;
+          if (pairs) {
+            float dy[2];
+            ld_v<2>(dyp, dy);
+            const float dx[2] = {c[j].v[e] + dg * dy[0], c[j].v[e + 1] + dg * dy[1]};
+            st_v<2>(dxp, dx);
+          } else {
+            dxp[0] = from_f<T>(c[j].v[e] + dg * dyp[0]);
+            if (p + 1 < P) dxp[1] = from_f<T>(c[j].v[e + 1] + dg * dyp[1]);
+          }
+        }
+      }
     }
   }
+  __syncthreads(); /* the rows' v_s (F_V) are read by warp 0 below */
   /* 9. decay gradient (warp 0): da into the table (scan_post_seq_chunked finishes the scalars) */
   if (wid == 0) { /* two tokens per lane; sums and the suffix scan by shuffles (fixed order) */
     const float dEE = misc[1];
