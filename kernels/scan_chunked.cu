@@ -483,7 +483,10 @@ __device__ __forceinline__ void c_prep(float *sc, int nb, float *misc) {
  * the head's B/C biases are set up once per CTA, and a token's loads (B_hat / C_hat, theta) are all
  * issued before any is used. */
 
-/* Units per lane for N - S <= 256 units (UNITS_DISPATCH binds it as a compile-time constant). */
+/* Units per lane for N - S <= 256 units (UNITS_DISPATCH binds it as a compile-time constant). The unit
+ * loops take a warp's tokens TOK_UNITS / UPL at a time (at least one) with their loads in flight together:
+ * at small N a token alone leaves the warp waiting on its loads (NOTES.md run 152). */
+enum { TOK_UNITS = 4 };
 __host__ __device__ constexpr int upl_of(int units) {
   return units <= 32 ? 1 : units <= 64 ? 2 : units <= 96 ? 3 : units <= 128 ? 4 : 8;
 }
@@ -562,18 +565,15 @@ __device__ __forceinline__ void c_build(const m3k_scan_args &a, const csmem &s, 
   const int S = a.d.S, GN = a.d.G * N;
   const lane_units<UPL> L = lane_units_of<UPL>(a, h);
   const float *bc0 = a.bc_hat + (m0 * 2 * a.d.G + g) * N, *th0 = a.theta + (m0 * a.d.H + h) * S;
-  for (int i = wid; i < CQ; i += CWARPS) {
+  const auto token = [&](int i, const lane_raw<UPL> &r) {
     OT *q = s.sq + i * cd.lqn, *k = s.sk + i * cd.lqn;
     if (i >= nb) {
       for (int n = lane; n < cd.Np; n += 32) {
         q[n] = __float2bfloat16_rn(0.0f);
         k[n] = __float2bfloat16_rn(0.0f);
       }
-      continue;
+      return;
     }
-    lane_raw<UPL> r;
-    const float *bk = bc0 + (int64_t)i * 2 * GN;
-    lane_load(L, bk, bk + GN, th0 + (int64_t)i * a.d.H * S, S, r);
     const float sc = s.sc[i * FW + F_SCALE];
     const bool last = kl && (t0 + i == a.len - 1);
     float qk = 0;
@@ -601,6 +601,22 @@ __device__ __forceinline__ void c_build(const m3k_scan_args &a, const csmem &s, 
     }
     qk = warp_sum(qk);
     if (lane == 0) s.sc[i * FW + F_QK] = qk;
+  };
+  /* the warp's tokens TOK at a time, their loads in flight together (TOK_UNITS) */
+  constexpr int TOK = UPL < TOK_UNITS ? TOK_UNITS / UPL : 1;
+  for (int i = wid; i < CQ; i += TOK * CWARPS) {
+    lane_raw<UPL> r[TOK];
+#pragma unroll
+    for (int t = 0; t < TOK; t++) {
+      const int it = i + t * CWARPS;
+      if (it < nb) {
+        const float *bk = bc0 + (int64_t)it * 2 * GN;
+        lane_load(L, bk, bk + GN, th0 + (int64_t)it * a.d.H * S, S, r[t]);
+      }
+    }
+#pragma unroll
+    for (int t = 0; t < TOK; t++)
+      if (i + t * CWARPS < CQ) token(i + t * CWARPS, r[t]);
   }
 }
 
@@ -1628,10 +1644,10 @@ __global__ void __launch_bounds__(CTHREADS, SUM ? 2 : UPL <= 3 ? 3 : UPL == 4 ? 
         tab[i * TW + T_DGAM] = __fmaf_rn(sc[i * FW + F_DYX], sc[i * FW + F_QK], ds);
       }
     };
-    /* the warp's tokens in order, TOK at a time with their loads in flight together (the summing
-     * kernel has the registers for up to three units a lane: its shared memory allows two CTAs per SM
-     * at most) */
-    constexpr int TOK = SUM && UPL <= 3 ? 2 : 1;
+    /* the warp's tokens in order, TOK at a time with their loads in flight together: TOK_UNITS at one
+     * unit a lane; two where the summing kernel has the registers (up to three units a lane: its shared
+     * memory allows two CTAs per SM at most) */
+    constexpr int TOK = UPL == 1 ? TOK_UNITS : SUM && UPL <= 3 ? 2 : 1;
     for (int i = wid; i < nb; i += TOK * CWARPS) {
       tok_in in[TOK];
 #pragma unroll
