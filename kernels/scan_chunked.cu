@@ -549,11 +549,12 @@ __device__ __forceinline__ void lane_load(const lane_units<UPL> &L, const float 
       r.th[j] = L.pair[j] ? __ldg(th + lane + 32 * j) : 0.0f;
     }
 }
-/* Unit j (L.n0[j] >= 0) biased and rotated, as unit_make. */
+/* Unit j (L.n0[j] >= 0) biased and rotated, as unit_make but with the hardware's sine and cosine
+ * (unit_rotate's FAST: the preparation and the post kernel alike). */
 template <int UPL>
 __device__ __forceinline__ unit_kq lane_unit(const lane_units<UPL> &L, const lane_raw<UPL> &r, int j) {
-  return unit_rotate(L.n0[j], L.pair[j], r.w[j].k0 + L.bk0[j], r.w[j].k1 + L.bk1[j], r.w[j].q0 + L.bq0[j],
-                     r.w[j].q1 + L.bq1[j], r.th[j]);
+  return unit_rotate<true>(L.n0[j], L.pair[j], r.w[j].k0 + L.bk0[j], r.w[j].k1 + L.bk1[j], r.w[j].q0 + L.bq0[j],
+                           r.w[j].q1 + L.bq1[j], r.th[j]);
 }
 
 /* q, ktil (bf16) and q.k (float32) of the chunk; rows >= nb and columns >= N are zero. kl: the window's
