@@ -1120,7 +1120,8 @@ extern "C" int m3k_scan_make_plan(int32_t P, int32_t N, int32_t S, int32_t max_s
   /* The chunked tensor-core scan (16-bit precisions) where its tiles fit in shared memory; which
    * windows take it: takes_chunked. M3_SCAN_CHUNK_MIN_STATE overrides the P x N threshold (the GPU
    * tests set 0), M3_SCAN_SIMT turns the chunked scan off; M3_SCAN_POST_SUM_MIN_CTAS overrides where
-   * its post kernel sums a group's heads (m3k_chunked_sums_heads). */
+   * its post kernel sums a group's heads (m3k_chunked_sums_heads), M3_SCAN_WALK_SPLIT_MAX_CTAS where its
+   * dE walk splits the state's rows. */
   const int64_t cf = m3k_chunked_smem(M3K_CHUNKED_FWD, P, N, S), cb = m3k_chunked_smem(M3K_CHUNKED_BWD, P, N, S);
   const int64_t cp = m3k_chunked_smem(M3K_CHUNKED_PREP, P, N, S), cq = m3k_chunked_smem(M3K_CHUNKED_POST, P, N, S);
   const int64_t cqs = m3k_chunked_smem(M3K_CHUNKED_POST_SUM, P, N, S);
@@ -1136,6 +1137,9 @@ extern "C" int m3k_scan_make_plan(int32_t P, int32_t N, int32_t S, int32_t max_s
   const char *sum_ctas = getenv("M3_SCAN_POST_SUM_MIN_CTAS");
   const int64_t min_ctas = sum_ctas ? atoll(sum_ctas) : 128;
   p.post_sum_min_ctas = (int32_t)(min_ctas < 0 ? 0 : min_ctas > INT32_MAX ? INT32_MAX : min_ctas);
+  const char *split_ctas = getenv("M3_SCAN_WALK_SPLIT_MAX_CTAS");
+  const int64_t max_split = split_ctas ? atoll(split_ctas) : 264;
+  p.walk_split_max_ctas = (int32_t)(max_split < 0 ? 0 : max_split > INT32_MAX ? INT32_MAX : max_split);
   *out = p;
   return 1;
 }

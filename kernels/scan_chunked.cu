@@ -44,13 +44,14 @@
  * per-head B/C gradients are never written back), scan_post_seq_chunked (per (head, row): the angle
  * gradient along the sequence, the scalar chain, the per-(row, head) partials). All but the angle walks
  * and post_seq are also compiled for a few fixed (P, N) (SHAPE_DISPATCH). The walks keep only the
- * work that is sequential over the chunks: one CTA (8 warps) per (head, row); operand tiles in shared
- * memory (bf16, padded rows: +8 elements); each product's 16 x 16 output tiles spread over the
- * warps. Every sum has a fixed order (no atomics): bitwise repeatable. The walks keep the float32
- * state E / dE in the warps' accumulator registers (no float32 S tile, W x in place; NOTES.md run 8);
- * they hold at most CWARPS x FR_MAXT 16 x 16 tiles of it (Pp x Np <= 8192, e.g. lm130's 64 x 128):
- * larger states, and shapes whose tiles do not fit in shared memory, keep the SIMT kernels
- * (m3k_chunked_smem answers INT64_MAX / a size above the limit).
+ * work that is sequential over the chunks: one CTA (8 warps) per (head, row) (the dE walk's state rows
+ * may be split over two: scan_dstate_chunked); operand tiles in shared memory (bf16, padded rows: +8
+ * elements); each product's 16 x 16 output tiles spread over the warps. Every sum has a fixed order
+ * (no atomics): bitwise repeatable. The walks keep the float32 state E / dE in the warps' accumulator
+ * registers (no float32 S tile, W x in place; NOTES.md run 8); they hold at most CWARPS x FR_MAXT
+ * 16 x 16 tiles of it (Pp x Np <= 8192, e.g. lm130's 64 x 128): larger states, and shapes whose tiles
+ * do not fit in shared memory, keep the SIMT kernels (m3k_chunked_smem answers INT64_MAX / a size above
+ * the limit).
  */
 #include "mma_tile.cuh"
 #include "scan_math.cuh"
@@ -220,9 +221,9 @@ __host__ __device__ inline size_t carve_r(unsigned char *base, int P, int N, csm
  *   q, k   [u][CQ][Np] bf16: q (rotated), ktil = scale k (rotated); rows >= nb and columns >= N zero
  *   tab    [u][CQ][TW] float: per token the scalars F_A .. F_QK of scan_prep_chunked, then T_DEC (row
  *          0: the chunk's dec), and in the backward F_DYX (scan_gate_bwd_chunked), T_DA (the per-chunk
- *          kernel), T_DSCALE, T_DGAM (scan_post_chunked), T_DBP0 (unit 0 row 0: v_in^T dE_0 k_in, the
- *          dE walk), T_DEE (row 0: <dE, E> of dE leaving the chunk and E entering it, the dE walk);
- *          rows >= nb zero
+ *          kernel), T_DSCALE, T_DGAM (scan_post_chunked), T_DBP0 (unit 0: v_in^T dE_0 k_in, the dE
+ *          walk), T_DEE (<dE, E> of dE leaving the chunk and E entering it, the dE walk), these two
+ *          in rows 0 .. WALK_PARTS_MAX - 1 (the walk's parts, walk_parts_sum); rows >= nb zero
  *   kl     [rows H][N] float: the window's last k (rotated, unscaled), from scan_prep_chunked to the
  *          forward walk, which writes fin_k only after reading in_k (in evaluation both are the
  *          carried state itself)
@@ -730,13 +731,13 @@ __device__ __forceinline__ void c_gate_bwd(const m3k_scan_args &a, const csmem &
  * once; callers end the phase with cp_wait_all() (or, loading one chunk ahead, cp_commit() after each
  * chunk's loads and cp_wait_prev() for all but the last group) and a barrier ---- */
 
-/* rows (CQ unless given) rows of w bf16 (w a multiple of 8) from the scratch (row stride w) into a
- * padded shared tile (row stride ld). */
-__device__ __forceinline__ void tile_load(OT *dst, int ld, const OT *src, int w, int rows = CQ) {
-  const int vpr = w / 8;
+/* rows (CQ unless given) rows of w bf16 (w a multiple of 8) from the scratch (row stride src_ld, w
+ * unless given) into a padded shared tile (row stride ld). */
+__device__ __forceinline__ void tile_load(OT *dst, int ld, const OT *src, int w, int rows = CQ, int src_ld = 0) {
+  const int vpr = w / 8, sl = src_ld ? src_ld : w;
   for (int idx = threadIdx.x; idx < rows * vpr; idx += blockDim.x) {
     const int i = idx / vpr, v = idx - i * vpr;
-    cp16(dst + i * ld + v * 8, src + (size_t)i * w + v * 8);
+    cp16(dst + i * ld + v * 8, src + (size_t)i * sl + v * 8);
   }
 }
 __device__ __forceinline__ void tile_store(OT *dst, const OT *src, int ld, int w) {
@@ -1175,25 +1176,29 @@ __device__ __forceinline__ float c_finish(const m3k_scan_args &a, int64_t m, int
   return dv;
 }
 
-/* The reverse walk of dE alone, one CTA per (head, row): per chunk (last first) dE leaving it goes to
- * the scratch (bf16) and its dot with the kept state entering the chunk to the table (T_DEE), then
- * dE <- dec dE + (EC dY)^T q in the warps' accumulator registers (the forward walk's tiles); q, dY and
- * E of the next chunk load meanwhile. At the end dbp_0 = v_in^T dE_0 k_in (tab T_DBP0 of the row's
- * first unit; its beta term, dropped at a reset by the post kernel). */
-template <typename T, int PK, int NK>
-__global__ void __launch_bounds__(CTHREADS, 2) scan_dstate_chunked(const m3k_scan_args a) {
+/* The reverse walk of dE alone, one CTA per (head, row, part): the rows p0 .. p0 + P / PARTS of the
+ * state (the rows are independent: PARTS = 2 gives launches of few (head, row) pairs twice the CTAs).
+ * Per chunk (last first) dE leaving it goes to the scratch (bf16) and its dot with the kept state
+ * entering the chunk to the table (T_DEE of row `part`: the parts' shares), then dE <- dec dE +
+ * (EC dY)^T q in the warps' accumulator registers (the forward walk's tiles); q, dY and E of the next
+ * chunk load meanwhile. At the end dbp_0 = v_in^T dE_0 k_in (T_DBP0 of row `part` of the row's first
+ * unit; its beta term, dropped at a reset by the post kernel). */
+enum { WALK_PARTS_MAX = 2 };
+template <typename T, int PK, int NK, int PARTS>
+__global__ void __launch_bounds__(CTHREADS, PARTS == 1 ? 2 : 3) scan_dstate_chunked(const m3k_scan_args a) {
+  static_assert(PARTS >= 1 && PARTS <= WALK_PARTS_MAX && PK % (16 * PARTS) == 0, "whole 16-row tiles a part");
   extern __shared__ __align__(128) unsigned char smraw[];
   const m3k_dims &d = a.d;
-  const int h = blockIdx.x, b = blockIdx.y;
-  const int P = PK ? PK : d.P, N = NK ? NK : d.N, H = d.H;
+  const int h = blockIdx.x, b = blockIdx.y, part = blockIdx.z;
+  const int Pf = PK ? PK : d.P, P = Pf / PARTS, N = NK ? NK : d.N, H = d.H, p0 = part * P;
   const int tid = threadIdx.x, lane = tid & 31, wid = tid >> 5;
-  const cdims cd = make_cdims(P, N);
+  const cdims cd = make_cdims(P, N), cf = make_cdims(Pf, N); /* the part's tiles; the scratch's layout */
   csmem s;
   carve_d(smraw, P, N, &s);
   const int64_t bh = (int64_t)b * H + h;
   const int nch = (a.len + CQ - 1) / CQ;
   cviews cv;
-  chunk_views(a.chunk_scratch, a.chunk_states, a.rows, a.len, H, P, N, true, &cv);
+  chunk_views(a.chunk_scratch, a.chunk_states, a.rows, a.len, H, Pf, N, true, &cv);
   acc16 eacc[FR_MAXT];
 #pragma unroll
   for (int j = 0; j < FR_MAXT; j++) acc_zero(eacc[j]); /* nothing flows from the final state */
@@ -1201,8 +1206,8 @@ __global__ void __launch_bounds__(CTHREADS, 2) scan_dstate_chunked(const m3k_sca
     const int64_t u = bh * nch + ch;
     tab_load(cv.tab + u * CQ * TW, s.sc + buf * (CQ + 1) * FW, F_EC + 1, s.misc + buf);
     tile_load(s.sq + buf * CQ * cd.lqn, cd.lqn, cv.q + u * CQ * cd.Np, cd.Np);
-    tile_load(s.sxw + buf * CQ * cd.lqp, cd.lqp, cv.dy + u * CQ * cd.Pp, cd.Pp);
-    tile_load(s.sE + buf * cd.Pp * cd.lqn, cd.lqn, cv.states + u * cd.Pp * cd.Np, cd.Np, cd.Pp);
+    tile_load(s.sxw + buf * CQ * cd.lqp, cd.lqp, cv.dy + u * CQ * cf.Pp + p0, cd.Pp, CQ, cf.Pp);
+    tile_load(s.sE + buf * cd.Pp * cd.lqn, cd.lqn, cv.states + (u * cf.Pp + p0) * cd.Np, cd.Np, cd.Pp);
     cp_commit();
   };
   load(nch - 1, 0);
@@ -1219,7 +1224,7 @@ __global__ void __launch_bounds__(CTHREADS, 2) scan_dstate_chunked(const m3k_sca
     }
     __syncthreads();
     /* dE leaving the chunk -> scratch (bf16), and the warp's share of <dE, E> with E entering it */
-    state_keep(cv.de + u * cd.Pp * cd.Np, eacc, cd);
+    state_keep(cv.de + (u * cf.Pp + p0) * cd.Np, eacc, cd);
     const OT *sE = s.sE + buf * cd.Pp * cd.lqn;
     float dee = 0;
     for_state_elems(cd, [&](int j, int e, int p, int n) {
@@ -1237,7 +1242,7 @@ __global__ void __launch_bounds__(CTHREADS, 2) scan_dstate_chunked(const m3k_sca
     if (tid == 0) { /* the warps' shares in order */
       float sum = 0;
       for (int w = 0; w < CWARPS; w++) sum += s.red[w];
-      cv.tab[u * CQ * TW + T_DEE] = sum;
+      cv.tab[(u * CQ + part) * TW + T_DEE] = sum;
     }
     /* dE <- dec dE + (EC dY)^T q */
     state_update(eacc, cd, s.misc[buf], sy, cd.lqp, sq, cd.lqn);
@@ -1245,19 +1250,28 @@ __global__ void __launch_bounds__(CTHREADS, 2) scan_dstate_chunked(const m3k_sca
   }
 
   /* the window's first token: v_in^T dE_0 k_in */
-  float part = 0;
+  float share = 0;
   if (a.in_v && a.in_k)
     for_state_elems(cd, [&](int j, int e, int p, int n) {
-      if (p < P && n < N) part += a.in_v[bh * P + p] * eacc[j].v[e] * a.in_k[bh * N + n];
+      if (p < P && n < N) share += a.in_v[bh * Pf + p0 + p] * eacc[j].v[e] * a.in_k[bh * N + n];
     });
-  part = warp_sum(part);
-  if (lane == 0) s.red[wid] = part;
+  share = warp_sum(share);
+  if (lane == 0) s.red[wid] = share;
   __syncthreads();
   if (tid == 0) {
     float dbp = 0;
     for (int w = 0; w < CWARPS; w++) dbp += s.red[w];
-    cv.tab[bh * nch * CQ * TW + T_DBP0] = dbp;
+    cv.tab[(bh * nch * CQ + part) * TW + T_DBP0] = dbp;
   }
+}
+
+/* A dE walk result's parts in order (the table's rows 0 .. WALK_PARTS_MAX - 1 of field f; rows a walk of
+ * fewer parts did not write hold the preparation's zero). */
+__device__ __forceinline__ float walk_parts_sum(const float *tab, int f) {
+  float v = tab[f];
+#pragma unroll
+  for (int r = 1; r < WALK_PARTS_MAX; r++) v += tab[r * TW + f];
+  return v;
 }
 
 /* One [CQ][N] result of the per-chunk backward (raw dq or dktil), a [CQ][KB] column block at a time in
@@ -1357,7 +1371,7 @@ __global__ void __launch_bounds__(CTHREADS, MINB) scan_bwd_chunked(const m3k_sca
   /* 1. loads: the prepared scalars, q, ktil, dY (scan_prep_chunked); x; E (bf16, as the forward kept
    * it); <dE, E> (the dE walk's) */
   tab_load(cv.tab + u * CQ * TW, s.sc, TAB_FIELDS, misc);
-  if (tid == 0) misc[1] = cv.tab[u * CQ * TW + T_DEE];
+  if (tid == 0) misc[1] = walk_parts_sum(cv.tab + u * CQ * TW, T_DEE);
   tile_load(s.sq, cd.lqn, cv.q + u * CQ * cd.Np, cd.Np);
   tile_load(s.sk, cd.lqn, cv.k + u * CQ * cd.Np, cd.Np);
   tile_load(s.sxw, cd.lqp, cv.dy + u * CQ * cd.Pp, cd.Pp);
@@ -1787,7 +1801,7 @@ __global__ void __launch_bounds__(CTHREADS) scan_post_seq_chunked(const m3k_scan
       if (t[F_RST] == 0) {
         if (i > 0) dbp = st[(i - 1) * TW + T_DSCALE];
         else if (t0 > 0) dbp = tab[-TW + T_DSCALE]; /* the token before the block */
-        else dbp = tab[T_DBP0];
+        else dbp = walk_parts_sum(tab, T_DBP0);
       }
       st[i * TW + T_DV] = c_finish<T>(a, m0 + i, h, t[T_DA], t[T_DGAM], dbp, t[F_DT], t[F_LAM], t[F_AA], t[F_DSP],
                                       t[F_DAD], t[T_DTANG]);
@@ -1828,6 +1842,23 @@ __global__ void __launch_bounds__(CTHREADS) scan_post_seq_chunked(const m3k_scan
 
 /* Two CTAs per SM fit when each takes at most half of the SM's 228 KB less the 1 KB reserved per CTA. */
 static bool bwd_two_ctas(int32_t smem) { return smem <= 228 * 1024 / 2 - 1024; }
+
+/* The dE walk can split a state's rows in two parts of whole 16-row tiles; it gains only with parts of 32
+ * rows or more (lm130's 64 rows: 182 -> 158 us a walk; mid's 32: 45 -> 47 us, NOTES.md run 154). */
+static bool walk_splits(int32_t P) { return P % 64 == 0; }
+
+/* The dE walk, its state rows in two parts where that fits and the launch has fewer (head, row) CTAs
+ * than the plan's walk_split_max_ctas (NOTES.md run 154). */
+template <typename T, int PK, int NK>
+static void dstate_launch(cudaStream_t s, const m3k_scan_plan *plan, const m3k_scan_args &a) {
+  const int P = a.d.P, N = a.d.N;
+  if constexpr (PK % 64 == 0)
+    if (walk_splits(P) && (int64_t)a.d.H * a.rows < plan->walk_split_max_ctas) {
+      scan_dstate_chunked<T, PK, NK, 2><<<dim3(a.d.H, a.rows, 2), CTHREADS, carve_d(NULL, P / 2, N, NULL), s>>>(a);
+      return;
+    }
+  scan_dstate_chunked<T, PK, NK, 1><<<dim3(a.d.H, a.rows), CTHREADS, carve_d(NULL, P, N, NULL), s>>>(a);
+}
 
 int64_t m3k_chunked_smem(int which, int32_t P, int32_t N, int32_t S) {
   switch (which) {
@@ -1873,8 +1904,12 @@ template <typename T, int PK, int NK> static cudaError_t shape_kernels_prepare(c
     e = cudaFuncSetAttribute(scan_fwd_chunked_r<T, PK, NK>, cudaFuncAttributePreferredSharedMemoryCarveout,
                              cudaSharedmemCarveoutMaxShared);
   if (e == cudaSuccess)
-    e = cudaFuncSetAttribute(scan_dstate_chunked<T, PK, NK>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+    e = cudaFuncSetAttribute(scan_dstate_chunked<T, PK, NK, 1>, cudaFuncAttributeMaxDynamicSharedMemorySize,
                              plan->smem_cbwd);
+  if constexpr (PK % 64 == 0)
+    if (e == cudaSuccess && walk_splits(plan->P))
+      e = cudaFuncSetAttribute(scan_dstate_chunked<T, PK, NK, 2>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                               plan->smem_cbwd);
   if (e == cudaSuccess)
     e = cudaFuncSetAttribute(scan_bwd_chunked<T, 1, PK, NK>, cudaFuncAttributeMaxDynamicSharedMemorySize,
                              plan->smem_cbwd);
@@ -1937,7 +1972,7 @@ template <typename T> static void chunked_bwd(cudaStream_t s, const m3k_scan_pla
   const int P = a.d.P, N = a.d.N;
   SHAPE_DISPATCH(P, N, (scan_gate_bwd_chunked<T, PK, NK><<<chunks, CTHREADS, carve_g(NULL, P, NULL), s>>>(a)));
   /* each takes its own shared memory size, within the limits m3k_chunked_prepare set */
-  SHAPE_DISPATCH(P, N, (scan_dstate_chunked<T, PK, NK><<<walks, CTHREADS, carve_d(NULL, P, N, NULL), s>>>(a)));
+  SHAPE_DISPATCH(P, N, (dstate_launch<T, PK, NK>(s, plan, a)));
   const int32_t per_chunk = (int32_t)carve_c(NULL, P, N, NULL);
   const bool two = bwd_two_ctas(per_chunk);
   SHAPE_DISPATCH(P, N,

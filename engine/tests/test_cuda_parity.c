@@ -525,6 +525,12 @@ int main(void) {
     parity_case(i, &cases[i], M3_PRECISION_F32);
     parity_case(i, &cases[i], M3_PRECISION_BF16);
   }
+  /* at these few (head, row) pairs the chunked backward's dE walk splits every state whose headdim is a
+   * multiple of 64 over two CTAs; the two such cases above once more with it whole */
+  setenv("M3_SCAN_WALK_SPLIT_MAX_CTAS", "0", 1);
+  parity_case(3, &cases[3], M3_PRECISION_BF16);
+  parity_case(9, &cases[9], M3_PRECISION_BF16);
+  unsetenv("M3_SCAN_WALK_SPLIT_MAX_CTAS");
   /* at the default threshold a 16-bit window of one chunk at P x N = 256 takes the SIMT backward and
    * the small-state forward (scan_warp.cu, 16-token chunks up to 64 tokens): windows of 45 and 23 tokens
    * (the last chunk partial), G 2, every column rotated, the mixer norm; then windows of 64 (whole chunks
