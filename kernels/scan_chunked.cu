@@ -158,6 +158,8 @@ __host__ __device__ inline size_t carve_d(unsigned char *base, int P, int N, csm
  * float32 copy of E nor the float32 S tile nor a separate W x tile are in shared memory (lm130:
  * 168 -> 103 KB: two CTAs per SM). Shapes with more E tiles take the SIMT kernels. */
 enum { FR_MAXT = 4 };
+/* The walks may split a state's independent rows over up to WALK_PARTS_MAX CTAs (fwd_launch, dstate_launch). */
+enum { WALK_PARTS_MAX = 2 };
 
 __host__ __device__ inline bool fwd_in_regs(int P, int N) {
   const cdims c = make_cdims(P, N);
@@ -765,26 +767,26 @@ __device__ __forceinline__ bool act_vec(const m3k_dims &d) {
   return d.P % 8 == 0 && d.x_off % 8 == 0 && d.z_off % 8 == 0 && d.dipp % 8 == 0;
 }
 
-/* x of the chunk into sx (bf16; rows >= nb and columns >= P zero): async copies for bf16 activations
- * (vec), element by element otherwise. */
+/* x of the chunk, its P columns from col0 (of x), into sx (bf16; rows >= nb and columns >= P zero):
+ * async copies for bf16 activations (vec; col0 then a multiple of 8), element by element otherwise. */
 template <typename T>
-__device__ __forceinline__ void x_load(const m3k_scan_args &a, OT *sx, const cdims &cd, int64_t m0, int nb, int h,
-                                       bool vec) {
+__device__ __forceinline__ void x_load(const m3k_scan_args &a, OT *sx, const cdims &cd, int64_t m0, int nb,
+                                       int64_t col0, int P, bool vec) {
   const m3k_dims &d = a.d;
-  const T *proj = (const T *)a.proj + d.x_off + (int64_t)h * d.P;
+  const T *proj = (const T *)a.proj + d.x_off + col0;
   if (std::is_same<T, OT>::value && vec) {
     const int vpr = cd.Pp / 8;
     for (int idx = threadIdx.x; idx < CQ * vpr; idx += blockDim.x) {
       const int i = idx / vpr, v = idx - i * vpr;
       OT *dst = sx + i * cd.lqp + v * 8;
-      if (i < nb && v * 8 < d.P) cp16(dst, proj + (m0 + i) * d.dipp + v * 8);
+      if (i < nb && v * 8 < P) cp16(dst, proj + (m0 + i) * d.dipp + v * 8);
       else *(uint4 *)dst = make_uint4(0, 0, 0, 0);
     }
   } else {
 #pragma unroll 4
     for (int idx = threadIdx.x; idx < CQ * cd.Pp; idx += blockDim.x) {
       const int i = idx / cd.Pp, p = idx - i * cd.Pp;
-      const float xv = (i < nb && p < d.P) ? ldact(proj + (m0 + i) * d.dipp + p) : 0.0f;
+      const float xv = (i < nb && p < P) ? ldact(proj + (m0 + i) * d.dipp + p) : 0.0f;
       sx[i * cd.lqp + p] = __float2bfloat16_rn(xv);
     }
   }
@@ -973,24 +975,27 @@ __global__ void __launch_bounds__(CTHREADS) scan_gate_bwd_chunked(const m3k_scan
 
 /* ---- forward ---------------------------------------------------------------------------------------- */
 
-/* Forward with E in accumulator registers (see carve_r). Per chunk: S tiles (lower triangle only:
- * the mask zeroes the rest) through a per-warp scratch straight into L o S (bf16); each warp's
- * Y tiles = EC-scaled q E^T plus (L o S) x without leaving the warp; W x in place in sx after Y;
- * E = dec E + (W x)^T ktil in registers, converted to bf16 through the per-warp scratch. */
+/* Forward with E in accumulator registers (see carve_r), one CTA per (head, row, part): the rows p0 ..
+ * p0 + P / PARTS of the state, i.e. those columns of x and y (PARTS = 2 gives launches of few (head,
+ * row) pairs twice the CTAs; each part forms the chunk's whole L o S). Per chunk: S tiles (lower
+ * triangle only: the mask zeroes the rest) through a per-warp scratch straight into L o S (bf16); each
+ * warp's Y tiles = EC-scaled q E^T plus (L o S) x without leaving the warp; W x in place in sx after
+ * Y; E = dec E + (W x)^T ktil in registers, converted to bf16 through the per-warp scratch. */
 
-template <typename T, int PK, int NK>
-__global__ void __launch_bounds__(CTHREADS, 2) scan_fwd_chunked_r(const m3k_scan_args a) {
+template <typename T, int PK, int NK, int PARTS>
+__global__ void __launch_bounds__(CTHREADS, PARTS == 1 ? 2 : 3) scan_fwd_chunked_r(const m3k_scan_args a) {
+  static_assert(PARTS >= 1 && PARTS <= WALK_PARTS_MAX && PK % (16 * PARTS) == 0, "whole 16-row tiles a part");
   extern __shared__ __align__(128) unsigned char smraw[];
   const m3k_dims &d = a.d;
-  const int h = blockIdx.x, b = blockIdx.y;
-  const int P = PK ? PK : d.P, N = NK ? NK : d.N, H = d.H, E = d.E;
+  const int h = blockIdx.x, b = blockIdx.y, part = blockIdx.z;
+  const int Pf = PK ? PK : d.P, P = Pf / PARTS, N = NK ? NK : d.N, H = d.H, E = d.E, p0 = part * P;
   const int tid = threadIdx.x, lane = tid & 31, wid = tid >> 5;
-  const cdims cd = make_cdims(P, N);
+  const cdims cd = make_cdims(P, N), cf = make_cdims(Pf, N); /* the part's tiles; the kept states' layout */
   csmem s;
   carve_r(smraw, P, N, &s);
   const T *proj = (const T *)a.proj; // [M, dipp]
   T *gated = (T *)a.gated;           // [M, E]
-  const int64_t bh = (int64_t)b * H + h;
+  const int64_t bh = (int64_t)b * H + h, col0 = (int64_t)h * Pf + p0; /* the part's first column of x, y */
   const float Dh = a.D[h];
   float *misc = s.misc;
   float *sY = s.sR; /* [CQ][lfp] */
@@ -998,7 +1003,7 @@ __global__ void __launch_bounds__(CTHREADS, 2) scan_fwd_chunked_r(const m3k_scan
   const int nch = (a.len + CQ - 1) / CQ;
   const bool vec = act_vec(d);
   cviews cv;
-  chunk_views(a.chunk_scratch, a.chunk_states, a.rows, a.len, H, P, N, false, &cv);
+  chunk_views(a.chunk_scratch, a.chunk_states, a.rows, a.len, H, Pf, N, false, &cv);
 
   /* E_0 = H_in + bp_0 v_in k_in^T (only read where no reset precedes: masks) */
   {
@@ -1008,13 +1013,13 @@ __global__ void __launch_bounds__(CTHREADS, 2) scan_fwd_chunked_r(const m3k_scan
     for_state_elems(cd, [&](int j, int e, int p, int n) {
       float v = 0;
       if (p < P && n < N) {
-        if (a.in_ssm) v = a.in_ssm[(bh * P + p) * N + n];
-        if (a.in_v && a.in_k) v += bp0 * a.in_v[bh * P + p] * a.in_k[bh * N + n];
+        if (a.in_ssm) v = a.in_ssm[(bh * Pf + p0 + p) * N + n];
+        if (a.in_v && a.in_k) v += bp0 * a.in_v[bh * Pf + p0 + p] * a.in_k[bh * N + n];
       }
       eacc[j].v[e] = v;
       s.sE[p * cd.lqn + n] = __float2bfloat16_rn(v);
     });
-    if (cv.states) state_keep(cv.states + bh * nch * cd.Pp * cd.Np, eacc, cd);
+    if (cv.states) state_keep(cv.states + (bh * nch * cf.Pp + p0) * cd.Np, eacc, cd);
   }
   __syncthreads();
 
@@ -1025,7 +1030,7 @@ __global__ void __launch_bounds__(CTHREADS, 2) scan_fwd_chunked_r(const m3k_scan
     tab_load(cv.tab + u * CQ * TW, s.sc, F_QK + 1, misc);
     tile_load(s.sq, cd.lqn, cv.q + u * CQ * cd.Np, cd.Np);
     tile_load(s.sk, cd.lqn, cv.k + u * CQ * cd.Np, cd.Np);
-    x_load<T>(a, s.sx, cd, m0, nb, h, vec);
+    x_load<T>(a, s.sx, cd, m0, nb, col0, P, vec);
     cp_wait_all();
     __syncthreads();
     /* 4. L o S, S = q ktil^T, tile by tile through the warp's scratch (tiles above the diagonal: 0) */
@@ -1080,7 +1085,7 @@ __global__ void __launch_bounds__(CTHREADS, 2) scan_fwd_chunked_r(const m3k_scan
       for_state_elems(cd, [&](int j, int e, int p, int n) {
         s.sE[p * cd.lqn + n] = __float2bfloat16_rn(eacc[j].v[e]);
       });
-      if (cv.states && ch + 1 < nch) state_keep(cv.states + (u + 1) * cd.Pp * cd.Np, eacc, cd);
+      if (cv.states && ch + 1 < nch) state_keep(cv.states + ((u + 1) * cf.Pp + p0) * cd.Np, eacc, cd);
     }
     /* 7. epilogue (as scan.cu): y = Y + (gamma q.k + D) x; the per-head norm; the gate. vec: eight
      * columns per item, and without the norm the gate in the same pass */
@@ -1089,7 +1094,7 @@ __global__ void __launch_bounds__(CTHREADS, 2) scan_fwd_chunked_r(const m3k_scan
       for (int idx = tid; idx < nb * vpr; idx += CTHREADS) {
         const int i = idx / vpr, p = (idx - i * vpr) * 8;
         const int64_t mi = m0 + i;
-        const T *pr = proj + mi * d.dipp + (int64_t)h * P + p;
+        const T *pr = proj + mi * d.dipp + col0 + p;
         float xv[8], zv[8], y[8];
         ld8(pr + d.x_off, xv);
         if (!d.outproj_norm) ld8(pr + d.z_off, zv);
@@ -1097,7 +1102,7 @@ __global__ void __launch_bounds__(CTHREADS, 2) scan_fwd_chunked_r(const m3k_scan
         float *yr = sY + i * cd.lfp + p;
 #pragma unroll
         for (int k = 0; k < 8; k++) y[k] = yr[k] + dg * xv[k];
-        float *yo = a.y + mi * E + (int64_t)h * P + p;
+        float *yo = a.y + mi * E + col0 + p;
         *(float4 *)yo = make_float4(y[0], y[1], y[2], y[3]);
         *(float4 *)(yo + 4) = make_float4(y[4], y[5], y[6], y[7]);
         if (d.outproj_norm) {
@@ -1106,7 +1111,7 @@ __global__ void __launch_bounds__(CTHREADS, 2) scan_fwd_chunked_r(const m3k_scan
         } else {
 #pragma unroll
           for (int k = 0; k < 8; k++) y[k] *= zv[k] * sigmoidf_(zv[k]);
-          st8(gated + mi * E + (int64_t)h * P + p, y);
+          st8(gated + mi * E + col0 + p, y);
         }
       }
     } else {
@@ -1114,10 +1119,10 @@ __global__ void __launch_bounds__(CTHREADS, 2) scan_fwd_chunked_r(const m3k_scan
       for (int idx = tid; idx < nb * P; idx += CTHREADS) {
         const int i = idx / P, p = idx - i * P;
         const int64_t mi = m0 + i;
-        const float xv = ldact(proj + mi * d.dipp + d.x_off + (int64_t)h * P + p);
+        const float xv = ldact(proj + mi * d.dipp + d.x_off + col0 + p);
         const float y = sY[i * cd.lfp + p] + (s.sc[i * FW + F_GAM] * s.sc[i * FW + F_QK] + Dh) * xv;
         sY[i * cd.lfp + p] = y;
-        a.y[mi * E + (int64_t)h * P + p] = y;
+        a.y[mi * E + col0 + p] = y;
       }
     }
     if (d.outproj_norm) {
@@ -1139,9 +1144,9 @@ __global__ void __launch_bounds__(CTHREADS, 2) scan_fwd_chunked_r(const m3k_scan
       for (int idx = tid; idx < nb * P; idx += CTHREADS) {
         const int i = idx / P, p = idx - i * P;
         const int64_t mi = m0 + i;
-        const float z = ldact(proj + mi * d.dipp + d.z_off + (int64_t)h * P + p);
+        const float z = ldact(proj + mi * d.dipp + d.z_off + col0 + p);
         const float y = sY[i * cd.lfp + p];
-        gated[mi * E + (int64_t)h * P + p] = from_f<T>(gate_value(a, h, p, y, s.sc[i * FW + F_R], z));
+        gated[mi * E + col0 + p] = from_f<T>(gate_value(a, h, p0 + p, y, s.sc[i * FW + F_R], z));
       }
     }
     __syncthreads();
@@ -1149,13 +1154,14 @@ __global__ void __launch_bounds__(CTHREADS, 2) scan_fwd_chunked_r(const m3k_scan
 
   if (a.fin_ssm)
     for_state_elems(cd, [&](int j, int e, int p, int n) {
-      if (p < P && n < N) a.fin_ssm[bh * P * N + (int64_t)p * N + n] = eacc[j].v[e];
+      if (p < P && n < N) a.fin_ssm[(bh * Pf + p0 + p) * N + n] = eacc[j].v[e];
     });
-  if (a.fin_k) /* after E_0 read in_k; fin_angle: scan_angles_chunked */
+  if (a.fin_k && part == 0) /* after E_0 read in_k (a split launch never has fin_k at in_k: fwd_launch);
+                               fin_angle: scan_angles_chunked */
     for (int n = tid; n < N; n += CTHREADS) a.fin_k[bh * N + n] = cv.kl[bh * N + n];
   if (a.fin_v)
     for (int p = tid; p < P; p += CTHREADS)
-      a.fin_v[bh * P + p] = to_f(proj[((int64_t)b * a.len + a.len - 1) * d.dipp + d.x_off + (int64_t)h * P + p]);
+      a.fin_v[bh * Pf + p0 + p] = to_f(proj[((int64_t)b * a.len + a.len - 1) * d.dipp + d.x_off + col0 + p]);
 }
 
 /* ---- backward --------------------------------------------------------------------------------------- */
@@ -1183,7 +1189,6 @@ __device__ __forceinline__ float c_finish(const m3k_scan_args &a, int64_t m, int
  * (EC dY)^T q in the warps' accumulator registers (the forward walk's tiles); q, dY and E of the next
  * chunk load meanwhile. At the end dbp_0 = v_in^T dE_0 k_in (T_DBP0 of row `part` of the row's first
  * unit; its beta term, dropped at a reset by the post kernel). */
-enum { WALK_PARTS_MAX = 2 };
 template <typename T, int PK, int NK, int PARTS>
 __global__ void __launch_bounds__(CTHREADS, PARTS == 1 ? 2 : 3) scan_dstate_chunked(const m3k_scan_args a) {
   static_assert(PARTS >= 1 && PARTS <= WALK_PARTS_MAX && PK % (16 * PARTS) == 0, "whole 16-row tiles a part");
@@ -1376,7 +1381,7 @@ __global__ void __launch_bounds__(CTHREADS, MINB) scan_bwd_chunked(const m3k_sca
   tile_load(s.sk, cd.lqn, cv.k + u * CQ * cd.Np, cd.Np);
   tile_load(s.sxw, cd.lqp, cv.dy + u * CQ * cd.Pp, cd.Pp);
   tile_load(s.sE, cd.lqn, cv.states + u * cd.Pp * cd.Np, cd.Np, cd.Pp);
-  x_load<T>(a, s.sx, cd, m0, nb, h, vec);
+  x_load<T>(a, s.sx, cd, m0, nb, (int64_t)h * P, P, vec);
   cp_wait_all();
   __syncthreads();
   /* 4-5. S1 = q ktil^T, S2 = dY x^T tile by tile in the warp's registers (tiles above the diagonal: 0):
@@ -1847,6 +1852,22 @@ static bool bwd_two_ctas(int32_t smem) { return smem <= 228 * 1024 / 2 - 1024; }
  * rows or more (lm130's 64 rows: 182 -> 158 us a walk; mid's 32: 45 -> 47 us, NOTES.md run 154). */
 static bool walk_splits(int32_t P) { return P % 64 == 0; }
 
+/* The forward walk, its state rows in two parts as the dE walk's (dstate_launch), unless the mixer norm
+ * needs whole rows of y or the carried k is read and written in place (fin_k at in_k: the parts would
+ * race on it); only for the compiled shapes (at run-time sizes the split kernel spills at three CTAs
+ * per multiprocessor). */
+template <typename T, int PK, int NK>
+static void fwd_launch(cudaStream_t s, const m3k_scan_plan *plan, const m3k_scan_args &a) {
+  if constexpr (PK > 0 && PK % 64 == 0)
+    if (walk_splits(a.d.P) && (int64_t)a.d.H * a.rows < plan->walk_split_max_ctas && !a.d.outproj_norm &&
+        !(a.in_k && a.in_k == a.fin_k)) {
+      scan_fwd_chunked_r<T, PK, NK, 2>
+          <<<dim3(a.d.H, a.rows, 2), CTHREADS, carve_r(NULL, a.d.P / 2, a.d.N, NULL), s>>>(a);
+      return;
+    }
+  scan_fwd_chunked_r<T, PK, NK, 1><<<dim3(a.d.H, a.rows), CTHREADS, plan->smem_cfwd, s>>>(a);
+}
+
 /* The dE walk, its state rows in two parts where that fits and the launch has fewer (head, row) CTAs
  * than the plan's walk_split_max_ctas (NOTES.md run 154). */
 template <typename T, int PK, int NK>
@@ -1898,11 +1919,15 @@ template <typename T, int UPL, int PK, int NK> static cudaError_t unit_kernels_p
 }
 
 template <typename T, int PK, int NK> static cudaError_t shape_kernels_prepare(const m3k_scan_plan *plan) {
-  cudaError_t e = cudaFuncSetAttribute(scan_fwd_chunked_r<T, PK, NK>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                       plan->smem_cfwd);
+  cudaError_t e = cudaFuncSetAttribute(scan_fwd_chunked_r<T, PK, NK, 1>,
+                                       cudaFuncAttributeMaxDynamicSharedMemorySize, plan->smem_cfwd);
   if (e == cudaSuccess)
-    e = cudaFuncSetAttribute(scan_fwd_chunked_r<T, PK, NK>, cudaFuncAttributePreferredSharedMemoryCarveout,
+    e = cudaFuncSetAttribute(scan_fwd_chunked_r<T, PK, NK, 1>, cudaFuncAttributePreferredSharedMemoryCarveout,
                              cudaSharedmemCarveoutMaxShared);
+  if constexpr (PK > 0 && PK % 64 == 0)
+    if (e == cudaSuccess && walk_splits(plan->P))
+      e = cudaFuncSetAttribute(scan_fwd_chunked_r<T, PK, NK, 2>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                               plan->smem_cfwd);
   if (e == cudaSuccess)
     e = cudaFuncSetAttribute(scan_dstate_chunked<T, PK, NK, 1>, cudaFuncAttributeMaxDynamicSharedMemorySize,
                              plan->smem_cbwd);
@@ -1947,8 +1972,7 @@ template <typename T> static void chunked_fwd(cudaStream_t s, const m3k_scan_pla
   SHAPE_UNITS_DISPATCH(a.d.P, a.d.N, a.d.N - a.d.S,
                        (scan_prep_chunked<T, UPL, PK, NK>
                         <<<dim3(nch, a.d.H, a.rows), CTHREADS, plan->smem_cprep, s>>>(a)));
-  SHAPE_DISPATCH(a.d.P, a.d.N,
-                 (scan_fwd_chunked_r<T, PK, NK><<<dim3(a.d.H, a.rows), CTHREADS, plan->smem_cfwd, s>>>(a)));
+  SHAPE_DISPATCH(a.d.P, a.d.N, (fwd_launch<T, PK, NK>(s, plan, a)));
 }
 
 cudaError_t m3k_chunked_fwd(cudaStream_t s, int prec, const m3k_scan_plan *plan, const m3k_scan_args *a) {
