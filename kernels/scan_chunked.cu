@@ -813,7 +813,9 @@ template <typename T> __device__ __forceinline__ void st8(T *p, const float *v) 
  * chunks when the per-pair arrays stay small. */
 __host__ __device__ inline int seq_block(int S) { return S <= 32 ? 4 * CQ : CQ; }
 
-/* Forward only: theta (a.theta) of every position and fin_angle, one CTA per (head, row). The walk
+/* Forward only: theta (a.theta) of every position and fin_angle, one CTA per (head, row, part): part z
+ * of gridDim.z takes the pairs z S' .. z S' + S' - 1, S' = S / gridDim.z (the pairs walk independently;
+ * angle_parts). The walk
  * theta_t = wrap(theta_{t-1} + pi tanh(angle logit) dt), restarted at resets, runs in two levels so that
  * its dependent chain is short: the sequence goes in blocks of G = walk_segs(S) segments of ANG_SEG
  * tokens. Per block every thread first writes the increments of its (token, pair) items into shared
@@ -836,7 +838,8 @@ template <typename T>
 __global__ void __launch_bounds__(CTHREADS) scan_angles_chunked(const m3k_scan_args a) {
   extern __shared__ __align__(128) unsigned char smraw[];
   const m3k_dims &d = a.d;
-  const int h = blockIdx.x, b = blockIdx.y, S = d.S, H = d.H, tid = threadIdx.x; /* 1 <= S <= 128 */
+  const int h = blockIdx.x, b = blockIdx.y, SA = d.S, S = SA / gridDim.z, j0 = blockIdx.z * S, H = d.H;
+  const int tid = threadIdx.x; /* 1 <= S <= 128 */
   const T *proj = (const T *)a.proj;
   const int G = walk_segs(S), AB = G * ANG_SEG, j = tid % S, g = tid / S;
   float *val = (float *)smraw;              /* [AB][S] increments, then each segment's local walk */
@@ -844,7 +847,7 @@ __global__ void __launch_bounds__(CTHREADS) scan_angles_chunked(const m3k_scan_a
   float *tin = rst + AB;                    /* [G][S] the angle entering each segment */
   int *first = (int *)(tin + G * S);        /* [G] each segment's first reset (ANG_SEG: none) */
   const int64_t bh = (int64_t)b * H + h;
-  float carry = tid < S && a.in_angle ? a.in_angle[bh * S + tid] : 0.0f; /* thread j < S: pair j */
+  float carry = tid < S && a.in_angle ? a.in_angle[bh * SA + j0 + tid] : 0.0f; /* thread j < S: pair j0 + j */
   for (int t0 = 0; t0 < a.len; t0 += AB) {
     const int nb = min(AB, a.len - t0), nseg = (nb + ANG_SEG - 1) / ANG_SEG;
     const int64_t m0 = (int64_t)b * a.len + t0;
@@ -857,17 +860,17 @@ __global__ void __launch_bounds__(CTHREADS) scan_angles_chunked(const m3k_scan_a
     if (angles_vec8(d)) {
       const int S8 = S / 8;
       for (int idx = tid; idx < nb * S8; idx += CTHREADS) {
-        const int i = idx / S8, j0 = (idx - i * S8) * 8;
+        const int i = idx / S8, jj = (idx - i * S8) * 8;
         float t8[8];
-        tanh8(proj + (m0 + i) * d.dipp + d.ang_off + j0, t8);
+        tanh8(proj + (m0 + i) * d.dipp + d.ang_off + j0 + jj, t8);
 #pragma unroll
-        for (int e = 0; e < 8; e++) val[i * S + j0 + e] = PI_F * t8[e] * dt[i];
+        for (int e = 0; e < 8; e++) val[i * S + jj + e] = PI_F * t8[e] * dt[i];
       }
     } else {
 #pragma unroll 8
       for (int idx = tid; idx < nb * S; idx += CTHREADS) {
         const int i = idx / S, jj = idx - i * S;
-        val[idx] = PI_F * angle_tanh(proj, d, m0 + i, jj) * dt[i];
+        val[idx] = PI_F * angle_tanh(proj, d, m0 + i, j0 + jj) * dt[i];
       }
     }
     __syncthreads();
@@ -897,13 +900,13 @@ __global__ void __launch_bounds__(CTHREADS) scan_angles_chunked(const m3k_scan_a
     if (g < nseg) {
       const float in = tin[g * S + j];
       const int fr = first[g];
-      float *out = a.theta + ((m0 + i0) * H + h) * S + j;
-      const int64_t step = (int64_t)H * S;
+      float *out = a.theta + ((m0 + i0) * H + h) * SA + j0 + j;
+      const int64_t step = (int64_t)H * SA;
       for (int i = i0; i < i1; i++, out += step) *out = i - i0 < fr ? wrap_sum(in, val[i * S + j]) : val[i * S + j];
     }
     __syncthreads();
   }
-  if (tid < S && a.fin_angle) a.fin_angle[bh * S + tid] = carry;
+  if (tid < S && a.fin_angle) a.fin_angle[bh * SA + j0 + tid] = carry;
 }
 
 /* One CTA per (chunk, head, row): the chunk's token scalars, cumsums and masks, q and ktil (and the
@@ -1852,6 +1855,16 @@ static bool bwd_two_ctas(int32_t smem) { return smem <= 228 * 1024 / 2 - 1024; }
  * rows or more (lm130's 64 rows: 182 -> 158 us a walk; mid's 32: 45 -> 47 us, NOTES.md run 154). */
 static bool walk_splits(int32_t P) { return P % 64 == 0; }
 
+/* The angle walk's pairs in parts (scan_angles_chunked) while the launch stays below the walks' split
+ * threshold (walk_split_max_ctas) and each part keeps 8 pairs or more, a multiple of 8 (the vector
+ * loads of angles_vec8 stay aligned). */
+static int angle_parts(const m3k_scan_plan *plan, const m3k_scan_args &a) {
+  int parts = 1;
+  while (parts < 4 && a.d.S % (16 * parts) == 0 && (int64_t)a.d.H * a.rows * parts < plan->walk_split_max_ctas)
+    parts *= 2;
+  return parts;
+}
+
 /* The forward walk, its state rows in two parts as the dE walk's (dstate_launch), unless the mixer norm
  * needs whole rows of y or the carried k is read and written in place (fin_k at in_k: the parts would
  * race on it); only for the compiled shapes (at run-time sizes the split kernel spills at three CTAs
@@ -1967,8 +1980,11 @@ cudaError_t m3k_chunked_prepare(int prec, const m3k_scan_plan *plan) {
 /* Forward: the angles (with rope), the per-chunk preparation, then the walk. */
 template <typename T> static void chunked_fwd(cudaStream_t s, const m3k_scan_plan *plan, const m3k_scan_args &a) {
   const int nch = (a.len + CQ - 1) / CQ;
-  if (a.d.S > 0)
-    scan_angles_chunked<T><<<dim3(a.d.H, a.rows), CTHREADS, (size_t)angles_smem_floats(a.d.S) * sizeof(float), s>>>(a);
+  if (a.d.S > 0) {
+    const int parts = angle_parts(plan, a);
+    scan_angles_chunked<T><<<dim3(a.d.H, a.rows, parts), CTHREADS,
+                             (size_t)angles_smem_floats(a.d.S / parts) * sizeof(float), s>>>(a);
+  }
   SHAPE_UNITS_DISPATCH(a.d.P, a.d.N, a.d.N - a.d.S,
                        (scan_prep_chunked<T, UPL, PK, NK>
                         <<<dim3(nch, a.d.H, a.rows), CTHREADS, plan->smem_cprep, s>>>(a)));
