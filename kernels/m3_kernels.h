@@ -160,8 +160,9 @@ typedef struct m3k_scan_plan {
    * (chunk, group, row) reaches post_sum_min_ctas (128; environment M3_SCAN_POST_SUM_MIN_CTAS) take it. */
   int32_t smem_cpost_sum, post_sum_min_ctas;
   /* The walks along the chunks (the forward's, the backward's dE walk) split each state's rows over two
-   * CTAs (headdim a multiple of 64) when they have fewer than walk_split_max_ctas (head, row) CTAs (264,
-   * two per multiprocessor of an H200; environment M3_SCAN_WALK_SPLIT_MAX_CTAS). */
+   * CTAs (headdim a multiple of 64), and the angle walk its pairs over up to four, when they have fewer
+   * than walk_split_max_ctas (head, row) CTAs (264, two per multiprocessor of an H200; environment
+   * M3_SCAN_WALK_SPLIT_MAX_CTAS). */
   int32_t walk_split_max_ctas;
 } m3k_scan_plan;
 

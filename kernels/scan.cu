@@ -1121,7 +1121,7 @@ extern "C" int m3k_scan_make_plan(int32_t P, int32_t N, int32_t S, int32_t max_s
    * windows take it: takes_chunked. M3_SCAN_CHUNK_MIN_STATE overrides the P x N threshold (the GPU
    * tests set 0), M3_SCAN_SIMT turns the chunked scan off; M3_SCAN_POST_SUM_MIN_CTAS overrides where
    * its post kernel sums a group's heads (m3k_chunked_sums_heads), M3_SCAN_WALK_SPLIT_MAX_CTAS where its
-   * dE walk splits the state's rows. */
+   * walks split a state's rows or the angles' pairs. */
   const int64_t cf = m3k_chunked_smem(M3K_CHUNKED_FWD, P, N, S), cb = m3k_chunked_smem(M3K_CHUNKED_BWD, P, N, S);
   const int64_t cp = m3k_chunked_smem(M3K_CHUNKED_PREP, P, N, S), cq = m3k_chunked_smem(M3K_CHUNKED_POST, P, N, S);
   const int64_t cqs = m3k_chunked_smem(M3K_CHUNKED_POST_SUM, P, N, S);

@@ -44,8 +44,8 @@
  * per-head B/C gradients are never written back), scan_post_seq_chunked (per (head, row): the angle
  * gradient along the sequence, the scalar chain, the per-(row, head) partials). All but the angle walks
  * and post_seq are also compiled for a few fixed (P, N) (SHAPE_DISPATCH). The walks keep only the
- * work that is sequential over the chunks: one CTA (8 warps) per (head, row) (the dE walk's state rows
- * may be split over two: scan_dstate_chunked); operand tiles in shared memory (bf16, padded rows: +8
+ * work that is sequential over the chunks: one CTA (8 warps) per (head, row) (either walk may split a
+ * state's rows over two: fwd_launch, dstate_launch); operand tiles in shared memory (bf16, padded rows: +8
  * elements); each product's 16 x 16 output tiles spread over the warps. Every sum has a fixed order
  * (no atomics): bitwise repeatable. The walks keep the float32 state E / dE in the warps' accumulator
  * registers (no float32 S tile, W x in place; NOTES.md run 8); they hold at most CWARPS x FR_MAXT
@@ -813,19 +813,18 @@ template <typename T> __device__ __forceinline__ void st8(T *p, const float *v) 
  * chunks when the per-pair arrays stay small. */
 __host__ __device__ inline int seq_block(int S) { return S <= 32 ? 4 * CQ : CQ; }
 
-/* Forward only: theta (a.theta) of every position and fin_angle, one CTA per (head, row, part): part z
- * of gridDim.z takes the pairs z S' .. z S' + S' - 1, S' = S / gridDim.z (the pairs walk independently;
- * angle_parts). The walk
- * theta_t = wrap(theta_{t-1} + pi tanh(angle logit) dt), restarted at resets, runs in two levels so that
- * its dependent chain is short: the sequence goes in blocks of G = walk_segs(S) segments of ANG_SEG
- * tokens. Per block every thread first writes the increments of its (token, pair) items into shared
- * memory; thread (pair j, segment g) then walks its segment from 0 (as if the angle entering it were 0,
- * restarting at resets), in place; pair j's first thread carries the angle across the segments' ends
- * (wrapped sums, or a segment's own end after a reset in it); last, every thread adds the angle entering
- * its segment to its tokens before the segment's first reset. wrap(theta_in + local) equals the
- * sequential walk mod 2 pi; its float32 roundings differ (a chain of ANG_SEG + G wrapped sums per block
- * instead of one per token; within SPEC.md §8, like the tensor-core sums). H200 (kernels/NOTES.md run
- * 58): lm130 168 -> 108 us, mid 78 -> 34 us a launch. Shared memory: angles_smem_floats(S). */
+/* Forward only: theta (a.theta) of every position and fin_angle, one CTA per (head, row, part): part z of
+ * gridDim.z takes the pairs z S' .. z S' + S' - 1, S' = S / gridDim.z (the pairs walk independently;
+ * angle_parts; S below is S'). The walk theta_t = wrap(theta_{t-1} + pi tanh(angle logit) dt), restarted at
+ * resets, runs in two levels so that its dependent chain is short: the sequence goes in blocks of G =
+ * walk_segs(S) segments of ANG_SEG tokens. Per block every thread first writes the increments of its (token,
+ * pair) items into shared memory; thread (pair j, segment g) then walks its segment from 0 (as if the angle
+ * entering it were 0, restarting at resets), in place; pair j's first thread carries the angle across the
+ * segments' ends (wrapped sums, or a segment's own end after a reset in it); last, every thread adds the
+ * angle entering its segment to its tokens before the segment's first reset. wrap(theta_in + local) equals
+ * the sequential walk mod 2 pi; its float32 roundings differ (a chain of ANG_SEG + G wrapped sums per block
+ * instead of one per token; within SPEC.md §8, like the tensor-core sums). H200 (kernels/NOTES.md run 58):
+ * lm130 168 -> 108 us, mid 78 -> 34 us a launch. Shared memory: angles_smem_floats(S). */
 enum { ANG_SEG = 16 };
 __host__ __device__ inline int angles_smem_floats(int S) {
   const int G = walk_segs(S), AB = G * ANG_SEG;
@@ -1856,8 +1855,8 @@ static bool bwd_two_ctas(int32_t smem) { return smem <= 228 * 1024 / 2 - 1024; }
 static bool walk_splits(int32_t P) { return P % 64 == 0; }
 
 /* The angle walk's pairs in parts (scan_angles_chunked) while the launch stays below the walks' split
- * threshold (walk_split_max_ctas) and each part keeps 8 pairs or more, a multiple of 8 (the vector
- * loads of angles_vec8 stay aligned). */
+ * threshold (walk_split_max_ctas) and each part keeps a multiple of 8 pairs (the vector loads of
+ * angles_vec8 stay aligned): lm130 two parts of 16 pairs, 101 -> 65 us a launch (NOTES.md run 156). */
 static int angle_parts(const m3k_scan_plan *plan, const m3k_scan_args &a) {
   int parts = 1;
   while (parts < 4 && a.d.S % (16 * parts) == 0 && (int64_t)a.d.H * a.rows * parts < plan->walk_split_max_ctas)

@@ -110,16 +110,16 @@ __device__ __forceinline__ float dot2(float a, float b, float c, float d) { retu
 
 /* Unit of first column n0 from its biased B/C values (k1, q1: the pair's second column, unused for a
  * passing column): rotated by theta when it is a pair. FAST takes the hardware's sine and cosine
- * (__sincosf, as the public Triton kernels' cos/sin.approx: absolute error about 1e-6 on theta's
- * [0, 2 pi)) instead of sincosf's range reduction and polynomials: for the chunked 16-bit kernels,
- * whose products take q and k in bf16 anyway. */
+ * (__sincosf, as the public Triton kernels' cos/sin.approx) of theta moved into [-pi, pi), where CUDA
+ * bounds their absolute error by 2^-21.41, instead of sincosf's range reduction and polynomials: for
+ * the chunked 16-bit kernels, whose products take q and k in bf16 anyway. */
 template <bool FAST = false>
 __device__ __forceinline__ unit_kq unit_rotate(int n0, bool pair, float k0, float k1, float q0, float q1, float theta) {
   unit_kq r;
   r.n0 = n0;
   if (pair) {
     float c, sn;
-    if (FAST) __sincosf(theta, &sn, &c);
+    if (FAST) __sincosf(theta >= PI_F ? theta - TWO_PI_F : theta, &sn, &c); /* theta in [0, 2 pi) */
     else sincosf(theta, &sn, &c);
     r.pair = 1;
     r.k0 = dot2(k0, c, -k1, sn);

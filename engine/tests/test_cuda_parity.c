@@ -525,8 +525,8 @@ int main(void) {
     parity_case(i, &cases[i], M3_PRECISION_F32);
     parity_case(i, &cases[i], M3_PRECISION_BF16);
   }
-  /* at these few (head, row) pairs the chunked backward's dE walk splits every state whose headdim is a
-   * multiple of 64 over two CTAs; the two such cases above once more with it whole */
+  /* at these few (head, row) pairs the chunked scan's walks split every state whose headdim is a multiple
+   * of 64 over two CTAs (and the angle walk its pairs); the two such cases above once more unsplit */
   setenv("M3_SCAN_WALK_SPLIT_MAX_CTAS", "0", 1);
   parity_case(3, &cases[3], M3_PRECISION_BF16);
   parity_case(9, &cases[9], M3_PRECISION_BF16);
