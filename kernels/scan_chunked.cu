@@ -405,6 +405,31 @@ __device__ __forceinline__ void bmm_regs(acc16 (&c)[BMM_ILP], const OT *A, int l
   }
 }
 
+/* f(j, e, i, col) for each even element e of the warp's tiles j (reg_tile) of a [CQ][16 tn] product whose
+ * columns start at c0: its row i and the first col of its two columns (v[e], v[e + 1]). */
+template <typename F> __device__ __forceinline__ void for_reg_pairs(int tn, int c0, F f) {
+#pragma unroll
+  for (int j = 0; j < BMM_ILP; j++) {
+    int i0, j0;
+    if (!reg_tile(j, tn, i0, j0)) break;
+#pragma unroll
+    for (int e = 0; e < 8; e += 2) f(j, e, i0 + acc_row(e), c0 + j0 + acc_col(e));
+  }
+}
+/* Row i of the warp's tiles c (reg_tile, [CQ][16 tn]) times sc[i][f], 0 past nb. */
+__device__ __forceinline__ void scale_reg_rows(acc16 (&c)[BMM_ILP], int tn, const float *sc, int f, int nb) {
+  const int lane = threadIdx.x & 31;
+#pragma unroll
+  for (int j = 0; j < BMM_ILP; j++) {
+    int i0, j0;
+    if (!reg_tile(j, tn, i0, j0)) break;
+    const int r0 = i0 + lane / 4;
+    const float s0 = r0 < nb ? sc[r0 * FW + f] : 0.0f, s1 = r0 + 8 < nb ? sc[(r0 + 8) * FW + f] : 0.0f;
+#pragma unroll
+    for (int e = 0; e < 8; e++) c[j].v[e] *= (e >> 1) & 1 ? s1 : s0;
+  }
+}
+
 /* ---- per-chunk pieces shared by both directions ----------------------------------------------------- */
 
 /* Token scalars of tokens [t0, t0 + nb] (slot nb: the next token, if inside the window). */
@@ -1305,14 +1330,10 @@ __device__ __forceinline__ void kgrad_regs(const cdims &cd, const OT *A1, const 
       int i0, j0;
       if (!reg_tile(j, tn, i0, j0)) break;
       const int r0 = i0 + lane / 4;
-      const float s0 = r0 < nb ? sc[r0 * FW + fc] : 0.0f, s1 = r0 + 8 < nb ? sc[(r0 + 8) * FW + fc] : 0.0f;
       float d[2] = {0.0f, 0.0f};
 #pragma unroll
-      for (int e = 0; e < 8; e++) {
-        const int hi = (e >> 1) & 1;
-        d[hi] += c[j].v[e] * __bfloat162float(X[(i0 + acc_row(e)) * cd.lqn + c0 + j0 + acc_col(e)]);
-        c[j].v[e] *= hi ? s1 : s0;
-      }
+      for (int e = 0; e < 8; e++)
+        d[(e >> 1) & 1] += c[j].v[e] * __bfloat162float(X[(i0 + acc_row(e)) * cd.lqn + c0 + j0 + acc_col(e)]);
 #pragma unroll
       for (int hi = 0; hi < 2; hi++) {
         d[hi] += __shfl_xor_sync(0xffffffffu, d[hi], 1);
@@ -1323,24 +1344,18 @@ __device__ __forceinline__ void kgrad_regs(const cdims &cd, const OT *A1, const 
         part[(r0 + 8) * (KB / 16) + j0 / 16] = d[1];
       }
     }
+    scale_reg_rows(c, tn, sc, fc, nb);
     bmm_regs<L2_ROW, true>(c, L2, cd.lqq, B2 + c0, cd.lqn, tn, CQ);
-#pragma unroll
-    for (int j = 0; j < BMM_ILP; j++) {
-      int i0, j0;
-      if (!reg_tile(j, tn, i0, j0)) break;
-#pragma unroll
-      for (int e = 0; e < 8; e += 2) {
-        const int i = i0 + acc_row(e), n = c0 + j0 + acc_col(e);
-        if (i >= nb) continue;
-        float *o = dst + i * ld_dst + n;
-        const float v[2] = {c[j].v[e], c[j].v[e + 1]};
-        if (pairs && n < N) st_v<2>(o, v);
-        else {
-          if (n < N) o[0] = v[0];
-          if (n + 1 < N) o[1] = v[1];
-        }
+    for_reg_pairs(tn, c0, [&](int j, int e, int i, int n) {
+      if (i >= nb) return;
+      float *o = dst + i * ld_dst + n;
+      const float v[2] = {c[j].v[e], c[j].v[e + 1]};
+      if (pairs && n < N) st_v<2>(o, v);
+      else {
+        if (n < N) o[0] = v[0];
+        if (n + 1 < N) o[1] = v[1];
       }
-    }
+    });
     __syncthreads();
     if (threadIdx.x < CQ)
       for (int k = 0; k < tn; k++) dot += part[threadIdx.x * (KB / 16) + k];
@@ -1477,39 +1492,24 @@ __global__ void __launch_bounds__(CTHREADS, MINB) scan_bwd_chunked(const m3k_sca
 #pragma unroll
       for (int j = 0; j < BMM_ILP; j++) acc_zero(c[j]);
       bmm_regs<true, false>(c, s.sk, cd.lqn, s.sdE + (size_t)c0 * cd.lqn, cd.lqn, tn, cd.Np);
-#pragma unroll
-      for (int j = 0; j < BMM_ILP; j++) {
-        int i0, j0;
-        if (!reg_tile(j, tn, i0, j0)) break;
-        const int r0 = i0 + lane / 4;
-        const float w0 = r0 < nb ? s.sc[r0 * FW + F_W] : 0.0f, w1 = r0 + 8 < nb ? s.sc[(r0 + 8) * FW + F_W] : 0.0f;
-#pragma unroll
-        for (int e = 0; e < 8; e++) c[j].v[e] *= (e >> 1) & 1 ? w1 : w0;
-      }
+      scale_reg_rows(c, tn, s.sc, F_W, nb);
       bmm_regs<false, true>(c, s.sL1, cd.lqq, s.sxw + c0, cd.lqp, tn, CQ);
-#pragma unroll
-      for (int j = 0; j < BMM_ILP; j++) {
-        int i0, j0;
-        if (!reg_tile(j, tn, i0, j0)) break;
-#pragma unroll
-        for (int e = 0; e < 8; e += 2) {
-          const int i = i0 + acc_row(e), p = c0 + j0 + acc_col(e);
-          if (i >= nb || p >= P) continue;
-          const int64_t mi = m0 + i;
-          const float dg = s.sc[i * FW + F_GAM] * s.sc[i * FW + F_QK] + Dh;
-          const float *dyp = a.dy + mi * E + (int64_t)h * P + p;
-          T *dxp = dproj + mi * d.dipp + d.x_off + (int64_t)h * P + p;
-          if (pairs) {
-            float dy[2];
-            ld_v<2>(dyp, dy);
-            const float dx[2] = {c[j].v[e] + dg * dy[0], c[j].v[e + 1] + dg * dy[1]};
-            st_v<2>(dxp, dx);
-          } else {
-            dxp[0] = from_f<T>(c[j].v[e] + dg * dyp[0]);
-            if (p + 1 < P) dxp[1] = from_f<T>(c[j].v[e + 1] + dg * dyp[1]);
-          }
+      for_reg_pairs(tn, c0, [&](int j, int e, int i, int p) {
+        if (i >= nb || p >= P) return;
+        const int64_t mi = m0 + i;
+        const float dg = s.sc[i * FW + F_GAM] * s.sc[i * FW + F_QK] + Dh;
+        const float *dyp = a.dy + mi * E + (int64_t)h * P + p;
+        T *dxp = dproj + mi * d.dipp + d.x_off + (int64_t)h * P + p;
+        if (pairs) {
+          float dy[2];
+          ld_v<2>(dyp, dy);
+          const float dx[2] = {c[j].v[e] + dg * dy[0], c[j].v[e + 1] + dg * dy[1]};
+          st_v<2>(dxp, dx);
+        } else {
+          dxp[0] = from_f<T>(c[j].v[e] + dg * dyp[0]);
+          if (p + 1 < P) dxp[1] = from_f<T>(c[j].v[e + 1] + dg * dyp[1]);
         }
-      }
+      });
     }
   }
   __syncthreads(); /* the rows' v_s (F_V) are read by warp 0 below */
