@@ -161,14 +161,16 @@ typedef struct m3k_scan_plan {
   int32_t smem_cpost_sum, post_sum_min_ctas;
   /* The walks along the chunks (the forward's, the backward's dE walk) split each state's rows over two
    * CTAs (headdim a multiple of 64), and the angle walk its pairs over up to four, when they have fewer
-   * than walk_split_max_ctas (head, row) CTAs (264, two per multiprocessor of an H200; environment
+   * than walk_split_max_ctas (head, row) CTAs (two per multiprocessor: 264 on an H200; environment
    * M3_SCAN_WALK_SPLIT_MAX_CTAS). */
   int32_t walk_split_max_ctas;
 } m3k_scan_plan;
 
-/* Chooses the thread tile and token block for (P, N, S); returns 0 when the sizes are beyond
- * the kernels (P > 128, N > 256, or shared memory), with a message in why[256]. */
-int m3k_scan_make_plan(int32_t P, int32_t N, int32_t S, int32_t max_smem, m3k_scan_plan *out, char *why);
+/* Chooses the thread tile and token block for (P, N, S) on a device of max_smem bytes of shared memory a
+ * block and sms multiprocessors; returns 0 when the sizes are beyond the kernels (P > 128, N > 256, or
+ * shared memory), with a message in why[256]. */
+int m3k_scan_make_plan(int32_t P, int32_t N, int32_t S, int32_t max_smem, int32_t sms, m3k_scan_plan *out,
+                       char *why);
 /* Floats of the chunked scan's scratch m3k_scan_args.chunk_scratch for windows up to rows x len, for
  * the forward alone (backward = 0: inference) or forward and backward (0 when the plan's scan of
  * this precision is not chunked). */

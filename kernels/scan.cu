@@ -1066,7 +1066,14 @@ __global__ void __launch_bounds__(512) scan_bwd_kernel(const m3k_scan_args a, co
 
 /* ---- host side: plans and launches ------------------------------------------------------------------ */
 
-extern "C" int m3k_scan_make_plan(int32_t P, int32_t N, int32_t S, int32_t max_smem, m3k_scan_plan *out,
+/* A plan's count from the environment variable name (clamped to [0, INT32_MAX]), else dflt */
+static int32_t env_count(const char *name, int64_t dflt) {
+  const char *s = getenv(name);
+  const int64_t v = s ? atoll(s) : dflt;
+  return (int32_t)(v < 0 ? 0 : v > INT32_MAX ? INT32_MAX : v);
+}
+
+extern "C" int m3k_scan_make_plan(int32_t P, int32_t N, int32_t S, int32_t max_smem, int32_t sms, m3k_scan_plan *out,
                                   char *why) {
   if (P < 1 || P > 128 || N < 1 || N > 256) {
     snprintf(why, 256, "headdim %d x d_state %d: the CUDA scan supports headdim <= 128 and d_state <= 256", P, N);
@@ -1125,21 +1132,15 @@ extern "C" int m3k_scan_make_plan(int32_t P, int32_t N, int32_t S, int32_t max_s
   const int64_t cf = m3k_chunked_smem(M3K_CHUNKED_FWD, P, N, S), cb = m3k_chunked_smem(M3K_CHUNKED_BWD, P, N, S);
   const int64_t cp = m3k_chunked_smem(M3K_CHUNKED_PREP, P, N, S), cq = m3k_chunked_smem(M3K_CHUNKED_POST, P, N, S);
   const int64_t cqs = m3k_chunked_smem(M3K_CHUNKED_POST_SUM, P, N, S);
-  const char *min_state = getenv("M3_SCAN_CHUNK_MIN_STATE");
-  const int64_t min_pn = min_state ? atoll(min_state) : 1024;
   p.chunked = cf <= max_smem && cb <= max_smem && cp <= max_smem && cq <= max_smem && getenv("M3_SCAN_SIMT") == NULL;
-  p.chunk_min_state = (int32_t)(min_pn < 0 ? 0 : min_pn > INT32_MAX ? INT32_MAX : min_pn);
+  p.chunk_min_state = env_count("M3_SCAN_CHUNK_MIN_STATE", 1024);
   p.smem_cfwd = p.chunked ? (int32_t)cf : 0;
   p.smem_cbwd = p.chunked ? (int32_t)cb : 0;
   p.smem_cprep = p.chunked ? (int32_t)cp : 0;
   p.smem_cpost = p.chunked ? (int32_t)cq : 0;
   p.smem_cpost_sum = p.chunked && cqs <= max_smem ? (int32_t)cqs : 0;
-  const char *sum_ctas = getenv("M3_SCAN_POST_SUM_MIN_CTAS");
-  const int64_t min_ctas = sum_ctas ? atoll(sum_ctas) : 128;
-  p.post_sum_min_ctas = (int32_t)(min_ctas < 0 ? 0 : min_ctas > INT32_MAX ? INT32_MAX : min_ctas);
-  const char *split_ctas = getenv("M3_SCAN_WALK_SPLIT_MAX_CTAS");
-  const int64_t max_split = split_ctas ? atoll(split_ctas) : 264;
-  p.walk_split_max_ctas = (int32_t)(max_split < 0 ? 0 : max_split > INT32_MAX ? INT32_MAX : max_split);
+  p.post_sum_min_ctas = env_count("M3_SCAN_POST_SUM_MIN_CTAS", 128);
+  p.walk_split_max_ctas = env_count("M3_SCAN_WALK_SPLIT_MAX_CTAS", 2 * (int64_t)sms);
   *out = p;
   return 1;
 }

@@ -1850,9 +1850,13 @@ __global__ void __launch_bounds__(CTHREADS) scan_post_seq_chunked(const m3k_scan
 /* Two CTAs per SM fit when each takes at most half of the SM's 228 KB less the 1 KB reserved per CTA. */
 static bool bwd_two_ctas(int32_t smem) { return smem <= 228 * 1024 / 2 - 1024; }
 
-/* The dE walk can split a state's rows in two parts of whole 16-row tiles; it gains only with parts of 32
- * rows or more (lm130's 64 rows: 182 -> 158 us a walk; mid's 32: 45 -> 47 us, NOTES.md run 154). */
-static bool walk_splits(int32_t P) { return P % 64 == 0; }
+/* The walks can split a state's rows in two parts of whole 16-row tiles; it gains only with parts of 32
+ * rows or more (lm130's 64 rows: 182 -> 158 us a dE walk; mid's 32: 45 -> 47 us, NOTES.md run 154). */
+static bool walk_split_shape(int32_t P) { return P % 64 == 0; }
+/* Whether a launch of a.rows x H walks splits them: fewer CTAs than the plan's walk_split_max_ctas. */
+static bool walks_split(const m3k_scan_plan *plan, const m3k_scan_args &a) {
+  return walk_split_shape(a.d.P) && (int64_t)a.d.H * a.rows < plan->walk_split_max_ctas;
+}
 
 /* The angle walk's pairs in parts (scan_angles_chunked) while the launch stays below the walks' split
  * threshold (walk_split_max_ctas) and each part keeps a multiple of 8 pairs (the vector loads of
@@ -1871,8 +1875,7 @@ static int angle_parts(const m3k_scan_plan *plan, const m3k_scan_args &a) {
 template <typename T, int PK, int NK>
 static void fwd_launch(cudaStream_t s, const m3k_scan_plan *plan, const m3k_scan_args &a) {
   if constexpr (PK > 0 && PK % 64 == 0)
-    if (walk_splits(a.d.P) && (int64_t)a.d.H * a.rows < plan->walk_split_max_ctas && !a.d.outproj_norm &&
-        !(a.in_k && a.in_k == a.fin_k)) {
+    if (walks_split(plan, a) && !a.d.outproj_norm && !(a.in_k && a.in_k == a.fin_k)) {
       scan_fwd_chunked_r<T, PK, NK, 2>
           <<<dim3(a.d.H, a.rows, 2), CTHREADS, carve_r(NULL, a.d.P / 2, a.d.N, NULL), s>>>(a);
       return;
@@ -1886,7 +1889,7 @@ template <typename T, int PK, int NK>
 static void dstate_launch(cudaStream_t s, const m3k_scan_plan *plan, const m3k_scan_args &a) {
   const int P = a.d.P, N = a.d.N;
   if constexpr (PK % 64 == 0)
-    if (walk_splits(P) && (int64_t)a.d.H * a.rows < plan->walk_split_max_ctas) {
+    if (walks_split(plan, a)) {
       scan_dstate_chunked<T, PK, NK, 2><<<dim3(a.d.H, a.rows, 2), CTHREADS, carve_d(NULL, P / 2, N, NULL), s>>>(a);
       return;
     }
@@ -1937,14 +1940,14 @@ template <typename T, int PK, int NK> static cudaError_t shape_kernels_prepare(c
     e = cudaFuncSetAttribute(scan_fwd_chunked_r<T, PK, NK, 1>, cudaFuncAttributePreferredSharedMemoryCarveout,
                              cudaSharedmemCarveoutMaxShared);
   if constexpr (PK > 0 && PK % 64 == 0)
-    if (e == cudaSuccess && walk_splits(plan->P))
+    if (e == cudaSuccess && walk_split_shape(plan->P))
       e = cudaFuncSetAttribute(scan_fwd_chunked_r<T, PK, NK, 2>, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                plan->smem_cfwd);
   if (e == cudaSuccess)
     e = cudaFuncSetAttribute(scan_dstate_chunked<T, PK, NK, 1>, cudaFuncAttributeMaxDynamicSharedMemorySize,
                              plan->smem_cbwd);
   if constexpr (PK % 64 == 0)
-    if (e == cudaSuccess && walk_splits(plan->P))
+    if (e == cudaSuccess && walk_split_shape(plan->P))
       e = cudaFuncSetAttribute(scan_dstate_chunked<T, PK, NK, 2>, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                plan->smem_cbwd);
   if (e == cudaSuccess)

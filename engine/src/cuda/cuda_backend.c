@@ -1411,8 +1411,9 @@ static m3_status init_device(backend *be, const backend_args *a) {
   CK(cudaSetDevice(be->dev));
   int max_smem = 0;
   CK(cudaDeviceGetAttribute(&max_smem, cudaDevAttrMaxSharedMemoryPerBlockOptin, be->dev));
+  CK(cudaDeviceGetAttribute(&be->sms, cudaDevAttrMultiProcessorCount, be->dev));
   char why[256];
-  if (!m3k_scan_make_plan(be->d->P, be->d->N, be->d->S, max_smem, &be->scan, why))
+  if (!m3k_scan_make_plan(be->d->P, be->d->N, be->d->S, max_smem, be->sms, &be->scan, why))
     return m3_fail(M3_ERR_UNSUPPORTED, "%s", why);
   CK(m3k_scan_prepare(be->prec, &be->scan));
   if (be->infer) {
@@ -1420,10 +1421,8 @@ static m3_status init_device(backend *be, const backend_args *a) {
     if ((!fused || strcmp(fused, "0") != 0) && m3k_decode_smem(be->prec, &be->kd, be->d->L, max_smem))
       be->decode_smem = (size_t)max_smem;
     const char *cap = getenv("M3_DECODE_CLUSTER");
-    if (be->decode_smem) {
+    if (be->decode_smem)
       CK(m3k_decode_prepare(be->prec, be->decode_smem, cap ? atoi(cap) : DECODE_CLUSTER_CAP, &be->decode_cluster));
-      CK(cudaDeviceGetAttribute(&be->sms, cudaDevAttrMultiProcessorCount, be->dev));
-    }
   }
   CK(cudaStreamCreateWithFlags(&be->st, cudaStreamNonBlocking));
   CK(cudaStreamCreateWithFlags(&be->copy_st, cudaStreamNonBlocking));
