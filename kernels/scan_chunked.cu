@@ -30,6 +30,8 @@
  *     dc_t = r_t + rowsum_t(M) - colsum_t(M) - v_t (+ dec <dE, E> + sum_s v_s at the last token),
  *       M = L o S1 o S2, r_t = EC_t q_t.(dY E)_t, v_s = W_s ktil_s.(x dE)_s; da_t = suffix sum of dc
  *       (0 at a reset); dbp_0 = v_in^T dE_0 k_in (the beta term of the window's first token).
+ *   The products' dq and dktil (before the diagonal and gamma terms) pass to the next kernel in bf16,
+ *   like the activations (r_t and v_s are taken from them in float32 before that rounding).
  *   Then the rotation backward, the angle gradient (reverse cumulative sum along the sequence,
  *   stopped at resets) and the scalar chain to dd_dt, dd_A, trap as scan.cu.
  *
@@ -38,10 +40,10 @@
  * (the walk; in training it keeps the state entering each chunk: with q, ktil and the scalars, what
  * the forward keeps in a.chunk_states). Backward: scan_gate_bwd_chunked (per chunk, in parallel: the
  * gate backward), scan_dstate_chunked (the reverse walk of dE alone: dE leaving each chunk, dbp_0),
- * scan_bwd_chunked (per chunk, in parallel: the products, raw dq / dktil into dbc_head, da into the
- * table), scan_post_chunked (per chunk, in parallel: the diagonal terms, rotation backward, dscale,
- * the angle shares, B/C bias partials; on large launches it also sums each group's heads, so that the
- * per-head B/C gradients are never written back), scan_post_seq_chunked (per (head, row): the angle
+ * scan_bwd_chunked (per chunk, in parallel: the products, raw dq / dktil in bf16 over the kept q /
+ * ktil, da into the table), scan_post_chunked (per chunk, in parallel: the diagonal terms, rotation
+ * backward, dscale, the angle shares, B/C bias partials; on large launches it also sums each group's
+ * heads, so that the per-head B/C gradients are never written back), scan_post_seq_chunked (per (head, row): the angle
  * gradient along the sequence, the scalar chain, the per-(row, head) partials). All but the angle walks
  * and post_seq are also compiled for a few fixed (P, N) (SHAPE_DISPATCH). The walks keep only the
  * work that is sequential over the chunks: one CTA (8 warps) per (head, row) (either walk may split a
@@ -237,7 +239,8 @@ __host__ __device__ inline size_t carve_r(unsigned char *base, int P, int N, csm
  * In training (a.chunk_states set) the forward keeps what its backward reads in a.chunk_states, per
  * layer (kept_views): the state entering each chunk, states [u][Pp][Np] bf16 (the forward walk; the
  * per-chunk products read E in bf16 anyway; padding zero), and q, k, tab as above (the scratch has
- * none of them then): the backward does not prepare them again. */
+ * none of them then): the backward does not prepare them again. The per-chunk backward, their last
+ * reader, overwrites q and k with the raw dq and dktil ([u][CQ][Np] bf16) that scan_post_chunked reads. */
 enum { TW = 24, T_DEC = 16, T_DA, T_DSCALE, T_DGAM, T_DBP0, T_DTANG, T_DV, T_DEE, TAB_FIELDS = F_DYX + 1 };
 static_assert(TAB_FIELDS <= T_DEC && T_DEE < TW && (int)TW >= (int)FW, "table layout"); /* T_DTANG, T_DV: post_seq's own */
 
@@ -1310,15 +1313,14 @@ __device__ __forceinline__ float walk_parts_sum(const float *tab, int f) {
  * the warps' accumulator tiles: F = A1 B1 (A1 [CQ][Pp], row stride lqp; B1 [Pp][Np], lqn); per row i,
  * with c = sc[i][fc] (0 past nb), sc[i][fo] = c (F_i . X_i) over all columns (X [CQ][Np], lqn; the
  * tiles' partials through part, summed in column order) and F_i <- c F_i; then F += L2' B2 (L2
- * [CQ][CQ], lqq, transposed unless L2_ROW; B2 [CQ][Np], lqn); rows < nb, columns < N straight to dst
- * (row stride ld_dst). Every thread has read A1, B1, X, L2 and B2 when it returns. */
+ * [CQ][CQ], lqq, transposed unless L2_ROW; B2 [CQ][Np], lqn); rows < nb straight to dst ([CQ][Np] bf16,
+ * padding columns included). Every thread has read A1, B1, X, L2 and B2 when it returns. */
 template <bool L2_ROW>
 __device__ __forceinline__ void kgrad_regs(const cdims &cd, const OT *A1, const OT *B1, const OT *X, float *sc,
-                                           int nb, int fc, int fo, const OT *L2, const OT *B2, float *dst,
-                                           int64_t ld_dst, int N, float *part) {
+                                           int nb, int fc, int fo, const OT *L2, const OT *B2, OT *dst,
+                                           float *part) {
   const int lane = threadIdx.x & 31;
-  const bool pairs = ((N | (int)ld_dst) & 1) == 0; /* float2 stores (dst's offset is a multiple of N) */
-  float dot = 0;                                   /* thread i < CQ: row i's F . X so far */
+  float dot = 0; /* thread i < CQ: row i's F . X so far */
   for (int c0 = 0; c0 < cd.Np; c0 += KB) {
     const int tn = min(KB, cd.Np - c0) / 16;
     acc16 c[BMM_ILP];
@@ -1347,14 +1349,8 @@ __device__ __forceinline__ void kgrad_regs(const cdims &cd, const OT *A1, const 
     scale_reg_rows(c, tn, sc, fc, nb);
     bmm_regs<L2_ROW, true>(c, L2, cd.lqq, B2 + c0, cd.lqn, tn, CQ);
     for_reg_pairs(tn, c0, [&](int j, int e, int i, int n) {
-      if (i >= nb) return;
-      float *o = dst + i * ld_dst + n;
       const float v[2] = {c[j].v[e], c[j].v[e + 1]};
-      if (pairs && n < N) st_v<2>(o, v);
-      else {
-        if (n < N) o[0] = v[0];
-        if (n + 1 < N) o[1] = v[1];
-      }
+      if (i < nb) st_v<2>(dst + i * cd.Np + n, v);
     });
     __syncthreads();
     if (threadIdx.x < CQ)
@@ -1472,16 +1468,16 @@ __global__ void __launch_bounds__(CTHREADS, MINB) scan_bwd_chunked(const m3k_sca
     }
     __syncthreads();
   }
-  /* 6. dq = EC (dY E) + L2 ktil (+ diagonal); r_t */
-  const int64_t ld_bc = (int64_t)H * 2 * N;
-  float *dq = a.dbc_head + ((m0 * H + h) * 2 + 1) * N, *dk = a.dbc_head + ((m0 * H + h) * 2 + 0) * N;
-  kgrad_regs<true>(cd, s.sxw, s.sE, s.sq, s.sc, nb, F_EC, F_R, s.sL2, s.sk, dq, ld_bc, N, s.sR); /* dq (raw) */
+  /* 6. dq = EC (dY E) + L2 ktil (+ diagonal); r_t. The raw dq and dktil replace q and ktil in
+   * a.chunk_states (read into shared memory above; nothing reads them after this kernel) */
+  OT *dq = cv.q + u * CQ * cd.Np, *dk = cv.k + u * CQ * cd.Np;
+  kgrad_regs<true>(cd, s.sxw, s.sE, s.sq, s.sc, nb, F_EC, F_R, s.sL2, s.sk, dq, s.sR); /* dq (raw) */
   /* dE (bf16) where E was (dq, its last reader, ended with a barrier) */
   tile_load(s.sdE, cd.lqn, cv.de + u * cd.Pp * cd.Np, cd.Np, cd.Pp);
   cp_wait_all();
   __syncthreads();
   /* 7. dktil = W (x dE) + L2^T q; v_s */
-  kgrad_regs<false>(cd, s.sx, s.sdE, s.sk, s.sc, nb, F_W, F_V, s.sL2, s.sq, dk, ld_bc, N, s.sR); /* dktil (raw) */
+  kgrad_regs<false>(cd, s.sx, s.sdE, s.sk, s.sc, nb, F_W, F_V, s.sL2, s.sq, dk, s.sR); /* dktil (raw) */
   /* 8. dx = W (ktil dE^T) + L1^T dY (+ diagonal, D), [CQ][KB] column blocks in the warps' accumulator
    * tiles, straight to dproj (two columns an access where every offset is even) */
   {
@@ -1547,12 +1543,13 @@ __global__ void __launch_bounds__(CTHREADS, MINB) scan_bwd_chunked(const m3k_sca
 /* ---- after the backward walk: the per-token finish, in parallel, then along the sequence ------------------ */
 
 
-/* One CTA per (chunk, head, row), warp per token: from the walk's raw dq (C slot of dbc_head) and dktil
- * (B slot): the diagonal term, dscale = dktil.k, dk = scale dktil + gamma (dY.x) q, the rotation backward
- * of both, the angle gradient shares (a.dthq), dscale and dgamma (table), and the chunk's B_bias / C_bias
- * partials (pbc). dk, dq go back in place (dbc_head final), or with SUM one CTA per (chunk, group, row)
- * walks the group's heads in order and writes only their sums (a.dbc_group, in the order and rounding of
- * bcnorm_bwd's sum over dbc_head), which saves writing and reading back the per-head values. */
+/* One CTA per (chunk, head, row), warp per token: from the per-chunk kernel's raw dq and dktil (bf16, in
+ * a.chunk_states where q and ktil were): the diagonal term, dscale = dktil.k, dk = scale dktil + gamma
+ * (dY.x) q, the rotation backward of both, the angle gradient shares (a.dthq), dscale and dgamma
+ * (table), and the chunk's B_bias / C_bias partials (pbc). dk, dq go to dbc_head, or with SUM one CTA
+ * per (chunk, group, row) walks the group's heads in order and writes only their sums (a.dbc_group, in
+ * the order and rounding of bcnorm_bwd's sum over dbc_head), which saves writing and reading back the
+ * per-head values. */
 template <typename T, int UPL, int PK, int NK, bool SUM>
 __global__ void __launch_bounds__(CTHREADS, SUM ? 2 : UPL <= 3 ? 3 : UPL == 4 ? 2 : 1)
     scan_post_chunked(const m3k_scan_args a) {
@@ -1560,7 +1557,7 @@ __global__ void __launch_bounds__(CTHREADS, SUM ? 2 : UPL <= 3 ? 3 : UPL == 4 ? 
   const m3k_dims &d = a.d;
   const int ch = blockIdx.x, b = blockIdx.z, g = SUM ? blockIdx.y : blockIdx.y / d.hpg;
   const int h0 = SUM ? g * d.hpg : blockIdx.y, nh = SUM ? d.hpg : 1;
-  const int P = PK ? PK : d.P, N = NK ? NK : d.N, S = d.S, H = d.H, GN = d.G * N;
+  const int P = PK ? PK : d.P, N = NK ? NK : d.N, S = d.S, H = d.H, GN = d.G * N, Np = make_cdims(P, N).Np;
   const int tid = threadIdx.x, lane = tid & 31, wid = tid >> 5;
   csmem s;
   carve_q(smraw, N, SUM, &s);
@@ -1582,7 +1579,7 @@ __global__ void __launch_bounds__(CTHREADS, SUM ? 2 : UPL <= 3 ? 3 : UPL == 4 ? 
   float *pw = s.pbw + wid * 2 * N; /* [B_bias | C_bias]; without REG zero here, then again by its reader */
   if (!REG)
     for (int c = lane; c < 2 * N; c += 32) pw[c] = 0;
-  /* dk, dq of a token to dbc_head (in place), or added to the group's running sums */
+  /* dk, dq of a token to dbc_head, or added to the group's running sums */
   const auto put = [&](float *p, float v) {
     if (SUM) *p += v;
     else *p = v;
@@ -1607,21 +1604,22 @@ __global__ void __launch_bounds__(CTHREADS, SUM ? 2 : UPL <= 3 ? 3 : UPL == 4 ? 
       else pw[col] += v;
     };
     __syncthreads();
-    /* token i's inputs: its B_hat / C_hat units and angles (r), the walk's raw dq, dktil (f) */
+    /* token i's inputs: its B_hat / C_hat units and angles (r), the raw dq, dktil (bf16 pairs at the
+     * unit's even column: converted where used, so that nothing waits for them before every load is out) */
     struct tok_in {
       lane_raw<UPL> r;
-      float4 f[UPL];
+      __nv_bfloat162 q[UPL], k[UPL];
     };
     const auto load = [&](int i, tok_in &in) {
-      const float *fk = a.dbc_head + (((m0 + i) * H + h) * 2 + 0) * N, *fq = fk + N;
+      const OT *fq = cv.q + (u * CQ + i) * Np, *fk = cv.k + (u * CQ + i) * Np;
       const float *bk = bc0 + (int64_t)i * 2 * GN;
       lane_load(L, bk, bk + GN, th0 + (int64_t)i * H * S, S, in.r);
 #pragma unroll
-      for (int j = 0; j < UPL; j++) {
-        const int n0 = L.n0[j];
-        if (n0 >= 0)
-          in.f[j] = make_float4(fq[n0], L.pair[j] ? fq[n0 + 1] : 0.0f, fk[n0], L.pair[j] ? fk[n0 + 1] : 0.0f);
-      }
+      for (int j = 0; j < UPL; j++)
+        if (L.n0[j] >= 0) {
+          in.q[j] = *(const __nv_bfloat162 *)(fq + (L.n0[j] & ~1));
+          in.k[j] = *(const __nv_bfloat162 *)(fk + (L.n0[j] & ~1));
+        }
     };
     const auto finish = [&](int i, const tok_in &in) {
       const int64_t mi = m0 + i;
@@ -1632,7 +1630,9 @@ __global__ void __launch_bounds__(CTHREADS, SUM ? 2 : UPL <= 3 ? 3 : UPL == 4 ? 
       for (int j = 0; j < UPL; j++) {
         if (L.n0[j] < 0) continue;
         const unit_kq r_ = lane_unit(L, in.r, j);
-        const float4 f = in.f[j];
+        const float2 rq = __bfloat1622float2(in.q[j]), rk = __bfloat1622float2(in.k[j]);
+        const bool hi = L.n0[j] & 1; /* a passing column's value in the pair's second half */
+        const float4 f = make_float4(hi ? rq.y : rq.x, rq.y, hi ? rk.y : rk.x, rk.y);
         if (r_.pair) { /* fused multiply-adds spelled out (dot2): both variants round alike */
           const float q0 = __fmaf_rn(gd, r_.k0, f.x), q1 = __fmaf_rn(gd, r_.k1, f.y);
           const float e0 = f.z, e1 = f.w;
