@@ -31,7 +31,8 @@
  *       M = L o S1 o S2, r_t = EC_t q_t.(dY E)_t, v_s = W_s ktil_s.(x dE)_s; da_t = suffix sum of dc
  *       (0 at a reset); dbp_0 = v_in^T dE_0 k_in (the beta term of the window's first token).
  *   The products' dq and dktil (before the diagonal and gamma terms) pass to the next kernel in bf16,
- *   like the activations (r_t and v_s are taken from them in float32 before that rounding).
+ *   like the activations (r_t and v_s are taken from them in float32 before that rounding); dx's
+ *   diagonal term takes dY in bf16, as its products do.
  *   Then the rotation backward, the angle gradient (reverse cumulative sum along the sequence,
  *   stopped at resets) and the scalar chain to dd_dt, dd_A, trap as scan.cu.
  *
@@ -667,8 +668,8 @@ template <typename T> __device__ __forceinline__ void tanh8(const T *p, float *o
   for (int e = 0; e < 8; e++) out[e] = tanhf(to_f(v[e]));
 }
 
-/* The gate backward of the chunk's tokens (warp per token, as scan.cu): dz into dproj, dy (a.dy and
- * the bf16 rows dyt [CQ][Pp], zero past nb and P), dy.x (F_DYX), the mixer-norm weight terms per warp.
+/* The gate backward of the chunk's tokens (warp per token, as scan.cu): dz into dproj, dy (the bf16
+ * rows dyt [CQ][Pp], zero past nb and P), dy.x (F_DYX), the mixer-norm weight terms per warp.
  * Each warp loads its next token's inputs while it finishes the current one. */
 struct gate_in {
   float x[4], z[4], dg[4], y[4], rn;
@@ -697,7 +698,7 @@ template <typename T>
 __device__ __forceinline__ void c_gate_bwd(const m3k_scan_args &a, const csmem &s, const cdims &cd, int P, int64_t m0,
                                            int nb, int h, OT *dyt) {
   const m3k_dims &d = a.d;
-  const int E = d.E, lane = threadIdx.x & 31, wid = threadIdx.x >> 5;
+  const int lane = threadIdx.x & 31, wid = threadIdx.x >> 5;
   T *dproj = (T *)a.dproj;
   float wn[4];
 #pragma unroll
@@ -745,7 +746,6 @@ __device__ __forceinline__ void c_gate_bwd(const m3k_scan_args &a, const csmem &
           } else {
             dy = dyn[k];
           }
-          a.dy[mi * E + (int64_t)h * P + p] = dy;
           dyx += dy * g.x[k];
         }
         dyr[p] = __float2bfloat16_rn(dy);
@@ -976,7 +976,7 @@ __global__ void __launch_bounds__(CTHREADS, UPL <= 4 ? 3 : 1) scan_prep_chunked(
 }
 
 /* The backward's first kernel, one CTA per (chunk, head, row): the gate backward of the chunk's
- * tokens (c_gate_bwd) into dproj's z columns, a.dy and the scratch's dy tile, dy.x into the table
+ * tokens (c_gate_bwd) into dproj's z columns and the scratch's dy tile, dy.x into the table
  * (F_DYX), the chunk's mixer-norm weight partials (pon). */
 template <typename T, int PK, int NK>
 __global__ void __launch_bounds__(CTHREADS) scan_gate_bwd_chunked(const m3k_scan_args a) {
@@ -1370,7 +1370,7 @@ __global__ void __launch_bounds__(CTHREADS, MINB) scan_bwd_chunked(const m3k_sca
   extern __shared__ __align__(128) unsigned char smraw[];
   const m3k_dims &d = a.d;
   const int ch = blockIdx.x, h = blockIdx.y, b = blockIdx.z;
-  const int P = PK ? PK : d.P, N = NK ? NK : d.N, H = d.H, E = d.E;
+  const int P = PK ? PK : d.P, N = NK ? NK : d.N, H = d.H;
   const int tid = threadIdx.x, lane = tid & 31, wid = tid >> 5;
   const cdims cd = make_cdims(P, N);
   csmem s;
@@ -1481,7 +1481,7 @@ __global__ void __launch_bounds__(CTHREADS, MINB) scan_bwd_chunked(const m3k_sca
   /* 8. dx = W (ktil dE^T) + L1^T dY (+ diagonal, D), [CQ][KB] column blocks in the warps' accumulator
    * tiles, straight to dproj (two columns an access where every offset is even) */
   {
-    const bool pairs = ((P | E | d.dipp | d.x_off) & 1) == 0;
+    const bool pairs = ((P | d.dipp | d.x_off) & 1) == 0;
     for (int c0 = 0; c0 < cd.Pp; c0 += KB) {
       const int tn = min(KB, cd.Pp - c0) / 16;
       acc16 c[BMM_ILP];
@@ -1494,16 +1494,14 @@ __global__ void __launch_bounds__(CTHREADS, MINB) scan_bwd_chunked(const m3k_sca
         if (i >= nb || p >= P) return;
         const int64_t mi = m0 + i;
         const float dg = s.sc[i * FW + F_GAM] * s.sc[i * FW + F_QK] + Dh;
-        const float *dyp = a.dy + mi * E + (int64_t)h * P + p;
+        const float2 dy = __bfloat1622float2(*(const __nv_bfloat162 *)(s.sxw + i * cd.lqp + p));
+        const float dx[2] = {c[j].v[e] + dg * dy.x, c[j].v[e + 1] + dg * dy.y};
         T *dxp = dproj + mi * d.dipp + d.x_off + (int64_t)h * P + p;
         if (pairs) {
-          float dy[2];
-          ld_v<2>(dyp, dy);
-          const float dx[2] = {c[j].v[e] + dg * dy[0], c[j].v[e + 1] + dg * dy[1]};
           st_v<2>(dxp, dx);
         } else {
-          dxp[0] = from_f<T>(c[j].v[e] + dg * dyp[0]);
-          if (p + 1 < P) dxp[1] = from_f<T>(c[j].v[e + 1] + dg * dyp[1]);
+          dxp[0] = from_f<T>(dx[0]);
+          if (p + 1 < P) dxp[1] = from_f<T>(dx[1]);
         }
       });
     }
