@@ -12,9 +12,9 @@
  *     dx = r (w ds) - x r^3 mean(x w ds)   -> dproj's B / C columns ("=")
  *     wcontrib[m, which*N + n] = sum_g x r ds  (B_norm / C_norm weight terms, column-summed later)
  *   and the angle logits, shared by all heads, get the sum over heads of the per-head shares
- *   (dang_head [M, H, S]) -> dproj's angle columns ("="). Two warps per position (warp 0 does B,
- *   warp 1 C, each looping over groups in order, then both share the angles), four positions a
- *   CTA. More CTAs of the same launch add the scan's per-(row, head) partials, summed over rows in
+ *   (dang_head [M, H, S], the activation type) -> dproj's angle columns ("="). Two warps per
+ *   position (warp 0 does B, warp 1 C, each looping over groups in order, then both share the
+ *   angles), four positions a CTA. More CTAs of the same launch add the scan's per-(row, head) partials, summed over rows in
  *   row order, to the small-parameter gradients ("+="): dt_bias, D, B_bias, C_bias (and
  *   out_norm); a thread per gradient. Then the riders (riders.cuh: the layer's out_proj weight
  *   gradient). The B_norm / C_norm column sums of wcontrib are the caller's (a rider of the layer
@@ -67,7 +67,7 @@ __global__ void bcnorm_fwd_kernel(m3k_dims d, const T *__restrict__ proj, const 
 template <typename T>
 __global__ void bcnorm_bwd_kernel(m3k_dims d, const T *__restrict__ proj, const float *__restrict__ wB,
                                   const float *__restrict__ wC, const float *__restrict__ bc_rstd,
-                                  const float *__restrict__ dbc, int slots, const float *__restrict__ dang_head,
+                                  const float *__restrict__ dbc, int slots, const T *__restrict__ dang_head,
                                   T *__restrict__ dproj, float *__restrict__ wcontrib, m3k_scan_partials sp,
                                   m3k_riders riders, unsigned pos_ctas, unsigned part_ctas, int64_t M) {
   if (blockIdx.x >= pos_ctas + part_ctas) {
@@ -124,7 +124,7 @@ __global__ void bcnorm_bwd_kernel(m3k_dims d, const T *__restrict__ proj, const 
   for (int a = threadIdx.x & 63; a < d.S; a += 64) {
     float acc = 0;
 #pragma unroll 8
-    for (int h = 0; h < d.H; h++) acc += dang_head[(m * d.H + h) * d.S + a];
+    for (int h = 0; h < d.H; h++) acc += to_f(dang_head[(m * d.H + h) * d.S + a]);
     dproj[m * d.dipp + d.ang_off + a] = from_f<T>(acc);
   }
 }
@@ -140,15 +140,14 @@ extern "C" cudaError_t m3k_bcnorm_fwd(cudaStream_t s, int prec, const m3k_dims *
 
 extern "C" cudaError_t m3k_bcnorm_bwd(cudaStream_t s, int prec, const m3k_dims *d, const void *proj, const float *wB,
                                       const float *wC, const float *bc_rstd, const float *dbc, int32_t slots,
-                                      const float *dang_head, void *dproj, float *wcontrib,
+                                      const void *dang_head, void *dproj, float *wcontrib,
                                       const m3k_scan_partials *sp, const m3k_riders *riders, int64_t M) {
   const m3k_riders along = riders ? *riders : m3k_riders{};
   if (!riders_fit(along, M)) return cudaErrorInvalidValue;
   const unsigned pos_ctas = grid_for(M, BC_BWD_POSITIONS), part_ctas = grid_for(row_partial_items(*d), BC_BWD_THREADS);
   const unsigned ctas = pos_ctas + part_ctas + rider_ctas(along);
-  M3K_DISPATCH(prec, (bcnorm_bwd_kernel<T><<<ctas, BC_BWD_THREADS, 0, s>>>(*d, (const T *)proj, wB, wC, bc_rstd,
-                                                                             dbc, slots, dang_head, (T *)dproj,
-                                                                             wcontrib, *sp, along, pos_ctas,
-                                                                             part_ctas, M)));
+  M3K_DISPATCH(prec, (bcnorm_bwd_kernel<T><<<ctas, BC_BWD_THREADS, 0, s>>>(
+                         *d, (const T *)proj, wB, wC, bc_rstd, dbc, slots, (const T *)dang_head, (T *)dproj, wcontrib,
+                         *sp, along, pos_ctas, part_ctas, M)));
   return cudaGetLastError();
 }

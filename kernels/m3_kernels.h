@@ -136,7 +136,7 @@ typedef struct m3k_scan_partials {
  * column sum rides only over rows that fit one chunk). */
 cudaError_t m3k_bcnorm_bwd(cudaStream_t s, int prec, const m3k_dims *d, const void *proj, const float *wB,
                            const float *wC, const float *bc_rstd, const float *dbc, int32_t slots,
-                           const float *dang_head, void *dproj, float *wcontrib, const m3k_scan_partials *sp,
+                           const void *dang_head, void *dproj, float *wcontrib, const m3k_scan_partials *sp,
                            const m3k_riders *riders, int64_t M);
 
 /* ---- the scan (SPEC.md §3 steps 2-10) --------------------------------------------------------------- */
@@ -202,7 +202,7 @@ typedef struct m3k_scan_args {
   float *y_rstd;               /* [M, H] per-head RMS of y (outproj_norm) */
   void *gated;                 /* [M, E] act: gate output (forward) */
   /* backward */
-  const float *dgated;         /* [M, E] dL/d gated */
+  const void *dgated;          /* [M, E] act: dL/d gated */
   void *dproj;                 /* [M, dipp] act: writes the z, x, dd_dt, dd_A, trap columns (=) */
   float *dy;                   /* [M, E] scratch: dL/d y */
   float *dthq;                 /* [M, H, S] scratch: angle gradient from q */
@@ -210,7 +210,7 @@ typedef struct m3k_scan_args {
   float *dbc_head;             /* [M, H, 2, N] per-head dL/d (B_hat + bias), dL/d (C_hat + bias) (=) */
   float *dbc_group;            /* [M, G, 2, N] the same summed over each group's heads (=), written instead of
                                   the final dbc_head where m3k_scan_bwd_sums_heads says so; may be NULL */
-  float *dang_head;            /* [M, H, S] per-head share of dL/d ang (=) */
+  void *dang_head;             /* [M, H, S] act: per-head share of dL/d ang (=) */
   float *part;                 /* [rows, H, 2 + 2N]: dt_bias, D, B_bias[N], C_bias[N] partials (=) */
   float *part_norm;            /* [rows, H, P]: mixer norm weight partials (=), outproj_norm only */
   float *chunk_scratch;        /* the chunked scan's per-chunk scratch (m3k_scan_chunk_scratch floats, sized for

@@ -676,7 +676,7 @@ __global__ void __launch_bounds__(512) scan_bwd_kernel(const m3k_scan_args a, co
         const T *pr = proj + mi * d.dipp + (int64_t)h * P + p;
         xv = to_f(__ldg(pr + d.x_off));
         const int64_t o = mi * E + (int64_t)h * P + p;
-        const float dg = __ldg(a.dgated + o), z = to_f(__ldg(pr + d.z_off));
+        const float dg = to_f(__ldg((const T *)a.dgated + o)), z = to_f(__ldg(pr + d.z_off));
         yv = __ldg(a.y + o);
         const float sg = sigmoidf_(z), silu = z * sg, dsilu = sg * (1 + z * (1 - sg));
         const float yn =
@@ -1003,7 +1003,8 @@ __global__ void __launch_bounds__(512) scan_bwd_kernel(const m3k_scan_args a, co
     for (int idx = tid; idx < nb * S; idx += nthreads) {
       const int i = idx / S, j = idx - i * S;
       const float ta = s.tab[idx];
-      a.dang_head[((m0 + i) * H + h) * S + j] = PI_F * s.dthb[idx] * s.scal[i * SC_W + S_DT] * (1 - ta * ta);
+      const float share = PI_F * s.dthb[idx] * s.scal[i * SC_W + S_DT] * (1 - ta * ta);
+      ((T *)a.dang_head)[((m0 + i) * H + h) * S + j] = from_f<T>(share);
     }
     /* the decay gradients (phi_scan) */
     if (wid == nw - 1) phi_scan(s.scal, nb, s.misc + 2, lane);

@@ -670,12 +670,14 @@ template <typename T> __device__ __forceinline__ void tanh8(const T *p, float *o
 
 /* The gate backward of the chunk's tokens (warp per token, as scan.cu): dz into dproj, dy (the bf16
  * rows dyt [CQ][Pp], zero past nb and P), dy.x (F_DYX), the mixer-norm weight terms per warp.
- * Each warp loads its next token's inputs while it finishes the current one. */
-struct gate_in {
-  float x[4], z[4], dg[4], y[4], rn;
+ * Each warp loads its next token's inputs while it finishes the current one; they stay in the
+ * activation type until used (a conversion at the load would wait for it). */
+template <typename T> struct gate_in {
+  T x[4], z[4], dg[4];
+  float y[4], rn;
 };
 template <typename T>
-__device__ __forceinline__ void gate_load(const m3k_scan_args &a, int P, int64_t mi, int h, gate_in &g) {
+__device__ __forceinline__ void gate_load(const m3k_scan_args &a, int P, int64_t mi, int h, gate_in<T> &g) {
   const m3k_dims &d = a.d;
   const int lane = threadIdx.x & 31;
   const T *proj = (const T *)a.proj;
@@ -683,13 +685,14 @@ __device__ __forceinline__ void gate_load(const m3k_scan_args &a, int P, int64_t
 #pragma unroll
   for (int k = 0; k < 4; k++) {
     const int p = lane + 32 * k;
-    g.x[k] = g.z[k] = g.dg[k] = g.y[k] = 0;
+    g.x[k] = g.z[k] = g.dg[k] = from_f<T>(0.0f);
+    g.y[k] = 0;
     if (p < P) {
       const T *pr = proj + mi * d.dipp + (int64_t)h * P + p;
       const int64_t o = mi * d.E + (int64_t)h * P + p;
-      g.x[k] = ldact(pr + d.x_off);
-      g.z[k] = ldact(pr + d.z_off);
-      g.dg[k] = __ldg(a.dgated + o);
+      g.x[k] = __ldg(pr + d.x_off);
+      g.z[k] = __ldg(pr + d.z_off);
+      g.dg[k] = __ldg((const T *)a.dgated + o);
       g.y[k] = __ldg(a.y + o);
     }
   }
@@ -706,7 +709,7 @@ __device__ __forceinline__ void c_gate_bwd(const m3k_scan_args &a, const csmem &
     const int p = lane + 32 * k;
     wn[k] = d.outproj_norm && p < P ? __ldg(a.out_norm + (int64_t)h * P + p) : 1.0f;
   }
-  gate_in g, nx;
+  gate_in<T> g, nx;
   if (wid < nb) gate_load<T>(a, P, m0 + wid, h, g);
   for (int i = wid; i < CQ; i += CWARPS) {
     OT *dyr = dyt + (size_t)i * cd.Pp;
@@ -723,11 +726,11 @@ __device__ __forceinline__ void c_gate_bwd(const m3k_scan_args &a, const csmem &
       const int p = lane + 32 * k;
       dyn[k] = 0;
       if (p < P) {
-        const float z = g.z[k];
+        const float z = to_f(g.z[k]), dg = to_f(g.dg[k]);
         const float sg = sigmoidf_(z), silu = z * sg, dsilu = sg * (1 + z * (1 - sg));
         const float yn = d.outproj_norm ? g.y[k] * rn * wn[k] : g.y[k];
-        dproj[mi * d.dipp + d.z_off + (int64_t)h * P + p] = from_f<T>(g.dg[k] * yn * dsilu);
-        dyn[k] = g.dg[k] * silu;
+        dproj[mi * d.dipp + d.z_off + (int64_t)h * P + p] = from_f<T>(dg * yn * dsilu);
+        dyn[k] = dg * silu;
         if (d.outproj_norm) dot += g.y[k] * wn[k] * dyn[k];
       }
     }
@@ -746,7 +749,7 @@ __device__ __forceinline__ void c_gate_bwd(const m3k_scan_args &a, const csmem &
           } else {
             dy = dyn[k];
           }
-          dyx += dy * g.x[k];
+          dyx += dy * to_f(g.x[k]);
         }
         dyr[p] = __float2bfloat16_rn(dy);
       }
@@ -1785,11 +1788,11 @@ __global__ void __launch_bounds__(CTHREADS) scan_post_seq_chunked(const m3k_scan
       const float in = s.seg_in[wg * S + wj];
       const int cut = s.seg_cut[wg];
       const int64_t step = (int64_t)H * S;
-      float *out = a.dang_head + ((m0 + i0) * H + h) * S + wj;
+      T *out = (T *)a.dang_head + ((m0 + i0) * H + h) * S + wj;
       for (int i = i0; i < i1; i++, out += step) {
         const float Di = s.dth[i * S + wj] + (i >= cut ? in : 0.0f), ta = s.th[i * S + wj];
         s.dth[i * S + wj] = PI_F * Di * ta;
-        *out = PI_F * Di * st[i * TW + F_DT] * (1 - ta * ta);
+        *out = from_f<T>(PI_F * Di * st[i * TW + F_DT] * (1 - ta * ta));
       }
     }
     __syncthreads();

@@ -123,12 +123,13 @@ struct backend {
   float *dout, *dresid, *dxn;              /* [Mc, dm] (dout: heads "lm", "mse") */
   void *dresid_act;                        /* [Mc, dm] act (= dresid for f32) */
   void *dproj;                             /* [Mc, dipp] act */
-  float *dgated, *dy;                      /* [Mc, E] */
+  void *dgated;                            /* [Mc, E] act */
+  float *dy;                               /* [Mc, E] */
   float *dthq;                             /* [Mc, H, S] */
   float *psi;                              /* [Mc, H] */
   float *dbc_head;                         /* [Mc, H, 2, N] */
   float *dbc_group;                        /* [Mc, G, 2, N] */
-  float *dang_head;                        /* [Mc, H, S] */
+  void *dang_head;                         /* [Mc, H, S] act */
   float *part;                             /* [B, H, 2 + 2N] */
   float *part_norm;                        /* [B, H, P] */
   float *chunk_scratch;                    /* the chunked scan's scratch (m3k_scan_chunk_scratch; or NULL) */
@@ -303,13 +304,13 @@ static void carve_device(backend *be, carver *c) {
   be->dxn = TAKE_F(c, Mg * dm);
   be->dresid_act = be->prec != M3K_F32 ? take(c, (size_t)(Mg * dm) * ab) : (void *)be->dresid;
   be->dproj = take(c, (size_t)(Mg * dipp) * ab);
-  be->dgated = TAKE_F(c, Mg * E);
+  be->dgated = take(c, (size_t)(Mg * E) * ab);
   be->dy = TAKE_F(c, Mg * E);
   be->dthq = TAKE_F(c, Mg * H * S);
   be->psi = TAKE_F(c, Mg * H);
   be->dbc_head = TAKE_F(c, Mg * H * 2 * N);
   be->dbc_group = TAKE_F(c, Mg * G * 2 * N);
-  be->dang_head = TAKE_F(c, Mg * H * S);
+  be->dang_head = take(c, (size_t)(Mg * H * S) * ab);
   be->part = TAKE_F(c, ti * B * H * (2 + 2 * N));
   be->part_norm = TAKE_F(c, ti * B * H * P);
   const int64_t n_cs = m3k_scan_chunk_scratch(&be->scan, be->prec, (int32_t)B, be->T, (int32_t)H, (int32_t)P,
@@ -426,10 +427,10 @@ static m3_status mm_nt(backend *be, int64_t M, int64_t N, int64_t K, const void 
   return gemm_checked(be, &o);
 }
 
-/* D[M, N] = A[M, K] B[K, N] */
+/* D[M, N] = A[M, K] B[K, N] (D float32 or, d_kind G_ACT, the activation type) */
 static m3_status mm_nn(backend *be, int64_t M, int64_t N, int64_t K, const void *A, int64_t lda, const void *B,
-                       int64_t ldb, void *D, int64_t ldd) {
-  gemm_op o = {0, 0, M, N, K, A, lda, G_ACT, B, ldb, G_ACT, NULL, D, ldd, G_F32, 0.0f};
+                       int64_t ldb, void *D, int64_t ldd, int d_kind) {
+  gemm_op o = {0, 0, M, N, K, A, lda, G_ACT, B, ldb, G_ACT, NULL, D, ldd, d_kind, 0.0f};
   return gemm_checked(be, &o);
 }
 
@@ -620,7 +621,7 @@ static m3_status enq_head(backend *be, int32_t rows, int32_t len, int want_grad)
         CK(m3k_ce(be->st, be->prec, be->d_step, be->d_info, be->logits, be->targets + i0,
                   want_grad ? be->dlogits : NULL, be->row_loss + i0, be->row_hit + i0, nb, (int32_t)V, want_grad));
         if (want_grad) {
-          TRY(mm_nn(be, nb, dm, V, be->dlogits, V, wgt(be, w_off), dm, be->dout + i0 * dm, dm));
+          TRY(mm_nn(be, nb, dm, V, be->dlogits, V, wgt(be, w_off), dm, be->dout + i0 * dm, dm, G_F32));
           TRY(mm_tn_acc(be, V, dm, nb, be->dlogits, V, outb, dm, be->grads + w_off, dm));
         }
       }
@@ -636,7 +637,7 @@ static m3_status enq_head(backend *be, int32_t rows, int32_t len, int want_grad)
       if (want_grad) {
         const m3k_colsum_job bias = {be->dpred, od, (int32_t)od, (int32_t)od, be->grads + be->lay->readout_b, NULL};
         CK(m3k_colsum(be->st, &bias, M, be->colsum_scratch));
-        TRY(mm_nn(be, M, dm, od, be->dpred_act, od, wgt(be, be->lay->readout_w), dm, be->dout, dm));
+        TRY(mm_nn(be, M, dm, od, be->dpred_act, od, wgt(be, be->lay->readout_w), dm, be->dout, dm, G_F32));
         TRY(mm_tn_acc(be, od, dm, M, be->dpred_act, od, be->out_act, dm, be->grads + be->lay->readout_w, dm));
       }
       CK(m3k_loss_sum(be->st, be->row_loss, NULL, M, be->d_metrics));
@@ -665,7 +666,7 @@ static m3_status enq_backward(backend *be, int32_t rows, int32_t len, int zero_g
     m3k_riders with_bcnorm, with_norm;
     memset(&with_bcnorm, 0, sizeof with_bcnorm);
     memset(&with_norm, 0, sizeof with_norm);
-    TRY(mm_nn(be, M, E, dm, be->dresid_act, dm, wgt(be, lo->out_proj), E, be->dgated, E));
+    TRY(mm_nn(be, M, E, dm, be->dresid_act, dm, wgt(be, lo->out_proj), E, be->dgated, E, G_ACT));
     TRY(mm_tn_acc_riding(be, &with_bcnorm, dm, E, M, be->dresid_act, dm, gated_l(be, l), E, g + lo->out_proj, E));
     /* gate, scan, B/C norm, the small-parameter gradients */
     const m3k_scan_args a = scan_args(be, l, rows, len, be->fwd_carry, 0, 1);
@@ -683,7 +684,7 @@ static m3_status enq_backward(backend *be, int32_t rows, int32_t len, int zero_g
     with_norm.colsum = bc_norm;
     /* in_proj: dxn = dproj W_in, dW_in += dproj^T xn (riding with the layer norm's backward) */
     mark(be, PH_INPROJ_B);
-    TRY(mm_nn(be, M, dm, d->dip, be->dproj, be->kd.dipp, wgt(be, lo->in_proj), dm, be->dxn, dm));
+    TRY(mm_nn(be, M, dm, d->dip, be->dproj, be->kd.dipp, wgt(be, lo->in_proj), dm, be->dxn, dm, G_F32));
     TRY(mm_tn_acc_riding(be, &with_norm, d->dip, dm, M, be->dproj, be->kd.dipp, xn_l(be, l), dm, g + lo->in_proj,
                          dm));
     /* layer norm: dresid (the identity path) += norm path */
