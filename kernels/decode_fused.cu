@@ -359,7 +359,7 @@ __global__ void __launch_bounds__(DEC_THREADS, 1) decode_kernel(const m3k_decode
     if (l + 1 < a.L) load_layer(l + 1, load_t0);
     for (int h = h0 + warp; h < h1; h += DEC_WARPS) {
       float yv[4];
-      const float ss = warp_head_y(s_y + h * P, s_proj + d.x_off + h * P, p_D[h], P, NULL, yv);
+      const float ss = warp_head_y(s_y + h * P, s_proj + d.x_off + h * P, p_D[h], P, (float *)NULL, yv);
       warp_norm_gate<T>(sa, 0, h, yv, ss, s_proj + d.z_off + h * P, s_gated + h * P);
       __syncwarp();
       for (int r = 0; r < C; r++)

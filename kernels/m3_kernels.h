@@ -198,7 +198,7 @@ typedef struct m3k_scan_args {
   const float *in_angle, *in_ssm, *in_k, *in_v; /* incoming state [B, H, ...] of the layer; NULL: zeros */
   float *fin_angle, *fin_ssm, *fin_k, *fin_v;   /* final state [B, H, ...]; NULL: not written */
   float *theta;                /* [M, H, S] angles after each token (forward writes, backward reads) */
-  float *y;                    /* [M, E] scan output (with D x), before the gate */
+  void *y;                     /* [M, E] act: scan output (with D x), before the gate */
   float *y_rstd;               /* [M, H] per-head RMS of y (outproj_norm) */
   void *gated;                 /* [M, E] act: gate output (forward) */
   /* backward */

@@ -379,7 +379,7 @@ __global__ void __launch_bounds__(512) scan_fwd_kernel(const m3k_scan_args a, co
           for (int q = 0; q < gm.YQ; q++) y += s.yq[(i * Pp + p) * gm.YQ + q];
           y += Dh * s.xbuf[(i + 1) * Pp + p];
           yv[k] = y;
-          a.y[mi * E + (int64_t)h * P + p] = y;
+          ((T *)a.y)[mi * E + (int64_t)h * P + p] = from_f<T>(y);
           ss += y * y;
         }
       }
@@ -677,7 +677,7 @@ __global__ void __launch_bounds__(512) scan_bwd_kernel(const m3k_scan_args a, co
         xv = to_f(__ldg(pr + d.x_off));
         const int64_t o = mi * E + (int64_t)h * P + p;
         const float dg = to_f(__ldg((const T *)a.dgated + o)), z = to_f(__ldg(pr + d.z_off));
-        yv = __ldg(a.y + o);
+        yv = to_f(__ldg((const T *)a.y + o));
         const float sg = sigmoidf_(z), silu = z * sg, dsilu = sg * (1 + z * (1 - sg));
         const float yn =
             d.outproj_norm ? yv * __ldg(a.y_rstd + mi * H + h) * __ldg(a.out_norm + (int64_t)h * P + p) : yv;

@@ -673,8 +673,8 @@ template <typename T> __device__ __forceinline__ void tanh8(const T *p, float *o
  * Each warp loads its next token's inputs while it finishes the current one; they stay in the
  * activation type until used (a conversion at the load would wait for it). */
 template <typename T> struct gate_in {
-  T x[4], z[4], dg[4];
-  float y[4], rn;
+  T x[4], z[4], dg[4], y[4];
+  float rn;
 };
 template <typename T>
 __device__ __forceinline__ void gate_load(const m3k_scan_args &a, int P, int64_t mi, int h, gate_in<T> &g) {
@@ -685,15 +685,14 @@ __device__ __forceinline__ void gate_load(const m3k_scan_args &a, int P, int64_t
 #pragma unroll
   for (int k = 0; k < 4; k++) {
     const int p = lane + 32 * k;
-    g.x[k] = g.z[k] = g.dg[k] = from_f<T>(0.0f);
-    g.y[k] = 0;
+    g.x[k] = g.z[k] = g.dg[k] = g.y[k] = from_f<T>(0.0f);
     if (p < P) {
       const T *pr = proj + mi * d.dipp + (int64_t)h * P + p;
       const int64_t o = mi * d.E + (int64_t)h * P + p;
       g.x[k] = __ldg(pr + d.x_off);
       g.z[k] = __ldg(pr + d.z_off);
       g.dg[k] = __ldg((const T *)a.dgated + o);
-      g.y[k] = __ldg(a.y + o);
+      g.y[k] = __ldg((const T *)a.y + o);
     }
   }
 }
@@ -720,18 +719,19 @@ __device__ __forceinline__ void c_gate_bwd(const m3k_scan_args &a, const csmem &
     if (i + CWARPS < nb) gate_load<T>(a, P, m0 + i + CWARPS, h, nx);
     const int64_t mi = m0 + i;
     const float rn = g.rn;
-    float dyn[4], dot = 0;
+    float dyn[4], yf[4], dot = 0;
 #pragma unroll
     for (int k = 0; k < 4; k++) {
       const int p = lane + 32 * k;
       dyn[k] = 0;
+      yf[k] = to_f(g.y[k]);
       if (p < P) {
         const float z = to_f(g.z[k]), dg = to_f(g.dg[k]);
         const float sg = sigmoidf_(z), silu = z * sg, dsilu = sg * (1 + z * (1 - sg));
-        const float yn = d.outproj_norm ? g.y[k] * rn * wn[k] : g.y[k];
+        const float yn = d.outproj_norm ? yf[k] * rn * wn[k] : yf[k];
         dproj[mi * d.dipp + d.z_off + (int64_t)h * P + p] = from_f<T>(dg * yn * dsilu);
         dyn[k] = dg * silu;
-        if (d.outproj_norm) dot += g.y[k] * wn[k] * dyn[k];
+        if (d.outproj_norm) dot += yf[k] * wn[k] * dyn[k];
       }
     }
     float cn = 0;
@@ -744,8 +744,8 @@ __device__ __forceinline__ void c_gate_bwd(const m3k_scan_args &a, const csmem &
         float dy = 0;
         if (p < P) {
           if (d.outproj_norm) {
-            s.pOn[wid * cd.Pp + p] += g.y[k] * rn * dyn[k];
-            dy = rn * wn[k] * dyn[k] - g.y[k] * cn;
+            s.pOn[wid * cd.Pp + p] += yf[k] * rn * dyn[k];
+            dy = rn * wn[k] * dyn[k] - yf[k] * cn;
           } else {
             dy = dyn[k];
           }
@@ -1135,9 +1135,7 @@ __global__ void __launch_bounds__(CTHREADS, PARTS == 1 ? 2 : 3) scan_fwd_chunked
         float *yr = sY + i * cd.lfp + p;
 #pragma unroll
         for (int k = 0; k < 8; k++) y[k] = yr[k] + dg * xv[k];
-        float *yo = a.y + mi * E + col0 + p;
-        *(float4 *)yo = make_float4(y[0], y[1], y[2], y[3]);
-        *(float4 *)(yo + 4) = make_float4(y[4], y[5], y[6], y[7]);
+        st8((T *)a.y + mi * E + col0 + p, y);
         if (d.outproj_norm) {
 #pragma unroll
           for (int k = 0; k < 8; k++) yr[k] = y[k];
@@ -1155,7 +1153,7 @@ __global__ void __launch_bounds__(CTHREADS, PARTS == 1 ? 2 : 3) scan_fwd_chunked
         const float xv = ldact(proj + mi * d.dipp + d.x_off + col0 + p);
         const float y = sY[i * cd.lfp + p] + (s.sc[i * FW + F_GAM] * s.sc[i * FW + F_QK] + Dh) * xv;
         sY[i * cd.lfp + p] = y;
-        a.y[mi * E + col0 + p] = y;
+        ((T *)a.y)[mi * E + col0 + p] = from_f<T>(y);
       }
     }
     if (d.outproj_norm) {

@@ -189,7 +189,8 @@ __device__ __forceinline__ void rot_unit(const m3k_scan_args &a, int64_t m, int 
 
 /* One token's y = H q + D x of one head, held by a warp: yv[k] = hq[p] + Dh x[p] at p = lane + 32 k
  * (P <= 128), also stored to y when not NULL; returns the lane's sum of y^2 (warp_norm_gate's ss). */
-__device__ __forceinline__ float warp_head_y(const float *hq, const float *x, float Dh, int P, float *y, float yv[4]) {
+template <typename Y>
+__device__ __forceinline__ float warp_head_y(const float *hq, const float *x, float Dh, int P, Y *y, float yv[4]) {
   const int lane = threadIdx.x & 31;
   float ss = 0;
 #pragma unroll
@@ -198,7 +199,7 @@ __device__ __forceinline__ float warp_head_y(const float *hq, const float *x, fl
     yv[k] = 0;
     if (p < P) {
       yv[k] = hq[p] + Dh * x[p];
-      if (y) y[p] = yv[k];
+      if (y) y[p] = from_f<Y>(yv[k]);
       ss += yv[k] * yv[k];
     }
   }

@@ -244,7 +244,7 @@ __global__ void __launch_bounds__(STEP_THREADS, V == 4 ? 4 : 3) scan_step_kernel
   if (wid == 0) {
     T *gated = (T *)a.gated + m * E + (int64_t)h * P;
     float yv[4];
-    const float ss = warp_head_y(s_y, s_x, a.D[h], P, a.y + m * E + (int64_t)h * P, yv);
+    const float ss = warp_head_y(s_y, s_x, a.D[h], P, (T *)a.y + m * E + (int64_t)h * P, yv);
     warp_norm_gate<T>(a, m, h, yv, ss, s_z, gated);
   }
   if (BULK && tid == 0) bulk_store_drain();

@@ -232,7 +232,7 @@ __global__ void __launch_bounds__(WARP_THREADS) scan_fwd_warp_kernel(const m3k_s
             rn = rms_inv(ss, P);
           }
           if (ok) {
-            __stcg(a.y + mi * E + (int64_t)h * P + p, y);
+            __stcg((T *)a.y + mi * E + (int64_t)h * P + p, from_f<T>(y));
             if (d.outproj_norm && p == 0) __stcg(a.y_rstd + mi * H + h, rn);
             __stcg(gated + mi * E + (int64_t)h * P + p, from_f<T>(gate_value(a, h, p, y, rn, r.z[i][p])));
           }

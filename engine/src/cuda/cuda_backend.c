@@ -114,7 +114,7 @@ struct backend {
   float *bc_hat;                           /* [L] x [Mc, 2, G, N] */
   float *bc_rstd;                          /* [L] x [Mc, 2, G] */
   float *theta;                            /* [L] x [Mc, H, S] */
-  float *y;                                /* [L] x [Mc, E] scan output */
+  void *y;                                 /* [L] x [Mc, E] act: scan output */
   float *y_rstd;                           /* [L] x [Mc, H] */
   void *gated;                             /* [L] x [Mc, E] act: gate output */
   float *out;                              /* [Mc, dm] the output */
@@ -293,7 +293,7 @@ static void carve_device(backend *be, carver *c) {
   be->bc_hat = TAKE_F(c, Ls * slice(Mc * 2 * G * N));
   be->bc_rstd = TAKE_F(c, Ls * slice(Mc * 2 * G));
   be->theta = TAKE_F(c, Ls * slice(Mc * H * S));
-  be->y = TAKE_F(c, Ls * slice(Mc * E));
+  be->y = take(c, (size_t)(Ls * slice(Mc * E)) * ab);
   be->y_rstd = TAKE_F(c, d->outproj_norm ? Ls * slice(Mc * H) : 1);
   be->gated = take(c, (size_t)(Ls * slice(Mc * E)) * ab);
   be->out = TAKE_F(c, Mc * dm);
@@ -399,7 +399,6 @@ static void *proj_l(const backend *be, int l) {
 static float *bc_hat_l(const backend *be, int l) { return be->bc_hat + lslot(be, l) * slice(be->Mc * 2 * be->d->G * be->d->N); }
 static float *bc_rstd_l(const backend *be, int l) { return be->bc_rstd + lslot(be, l) * slice(be->Mc * 2 * be->d->G); }
 static float *theta_l(const backend *be, int l) { return be->theta + lslot(be, l) * slice(be->Mc * be->d->H * be->d->S); }
-static float *y_l(const backend *be, int l) { return be->y + lslot(be, l) * slice(be->Mc * be->d->E); }
 static float *chunk_states_l(const backend *be, int l) {
   if (!be->chunk_states) return NULL;
   const m3_dims *d = be->d;
@@ -408,6 +407,9 @@ static float *chunk_states_l(const backend *be, int l) {
 }
 static float *y_rstd_l(const backend *be, int l) {
   return be->d->outproj_norm ? be->y_rstd + lslot(be, l) * slice(be->Mc * be->d->H) : be->y_rstd;
+}
+static void *y_l(const backend *be, int l) {
+  return (char *)be->y + (size_t)(lslot(be, l) * slice(be->Mc * be->d->E)) * be->act_bytes;
 }
 static void *gated_l(const backend *be, int l) {
   return (char *)be->gated + (size_t)(lslot(be, l) * slice(be->Mc * be->d->E)) * be->act_bytes;
