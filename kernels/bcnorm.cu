@@ -14,11 +14,11 @@
  *   and the angle logits, shared by all heads, get the sum over heads of the per-head shares
  *   (dang_head [M, H, S], the activation type) -> dproj's angle columns ("="). Two warps per
  *   position (warp 0 does B, warp 1 C, each looping over groups in order, then both share the
- *   angles), four positions a CTA. More CTAs of the same launch add the scan's per-(row, head) partials, summed over rows in
- *   row order, to the small-parameter gradients ("+="): dt_bias, D, B_bias, C_bias (and
- *   out_norm); a thread per gradient. Then the riders (riders.cuh: the layer's out_proj weight
- *   gradient). The B_norm / C_norm column sums of wcontrib are the caller's (a rider of the layer
- *   norm's backward).
+ *   angles), four positions a CTA. More CTAs of the same launch add the scan's per-(row, head)
+ *   partials, summed over rows in row order, to the small-parameter gradients ("+="): dt_bias, D,
+ *   B_bias, C_bias (and out_norm); a thread per gradient. Then the riders (riders.cuh: the layer's
+ *   out_proj weight gradient). The B_norm / C_norm column sums of wcontrib are the caller's (a rider
+ *   of the layer norm's backward).
  */
 #include "riders.cuh"
 

@@ -44,8 +44,8 @@
  * scan_bwd_chunked (per chunk, in parallel: the products, raw dq / dktil in bf16 over the kept q /
  * ktil, da into the table), scan_post_chunked (per chunk, in parallel: the diagonal terms, rotation
  * backward, dscale, the angle shares, B/C bias partials; on large launches it also sums each group's
- * heads, so that the per-head B/C gradients are never written back), scan_post_seq_chunked (per (head, row): the angle
- * gradient along the sequence, the scalar chain, the per-(row, head) partials). All but the angle walks
+ * heads, so that the per-head B/C gradients are never written back), scan_post_seq_chunked (per (head,
+ * row): the angle gradient along the sequence, the scalar chain, the per-(row, head) partials). All but the angle walks
  * and post_seq are also compiled for a few fixed (P, N) (SHAPE_DISPATCH). The walks keep only the
  * work that is sequential over the chunks: one CTA (8 warps) per (head, row) (either walk may split a
  * state's rows over two: fwd_launch, dstate_launch); operand tiles in shared memory (bf16, padded rows: +8
