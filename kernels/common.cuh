@@ -129,12 +129,6 @@ __device__ __forceinline__ double warp_sum_d(double v) {
   return v;
 }
 
-__device__ __forceinline__ float warp_max(float v) {
-#pragma unroll
-  for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
-  return v;
-}
-
 /* Sum over the block (blockDim.x a multiple of 32, at most 1024); every thread gets the result.
  * red holds 32 values; the call ends with a barrier so red can be reused at once. */
 template <typename V> __device__ __forceinline__ V block_sum(V v, V *red) {

@@ -204,7 +204,7 @@ typedef struct m3k_scan_args {
   /* backward */
   const void *dgated;          /* [M, E] act: dL/d gated */
   void *dproj;                 /* [M, dipp] act: writes the z, x, dd_dt, dd_A, trap columns (=) */
-  float *dy;                   /* [M, E] scratch: dL/d y */
+  float *dy;                   /* [M, E] scratch: dL/d y (the SIMT backward's) */
   float *dthq;                 /* [M, H, S] scratch: angle gradient from q */
   float *psi;                  /* [M, H] scratch: dq . q */
   float *dbc_head;             /* [M, H, 2, N] per-head dL/d (B_hat + bias), dL/d (C_hat + bias) (=) */

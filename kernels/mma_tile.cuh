@@ -22,15 +22,7 @@ __device__ __forceinline__ void acc_zero(acc16 &c) {
   for (int e = 0; e < 8; e++) c.v[e] = 0.0f;
 }
 
-/* The tile from / to float32 memory (shared or global; row stride ld, even). */
-__device__ __forceinline__ void acc_load(acc16 &c, const float *C, int ld) {
-#pragma unroll
-  for (int e = 0; e < 8; e += 2) {
-    const float2 t = *(const float2 *)(C + acc_row(e) * ld + acc_col(e));
-    c.v[e] = t.x;
-    c.v[e + 1] = t.y;
-  }
-}
+/* The tile to float32 memory (shared or global; row stride ld, even). */
 __device__ __forceinline__ void acc_store(float *C, int ld, const acc16 &c) {
 #pragma unroll
   for (int e = 0; e < 8; e += 2) *(float2 *)(C + acc_row(e) * ld + acc_col(e)) = make_float2(c.v[e], c.v[e + 1]);

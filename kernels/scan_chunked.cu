@@ -655,7 +655,6 @@ __device__ __forceinline__ void c_build(const m3k_scan_args &a, const csmem &s, 
 
 /* Read-only activation loads (the non-coherent path: never for data this kernel writes). */
 template <typename T> __device__ __forceinline__ float ldact(const T *p) { return to_f(__ldg(p)); }
-template <> __device__ __forceinline__ float ldact<float>(const float *p) { return __ldg(p); }
 
 /* The angle logits of a token load as 16-byte vectors of 8 when they are aligned so (tanh8: the tanh of
  * the 8 at p), else one at a time. */
