@@ -144,6 +144,30 @@ __device__ __forceinline__ float sum_ti(float v, int nth) {
   return v;
 }
 
+/* Per-token sums over a token's P (or N) values, several tokens a warp: groups of tok_lanes(w) lanes (the
+ * power of two covering w, the widest sum of the loop, at most 32), lane l of a group taking elements l,
+ * l + L, ... and group_sum adding them in the order of warp_sum's last log2 L stages. Where a warp held
+ * one token, warp_sum's first stages only added the idle lanes' zeros: the sums are the same, with fewer
+ * shuffles in the chain and every lane busy. */
+__host__ __device__ constexpr int tok_lanes(int w) { return w >= 32 ? 32 : pow2_at_least(w); }
+
+__device__ __forceinline__ float group_sum(float v, int L) {
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1)
+    if (o < L) v += __shfl_xor_sync(0xffffffffu, v, o);
+  return v;
+}
+
+/* body(i, on, l, slot) for the block's tokens i < nb by groups of L lanes (l: the lane in its group; slot:
+ * the group's index in the block, nw * 32 / L of them). Every lane runs every round for the shuffles: on
+ * is false for a group past the last token. */
+template <typename F> __device__ __forceinline__ void token_groups(int nb, int L, int nw, F body) {
+  const int lane = threadIdx.x & 31, wid = threadIdx.x >> 5, per_warp = 32 / L, gi = lane / L;
+#pragma unroll 1
+  for (int i0 = wid * per_warp; i0 < nb; i0 += nw * per_warp)
+    body(i0 + gi, i0 + gi < nb, lane - gi * L, wid * per_warp + gi);
+}
+
 /* ---- shared-memory layouts (floats) ---------------------------------------------------------- */
 
 struct fwd_smem {
@@ -202,18 +226,18 @@ struct bwd_smem {
   float *Dth;   /* [S] running angle gradient (reverse cumulative sum) */
   float *pBb;   /* [Np] B_bias gradient partial */
   float *pCb;   /* [Np] C_bias gradient partial */
-  float *pOn;   /* [nwarps][Pp] mixer norm weight partials per warp */
+  float *pOn;   /* [ngroups][Pp] mixer norm weight partials per token group (token_groups' slots) */
   float *misc;  /* [16]: 0 pD, 1 pdtb, 2 ad of the next token (0: none, or a reset) */
 };
 
-__host__ __device__ inline int64_t bwd_smem_floats(const geo &g, int Pp, int Np, int S, int nwarps) {
+__host__ __device__ inline int64_t bwd_smem_floats(const geo &g, int Pp, int Np, int S, int ngroups) {
   const int64_t TB = g.TB;
   return (TB + 1) * Np + TB * Np + (TB + 1) * Pp + 3 * TB * Pp + TB * Pp * g.YQ + (int64_t)g.SB * Np * g.UQ1 +
          (TB + 1) * Pp + (TB + 1) * Np + TB * Pp + TB * Np + 2 * (TB + 1) * S + 3 * TB * S + (TB + 1) * SC_W + S +
-         2 * (int64_t)Np + (int64_t)nwarps * Pp + 16;
+         2 * (int64_t)Np + (int64_t)ngroups * Pp + 16;
 }
 
-__device__ inline bwd_smem carve_bwd(float *sm, const geo &g, int Pp, int Np, int S, int nwarps) {
+__device__ inline bwd_smem carve_bwd(float *sm, const geo &g, int Pp, int Np, int S, int ngroups) {
   const int TB = g.TB;
   bwd_smem m;
   m.kbuf = sm;
@@ -238,7 +262,7 @@ __device__ inline bwd_smem carve_bwd(float *sm, const geo &g, int Pp, int Np, in
   m.pBb = m.Dth + S;
   m.pCb = m.pBb + Np;
   m.pOn = m.pCb + Np;
-  m.misc = m.pOn + nwarps * Pp;
+  m.misc = m.pOn + ngroups * Pp;
   return m;
 }
 
@@ -449,13 +473,14 @@ __device__ __forceinline__ void store_dbc_head(const m3k_scan_args &a, const flo
   }
 }
 
-/* q.k of the block's token i (one warp), into its S_QK */
-__device__ __forceinline__ void token_qk(const bwd_smem &s, int i, int Np, int N, int lane) {
+/* q.k of the block's token i (its group of L lanes, l the lane's index there; on as token_groups), into
+ * its S_QK */
+__device__ __forceinline__ void token_qk(const bwd_smem &s, int i, bool on, int l, int L, int Np, int N) {
   float qk = 0;
 #pragma unroll 1
-  for (int n = lane; n < N; n += 32) qk += s.qbuf[i * Np + n] * s.kbuf[(i + 1) * Np + n];
-  qk = warp_sum(qk);
-  if (lane == 0) s.scal[i * SC_W + S_QK] = qk;
+  for (int n = l; on && n < N; n += L) qk += s.qbuf[i * Np + n] * s.kbuf[(i + 1) * Np + n];
+  qk = group_sum(qk, L);
+  if (on && l == 0) s.scal[i * SC_W + S_QK] = qk;
 }
 
 /* *total += the sum of the block's nb token scalars col[i * SC_W] (one warp: lane-strided partials,
@@ -629,7 +654,8 @@ __global__ void __launch_bounds__(512) scan_bwd_kernel(const m3k_scan_args a, co
   const int wq_i = tj >> 5, uq_i = ti / gm.LT;
   const T *proj = (const T *)a.proj; // [M, dipp]
   T *dproj = (T *)a.dproj;           // [M, dipp]
-  bwd_smem s = carve_bwd(sm, gm, Pp, Np, S, nw);
+  const int TL = tok_lanes(P > N ? P : N); /* lanes per token of the per-token sums (token_groups) */
+  bwd_smem s = carve_bwd(sm, gm, Pp, Np, S, nw * (32 / TL));
   const int64_t bh = (int64_t)b * H + h;
   const float Dh = a.D[h];
   const int U = S + (N - 2 * S); /* rotation units: pairs, then single columns */
@@ -656,7 +682,7 @@ __global__ void __launch_bounds__(512) scan_bwd_kernel(const m3k_scan_args a, co
 #pragma unroll 1
   for (int p = tid; p < Pp; p += nthreads) s.xbuf[p] = (a.in_v && p < P) ? a.in_v[bh * P + p] : 0.0f;
 #pragma unroll 1
-  for (int k = tid; k < nw * Pp; k += nthreads) s.pOn[k] = 0;
+  for (int k = tid; k < nw * (32 / TL) * Pp; k += nthreads) s.pOn[k] = 0;
 #pragma unroll 1
   for (int j = tid; j < S; j += nthreads) s.Dth[j] = 0;
   if (tid < 16) s.misc[tid] = 0;
@@ -690,27 +716,28 @@ __global__ void __launch_bounds__(512) scan_bwd_kernel(const m3k_scan_args a, co
     }
     bwd_rotate_block(a, s, m0, nb, h, g, Np, nthreads);
     __syncthreads();
-    /* dy through the mixer norm (one warp per token), dy . x */
-#pragma unroll 1
-    for (int i = wid; i < nb; i += nw) {
+    /* dy through the mixer norm, dy . x (token_groups) */
+    token_groups(nb, TL, nw, [&](int i, bool on, int l, int slot) {
       const int64_t mi = m0 + i;
       float rn = 1, cn = 0;
       if (d.outproj_norm) {
-        rn = a.y_rstd[mi * H + h];
         float dot = 0;
+        if (on) {
+          rn = a.y_rstd[mi * H + h];
 #pragma unroll 1
-        for (int p = lane; p < P; p += 32) dot += s.gy[i * Pp + p] * a.out_norm[(int64_t)h * P + p] * s.gd[i * Pp + p];
-        cn = warp_sum(dot) / (float)P * rn * rn * rn;
+          for (int p = l; p < P; p += TL) dot += s.gy[i * Pp + p] * a.out_norm[(int64_t)h * P + p] * s.gd[i * Pp + p];
+        }
+        cn = group_sum(dot, TL) / (float)P * rn * rn * rn;
       }
       float dyx = 0;
 #pragma unroll 1
-      for (int p = lane; p < Pp; p += 32) {
+      for (int p = l; on && p < Pp; p += TL) {
         float dy = 0;
         if (p < P) {
           const float yv = s.gy[i * Pp + p], dyn = s.gd[i * Pp + p];
           if (d.outproj_norm) {
             const float wn = a.out_norm[(int64_t)h * P + p];
-            s.pOn[wid * Pp + p] += yv * rn * dyn;
+            s.pOn[slot * Pp + p] += yv * rn * dyn;
             dy = rn * wn * dyn - yv * cn;
           } else {
             dy = dyn;
@@ -720,10 +747,10 @@ __global__ void __launch_bounds__(512) scan_bwd_kernel(const m3k_scan_args a, co
         }
         s.dybuf[i * Pp + p] = dy;
       }
-      dyx = warp_sum(dyx);
-      if (lane == 0) s.scal[i * SC_W + S_DYX] = dyx;
-      if (one) token_qk(s, i, Np, N, lane);
-    }
+      dyx = group_sum(dyx, TL);
+      if (on && l == 0) s.scal[i * SC_W + S_DYX] = dyx;
+      if (one) token_qk(s, i, on, l, TL, Np, N);
+    });
     __syncthreads();
     if (wid == 0) block_token_sum(s.scal + S_DYX, nb, s.misc + 0, lane);
     /* rebuild H_t; dq_t = H_t^T dy_t, summed over p in sub-blocks */
@@ -785,17 +812,16 @@ __global__ void __launch_bounds__(512) scan_bwd_kernel(const m3k_scan_args a, co
         e[n] = dq[n];
       }
     }
-#pragma unroll 1
-    for (int i = wid; i < nb; i += nw) {
+    token_groups(nb, TL, nw, [&](int i, bool on, int l, int) {
       float acc = 0;
 #pragma unroll 1
-      for (int n = lane; n < N; n += 32) acc += s.dkb[i * Np + n] * s.qbuf[i * Np + n];
-      acc = warp_sum(acc);
-      if (lane == 0) {
+      for (int n = l; on && n < N; n += TL) acc += s.dkb[i * Np + n] * s.qbuf[i * Np + n];
+      acc = group_sum(acc, TL);
+      if (on && l == 0) {
         if (one) s.scal[i * SC_W + S_PSI] = acc;
         else a.psi[(m0 + i) * H + h] = acc;
       }
-    }
+    });
     __syncthreads();
 #pragma unroll 1
     for (int n = tid; n < N; n += nthreads) {
@@ -864,15 +890,14 @@ __global__ void __launch_bounds__(512) scan_bwd_kernel(const m3k_scan_args a, co
       }
       __syncthreads();
       /* per token: q.k and dy.x */
-#pragma unroll 1
-      for (int i = wid; i < nb; i += nw) {
-        token_qk(s, i, Np, N, lane);
+      token_groups(nb, TL, nw, [&](int i, bool on, int l, int) {
+        token_qk(s, i, on, l, TL, Np, N);
         float dyx = 0;
 #pragma unroll 1
-        for (int p = lane; p < P; p += 32) dyx += s.dybuf[i * Pp + p] * s.xbuf[(i + 1) * Pp + p];
-        dyx = warp_sum(dyx);
-        if (lane == 0) s.scal[i * SC_W + S_DYX] = dyx;
-      }
+        for (int p = l; on && p < P; p += TL) dyx += s.dybuf[i * Pp + p] * s.xbuf[(i + 1) * Pp + p];
+        dyx = group_sum(dyx, TL);
+        if (on && l == 0) s.scal[i * SC_W + S_DYX] = dyx;
+      });
     }
     /* the reverse recurrence: g = dH + dy q^T; w = g k_prev (over n); u = g^T x_prev (over p);
      * dH = alpha g. Sub-blocks from the last. */
@@ -952,21 +977,20 @@ __global__ void __launch_bounds__(512) scan_bwd_kernel(const m3k_scan_args a, co
     __syncthreads();
     /* dgamma = x . hk, dbeta = x_prev . w; dk: rotation backward (B part) in place and the angle
      * gradient of each token */
-#pragma unroll 1
-    for (int i = wid; i < nb; i += nw) {
+    token_groups(nb, TL, nw, [&](int i, bool on, int l, int) {
       float dgm = 0, dbt = 0;
 #pragma unroll 1
-      for (int p = lane; p < P; p += 32) {
+      for (int p = l; on && p < P; p += TL) {
         dgm += s.xbuf[(i + 1) * Pp + p] * s.hkb[i * Pp + p];
         dbt += s.xbuf[i * Pp + p] * s.wfin[i * Pp + p];
       }
-      dgm = warp_sum(dgm);
-      dbt = warp_sum(dbt);
-      if (lane == 0) {
+      dgm = group_sum(dgm, TL);
+      dbt = group_sum(dbt, TL);
+      if (on && l == 0) {
         s.scal[i * SC_W + S_DGAMMA] = dgm;
         s.scal[i * SC_W + S_DBETA] = dbt;
       }
-    }
+    });
     for (int idx = tid; idx < nb * S; idx += nthreads) {
       const int i = idx / S, u = idx - i * S;
       float *dk = s.dkb + i * Np;
@@ -988,11 +1012,24 @@ __global__ void __launch_bounds__(512) scan_bwd_kernel(const m3k_scan_args a, co
      * second warp on (the column sums above start at thread 0); each token's sum D replaces its dthb */
     for (int j = (tid + nthreads - 32) & (nthreads - 1); j < S; j += nthreads) {
       float D = s.Dth[j];
-      for (int i = nb - 1; i >= 0; i--) {
-        D += s.dthb[i * S + j];
-        s.dthb[i * S + j] = D;
-        s.dda[i * S + j] = PI_F * D * s.tab[i * S + j];
-        if (s.scal[i * SC_W + S_RESET] != 0) D = 0;
+      for (int hi = nb; hi > 0; hi -= 8) { /* eight tokens' operands loaded ahead of their chain */
+        float dth[8], ta[8];
+        bool rs[8];
+#pragma unroll
+        for (int e = 0; e < 8; e++) {
+          const int i = max(hi - 1 - e, 0);
+          dth[e] = s.dthb[i * S + j];
+          ta[e] = s.tab[i * S + j];
+          rs[e] = s.scal[i * SC_W + S_RESET] != 0;
+        }
+#pragma unroll
+        for (int e = 0; e < 8 && hi - 1 - e >= 0; e++) {
+          const int i = hi - 1 - e;
+          D += dth[e];
+          s.dthb[i * S + j] = D;
+          s.dda[i * S + j] = PI_F * D * ta[e];
+          if (rs[e]) D = 0;
+        }
       }
       s.Dth[j] = D;
     }
@@ -1060,7 +1097,7 @@ __global__ void __launch_bounds__(512) scan_bwd_kernel(const m3k_scan_args a, co
     for (int p = tid; p < P; p += nthreads) {
       float acc = 0;
 #pragma unroll 1
-      for (int w = 0; w < nw; w++) acc += s.pOn[w * Pp + p];
+      for (int w = 0; w < nw * (32 / TL); w++) acc += s.pOn[w * Pp + p];
       a.part_norm[bh * P + p] = acc;
     }
 }
@@ -1094,7 +1131,7 @@ extern "C" int m3k_scan_make_plan(int32_t P, int32_t N, int32_t S, int32_t max_s
   p.pth = tile.pth;
   p.nth = tile.nth;
   p.threads = p.pth * p.nth;
-  const int Pp = p.pth * p.rp, Np = p.nth * p.rn, nw = p.threads / 32;
+  const int Pp = p.pth * p.rp, Np = p.nth * p.rn, ngroups = p.threads / tok_lanes(P > N ? P : N);
   /* Token blocks as large as fit (two CTAs per multiprocessor when possible), at most 64 tokens
    * and at most one per thread (the token scalars and the backward's scalar chain give each token
    * of a block its own thread; 32-thread plans, P x N <= 32, get 32-token blocks): the forward
@@ -1108,7 +1145,7 @@ extern "C" int m3k_scan_make_plan(int32_t P, int32_t N, int32_t S, int32_t max_s
   double best = 1e30;
   for (int tb = tb_max; tb >= 1; tb /= 2)
     for (int sb = tb; sb >= 1; sb /= 2)
-      if (bwd_smem_floats(make_geo(p.pth, p.nth, tb, sb), Pp, Np, S, nw) * 4 <= budget) {
+      if (bwd_smem_floats(make_geo(p.pth, p.nth, tb, sb), Pp, Np, S, ngroups) * 4 <= budget) {
         const double cost = 10.0 / tb + 2.0 / sb;
         if (cost < best) {
           best = cost;
@@ -1123,7 +1160,7 @@ extern "C" int m3k_scan_make_plan(int32_t P, int32_t N, int32_t S, int32_t max_s
     return 0;
   }
   p.smem_fwd = (int32_t)(fwd_smem_floats(make_geo(p.pth, p.nth, p.tb_fwd, 1), Pp, Np, S) * 4);
-  p.smem_bwd = (int32_t)(bwd_smem_floats(make_geo(p.pth, p.nth, p.tb_bwd, p.sb), Pp, Np, S, nw) * 4);
+  p.smem_bwd = (int32_t)(bwd_smem_floats(make_geo(p.pth, p.nth, p.tb_bwd, p.sb), Pp, Np, S, ngroups) * 4);
   p.smem_step = m3k_step_smem(P, N);
   /* The chunked tensor-core scan (16-bit precisions) where its tiles fit in shared memory; which
    * windows take it: takes_chunked. M3_SCAN_CHUNK_MIN_STATE overrides the P x N threshold (the GPU
