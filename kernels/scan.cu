@@ -41,7 +41,8 @@
  *       alpha_t dL/dalpha_t = phi_t - beta_t dbeta_t - gamma_t dgamma_t,
  *     so no state history is stored. Then the rotation backward, the angle gradient (a reverse
  *     cumulative sum stopped at resets) and the scalar chain to dd_dt, dd_A, trap.
- *   A window of one block (rl's) loads once: sweep R starts from what sweep F left in shared memory.
+ *   Sweep R starts with the window's last block, which sweep F left in shared memory: only the blocks
+ *   before it are loaded twice (a window of one block, rl's, loads once).
  *   At 16 x 16 the sweeps' token loops are sweep_f16 / sweep_r16 (four tokens at a time). Loops that
  *   run once or hold no latency are not unrolled: a one-block window runs each phase's code once,
  *   so the kernel's time follows its code size (instruction fetch; NOTES.md runs 110-114).
@@ -659,11 +660,6 @@ __global__ void __launch_bounds__(512) scan_bwd_kernel(const m3k_scan_args a, co
   const int64_t bh = (int64_t)b * H + h;
   const float Dh = a.D[h];
   const int U = S + (N - 2 * S); /* rotation units: pairs, then single columns */
-  /* A window of one block: sweep R keeps what sweep F loaded and computed (the token scalars, x, dy,
-   * the rotated k and q with their angles, q.k, dy.x), and sweep F hands psi and its angle share
-   * over in shared memory; sweep R then starts at its recurrence. */
-  const bool one = a.len <= TB;
-
   /* ===== sweep F: forward in time ===== */
   float hs[RP][RN];
 #pragma unroll
@@ -691,6 +687,11 @@ __global__ void __launch_bounds__(512) scan_bwd_kernel(const m3k_scan_args a, co
   for (int t0 = 0; t0 < a.len; t0 += TB) {
     const int nb = min(TB, a.len - t0);
     const int64_t m0 = (int64_t)b * a.len + t0;
+    /* The last block stays for sweep R: what sweep F loaded and computed (the token scalars, x, dy, the
+     * rotated k and q with their angles, q.k, dy.x) and its psi and angle share stay in shared memory,
+     * and sweep R starts there at its recurrence. The blocks before hand dy, psi and the angle share
+     * over in global memory. */
+    const bool last = t0 + TB >= a.len;
     /* loads: scalars, x, the gate backward's elementwise part, and the rotated k and q */
     bwd_scalars<T>(a, s, m0, nb, h, 0);
 #pragma unroll 2
@@ -742,14 +743,14 @@ __global__ void __launch_bounds__(512) scan_bwd_kernel(const m3k_scan_args a, co
           } else {
             dy = dyn;
           }
-          if (!one) a.dy[mi * E + (int64_t)h * P + p] = dy;
+          if (!last) a.dy[mi * E + (int64_t)h * P + p] = dy;
           dyx += dy * s.xbuf[(i + 1) * Pp + p];
         }
         s.dybuf[i * Pp + p] = dy;
       }
       dyx = group_sum(dyx, TL);
       if (on && l == 0) s.scal[i * SC_W + S_DYX] = dyx;
-      if (one) token_qk(s, i, on, l, TL, Np, N);
+      if (last) token_qk(s, i, on, l, TL, Np, N);
     });
     __syncthreads();
     if (wid == 0) block_token_sum(s.scal + S_DYX, nb, s.misc + 0, lane);
@@ -805,7 +806,7 @@ __global__ void __launch_bounds__(512) scan_bwd_kernel(const m3k_scan_args a, co
         e[n0] = cs * d0 + sn * d1;
         e[n0 + 1] = -sn * d0 + cs * d1;
         const float dth = -d0 * q[n0 + 1] + d1 * q[n0];
-        if (one) s.dthb[i * S + u] = dth;
+        if (last) s.dthb[i * S + u] = dth;
         else a.dthq[((m0 + i) * H + h) * S + u] = dth;
       } else {
         const int n = 2 * S + (u - S);
@@ -818,7 +819,7 @@ __global__ void __launch_bounds__(512) scan_bwd_kernel(const m3k_scan_args a, co
       for (int n = l; on && n < N; n += TL) acc += s.dkb[i * Np + n] * s.qbuf[i * Np + n];
       acc = group_sum(acc, TL);
       if (on && l == 0) {
-        if (one) s.scal[i * SC_W + S_PSI] = acc;
+        if (last) s.scal[i * SC_W + S_PSI] = acc;
         else a.psi[(m0 + i) * H + h] = acc;
       }
     });
@@ -830,7 +831,7 @@ __global__ void __launch_bounds__(512) scan_bwd_kernel(const m3k_scan_args a, co
       s.pCb[n] = acc;
     }
     store_dbc_head(a, s.ufin, m0, nb, h, 1, Np, tid, nthreads);
-    if (one) { /* sweep R's tanh of the angle logits */
+    if (last) { /* sweep R's tanh of the angle logits */
 #pragma unroll 1
       for (int idx = (tid + nthreads - 32) & (nthreads - 1); idx < nb * S; idx += nthreads)
         s.tab[idx] = angle_tanh(proj, d, m0 + idx / S, idx % S);
@@ -860,7 +861,7 @@ __global__ void __launch_bounds__(512) scan_bwd_kernel(const m3k_scan_args a, co
   for (int kb = nblk - 1; kb >= 0; kb--) {
     const int t0 = kb * TB, nb = min(TB, a.len - t0);
     const int64_t m0 = (int64_t)b * a.len + t0;
-    if (!one) { /* loads, and the rotated k (with token t0 - 1's) and q */
+    if (kb < nblk - 1) { /* loads, and the rotated k (with token t0 - 1's) and q */
       bwd_scalars<T>(a, s, m0, nb, h, 1);
 #pragma unroll 1
       for (int idx = tid; idx < nb * S; idx += nthreads) {
