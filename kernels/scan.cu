@@ -494,13 +494,29 @@ __device__ __forceinline__ void block_token_sum(const float *col, int nb, float 
   if (lane == 0) *total += v;
 }
 
+/* One round of a warp's suffix scan of the maps x -> c + m x, a token's map taking the value of the token
+ * after it, over 32 tokens (lane l: token hi - 32 + l): the lane gets its map composed with those of the
+ * tokens after it in the round, applied to carry (the value of the token after the round). A lane before
+ * the block's first token may hold any map: only lower lanes read it. */
+__device__ __forceinline__ float suffix_round(float c, float m, float carry, int lane) {
+#pragma unroll
+  for (int o = 1; o < 32; o <<= 1) {
+    const float c2 = __shfl_down_sync(0xffffffffu, c, o), m2 = __shfl_down_sync(0xffffffffu, m, o);
+    if (lane + o < 32) {
+      c += m * c2;
+      m *= m2;
+    }
+  }
+  return c + m * carry;
+}
+
 /* The decay gradient alpha_t dL/dalpha_t of the block's tokens (S_AD), from the last: the recursion
  *   ad_t = reset_t ? 0 : (psi_t - beta_t dbeta_t - gamma_t dgamma_t) + ad_{t+1}
- * (a reset's ad is 0, so a reset cuts the sum) as a suffix scan of the maps x -> c + m x over 32
- * tokens at a time (one warp); *next holds ad of the token after the block and gets the block's first. */
+ * (a reset's ad is 0, so a reset cuts the sum) as suffix_round's scan, 32 tokens a round (one warp);
+ * *next holds ad of the token after the block and gets the block's first. */
 __device__ __forceinline__ void phi_scan(float *scal, int nb, float *next, int lane) {
   float carry = *next;
-  for (int hi = nb; hi > 0; hi -= 32) { /* lane l: token hi - 32 + l */
+  for (int hi = nb; hi > 0; hi -= 32) {
     const int i = hi - 32 + lane;
     float c = 0, m = 0;
     if (i >= 0) {
@@ -510,19 +526,34 @@ __device__ __forceinline__ void phi_scan(float *scal, int nb, float *next, int l
         m = 1;
       }
     }
-#pragma unroll
-    for (int o = 1; o < 32; o <<= 1) {
-      const float c2 = __shfl_down_sync(0xffffffffu, c, o), m2 = __shfl_down_sync(0xffffffffu, m, o);
-      if (lane + o < 32) {
-        c += m * c2;
-        m *= m2;
-      }
-    }
-    const float ad = c + m * carry;
+    const float ad = suffix_round(c, m, carry, lane);
     if (i >= 0) scal[i * SC_W + S_AD] = ad;
     carry = __shfl_sync(0xffffffffu, ad, hi >= 32 ? 0 : 32 - hi);
   }
   if (lane == 0) *next = carry;
+}
+
+/* The angle gradient of pair j over the block, from the last token: D_t = dth_t + D_{t+1}, where a reset
+ * at t + 1 cuts D_{t+1} (the angle restarts there) and D after the block is Dth[j] (already cut), as
+ * suffix_round's scan (one warp). D_t replaces the token's share dth_t (dthb), pi D_t tanh(ang_t) goes to
+ * dda, and Dth[j] gets D of the block's first token, cut by its reset. */
+__device__ __forceinline__ void angle_scan(const bwd_smem &s, int nb, int S, int j, int lane) {
+  float carry = s.Dth[j];
+  for (int hi = nb; hi > 0; hi -= 32) {
+    const int i = hi - 32 + lane;
+    float c = 0, m = 1;
+    if (i >= 0) {
+      c = s.dthb[i * S + j];
+      if (i + 1 < nb && s.scal[(i + 1) * SC_W + S_RESET] != 0) m = 0;
+    }
+    const float D = suffix_round(c, m, carry, lane);
+    if (i >= 0) {
+      s.dthb[i * S + j] = D;
+      s.dda[i * S + j] = PI_F * D * s.tab[i * S + j];
+    }
+    carry = __shfl_sync(0xffffffffu, D, hi >= 32 ? 0 : 32 - hi);
+  }
+  if (lane == 0) s.Dth[j] = s.scal[S_RESET] != 0 ? 0.0f : carry;
 }
 
 /* Unit u of position m's rotated k, and q with the pair's cos and sin where q is not NULL, from the angle
@@ -1009,31 +1040,14 @@ __global__ void __launch_bounds__(512) scan_bwd_kernel(const m3k_scan_args a, co
       for (int i = nb - 1; i >= 0; i--) acc += s.dkb[i * Np + n];
       s.pBb[n] = acc;
     }
-    /* the angle gradient: reverse cumulative sum per pair, stopped at resets, on the threads from the
-     * second warp on (the column sums above start at thread 0); each token's sum D replaces its dthb */
-    for (int j = (tid + nthreads - 32) & (nthreads - 1); j < S; j += nthreads) {
-      float D = s.Dth[j];
-      for (int hi = nb; hi > 0; hi -= 8) { /* eight tokens' operands loaded ahead of their chain */
-        float dth[8], ta[8];
-        bool rs[8];
-#pragma unroll
-        for (int e = 0; e < 8; e++) {
-          const int i = max(hi - 1 - e, 0);
-          dth[e] = s.dthb[i * S + j];
-          ta[e] = s.tab[i * S + j];
-          rs[e] = s.scal[i * SC_W + S_RESET] != 0;
-        }
-#pragma unroll
-        for (int e = 0; e < 8 && hi - 1 - e >= 0; e++) {
-          const int i = hi - 1 - e;
-          D += dth[e];
-          s.dthb[i * S + j] = D;
-          s.dda[i * S + j] = PI_F * D * ta[e];
-          if (rs[e]) D = 0;
-        }
-      }
-      s.Dth[j] = D;
+    /* beside them, the angle gradient (angle_scan, one pair a warp from the second warp on: the column
+     * sums above start at thread 0) and the decay gradients (phi_scan, the last warp) */
+    {
+      const int first = nw > 1 ? 1 : 0;
+#pragma unroll 1
+      for (int j = wid - first; j >= 0 && j < S; j += nw - first) angle_scan(s, nb, S, j, lane);
     }
+    if (wid == nw - 1) phi_scan(s.scal, nb, s.misc + 2, lane);
     store_dbc_head(a, s.dkb, m0, nb, h, 0, Np, tid, nthreads);
     __syncthreads();
     /* each token's angle-logit gradient, from its D */
@@ -1044,9 +1058,6 @@ __global__ void __launch_bounds__(512) scan_bwd_kernel(const m3k_scan_args a, co
       const float share = PI_F * s.dthb[idx] * s.scal[i * SC_W + S_DT] * (1 - ta * ta);
       ((T *)a.dang_head)[((m0 + i) * H + h) * S + j] = from_f<T>(share);
     }
-    /* the decay gradients (phi_scan) */
-    if (wid == nw - 1) phi_scan(s.scal, nb, s.misc + 2, lane);
-    __syncthreads();
     /* the scalar chain to dd_dt, dd_A, trap, one thread per token, with the angle part of dL/d dt
      * (the token's dda summed in four interleaved partials) */
     if (tid < nb) {
