@@ -21,8 +21,14 @@
  * graphs): the forward is enqueued before the host stages d_out, so the staging and upload of d_out
  * overlap the forward, and the backward waits for it (step_splits).
  *
+ * Weight gradients beside the chain: in the backward, a layer's out_proj and in_proj weight-gradient
+ * GEMMs (over windows too long for riders) run on a second stream, forked from the main one once their
+ * operands are final and joined before anything overwrites those operands (side_wgrad, enq_backward),
+ * so they fill the multiprocessors the scan and the norms leave idle. The side stream has its own GEMM
+ * context and workspace (split-K GEMMs run on both streams at once); a graph captures the fork and join.
+ *
  * Determinism: the kernels reduce in fixed orders and every GEMM shape runs one cached
- * cuBLASLt algorithm with one workspace, so eager steps, graph replays and split calls give
+ * cuBLASLt algorithm with one workspace size, so eager steps, graph replays and split calls give
  * the same bits, run after run.
  *
  * Errors: every CUDA and cuBLAS call is checked; a sticky error (the context is broken, e.g.
@@ -55,7 +61,8 @@ enum { MAX_GRAPHS = 16, LM_BLOCK_ROWS = 4096, SLICE_ALIGN = 128, PROF_MARKS = 20
 
 /* Opt-in phase timing (m3_trainer_set_profiling; eager calls only): an event at every phase
  * boundary, the time to the next event charged to the phase, totals read with
- * m3_trainer_profile. A development aid, off by default. */
+ * m3_trainer_profile. A development aid, off by default. The main stream's phases only: the side
+ * stream's weight-gradient GEMMs show where the main stream waits for them. */
 typedef enum prof_phase {
   PH_UPLOAD, PH_INPUT, PH_NORM_F, PH_INPROJ_F, PH_SCAN_F, PH_OUTPROJ_F, PH_HEAD, PH_NORM_B,
   PH_OUTPROJ_B, PH_SCAN_B, PH_BCNORM_B, PH_INPROJ_B, PH_INPUT_B, PH_UPDATE, PH_END, PH_COUNT
@@ -94,6 +101,12 @@ struct backend {
   cudaEvent_t uploaded; /* the last upload_overlapped's copies are done */
   gemm_ctx gm;
   int gm_ready;
+  cudaStream_t side;       /* the backward's weight-gradient GEMMs (side_wgrad) */
+  cudaEvent_t fork;        /* the main stream where a side GEMM may start */
+  cudaEvent_t wout, win;   /* the side stream's last out_proj / in_proj weight gradient is done */
+  int wout_pending, win_pending;
+  gemm_ctx gm_side;        /* the side stream's GEMMs (its own workspace) */
+  int gm_side_ready;
   m3k_scan_plan scan;
   int64_t lm_rows;   /* positions per block of the "lm" head */
   int64_t in_w;      /* width of the input rows */
@@ -154,7 +167,7 @@ struct backend {
   m3k_step *d_step;
   m3k_batch_info *d_info;
   m3k_metrics *d_metrics;
-  void *workspace;
+  void *workspace, *workspace_side;
   m3k_decode_layer *decode_layers;         /* [L] the fused one-token step's per-layer pointers (or NULL) */
 
   /* ---- pinned host staging (same capacities) ---- */
@@ -228,15 +241,16 @@ static m3_status cuda_fail(backend *be, cudaError_t e, const char *call, const c
     if (ck_e_ != cudaSuccess) return cuda_fail(be, ck_e_, #call, __FILE__, __LINE__); \
   } while (0)
 
-/* A failed cuBLASLt call may hide a sticky error: look before reporting. */
-static m3_status gemm_checked(backend *be, const gemm_op *op) {
-  m3_status s = m3_gemm(&be->gm, be->st, op);
+/* A GEMM of context g on stream st; a failed cuBLASLt call may hide a sticky error: look before reporting. */
+static m3_status gemm_on(backend *be, gemm_ctx *g, cudaStream_t st, const gemm_op *op) {
+  m3_status s = m3_gemm(g, st, op);
   if (s != M3_OK) {
     cudaError_t e = cudaPeekAtLastError();
     if (sticky(e)) return cuda_fail(be, e, "cublasLtMatmul", __FILE__, __LINE__);
   }
   return s;
 }
+static m3_status gemm_checked(backend *be, const gemm_op *op) { return gemm_on(be, &be->gm, be->st, op); }
 
 #define ENTER(be)                                                                                     \
   do {                                                                                                \
@@ -362,6 +376,7 @@ static void carve_device(backend *be, carver *c) {
   be->d_info = take(c, sizeof(m3k_batch_info));
   be->d_metrics = take(c, sizeof(m3k_metrics));
   be->workspace = take(c, WORKSPACE_BYTES);
+  be->workspace_side = take(c, be->infer ? 0 : WORKSPACE_BYTES);
   be->decode_layers = be->decode_smem ? take(c, (size_t)L * sizeof(m3k_decode_layer)) : NULL;
 }
 
@@ -450,6 +465,28 @@ static m3_status mm_tn_acc_riding(backend *be, m3k_riders *ride, int64_t M, int6
   if (K > M3K_RIDER_K) return mm_tn_acc(be, M, N, K, A, lda, B, ldb, G, ldg);
   const m3k_wgrad w = {A, B, G, lda, ldb, ldg, (int32_t)M, (int32_t)N, (int32_t)K};
   ride->wgrad = w;
+  return M3_OK;
+}
+
+/* The weight gradient G[M, N] += A[K, M]^T B[K, N] of a backward, as mm_tn_acc_riding does, but a GEMM (K above
+ * the riders') goes to the side stream, forked here: the caller waits for *done (wait_side) before anything
+ * overwrites A or B. */
+static m3_status side_wgrad(backend *be, m3k_riders *ride, int64_t M, int64_t N, int64_t K, const void *A,
+                            int64_t lda, const void *B, int64_t ldb, float *G, cudaEvent_t done, int *pending) {
+  if (K <= M3K_RIDER_K) return mm_tn_acc_riding(be, ride, M, N, K, A, lda, B, ldb, G, N);
+  CK(cudaEventRecord(be->fork, be->st));
+  CK(cudaStreamWaitEvent(be->side, be->fork, 0));
+  const gemm_op o = {1, 0, M, N, K, A, lda, G_ACT, B, ldb, G_ACT, G, G, N, G_F32, 1.0f};
+  TRY(gemm_on(be, &be->gm_side, be->side, &o));
+  CK(cudaEventRecord(done, be->side));
+  *pending = 1;
+  return M3_OK;
+}
+
+/* The main stream waits for a side GEMM of side_wgrad (if one is pending) */
+static m3_status wait_side(backend *be, cudaEvent_t done, int *pending) {
+  if (*pending) CK(cudaStreamWaitEvent(be->st, done, 0));
+  *pending = 0;
   return M3_OK;
 }
 
@@ -669,9 +706,12 @@ static m3_status enq_backward(backend *be, int32_t rows, int32_t len, int zero_g
     memset(&with_bcnorm, 0, sizeof with_bcnorm);
     memset(&with_norm, 0, sizeof with_norm);
     TRY(mm_nn(be, M, E, dm, be->dresid_act, dm, wgt(be, lo->out_proj), E, be->dgated, E, G_ACT));
-    TRY(mm_tn_acc_riding(be, &with_bcnorm, dm, E, M, be->dresid_act, dm, gated_l(be, l), E, g + lo->out_proj, E));
-    /* gate, scan, B/C norm, the small-parameter gradients */
+    TRY(side_wgrad(be, &with_bcnorm, dm, E, M, be->dresid_act, dm, gated_l(be, l), E, g + lo->out_proj, be->wout,
+                   &be->wout_pending));
+    /* gate, scan, B/C norm, the small-parameter gradients (they overwrite dproj: the layer above's in_proj
+     * weight gradient is done first) */
     const m3k_scan_args a = scan_args(be, l, rows, len, be->fwd_carry, 0, 1);
+    TRY(wait_side(be, be->win, &be->win_pending));
     mark(be, PH_SCAN_B);
     CK(m3k_scan_bwd(be->st, be->prec, &be->scan, &a));
     mark(be, PH_BCNORM_B);
@@ -687,13 +727,16 @@ static m3_status enq_backward(backend *be, int32_t rows, int32_t len, int zero_g
     /* in_proj: dxn = dproj W_in, dW_in += dproj^T xn (riding with the layer norm's backward) */
     mark(be, PH_INPROJ_B);
     TRY(mm_nn(be, M, dm, d->dip, be->dproj, be->kd.dipp, wgt(be, lo->in_proj), dm, be->dxn, dm, G_F32));
-    TRY(mm_tn_acc_riding(be, &with_norm, d->dip, dm, M, be->dproj, be->kd.dipp, xn_l(be, l), dm, g + lo->in_proj,
-                         dm));
-    /* layer norm: dresid (the identity path) += norm path */
+    TRY(side_wgrad(be, &with_norm, d->dip, dm, M, be->dproj, be->kd.dipp, xn_l(be, l), dm, g + lo->in_proj, be->win,
+                   &be->win_pending));
+    /* layer norm: dresid (the identity path) += norm path; it overwrites dresid_act: the out_proj weight
+     * gradient is done first */
+    TRY(wait_side(be, be->wout, &be->wout_pending));
     mark(be, PH_NORM_B);
     CK(m3k_rmsnorm_bwd(be->st, be->prec, resid_l(be, l), be->params + lo->norm, rstd_l(be, l), be->dxn, NULL,
                        be->dresid, dr_act, be->wcontrib, g + lo->norm, &with_norm, be->colsum_scratch, M, d->dm, 1));
   }
+  TRY(wait_side(be, be->win, &be->win_pending));
   mark(be, PH_INPUT_B);
   switch (d->input) {
     case M3_INPUT_FEATURES: {
@@ -1064,18 +1107,24 @@ static void free_graphs(backend *be) {
 
 static void destroy(backend *be) {
   if (!be) return;
-  if (be->arena || be->pin || be->st || be->copy_st) cudaSetDevice(be->dev);
+  if (be->arena || be->pin || be->st || be->copy_st || be->side) cudaSetDevice(be->dev);
   if (be->pf.events)
     for (int i = 0; i < PROF_MARKS; i++)
       if (be->pf.ev[i]) cudaEventDestroy(be->pf.ev[i]);
   free_graphs(be);
-  if (be->gm_ready) m3_gemm_free(&be->gm);
+  if (be->side) cudaStreamSynchronize(be->side);
   if (be->st) cudaStreamSynchronize(be->st);
+  if (be->gm_ready) m3_gemm_free(&be->gm);
+  if (be->gm_side_ready) m3_gemm_free(&be->gm_side);
   if (be->arena) cudaFree(be->arena);
   if (be->pin) cudaFreeHost(be->pin);
   if (be->st) cudaStreamDestroy(be->st);
   if (be->copy_st) cudaStreamDestroy(be->copy_st);
   if (be->uploaded) cudaEventDestroy(be->uploaded);
+  if (be->side) cudaStreamDestroy(be->side);
+  if (be->fork) cudaEventDestroy(be->fork);
+  if (be->wout) cudaEventDestroy(be->wout);
+  if (be->win) cudaEventDestroy(be->win);
   cudaGetLastError();
   free(be->hist);
   free(be);
@@ -1430,6 +1479,10 @@ static m3_status init_device(backend *be, const backend_args *a) {
   CK(cudaStreamCreateWithFlags(&be->st, cudaStreamNonBlocking));
   CK(cudaStreamCreateWithFlags(&be->copy_st, cudaStreamNonBlocking));
   CK(cudaEventCreateWithFlags(&be->uploaded, cudaEventDisableTiming));
+  CK(cudaStreamCreateWithFlags(&be->side, cudaStreamNonBlocking));
+  CK(cudaEventCreateWithFlags(&be->fork, cudaEventDisableTiming));
+  CK(cudaEventCreateWithFlags(&be->wout, cudaEventDisableTiming));
+  CK(cudaEventCreateWithFlags(&be->win, cudaEventDisableTiming));
 
   carver c = {NULL, 0};
   carve_device(be, &c);
@@ -1475,6 +1528,10 @@ static m3_status init_device(backend *be, const backend_args *a) {
   const cudaDataType_t act = be->prec == M3K_BF16 ? CUDA_R_16BF : be->prec == M3K_F16 ? CUDA_R_16F : CUDA_R_32F;
   TRY(m3_gemm_init(&be->gm, act, be->prec == M3K_F32 && a->allow_tf32, be->workspace, WORKSPACE_BYTES));
   be->gm_ready = 1;
+  if (!be->infer) {
+    TRY(m3_gemm_init(&be->gm_side, act, be->prec == M3K_F32 && a->allow_tf32, be->workspace_side, WORKSPACE_BYTES));
+    be->gm_side_ready = 1;
+  }
   return M3_OK;
 }
 
