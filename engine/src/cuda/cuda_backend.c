@@ -1,7 +1,8 @@
 /*
  * cuda_backend.c — the CUDA backend of the trainer (backend.h): one device arena per trainer,
  * the step sequence (batch upload, forward, head, backward, optimizer tail, metrics download)
- * enqueued on one stream, and CUDA graphs of that sequence per (rows, len) window shape.
+ * enqueued on one stream (the backward's weight-gradient GEMMs beside it on a second, below), and
+ * CUDA graphs of that sequence per (rows, len) window shape.
  *
  * Memory: everything is carved once, at creation, out of one cudaMalloc (named views below,
  * 256-byte aligned; per-layer slices of saved activations are padded to 128 elements so every
