@@ -453,31 +453,30 @@ static m3_status mm_nn(backend *be, int64_t M, int64_t N, int64_t K, const void 
 }
 
 /* G[M, N] += A[K, M]^T B[K, N] (weight gradients, float32 accumulation into the arena) */
+static gemm_op tn_acc_op(int64_t M, int64_t N, int64_t K, const void *A, int64_t lda, const void *B, int64_t ldb,
+                         float *G, int64_t ldg) {
+  const gemm_op o = {1, 0, M, N, K, A, lda, G_ACT, B, ldb, G_ACT, G, G, ldg, G_F32, 1.0f};
+  return o;
+}
 static m3_status mm_tn_acc(backend *be, int64_t M, int64_t N, int64_t K, const void *A, int64_t lda, const void *B,
                            int64_t ldb, float *G, int64_t ldg) {
-  gemm_op o = {1, 0, M, N, K, A, lda, G_ACT, B, ldb, G_ACT, G, G, ldg, G_F32, 1.0f};
+  const gemm_op o = tn_acc_op(M, N, K, A, lda, B, ldb, G, ldg);
   return gemm_checked(be, &o);
 }
 
-/* G[M, N] += A[K, M]^T B[K, N] over a window of K positions: a rider of the next launch that takes riders
- * when K is a few positions (riders.cuh), else a cuBLASLt GEMM now */
-static m3_status mm_tn_acc_riding(backend *be, m3k_riders *ride, int64_t M, int64_t N, int64_t K, const void *A,
-                                  int64_t lda, const void *B, int64_t ldb, float *G, int64_t ldg) {
-  if (K > M3K_RIDER_K) return mm_tn_acc(be, M, N, K, A, lda, B, ldb, G, ldg);
-  const m3k_wgrad w = {A, B, G, lda, ldb, ldg, (int32_t)M, (int32_t)N, (int32_t)K};
-  ride->wgrad = w;
-  return M3_OK;
-}
-
-/* The weight gradient G[M, N] += A[K, M]^T B[K, N] of a backward, as mm_tn_acc_riding does, but a GEMM (K above
- * the riders') goes to the side stream, forked here: the caller waits for *done (wait_side) before anything
- * overwrites A or B. */
+/* A layer's weight gradient G[M, N] += A[K, M]^T B[K, N] over a window of K positions in the backward: a rider of
+ * the next launch that takes riders when K is a few positions (riders.cuh), else a GEMM on the side stream, forked
+ * here: the caller waits for done (wait_side) before anything overwrites A or B. */
 static m3_status side_wgrad(backend *be, m3k_riders *ride, int64_t M, int64_t N, int64_t K, const void *A,
                             int64_t lda, const void *B, int64_t ldb, float *G, cudaEvent_t done, int *pending) {
-  if (K <= M3K_RIDER_K) return mm_tn_acc_riding(be, ride, M, N, K, A, lda, B, ldb, G, N);
+  if (K <= M3K_RIDER_K) {
+    const m3k_wgrad w = {A, B, G, lda, ldb, N, (int32_t)M, (int32_t)N, (int32_t)K};
+    ride->wgrad = w;
+    return M3_OK;
+  }
   CK(cudaEventRecord(be->fork, be->st));
   CK(cudaStreamWaitEvent(be->side, be->fork, 0));
-  const gemm_op o = {1, 0, M, N, K, A, lda, G_ACT, B, ldb, G_ACT, G, G, N, G_F32, 1.0f};
+  const gemm_op o = tn_acc_op(M, N, K, A, lda, B, ldb, G, N);
   TRY(gemm_on(be, &be->gm_side, be->side, &o));
   CK(cudaEventRecord(done, be->side));
   *pending = 1;
@@ -701,7 +700,7 @@ static m3_status enq_backward(backend *be, int32_t rows, int32_t len, int zero_g
                      g + lay->norm_f, NULL, be->colsum_scratch, M, d->dm, 0));
   for (int l = d->L - 1; l >= 0; l--) {
     const layer_offsets *lo = &lay->layer[l];
-    /* out_proj: dgated = dresid W_out, dW_out += dresid^T gated (riding with the B/C norm backward) */
+    /* out_proj: dgated = dresid W_out, dW_out += dresid^T gated (riding with the B/C norm backward, or beside) */
     mark(be, PH_OUTPROJ_B);
     m3k_riders with_bcnorm, with_norm;
     memset(&with_bcnorm, 0, sizeof with_bcnorm);
@@ -725,7 +724,7 @@ static m3_status enq_backward(backend *be, int32_t rows, int32_t len, int zero_g
     /* the B_norm | C_norm weight gradients (wcontrib's column sums) ride with the layer norm's backward */
     const m3k_colsum_job bc_norm = {be->wcontrib, 2 * N, (int32_t)(2 * N), (int32_t)N, g + lo->B_norm, g + lo->C_norm};
     with_norm.colsum = bc_norm;
-    /* in_proj: dxn = dproj W_in, dW_in += dproj^T xn (riding with the layer norm's backward) */
+    /* in_proj: dxn = dproj W_in, dW_in += dproj^T xn (riding with the layer norm's backward, or beside) */
     mark(be, PH_INPROJ_B);
     TRY(mm_nn(be, M, dm, d->dip, be->dproj, be->kd.dipp, wgt(be, lo->in_proj), dm, be->dxn, dm, G_F32));
     TRY(side_wgrad(be, &with_norm, d->dip, dm, M, be->dproj, be->kd.dipp, xn_l(be, l), dm, g + lo->in_proj, be->win,
