@@ -5,9 +5,10 @@
  * memory as its first operand and A's as its second, with m = N, n = M. A plan is keyed by
  * everything that can change the algorithm (transposes, sizes, leading dimensions, types,
  * beta != 0, pointer alignments) and keeps the heuristic's first algorithm for the fixed
- * workspace; the same key always runs the same algorithm, so results are repeatable. Reductions
- * of at most SHORT_K are not split (the heuristic splits even K = 32, the weight gradients of a
- * 32-token window, and its reduce kernel then costs more than the split saves: NOTES.md run 77).
+ * workspace (for large 16-bit products into a float32 C another of its list: pick); the same key
+ * always runs the same algorithm, so results are repeatable. Reductions of at most SHORT_K are
+ * not split (the heuristic splits even K = 32, the weight gradients of a 32-token window, and its
+ * reduce kernel then costs more than the split saves: NOTES.md run 77).
  */
 #include "gemm.h"
 
@@ -15,7 +16,8 @@
 #include <stdlib.h>
 #include <string.h>
 
-enum { SHORT_K = 256 };
+enum { SHORT_K = 256, CANDIDATES = 8 };
+#define WIDE_PICK_MACS 8.0e9
 
 struct gemm_plan {
   int ta, tb, a_kind, b_kind, d_kind, beta_nz;
@@ -72,6 +74,32 @@ static int same_key(const gemm_plan *p, const gemm_op *o, const int align[4]) {
          p->d_kind == o->d_kind && p->beta_nz == (o->beta != 0) && !memcmp(p->align, align, sizeof p->align);
 }
 
+/* The heuristic's candidate a plan keeps: its first, except for a large product of 16-bit activations (at
+ * least WIDE_PICK_MACS multiply-adds) that adds into a float32 C (the residual stream's out_proj): there,
+ * of the candidates that do not split K, the one with the most waves. The first choice's wide tiles leave
+ * multiprocessors idle while they read C: lm130's out_proj 102 -> 68 us alone, its step -0.5 to -0.9 ms
+ * (NOTES.md runs 201-204); at rl-batch and mid the first choice stays the faster (the size bound). The
+ * pick depends on the heuristic's list alone. */
+static int pick(const gemm_ctx *g, const gemm_op *o, const cublasLtMatmulHeuristicResult_t *res, int found) {
+  if (o->ta || o->beta == 0 || o->d_kind != G_F32 || o->a_kind != G_ACT || g->act == CUDA_R_32F ||
+      (double)o->M * (double)o->N * (double)o->K < WIDE_PICK_MACS)
+    return 0;
+  int best = 0;
+  float waves = -1;
+  for (int i = 0; i < found; i++) {
+    int32_t splits = 1;
+    size_t sz = 0;
+    if (cublasLtMatmulAlgoConfigGetAttribute(&res[i].algo, CUBLASLT_ALGO_CONFIG_SPLITK_NUM, &splits, sizeof splits,
+                                             &sz) != CUBLAS_STATUS_SUCCESS)
+      continue;
+    if (splits <= 1 && res[i].wavesCount > waves) {
+      best = i;
+      waves = res[i].wavesCount;
+    }
+  }
+  return best;
+}
+
 static m3_status make_plan(gemm_ctx *g, const gemm_op *o, const int align[4], gemm_plan **out) {
   if (g->n_plans == g->cap_plans) {
     int cap = g->cap_plans ? 2 * g->cap_plans : 32;
@@ -124,10 +152,10 @@ static m3_status make_plan(gemm_ctx *g, const gemm_op *o, const int align[4], ge
   if (st == CUBLAS_STATUS_SUCCESS && o->K <= SHORT_K)
     st = cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_REDUCTION_SCHEME_MASK, &unsplit,
                                               sizeof unsplit);
-  cublasLtMatmulHeuristicResult_t res;
+  cublasLtMatmulHeuristicResult_t res[CANDIDATES];
   int found = 0;
   if (st == CUBLAS_STATUS_SUCCESS)
-    st = cublasLtMatmulAlgoGetHeuristic(g->lt, p->desc, p->la, p->lb, p->lc, p->lc, pref, 1, &res, &found);
+    st = cublasLtMatmulAlgoGetHeuristic(g->lt, p->desc, p->la, p->lb, p->lc, p->lc, pref, CANDIDATES, res, &found);
   cublasLtMatmulPreferenceDestroy(pref);
   if (st != CUBLAS_STATUS_SUCCESS || found < 1) {
     cublasLtMatrixLayoutDestroy(p->la);
@@ -139,7 +167,7 @@ static m3_status make_plan(gemm_ctx *g, const gemm_op *o, const int align[4], ge
                    o->M, o->N, o->K, o->ta, o->tb, o->a_kind, o->b_kind, o->d_kind,
                    st != CUBLAS_STATUS_SUCCESS ? cublasLtGetStatusString(st) : "no result");
   }
-  p->algo = res.algo;
+  p->algo = res[pick(g, o, res, found)].algo;
   g->n_plans++;
   *out = p;
   return M3_OK;
