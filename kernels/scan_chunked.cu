@@ -242,8 +242,8 @@ __host__ __device__ inline size_t carve_r(unsigned char *base, int P, int N, csm
  * per-chunk products read E in bf16 anyway; padding zero), and q, k, tab as above (the scratch has
  * none of them then): the backward does not prepare them again. The per-chunk backward, their last
  * reader, overwrites q and k with the raw dq and dktil ([u][CQ][Np] bf16) that scan_post_chunked reads. */
-enum { TW = 24, T_DEC = 16, T_DA, T_DSCALE, T_DGAM, T_DBP0, T_DTANG, T_DV, T_DEE, TAB_FIELDS = F_DYX + 1 };
-static_assert(TAB_FIELDS <= T_DEC && T_DEE < TW && (int)TW >= (int)FW, "table layout"); /* T_DTANG, T_DV: post_seq's own */
+enum { TW = 24, T_DEC = 16, T_DA, T_DSCALE, T_DGAM, T_DBP0, T_DV, T_DEE, TAB_FIELDS = F_DYX + 1 };
+static_assert(TAB_FIELDS <= T_DEC && T_DEE < TW && (int)TW >= (int)FW, "table layout"); /* T_DV: post_seq's own */
 
 struct cviews {
   OT *q, *k, *dy, *states, *de;
@@ -842,6 +842,8 @@ template <typename T> __device__ __forceinline__ void st8(T *p, const float *v) 
 /* Tokens per pass of scan_post_seq_chunked, which walks a whole row along the sequence: several
  * chunks when the per-pair arrays stay small. */
 __host__ __device__ inline int seq_block(int S) { return S <= 32 ? 4 * CQ : CQ; }
+/* Angle-logit loads a thread of scan_post_seq_chunked has in flight at once (16 bytes each). */
+enum { SEQ_LOADS = 4 };
 
 /* Forward only: theta (a.theta) of every position and fin_angle, one CTA per (head, row, part): part z of
  * gridDim.z takes the pairs z S' .. z S' + S' - 1, S' = S / gridDim.z (the pairs walk independently;
@@ -1736,14 +1738,29 @@ __global__ void __launch_bounds__(CTHREADS) scan_post_seq_chunked(const m3k_scan
     const int64_t m0 = (int64_t)b * a.len + t0;
     const float *tab = tab_row + (int64_t)t0 * TW;
     for (int idx = tid; idx < nb * (TW / 4); idx += CTHREADS) cp16(st + idx * 4, tab + idx * 4);
-    if (angles_vec8(d)) {
+    if (angles_vec8(d)) { /* the block's angle shares by cp.async; the logits SEQ_LOADS items a thread at once */
       const int S8 = S / 8;
       for (int idx = tid; idx < nb * S8; idx += CTHREADS) {
         const int i = idx / S8, j0 = (idx - i * S8) * 8;
-        tanh8(proj + (m0 + i) * d.dipp + d.ang_off + j0, s.th + i * S + j0);
-        const float4 *dq = (const float4 *)(a.dthq + ((m0 + i) * H + h) * S + j0);
-        *(float4 *)(s.dth + i * S + j0) = __ldg(dq);
-        *(float4 *)(s.dth + i * S + j0 + 4) = __ldg(dq + 1);
+        const float *dq = a.dthq + ((m0 + i) * H + h) * S + j0;
+        cp16(s.dth + i * S + j0, dq);
+        cp16(s.dth + i * S + j0 + 4, dq + 4);
+      }
+      for (int idx0 = tid; idx0 < nb * S8; idx0 += SEQ_LOADS * CTHREADS) {
+        uint4 raw[SEQ_LOADS];
+#pragma unroll
+        for (int k = 0; k < SEQ_LOADS; k++) {
+          const int idx = idx0 + k * CTHREADS, i = idx / S8, j0 = (idx - i * S8) * 8;
+          if (idx < nb * S8) raw[k] = __ldg((const uint4 *)(proj + (m0 + i) * d.dipp + d.ang_off + j0));
+        }
+#pragma unroll
+        for (int k = 0; k < SEQ_LOADS; k++) {
+          const int idx = idx0 + k * CTHREADS, i = idx / S8, j0 = (idx - i * S8) * 8;
+          if (idx >= nb * S8) break;
+          const T *v = (const T *)&raw[k];
+#pragma unroll
+          for (int e = 0; e < 8; e++) s.th[i * S + j0 + e] = tanhf(to_f(v[e]));
+        }
       }
     } else {
 #pragma unroll 8
@@ -1793,14 +1810,11 @@ __global__ void __launch_bounds__(CTHREADS) scan_post_seq_chunked(const m3k_scan
       }
     }
     __syncthreads();
-    for (int i = wid; i < nb; i += CWARPS) {
-      float acc = 0;
-      for (int j = lane; j < S; j += 32) acc += s.dth[i * S + j];
-      acc = warp_sum(acc);
-      if (lane == 0) st[i * TW + T_DTANG] = acc;
-    }
-    __syncthreads();
     for (int i = tid; i < nb; i += CTHREADS) {
+      /* the token's angle term: its pairs' shares summed by one thread, from pair i mod S round (the
+       * threads of a warp on distinct banks) */
+      float dtang = 0;
+      for (int j = 0, jj = S > 0 ? i % S : 0; j < S; j++, jj = jj + 1 == S ? 0 : jj + 1) dtang += s.dth[i * S + jj];
       const float *t = st + i * TW;
       float dbp = 0;
       if (t[F_RST] == 0) {
@@ -1809,7 +1823,7 @@ __global__ void __launch_bounds__(CTHREADS) scan_post_seq_chunked(const m3k_scan
         else dbp = walk_parts_sum(tab, T_DBP0);
       }
       st[i * TW + T_DV] = c_finish<T>(a, m0 + i, h, t[T_DA], t[T_DGAM], dbp, t[F_DT], t[F_LAM], t[F_AA], t[F_DSP],
-                                      t[F_DAD], t[T_DTANG]);
+                                      t[F_DAD], dtang);
     }
     __syncthreads();
     if (wid == 0) { /* the block's sums (lanes over the tokens, then the butterfly), added in block order */
