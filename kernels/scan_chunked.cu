@@ -635,8 +635,9 @@ __device__ __forceinline__ void c_build(const m3k_scan_args &a, const csmem &s, 
     qk = warp_sum(qk);
     if (lane == 0) s.sc[i * FW + F_QK] = qk;
   };
-  /* the warp's tokens TOK at a time, their loads in flight together (TOK_UNITS) */
-  constexpr int TOK = UPL < TOK_UNITS ? TOK_UNITS / UPL : 1;
+  /* the warp's tokens TOK at a time, their loads in flight together (TOK_UNITS; two at three units a lane,
+   * within the registers of three CTAs a multiprocessor: NOTES.md run 208) */
+  constexpr int TOK = UPL == 3 ? 2 : UPL < TOK_UNITS ? TOK_UNITS / UPL : 1;
   for (int i = wid; i < CQ; i += TOK * CWARPS) {
     lane_raw<UPL> r[TOK];
 #pragma unroll
