@@ -94,7 +94,7 @@ struct csmem {
   OT *sx;    /* [CQ][lqp] x */
   OT *sxw;   /* [CQ][lqp] bwd: dY (the forward forms W x in place in sx); dstate: [2][CQ][lqp] dY, then EC dY */
   OT *sE;    /* [Pp][lqn] the entering state E (bf16) */
-  OT *sdE;   /* [Pp][lqn] bwd: dE (bf16; the same space as sE, after its last use) */
+  OT *sdE;   /* [Pp][lqn] bwd: dE (bf16; its own space, or sE's after E's last use: carve_c) */
   OT *sL1;   /* [CQ][lqq] fwd: L o S; bwd: L o S1 */
   OT *sL2;   /* [CQ][lqq] bwd: L o S2 */
   float *sR;   /* fwd: Y [CQ][lfp]; bwd: M's row / column partials, then the row dots' tile partials */
@@ -120,8 +120,13 @@ __host__ __device__ inline size_t cs_take(size_t &off, size_t bytes) {
 /* The carves below: CT(field, type, n) takes n elements for t.field (128-byte aligned). */
 #define CT(field, type, n) t.field = (type *)(base + cs_take(off, (size_t)(n) * sizeof(type)))
 
-/* Carves the backward's shared memory (base NULL: only the size). */
-__host__ __device__ inline size_t carve_c(unsigned char *base, int P, int N, csmem *m) {
+/* The most shared memory a CTA may take for two of them to share a multiprocessor (228 KB on sm_90, 1 KB
+ * of it reserved per CTA). */
+enum { SMEM_TWO_CTAS = 228 * 1024 / 2 - 1024 };
+
+/* Carves the backward's shared memory (base NULL: only the size). dE gets a space of its own (so that it
+ * loads with the chunk's other operands) where two CTAs still share a multiprocessor; else E's, after dq. */
+__host__ __device__ inline size_t carve_c_de(unsigned char *base, int P, int N, csmem *m, bool own_de) {
   const cdims c = make_cdims(P, N);
   size_t off = 0;
   csmem t = {};
@@ -130,7 +135,8 @@ __host__ __device__ inline size_t carve_c(unsigned char *base, int P, int N, csm
   CT(sx, OT, CQ * c.lqp);
   CT(sxw, OT, CQ * c.lqp);
   CT(sE, OT, c.Pp * c.lqn);
-  t.sdE = t.sE;
+  if (own_de) CT(sdE, OT, c.Pp * c.lqn);
+  else t.sdE = t.sE;
   CT(sL1, OT, CQ * c.lqq);
   CT(sL2, OT, CQ * c.lqq);
   CT(sR, float, 2 * CQ * (CQ / 16)); /* the row / column partials of M, then [CQ][KB / 16] (kgrad_regs) */
@@ -138,6 +144,9 @@ __host__ __device__ inline size_t carve_c(unsigned char *base, int P, int N, csm
   CT(misc, float, 8);
   if (m) *m = t;
   return off + 128;
+}
+__host__ __device__ inline size_t carve_c(unsigned char *base, int P, int N, csmem *m) {
+  return carve_c_de(base, P, N, m, carve_c_de(NULL, P, N, NULL, true) <= SMEM_TWO_CTAS);
 }
 
 /* Shared memory of scan_dstate_chunked: q, dY, the entering state E and the table of two chunks (the
@@ -1364,8 +1373,8 @@ __device__ __forceinline__ void kgrad_regs(const cdims &cd, const OT *A1, const 
 }
 
 /* One CTA per (chunk, head, row), after scan_dstate_chunked: the chunk's products with dE leaving it
- * (the scratch) and the state entering it (a.chunk_states), both bf16, copied into one space (E until
- * dq is done, then dE); the float32 products in the warps' accumulator tiles, [CQ][KB] column blocks
+ * (the scratch) and the state entering it (a.chunk_states), both bf16, loaded with the other operands
+ * (or, where shared memory is short, into one space: E until dq is done, then dE); the float32 products in the warps' accumulator tiles, [CQ][KB] column blocks
  * at a time, stored from there (kgrad_regs and step 8). MINB = 2 (128 registers) for shapes whose
  * shared memory lets two CTAs share an SM (bwd_two_ctas). */
 template <typename T, int MINB, int PK, int NK>
@@ -1397,6 +1406,8 @@ __global__ void __launch_bounds__(CTHREADS, MINB) scan_bwd_chunked(const m3k_sca
   tile_load(s.sk, cd.lqn, cv.k + u * CQ * cd.Np, cd.Np);
   tile_load(s.sxw, cd.lqp, cv.dy + u * CQ * cd.Pp, cd.Pp);
   tile_load(s.sE, cd.lqn, cv.states + u * cd.Pp * cd.Np, cd.Np, cd.Pp);
+  const bool own_de = s.sdE != s.sE;
+  if (own_de) tile_load(s.sdE, cd.lqn, cv.de + u * cd.Pp * cd.Np, cd.Np, cd.Pp);
   x_load<T>(a, s.sx, cd, m0, nb, (int64_t)h * P, P, vec);
   cp_wait_all();
   __syncthreads();
@@ -1475,10 +1486,12 @@ __global__ void __launch_bounds__(CTHREADS, MINB) scan_bwd_chunked(const m3k_sca
    * a.chunk_states (read into shared memory above; nothing reads them after this kernel) */
   OT *dq = cv.q + u * CQ * cd.Np, *dk = cv.k + u * CQ * cd.Np;
   kgrad_regs<true>(cd, s.sxw, s.sE, s.sq, s.sc, nb, F_EC, F_R, s.sL2, s.sk, dq, s.sR); /* dq (raw) */
-  /* dE (bf16) where E was (dq, its last reader, ended with a barrier) */
-  tile_load(s.sdE, cd.lqn, cv.de + u * cd.Pp * cd.Np, cd.Np, cd.Pp);
-  cp_wait_all();
-  __syncthreads();
+  /* dE (bf16) where E was, unless it loaded above (dq, E's last reader, ended with a barrier) */
+  if (!own_de) {
+    tile_load(s.sdE, cd.lqn, cv.de + u * cd.Pp * cd.Np, cd.Np, cd.Pp);
+    cp_wait_all();
+  }
+  __syncthreads(); /* kgrad_regs' partials (sR) read */
   /* 7. dktil = W (x dE) + L2^T q; v_s */
   kgrad_regs<false>(cd, s.sx, s.sdE, s.sk, s.sc, nb, F_W, F_V, s.sL2, s.sq, dk, s.sR); /* dktil (raw) */
   /* 8. dx = W (ktil dE^T) + L1^T dY (+ diagonal, D), [CQ][KB] column blocks in the warps' accumulator
@@ -1861,7 +1874,7 @@ __global__ void __launch_bounds__(CTHREADS) scan_post_seq_chunked(const m3k_scan
 /* ---- host side ------------------------------------------------------------------------------------------ */
 
 /* Two CTAs per SM fit when each takes at most half of the SM's 228 KB less the 1 KB reserved per CTA. */
-static bool bwd_two_ctas(int32_t smem) { return smem <= 228 * 1024 / 2 - 1024; }
+static bool bwd_two_ctas(int32_t smem) { return smem <= SMEM_TWO_CTAS; }
 
 /* The walks can split a state's rows in two parts of whole 16-row tiles; it gains only with parts of 32
  * rows or more (lm130's 64 rows: 182 -> 158 us a dE walk; mid's 32: 45 -> 47 us, NOTES.md run 154). */
