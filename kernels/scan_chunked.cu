@@ -791,14 +791,14 @@ __device__ __forceinline__ void tile_store(OT *dst, const OT *src, int ld, int w
 }
 
 /* The chunk's token scalars from the scratch table into sc (fields < nf, rounded up to 4); misc[0] =
- * dec (a plain load, issued last). */
+ * dec. All asynchronous: a plain load here would hold its warp's later copies back by a round trip. */
 __device__ __forceinline__ void tab_load(const float *tab, float *sc, int nf, float *misc) {
   const int pieces = (nf + 3) / 4;
   for (int idx = threadIdx.x; idx < CQ * pieces; idx += blockDim.x) {
     const int i = idx / pieces, f = (idx - i * pieces) * 4;
     cp16(sc + i * FW + f, tab + i * TW + f);
   }
-  if (threadIdx.x == 0) misc[0] = tab[T_DEC];
+  if (threadIdx.x == 0) cp4(misc, tab + T_DEC);
 }
 
 /* The act rows of the chunk's tokens are 16-byte aligned groups of 8 (P, the column offsets and the
@@ -1401,7 +1401,6 @@ __global__ void __launch_bounds__(CTHREADS, MINB) scan_bwd_chunked(const m3k_sca
   /* 1. loads: the prepared scalars, q, ktil, dY (scan_prep_chunked); x; E (bf16, as the forward kept
    * it); <dE, E> (the dE walk's) */
   tab_load(cv.tab + u * CQ * TW, s.sc, TAB_FIELDS, misc);
-  if (tid == 0) misc[1] = walk_parts_sum(cv.tab + u * CQ * TW, T_DEE);
   tile_load(s.sq, cd.lqn, cv.q + u * CQ * cd.Np, cd.Np);
   tile_load(s.sk, cd.lqn, cv.k + u * CQ * cd.Np, cd.Np);
   tile_load(s.sxw, cd.lqp, cv.dy + u * CQ * cd.Pp, cd.Pp);
@@ -1409,6 +1408,7 @@ __global__ void __launch_bounds__(CTHREADS, MINB) scan_bwd_chunked(const m3k_sca
   const bool own_de = s.sdE != s.sE;
   if (own_de) tile_load(s.sdE, cd.lqn, cv.de + u * cd.Pp * cd.Np, cd.Np, cd.Pp);
   x_load<T>(a, s.sx, cd, m0, nb, (int64_t)h * P, P, vec);
+  if (tid == 0) misc[1] = walk_parts_sum(cv.tab + u * CQ * TW, T_DEE); /* plain loads: after the copies */
   cp_wait_all();
   __syncthreads();
   /* 4-5. S1 = q ktil^T, S2 = dY x^T tile by tile in the warp's registers (tiles above the diagonal: 0):
