@@ -667,11 +667,10 @@ __device__ __forceinline__ void c_build(const m3k_scan_args &a, const csmem &s, 
 template <typename T> __device__ __forceinline__ float ldact(const T *p) { return to_f(__ldg(p)); }
 
 /* The angle logits of a token load as 16-byte vectors of 8 when they are aligned so (tanh8: the tanh of
- * the 8 at p), else one at a time. */
+ * the 8 in u), else one at a time. */
 __device__ inline bool angles_vec8(const m3k_dims &d) { return d.S % 8 == 0 && d.ang_off % 8 == 0 && d.dipp % 8 == 0; }
-template <typename T> __device__ __forceinline__ void tanh8(const T *p, float *out) {
+template <typename T> __device__ __forceinline__ void tanh8(const uint4 &u, float *out) {
   static_assert(sizeof(T) == 2, "16-bit activations");
-  const uint4 u = __ldg((const uint4 *)p);
   const T *v = (const T *)&u;
 #pragma unroll
   for (int e = 0; e < 8; e++) out[e] = tanhf(to_f(v[e]));
@@ -903,7 +902,7 @@ __global__ void __launch_bounds__(CTHREADS) scan_angles_chunked(const m3k_scan_a
       for (int idx = tid; idx < nb * S8; idx += CTHREADS) {
         const int i = idx / S8, jj = (idx - i * S8) * 8;
         float t8[8];
-        tanh8(proj + (m0 + i) * d.dipp + d.ang_off + j0 + jj, t8);
+        tanh8<T>(__ldg((const uint4 *)(proj + (m0 + i) * d.dipp + d.ang_off + j0 + jj)), t8);
 #pragma unroll
         for (int e = 0; e < 8; e++) val[i * S + jj + e] = PI_F * t8[e] * dt[i];
       }
@@ -1374,9 +1373,10 @@ __device__ __forceinline__ void kgrad_regs(const cdims &cd, const OT *A1, const 
 
 /* One CTA per (chunk, head, row), after scan_dstate_chunked: the chunk's products with dE leaving it
  * (the scratch) and the state entering it (a.chunk_states), both bf16, loaded with the other operands
- * (or, where shared memory is short, into one space: E until dq is done, then dE); the float32 products in the warps' accumulator tiles, [CQ][KB] column blocks
- * at a time, stored from there (kgrad_regs and step 8). MINB = 2 (128 registers) for shapes whose
- * shared memory lets two CTAs share an SM (bwd_two_ctas). */
+ * (or, where shared memory is short, into one space: E until dq is done, then dE); the float32 products
+ * in the warps' accumulator tiles, [CQ][KB] column blocks at a time, stored from there (kgrad_regs and
+ * step 8). MINB = 2 (128 registers) for shapes whose shared memory lets two CTAs share an SM
+ * (bwd_two_ctas). */
 template <typename T, int MINB, int PK, int NK>
 __global__ void __launch_bounds__(CTHREADS, MINB) scan_bwd_chunked(const m3k_scan_args a) {
   extern __shared__ __align__(128) unsigned char smraw[];
@@ -1771,9 +1771,7 @@ __global__ void __launch_bounds__(CTHREADS) scan_post_seq_chunked(const m3k_scan
         for (int k = 0; k < SEQ_LOADS; k++) {
           const int idx = idx0 + k * CTHREADS, i = idx / S8, j0 = (idx - i * S8) * 8;
           if (idx >= nb * S8) break;
-          const T *v = (const T *)&raw[k];
-#pragma unroll
-          for (int e = 0; e < 8; e++) s.th[i * S + j0 + e] = tanhf(to_f(v[e]));
+          tanh8<T>(raw[k], s.th + i * S + j0);
         }
       }
     } else {
@@ -1873,7 +1871,7 @@ __global__ void __launch_bounds__(CTHREADS) scan_post_seq_chunked(const m3k_scan
 
 /* ---- host side ------------------------------------------------------------------------------------------ */
 
-/* Two CTAs per SM fit when each takes at most half of the SM's 228 KB less the 1 KB reserved per CTA. */
+/* Whether two CTAs of the per-chunk backward share an SM (SMEM_TWO_CTAS). */
 static bool bwd_two_ctas(int32_t smem) { return smem <= SMEM_TWO_CTAS; }
 
 /* The walks can split a state's rows in two parts of whole 16-row tiles; it gains only with parts of 32
