@@ -180,6 +180,10 @@ int64_t m3k_scan_chunk_scratch(const m3k_scan_plan *plan, int prec, int32_t rows
  * of this precision is not chunked). */
 int64_t m3k_scan_chunk_states(const m3k_scan_plan *plan, int prec, int32_t rows, int32_t len, int32_t H, int32_t P,
                               int32_t N);
+/* Floats of m3k_scan_args.dy for windows up to rows x len: the SIMT backward keeps dL/dy there for the
+ * token blocks before a window's last; 0 when every window of this precision that takes it fits one
+ * block (a 16-bit plan whose longer windows take the chunked kernels, or short windows). */
+int64_t m3k_scan_dy_floats(const m3k_scan_plan *plan, int prec, int32_t rows, int32_t len, int32_t E);
 /* Raises the kernels' dynamic shared-memory limits for a plan (call once, outside capture). */
 cudaError_t m3k_scan_prepare(int prec, const m3k_scan_plan *plan);
 
@@ -204,7 +208,7 @@ typedef struct m3k_scan_args {
   /* backward */
   const void *dgated;          /* [M, E] act: dL/d gated */
   void *dproj;                 /* [M, dipp] act: writes the z, x, dd_dt, dd_A, trap columns (=) */
-  float *dy;                   /* [M, E] scratch: dL/d y (the SIMT backward's) */
+  float *dy;                   /* [M, E] scratch: dL/d y (the SIMT backward's; m3k_scan_dy_floats) */
   float *dthq;                 /* [M, H, S] scratch: angle gradient from q */
   float *psi;                  /* [M, H] scratch: dq . q */
   float *dbc_head;             /* [M, H, 2, N] per-head dL/d (B_hat + bias), dL/d (C_hat + bias) (=) */

@@ -1265,14 +1265,24 @@ extern "C" cudaError_t m3k_scan_prepare(int prec, const m3k_scan_plan *plan) {
   return e;
 }
 
-/* Which 16-bit windows take the chunked kernels (H200, NOTES.md): at P x N = 256 the SIMT kernel wins
- * on one-chunk windows (rl, B 1 x T 32: 0.409 vs 0.432 ms per step; the chunked scan's extra launches)
- * and loses on longer ones (rl-batch, B 16 x T 256: 2.206 vs 1.832 ms); from P x N = 2048 (mid) the
- * chunked one wins. A window of one token (a decode step) never takes them (the forward has
- * scan_step.cu, the backward the SIMT kernel): they would spend a whole 64-token tile on it. */
+/* The longest window the SIMT backward takes; longer ones take the chunked kernels (H200, NOTES.md):
+ * at P x N = 256 the SIMT kernel wins on one-chunk windows (rl, B 1 x T 32: 0.409 vs 0.432 ms per step;
+ * the chunked scan's extra launches) and loses on longer ones (rl-batch, B 16 x T 256: 2.206 vs 1.832
+ * ms); from P x N = 2048 (mid) the chunked one wins. A window of one token (a decode step) never takes
+ * them (the forward has scan_step.cu, the backward the SIMT kernel): they would spend a whole 64-token
+ * tile on it. f32, and plans whose chunked tiles do not fit, take the SIMT kernels at every length. */
+static int32_t simt_window_max(int prec, const m3k_scan_plan *plan) {
+  if (prec == M3K_F32 || !plan->chunked) return INT32_MAX;
+  return (int64_t)plan->P * plan->N >= plan->chunk_min_state ? 1 : M3K_CHUNK;
+}
+
 static bool takes_chunked(int prec, const m3k_scan_plan *plan, const m3k_scan_args *a) {
-  const bool worth = a->len > M3K_CHUNK || (int64_t)a->d.P * a->d.N >= plan->chunk_min_state;
-  return prec != M3K_F32 && plan->chunked && a->len > 1 && a->chunk_scratch && worth;
+  return a->chunk_scratch && a->len > simt_window_max(prec, plan);
+}
+
+extern "C" int64_t m3k_scan_dy_floats(const m3k_scan_plan *plan, int prec, int32_t rows, int32_t len, int32_t E) {
+  const int32_t simt_len = len < simt_window_max(prec, plan) ? len : simt_window_max(prec, plan);
+  return simt_len > plan->tb_bwd ? (int64_t)rows * len * E : 0;
 }
 
 /* scan_step and scan_fwd_warp normalise B and C themselves; the chunked and SIMT forwards read bc_hat */

@@ -138,7 +138,7 @@ struct backend {
   void *dresid_act;                        /* [Mc, dm] act (= dresid for f32) */
   void *dproj;                             /* [Mc, dipp] act */
   void *dgated;                            /* [Mc, E] act */
-  float *dy;                               /* [Mc, E] */
+  float *dy;                               /* [Mc, E] (m3k_scan_dy_floats; or NULL) */
   float *dthq;                             /* [Mc, H, S] */
   float *psi;                              /* [Mc, H] */
   float *dbc_head;                         /* [Mc, H, 2, N] */
@@ -320,7 +320,8 @@ static void carve_device(backend *be, carver *c) {
   be->dresid_act = be->prec != M3K_F32 ? take(c, (size_t)(Mg * dm) * ab) : (void *)be->dresid;
   be->dproj = take(c, (size_t)(Mg * dipp) * ab);
   be->dgated = take(c, (size_t)(Mg * E) * ab);
-  be->dy = TAKE_F(c, Mg * E);
+  const int64_t n_dy = ti * m3k_scan_dy_floats(&be->scan, be->prec, (int32_t)B, be->T, (int32_t)E);
+  be->dy = n_dy > 0 ? TAKE_F(c, n_dy) : NULL;
   be->dthq = TAKE_F(c, Mg * H * S);
   be->psi = TAKE_F(c, Mg * H);
   be->dbc_head = TAKE_F(c, Mg * H * 2 * N);
