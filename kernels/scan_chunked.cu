@@ -644,9 +644,8 @@ __device__ __forceinline__ void c_build(const m3k_scan_args &a, const csmem &s, 
     qk = warp_sum(qk);
     if (lane == 0) s.sc[i * FW + F_QK] = qk;
   };
-  /* the warp's tokens TOK at a time, their loads in flight together (TOK_UNITS; two at three units a lane,
-   * within the registers of three CTAs a multiprocessor: NOTES.md run 208) */
-  constexpr int TOK = UPL == 3 ? 2 : UPL < TOK_UNITS ? TOK_UNITS / UPL : 1;
+  /* the warp's tokens TOK at a time, their loads in flight together (TOK_UNITS) */
+  constexpr int TOK = UPL < TOK_UNITS ? TOK_UNITS / UPL : 1;
   for (int i = wid; i < CQ; i += TOK * CWARPS) {
     lane_raw<UPL> r[TOK];
 #pragma unroll
@@ -951,9 +950,11 @@ __global__ void __launch_bounds__(CTHREADS) scan_angles_chunked(const m3k_scan_a
 
 /* One CTA per (chunk, head, row): the chunk's token scalars, cumsums and masks, q and ktil (and the
  * window's last k into the scratch's kl); into the chunk scratch or, in training, what the forward
- * keeps (see chunk_views). */
+ * keeps (see chunk_views). Four CTAs a multiprocessor up to four units a lane (64 registers; lm130
+ * 208.8 -> 197.6 us a launch against three CTAs with two tokens in flight at three units, NOTES.md
+ * run 220). */
 template <typename T, int UPL, int PK, int NK>
-__global__ void __launch_bounds__(CTHREADS, UPL <= 4 ? 3 : 1) scan_prep_chunked(const m3k_scan_args a) {
+__global__ void __launch_bounds__(CTHREADS, UPL <= 4 ? 4 : 1) scan_prep_chunked(const m3k_scan_args a) {
   extern __shared__ __align__(128) unsigned char smraw[];
   const m3k_dims &d = a.d;
   const int ch = blockIdx.x, h = blockIdx.y, b = blockIdx.z, g = h / d.hpg;
