@@ -64,12 +64,13 @@ __global__ void bcnorm_fwd_kernel(m3k_dims d, const T *__restrict__ proj, const 
   for (int n = lane; n < d.N; n += 32) bc_hat[item * d.N + n] = to_f(x[n]) * r * w[n];
 }
 
+/* four CTAs a multiprocessor (64 registers, was 71-76: three): rl-batch 11.1 -> 9.7 us a launch (NOTES.md run 221) */
 template <typename T>
-__global__ void bcnorm_bwd_kernel(m3k_dims d, const T *__restrict__ proj, const float *__restrict__ wB,
-                                  const float *__restrict__ wC, const float *__restrict__ bc_rstd,
-                                  const float *__restrict__ dbc, int slots, const T *__restrict__ dang_head,
-                                  T *__restrict__ dproj, float *__restrict__ wcontrib, m3k_scan_partials sp,
-                                  m3k_riders riders, unsigned pos_ctas, unsigned part_ctas, int64_t M) {
+__global__ void __launch_bounds__(BC_BWD_THREADS, 4)
+    bcnorm_bwd_kernel(m3k_dims d, const T *__restrict__ proj, const float *__restrict__ wB, const float *__restrict__ wC,
+                      const float *__restrict__ bc_rstd, const float *__restrict__ dbc, int slots,
+                      const T *__restrict__ dang_head, T *__restrict__ dproj, float *__restrict__ wcontrib,
+                      m3k_scan_partials sp, m3k_riders riders, unsigned pos_ctas, unsigned part_ctas, int64_t M) {
   if (blockIdx.x >= pos_ctas + part_ctas) {
     ride<T>(riders, blockIdx.x - pos_ctas - part_ctas, M);
     return;
