@@ -229,6 +229,9 @@ cudaError_t m3k_scan_bwd(cudaStream_t s, int prec, const m3k_scan_plan *plan, co
 /* 1 when m3k_scan_bwd leaves the B/C gradients summed over each group's heads in a->dbc_group (the
  * chunked backward of large windows), 0 when it leaves them per head in a->dbc_head. */
 int m3k_scan_bwd_sums_heads(int prec, const m3k_scan_plan *plan, const m3k_scan_args *a);
+/* 1 when m3k_scan_bwd is the SIMT kernel's one launch (a CTA per (row, head)) and its CTAs take at least 90 % of
+ * what the device holds at once: a kernel launched beside it then delays some of them by its whole length. */
+int m3k_scan_bwd_fills_device(int prec, const m3k_scan_plan *plan, const m3k_scan_args *a);
 
 /* ---- the fused one-token inference step (decode_fused.cu) ----------------------------------------------- */
 

@@ -1258,6 +1258,17 @@ template <typename T> static void simt_bwd(cudaStream_t s, const m3k_scan_plan *
   SIMT_DISPATCH(plan, (scan_bwd_kernel<RP, RN, PK, NK, T><<<grid, plan->threads, plan->smem_bwd, s>>>(a, gm)));
 }
 
+/* CTAs of the SIMT backward a multiprocessor holds at once (0: unknown) */
+template <typename T> static int simt_bwd_per_sm(const m3k_scan_plan *plan) {
+  int n = 0;
+  SIMT_DISPATCH(plan, {
+    if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, scan_bwd_kernel<RP, RN, PK, NK, T>, plan->threads,
+                                                      plan->smem_bwd) != cudaSuccess)
+      n = 0;
+  });
+  return n;
+}
+
 extern "C" cudaError_t m3k_scan_prepare(int prec, const m3k_scan_plan *plan) {
   cudaError_t e = m3k_chunked_prepare(prec, plan);
   if (e == cudaSuccess) e = m3k_scan_step_prepare(prec, plan->smem_step);
@@ -1298,12 +1309,26 @@ extern "C" cudaError_t m3k_scan_fwd(cudaStream_t s, int prec, const m3k_scan_pla
   return cudaGetLastError();
 }
 
+static bool bwd_chunked(int prec, const m3k_scan_plan *plan, const m3k_scan_args *a) {
+  return takes_chunked(prec, plan, a) && a->chunk_states;
+}
+
 extern "C" int m3k_scan_bwd_sums_heads(int prec, const m3k_scan_plan *plan, const m3k_scan_args *a) {
-  return takes_chunked(prec, plan, a) && a->chunk_states && m3k_chunked_sums_heads(plan, a);
+  return bwd_chunked(prec, plan, a) && m3k_chunked_sums_heads(plan, a);
+}
+
+extern "C" int m3k_scan_bwd_fills_device(int prec, const m3k_scan_plan *plan, const m3k_scan_args *a) {
+  if (bwd_chunked(prec, plan, a)) return 0;
+  int dev = 0, sms = 0, per_sm = 0;
+  if (cudaGetDevice(&dev) != cudaSuccess) return 0;
+  if (cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev) != cudaSuccess) return 0;
+  M3K_DISPATCH(prec, per_sm = simt_bwd_per_sm<T>(plan));
+  const int64_t slots = (int64_t)per_sm * sms;
+  return slots > 0 && 10 * (int64_t)a->d.H * a->rows >= 9 * slots;
 }
 
 extern "C" cudaError_t m3k_scan_bwd(cudaStream_t s, int prec, const m3k_scan_plan *plan, const m3k_scan_args *a) {
-  if (takes_chunked(prec, plan, a) && a->chunk_states) return m3k_chunked_bwd(s, prec, plan, a);
+  if (bwd_chunked(prec, plan, a)) return m3k_chunked_bwd(s, prec, plan, a);
   M3K_DISPATCH(prec, simt_bwd<T>(s, plan, *a));
   return cudaGetLastError();
 }

@@ -447,9 +447,14 @@ static m3_status mm_nt(backend *be, int64_t M, int64_t N, int64_t K, const void 
 }
 
 /* D[M, N] = A[M, K] B[K, N] (D float32 or, d_kind G_ACT, the activation type) */
+static gemm_op nn_op(int64_t M, int64_t N, int64_t K, const void *A, int64_t lda, const void *B, int64_t ldb, void *D,
+                     int64_t ldd, int d_kind) {
+  const gemm_op o = {0, 0, M, N, K, A, lda, G_ACT, B, ldb, G_ACT, NULL, D, ldd, d_kind, 0.0f};
+  return o;
+}
 static m3_status mm_nn(backend *be, int64_t M, int64_t N, int64_t K, const void *A, int64_t lda, const void *B,
                        int64_t ldb, void *D, int64_t ldd, int d_kind) {
-  gemm_op o = {0, 0, M, N, K, A, lda, G_ACT, B, ldb, G_ACT, NULL, D, ldd, d_kind, 0.0f};
+  const gemm_op o = nn_op(M, N, K, A, lda, B, ldb, D, ldd, d_kind);
   return gemm_checked(be, &o);
 }
 
@@ -481,6 +486,34 @@ static m3_status side_wgrad(backend *be, m3k_riders *ride, int64_t M, int64_t N,
   TRY(gemm_on(be, &be->gm_side, be->side, &o));
   CK(cudaEventRecord(done, be->side));
   *pending = 1;
+  return M3_OK;
+}
+
+/* Layer l's out_proj (dW_out += dresid^T gated) and in_proj (dW_in += dproj^T xn) weight gradients over M
+ * positions, by side_wgrad. */
+static m3_status wgrad_out(backend *be, int l, int64_t M, m3k_riders *ride) {
+  const int64_t dm = be->d->dm, E = be->d->E;
+  return side_wgrad(be, ride, dm, E, M, be->dresid_act, dm, gated_l(be, l), E, be->grads + be->lay->layer[l].out_proj,
+                    be->wout, &be->wout_pending);
+}
+static m3_status wgrad_in(backend *be, int l, int64_t M, m3k_riders *ride) {
+  const int64_t dm = be->d->dm;
+  return side_wgrad(be, ride, be->d->dip, dm, M, be->dproj, be->kd.dipp, xn_l(be, l), dm,
+                    be->grads + be->lay->layer[l].in_proj, be->win, &be->win_pending);
+}
+
+/* *beside = 1 when layer l's in_proj weight gradient is a GEMM (not a rider) that fits on the device beside the
+ * data gradient dx (their waves add up to at most one), so that it runs there instead of after it. */
+static m3_status win_fits_beside(backend *be, int l, int64_t M, const gemm_op *dx, int *beside) {
+  const int64_t dm = be->d->dm;
+  float w_dx = 0, w_dw = 0;
+  *beside = 0;
+  if (M <= M3K_RIDER_K) return M3_OK;
+  const gemm_op dw = tn_acc_op(be->d->dip, dm, M, be->dproj, be->kd.dipp, xn_l(be, l), dm,
+                               be->grads + be->lay->layer[l].in_proj, dm);
+  TRY(m3_gemm_waves(&be->gm, dx, &w_dx));
+  TRY(m3_gemm_waves(&be->gm_side, &dw, &w_dw));
+  *beside = w_dx + w_dw <= 1.0f;
   return M3_OK;
 }
 
@@ -706,15 +739,19 @@ static m3_status enq_backward(backend *be, int32_t rows, int32_t len, int zero_g
     m3k_riders with_bcnorm, with_norm;
     memset(&with_bcnorm, 0, sizeof with_bcnorm);
     memset(&with_norm, 0, sizeof with_norm);
+    const m3k_scan_args a = scan_args(be, l, rows, len, be->fwd_carry, 0, 1);
+    /* Where the weight gradients fork (kernels/NOTES.md runs 223-226): dW_out after dX, beside the scan, but
+     * after a scan that fills the device, which a GEMM beside it would delay; dW_in after dX, or beside it
+     * where both fit the device at once (win_fits_beside). */
+    const int scan_fills = m3k_scan_bwd_fills_device(be->prec, &be->scan, &a);
     TRY(mm_nn(be, M, E, dm, be->dresid_act, dm, wgt(be, lo->out_proj), E, be->dgated, E, G_ACT));
-    TRY(side_wgrad(be, &with_bcnorm, dm, E, M, be->dresid_act, dm, gated_l(be, l), E, g + lo->out_proj, be->wout,
-                   &be->wout_pending));
+    if (!scan_fills) TRY(wgrad_out(be, l, M, &with_bcnorm));
     /* gate, scan, B/C norm, the small-parameter gradients (they overwrite dproj: the layer above's in_proj
      * weight gradient is done first) */
-    const m3k_scan_args a = scan_args(be, l, rows, len, be->fwd_carry, 0, 1);
     TRY(wait_side(be, be->win, &be->win_pending));
     mark(be, PH_SCAN_B);
     CK(m3k_scan_bwd(be->st, be->prec, &be->scan, &a));
+    if (scan_fills) TRY(wgrad_out(be, l, M, &with_bcnorm));
     mark(be, PH_BCNORM_B);
     const m3k_scan_partials sp = {be->part, be->part_norm, rows, g + lo->dt_bias, g + lo->D, g + lo->B_bias,
                                   g + lo->C_bias, d->outproj_norm ? g + lo->out_norm : NULL};
@@ -727,9 +764,12 @@ static m3_status enq_backward(backend *be, int32_t rows, int32_t len, int zero_g
     with_norm.colsum = bc_norm;
     /* in_proj: dxn = dproj W_in, dW_in += dproj^T xn (riding with the layer norm's backward, or beside) */
     mark(be, PH_INPROJ_B);
-    TRY(mm_nn(be, M, dm, d->dip, be->dproj, be->kd.dipp, wgt(be, lo->in_proj), dm, be->dxn, dm, G_F32));
-    TRY(side_wgrad(be, &with_norm, d->dip, dm, M, be->dproj, be->kd.dipp, xn_l(be, l), dm, g + lo->in_proj, be->win,
-                   &be->win_pending));
+    const gemm_op dx = nn_op(M, dm, d->dip, be->dproj, be->kd.dipp, wgt(be, lo->in_proj), dm, be->dxn, dm, G_F32);
+    int win_beside_dx;
+    TRY(win_fits_beside(be, l, M, &dx, &win_beside_dx));
+    if (win_beside_dx) TRY(wgrad_in(be, l, M, &with_norm));
+    TRY(gemm_checked(be, &dx));
+    if (!win_beside_dx) TRY(wgrad_in(be, l, M, &with_norm));
     /* layer norm: dresid (the identity path) += norm path; it overwrites dresid_act: the out_proj weight
      * gradient is done first */
     TRY(wait_side(be, be->wout, &be->wout_pending));

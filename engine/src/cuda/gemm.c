@@ -26,6 +26,7 @@ struct gemm_plan {
   cublasLtMatmulDesc_t desc;
   cublasLtMatrixLayout_t la, lb, lc;
   cublasLtMatmulAlgo_t algo;
+  float waves; /* the heuristic's estimate for algo */
 };
 
 #define LT(call)                                                                                     \
@@ -167,22 +168,38 @@ static m3_status make_plan(gemm_ctx *g, const gemm_op *o, const int align[4], ge
                    o->M, o->N, o->K, o->ta, o->tb, o->a_kind, o->b_kind, o->d_kind,
                    st != CUBLAS_STATUS_SUCCESS ? cublasLtGetStatusString(st) : "no result");
   }
-  p->algo = res[pick(g, o, res, found)].algo;
+  const int chosen = pick(g, o, res, found);
+  p->algo = res[chosen].algo;
+  p->waves = res[chosen].wavesCount;
   g->n_plans++;
   *out = p;
   return M3_OK;
 }
 
-m3_status m3_gemm(gemm_ctx *g, cudaStream_t s, const gemm_op *o) {
-  if (o->M <= 0 || o->N <= 0 || o->K <= 0) return M3_OK;
+/* The op's plan, made when new. */
+static m3_status plan_of(gemm_ctx *g, const gemm_op *o, gemm_plan **out) {
   const int align[4] = {alignment(o->A), alignment(o->B), alignment(o->C ? o->C : o->D), alignment(o->D)};
-  gemm_plan *p = NULL;
   for (int i = 0; i < g->n_plans; i++)
     if (same_key(&g->plans[i], o, align)) {
-      p = &g->plans[i];
-      break;
+      *out = &g->plans[i];
+      return M3_OK;
     }
-  if (!p) TRY(make_plan(g, o, align, &p));
+  return make_plan(g, o, align, out);
+}
+
+m3_status m3_gemm_waves(gemm_ctx *g, const gemm_op *o, float *waves) {
+  gemm_plan *p = NULL;
+  *waves = 0;
+  if (o->M <= 0 || o->N <= 0 || o->K <= 0) return M3_OK;
+  TRY(plan_of(g, o, &p));
+  *waves = p->waves;
+  return M3_OK;
+}
+
+m3_status m3_gemm(gemm_ctx *g, cudaStream_t s, const gemm_op *o) {
+  if (o->M <= 0 || o->N <= 0 || o->K <= 0) return M3_OK;
+  gemm_plan *p = NULL;
+  TRY(plan_of(g, o, &p));
   const float alpha = 1.0f, beta = o->beta;
   LT(cublasLtMatmul(g->lt, p->desc, &alpha, o->B, p->la, o->A, p->lb, &beta, o->C ? o->C : o->D, p->lc, o->D, p->lc,
                     &p->algo, g->workspace, g->workspace_bytes, s));

@@ -51,6 +51,9 @@ typedef struct gemm_op {
 
 m3_status m3_gemm_init(gemm_ctx *g, cudaDataType_t act, int tf32, void *workspace, size_t workspace_bytes);
 void m3_gemm_free(gemm_ctx *g);
+/* The waves of the op's algorithm (cuBLASLt's estimate: its CTAs over those the device holds at once;
+ * making its plan first when new). */
+m3_status m3_gemm_waves(gemm_ctx *g, const gemm_op *op, float *waves);
 /* Enqueues one GEMM on the stream (making its plan first when new). */
 m3_status m3_gemm(gemm_ctx *g, cudaStream_t s, const gemm_op *op);
 
