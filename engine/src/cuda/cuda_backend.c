@@ -25,7 +25,8 @@
  * Weight gradients beside the chain: in the backward, a layer's out_proj and in_proj weight-gradient
  * GEMMs (over windows too long for riders) run on a second stream, forked from the main one once their
  * operands are final and joined before anything overwrites those operands (side_wgrad, enq_backward),
- * so they fill the multiprocessors the scan and the norms leave idle. The side stream has its own GEMM
+ * so they fill the multiprocessors the scan, the norms and narrow GEMMs leave idle (where each forks:
+ * m3k_scan_bwd_fills_device, win_fits_beside). The side stream has its own GEMM
  * context and workspace (split-K GEMMs run on both streams at once); a graph captures the fork and join.
  *
  * Determinism: the kernels reduce in fixed orders and every GEMM shape runs one cached
