@@ -26,8 +26,8 @@
  * GEMMs (over windows too long for riders) run on a second stream, forked from the main one once their
  * operands are final and joined before anything overwrites those operands (side_wgrad, enq_backward),
  * so they fill the multiprocessors the scan, the norms and narrow GEMMs leave idle (where each forks:
- * m3k_scan_bwd_fills_device, win_fits_beside). The side stream has its own GEMM
- * context and workspace (split-K GEMMs run on both streams at once); a graph captures the fork and join.
+ * m3k_scan_bwd_fills_device, win_fits_beside). The side stream has its own GEMM context and workspace
+ * (split-K GEMMs run on both streams at once); a graph captures the fork and join.
  *
  * Determinism: the kernels reduce in fixed orders and every GEMM shape runs one cached
  * cuBLASLt algorithm with one workspace size, so eager steps, graph replays and split calls give
