@@ -26,7 +26,7 @@
  * GEMMs (over windows too long for riders) run on a second stream, forked from the main one once their
  * operands are final and joined before anything overwrites those operands (side_wgrad, enq_backward),
  * so they fill the multiprocessors the scan, the norms and narrow GEMMs leave idle (where each forks:
- * m3k_scan_bwd_fills_device, win_fits_beside). The side stream has its own GEMM context and workspace
+ * m3k_scan_bwd_fills_device, fits_beside). The side stream has its own GEMM context and workspace
  * (split-K GEMMs run on both streams at once); a graph captures the fork and join.
  *
  * Determinism: the kernels reduce in fixed orders and every GEMM shape runs one cached
@@ -88,6 +88,12 @@ typedef struct graph_entry {
   uint64_t used;
 } graph_entry;
 
+/* A GEMM on the side stream: done is recorded after it, pending until the main stream waits for it. */
+typedef struct side_gemm {
+  cudaEvent_t done;
+  int pending;
+} side_gemm;
+
 struct backend {
   const m3_dims *d;
   const m3_layout *lay;
@@ -105,8 +111,7 @@ struct backend {
   int gm_ready;
   cudaStream_t side;       /* the backward's weight-gradient GEMMs (side_wgrad) */
   cudaEvent_t fork;        /* the main stream where a side GEMM may start */
-  cudaEvent_t wout, win;   /* the side stream's last out_proj / in_proj weight gradient is done */
-  int wout_pending, win_pending;
+  side_gemm wout, win;     /* the side stream's last out_proj / in_proj weight gradient */
   gemm_ctx gm_side;        /* the side stream's GEMMs (its own workspace) */
   int gm_side_ready;
   m3k_scan_plan scan;
@@ -471,57 +476,52 @@ static m3_status mm_tn_acc(backend *be, int64_t M, int64_t N, int64_t K, const v
   return gemm_checked(be, &o);
 }
 
-/* A layer's weight gradient G[M, N] += A[K, M]^T B[K, N] over a window of K positions in the backward: a rider of
- * the next launch that takes riders when K is a few positions (riders.cuh), else a GEMM on the side stream, forked
- * here: the caller waits for done (wait_side) before anything overwrites A or B. */
-static m3_status side_wgrad(backend *be, m3k_riders *ride, int64_t M, int64_t N, int64_t K, const void *A,
-                            int64_t lda, const void *B, int64_t ldb, float *G, cudaEvent_t done, int *pending) {
-  if (K <= M3K_RIDER_K) {
-    const m3k_wgrad w = {A, B, G, lda, ldb, N, (int32_t)M, (int32_t)N, (int32_t)K};
+/* Layer l's out_proj (dW_out += dresid^T gated) and in_proj (dW_in += dproj^T xn) weight gradients over a
+ * window of M positions (tn_acc_op). */
+static gemm_op wout_op(const backend *be, int l, int64_t M) {
+  const int64_t dm = be->d->dm, E = be->d->E;
+  return tn_acc_op(dm, E, M, be->dresid_act, dm, gated_l(be, l), E, be->grads + be->lay->layer[l].out_proj, E);
+}
+static gemm_op win_op(const backend *be, int l, int64_t M) {
+  const int64_t dm = be->d->dm;
+  return tn_acc_op(be->d->dip, dm, M, be->dproj, be->kd.dipp, xn_l(be, l), dm, be->grads + be->lay->layer[l].in_proj,
+                   dm);
+}
+
+/* A weight gradient of the backward (wout_op, win_op): a rider of the next launch that takes riders when its window
+ * is a few positions (K <= M3K_RIDER_K, riders.cuh), else a GEMM on the side stream, forked here: the caller waits
+ * for it (wait_side) before anything overwrites its operands. */
+static m3_status side_wgrad(backend *be, m3k_riders *ride, const gemm_op *o, side_gemm *sg) {
+  if (o->K <= M3K_RIDER_K) {
+    const m3k_wgrad w = {o->A, o->B, (float *)o->D, o->lda, o->ldb, o->ldd, (int32_t)o->M, (int32_t)o->N,
+                         (int32_t)o->K};
     ride->wgrad = w;
     return M3_OK;
   }
   CK(cudaEventRecord(be->fork, be->st));
   CK(cudaStreamWaitEvent(be->side, be->fork, 0));
-  const gemm_op o = tn_acc_op(M, N, K, A, lda, B, ldb, G, N);
-  TRY(gemm_on(be, &be->gm_side, be->side, &o));
-  CK(cudaEventRecord(done, be->side));
-  *pending = 1;
+  TRY(gemm_on(be, &be->gm_side, be->side, o));
+  CK(cudaEventRecord(sg->done, be->side));
+  sg->pending = 1;
   return M3_OK;
 }
 
-/* Layer l's out_proj (dW_out += dresid^T gated) and in_proj (dW_in += dproj^T xn) weight gradients over M
- * positions, by side_wgrad. */
-static m3_status wgrad_out(backend *be, int l, int64_t M, m3k_riders *ride) {
-  const int64_t dm = be->d->dm, E = be->d->E;
-  return side_wgrad(be, ride, dm, E, M, be->dresid_act, dm, gated_l(be, l), E, be->grads + be->lay->layer[l].out_proj,
-                    be->wout, &be->wout_pending);
-}
-static m3_status wgrad_in(backend *be, int l, int64_t M, m3k_riders *ride) {
-  const int64_t dm = be->d->dm;
-  return side_wgrad(be, ride, be->d->dip, dm, M, be->dproj, be->kd.dipp, xn_l(be, l), dm,
-                    be->grads + be->lay->layer[l].in_proj, be->win, &be->win_pending);
-}
-
-/* *beside = 1 when layer l's in_proj weight gradient is a GEMM (not a rider) that fits on the device beside the
- * data gradient dx (their waves add up to at most one), so that it runs there instead of after it. */
-static m3_status win_fits_beside(backend *be, int l, int64_t M, const gemm_op *dx, int *beside) {
-  const int64_t dm = be->d->dm;
+/* *beside = 1 when the weight gradient dw is a GEMM (not a rider) that fits on the device beside the data
+ * gradient dx (their waves add up to at most one), so that it runs there instead of after it. */
+static m3_status fits_beside(backend *be, const gemm_op *dw, const gemm_op *dx, int *beside) {
   float w_dx = 0, w_dw = 0;
   *beside = 0;
-  if (M <= M3K_RIDER_K) return M3_OK;
-  const gemm_op dw = tn_acc_op(be->d->dip, dm, M, be->dproj, be->kd.dipp, xn_l(be, l), dm,
-                               be->grads + be->lay->layer[l].in_proj, dm);
+  if (dw->K <= M3K_RIDER_K) return M3_OK;
   TRY(m3_gemm_waves(&be->gm, dx, &w_dx));
-  TRY(m3_gemm_waves(&be->gm_side, &dw, &w_dw));
+  TRY(m3_gemm_waves(&be->gm_side, dw, &w_dw));
   *beside = w_dx + w_dw <= 1.0f;
   return M3_OK;
 }
 
 /* The main stream waits for a side GEMM of side_wgrad (if one is pending) */
-static m3_status wait_side(backend *be, cudaEvent_t done, int *pending) {
-  if (*pending) CK(cudaStreamWaitEvent(be->st, done, 0));
-  *pending = 0;
+static m3_status wait_side(backend *be, side_gemm *sg) {
+  if (sg->pending) CK(cudaStreamWaitEvent(be->st, sg->done, 0));
+  sg->pending = 0;
   return M3_OK;
 }
 
@@ -743,16 +743,17 @@ static m3_status enq_backward(backend *be, int32_t rows, int32_t len, int zero_g
     const m3k_scan_args a = scan_args(be, l, rows, len, be->fwd_carry, 0, 1);
     /* Where the weight gradients fork (kernels/NOTES.md runs 223-226): dW_out after dX, beside the scan, but
      * after a scan that fills the device, which a GEMM beside it would delay; dW_in after dX, or beside it
-     * where both fit the device at once (win_fits_beside). */
+     * where both fit the device at once (fits_beside). */
     const int scan_fills = m3k_scan_bwd_fills_device(be->prec, &be->scan, &a);
+    const gemm_op dw_out = wout_op(be, l, M);
     TRY(mm_nn(be, M, E, dm, be->dresid_act, dm, wgt(be, lo->out_proj), E, be->dgated, E, G_ACT));
-    if (!scan_fills) TRY(wgrad_out(be, l, M, &with_bcnorm));
+    if (!scan_fills) TRY(side_wgrad(be, &with_bcnorm, &dw_out, &be->wout));
     /* gate, scan, B/C norm, the small-parameter gradients (they overwrite dproj: the layer above's in_proj
      * weight gradient is done first) */
-    TRY(wait_side(be, be->win, &be->win_pending));
+    TRY(wait_side(be, &be->win));
     mark(be, PH_SCAN_B);
     CK(m3k_scan_bwd(be->st, be->prec, &be->scan, &a));
-    if (scan_fills) TRY(wgrad_out(be, l, M, &with_bcnorm));
+    if (scan_fills) TRY(side_wgrad(be, &with_bcnorm, &dw_out, &be->wout));
     mark(be, PH_BCNORM_B);
     const m3k_scan_partials sp = {be->part, be->part_norm, rows, g + lo->dt_bias, g + lo->D, g + lo->B_bias,
                                   g + lo->C_bias, d->outproj_norm ? g + lo->out_norm : NULL};
@@ -766,19 +767,20 @@ static m3_status enq_backward(backend *be, int32_t rows, int32_t len, int zero_g
     /* in_proj: dxn = dproj W_in, dW_in += dproj^T xn (riding with the layer norm's backward, or beside) */
     mark(be, PH_INPROJ_B);
     const gemm_op dx = nn_op(M, dm, d->dip, be->dproj, be->kd.dipp, wgt(be, lo->in_proj), dm, be->dxn, dm, G_F32);
+    const gemm_op dw_in = win_op(be, l, M);
     int win_beside_dx;
-    TRY(win_fits_beside(be, l, M, &dx, &win_beside_dx));
-    if (win_beside_dx) TRY(wgrad_in(be, l, M, &with_norm));
+    TRY(fits_beside(be, &dw_in, &dx, &win_beside_dx));
+    if (win_beside_dx) TRY(side_wgrad(be, &with_norm, &dw_in, &be->win));
     TRY(gemm_checked(be, &dx));
-    if (!win_beside_dx) TRY(wgrad_in(be, l, M, &with_norm));
+    if (!win_beside_dx) TRY(side_wgrad(be, &with_norm, &dw_in, &be->win));
     /* layer norm: dresid (the identity path) += norm path; it overwrites dresid_act: the out_proj weight
      * gradient is done first */
-    TRY(wait_side(be, be->wout, &be->wout_pending));
+    TRY(wait_side(be, &be->wout));
     mark(be, PH_NORM_B);
     CK(m3k_rmsnorm_bwd(be->st, be->prec, resid_l(be, l), be->params + lo->norm, rstd_l(be, l), be->dxn, NULL,
                        be->dresid, dr_act, be->wcontrib, g + lo->norm, &with_norm, be->colsum_scratch, M, d->dm, 1));
   }
-  TRY(wait_side(be, be->win, &be->win_pending));
+  TRY(wait_side(be, &be->win));
   mark(be, PH_INPUT_B);
   switch (d->input) {
     case M3_INPUT_FEATURES: {
@@ -1165,8 +1167,8 @@ static void destroy(backend *be) {
   if (be->uploaded) cudaEventDestroy(be->uploaded);
   if (be->side) cudaStreamDestroy(be->side);
   if (be->fork) cudaEventDestroy(be->fork);
-  if (be->wout) cudaEventDestroy(be->wout);
-  if (be->win) cudaEventDestroy(be->win);
+  if (be->wout.done) cudaEventDestroy(be->wout.done);
+  if (be->win.done) cudaEventDestroy(be->win.done);
   cudaGetLastError();
   free(be->hist);
   free(be);
@@ -1523,8 +1525,8 @@ static m3_status init_device(backend *be, const backend_args *a) {
   CK(cudaEventCreateWithFlags(&be->uploaded, cudaEventDisableTiming));
   CK(cudaStreamCreateWithFlags(&be->side, cudaStreamNonBlocking));
   CK(cudaEventCreateWithFlags(&be->fork, cudaEventDisableTiming));
-  CK(cudaEventCreateWithFlags(&be->wout, cudaEventDisableTiming));
-  CK(cudaEventCreateWithFlags(&be->win, cudaEventDisableTiming));
+  CK(cudaEventCreateWithFlags(&be->wout.done, cudaEventDisableTiming));
+  CK(cudaEventCreateWithFlags(&be->win.done, cudaEventDisableTiming));
 
   carver c = {NULL, 0};
   carve_device(be, &c);
