@@ -164,6 +164,8 @@ typedef struct m3k_scan_plan {
    * than walk_split_max_ctas (head, row) CTAs (two per multiprocessor: 264 on an H200; environment
    * M3_SCAN_WALK_SPLIT_MAX_CTAS). */
   int32_t walk_split_max_ctas;
+  int32_t sms;             /* the device's multiprocessors */
+  int32_t simt_bwd_slots;  /* CTAs of the SIMT backward the device holds at once (m3k_scan_prepare's precision) */
 } m3k_scan_plan;
 
 /* Chooses the thread tile and token block for (P, N, S) on a device of max_smem bytes of shared memory a
@@ -184,8 +186,9 @@ int64_t m3k_scan_chunk_states(const m3k_scan_plan *plan, int prec, int32_t rows,
  * token blocks before a window's last; 0 when every window of this precision that takes it fits one
  * block (a 16-bit plan whose longer windows take the chunked kernels, or short windows). */
 int64_t m3k_scan_dy_floats(const m3k_scan_plan *plan, int prec, int32_t rows, int32_t len, int32_t E);
-/* Raises the kernels' dynamic shared-memory limits for a plan (call once, outside capture). */
-cudaError_t m3k_scan_prepare(int prec, const m3k_scan_plan *plan);
+/* Raises the kernels' dynamic shared-memory limits for a plan and sets its simt_bwd_slots for the precision
+ * (call once, outside capture). */
+cudaError_t m3k_scan_prepare(int prec, m3k_scan_plan *plan);
 
 typedef struct m3k_scan_args {
   m3k_dims d;
@@ -230,7 +233,8 @@ cudaError_t m3k_scan_bwd(cudaStream_t s, int prec, const m3k_scan_plan *plan, co
  * chunked backward of large windows), 0 when it leaves them per head in a->dbc_head. */
 int m3k_scan_bwd_sums_heads(int prec, const m3k_scan_plan *plan, const m3k_scan_args *a);
 /* 1 when m3k_scan_bwd is the SIMT kernel's one launch (a CTA per (row, head)) and its CTAs take at least 90 % of
- * what the device holds at once: a kernel launched beside it then delays some of them by its whole length. */
+ * what the device holds at once (plan->simt_bwd_slots): a kernel launched beside it then delays some of them by
+ * its whole length. */
 int m3k_scan_bwd_fills_device(int prec, const m3k_scan_plan *plan, const m3k_scan_args *a);
 
 /* ---- the fused one-token inference step (decode_fused.cu) ----------------------------------------------- */

@@ -1191,6 +1191,8 @@ extern "C" int m3k_scan_make_plan(int32_t P, int32_t N, int32_t S, int32_t max_s
   p.smem_cpost_sum = p.chunked && cqs <= max_smem ? (int32_t)cqs : 0;
   p.post_sum_min_ctas = env_count("M3_SCAN_POST_SUM_MIN_CTAS", 128);
   p.walk_split_max_ctas = env_count("M3_SCAN_WALK_SPLIT_MAX_CTAS", 2 * (int64_t)sms);
+  p.sms = sms;
+  p.simt_bwd_slots = 0;
   *out = p;
   return 1;
 }
@@ -1258,21 +1260,21 @@ template <typename T> static void simt_bwd(cudaStream_t s, const m3k_scan_plan *
   SIMT_DISPATCH(plan, (scan_bwd_kernel<RP, RN, PK, NK, T><<<grid, plan->threads, plan->smem_bwd, s>>>(a, gm)));
 }
 
-/* CTAs of the SIMT backward a multiprocessor holds at once (0: unknown) */
-template <typename T> static int simt_bwd_per_sm(const m3k_scan_plan *plan) {
-  int n = 0;
-  SIMT_DISPATCH(plan, {
-    if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, scan_bwd_kernel<RP, RN, PK, NK, T>, plan->threads,
-                                                      plan->smem_bwd) != cudaSuccess)
-      n = 0;
-  });
-  return n;
+/* CTAs of the SIMT backward a multiprocessor holds at once */
+template <typename T> static cudaError_t simt_bwd_per_sm(const m3k_scan_plan *plan, int *n) {
+  cudaError_t e = cudaSuccess;
+  SIMT_DISPATCH(plan, e = cudaOccupancyMaxActiveBlocksPerMultiprocessor(n, scan_bwd_kernel<RP, RN, PK, NK, T>,
+                                                                         plan->threads, plan->smem_bwd));
+  return e;
 }
 
-extern "C" cudaError_t m3k_scan_prepare(int prec, const m3k_scan_plan *plan) {
+extern "C" cudaError_t m3k_scan_prepare(int prec, m3k_scan_plan *plan) {
+  int per_sm = 0;
   cudaError_t e = m3k_chunked_prepare(prec, plan);
   if (e == cudaSuccess) e = m3k_scan_step_prepare(prec, plan->smem_step);
   if (e == cudaSuccess) M3K_DISPATCH(prec, e = simt_prepare<T>(plan));
+  if (e == cudaSuccess) M3K_DISPATCH(prec, e = simt_bwd_per_sm<T>(plan, &per_sm));
+  plan->simt_bwd_slots = per_sm * plan->sms;
   return e;
 }
 
@@ -1318,13 +1320,8 @@ extern "C" int m3k_scan_bwd_sums_heads(int prec, const m3k_scan_plan *plan, cons
 }
 
 extern "C" int m3k_scan_bwd_fills_device(int prec, const m3k_scan_plan *plan, const m3k_scan_args *a) {
-  if (bwd_chunked(prec, plan, a)) return 0;
-  int dev = 0, sms = 0, per_sm = 0;
-  if (cudaGetDevice(&dev) != cudaSuccess) return 0;
-  if (cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev) != cudaSuccess) return 0;
-  M3K_DISPATCH(prec, per_sm = simt_bwd_per_sm<T>(plan));
-  const int64_t slots = (int64_t)per_sm * sms;
-  return slots > 0 && 10 * (int64_t)a->d.H * a->rows >= 9 * slots;
+  const int64_t slots = plan->simt_bwd_slots;
+  return !bwd_chunked(prec, plan, a) && slots > 0 && 10 * (int64_t)a->d.H * a->rows >= 9 * slots;
 }
 
 extern "C" cudaError_t m3k_scan_bwd(cudaStream_t s, int prec, const m3k_scan_plan *plan, const m3k_scan_args *a) {
