@@ -146,7 +146,7 @@ extern "C" cudaError_t m3k_bcnorm_bwd(cudaStream_t s, int prec, const m3k_dims *
   const m3k_riders along = riders ? *riders : m3k_riders{};
   if (!riders_fit(along, M)) return cudaErrorInvalidValue;
   const unsigned pos_ctas = grid_for(M, BC_BWD_POSITIONS), part_ctas = grid_for(row_partial_items(*d), BC_BWD_THREADS);
-  const unsigned ctas = pos_ctas + part_ctas + rider_ctas(along);
+  const unsigned ctas = pos_ctas + part_ctas + rider_ctas(along, M);
   M3K_DISPATCH(prec, (bcnorm_bwd_kernel<T><<<ctas, BC_BWD_THREADS, 0, s>>>(
                          *d, (const T *)proj, wB, wC, bc_rstd, dbc, slots, (const T *)dang_head, (T *)dproj, wcontrib,
                          *sp, along, pos_ctas, part_ctas, M)));

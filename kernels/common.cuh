@@ -80,7 +80,8 @@ template <typename V> __device__ __forceinline__ float warp_rstd(const V *x, int
 
 /* Column sums in a fixed order (reduce.cu's m3k_colsum, and the kernels that fold one chunk of it in):
  * rows are cut into chunks of COLSUM_CHUNK; a CTA of COLSUM_WARPS warps sums one chunk for 32 columns
- * (lane = column), warp w the rows of its slice in order, then warp 0 the warps' sums in warp order. */
+ * (lane = column), warp w the rows of its slice in order (COLSUM_SLICE rows; a short chunk's rows split
+ * evenly, so that no warp walks them alone: NOTES.md run 232), then warp 0 the warps' sums in warp order. */
 enum { COLSUM_CHUNK = 256, COLSUM_WARPS = 8, COLSUM_SLICE = COLSUM_CHUNK / COLSUM_WARPS };
 
 /* The CTA's sum of the chunk of rows from chunk_row0 (up to rows) for the lane's column; value(r) is row
@@ -89,8 +90,10 @@ template <typename F>
 __device__ __forceinline__ float colsum_chunk(F value, int64_t chunk_row0, int64_t rows, bool col_ok) {
   __shared__ float part[COLSUM_WARPS][32];
   const int lane = threadIdx.x & 31, w = threadIdx.x >> 5;
-  const int64_t r0 = chunk_row0 + (int64_t)w * COLSUM_SLICE;
-  const int64_t r1 = r0 + COLSUM_SLICE < rows ? r0 + COLSUM_SLICE : rows;
+  const int64_t len = rows - chunk_row0 < COLSUM_CHUNK ? rows - chunk_row0 : COLSUM_CHUNK;
+  const int64_t slice = (len + COLSUM_WARPS - 1) / COLSUM_WARPS; /* COLSUM_SLICE but in a short chunk */
+  const int64_t r0 = chunk_row0 + (int64_t)w * slice;
+  const int64_t r1 = r0 + slice < chunk_row0 + len ? r0 + slice : chunk_row0 + len;
   float acc = 0;
   if (col_ok) {
 #pragma unroll COLSUM_SLICE /* every row's loads in flight */
@@ -116,11 +119,26 @@ __device__ __forceinline__ float colsum_job_chunk(const m3k_colsum_job &job, uns
   return colsum_chunk([&](int64_t r) { return job.src[r * job.ld + j]; }, chunk_row0, rows, j < job.cols);
 }
 
-/* A job over rows of one chunk, CTA c's columns added into the destinations */
-__device__ __forceinline__ void colsum_job_add(const m3k_colsum_job &job, unsigned c, int64_t rows) {
-  const float acc = colsum_job_chunk(job, c, 0, rows);
-  const int32_t j = (int32_t)c * 32 + (threadIdx.x & 31);
-  if ((threadIdx.x >> 5) == 0 && j < job.cols) *colsum_dst(job, j) += acc;
+/* Chunks of COLSUM_CHUNK rows over `rows` rows (m3k_colsum_chunks) */
+__host__ __device__ inline int64_t colsum_chunks(int64_t rows) { return (rows + COLSUM_CHUNK - 1) / COLSUM_CHUNK; }
+
+/* Where chunk `chunk`'s sum acc (valid in warp 0) of column j goes: added to the job's destination when
+ * the rows fit one chunk, else into partials[chunk, j] for the final pass. Every thread may call it. */
+__device__ __forceinline__ void colsum_put(const m3k_colsum_job &job, int64_t chunk, int64_t rows, int32_t j,
+                                           float acc) {
+  if ((threadIdx.x >> 5) != 0 || j >= job.cols) return;
+  if (colsum_chunks(rows) <= 1)
+    *colsum_dst(job, j) += acc;
+  else
+    job.partials[chunk * job.cols + j] = acc;
+}
+
+/* A job's chunk sums: CTA c of col_ctas * chunks, 32 columns of one chunk (the column block varies fastest) */
+__device__ __forceinline__ void colsum_job_cta(const m3k_colsum_job &job, unsigned c, int64_t rows) {
+  const unsigned col_ctas = (unsigned)(job.cols + 31) / 32, cb = c % col_ctas;
+  const int64_t chunk = c / col_ctas;
+  const float acc = colsum_job_chunk(job, cb, chunk * COLSUM_CHUNK, rows);
+  colsum_put(job, chunk, rows, (int32_t)cb * 32 + (threadIdx.x & 31), acc);
 }
 
 __device__ __forceinline__ double warp_sum_d(double v) {

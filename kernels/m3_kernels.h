@@ -67,17 +67,23 @@ cudaError_t m3k_to_act(cudaStream_t s, int prec, const float *src, void *dst, in
 cudaError_t m3k_fill_rows(cudaStream_t s, const float *src, float *dst, int64_t rows, int32_t cols);
 /* A deterministic column sum: for j < cols, the sum over rows r (in a fixed order) of src[r * ld + j] is
  * added (+=) to dst[j] for j < split, to dst_hi[j - split] from split on (two parameter tensors in one
- * pass, B_norm | C_norm; split = cols for one). */
+ * pass, B_norm | C_norm; split = cols for one). Rows are summed in chunks (m3k_colsum_chunks); beyond one
+ * chunk, each chunk's sums go to partials [chunks, cols] and a final pass adds them in chunk order. */
 typedef struct m3k_colsum_job {
   const float *src;
   int64_t ld;
   int32_t cols, split;
   float *dst, *dst_hi;
+  float *partials; /* m3k_colsum_partials(rows, cols) floats (NULL where the rows fit one chunk) */
 } m3k_colsum_job;
-/* scratch holds m3k_colsum_scratch(rows, cols) floats. */
-int64_t m3k_colsum_scratch(int64_t rows, int32_t cols);
+int64_t m3k_colsum_partials(int64_t rows, int32_t cols);
 int64_t m3k_colsum_chunks(int64_t rows);
-cudaError_t m3k_colsum(cudaStream_t s, const m3k_colsum_job *job, int64_t rows, float *scratch);
+/* Both passes: the chunks' sums, then (beyond one chunk) the final one. */
+cudaError_t m3k_colsum(cudaStream_t s, const m3k_colsum_job *job, int64_t rows);
+/* The final pass of n jobs whose chunk sums are in their partials (src unused): one launch for up to
+ * M3K_FINISH_JOBS of them. */
+enum { M3K_FINISH_JOBS = 64 };
+cudaError_t m3k_colsum_finish(cudaStream_t s, const m3k_colsum_job *jobs, int32_t n, int64_t rows);
 
 /* A weight gradient over few tokens: G[M, N] += A[K, M]^T B[K, N] with K <= M3K_RIDER_K (the window's
  * positions), A and B of the activation type, G float32 (the arena); float32 products summed over k in
@@ -91,8 +97,9 @@ typedef struct m3k_wgrad {
 } m3k_wgrad;
 
 /* Work that rides along in more CTAs of another kernel's launch, where it is independent of that
- * kernel's own work: a column sum over that kernel's rows when they fit one chunk (colsum.cols = 0:
- * none) and a weight gradient (wgrad.K = 0: none). A launch fewer for each. */
+ * kernel's own work: a column sum over that kernel's rows (colsum.cols = 0: none; beyond one chunk of
+ * rows only its chunk sums, into colsum.partials, for m3k_colsum_finish) and a weight gradient
+ * (wgrad.K = 0: none). A launch fewer for each. */
 typedef struct m3k_riders {
   m3k_colsum_job colsum;
   m3k_wgrad wgrad;
@@ -104,13 +111,13 @@ typedef struct m3k_riders {
 cudaError_t m3k_rmsnorm_fwd(cudaStream_t s, int prec, const float *x, const float *w, void *y_act, float *y_f32,
                             float *rstd, int64_t rows, int32_t n);
 /* dx = (accumulate ? dx : 0) + r (w dy) - x r^3 mean(x w dy); dx_act (may be NULL) = act(dx);
- * dw[j] += sum over rows of x r dy (m3k_colsum's order; wcontrib [rows, n] and scratch, as m3k_colsum's,
- * are its workspace beyond one chunk of rows). With dy_scale (may be NULL), dy is read as
- * step->weight * dy (the seed of head "none"). riders (may be NULL): its column sum (over these rows)
- * rides when they fit one chunk, else m3k_colsum runs it first (its src may be wcontrib). */
+ * dw[j] += sum over rows of x r dy in m3k_colsum's order: beyond one chunk of rows only the chunk sums,
+ * into dw_partials [m3k_colsum_partials(rows, n)], for m3k_colsum_finish (a job with dst dw). With
+ * dy_scale (may be NULL), dy is read as step->weight * dy (the seed of head "none"). riders (may be
+ * NULL) ride in the same launch. */
 cudaError_t m3k_rmsnorm_bwd(cudaStream_t s, int prec, const float *x, const float *w, const float *rstd,
-                            const float *dy, const m3k_step *dy_scale, float *dx, void *dx_act, float *wcontrib,
-                            float *dw, const m3k_riders *riders, float *scratch, int64_t rows, int32_t n,
+                            const float *dy, const m3k_step *dy_scale, float *dx, void *dx_act, float *dw,
+                            float *dw_partials, const m3k_riders *riders, int64_t rows, int32_t n,
                             int accumulate);
 
 /* ---- B/C RMSNorm per (position, B|C, group) ------------------------------------------------------ */

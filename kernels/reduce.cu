@@ -6,8 +6,9 @@
  * (m3k_colsum_job: the destination may be two tensors).
  * Rows are cut into fixed chunks of COLSUM_CHUNK; a CTA sums one chunk for 32 columns, each of its
  * COLSUM_WARPS warps a slice of the chunk's rows (lane = column: coalesced rows), then the warps'
- * sums in warp order. Each chunk's sum goes to scratch[chunk, j], and a second pass adds the
- * chunks in index order. Short inputs (one chunk) add straight into the destination. The order of additions
+ * sums in warp order. Each chunk's sum goes to the job's partials[chunk, j], and a final pass adds the
+ * chunks in index order (m3k_colsum_finish: for many jobs at once, whose chunk sums other kernels took
+ * as riders). Short inputs (one chunk) add straight into the destination. The order of additions
  * depends only on the shape, never on scheduling: results are bitwise repeatable.
  */
 #include "common.cuh"
@@ -22,24 +23,22 @@ __global__ void fill_rows_kernel(const float *__restrict__ src, float *__restric
   if (i < rows * cols) dst[i] = src[i % cols];
 }
 
-/* Chunk blockIdx.y's column sums for 32 columns a CTA: into scratch [chunks, cols], or (scratch NULL, one
- * chunk) added to the job's destinations. */
-__global__ void __launch_bounds__(32 * COLSUM_WARPS) colsum_chunk_kernel(m3k_colsum_job job, int64_t rows,
-                                                                         float *__restrict__ scratch) {
-  if (!scratch) {
-    colsum_job_add(job, blockIdx.x, rows);
-    return;
-  }
-  const float acc = colsum_job_chunk(job, blockIdx.x, (int64_t)blockIdx.y * COLSUM_CHUNK, rows);
-  const int32_t j = blockIdx.x * 32 + (threadIdx.x & 31);
-  if ((threadIdx.x >> 5) == 0 && j < job.cols) scratch[(int64_t)blockIdx.y * job.cols + j] = acc;
+/* A job's chunk sums: CTA per 32 columns of one chunk */
+__global__ void __launch_bounds__(32 * COLSUM_WARPS) colsum_chunk_kernel(m3k_colsum_job job, int64_t rows) {
+  colsum_job_cta(job, blockIdx.x, rows);
 }
 
-__global__ void colsum_final_kernel(const float *__restrict__ scratch, int64_t chunks, m3k_colsum_job job) {
+/* The final pass: job blockIdx.y's column j adds its chunks' sums in chunk order */
+struct colsum_jobs {
+  m3k_colsum_job job[M3K_FINISH_JOBS];
+};
+__global__ void colsum_finish_kernel(const colsum_jobs jobs, int64_t chunks) {
+  const m3k_colsum_job &job = jobs.job[blockIdx.y];
   const int32_t j = blockIdx.x * blockDim.x + threadIdx.x;
   if (j >= job.cols) return;
   float acc = 0;
-  for (int64_t c = 0; c < chunks; c++) acc += scratch[c * job.cols + j];
+#pragma unroll 16 /* the loads in flight */
+  for (int64_t c = 0; c < chunks; c++) acc += job.partials[c * job.cols + j];
   *colsum_dst(job, j) += acc;
 }
 
@@ -70,19 +69,33 @@ extern "C" cudaError_t m3k_fill_rows(cudaStream_t s, const float *src, float *ds
   return cudaGetLastError();
 }
 
-extern "C" int64_t m3k_colsum_scratch(int64_t rows, int32_t cols) {
-  const int64_t chunks = (rows + COLSUM_CHUNK - 1) / COLSUM_CHUNK;
-  return chunks > 1 ? chunks * cols : 0;
+extern "C" int64_t m3k_colsum_chunks(int64_t rows) { return colsum_chunks(rows); }
+
+extern "C" int64_t m3k_colsum_partials(int64_t rows, int32_t cols) {
+  return colsum_chunks(rows) > 1 ? colsum_chunks(rows) * cols : 0;
 }
 
-extern "C" int64_t m3k_colsum_chunks(int64_t rows) { return (rows + COLSUM_CHUNK - 1) / COLSUM_CHUNK; }
+extern "C" cudaError_t m3k_colsum_finish(cudaStream_t s, const m3k_colsum_job *jobs, int32_t n, int64_t rows) {
+  for (int32_t i0 = 0; i0 < n; i0 += M3K_FINISH_JOBS) {
+    const int32_t k = n - i0 < M3K_FINISH_JOBS ? n - i0 : M3K_FINISH_JOBS;
+    colsum_jobs batch;
+    int32_t cols = 0;
+    for (int32_t i = 0; i < k; i++) {
+      batch.job[i] = jobs[i0 + i];
+      if (jobs[i0 + i].cols > cols) cols = jobs[i0 + i].cols;
+    }
+    colsum_finish_kernel<<<dim3(grid_for(cols, 128), (unsigned)k), 128, 0, s>>>(batch, colsum_chunks(rows));
+    const cudaError_t e = cudaGetLastError();
+    if (e != cudaSuccess) return e;
+  }
+  return cudaSuccess;
+}
 
-extern "C" cudaError_t m3k_colsum(cudaStream_t s, const m3k_colsum_job *job, int64_t rows, float *scratch) {
-  const int64_t chunks = m3k_colsum_chunks(rows);
-  const dim3 grid(grid_for(job->cols, 32), (unsigned)(chunks > 1 ? chunks : 1));
-  colsum_chunk_kernel<<<grid, 32 * COLSUM_WARPS, 0, s>>>(*job, rows, chunks > 1 ? scratch : NULL);
-  if (chunks > 1) colsum_final_kernel<<<grid_for(job->cols, 128), 128, 0, s>>>(scratch, chunks, *job);
-  return cudaGetLastError();
+extern "C" cudaError_t m3k_colsum(cudaStream_t s, const m3k_colsum_job *job, int64_t rows) {
+  const unsigned ctas = grid_for(job->cols, 32) * (unsigned)colsum_chunks(rows);
+  colsum_chunk_kernel<<<ctas, 32 * COLSUM_WARPS, 0, s>>>(*job, rows);
+  const cudaError_t e = cudaGetLastError();
+  return e != cudaSuccess || colsum_chunks(rows) <= 1 ? e : m3k_colsum_finish(s, job, 1, rows);
 }
 
 extern "C" cudaError_t m3k_loss_sum(cudaStream_t s, const double *row_loss, const int32_t *row_hit, int64_t n,

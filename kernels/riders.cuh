@@ -1,6 +1,6 @@
 /*
  * riders.cuh — work that rides along in extra CTAs of another kernel's launch (m3k_riders): a column
- * sum over one chunk of rows, and a weight gradient over a window of at most M3K_RIDER_K positions.
+ * sum's chunks, and a weight gradient over a window of at most M3K_RIDER_K positions.
  * A host kernel whose own CTAs leave the GPU mostly idle (a 32-position window fills a few
  * multiprocessors) launches rider_ctas() more CTAs of RIDER_THREADS threads and hands each to ride():
  * the work is the same, a launch (~3-4 us at rl) less. The host must not write what a rider reads.
@@ -21,15 +21,20 @@ enum { RIDER_THREADS = 32 * COLSUM_WARPS, WG_TM = 16, WG_TN = 32 };
 enum { WG_Q = WG_TM * WG_TN / RIDER_THREADS, WG_TJ = WG_TN / WG_Q }; /* a thread's outputs: one row, WG_Q columns */
 static_assert(RIDER_THREADS == 256 && WG_TM * WG_TJ == RIDER_THREADS, "the threads cover the tile");
 
-__host__ __device__ inline unsigned rider_colsum_ctas(const m3k_riders &r) { return (unsigned)(r.colsum.cols + 31) / 32; }
+/* the column sum's CTAs: 32 columns of one chunk of the host kernel's rows each */
+__host__ __device__ inline unsigned rider_colsum_ctas(const m3k_riders &r, int64_t rows) {
+  return (unsigned)(r.colsum.cols + 31) / 32 * (unsigned)colsum_chunks(rows);
+}
 __host__ __device__ inline unsigned rider_wgrad_ctas(const m3k_riders &r) {
   return r.wgrad.K ? (unsigned)((r.wgrad.M + WG_TM - 1) / WG_TM) * (unsigned)((r.wgrad.N + WG_TN - 1) / WG_TN) : 0;
 }
-__host__ __device__ inline unsigned rider_ctas(const m3k_riders &r) { return rider_colsum_ctas(r) + rider_wgrad_ctas(r); }
+__host__ __device__ inline unsigned rider_ctas(const m3k_riders &r, int64_t rows) {
+  return rider_colsum_ctas(r, rows) + rider_wgrad_ctas(r);
+}
 
 /* Whether the riders can ride a launch over `rows` rows (else the launcher returns cudaErrorInvalidValue) */
 inline bool riders_fit(const m3k_riders &r, int64_t rows) {
-  return (r.colsum.cols == 0 || m3k_colsum_chunks(rows) <= 1) && r.wgrad.K <= M3K_RIDER_K;
+  return (r.colsum.cols == 0 || colsum_chunks(rows) <= 1 || r.colsum.partials) && r.wgrad.K <= M3K_RIDER_K;
 }
 
 template <typename T> __device__ __forceinline__ void wgrad_tile(const m3k_wgrad &w, unsigned c) {
@@ -73,11 +78,11 @@ template <typename T> __device__ __forceinline__ void wgrad_tile(const m3k_wgrad
 
 /* Rider CTA c (every thread of a RIDER_THREADS-thread CTA calls it); rows: the host kernel's */
 template <typename T> __device__ __forceinline__ void ride(const m3k_riders &r, unsigned c, int64_t rows) {
-  if (c < rider_colsum_ctas(r)) {
-    colsum_job_add(r.colsum, c, rows);
+  if (c < rider_colsum_ctas(r, rows)) {
+    colsum_job_cta(r.colsum, c, rows);
     return;
   }
-  wgrad_tile<T>(r.wgrad, c - rider_colsum_ctas(r));
+  wgrad_tile<T>(r.wgrad, c - rider_colsum_ctas(r, rows));
 }
 
 #endif

@@ -6,12 +6,12 @@
  *
  * Thread mapping: one warp per row; lanes stride over the n columns (the backward four at a time
  * where n % 4 == 0), the row statistics are warp-shuffle sums (fixed order). The backward writes
- * dx "=" (or "+=" into the residual gradient when `accumulate`) and adds the column sums of the
- * per-row terms x r dy to the weight gradient in m3k_colsum's fixed row order (no atomics, bitwise
- * repeatable): rows of one colsum chunk are summed by extra CTAs of the same launch, straight from
- * x, rstd and dy; longer inputs write the terms to `wcontrib` for m3k_colsum. Riders (riders.cuh:
- * the layer's B_norm | C_norm column sums and its in_proj weight gradient) take more CTAs of the
- * launch.
+ * dx "=" (or "+=" into the residual gradient when `accumulate`); the column sums of the per-row
+ * terms x r dy (the weight gradient, in m3k_colsum's fixed row order: no atomics, bitwise
+ * repeatable) are taken by extra CTAs of the same launch, a colsum chunk of rows each, straight from
+ * x, rstd and dy: into the weight gradient for one chunk, else into partials that m3k_colsum_finish
+ * adds later (one launch for the backward's norms). Riders (riders.cuh: the layer's B_norm | C_norm
+ * column sums and its in_proj weight gradient) take more CTAs of the launch.
  */
 #include "riders.cuh"
 
@@ -34,7 +34,7 @@ __global__ void rmsnorm_fwd_kernel(const float *__restrict__ x, const float *__r
 /* One row of the backward, the lane's columns V at a time (j = V lane + 32 V i + k). */
 template <int V, typename T>
 __device__ __forceinline__ void rmsnorm_bwd_row(const float *xr, const float *w, const float *dyr, float sc, float r,
-                                                float *wc, float *dxr, T *dar, int32_t n, int accumulate) {
+                                                float *dxr, T *dar, int32_t n, int accumulate) {
   const int lane = threadIdx.x & 31;
   float dot = 0;
   for (int j = lane * V; j < n; j += 32 * V) {
@@ -48,7 +48,7 @@ __device__ __forceinline__ void rmsnorm_bwd_row(const float *xr, const float *w,
   dot = warp_sum(dot);
   const float c = dot / (float)n * r * r * r;
   for (int j = lane * V; j < n; j += 32 * V) {
-    float xv[V], wv[V], dv[V], g[V], t[V];
+    float xv[V], wv[V], dv[V], g[V];
     ld_v<V>(xr + j, xv);
     ld_v<V>(w + j, wv);
     ld_v<V>(dyr + j, dv);
@@ -56,43 +56,50 @@ __device__ __forceinline__ void rmsnorm_bwd_row(const float *xr, const float *w,
 #pragma unroll
     for (int k = 0; k < V; k++) {
       const float d = sc * dv[k];
-      t[k] = xv[k] * r * d;
       const float v = r * wv[k] * d - xv[k] * c;
       g[k] = accumulate ? g[k] + v : v;
     }
-    if (wc) st_v<V>(wc + j, t);
     st_v<V>(dxr + j, g);
     if (dar) st_v<V>(dar + j, g);
   }
 }
 
+/* The backward's CTAs, a group per colsum chunk of rows: the chunk's row CTAs (NORM_ROWS_PER_CTA rows, a
+ * warp a row; row_ctas = NORM_ROW_CTAS, fewer only for one short chunk), then its column-sum CTAs (32
+ * columns each), which read the rows that the CTAs just before them read (from L2); the riders after the
+ * last group. */
+enum { NORM_ROWS_PER_CTA = 8, NORM_ROW_CTAS = COLSUM_CHUNK / NORM_ROWS_PER_CTA };
+
 template <typename T>
 __global__ void rmsnorm_bwd_kernel(const float *__restrict__ x, const float *__restrict__ w,
                                    const float *__restrict__ rstd, const float *dy, const m3k_step *dy_scale,
-                                   float *dx, T *dx_act, float *__restrict__ wcontrib, float *__restrict__ dw,
-                                   m3k_riders riders, unsigned row_ctas, unsigned dw_ctas, int64_t rows, int32_t n,
-                                   int accumulate) {
+                                   float *dx, T *dx_act, const m3k_colsum_job dw, m3k_riders riders,
+                                   unsigned row_ctas, int64_t rows, int32_t n, int accumulate) {
   const float sc = dy_scale ? dy_scale->weight : 1.0f;
-  if (blockIdx.x >= row_ctas + dw_ctas) {
-    ride<T>(riders, blockIdx.x - row_ctas - dw_ctas, rows);
+  const unsigned col_ctas = (unsigned)(n + 31) / 32, group = row_ctas + col_ctas;
+  const unsigned own_ctas = group * (unsigned)colsum_chunks(rows);
+  if (blockIdx.x >= own_ctas) {
+    ride<T>(riders, blockIdx.x - own_ctas, rows);
     return;
   }
-  if (blockIdx.x >= row_ctas) { /* dw's column sums, 32 columns a CTA (wcontrib NULL) */
-    const int32_t j = (blockIdx.x - row_ctas) * 32 + (threadIdx.x & 31);
-    const float acc = colsum_chunk([&](int64_t r) { return x[r * n + j] * rstd[r] * (sc * dy[r * n + j]); }, 0, rows,
-                                   j < n);
-    if ((threadIdx.x >> 5) == 0 && j < n) dw[j] += acc;
+  const int64_t chunk = blockIdx.x / group;
+  const unsigned in_group = blockIdx.x % group;
+  if (in_group >= row_ctas) { /* dw's column sums over the chunk (as colsum_job_cta) */
+    const int32_t j = (int32_t)(in_group - row_ctas) * 32 + (threadIdx.x & 31);
+    /* each term rounded, not fused into the sum: the bits of the terms m3k_colsum summed (NOTES.md run 230) */
+    const float acc = colsum_chunk(
+        [&](int64_t r) { return __fmul_rn(x[r * n + j] * rstd[r], sc * dy[r * n + j]); }, chunk * COLSUM_CHUNK,
+        rows, j < n);
+    colsum_put(dw, chunk, rows, j, acc);
     return;
   }
-  const int64_t row = (int64_t)blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5);
+  const int64_t row = chunk * COLSUM_CHUNK + in_group * NORM_ROWS_PER_CTA + (threadIdx.x >> 5);
   if (row >= rows) return;
   const float *xr = x + row * n, *dyr = dy + row * n; // [n] each
   if ((n & 3) == 0) /* every row 16-byte aligned: four columns per access */
-    rmsnorm_bwd_row<4>(xr, w, dyr, sc, rstd[row], wcontrib ? wcontrib + row * n : NULL, dx + row * n,
-                       dx_act ? dx_act + row * n : NULL, n, accumulate);
+    rmsnorm_bwd_row<4>(xr, w, dyr, sc, rstd[row], dx + row * n, dx_act ? dx_act + row * n : NULL, n, accumulate);
   else
-    rmsnorm_bwd_row<1>(xr, w, dyr, sc, rstd[row], wcontrib ? wcontrib + row * n : NULL, dx + row * n,
-                       dx_act ? dx_act + row * n : NULL, n, accumulate);
+    rmsnorm_bwd_row<1>(xr, w, dyr, sc, rstd[row], dx + row * n, dx_act ? dx_act + row * n : NULL, n, accumulate);
 }
 
 extern "C" cudaError_t m3k_rmsnorm_fwd(cudaStream_t s, int prec, const float *x, const float *w, void *y_act,
@@ -104,27 +111,18 @@ extern "C" cudaError_t m3k_rmsnorm_fwd(cudaStream_t s, int prec, const float *x,
 }
 
 extern "C" cudaError_t m3k_rmsnorm_bwd(cudaStream_t s, int prec, const float *x, const float *w, const float *rstd,
-                                       const float *dy, const m3k_step *dy_scale, float *dx, void *dx_act,
-                                       float *wcontrib, float *dw, const m3k_riders *riders, float *scratch,
-                                       int64_t rows, int32_t n, int accumulate) {
-  const int threads = 256, per = threads / 32;
-  static_assert(256 == RIDER_THREADS, "the column-sum and rider CTAs are the row CTAs' size");
-  const unsigned row_ctas = grid_for(rows, per);
-  const bool fold = m3k_colsum_chunks(rows) <= 1; /* one chunk: the column sums in this launch */
-  m3k_riders along = riders ? *riders : m3k_riders{};
-  if (!fold && along.colsum.cols) { /* before the launch: its src may be wcontrib */
-    const cudaError_t e = m3k_colsum(s, &along.colsum, rows, scratch);
-    if (e != cudaSuccess) return e;
-    along.colsum.cols = 0;
-  }
-  if (!riders_fit(along, rows)) return cudaErrorInvalidValue;
-  const unsigned dw_ctas = fold ? grid_for(n, 32) : 0;
-  const unsigned ctas = row_ctas + dw_ctas + rider_ctas(along);
-  M3K_DISPATCH(prec, (rmsnorm_bwd_kernel<T><<<ctas, threads, 0, s>>>(x, w, rstd, dy, dy_scale, dx, (T *)dx_act,
-                                                                      fold ? NULL : wcontrib, fold ? dw : NULL, along,
-                                                                      row_ctas, dw_ctas, rows, n, accumulate)));
-  if (fold) return cudaGetLastError();
-  const cudaError_t e = cudaGetLastError();
-  const m3k_colsum_job own = {wcontrib, n, n, n, dw, NULL};
-  return e != cudaSuccess ? e : m3k_colsum(s, &own, rows, scratch);
+                                       const float *dy, const m3k_step *dy_scale, float *dx, void *dx_act, float *dw,
+                                       float *dw_partials, const m3k_riders *riders, int64_t rows, int32_t n,
+                                       int accumulate) {
+  static_assert(32 * NORM_ROWS_PER_CTA == RIDER_THREADS, "the column-sum and rider CTAs are the row CTAs' size");
+  const m3k_riders along = riders ? *riders : m3k_riders{};
+  const m3k_colsum_job dw_sums = {NULL, n, n, n, dw, NULL, dw_partials};
+  if (!riders_fit(along, rows) || (colsum_chunks(rows) > 1 && !dw_partials)) return cudaErrorInvalidValue;
+  const unsigned groups = (unsigned)colsum_chunks(rows);
+  const unsigned row_ctas = groups > 1 ? (unsigned)NORM_ROW_CTAS : grid_for(rows, NORM_ROWS_PER_CTA);
+  const unsigned ctas = groups * (row_ctas + grid_for(n, 32)) + rider_ctas(along, rows);
+  M3K_DISPATCH(prec, (rmsnorm_bwd_kernel<T><<<ctas, RIDER_THREADS, 0, s>>>(x, w, rstd, dy, dy_scale, dx, (T *)dx_act,
+                                                                            dw_sums, along, row_ctas, rows, n,
+                                                                            accumulate)));
+  return cudaGetLastError();
 }

@@ -154,8 +154,9 @@ struct backend {
   float *part_norm;                        /* [B, H, P] */
   float *chunk_scratch;                    /* the chunked scan's scratch (m3k_scan_chunk_scratch; or NULL) */
   float *chunk_states;                     /* per layer: what the chunked forward keeps for its backward (training; or NULL) */
-  float *wcontrib;                         /* [Mc, max(dm, 2N)] */
-  float *colsum_scratch;
+  float *wcontrib;                         /* [Mc, 2N] the B_norm | C_norm weight-gradient terms */
+  float *norm_partials;                    /* [L + 1] x [chunks, dm + 2N]: the norm weights' column-sum chunks (norm_job) */
+  float *colsum_scratch;                   /* the head's and the input's bias column sums */
   float *logits;                           /* lm: [lm_rows, V]; mse: [Mc, od] predictions */
   void *dlogits;                           /* lm: [lm_rows, V] act */
   float *dpred;                            /* mse: [Mc, od] */
@@ -341,14 +342,9 @@ static void carve_device(backend *be, carver *c) {
   const int64_t n_st = ti * m3k_scan_chunk_states(&be->scan, be->prec, (int32_t)B, be->T, (int32_t)H, (int32_t)P,
                                                  (int32_t)N);
   be->chunk_states = n_st > 0 ? TAKE_F(c, L * slice(n_st)) : NULL;
-  const int64_t wc = dm > 2 * N ? dm : 2 * N;
-  be->wcontrib = TAKE_F(c, Mg * wc);
-  int64_t cs = m3k_colsum_scratch(Mc, (int32_t)(dm > 2 * N ? dm : 2 * N));
-  if (be->od > 0) {
-    const int64_t o = m3k_colsum_scratch(Mc, (int32_t)be->od);
-    if (o > cs) cs = o;
-  }
-  be->colsum_scratch = TAKE_F(c, cs);
+  be->wcontrib = TAKE_F(c, Mg * 2 * N);
+  be->norm_partials = TAKE_F(c, (L + 1) * m3k_colsum_partials(Mg, (int32_t)(dm + 2 * N)));
+  be->colsum_scratch = TAKE_F(c, m3k_colsum_partials(Mg, (int32_t)(be->od > dm ? be->od : dm)));
   be->logits = be->dlogits = NULL;
   be->dpred = NULL;
   be->dpred_act = NULL;
@@ -709,8 +705,9 @@ static m3_status enq_head(backend *be, int32_t rows, int32_t len, int want_grad)
                  be->mask, be->dpred, be->prec != M3K_F32 ? be->dpred_act : NULL, be->row_loss, M, (int32_t)od,
                  want_grad));
       if (want_grad) {
-        const m3k_colsum_job bias = {be->dpred, od, (int32_t)od, (int32_t)od, be->grads + be->lay->readout_b, NULL};
-        CK(m3k_colsum(be->st, &bias, M, be->colsum_scratch));
+        const m3k_colsum_job bias = {be->dpred, od, (int32_t)od, (int32_t)od, be->grads + be->lay->readout_b, NULL,
+                                     be->colsum_scratch};
+        CK(m3k_colsum(be->st, &bias, M));
         TRY(mm_nn(be, M, dm, od, be->dpred_act, od, wgt(be, be->lay->readout_w), dm, be->dout, dm, G_F32));
         TRY(mm_tn_acc(be, od, dm, M, be->dpred_act, od, be->out_act, dm, be->grads + be->lay->readout_w, dm));
       }
@@ -720,19 +717,67 @@ static m3_status enq_head(backend *be, int32_t rows, int32_t len, int want_grad)
   }
 }
 
+/* The column sums of the norm weights' gradients over M positions: layer l's norm (l = L: norm_f; taken from
+ * x, r and dy: src unused) and B_norm | C_norm (from wcontrib). Beyond one chunk of positions their chunk
+ * sums go to layer l's slice of norm_partials (the norm's, then B/C's), and norm_sums_finish adds them. */
+static float *norm_partials_l(const backend *be, int l, int64_t M) {
+  if (m3k_colsum_chunks(M) <= 1) return NULL;
+  return be->norm_partials + l * m3k_colsum_partials(be->Mc, be->d->dm + 2 * be->d->N);
+}
+
+static m3k_colsum_job norm_job(const backend *be, int l, int64_t M) {
+  const int32_t dm = be->d->dm;
+  const int64_t off = l == be->d->L ? be->lay->norm_f : be->lay->layer[l].norm;
+  const m3k_colsum_job job = {NULL, dm, dm, dm, be->grads + off, NULL, norm_partials_l(be, l, M)};
+  return job;
+}
+
+static m3k_colsum_job bc_norm_job(const backend *be, int l, int64_t M) {
+  const int32_t N = be->d->N;
+  const layer_offsets *lo = &be->lay->layer[l];
+  float *part = norm_partials_l(be, l, M);
+  const m3k_colsum_job job = {be->wcontrib, 2 * N, 2 * N, N, be->grads + lo->B_norm, be->grads + lo->C_norm,
+                              part ? part + m3k_colsum_chunks(M) * be->d->dm : NULL};
+  return job;
+}
+
+/* The final pass of the norm weights' column sums (one launch for up to M3K_FINISH_JOBS of them): a batch
+ * that enq_backward fills and runs when full or done. */
+typedef struct norm_sums {
+  m3k_colsum_job job[M3K_FINISH_JOBS];
+  int32_t n;
+} norm_sums;
+
+static m3_status norm_sums_finish(backend *be, norm_sums *ns, int64_t M) {
+  if (ns->n) CK(m3k_colsum_finish(be->st, ns->job, ns->n, M));
+  ns->n = 0;
+  return M3_OK;
+}
+
+static m3_status norm_sums_add(backend *be, norm_sums *ns, const m3k_colsum_job *job, int64_t M) {
+  if (!job->partials) return M3_OK; /* one chunk: added in its launch */
+  if (ns->n == M3K_FINISH_JOBS) TRY(norm_sums_finish(be, ns, M));
+  ns->job[ns->n++] = *job;
+  return M3_OK;
+}
+
 static m3_status enq_backward(backend *be, int32_t rows, int32_t len, int zero_grads) {
   const m3_dims *d = be->d;
   const m3_layout *lay = be->lay;
-  const int64_t M = (int64_t)rows * len, dm = d->dm, E = d->E, N = d->N;
+  const int64_t M = (int64_t)rows * len, dm = d->dm, E = d->E;
   float *g = be->grads;
   if (zero_grads) CK(cudaMemsetAsync(g, 0, (size_t)lay->total * sizeof(float), be->st));
   TRY(enq_head(be, rows, len, 1));
   mark(be, PH_NORM_B);
   void *dr_act = be->prec != M3K_F32 ? be->dresid_act : NULL;
   const int none = d->head == M3_HEAD_NONE;
+  norm_sums ns;
+  ns.n = 0;
+  const m3k_colsum_job norm_f = norm_job(be, d->L, M);
   CK(m3k_rmsnorm_bwd(be->st, be->prec, resid_l(be, d->L), be->params + lay->norm_f, be->out_rstd,
-                     none ? be->d_out : be->dout, none ? be->d_step : NULL, be->dresid, dr_act, be->wcontrib,
-                     g + lay->norm_f, NULL, be->colsum_scratch, M, d->dm, 0));
+                     none ? be->d_out : be->dout, none ? be->d_step : NULL, be->dresid, dr_act, norm_f.dst,
+                     norm_f.partials, NULL, M, d->dm, 0));
+  TRY(norm_sums_add(be, &ns, &norm_f, M));
   for (int l = d->L - 1; l >= 0; l--) {
     const layer_offsets *lo = &lay->layer[l];
     /* out_proj: dgated = dresid W_out, dW_out += dresid^T gated (riding with the B/C norm backward, or beside) */
@@ -762,8 +807,7 @@ static m3_status enq_backward(backend *be, int32_t rows, int32_t len, int zero_g
                       bc_rstd_l(be, l), summed ? be->dbc_group : be->dbc_head, summed ? 1 : be->kd.hpg,
                       be->dang_head, be->dproj, be->wcontrib, &sp, &with_bcnorm, M));
     /* the B_norm | C_norm weight gradients (wcontrib's column sums) ride with the layer norm's backward */
-    const m3k_colsum_job bc_norm = {be->wcontrib, 2 * N, (int32_t)(2 * N), (int32_t)N, g + lo->B_norm, g + lo->C_norm};
-    with_norm.colsum = bc_norm;
+    with_norm.colsum = bc_norm_job(be, l, M);
     /* in_proj: dxn = dproj W_in, dW_in += dproj^T xn (riding with the layer norm's backward, or beside) */
     mark(be, PH_INPROJ_B);
     const gemm_op dx = nn_op(M, dm, d->dip, be->dproj, be->kd.dipp, wgt(be, lo->in_proj), dm, be->dxn, dm, G_F32);
@@ -777,16 +821,20 @@ static m3_status enq_backward(backend *be, int32_t rows, int32_t len, int zero_g
      * gradient is done first */
     TRY(wait_side(be, &be->wout));
     mark(be, PH_NORM_B);
+    const m3k_colsum_job norm = norm_job(be, l, M);
     CK(m3k_rmsnorm_bwd(be->st, be->prec, resid_l(be, l), be->params + lo->norm, rstd_l(be, l), be->dxn, NULL,
-                       be->dresid, dr_act, be->wcontrib, g + lo->norm, &with_norm, be->colsum_scratch, M, d->dm, 1));
+                       be->dresid, dr_act, norm.dst, norm.partials, &with_norm, M, d->dm, 1));
+    TRY(norm_sums_add(be, &ns, &norm, M));
+    TRY(norm_sums_add(be, &ns, &with_norm.colsum, M));
   }
+  TRY(norm_sums_finish(be, &ns, M));
   TRY(wait_side(be, &be->win));
   mark(be, PH_INPUT_B);
   switch (d->input) {
     case M3_INPUT_FEATURES: {
       TRY(mm_tn_acc(be, dm, be->in_w, M, be->dresid_act, dm, be->in_act, be->in_w, g + lay->input_w, be->in_w));
-      const m3k_colsum_job bias = {be->dresid, dm, d->dm, d->dm, g + lay->input_b, NULL};
-      CK(m3k_colsum(be->st, &bias, M, be->colsum_scratch));
+      const m3k_colsum_job bias = {be->dresid, dm, d->dm, d->dm, g + lay->input_b, NULL, be->colsum_scratch};
+      CK(m3k_colsum(be->st, &bias, M));
       break;
     }
     case M3_INPUT_TOKENS:
