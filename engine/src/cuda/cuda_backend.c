@@ -155,7 +155,7 @@ struct backend {
   float *chunk_scratch;                    /* the chunked scan's scratch (m3k_scan_chunk_scratch; or NULL) */
   float *chunk_states;                     /* per layer: what the chunked forward keeps for its backward (training; or NULL) */
   float *wcontrib;                         /* [Mc, 2N] the B_norm | C_norm weight-gradient terms */
-  float *norm_partials;                    /* [L + 1] x [chunks, dm + 2N]: the norm weights' column-sum chunks (norm_job) */
+  float *norm_partials;                    /* [L + 1] x [chunks, dm + 2N]: norm weight column-sum chunks (norm_job) */
   float *colsum_scratch;                   /* the head's and the input's bias column sums */
   float *logits;                           /* lm: [lm_rows, V]; mse: [Mc, od] predictions */
   void *dlogits;                           /* lm: [lm_rows, V] act */
