@@ -210,11 +210,11 @@ static void set_random_states(m3_trainer *a, m3_trainer *b, const m3_config *c, 
   }
 }
 
-static void parity_case(int idx, const spec *s, int prec) {
+/* Case idx of spec s with config c (config_of(s), or deeper) */
+static void parity_config(int idx, const spec *s, const m3_config c, int prec) {
   char tag[160];
-  snprintf(tag, sizeof tag, "case %d %s (P %d N %d H %d G %d rope %.1f norm %d in %d head %d T %d)", idx,
-           precision_name(prec), s->P, s->N, s->H, s->G, s->rope, s->outnorm, s->input, s->head, s->T);
-  const m3_config c = config_of(s);
+  snprintf(tag, sizeof tag, "case %d %s (P %d N %d H %d G %d rope %.1f norm %d in %d head %d T %d L %d)", idx,
+           precision_name(prec), s->P, s->N, s->H, s->G, s->rope, s->outnorm, s->input, s->head, s->T, c.n_layers);
   m3_weights *w = NULL;
   CHECK_OK(m3_weights_create(&c, &w));
   if (!w) return;
@@ -284,6 +284,8 @@ static void parity_case(int idx, const spec *s, int prec) {
   m3_trainer_destroy(tc);
   m3_weights_destroy(w);
 }
+
+static void parity_case(int idx, const spec *s, int prec) { parity_config(idx, s, config_of(s), prec); }
 
 /* ---- 2. CUDA against itself, bitwise ------------------------------------------------------------------- */
 
@@ -545,6 +547,14 @@ int main(void) {
     parity_case(ncases + i, &small[i], M3_PRECISION_BF16);
   }
   setenv("M3_SCAN_CHUNK_MIN_STATE", "0", 1);
+  /* 33 layers over two colsum chunks of positions: 67 norm weight column sums to finish, more than one
+   * launch of m3k_colsum_finish takes (M3K_FINISH_JOBS) */
+  const spec deep = {8, 16, 4, 1, 0.5, 0, M3_INPUT_IDENTITY, M3_HEAD_NONE, 1, 1, 300};
+  m3_config deep_cfg = config_of(&deep);
+  deep_cfg.n_layers = 33;
+  const int deep_idx = ncases + (int)(sizeof small / sizeof small[0]);
+  parity_config(deep_idx, &deep, deep_cfg, M3_PRECISION_F32);
+  parity_config(deep_idx, &deep, deep_cfg, M3_PRECISION_BF16);
   const spec self[] = {
       {16, 16, 4, 1, 0.5, 1, M3_INPUT_FEATURES, M3_HEAD_NONE, 1, 2, 40},
       {16, 32, 4, 2, 1.0, 0, M3_INPUT_TOKENS, M3_HEAD_LM, 1, 2, 40},
