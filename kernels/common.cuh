@@ -78,7 +78,7 @@ template <typename V> __device__ __forceinline__ float warp_rstd(const V *x, int
   return rms_inv(ss, n);
 }
 
-/* Column sums in a fixed order (reduce.cu's m3k_colsum, and the kernels that fold one chunk of it in):
+/* Column sums in a fixed order (reduce.cu's m3k_colsum, and the kernels that take its chunks in their CTAs):
  * rows are cut into chunks of COLSUM_CHUNK; a CTA of COLSUM_WARPS warps sums one chunk for 32 columns
  * (lane = column), warp w the rows of its slice in order (COLSUM_SLICE rows; a short chunk's rows split
  * evenly, so that no warp walks them alone: NOTES.md runs 231-233), then warp 0 the warps' sums in warp order. */

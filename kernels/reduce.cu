@@ -76,6 +76,8 @@ extern "C" int64_t m3k_colsum_partials(int64_t rows, int32_t cols) {
 }
 
 extern "C" cudaError_t m3k_colsum_finish(cudaStream_t s, const m3k_colsum_job *jobs, int32_t n, int64_t rows) {
+  for (int32_t i = 0; i < n; i++)
+    if (!jobs[i].partials) return cudaErrorInvalidValue;
   for (int32_t i0 = 0; i0 < n; i0 += M3K_FINISH_JOBS) {
     const int32_t k = n - i0 < M3K_FINISH_JOBS ? n - i0 : M3K_FINISH_JOBS;
     colsum_jobs batch;
@@ -92,6 +94,7 @@ extern "C" cudaError_t m3k_colsum_finish(cudaStream_t s, const m3k_colsum_job *j
 }
 
 extern "C" cudaError_t m3k_colsum(cudaStream_t s, const m3k_colsum_job *job, int64_t rows) {
+  if (colsum_chunks(rows) > 1 && !job->partials) return cudaErrorInvalidValue;
   const unsigned ctas = grid_for(job->cols, 32) * (unsigned)colsum_chunks(rows);
   colsum_chunk_kernel<<<ctas, 32 * COLSUM_WARPS, 0, s>>>(*job, rows);
   const cudaError_t e = cudaGetLastError();
