@@ -111,13 +111,13 @@ typedef struct m3k_riders {
 cudaError_t m3k_rmsnorm_fwd(cudaStream_t s, int prec, const float *x, const float *w, void *y_act, float *y_f32,
                             float *rstd, int64_t rows, int32_t n);
 /* dx = (accumulate ? dx : 0) + r (w dy) - x r^3 mean(x w dy); dx_act (may be NULL) = act(dx);
- * dw[j] += sum over rows of x r dy in m3k_colsum's order: beyond one chunk of rows only the chunk sums,
- * into dw_partials [m3k_colsum_partials(rows, n)], for m3k_colsum_finish (a job with dst dw). With
- * dy_scale (may be NULL), dy is read as step->weight * dy (the seed of head "none"). riders (may be
- * NULL) ride in the same launch. */
+ * the weight gradient dw: a column-sum job of n columns whose terms x r dy the launch takes from x, r and
+ * dy (src unused), in m3k_colsum's order: beyond one chunk of rows only its chunk sums, into its partials,
+ * for m3k_colsum_finish. With dy_scale (may be NULL), dy is read as step->weight * dy (the seed of head
+ * "none"). riders (may be NULL) ride in the same launch. */
 cudaError_t m3k_rmsnorm_bwd(cudaStream_t s, int prec, const float *x, const float *w, const float *rstd,
-                            const float *dy, const m3k_step *dy_scale, float *dx, void *dx_act, float *dw,
-                            float *dw_partials, const m3k_riders *riders, int64_t rows, int32_t n,
+                            const float *dy, const m3k_step *dy_scale, float *dx, void *dx_act,
+                            const m3k_colsum_job *dw, const m3k_riders *riders, int64_t rows, int32_t n,
                             int accumulate);
 
 /* ---- B/C RMSNorm per (position, B|C, group) ------------------------------------------------------ */

@@ -111,18 +111,18 @@ extern "C" cudaError_t m3k_rmsnorm_fwd(cudaStream_t s, int prec, const float *x,
 }
 
 extern "C" cudaError_t m3k_rmsnorm_bwd(cudaStream_t s, int prec, const float *x, const float *w, const float *rstd,
-                                       const float *dy, const m3k_step *dy_scale, float *dx, void *dx_act, float *dw,
-                                       float *dw_partials, const m3k_riders *riders, int64_t rows, int32_t n,
+                                       const float *dy, const m3k_step *dy_scale, float *dx, void *dx_act,
+                                       const m3k_colsum_job *dw, const m3k_riders *riders, int64_t rows, int32_t n,
                                        int accumulate) {
   static_assert(32 * NORM_ROWS_PER_CTA == RIDER_THREADS, "the column-sum and rider CTAs are the row CTAs' size");
   const m3k_riders along = riders ? *riders : m3k_riders{};
-  const m3k_colsum_job dw_sums = {NULL, n, n, n, dw, NULL, dw_partials};
-  if (!riders_fit(along, rows) || (colsum_chunks(rows) > 1 && !dw_partials)) return cudaErrorInvalidValue;
+  if (!riders_fit(along, rows) || dw->cols != n || (colsum_chunks(rows) > 1 && !dw->partials))
+    return cudaErrorInvalidValue;
   const unsigned groups = (unsigned)colsum_chunks(rows);
   const unsigned row_ctas = groups > 1 ? (unsigned)NORM_ROW_CTAS : grid_for(rows, NORM_ROWS_PER_CTA);
   const unsigned ctas = groups * (row_ctas + grid_for(n, 32)) + rider_ctas(along, rows);
   M3K_DISPATCH(prec, (rmsnorm_bwd_kernel<T><<<ctas, RIDER_THREADS, 0, s>>>(x, w, rstd, dy, dy_scale, dx, (T *)dx_act,
-                                                                            dw_sums, along, row_ctas, rows, n,
+                                                                            *dw, along, row_ctas, rows, n,
                                                                             accumulate)));
   return cudaGetLastError();
 }

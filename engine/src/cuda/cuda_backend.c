@@ -775,8 +775,8 @@ static m3_status enq_backward(backend *be, int32_t rows, int32_t len, int zero_g
   ns.n = 0;
   const m3k_colsum_job norm_f = norm_job(be, d->L, M);
   CK(m3k_rmsnorm_bwd(be->st, be->prec, resid_l(be, d->L), be->params + lay->norm_f, be->out_rstd,
-                     none ? be->d_out : be->dout, none ? be->d_step : NULL, be->dresid, dr_act, norm_f.dst,
-                     norm_f.partials, NULL, M, d->dm, 0));
+                     none ? be->d_out : be->dout, none ? be->d_step : NULL, be->dresid, dr_act, &norm_f, NULL, M,
+                     d->dm, 0));
   TRY(norm_sums_add(be, &ns, &norm_f, M));
   for (int l = d->L - 1; l >= 0; l--) {
     const layer_offsets *lo = &lay->layer[l];
@@ -823,7 +823,7 @@ static m3_status enq_backward(backend *be, int32_t rows, int32_t len, int zero_g
     mark(be, PH_NORM_B);
     const m3k_colsum_job norm = norm_job(be, l, M);
     CK(m3k_rmsnorm_bwd(be->st, be->prec, resid_l(be, l), be->params + lo->norm, rstd_l(be, l), be->dxn, NULL,
-                       be->dresid, dr_act, norm.dst, norm.partials, &with_norm, M, d->dm, 1));
+                       be->dresid, dr_act, &norm, &with_norm, M, d->dm, 1));
     TRY(norm_sums_add(be, &ns, &norm, M));
     TRY(norm_sums_add(be, &ns, &with_norm.colsum, M));
   }
