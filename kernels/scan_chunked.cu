@@ -141,6 +141,7 @@ __host__ __device__ inline size_t carve_c_de(unsigned char *base, int P, int N, 
   CT(sL2, OT, CQ * c.lqq);
   CT(sR, float, 2 * CQ * (CQ / 16)); /* the row / column partials of M, then [CQ][KB / 16] (kgrad_regs) */
   CT(sc, float, (CQ + 1) * FW);
+  CT(red, float, 32);
   CT(misc, float, 8);
   if (m) *m = t;
   return off + 128;
@@ -149,15 +150,14 @@ __host__ __device__ inline size_t carve_c(unsigned char *base, int P, int N, csm
   return carve_c_de(base, P, N, m, carve_c_de(NULL, P, N, NULL, true) <= SMEM_TWO_CTAS);
 }
 
-/* Shared memory of scan_dstate_chunked: q, dY, the entering state E and the table of two chunks (the
- * next one loads while the current one computes). */
+/* Shared memory of scan_dstate_chunked: q, dY and the table of two chunks (the next one loads while the
+ * current one computes). */
 __host__ __device__ inline size_t carve_d(unsigned char *base, int P, int N, csmem *m) {
   const cdims c = make_cdims(P, N);
   size_t off = 0;
   csmem t = {};
   CT(sq, OT, 2 * CQ * c.lqn);
   CT(sxw, OT, 2 * CQ * c.lqp);
-  CT(sE, OT, 2 * c.Pp * c.lqn);
   CT(sc, float, 2 * (CQ + 1) * FW);
   CT(red, float, 32);
   CT(misc, float, 8);
@@ -236,8 +236,7 @@ __host__ __device__ inline size_t carve_r(unsigned char *base, int P, int N, csm
  *   tab    [u][CQ][TW] float: per token the scalars F_A .. F_QK of scan_prep_chunked, then T_DEC (row
  *          0: the chunk's dec), and in the backward F_DYX (scan_gate_bwd_chunked), T_DA (the per-chunk
  *          kernel), T_DSCALE, T_DGAM (scan_post_chunked), T_DBP0 (unit 0: v_in^T dE_0 k_in, the dE
- *          walk), T_DEE (<dE, E> of dE leaving the chunk and E entering it, the dE walk), these two
- *          in rows 0 .. WALK_PARTS_MAX - 1 (the walk's parts, walk_parts_sum); rows >= nb zero
+ *          walk, in rows 0 .. WALK_PARTS_MAX - 1: the walk's parts, walk_parts_sum); rows >= nb zero
  *   kl     [rows H][N] float: the window's last k (rotated, unscaled), from scan_prep_chunked to the
  *          forward walk, which writes fin_k only after reading in_k (in evaluation both are the
  *          carried state itself)
@@ -251,8 +250,8 @@ __host__ __device__ inline size_t carve_r(unsigned char *base, int P, int N, csm
  * per-chunk products read E in bf16 anyway; padding zero), and q, k, tab as above (the scratch has
  * none of them then): the backward does not prepare them again. The per-chunk backward, their last
  * reader, overwrites q and k with the raw dq and dktil ([u][CQ][Np] bf16) that scan_post_chunked reads. */
-enum { TW = 24, T_DEC = 16, T_DA, T_DSCALE, T_DGAM, T_DBP0, T_DV, T_DEE, TAB_FIELDS = F_DYX + 1 };
-static_assert(TAB_FIELDS <= T_DEC && T_DEE < TW && (int)TW >= (int)FW, "table layout"); /* T_DV: post_seq's own */
+enum { TW = 24, T_DEC = 16, T_DA, T_DSCALE, T_DGAM, T_DBP0, T_DV, TAB_FIELDS = F_DYX + 1 };
+static_assert(TAB_FIELDS <= T_DEC && T_DV < TW && (int)TW >= (int)FW, "table layout"); /* T_DV: post_seq's own */
 
 struct cviews {
   OT *q, *k, *dy, *states, *de;
@@ -1226,10 +1225,9 @@ __device__ __forceinline__ float c_finish(const m3k_scan_args &a, int64_t m, int
 
 /* The reverse walk of dE alone, one CTA per (head, row, part): the rows p0 .. p0 + P / PARTS of the
  * state (the rows are independent: PARTS = 2 gives launches of few (head, row) pairs twice the CTAs).
- * Per chunk (last first) dE leaving it goes to the scratch (bf16) and its dot with the kept state
- * entering the chunk to the table (T_DEE of row `part`: the parts' shares), then dE <- dec dE +
- * (EC dY)^T q in the warps' accumulator registers (the forward walk's tiles); q, dY and E of the next
- * chunk load meanwhile. At the end dbp_0 = v_in^T dE_0 k_in (T_DBP0 of row `part` of the row's first
+ * Per chunk (last first) dE leaving it goes to the scratch (bf16), then dE <- dec dE + (EC dY)^T q in
+ * the warps' accumulator registers (the forward walk's tiles); q and dY of the next chunk load
+ * meanwhile. At the end dbp_0 = v_in^T dE_0 k_in (T_DBP0 of row `part` of the row's first
  * unit; its beta term, dropped at a reset by the post kernel). */
 template <typename T, int PK, int NK, int PARTS>
 __global__ void __launch_bounds__(CTHREADS, PARTS == 1 ? 2 : 3) scan_dstate_chunked(const m3k_scan_args a) {
@@ -1254,7 +1252,6 @@ __global__ void __launch_bounds__(CTHREADS, PARTS == 1 ? 2 : 3) scan_dstate_chun
     tab_load(cv.tab + u * CQ * TW, s.sc + buf * (CQ + 1) * FW, F_EC + 1, s.misc + buf);
     tile_load(s.sq + buf * CQ * cd.lqn, cd.lqn, cv.q + u * CQ * cd.Np, cd.Np);
     tile_load(s.sxw + buf * CQ * cd.lqp, cd.lqp, cv.dy + u * CQ * cf.Pp + p0, cd.Pp, CQ, cf.Pp);
-    tile_load(s.sE + buf * cd.Pp * cd.lqn, cd.lqn, cv.states + (u * cf.Pp + p0) * cd.Np, cd.Np, cd.Pp);
     cp_commit();
   };
   load(nch - 1, 0);
@@ -1270,15 +1267,8 @@ __global__ void __launch_bounds__(CTHREADS, PARTS == 1 ? 2 : 3) scan_dstate_chun
       cp_wait_all();
     }
     __syncthreads();
-    /* dE leaving the chunk -> scratch (bf16), and the warp's share of <dE, E> with E entering it */
+    /* dE leaving the chunk -> scratch (bf16) */
     state_keep(cv.de + (u * cf.Pp + p0) * cd.Np, eacc, cd);
-    const OT *sE = s.sE + buf * cd.Pp * cd.lqn;
-    float dee = 0;
-    for_state_elems(cd, [&](int j, int e, int p, int n) {
-      dee += eacc[j].v[e] * __bfloat162float(sE[p * cd.lqn + n]);
-    });
-    dee = warp_sum(dee);
-    if (lane == 0) s.red[wid] = dee;
     /* EC dY in place */
     for (int idx = tid; idx < CQ * cd.Pp; idx += CTHREADS) {
       const int i = idx / cd.Pp, p = idx - i * cd.Pp;
@@ -1286,11 +1276,6 @@ __global__ void __launch_bounds__(CTHREADS, PARTS == 1 ? 2 : 3) scan_dstate_chun
       sy[i * cd.lqp + p] = __float2bfloat16_rn(ec * __bfloat162float(sy[i * cd.lqp + p]));
     }
     __syncthreads();
-    if (tid == 0) { /* the warps' shares in order */
-      float sum = 0;
-      for (int w = 0; w < CWARPS; w++) sum += s.red[w];
-      cv.tab[(u * CQ + part) * TW + T_DEE] = sum;
-    }
     /* dE <- dec dE + (EC dY)^T q */
     state_update(eacc, cd, s.misc[buf], sy, cd.lqp, sq, cd.lqn);
     __syncthreads();
@@ -1374,7 +1359,9 @@ __device__ __forceinline__ void kgrad_regs(const cdims &cd, const OT *A1, const 
 
 /* One CTA per (chunk, head, row), after scan_dstate_chunked: the chunk's products with dE leaving it
  * (the scratch) and the state entering it (a.chunk_states), both bf16, loaded with the other operands
- * (or, where shared memory is short, into one space: E until dq is done, then dE); the float32 products
+ * (or, where shared memory is short, into one space: E until dq is done, then dE), and their dot <dE, E>
+ * for the decay gradient (here rather than in the dE walk, which then loads no states: lm130 walk
+ * 156 -> 126 us, this kernel 413 -> 427, NOTES.md run 246); the float32 products
  * in the warps' accumulator tiles, [CQ][KB] column blocks at a time, stored from there (kgrad_regs and
  * step 8). MINB = 2 (128 registers) for shapes whose shared memory lets two CTAs share an SM
  * (bwd_two_ctas). */
@@ -1400,7 +1387,7 @@ __global__ void __launch_bounds__(CTHREADS, MINB) scan_bwd_chunked(const m3k_sca
   const int64_t m0 = (int64_t)b * a.len + t0;
   const int64_t u = bh * nch + ch;
   /* 1. loads: the prepared scalars, q, ktil, dY (scan_prep_chunked); x; E (bf16, as the forward kept
-   * it); <dE, E> (the dE walk's) */
+   * it) */
   tab_load(cv.tab + u * CQ * TW, s.sc, TAB_FIELDS, misc);
   tile_load(s.sq, cd.lqn, cv.q + u * CQ * cd.Np, cd.Np);
   tile_load(s.sk, cd.lqn, cv.k + u * CQ * cd.Np, cd.Np);
@@ -1409,7 +1396,6 @@ __global__ void __launch_bounds__(CTHREADS, MINB) scan_bwd_chunked(const m3k_sca
   const bool own_de = s.sdE != s.sE;
   if (own_de) tile_load(s.sdE, cd.lqn, cv.de + u * cd.Pp * cd.Np, cd.Np, cd.Pp);
   x_load<T>(a, s.sx, cd, m0, nb, (int64_t)h * P, P, vec);
-  if (tid == 0) misc[1] = walk_parts_sum(cv.tab + u * CQ * TW, T_DEE); /* plain loads: after the copies */
   cp_wait_all();
   __syncthreads();
   /* 4-5. S1 = q ktil^T, S2 = dY x^T tile by tile in the warp's registers (tiles above the diagonal: 0):
@@ -1493,6 +1479,25 @@ __global__ void __launch_bounds__(CTHREADS, MINB) scan_bwd_chunked(const m3k_sca
     cp_wait_all();
   }
   __syncthreads(); /* kgrad_regs' partials (sR) read */
+  /* <dE, E> (both bf16; E from the kept states where dE took its space): each thread's groups of eight in
+   * order, the warps' sums in red (added in order by step 9) */
+  {
+    const OT *E = own_de ? s.sE : cv.states + u * cd.Pp * cd.Np;
+    const int ld = own_de ? cd.lqn : cd.Np, vpr = cd.Np / 8;
+    float dot = 0;
+    for (int idx = tid; idx < cd.Pp * vpr; idx += CTHREADS) {
+      const int p = idx / vpr, n = 8 * (idx - p * vpr);
+      const uint4 dv = *(const uint4 *)(s.sdE + p * cd.lqn + n), ev = *(const uint4 *)(E + p * ld + n);
+      const __nv_bfloat162 *de = (const __nv_bfloat162 *)&dv, *e = (const __nv_bfloat162 *)&ev;
+#pragma unroll
+      for (int k = 0; k < 4; k++) {
+        const float2 a2 = __bfloat1622float2(de[k]), b2 = __bfloat1622float2(e[k]);
+        dot = __fmaf_rn(a2.y, b2.y, __fmaf_rn(a2.x, b2.x, dot));
+      }
+    }
+    dot = warp_sum(dot);
+    if (lane == 0) s.red[wid] = dot;
+  }
   /* 7. dktil = W (x dE) + L2^T q; v_s */
   kgrad_regs<false>(cd, s.sx, s.sdE, s.sk, s.sc, nb, F_W, F_V, s.sL2, s.sq, dk, s.sR); /* dktil (raw) */
   /* 8. dx = W (ktil dE^T) + L1^T dY (+ diagonal, D), [CQ][KB] column blocks in the warps' accumulator
@@ -1526,7 +1531,9 @@ __global__ void __launch_bounds__(CTHREADS, MINB) scan_bwd_chunked(const m3k_sca
   __syncthreads(); /* the rows' v_s (F_V) are read by warp 0 below */
   /* 9. decay gradient (warp 0): da into the table (scan_post_seq_chunked finishes the scalars) */
   if (wid == 0) { /* two tokens per lane; sums and the suffix scan by shuffles (fixed order) */
-    const float dEE = misc[1];
+    float dEE = 0;
+#pragma unroll
+    for (int w = 0; w < CWARPS; w++) dEE += s.red[w];
     const int j0 = 2 * lane, j1 = j0 + 1;
     const float v0 = j0 < nb ? s.sc[j0 * FW + F_V] : 0.0f, v1 = j1 < nb ? s.sc[j1 * FW + F_V] : 0.0f;
     const float sumv = warp_sum(v0 + v1);
