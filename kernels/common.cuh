@@ -31,15 +31,23 @@ template <> __device__ __forceinline__ f16 from_f<f16>(float x) { return __float
 
 /* V (1, 2 or 4) consecutive values at p to or from registers: one vector access when V is 2 or 4 (p then
  * aligned to V elements). */
-template <int V> __device__ __forceinline__ void ld_v(const float *p, float (&v)[V]) {
-  if constexpr (V == 4) {
+template <int V, typename T> __device__ __forceinline__ void ld_v(const T *p, float (&v)[V]) {
+  if constexpr (V == 4 && sizeof(T) == 4) {
     const float4 t = *(const float4 *)p;
     v[0] = t.x, v[1] = t.y, v[2] = t.z, v[3] = t.w;
-  } else if constexpr (V == 2) {
+  } else if constexpr (V == 4) {
+    const uint2 u = *(const uint2 *)p;
+    const T *t = (const T *)&u;
+    for (int k = 0; k < 4; k++) v[k] = to_f(t[k]);
+  } else if constexpr (V == 2 && sizeof(T) == 4) {
     const float2 t = *(const float2 *)p;
     v[0] = t.x, v[1] = t.y;
+  } else if constexpr (V == 2) {
+    const unsigned u = *(const unsigned *)p;
+    const T *t = (const T *)&u;
+    v[0] = to_f(t[0]), v[1] = to_f(t[1]);
   } else {
-    for (int k = 0; k < V; k++) v[k] = p[k];
+    for (int k = 0; k < V; k++) v[k] = to_f(p[k]);
   }
 }
 template <int V, typename T> __device__ __forceinline__ void st_v(T *p, const float (&v)[V]) {

@@ -6,7 +6,8 @@
  *   the window's tokens (counting sort, stable) into segments; one block per segment adds its
  *   rows in position order, so no two blocks touch the same embedding row and the sum order is
  *   fixed (no atomics). The grid is sized for the largest window; blocks past nseg return.
- * ce:  "lm" cross-entropy of a block of positions from float32 logits [nb, V]: one block per
+ * ce:  "lm" cross-entropy of a block of positions from logits [nb, V] in the activation type (the head
+ *   GEMM's output, as any activation: SPEC.md §8; float32 for f32 training): one block per
  *   position; one pass of online max / argmax / sum of exp in float32, four logits at a time per
  *   thread (merged over lanes and warps in a fixed order), log-sum-exp = max + log(sum);
  *   row_loss = lse - logit[target] (double), row_hit = argmax == target (first maximal index);
@@ -42,12 +43,13 @@ __global__ void embed_bwd_kernel(const m3k_batch_info *__restrict__ info, const 
   }
 }
 
-/* ce reads a row four logits at a time: one float4 where V allows (V % 4 == 0: every row 16-byte
- * aligned), else four scalars with -inf past the end; the gradient goes back the same way. */
-__device__ __forceinline__ void ce_load4(const float *lg, int32_t v0, int32_t V, bool vec, float (&x)[4]) {
+/* ce reads a row four logits at a time: one vector where V allows (V % 4 == 0: every row aligned to four
+ * values), else four scalars with -inf past the end; the gradient goes back the same way. */
+template <typename T>
+__device__ __forceinline__ void ce_load4(const T *lg, int32_t v0, int32_t V, bool vec, float (&x)[4]) {
   if (vec) return ld_v<4>(lg + v0, x);
 #pragma unroll
-  for (int k = 0; k < 4; k++) x[k] = v0 + k < V ? lg[v0 + k] : -INFINITY;
+  for (int k = 0; k < 4; k++) x[k] = v0 + k < V ? to_f(lg[v0 + k]) : -INFINITY;
 }
 template <typename T>
 __device__ __forceinline__ void ce_store4(T *dl, int32_t v0, int32_t V, bool vec, const float (&p)[4]) {
@@ -59,13 +61,13 @@ __device__ __forceinline__ void ce_store4(T *dl, int32_t v0, int32_t V, bool vec
 
 template <typename T>
 __global__ void ce_kernel(const m3k_step *__restrict__ step, const m3k_batch_info *__restrict__ info,
-                          const float *__restrict__ logits, const int32_t *__restrict__ targets, T *__restrict__ dlogits,
+                          const T *__restrict__ logits, const int32_t *__restrict__ targets, T *__restrict__ dlogits,
                           double *__restrict__ row_loss, int32_t *__restrict__ row_hit, int32_t V, int want_grad) {
   __shared__ float redv[32];
   __shared__ int redi[32];
   __shared__ float red[32];
   const int64_t row = blockIdx.x;
-  const float *lg = logits + row * V; // [V]
+  const T *lg = logits + row * V; // [V]
   T *dl = dlogits ? dlogits + row * V : NULL;
   const int32_t tgt = targets[row];
   if (tgt < 0) {
@@ -126,7 +128,7 @@ __global__ void ce_kernel(const m3k_step *__restrict__ step, const m3k_batch_inf
   }
   const float lse = mx + logf(se);
   if (threadIdx.x == 0) {
-    row_loss[row] = (double)lse - (double)lg[tgt];
+    row_loss[row] = (double)lse - (double)to_f(lg[tgt]);
     row_hit[row] = arg == tgt;
   }
   if (!want_grad) return;
@@ -178,10 +180,10 @@ extern "C" cudaError_t m3k_embed_bwd(cudaStream_t s, const m3k_batch_info *info,
 }
 
 extern "C" cudaError_t m3k_ce(cudaStream_t s, int prec, const m3k_step *step, const m3k_batch_info *info,
-                              const float *logits, const int32_t *targets, void *dlogits, double *row_loss,
+                              const void *logits, const int32_t *targets, void *dlogits, double *row_loss,
                               int32_t *row_hit, int64_t nb, int32_t V, int want_grad) {
-  M3K_DISPATCH(prec, (ce_kernel<T><<<(unsigned)nb, 512, 0, s>>>(step, info, logits, targets, (T *)dlogits, row_loss,
-                                                                 row_hit, V, want_grad)));
+  M3K_DISPATCH(prec, (ce_kernel<T><<<(unsigned)nb, 512, 0, s>>>(step, info, (const T *)logits, targets, (T *)dlogits,
+                                                                 row_loss, row_hit, V, want_grad)));
   return cudaGetLastError();
 }
 

@@ -285,11 +285,11 @@ cudaError_t m3k_embed_fwd(cudaStream_t s, const int32_t *tokens, const float *em
 cudaError_t m3k_embed_bwd(cudaStream_t s, const m3k_batch_info *info, const int32_t *seg_tok,
                           const int32_t *seg_start, const int32_t *perm, const float *dh0, float *gemb, int64_t M,
                           int32_t dm);
-/* "lm": per position of a block of nb rows: logits [nb, V] (f32) -> row_loss [nb] (double),
+/* "lm": per position of a block of nb rows: logits [nb, V] (act) -> row_loss [nb] (double),
  * row_hit [nb]; with want_grad, dlogits [nb, V] (act) = weight (softmax - onehot) / count (0 for
  * ignored rows). */
 cudaError_t m3k_ce(cudaStream_t s, int prec, const m3k_step *step, const m3k_batch_info *info,
-                   const float *logits, const int32_t *targets, void *dlogits, double *row_loss, int32_t *row_hit,
+                   const void *logits, const int32_t *targets, void *dlogits, double *row_loss, int32_t *row_hit,
                    int64_t nb, int32_t V, int want_grad);
 /* "mse": pred [M, od] (f32, without bias) -> per-row squared errors row_loss [M] (double);
  * dpred [M, od] (f32) and dpred_act = weight 2 (pred + bias - target) / count (0 where masked). */

@@ -157,7 +157,8 @@ struct backend {
   float *wcontrib;                         /* [Mc, 2N] the B_norm | C_norm weight-gradient terms */
   float *norm_partials;                    /* [L + 1] x [chunks, dm + 2N]: norm weight column-sum chunks (norm_job) */
   float *colsum_scratch;                   /* the head's and the input's bias column sums */
-  float *logits;                           /* lm: [lm_rows, V]; mse: [Mc, od] predictions */
+  float *logits;                           /* lm: the head's [lm_rows, V] in training (act), the last positions'
+                                              [B, V] for read_logits (float32); mse: [Mc, od] predictions */
   void *dlogits;                           /* lm: [lm_rows, V] act */
   float *dpred;                            /* mse: [Mc, od] */
   void *dpred_act;                         /* mse: [Mc, od] act (= dpred for f32) */
@@ -349,7 +350,8 @@ static void carve_device(backend *be, carver *c) {
   be->dpred = NULL;
   be->dpred_act = NULL;
   if (d->head == M3_HEAD_LM) {
-    be->logits = TAKE_F(c, (be->infer ? B : be->lm_rows) * d->vocab);
+    const size_t head = (size_t)(be->infer ? 0 : be->lm_rows * d->vocab) * ab, last = (size_t)(B * d->vocab) * 4;
+    be->logits = take(c, head > last ? head : last);
     be->dlogits = take(c, (size_t)((be->infer ? 0 : be->lm_rows) * d->vocab) * ab);
   } else if (d->head == M3_HEAD_MSE) {
     be->logits = TAKE_F(c, Mc * be->od);
@@ -687,7 +689,7 @@ static m3_status enq_head(backend *be, int32_t rows, int32_t len, int want_grad)
       for (int64_t i0 = 0; i0 < M; i0 += be->lm_rows) {
         const int64_t nb = M - i0 < be->lm_rows ? M - i0 : be->lm_rows;
         const void *outb = (const char *)be->out_act + (size_t)(i0 * dm) * be->act_bytes;
-        TRY(mm_nt(be, nb, V, dm, outb, dm, wgt(be, w_off), dm, NULL, be->logits, V, G_F32, 0.0f));
+        TRY(mm_nt(be, nb, V, dm, outb, dm, wgt(be, w_off), dm, NULL, be->logits, V, G_ACT, 0.0f));
         CK(m3k_ce(be->st, be->prec, be->d_step, be->d_info, be->logits, be->targets + i0,
                   want_grad ? be->dlogits : NULL, be->row_loss + i0, be->row_hit + i0, nb, (int32_t)V, want_grad));
         if (want_grad) {
