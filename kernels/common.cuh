@@ -66,6 +66,27 @@ template <int V, typename T> __device__ __forceinline__ void st_v(T *p, const fl
   }
 }
 
+/* Eight 16-bit values (16-byte aligned) to and from float32: ld8 by the read-only path (global memory the
+ * kernel does not write), st8 with one 16-byte store (two for float32 values, 32-byte aligned). */
+template <typename T> __device__ __forceinline__ void ld8(const T *p, float *v) {
+  const uint4 r = __ldg((const uint4 *)p);
+  const T *e = (const T *)&r;
+#pragma unroll
+  for (int k = 0; k < 8; k++) v[k] = to_f(e[k]);
+}
+template <typename T> __device__ __forceinline__ void st8(T *p, const float *v) {
+  if constexpr (sizeof(T) == 4) {
+    ((float4 *)p)[0] = make_float4(v[0], v[1], v[2], v[3]);
+    ((float4 *)p)[1] = make_float4(v[4], v[5], v[6], v[7]);
+  } else {
+    uint4 r;
+    T *e = (T *)&r;
+#pragma unroll
+    for (int k = 0; k < 8; k++) e[k] = from_f<T>(v[k]);
+    *(uint4 *)p = r;
+  }
+}
+
 __device__ __forceinline__ float warp_sum(float v) {
 #pragma unroll
   for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);

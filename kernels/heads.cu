@@ -8,8 +8,9 @@
  *   fixed (no atomics). The grid is sized for the largest window; blocks past nseg return.
  * ce:  "lm" cross-entropy of a block of positions from logits [nb, V] in the activation type (the head
  *   GEMM's output, as any activation: SPEC.md §8; float32 for f32 training): one block per
- *   position; one pass of online max / argmax / sum of exp in float32, four logits at a time per
- *   thread (merged over lanes and warps in a fixed order), log-sum-exp = max + log(sum);
+ *   position (its row staged in shared memory by one bulk copy where it fits: ce_launch); one pass
+ *   of online max / argmax / sum of exp in float32, four logits at a time per thread (merged over
+ *   lanes and warps in a fixed order), log-sum-exp = max + log(sum);
  *   row_loss = lse - logit[target] (double), row_hit = argmax == target (first maximal index);
  *   dlogits = weight (softmax - onehot) / count, written as the GEMM operand type (zeros for
  *   ignored positions, target -1).
@@ -59,17 +60,28 @@ __device__ __forceinline__ void ce_store4(T *dl, int32_t v0, int32_t V, bool vec
     if (v0 + k < V) dl[v0 + k] = from_f<T>(p[k]);
 }
 
-template <typename T>
+/* STAGED: the row is first copied into shared memory by one bulk copy (ce_launch), and both passes read
+ * it there: the logits leave DRAM once instead of twice. The same sums in the same order either way. */
+template <typename T, bool STAGED>
 __global__ void ce_kernel(const m3k_step *__restrict__ step, const m3k_batch_info *__restrict__ info,
                           const T *__restrict__ logits, const int32_t *__restrict__ targets, T *__restrict__ dlogits,
                           double *__restrict__ row_loss, int32_t *__restrict__ row_hit, int32_t V, int want_grad) {
+  extern __shared__ __align__(16) unsigned char ce_row[];
   __shared__ float redv[32];
   __shared__ int redi[32];
   __shared__ float red[32];
+  __shared__ uint64_t bar;
   const int64_t row = blockIdx.x;
   const T *lg = logits + row * V; // [V]
   T *dl = dlogits ? dlogits + row * V : NULL;
   const int32_t tgt = targets[row];
+  if (STAGED && tgt >= 0) {
+    if (threadIdx.x == 0) bar_init(&bar);
+    __syncthreads();
+    if (threadIdx.x == 0) bulk_load(ce_row, lg, (unsigned)(V * sizeof(T)), &bar);
+    bar_wait(&bar, 0);
+    lg = (const T *)ce_row;
+  }
   if (tgt < 0) {
     if (threadIdx.x == 0) {
       row_loss[row] = 0;
@@ -133,12 +145,23 @@ __global__ void ce_kernel(const m3k_step *__restrict__ step, const m3k_batch_inf
   }
   if (!want_grad) return;
   const float scale = info->count > 0 ? step->weight / (float)info->count : 0.0f;
-  for (int32_t v0 = 4 * threadIdx.x; v0 < V; v0 += 4 * blockDim.x) {
-    float x[4], p[4];
-    ce_load4(lg, v0, V, vec, x);
+  if constexpr (STAGED) { /* eight at a time: 16-byte reads and stores (V % 8 == 0: ce_launch) */
+    for (int32_t v0 = 8 * threadIdx.x; v0 < V; v0 += 8 * blockDim.x) {
+      float x[2][4], p[8];
+      ld_v<4>(lg + v0, x[0]);
+      ld_v<4>(lg + v0 + 4, x[1]);
 #pragma unroll
-    for (int k = 0; k < 4; k++) p[k] = expf(x[k] - lse) * scale - (v0 + k == tgt ? scale : 0.0f);
-    ce_store4(dl, v0, V, vec, p);
+      for (int k = 0; k < 8; k++) p[k] = expf(x[k >> 2][k & 3] - lse) * scale - (v0 + k == tgt ? scale : 0.0f);
+      st8(dl + v0, p);
+    }
+  } else {
+    for (int32_t v0 = 4 * threadIdx.x; v0 < V; v0 += 4 * blockDim.x) {
+      float x[4], p[4];
+      ce_load4(lg, v0, V, vec, x);
+#pragma unroll
+      for (int k = 0; k < 4; k++) p[k] = expf(x[k] - lse) * scale - (v0 + k == tgt ? scale : 0.0f);
+      ce_store4(dl, v0, V, vec, p);
+    }
   }
 }
 
@@ -179,12 +202,33 @@ extern "C" cudaError_t m3k_embed_bwd(cudaStream_t s, const m3k_batch_info *info,
   return cudaGetLastError();
 }
 
+/* A row is staged in shared memory when two CTAs still share a multiprocessor and it moves in whole 16-byte
+ * pieces (lm130, bf16: 100.6 KB). */
+template <typename T>
+static cudaError_t ce_launch(cudaStream_t s, const m3k_step *step, const m3k_batch_info *info, const T *logits,
+                             const int32_t *targets, T *dlogits, double *row_loss, int32_t *row_hit, int64_t nb,
+                             int32_t V, int want_grad) {
+  const size_t row_bytes = (size_t)V * sizeof(T);
+  if (V % 8 != 0 || row_bytes > 110 * 1024) {
+    ce_kernel<T, false><<<(unsigned)nb, 512, 0, s>>>(step, info, logits, targets, dlogits, row_loss, row_hit, V,
+                                                     want_grad);
+    return cudaGetLastError();
+  }
+  const cudaError_t e =
+      cudaFuncSetAttribute(ce_kernel<T, true>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)row_bytes);
+  if (e != cudaSuccess) return e;
+  ce_kernel<T, true><<<(unsigned)nb, 512, row_bytes, s>>>(step, info, logits, targets, dlogits, row_loss, row_hit, V,
+                                                         want_grad);
+  return cudaGetLastError();
+}
+
 extern "C" cudaError_t m3k_ce(cudaStream_t s, int prec, const m3k_step *step, const m3k_batch_info *info,
                               const void *logits, const int32_t *targets, void *dlogits, double *row_loss,
                               int32_t *row_hit, int64_t nb, int32_t V, int want_grad) {
-  M3K_DISPATCH(prec, (ce_kernel<T><<<(unsigned)nb, 512, 0, s>>>(step, info, (const T *)logits, targets, (T *)dlogits,
-                                                                 row_loss, row_hit, V, want_grad)));
-  return cudaGetLastError();
+  cudaError_t e = cudaSuccess;
+  M3K_DISPATCH(prec, (e = ce_launch<T>(s, step, info, (const T *)logits, targets, (T *)dlogits, row_loss, row_hit, nb,
+                                       V, want_grad)));
+  return e;
 }
 
 extern "C" cudaError_t m3k_mse(cudaStream_t s, int prec, const m3k_step *step, const m3k_batch_info *info,

@@ -829,21 +829,6 @@ __device__ __forceinline__ void x_load(const m3k_scan_args &a, OT *sx, const cdi
   }
 }
 
-/* Eight act values (16-byte aligned) to and from float32. */
-template <typename T> __device__ __forceinline__ void ld8(const T *p, float *v) {
-  const uint4 r = __ldg((const uint4 *)p);
-  const T *e = (const T *)&r;
-#pragma unroll
-  for (int k = 0; k < 8; k++) v[k] = to_f(e[k]);
-}
-template <typename T> __device__ __forceinline__ void st8(T *p, const float *v) {
-  uint4 r;
-  T *e = (T *)&r;
-#pragma unroll
-  for (int k = 0; k < 8; k++) e[k] = from_f<T>(v[k]);
-  *(uint4 *)p = r;
-}
-
 /* ---- the parallel parts: angles, then per-chunk preparation ------------------------------------------- */
 
 /* Tokens per pass of scan_post_seq_chunked, which walks a whole row along the sequence: several
