@@ -766,6 +766,60 @@ __device__ __forceinline__ void c_gate_bwd(const m3k_scan_args &a, const csmem &
   }
 }
 
+/* c_gate_bwd without the mixer norm, for 16-byte aligned rows (act_vec): a token's Pp columns on Pp / 8 lanes,
+ * eight columns a lane (16-byte loads and stores), 32 / (Pp / 8) tokens a warp at once, the next round's
+ * loads in flight during this one's arithmetic. The same dz and dy; dy.x summed per lane, then over the
+ * token's lanes. */
+template <typename T>
+__device__ __forceinline__ void c_gate_bwd_vec(const m3k_scan_args &a, const csmem &s, const cdims &cd, int P,
+                                               int64_t m0, int nb, int h, OT *dyt) {
+  const m3k_dims &d = a.d;
+  const int lane = threadIdx.x & 31, wid = threadIdx.x >> 5, LT = cd.Pp / 8, tpw = 32 / LT;
+  const int l = lane % LT, c0 = 8 * l, per_round = CWARPS * tpw;
+  const bool live = c0 < P;
+  const T *proj = (const T *)a.proj;
+  T *dproj = (T *)a.dproj;
+  struct in8 {
+    uint4 x, z, dg, y;
+  };
+  const auto load = [&](int i, in8 &v) {
+    if (i >= nb || !live) return;
+    const int64_t mi = m0 + i, col = (int64_t)h * P + c0;
+    const T *pr = proj + mi * d.dipp + col;
+    v.x = __ldg((const uint4 *)(pr + d.x_off));
+    v.z = __ldg((const uint4 *)(pr + d.z_off));
+    v.dg = __ldg((const uint4 *)((const T *)a.dgated + mi * d.E + col));
+    v.y = __ldg((const uint4 *)((const T *)a.y + mi * d.E + col));
+  };
+  const int first = wid * tpw + lane / LT;
+  in8 cur = {}, nxt = {};
+  load(first, cur);
+  for (int r = 0; r < (CQ + per_round - 1) / per_round; r++) { /* every lane the same rounds: the shuffles */
+    const int i = r * per_round + first;
+    load(i + per_round, nxt);
+    float dyx = 0, dy[8] = {};
+    if (i < nb && live) {
+      const T *x = (const T *)&cur.x, *z = (const T *)&cur.z, *dg = (const T *)&cur.dg, *y = (const T *)&cur.y;
+      float dz[8];
+#pragma unroll
+      for (int k = 0; k < 8; k++) {
+        const float zf = to_f(z[k]), dgf = to_f(dg[k]);
+        const float sg = sigmoidf_(zf), silu = zf * sg, dsilu = sg * (1 + zf * (1 - sg));
+        dz[k] = dgf * to_f(y[k]) * dsilu;
+        dy[k] = dgf * silu;
+        dyx += dy[k] * to_f(x[k]);
+      }
+      st8(dproj + (m0 + i) * d.dipp + d.z_off + (int64_t)h * P + c0, dz);
+    }
+    for (int o = 1; o < LT; o <<= 1) dyx += __shfl_xor_sync(0xffffffffu, dyx, o);
+    if (i < CQ) {
+      st8(dyt + (size_t)i * cd.Pp + c0, dy);
+      if (i < nb && l == 0) s.sc[i * FW + F_DYX] = dyx;
+    }
+    cur = nxt;
+  }
+}
+
 /* ---- loads into shared memory: cp16 (common.cuh), so that all of a chunk's loads are in flight at
  * once; callers end the phase with cp_wait_all() (or, loading one chunk ahead, cp_commit() after each
  * chunk's loads and cp_wait_prev() for all but the last group) and a barrier ---- */
@@ -990,7 +1044,8 @@ __global__ void __launch_bounds__(CTHREADS) scan_gate_bwd_chunked(const m3k_scan
   const int64_t m0 = (int64_t)b * a.len + t0, u = ((int64_t)b * H + h) * nch + ch;
   for (int k = tid; k < CWARPS * cd.Pp; k += CTHREADS) s.pOn[k] = 0;
   __syncthreads();
-  c_gate_bwd<T>(a, s, cd, P, m0, nb, h, cv.dy + u * CQ * cd.Pp);
+  if (!a.d.outproj_norm && act_vec(a.d)) c_gate_bwd_vec<T>(a, s, cd, P, m0, nb, h, cv.dy + u * CQ * cd.Pp);
+  else c_gate_bwd<T>(a, s, cd, P, m0, nb, h, cv.dy + u * CQ * cd.Pp);
   __syncthreads();
   for (int i = tid; i < nb; i += CTHREADS) cv.tab[(u * CQ + i) * TW + F_DYX] = s.sc[i * FW + F_DYX];
   if (a.d.outproj_norm)
