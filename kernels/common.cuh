@@ -29,8 +29,8 @@ template <> __device__ __forceinline__ float from_f<float>(float x) { return x; 
 template <> __device__ __forceinline__ bf16 from_f<bf16>(float x) { return __float2bfloat16_rn(x); }
 template <> __device__ __forceinline__ f16 from_f<f16>(float x) { return __float2half_rn(x); }
 
-/* V (1, 2 or 4) consecutive values at p to or from registers: one vector access when V is 2 or 4 (p then
- * aligned to V elements). */
+/* V (1, 2 or 4) consecutive values at p (float32 or 16-bit) to or from float32 registers: one vector access
+ * when V is 2 or 4 (p then aligned to V elements). */
 template <int V, typename T> __device__ __forceinline__ void ld_v(const T *p, float (&v)[V]) {
   if constexpr (V == 4 && sizeof(T) == 4) {
     const float4 t = *(const float4 *)p;
