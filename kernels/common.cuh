@@ -192,6 +192,13 @@ template <typename V> __device__ __forceinline__ V block_sum(V v, V *red) {
 
 __device__ __forceinline__ float sigmoidf_(float v) { return 1.0f / (1.0f + expf(-v)); }
 
+/* silu(z) = z sigmoid(z) and its derivative sigmoid(z) (1 + z (1 - sigmoid(z))), for the gate's backward */
+__device__ __forceinline__ void silu_and_grad(float z, float &silu, float &dsilu) {
+  const float sg = sigmoidf_(z);
+  silu = z * sg;
+  dsilu = sg * (1 + z * (1 - sg));
+}
+
 /* Asynchronous copies global -> shared (cp.async; sm_80+): cp16 moves 16 bytes (both addresses
  * 16-byte aligned), cp4 4 bytes. They complete at cp_wait_all() (every copy of the thread) or
  * cp_wait_prev() (all but the last cp_commit() group); a barrier then publishes them to the block. */

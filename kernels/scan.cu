@@ -736,7 +736,8 @@ __global__ void __launch_bounds__(512) scan_bwd_kernel(const m3k_scan_args a, co
         const int64_t o = mi * E + (int64_t)h * P + p;
         const float dg = to_f(__ldg((const T *)a.dgated + o)), z = to_f(__ldg(pr + d.z_off));
         yv = to_f(__ldg((const T *)a.y + o));
-        const float sg = sigmoidf_(z), silu = z * sg, dsilu = sg * (1 + z * (1 - sg));
+        float silu, dsilu;
+        silu_and_grad(z, silu, dsilu);
         const float yn =
             d.outproj_norm ? yv * __ldg(a.y_rstd + mi * H + h) * __ldg(a.out_norm + (int64_t)h * P + p) : yv;
         dproj[mi * d.dipp + d.z_off + (int64_t)h * P + p] = from_f<T>(dg * yn * dsilu);

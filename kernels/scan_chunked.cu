@@ -733,7 +733,8 @@ __device__ __forceinline__ void c_gate_bwd(const m3k_scan_args &a, const csmem &
       yf[k] = to_f(g.y[k]);
       if (p < P) {
         const float z = to_f(g.z[k]), dg = to_f(g.dg[k]);
-        const float sg = sigmoidf_(z), silu = z * sg, dsilu = sg * (1 + z * (1 - sg));
+        float silu, dsilu;
+        silu_and_grad(z, silu, dsilu);
         const float yn = d.outproj_norm ? yf[k] * rn * wn[k] : yf[k];
         dproj[mi * d.dipp + d.z_off + (int64_t)h * P + p] = from_f<T>(dg * yn * dsilu);
         dyn[k] = dg * silu;
@@ -804,7 +805,8 @@ __device__ __forceinline__ void c_gate_bwd_vec(const m3k_scan_args &a, const csm
 #pragma unroll
       for (int k = 0; k < 8; k++) {
         const float zf = to_f(z[k]), dgf = to_f(dg[k]);
-        const float sg = sigmoidf_(zf), silu = zf * sg, dsilu = sg * (1 + zf * (1 - sg));
+        float silu, dsilu;
+        silu_and_grad(zf, silu, dsilu);
         dz[k] = dgf * to_f(y[k]) * dsilu;
         dy[k] = dgf * silu;
         dyx += dy[k] * to_f(x[k]);
