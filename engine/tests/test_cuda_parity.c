@@ -555,6 +555,13 @@ int main(void) {
   const int deep_idx = ncases + (int)(sizeof small / sizeof small[0]);
   parity_config(deep_idx, &deep, deep_cfg, M3_PRECISION_F32);
   parity_config(deep_idx, &deep, deep_cfg, M3_PRECISION_BF16);
+  /* a vocabulary of 64: its rows move in whole 16-byte pieces, so the cross entropy stages each row in shared
+   * memory (heads.cu, ce_launch); the vocabulary of 50 above reads it from global memory */
+  const spec staged = {16, 16, 4, 1, 0.5, 0, M3_INPUT_TOKENS, M3_HEAD_LM, 1, 2, 100};
+  m3_config staged_cfg = config_of(&staged);
+  staged_cfg.vocab_size = 64;
+  parity_config(deep_idx + 1, &staged, staged_cfg, M3_PRECISION_F32);
+  parity_config(deep_idx + 1, &staged, staged_cfg, M3_PRECISION_BF16);
   const spec self[] = {
       {16, 16, 4, 1, 0.5, 1, M3_INPUT_FEATURES, M3_HEAD_NONE, 1, 2, 40},
       {16, 32, 4, 2, 1.0, 0, M3_INPUT_TOKENS, M3_HEAD_LM, 1, 2, 40},
