@@ -302,6 +302,17 @@ describe("m3.infer", function()
       assert.equal(R, cold[1] + cold[3])
     end)
 
+    it("draws among the largest logits only at temperatures whose inverse overflows a float", function()
+      for _, t in ipairs({ 1e-30, 1e-39, 1e-300, 5e-324 }) do
+        for _, opts in ipairs({ { temperature = t, seed = 7 }, { temperature = t, top_k = 3, seed = 7 },
+                                 { temperature = t, top_p = 0.9, seed = 7 } }) do
+          local c = counts(opts)
+          assert.equal(R, c[1] + c[3], "temperature " .. t)
+          assert.is_true(c[1] > R / 4 and c[3] > R / 4, "temperature " .. t .. ": both ties drawn")
+        end
+      end
+    end)
+
     it("refuses non-finite logits and leaves the generators as they were", function()
       local s = m3.sampling.new(2, { seed = 1 }, "test")
       local bad = ffi.new("float[10]")

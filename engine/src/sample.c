@@ -122,6 +122,10 @@ static cand nucleus_end(const float *lg, const float *w, int32_t V, float m, dou
   return sc->c[n - 1];
 }
 
+/* The weight of logit v below the row's max m: expf((v - m) / temperature). A temperature so small that
+ * inv_t overflows to inf still gives the max's ties weight 1 (not 0 inf = NaN) and every other logit 0. */
+static float weight_of(float v, float m, float inv_t) { return v == m ? 1.0f : expf((v - m) * inv_t); }
+
 static int32_t sample_row(const float *lg, int32_t V, const m3_sample_opts *o, m3_rng *r, scratch *sc) {
   int32_t best = 0;
   for (int32_t i = 1; i < V; i++)
@@ -130,7 +134,7 @@ static int32_t sample_row(const float *lg, int32_t V, const m3_sample_opts *o, m
   const float inv_t = (float)(1.0 / o->temperature), m = lg[best];
   float *w = sc->w;
   if (o->top_k == 0) {
-    for (int32_t i = 0; i < V; i++) w[i] = expf((lg[i] - m) * inv_t);
+    for (int32_t i = 0; i < V; i++) w[i] = weight_of(lg[i], m, inv_t);
     if (o->top_p >= 1) DRAW_IN_ID_ORDER(1);
     double mass = 0;
     for (int32_t i = 0; i < V; i++) mass += w[i];
@@ -141,7 +145,7 @@ static int32_t sample_row(const float *lg, int32_t V, const m3_sample_opts *o, m
   cand *c = sc->c;
   int32_t n = top_k(lg, V, o->top_k < V ? o->top_k : V, c);
   double total = 0;
-  for (int32_t j = 0; j < n; j++) total += w[j] = expf((c[j].v - m) * inv_t);
+  for (int32_t j = 0; j < n; j++) total += w[j] = weight_of(c[j].v, m, inv_t);
   if (o->top_p < 1) {
     const double goal = o->top_p * total;
     double acc = 0;
