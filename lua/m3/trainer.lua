@@ -306,7 +306,13 @@ function T:backward_step(batch_or_d_out, opts)
   opts = opts or {}
   check_keys(opts, BACKWARD_OPTS, "backward_step")
   local o = ffi.new("m3_backward_opts", -1, 0, 1)
-  if opts.clip ~= nil then o.clip = want_number(opts.clip, "backward_step: clip") end
+  if opts.clip ~= nil then
+    o.clip = want_number(opts.clip, "backward_step: clip")
+    if not (opts.clip >= 0) then -- the C API's clip < 0 stands for "the trainer's clip": leave clip out for that
+      raise("backward_step: clip = " .. show(opts.clip) .. ": expected a number >= 0 (0 = off; leave it out for the "
+            .. "trainer's clip)")
+    end
+  end
   if opts.accumulate ~= nil then o.accumulate = want_bool(opts.accumulate, "backward_step: accumulate") and 1 or 0 end
   if opts.scale ~= nil then o.scale = want_number(opts.scale, "backward_step: scale") end
   local batch = batch_or_d_out
