@@ -242,6 +242,8 @@ describe("m3.infer", function()
       local bad = m3.tensor.from({ { 1, 2, 13 } }, "i32")
       assert.matches("batch.tokens%[2%] %(row 0, position 2%) = 13: must be in %[0, 13%)",
         helper.error_of(inf.generate, inf, bad, 4, { carry = true }))
+      assert.matches("batch.tokens%[2%] %(row 0, position 2%) = 13: must be in %[0, 13%)",
+        helper.error_of(inf.generate, inf, bad, 4))
       assert.matches("prompt is empty", helper.error_of(inf.generate, inf, {}, 4))
       assert.matches("tokens is empty", helper.error_of(inf.step, inf, m3.tensor({ 1, 0 }, "i32")))
       assert.matches("expected int32 %[B, T%], got f32", helper.error_of(inf.step, inf, m3.tensor({ 1, 3 })))

@@ -252,6 +252,19 @@ local function prompt_tensor(prompt)
   return prompt
 end
 
+-- The prompt's token ids, checked before generate resets its rows: a bad prompt then changes no state
+-- (the engine's own check of the step, with the same message, comes after the reset).
+local function check_prompt_ids(t, V)
+  local T_ = t.dims_[1]
+  for i = 0, t.dims_[0] * T_ - 1 do
+    local id = t.data[i]
+    if id < 0 or id >= V then
+      raise(string.format("generate: batch.tokens[%d] (row %d, position %d) = %d: must be in [0, %d)", i,
+        math.floor(i / T_), i % T_, id, V))
+    end
+  end
+end
+
 function I:generate(prompt, n, opts)
   local p = live(self)
   local cfg = self.config
@@ -262,6 +275,7 @@ function I:generate(prompt, n, opts)
   local t = step_input(self, { tokens = prompt_tensor(prompt) }, "generate: prompt")
   local B, V = t.dims_[0], cfg.vocab_size
   local sampler = sampling.new(B, o.sampler, "generate")
+  check_prompt_ids(t, V)
   if not o.carry then
     local rows = {}
     for r = 1, B do rows[r] = r - 1 end
