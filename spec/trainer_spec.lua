@@ -444,6 +444,15 @@ describe("m3.trainer", function()
       bad = tr:states()
       bad[1].q = bad[1].k
       assert.matches("states%[1%].q: unknown field", helper.error_of(tr.set_states, tr, bad))
+      local kept = tr:states()
+      bad = tr:states()
+      bad[1].ssm[0] = 7
+      bad[2].k[3] = 0 / 0
+      assert.matches("states%[2%].k%[3%] = %-?nan: not finite %(no layer was set%)",
+        helper.error_of(tr.set_states, tr, bad))
+      bad[2].k[3] = math.huge
+      assert.matches("states%[2%].k%[3%] = inf: not finite", helper.error_of(tr.set_states, tr, bad))
+      assert.is_true(helper.same_states(kept, tr:states()))
     end)
   end)
 

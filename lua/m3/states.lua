@@ -3,7 +3,7 @@
 -- per layer, batch first: [B, H, S], [B, H, P, N], [B, H, N], [B, H, P].
 --
 --   states.read(cfg, B, get)          get(layer0, angle, ssm, k, v) fills one layer (pointers)
---   states.write(cfg, B, s, set)      checks every layer's shapes first, then set(layer0, ...)
+--   states.write(cfg, B, s, set)      checks every layer's shapes and values first, then set(layer0, ...)
 --   states.rows(rows, what)           a reset's rows (nil: all) as C arguments: int32_t array, count
 
 local ffi = require "ffi"
@@ -36,7 +36,8 @@ function states.read(cfg, B, get)
   return out
 end
 
--- Sets every layer from a list as read() returns (f64 tensors and nested tables accepted).
+-- Sets every layer from a list as read() returns (f64 tensors and nested tables accepted); a bad
+-- shape or a non-finite value anywhere raises before any layer is set.
 function states.write(cfg, B, list, set)
   local L = cfg.n_layers
   if type(list) ~= "table" or #list ~= L then
@@ -61,6 +62,12 @@ function states.write(cfg, B, list, set)
       for d = 1, #sh[k] do same = same and have[d] == sh[k][d] end
       if not same then raise(string.format("%s: expected %s, got %s", what, want, options.describe(t))) end
       r[k] = t:dtype() == "f64" and tensor.cast(t, "f32") or t
+      for i = 0, r[k]:numel() - 1 do
+        local v = r[k].data[i]
+        if v ~= v or v == math.huge or v == -math.huge then
+          raise(string.format("%s[%d] = %s: not finite (no layer was set)", what, i, tostring(v)))
+        end
+      end
     end
     ready[l] = r
   end
