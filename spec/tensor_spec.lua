@@ -58,6 +58,7 @@ describe("m3.tensor", function()
   it("rejects bad shapes and dtypes with a clear error", function()
     assert.matches("shape%[2%] = %-1", helper.error_of(m3.tensor, { 2, -1 }))
     assert.matches("shape%[1%] = 1.5", helper.error_of(m3.tensor, { 1.5 }))
+    assert.matches('shape%[1%] = "2"', helper.error_of(m3.tensor, { "2" }))
     assert.matches("unknown dtype f16", helper.error_of(m3.tensor, { 2 }, "f16"))
   end)
 
@@ -104,6 +105,34 @@ describe("m3.tensor", function()
     assert.equal(1.5, t[0])
     local i = m3.tensor.from(t, "i32")
     assert.same({ 1, 2 }, i:to_table())
+    assert.same({ 255, 0 }, m3.tensor.from(m3.tensor.from({ 255.9, -0.9 }), "u8"):to_table())
+    for _, bad in ipairs({ 0 / 0, 256, -1, math.huge }) do
+      assert.matches("converting to u8: element 1 = .* is outside %[0, 255%]",
+        helper.error_of(m3.tensor.from, m3.tensor.from({ 1, bad }, "f64"), "u8"))
+    end
+    assert.matches("converting to i32: element 0 = 2147483648 is outside",
+      helper.error_of(m3.tensor.from, m3.tensor.from({ 2 ^ 31 }, "f64"), "i32"))
+    assert.matches("converting to u8: element 0 = 300 is outside",
+      helper.error_of(m3.tensor.from, m3.tensor.from({ 300 }, "i32"), "u8"))
+  end)
+
+  it("stores only values an element holds: whole numbers in range for i32 and u8, numbers for f32", function()
+    local i, u, f = m3.tensor({ 2 }, "i32"), m3.tensor({ 2 }, "u8"), m3.tensor({ 2 })
+    i[0], i[1], u[0], u[1], f[0] = -2147483648, 2147483647, 0, 255, 0 / 0
+    assert.same({ -2147483648, 2147483647 }, i:to_table())
+    assert.same({ 0, 255 }, u:to_table())
+    for _, bad in ipairs({ 1.7, 0 / 0, 2 ^ 31, -2 ^ 31 - 1, math.huge }) do
+      assert.matches("tensor%[1%] = .*: expected an integer in %[%-2147483648, 2147483647%] %(i32%)",
+        helper.error_of(function() i[1] = bad end))
+    end
+    assert.equal(2147483647, i[1])
+    assert.matches("tensor%[0%] = 256: expected an integer in %[0, 255%] %(u8%)", helper.error_of(function() u[0] = 256 end))
+    assert.matches('tensor%[1%] = "x": expected a number', helper.error_of(function() f[1] = "x" end))
+    assert.matches("tensor%[1%] = true: expected a number", helper.error_of(function() i[1] = true end))
+    assert.matches("tensor_spec.lua:%d+: ", helper.error_of(function() i[1] = 0.5 end))
+    assert.matches("element %[1%]%[2%] = 1.5: expected an integer",
+      helper.error_of(m3.tensor.from, { { 1, 1.5 } }, "i32"))
+    assert.matches("element %[1%] = %-1: expected an integer in %[0, 255%]", helper.error_of(m3.tensor.from, { -1 }, "u8"))
   end)
 
   it("wraps plain FFI arrays as views and checks their size", function()

@@ -59,6 +59,27 @@ end
 local ctypes, array_ct, ptr_ct = {}, {}, {}
 local methods = {}
 
+-- A value as messages show it (strings quoted, so "2" is not mistaken for 2).
+local function show(v)
+  return type(v) == "string" and string.format("%q", v) or tostring(v)
+end
+
+-- The values an element of an integer dtype holds; a Lua number outside them (or not whole) would be
+-- truncated or wrapped by the FFI's conversion, so storing one is an error.
+local INT_RANGE = { i32 = { -2147483648, 2147483647 }, u8 = { 0, 255 } }
+
+-- Why v cannot be stored in an element of dtype, or nil when it can (numbers, and FFI cdata numbers,
+-- which the FFI converts itself).
+local function unstorable(dtype, v)
+  if type(v) ~= "number" then
+    return type(v) ~= "cdata" and "expected a number" or nil
+  end
+  local r = INT_RANGE[dtype]
+  if r and (v ~= floor(v) or v < r[1] or v > r[2]) then
+    return string.format("expected an integer in [%d, %d] (%s)", r[1], r[2], dtype)
+  end
+end
+
 local function bad_index(t, k)
   if type(k) == "number" then
     if k ~= floor(k) then raise("tensor index " .. tostring(k) .. " is not an integer") end
@@ -77,6 +98,8 @@ local mt = {
   end,
   __newindex = function(t, k, v)
     if type(k) == "number" and k >= 0 and k < t.n_ and k == floor(k) then
+      local why = unstorable(DTYPES[t.code_], v)
+      if why then raise(string.format("tensor[%d] = %s: %s", k, show(v), why)) end
       t.data[k] = v
       return
     end
@@ -132,7 +155,7 @@ local function check_shape(shape, what)
   for i = 1, #shape do
     local d = shape[i]
     if type(d) ~= "number" or d < 0 or d ~= floor(d) or d == huge then
-      raise(string.format("%s: shape[%d] = %s: expected an integer >= 0", what, i, tostring(d)))
+      raise(string.format("%s: shape[%d] = %s: expected an integer >= 0", what, i, show(d)))
     end
     n = n * d
   end
@@ -250,7 +273,7 @@ local function type_name(v)
   return type(v) == "nil" and "nil" or "a " .. type(v)
 end
 
-local function fill_from(dst, v, shape, depth, pos, path)
+local function fill_from(dst, dtype, v, shape, depth, pos, path)
   local want = shape[depth]
   if type(v) ~= "table" or tensor.is(v) then
     raise(string.format("m3.tensor.from: element %s is %s, expected a table of %d entries "
@@ -266,21 +289,35 @@ local function fill_from(dst, v, shape, depth, pos, path)
       if type(x) ~= "number" then
         raise(string.format("m3.tensor.from: element %s[%d] is %s, expected a number", path, i, type_name(x)))
       end
+      local why = unstorable(dtype, x)
+      if why then raise(string.format("m3.tensor.from: element %s[%d] = %s: %s", path, i, show(x), why)) end
       dst[pos] = x
       pos = pos + 1
     end
     return pos
   end
-  for i = 1, want do pos = fill_from(dst, v[i], shape, depth + 1, pos, path .. "[" .. i .. "]") end
+  for i = 1, want do pos = fill_from(dst, dtype, v[i], shape, depth + 1, pos, path .. "[" .. i .. "]") end
   return pos
 end
 
--- A new tensor of dtype holding a copy of src (a tensor), converted element by element.
+-- A new tensor of dtype holding a copy of src (a tensor), converted element by element (into i32 or u8:
+-- truncated toward zero, as C converts).
 function tensor.cast(src, dtype)
   dtype = tensor.dtype_name(dtype)
   local t = zeros(dtype, src:shape(), src.n_)
   if dtype_of(src) == dtype then
     ffi.copy(t.data, src.data, src.n_ * ffi.sizeof(ctype_of[dtype]))
+  elseif INT_RANGE[dtype] then -- into an integer dtype: truncated toward zero, so NaN or out of range is an error
+    local s, d = src.data, t.data
+    local lo, hi = INT_RANGE[dtype][1], INT_RANGE[dtype][2]
+    for i = 0, src.n_ - 1 do
+      local v = s[i]
+      if not (v > lo - 1 and v < hi + 1) then
+        raise(string.format("m3.tensor: converting to %s: element %d = %s is outside [%d, %d]", dtype, i, show(v),
+          lo, hi))
+      end
+      d[i] = v
+    end
   else
     local s, d = src.data, t.data
     for i = 0, src.n_ - 1 do d[i] = s[i] end
@@ -304,7 +341,7 @@ function tensor.from(v, dtype)
   local n
   shape, n = check_shape(shape, "m3.tensor.from")
   local t = zeros(dtype, shape, n)
-  fill_from(t.data, v, shape, 1, 0, "")
+  fill_from(t.data, dtype, v, shape, 1, 0, "")
   return t
 end
 
