@@ -135,6 +135,15 @@ describe("m3.tensor", function()
     assert.matches("element %[1%] = %-1: expected an integer in %[0, 255%]", helper.error_of(m3.tensor.from, { -1 }, "u8"))
   end)
 
+  it("holds tensors of 2 GiB and more (beyond one ffi.new array)", function()
+    local big = m3.tensor({ 2 ^ 29 + 1 })
+    assert.equal(2 ^ 29 + 1, #big)
+    assert.equal(0, big[2 ^ 29])
+    big[2 ^ 29] = 3.5
+    assert.equal(3.5, big[2 ^ 29])
+    assert.matches("cannot allocate f32 %[1099511627776%]", helper.error_of(m3.tensor, { 2 ^ 40 }))
+  end)
+
   it("wraps plain FFI arrays as views and checks their size", function()
     local a = ffi.new("double[6]", 1, 2, 3, 4, 5, 6)
     local t = m3.tensor.wrap(a, { 3, 2 })

@@ -175,9 +175,23 @@ local function make(dtype, shape, n, data, owner)
   return t
 end
 
+-- An ffi.new array holds less than 2 GiB; a larger tensor's zeros come from calloc, freed when it is collected.
+local ARRAY_MAX_BYTES = 2 ^ 31 - 1
+pcall(ffi.cdef, "void *calloc(size_t count, size_t size); void free(void *p);")
+
 local function zeros(dtype, shape, n)
-  local buf = array_ct[dtype](n > 0 and n or 1)
-  return make(dtype, shape, n, buf, buf)
+  local size = ffi.sizeof(ctype_of[dtype])
+  if n * size <= ARRAY_MAX_BYTES then
+    local buf = array_ct[dtype](n > 0 and n or 1)
+    return make(dtype, shape, n, buf, buf)
+  end
+  local p = ffi.C.calloc(n, size)
+  if p == nil then
+    raise(string.format("m3.tensor: cannot allocate %s %s (%.1f GiB)", dtype, tensor.format_shape(shape),
+      n * size / 2 ^ 30))
+  end
+  p = ffi.gc(p, ffi.C.free)
+  return make(dtype, shape, n, ffi.cast(ptr_ct[dtype], p), p)
 end
 
 -- Zeros in page-locked memory where a CUDA device is present (a batch's large arrays there upload
