@@ -1,11 +1,12 @@
 -- m3.tensor — dense host tensors (f32, f64, i32, u8) with a shape.
 --
 -- A tensor is an FFI struct (one type per dtype) holding a typed `data` pointer, the
--- element count and up to 8 dims; `t[i]` is bounds-checked 0-based flat access and `#t`
--- the element count. The memory belongs to an anchor (an ffi.new array, page-locked memory
--- for m3.tensor(shape, dtype, {pinned = true}), a weights object for views, a user's FFI
--- array for wraps) kept alive in a registry until the tensor is collected. Nothing here
--- copies or loops over elements unless asked (from, to_table, clone, cast).
+-- element count and up to 8 dims; `t[i]` is bounds-checked 0-based flat access (a store
+-- takes only values the element holds) and `#t` the element count. The memory belongs to an
+-- anchor (an ffi.new array, calloc'd memory from 2 GiB up, page-locked memory for
+-- m3.tensor(shape, dtype, {pinned = true}), a weights object for views, a user's FFI array
+-- for wraps) kept alive in a registry until the tensor is collected. Nothing here copies or
+-- loops over elements unless asked (from, to_table, clone, cast).
 
 local ffi = require "ffi"
 local lib = require "m3.lib"
