@@ -528,6 +528,40 @@ describe("m3.trainer", function()
       assert.matches("m3: ", helper.error_of(m3.trainer.load, "/nonexistent.ckpt"))
     end)
 
+    it("refuses a checkpoint whose metadata or values are damaged, naming what is wrong", function()
+      local function saved()
+        local tr = m3.trainer(helper.tokens_lm(), opts({ carry_state = true }))
+        tr:step(helper.batch(tr.config, 3, 7, helper.rng(22)))
+        local path = helper.tmpname(".ckpt")
+        tr:save(path)
+        return path
+      end
+      -- a copy of the checkpoint at path with change(tensors, metadata) applied
+      local function damaged(path, change)
+        local tensors, meta = m3.load_tensors(path)
+        change(tensors, meta)
+        local out = helper.tmpname(".ckpt")
+        m3.save_tensors(out, tensors, meta)
+        return out
+      end
+      local f32 = saved()
+      local function refused(pattern, change)
+        assert.matches(pattern, helper.error_of(m3.trainer.load, damaged(f32, change)))
+      end
+      refused('step "abc": expected an integer in %[0, ', function(_, m) m.step = "abc" end)
+      refused('step "%-5": expected an integer', function(_, m) m.step = "-5" end)
+      refused('step "3x": expected an integer', function(_, m) m.step = "3x" end)
+      refused('loss_scale "nan": expected a finite number', function(_, m) m.loss_scale = "nan" end)
+      refused("loss_scale 2, tracker 0: a trainer without f16 has 1 and 0", function(_, m) m.loss_scale = "2" end)
+      refused('tracker "%-1": expected an integer', function(_, m) m.tracker = "-1" end)
+      refused('"state.0.v" %[3%] = %-?nan: expected a finite value', function(t) t["state.0.v"][3] = 0 / 0 end)
+      refused('"param.embedding.weight" %[0%] = inf: expected a finite value', function(t) t["param.embedding.weight"][0] = 1 / 0 end)
+      refused('"adam_m.norm_f.weight" %[1%] = %-?nan', function(t) t["adam_m.norm_f.weight"][1] = 0 / 0 end)
+      refused('"adam_v.norm_f.weight" %[2%] = %-1: expected a finite, nonnegative value',
+        function(t) t["adam_v.norm_f.weight"][2] = -1 end)
+      assert.equal(1, m3.trainer.load(damaged(f32, function() end)):step_count())
+    end)
+
     it("loads with another window length and batch (the state then starts from zero)", function()
       local o = opts({ carry_state = true })
       local a = m3.trainer(helper.tokens_lm(), o)

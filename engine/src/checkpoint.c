@@ -6,10 +6,14 @@
  * format = "m3lua-checkpoint-1", config (model JSON), trainer (trainer options JSON with
  * the live lr / clip / no-decay values), step, loss_scale, tracker, rng (four hex words),
  * extra (the caller's opaque string). Numbers are written with 17 significant digits so
- * a resumed run continues bit-identically on the same device and precision.
+ * a resumed run continues bit-identically on the same device and precision. Loading takes
+ * nothing it has not checked: numbers written whole and in range, finite tensors, second
+ * moments >= 0.
  */
 #include <cjson/cJSON.h>
+#include <errno.h>
 #include <inttypes.h>
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -164,8 +168,10 @@ static m3_status parse_trainer(const char *json, m3_trainer_cfg *c, double *lr, 
   return st;
 }
 
-/* Copies the F32 tensor `name` of exactly `ndim`/`shape` into dst. */
-static m3_status take(const m3_tensor_file *f, const char *name, int32_t ndim, const int64_t *shape, float *dst) {
+/* Copies the F32 tensor `name` of exactly `ndim`/`shape` into dst; every value must be finite (and >= 0 with
+ * nonneg: Adam's second moments). */
+static m3_status take(const m3_tensor_file *f, const char *name, int32_t ndim, const int64_t *shape, int nonneg,
+                      float *dst) {
   int32_t i = m3_tensor_file_find(f, name);
   if (i < 0) return m3_fail(M3_ERR_FORMAT, "checkpoint has no tensor \"%s\"", name);
   m3_file_tensor t;
@@ -174,18 +180,52 @@ static m3_status take(const m3_tensor_file *f, const char *name, int32_t ndim, c
   for (int32_t k = 0; ok && k < ndim; k++) ok = t.shape[k] == shape[k];
   if (!ok) return m3_fail(M3_ERR_FORMAT, "checkpoint tensor \"%s\" has the wrong dtype or shape", name);
   memcpy(dst, t.data, t.nbytes);
+  const int64_t n = (int64_t)(t.nbytes / sizeof(float));
+  for (int64_t k = 0; k < n; k++)
+    if (!isfinite(dst[k]) || (nonneg && dst[k] < 0))
+      return m3_fail(M3_ERR_FORMAT, "checkpoint tensor \"%s\" [%lld] = %g: expected a finite%s value", name,
+                     (long long)k, dst[k], nonneg ? ", nonnegative" : "");
+  return M3_OK;
+}
+
+/* The integer metadata `key`, which must be written whole in [lo, hi]. */
+static m3_status meta_int(const m3_tensor_file *f, const char *key, int64_t lo, int64_t hi, int64_t *out) {
+  const char *text;
+  TRY(meta(f, key, &text));
+  char *end = NULL;
+  errno = 0;
+  const long long v = strtoll(text, &end, 10);
+  if (end == text || *end || errno || v < lo || v > hi)
+    return m3_fail(M3_ERR_FORMAT, "checkpoint %s \"%s\": expected an integer in [%lld, %lld]", key, text,
+                   (long long)lo, (long long)hi);
+  *out = v;
+  return M3_OK;
+}
+
+/* The number metadata `key`, which must be written whole and finite. */
+static m3_status meta_number(const m3_tensor_file *f, const char *key, double *out) {
+  const char *text;
+  TRY(meta(f, key, &text));
+  char *end = NULL;
+  const double v = strtod(text, &end);
+  if (end == text || *end || !isfinite(v))
+    return m3_fail(M3_ERR_FORMAT, "checkpoint %s \"%s\": expected a finite number", key, text);
+  *out = v;
   return M3_OK;
 }
 
 static m3_status restore(m3_trainer *tr, const m3_tensor_file *f, int same_precision, int same_batch, float *buf) {
   const char *text;
-  TRY(meta(f, "step", &text));
-  tr->step = strtoll(text, NULL, 10);
+  TRY(meta_int(f, "step", 0, INT64_MAX, &tr->step));
   if (same_precision) { /* a changed precision starts its own scaler */
-    TRY(meta(f, "loss_scale", &text));
-    tr->loss_scale = strtod(text, NULL);
-    TRY(meta(f, "tracker", &text));
-    tr->tracker = strtoll(text, NULL, 10);
+    double scale = 1;
+    int64_t tracker = 0;
+    TRY(meta_number(f, "loss_scale", &scale));
+    TRY(meta_int(f, "tracker", 0, INT64_MAX, &tracker));
+    if (tr->cfg.precision == M3_PRECISION_F16) TRY(m3_trainer_load_scaler_state(tr, scale, tracker));
+    else if (scale != 1 || tracker != 0)
+      return m3_fail(M3_ERR_FORMAT, "checkpoint loss_scale %g, tracker %lld: a trainer without f16 has 1 and 0",
+                     scale, (long long)tracker);
   }
   TRY(meta(f, "rng", &text));
   if (sscanf(text, "%" SCNx64 " %" SCNx64 " %" SCNx64 " %" SCNx64, &tr->rng.s[0], &tr->rng.s[1], &tr->rng.s[2],
@@ -202,7 +242,7 @@ static m3_status restore(m3_trainer *tr, const m3_tensor_file *f, int same_preci
     for (int32_t i = 0; i < tr->layout.n; i++) {
       const param_desc *p = &tr->layout.t[i];
       snprintf(name, sizeof name, "%s%s", prefixes[a], p->name);
-      TRY(take(f, name, p->ndim, p->shape, buf + p->offset));
+      TRY(take(f, name, p->ndim, p->shape, kinds[a] == ARENA_ADAM_V, buf + p->offset));
     }
     TRY(tr->ops->write_arena(tr->be, kinds[a], buf));
   }
@@ -214,7 +254,7 @@ static m3_status restore(m3_trainer *tr, const m3_tensor_file *f, int same_preci
       int32_t nd = state_shape(tr, k, shape);
       snprintf(name, sizeof name, "state.%d.%s", l, STATE_KINDS[k]);
       ptr[k] = s;
-      TRY(take(f, name, nd, shape, s));
+      TRY(take(f, name, nd, shape, 0, s));
       s += numel_of(shape, nd);
     }
     TRY(tr->ops->set_state(tr->be, l, ptr[0], ptr[1], ptr[2], ptr[3]));
@@ -261,7 +301,7 @@ m3_status m3_trainer_load(const char *path, const m3_load_opts *opts, m3_trainer
   char name[M3_NAME_CAP + 32];
   for (int32_t i = 0; st == M3_OK && i < layout.n; i++) {
     snprintf(name, sizeof name, "param.%s", layout.t[i].name);
-    st = take(f, name, layout.t[i].ndim, layout.t[i].shape, buf + layout.t[i].offset);
+    st = take(f, name, layout.t[i].ndim, layout.t[i].shape, 0, buf + layout.t[i].offset);
   }
   m3_trainer *tr = NULL;
   if (st == M3_OK) st = m3_trainer_create_from(&cfg, &model, buf, &tr);
