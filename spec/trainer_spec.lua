@@ -265,6 +265,24 @@ describe("m3.trainer", function()
     assert.equal(2, tr:step_count())
   end)
 
+  it("puts the carried state back after a non-finite step, so the next clean step trains", function()
+    local tr = m3.trainer(helper.features_none(), opts({ carry_state = true }))
+    local twin = m3.trainer(helper.features_none(), opts({ carry_state = true }))
+    local rng = helper.rng(8)
+    local b, c = helper.batch(tr.config, 3, 7, rng), helper.batch(tr.config, 2, 7, rng)
+    tr:step(b)
+    twin:step(b)
+    local bad = { input = c.input:clone(), d_out = c.d_out }
+    bad.input[4] = 0 / 0
+    assert.matches("Adam moments, the carried state and the step count are unchanged",
+      helper.error_of(tr.step, tr, bad))
+    assert.is_true(helper.same_states(twin:states(), tr:states()))
+    local m = tr:step(c) -- as if the bad window had never come
+    assert.equal(m.loss, twin:step(c).loss)
+    assert.is_true(helper.same_states(twin:states(), tr:states()))
+    assert.is_true(helper.same_weights(twin:snapshot(), tr:snapshot()))
+  end)
+
   it("raises an error starting with \"interrupted\" after m3_interrupt, applying nothing", function()
     local C = require("m3.lib").C
     local tr = m3.trainer(helper.features_none(), opts())

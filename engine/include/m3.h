@@ -291,7 +291,9 @@ void m3_trainer_destroy(m3_trainer *tr);
 const m3_config *m3_trainer_config(const m3_trainer *tr);
 void m3_trainer_get_info(const m3_trainer *tr, m3_trainer_info *out);
 
-/* Fused forward + backward + optimizer (graph-replayed when captured). */
+/* Fused forward + backward + optimizer (graph-replayed when captured). An f32 / bf16 step whose gradient
+ * is not finite (M3_ERR_NONFINITE) changes nothing: with carry_state, the CPU backend also puts the carried
+ * state back (the CUDA backend leaves it advanced). An f16 overflow skips only the update. */
 m3_status m3_trainer_step(m3_trainer *tr, const m3_batch *b, m3_metrics *out);
 /* Split API. forward keeps the activations and the window's inputs; out (may be NULL)
  * receives [rows, len, d_model]. backward_step's batch supplies only the head's fields

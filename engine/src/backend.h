@@ -72,6 +72,9 @@ typedef struct backend_ops {
   m3_status (*set_state)(backend *be, int32_t layer, const float *angle, const float *ssm, const float *k,
                          const float *v);
   m3_status (*reset_rows)(backend *be, const int32_t *rows, int32_t n_rows); /* rows NULL: all */
+  /* rows [0, rows) of the carried state back to where the last training forward (with carry) started: a step
+   * whose update was refused leaves the state as it found it; NULL: not available (the state stays advanced) */
+  m3_status (*rewind_state)(backend *be, int32_t rows);
   /* whole arenas (layout.total floats) in and out */
   m3_status (*read_arena)(const backend *be, arena_kind kind, float *dst);
   m3_status (*write_arena)(backend *be, arena_kind kind, const float *src);

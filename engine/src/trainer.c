@@ -189,8 +189,10 @@ static void fill_head(const m3_trainer *tr, m3_metrics *m, const head_result *h)
   }
 }
 
-/* Applies the outcome of an update to the counters (SPEC.md §7). */
-static m3_status finish_update(m3_trainer *tr, const update_result *u, double clip, m3_metrics *m) {
+/* Applies the outcome of an update to the counters (SPEC.md §7); state_rewound: a refused update's step also
+ * put the carried state back (m3_trainer_step). */
+static m3_status finish_update(m3_trainer *tr, const update_result *u, double clip, int state_rewound,
+                               m3_metrics *m) {
   m->has_grad_norm = clip > 0;
   m->grad_norm = u->grad_norm;
   if (tr->cfg.precision == M3_PRECISION_F16) m->loss_scale = tr->loss_scale;
@@ -204,9 +206,9 @@ static m3_status finish_update(m3_trainer *tr, const update_result *u, double cl
     }
     m->step = tr->step;
     return m3_fail(M3_ERR_NONFINITE,
-                   "non-finite gradient (global norm %g): the update was skipped; weights, Adam moments and the "
+                   "non-finite gradient (global norm %g): the update was skipped; weights, Adam moments%s and the "
                    "step count are unchanged",
-                   u->grad_norm);
+                   u->grad_norm, state_rewound ? ", the carried state" : "");
   }
   tr->step++;
   m->optimizer_stepped = 1;
@@ -249,7 +251,11 @@ m3_status m3_trainer_step(m3_trainer *tr, const m3_batch *b, m3_metrics *out) {
     TRY(track(tr, tr->ops->update(tr->be, &p, &u)));
   }
   fill_head(tr, &m, &h);
-  m3_status st = finish_update(tr, &u, p.clip, &m);
+  /* an f32 / bf16 step whose update is refused leaves everything as it was, the carried state too (SPEC.md §7;
+   * an f16 overflow skips only the update, as a skipped optimizer step does elsewhere) */
+  const int rewind = !u.finite && tr->cfg.precision != M3_PRECISION_F16 && tr->cfg.carry_state && tr->ops->rewind_state;
+  if (rewind) TRY(track(tr, tr->ops->rewind_state(tr->be, b->rows)));
+  m3_status st = finish_update(tr, &u, p.clip, rewind, &m);
   m.ms = now_ms() - t0;
   if (out) *out = m;
   return st;
@@ -307,7 +313,7 @@ m3_status m3_trainer_backward_step(m3_trainer *tr, const m3_batch *b, const m3_b
     const step_params p = make_params(tr, clip);
     update_result u = {0};
     TRY(track(tr, tr->ops->update(tr->be, &p, &u)));
-    st = finish_update(tr, &u, clip, &m);
+    st = finish_update(tr, &u, clip, 0, &m);
   }
   m.ms = now_ms() - t0;
   if (out) *out = m;

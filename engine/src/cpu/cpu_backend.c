@@ -200,6 +200,11 @@ static m3_status set_state(backend *be, int32_t layer, const float *angle, const
   return M3_OK;
 }
 
+static m3_status rewind_state(backend *be, int32_t rows) {
+  cpu_model_rewind_state_f32(be->m, rows);
+  return M3_OK;
+}
+
 static m3_status reset_rows(backend *be, const int32_t *rows, int32_t n_rows) {
   const int32_t B = be->m->B;
   const int32_t count = rows ? n_rows : B;
@@ -258,6 +263,7 @@ static const backend_ops cpu_ops = {
     .get_state = get_state,
     .set_state = set_state,
     .reset_rows = reset_rows,
+    .rewind_state = rewind_state,
     .read_arena = read_arena,
     .write_arena = write_arena,
     .device_bytes = device_bytes,

@@ -215,6 +215,8 @@ m3_status NAME(cpu_model_forward)(cpu_model *m, const cpu_batch *b, int carry, i
   return M3_OK;
 }
 
+void NAME(cpu_model_rewind_state)(cpu_model *m, int32_t rows) { copy_state_rows(m, &m->state, &m->incoming, rows); }
+
 static void input_backward(cpu_model *m) {
   const m3_dims *d = m->d;
   const int64_t M = (int64_t)m->rows * m->len;

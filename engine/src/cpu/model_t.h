@@ -108,6 +108,8 @@ void N_(cpu_model_destroy)(N_(cpu_model) *m);
  * as it was (evaluate). Fills out and every saved activation. A forward-only model always
  * starts from the carried state. */
 m3_status N_(cpu_model_forward)(N_(cpu_model) *m, const N_(cpu_batch) *b, int carry, int write_state);
+/* Rows [0, rows) of the carried state back to where the last training forward (with carry) started. */
+void N_(cpu_model_rewind_state)(N_(cpu_model) *m, int32_t rows);
 /* Head loss of the last forward. When want_grad, writes dout = weight * dL/d out and adds
  * the head's parameter gradients (weight scales them too). */
 m3_status N_(cpu_model_head)(N_(cpu_model) *m, const N_(cpu_batch) *b, T_ weight, int want_grad,
