@@ -3,6 +3,7 @@
 
 local sweep = require "m3.sweep"
 local json = require "m3.json"
+local helper = require "spec.helper"
 
 local function tmpdir()
   local d = os.tmpname()
@@ -26,7 +27,39 @@ describe("m3.sweep", function()
     assert.equal("lr=0.0003", sweep.name({ lr = 3e-4, d_model = 32 }, d))
     assert.equal("defaults", sweep.name({ lr = 1e-3, d_model = 32 }, d))
     assert.equal("lr=0.001,d_model=64", sweep.name({ lr = 1e-3, d_model = 64 }, {}, { "lr", "d_model" }))
-    assert.equal("task=a_b,x=1e-05", sweep.name({ task = "a/b", x = 1e-5 }, {}))
+    assert.equal("task=a%2Fb,x=1e-05", sweep.name({ task = "a/b", x = 1e-5 }, {}))
+  end)
+
+  it("gives distinct points distinct folders", function()
+    local names = {}
+    for _, v in ipairs { "a/b", "a_b", "a b", "a,b", "a=b", "a%2Fb", 0.1, 0.1 + 1e-12, 1 / 3, 1e300, -0.5 } do
+      local name = sweep.name({ x = v }, {})
+      assert.is_nil(names[name], name)
+      names[name] = true
+      assert.is_nil(name:find("/", 1, true), name)
+    end
+    assert.equal("x=0.1", sweep.name({ x = 0.1 }, {}))
+    assert.equal(0.1 + 1e-12, tonumber(sweep.name({ x = 0.1 + 1e-12 }, {}):match("^x=(.*)$")))
+
+    -- a re-run reads each point's own results
+    local dir = tmpdir() .. "/distinct"
+    local function run(p) return { loss = (p.x == "a/b" or p.x == 0.1) and 1 or 2 } end
+    for _ = 1, 2 do
+      local rows = sweep { grid = { x = { "a/b", "a_b", 0.1, 0.1 + 1e-12 } }, dir = dir, run = run }
+      local loss = {}
+      for _, r in ipairs(rows) do loss[r.x] = r.loss end
+      assert.same({ ["a/b"] = 1, a_b = 2, [0.1] = 1, [0.1 + 1e-12] = 2 }, loss)
+    end
+    os.execute("rm -rf " .. dir)
+  end)
+
+  it("refuses points that would share a folder before running any", function()
+    local dir = tmpdir() .. "/clash"
+    local ran = 0
+    local err = helper.error_of(sweep, { grid = { x = { 1, "1" } }, dir = dir,
+      run = function() ran = ran + 1; return {} end })
+    assert.equal(0, ran)
+    assert.matches('m3.sweep: the points x = 1 and x = "1" would share the run folder .*/x=1', err)
   end)
 
   it("runs every grid point once, writes sorted results, and skips finished points", function()

@@ -18,6 +18,10 @@
 -- 3 significant digits.
 -- Folders: dir/<name>, name = the swept options whose value differs from `defaults`,
 -- "key=value" joined by "," (e.g. "d_model=64,lr=0.003"; "defaults" when none differs).
+-- Names are exact, so distinct points never share a folder: numbers have the digits that
+-- read back as the same number, and "%", "/", ",", "=", "\", blanks and control characters
+-- in text are written %XX ("a/b" -> "a%2Fb"). A point listed twice runs once; points that
+-- still would share a name (1 and "1") are an error before anything runs.
 -- A finished point leaves <run_dir>/done.json ({name, point, metrics}); a re-run reads it
 -- instead of running the point again. After every point dir/results.csv and
 -- dir/results.json (rows: run, the swept keys, the metrics; sorted by the metric) and
@@ -37,6 +41,8 @@ local fs = require "m3.fs"
 local json = require "m3.json"
 local rng = require "m3.data.rng"
 local svg = require "m3.log.svg"
+local lib = require "m3.lib"
+local options = require "m3.options"
 
 for _, decl in ipairs {
   "int posix_spawnp(int *pid, const char *file, const void *file_actions, const void *attrp, char *const argv[], char *const envp[]);",
@@ -44,16 +50,36 @@ for _, decl in ipairs {
   "extern char **environ;",
 } do pcall(ffi.cdef, decl) end
 
+lib.internal_file(debug.getinfo(1, "S").source)
+
+local raise, show = lib.raise, options.show
+
 local sweep = {}
 
 -- ---- points and names ------------------------------------------------------------------
 
-local function format_value(v)
-  if type(v) == "number" then
-    if v == math.floor(v) and math.abs(v) < 1e15 then return string.format("%d", v) end
-    return string.format("%.10g", v)
+-- v as %d when it is an integer below 1e15, else with `digits` significant digits.
+local function number_text(v, digits)
+  if v == math.floor(v) and math.abs(v) < 1e15 then return string.format("%d", v) end
+  return string.format("%." .. digits .. "g", v)
+end
+
+-- v with the fewest digits (15 to 17) that read back as v, so that distinct numbers never
+-- share a name.
+local function format_number(v)
+  for digits = 15, 16 do
+    local s = number_text(v, digits)
+    if tonumber(s) == v then return s end
   end
-  return (tostring(v):gsub("[/%s,=\\]", "_"))
+  return number_text(v, 17)
+end
+
+-- A key or value in a folder name: numbers exactly, other values as text with "%", "/",
+-- ",", "=", "\\", blanks and control characters written as %XX (reversible, so distinct
+-- texts never share a name).
+local function format_value(v)
+  if type(v) == "number" then return format_number(v) end
+  return (tostring(v):gsub("[%%/,=\\%s%c]", function(c) return string.format("%%%02X", c:byte()) end))
 end
 sweep.format_value = format_value
 
@@ -68,7 +94,7 @@ function sweep.name(point, defaults, keys)
   local parts = {}
   for _, k in ipairs(keys) do
     local v = point[k]
-    if v ~= nil and v ~= defaults[k] then parts[#parts + 1] = k .. "=" .. format_value(v) end
+    if v ~= nil and v ~= defaults[k] then parts[#parts + 1] = format_value(k) .. "=" .. format_value(v) end
   end
   return #parts > 0 and table.concat(parts, ",") or "defaults"
 end
@@ -86,6 +112,41 @@ function sweep.run_dir(opts, changed, base, skip)
   fs.mkdir(dir)
   fs.write(dir .. "/options.json", json.encode(opts) .. "\n")
   return dir
+end
+
+-- The swept values of point, "k = v, ..." (for messages).
+local function describe(point, keys)
+  local parts = {}
+  for i, k in ipairs(keys) do parts[i] = k .. " = " .. show(point[k]) end
+  return table.concat(parts, ", ")
+end
+
+local function same_point(a, b, keys)
+  for _, k in ipairs(keys) do
+    if a[k] ~= b[k] then return false end
+  end
+  return true
+end
+
+-- The jobs of points (name, full point with the defaults, swept values, run folder); a
+-- point listed twice runs once; two distinct points that would share a name are an error.
+local function jobs_of(points, keys, defaults, dir)
+  local jobs, by_name = {}, {}
+  for _, p in ipairs(points) do
+    local name = sweep.name(p, defaults, keys)
+    local other = by_name[name]
+    if not other then
+      local full = {}
+      for k, v in pairs(defaults) do full[k] = v end
+      for k, v in pairs(p) do full[k] = v end
+      jobs[#jobs + 1] = { name = name, point = full, swept = p, run_dir = dir .. "/" .. name }
+      by_name[name] = jobs[#jobs]
+    elseif not same_point(other.swept, p, keys) then
+      raise(string.format("m3.sweep: the points %s and %s would share the run folder %s; "
+        .. "make their values distinguishable", describe(other.swept, keys), describe(p, keys), other.run_dir))
+    end
+  end
+  return jobs
 end
 
 local function sorted_keys(t)
@@ -174,7 +235,7 @@ end
 
 local function csv_field(v)
   if v == nil or v == json.null then return "" end
-  local s = type(v) == "number" and format_value(v) or tostring(v)
+  local s = type(v) == "number" and number_text(v, 10) or tostring(v)
   if s:find('[,"\n]') then s = '"' .. s:gsub('"', '""') .. '"' end
   return s
 end
@@ -302,15 +363,7 @@ function sweep.run(o)
   check_opts(o)
   local points, keys
   if o.grid then points, keys = grid_points(o.grid) else points, keys = random_points(o.random, o.trials, o.seed) end
-  local defaults = o.defaults or {}
-  local jobs = {}
-  for i, p in ipairs(points) do
-    local full = {}
-    for k, v in pairs(defaults) do full[k] = v end
-    for k, v in pairs(p) do full[k] = v end
-    local name = sweep.name(p, defaults, keys)
-    jobs[i] = { name = name, point = full, swept = p, run_dir = o.dir .. "/" .. name }
-  end
+  local jobs = jobs_of(points, keys, o.defaults or {}, o.dir)
 
   -- a child started by a parallel sweep runs only its own point
   local child_dir, child_point = os.getenv("M3_SWEEP_DIR"), os.getenv("M3_SWEEP_POINT")
