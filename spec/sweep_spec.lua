@@ -167,6 +167,35 @@ describe("m3.sweep", function()
     os.execute("rm -rf " .. dir)
   end)
 
+  it("draws random values inside their range, integers only for int", function()
+    local dir = tmpdir() .. "/ranges"
+    local seen = {}
+    sweep { random = { n = { "int", -2, 3 }, u = { "uniform", 1.2345, 1.2346 }, l = { "log", 1.0001, 1.0002 } },
+      trials = 40, dir = dir, run = function(p)
+        seen[#seen + 1] = p
+        return { n = p.n }
+      end }
+    local counts = {}
+    for _, p in ipairs(seen) do
+      assert.is_true(p.n >= -2 and p.n <= 3 and p.n % 1 == 0, tostring(p.n))
+      assert.is_true(p.u >= 1.2345 and p.u <= 1.2346, tostring(p.u))
+      assert.is_true(p.l >= 1.0001 and p.l <= 1.0002, tostring(p.l))
+      counts[p.n] = true
+    end
+    for n = -2, 3 do assert.is_true(counts[n], "never drew " .. n) end
+    os.execute("rm -rf " .. dir)
+    local function bad(spec)
+      return helper.error_of(sweep, { random = { n = spec }, trials = 3, dir = dir, run = print })
+    end
+    assert.matches('m3.sweep: random.n = {"int", lo, hi} needs integers lo <= hi, got 1.5 and 3', bad { "int", 1.5, 3 }, 1, true)
+    assert.matches('needs integers lo <= hi, got 1 and 2.5', bad { "int", 1, 2.5 }, 1, true)
+    assert.matches('needs finite numbers lo <= hi, got 0 and inf', bad { "uniform", 0, math.huge }, 1, true)
+    assert.matches('needs finite numbers lo <= hi and lo > 0, got nan and 1', bad { "log", 0 / 0, 1 }, 1, true)
+    assert.matches('m3.sweep: random.n must be a list of choices or {"log"|"uniform"|"int", lo, hi}, got 0.5',
+      bad(0.5), 1, true)
+    assert.is_nil(io.open(dir))
+  end)
+
   it("runs points as separate processes with parallel = N", function()
     local dir = tmpdir()
     local script = dir .. "/sweep_script.lua"

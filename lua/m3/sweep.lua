@@ -14,8 +14,9 @@
 -- Points: grid = the cartesian product (keys in sorted order, or in the given order when
 -- grid is a list {{"lr", {...}}, {"d_model", {...}}}); random = `trials` points drawn with
 -- m3.data.rng from `seed` (default 0): a key's spec is a list of choices, or
--- {"log", lo, hi} (log-uniform), {"uniform", lo, hi}, {"int", lo, hi}; drawn reals keep
--- 3 significant digits.
+-- {"log", lo, hi} (log-uniform), {"uniform", lo, hi} (finite lo <= hi), {"int", lo, hi}
+-- (integers lo <= hi, each equally likely); drawn reals keep 3 significant digits and
+-- stay inside [lo, hi].
 -- Folders: dir/<name>, name = the swept options whose value differs from `defaults`,
 -- "key=value" joined by "," (e.g. "d_model=64,lr=0.003"; "defaults" when none differs).
 -- Names are exact, so distinct points never share a folder: numbers have the digits that
@@ -196,22 +197,30 @@ local function grid_points(grid)
   return points, keys
 end
 
-local function three_digits(x) return tonumber(string.format("%.3g", x)) end
+-- x with 3 significant digits, kept inside [lo, hi].
+local function three_digits(x, lo, hi)
+  return math.min(math.max(tonumber(string.format("%.3g", x)), lo), hi)
+end
+
+local function is_finite(x) return type(x) == "number" and x == x and math.abs(x) < math.huge end
 
 local function draw(r, spec, key)
+  if type(spec) ~= "table" or #spec == 0 then
+    raise(string.format('m3.sweep: random.%s must be a list of choices or {"log"|"uniform"|"int", lo, hi}, got %s',
+      key, show(spec)))
+  end
   local kind = spec[1]
   if kind == "log" or kind == "uniform" or kind == "int" then
     local lo, hi = spec[2], spec[3]
-    if type(lo) ~= "number" or type(hi) ~= "number" or lo > hi or (kind == "log" and lo <= 0) then
-      error(string.format("m3.sweep: random.%s = {%q, lo, hi} needs numbers lo <= hi%s", key, kind,
-        kind == "log" and " and lo > 0" or ""), 4)
+    local int = kind == "int"
+    if not (is_finite(lo) and is_finite(hi) and lo <= hi) or (kind == "log" and lo <= 0)
+        or (int and (lo ~= math.floor(lo) or hi ~= math.floor(hi))) then
+      raise(string.format("m3.sweep: random.%s = {%q, lo, hi} needs %s lo <= hi%s, got %s and %s", key, kind,
+        int and "integers" or "finite numbers", kind == "log" and " and lo > 0" or "", show(lo), show(hi)))
     end
-    if kind == "int" then return lo + r:below(hi - lo + 1) end
-    if kind == "uniform" then return three_digits(lo + (hi - lo) * r:uniform()) end
-    return three_digits(math.exp(math.log(lo) + (math.log(hi) - math.log(lo)) * r:uniform()))
-  end
-  if #spec == 0 then
-    error(string.format('m3.sweep: random.%s must be a list of choices or {"log"|"uniform"|"int", lo, hi}', key), 4)
+    if int then return lo + r:below(hi - lo + 1) end
+    if kind == "uniform" then return three_digits(lo + (hi - lo) * r:uniform(), lo, hi) end
+    return three_digits(math.exp(math.log(lo) + (math.log(hi) - math.log(lo)) * r:uniform()), lo, hi)
   end
   return spec[1 + r:below(#spec)]
 end
