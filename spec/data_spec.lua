@@ -271,6 +271,24 @@ describe("m3.data batches and files", function()
     assert.equal(toks[1], b2.tokens:to_table()[2][1])
   end)
 
+  it("refuse a row count that is not a positive integer and stay usable", function()
+    local path = tmpfile("abcdefghijklmnopqrstuvwxyz0123456789")
+    local p = data.parity { seed = 1, length = 4 }
+    local sources = { p, data.mixture({ p }, { seed = 2 }), data.text(path, { length = 4 }) }
+    for _, s in ipairs(sources) do
+      for _, rows in ipairs { -1, 0, 1.5, "2", 0 / 0 } do
+        local ok, err = pcall(s.next, s, rows)
+        assert.is_false(ok)
+        assert.matches("m3.data: next: rows = " .. (type(rows) == "string" and '"2"' or tostring(rows)):gsub("%p", "%%%0")
+          .. ": expected an integer >= 1", err)
+        assert.same(0, s:cursor().index)
+      end
+      assert.same({ 2, 4 }, s:next(2).tokens:shape())
+      assert.same(2, s:cursor().index)
+    end
+    os.remove(path)
+  end)
+
   it("read text windows: targets are the next bytes; random, sequential and stream orders", function()
     local path = tmpfile("abcdefghijklmnopqrstuvwxyz0123456789")
     local s = data.text(path, { order = "sequential", split = "all", length = 5 })

@@ -15,9 +15,14 @@
 -- The cursor is {seed =, index =} (windows consumed), as for the synthetic tasks.
 
 local ffi = require "ffi"
+local lib = require "m3.lib"
+local options = require "m3.options"
 local rng = require "m3.data.rng"
+local tensor = require "m3.tensor"
 
-local tensor -- m3.tensor, required on first use
+lib.internal_file(debug.getinfo(1, "S").source)
+
+local want_int = options.want_int
 
 -- one declaration per cdef, so that one already made elsewhere does not hide the others
 for _, decl in ipairs {
@@ -133,7 +138,7 @@ end
 
 -- rows windows of length o.length (default: the source's) as int32 tensors [rows, L].
 function F:next(rows, o)
-  tensor = tensor or require "m3.tensor"
+  want_int(rows, "m3.data: next: rows", 1)
   local L = (o and o.length) or self.length
   local tokens, targets = tensor({ rows, L }, "i32"), tensor({ rows, L }, "i32")
   local tk, tg, ids = tokens.data, targets.data, self.ids

@@ -19,9 +19,14 @@
 -- source.mixture(sources, {seed =, weights =}) picks the source of each row with the
 -- given weights (a list, one per source; per call as o.weights) from its own stream.
 
+local lib = require "m3.lib"
+local options = require "m3.options"
 local rng = require "m3.data.rng"
+local tensor = require "m3.tensor"
 
-local tensor -- m3.tensor, required on first use: the generators work without libm3
+lib.internal_file(debug.getinfo(1, "S").source)
+
+local want_int = options.want_int
 
 local source = {}
 
@@ -59,7 +64,6 @@ end
 
 -- Packs samples (lists of {tokens, targets}) into int32 tensors [#samples, T].
 function source.pack(samples, pad_to)
-  tensor = tensor or require "m3.tensor"
   local width = 0
   for _, s in ipairs(samples) do width = math.max(width, #s[1]) end
   if pad_to then
@@ -114,6 +118,7 @@ function S:sample(index, o)
 end
 
 function S:next(rows, o)
+  want_int(rows, "m3.data: next: rows", 1)
   local opts = overlay(self.defaults, o)
   local samples = {}
   for r = 1, rows do
@@ -183,6 +188,7 @@ function M:sample(index, o)
 end
 
 function M:next(rows, o)
+  want_int(rows, "m3.data: next: rows", 1)
   local samples = {}
   for r = 1, rows do
     local toks, tgts = self:sample(self.index + r - 1, o)
