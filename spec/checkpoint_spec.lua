@@ -103,6 +103,21 @@ describe("m3.checkpoint", function()
     assert.equal(16, tr2:seq_len())
   end)
 
+  it("never prunes the checkpoint it has just written", function()
+    local ck = checkpoint.new { dir = dir .. "/older", every = 1, keep = 2 }
+    local tr = new_trainer()
+    ck:save(tr, 10)
+    ck:save(tr, 20)
+    local p = ck:save(tr, 5, { note = "x" })
+    assert.truthy(fs.exists(p))
+    local all = ck:list()
+    assert.same({ 5, 20 }, { all[1].step, all[2].step })
+    -- keep = 1 keeps only the file just written
+    local one = checkpoint.new { dir = dir .. "/older", keep = 1 }
+    one:save(tr, 7)
+    assert.same({ { step = 7, path = one:path(7) } }, one:list())
+  end)
+
   it("skips a damaged newest checkpoint and finds none in an empty folder", function()
     local ck = checkpoint.new { dir = dir .. "/damaged" }
     ck:save(new_trainer(), 3, { a = 1 })

@@ -2,8 +2,10 @@
 --
 --   local ck = checkpoint.new{dir = "runs/x/checkpoints", every = 100, keep = 3}
 --   ck:maybe_save(tr, step, extra)   saves when step is a multiple of `every`
---   ck:save(tr, step, extra)         dir/step-00000100.ckpt; then removes all but the
---                                    newest `keep` (0: keep all)
+--   ck:save(tr, step, extra)         dir/step-00000100.ckpt; then, with keep = k > 0,
+--                                    removes all but that file and the k - 1 highest-step
+--                                    others (the file just written always survives, even
+--                                    when its step is lower than theirs; 0: keep all)
 --   ck:list()                        {{step =, path =}, ...} oldest first
 --   ck:resume(opts) / checkpoint.resume(dir, opts)
 --                                    -> tr, extra, step of the newest checkpoint that loads
@@ -67,10 +69,14 @@ function K:save(tr, step, extra)
     error("m3.checkpoint: save expects a step (an integer >= 0), got " .. tostring(step), 2)
   end
   fs.mkdir(self.dir)
-  local path = tr:save(self:path(step), { step = step, extra = extra })
+  local written = self:path(step)
+  local path = tr:save(written, { step = step, extra = extra })
   if self.keep > 0 then
-    local all = self:list()
-    for i = 1, #all - self.keep do os.remove(all[i].path) end
+    local others = {}
+    for _, c in ipairs(self:list()) do
+      if c.path ~= written then others[#others + 1] = c end
+    end
+    for i = 1, #others - (self.keep - 1) do os.remove(others[i].path) end
   end
   return path
 end
