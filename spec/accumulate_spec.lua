@@ -120,4 +120,11 @@ describe("m3.accumulate", function()
     assert.has_error(function() accumulate.step(new_trainer(8), {}) end,
       "m3.accumulate.step: expected a list of micro-batches")
   end)
+
+  it("refuses unknown options", function()
+    local tr = new_trainer(8)
+    assert.has_error(function() accumulate.step(tr, accumulate.split(big, 2), { clipp = 1 }) end,
+      'm3.accumulate.step: unknown option "clipp" (did you mean "clip"?); valid options: clip')
+    assert.equal(0, tr:step_count())
+  end)
 end)

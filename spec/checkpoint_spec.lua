@@ -118,6 +118,23 @@ describe("m3.checkpoint", function()
     assert.same({ { step = 7, path = one:path(7) } }, one:list())
   end)
 
+  it("rejects unknown options of checkpoint.new, fit.run and the log writers", function()
+    local function err(f, ...)
+      local ok, e = pcall(f, ...)
+      assert.is_false(ok)
+      return e
+    end
+    assert.equal('m3.checkpoint.new: unknown option "kept" (did you mean "keep"?); valid options: dir, every, keep',
+      err(checkpoint.new, { dir = dir .. "/opts", kept = 2 }))
+    assert.matches('^m3.fit.run: unknown option "eval_evry" %(did you mean "eval_every"%?%); valid options: batch, ',
+      err(fit.run, { trainer = new_trainer(), data = data.parity {}, steps = 1, eval_evry = 5 }))
+    assert.matches('^m3.log.jsonl: unknown option "truncat"', err(log.jsonl, dir .. "/opts.jsonl", { truncat = true }))
+    assert.matches('^m3.log.plot: unknown option "titel"', err(log.plot, {}, dir .. "/p.svg", { titel = "x" }))
+    assert.matches('^m3.log.progress: unknown option "evry"', err(log.progress, { total = 5, evry = 1 }))
+    assert.is_false(fs.exists(dir .. "/opts.jsonl"))
+    assert.is_false(fs.exists(dir .. "/p.svg"))
+  end)
+
   it("skips a damaged newest checkpoint and finds none in an empty folder", function()
     local ck = checkpoint.new { dir = dir .. "/damaged" }
     ck:save(new_trainer(), 3, { a = 1 })

@@ -70,5 +70,9 @@ describe("m3.curriculum", function()
     assert.has_error(function() curriculum.lengths { from = 32, to = 8, steps = 10 } end)
     assert.has_error(function() curriculum.lengths { from = 1, to = 1024, steps = 3 } end)
     assert.has_error(function() cur:phase(0) end)
+    assert.has_error(function() curriculum.lengths { from = 8, to = 32, steps = 30, foo = 1 } end,
+      'm3.curriculum.lengths: unknown option "foo" (did you mean "from"?); valid options: batch, brackets, density, factor, from, '
+      .. "keys, min_length, modulus, offset, ops, pad_to, pairs, queries, steps, targets, to, values, weights")
+    assert.has_error(function() curriculum.lengths { from = 8, to = 32, steps = 30, min_lenght = 1 } end)
   end)
 end)

@@ -289,6 +289,31 @@ describe("m3.data batches and files", function()
     os.remove(path)
   end)
 
+  it("reject unknown options and bad choices when they are made", function()
+    assert.has_error(function() data.parity { lenght = 3 } end,
+      'm3.data.parity: unknown option "lenght" (did you mean "length"?); valid options: cursor, density, '
+      .. "length, min_length, offset, pad_to, seed, targets")
+    assert.has_error(function() data.arithmetic { modulo = 7 } end)
+    assert.has_error(function() data.mqar { pair = 2 } end)
+    local p = data.parity {}
+    assert.has_error(function() data.mixture({ p }, { weight = { 1 } }) end,
+      'm3.data.mixture: unknown option "weight" (did you mean "weights"?); valid options: cursor, seed, weights')
+    local path = tmpfile("abcdefghijklmnopqrstuvwxyz0123456789")
+    assert.has_error(function() data.text(path, { lenght = 4 }) end,
+      'm3.data.text: unknown option "lenght" (did you mean "length"?); valid options: cursor, length, order, '
+      .. "seed, split, val_fraction")
+    assert.has_error(function() data.tokens(path, { dtype = "u8", splt = "val" }) end)
+    assert.has_error(function() data.text(path, { split = "test" }) end,
+      'm3.data.text: split = "test": expected "train", "val" or "all"')
+    assert.has_error(function() data.text(path, { order = "shuffled" }) end,
+      'm3.data.text: order = "shuffled": expected "random", "sequential" or "stream"')
+    assert.has_error(function() data.tokens(path, { dtype = "u64" }) end,
+      'm3.data.tokens: dtype = "u64": expected "u8", "u16" or "u32"')
+    assert.has_error(function() data.text(path, { val_fraction = "a" }) end,
+      'm3.data.text: val_fraction = "a": expected a number in [0, 1)')
+    os.remove(path)
+  end)
+
   it("read text windows: targets are the next bytes; random, sequential and stream orders", function()
     local path = tmpfile("abcdefghijklmnopqrstuvwxyz0123456789")
     local s = data.text(path, { order = "sequential", split = "all", length = 5 })

@@ -1,6 +1,7 @@
 -- m3.schedule: values at known steps, composition, validation, apply.
 
 local schedule = require "m3.schedule"
+local helper = require "spec.helper"
 
 local function near(want, got)
   assert.is_true(math.abs(want - got) <= 1e-12 * math.max(1, math.abs(want)),
@@ -119,6 +120,26 @@ describe("m3.schedule", function()
     assert.is_false(ok)
     assert.truthy(err:find("m3.schedule.cosine: expected peak > 0, got nil", 1, true))
     assert.has_error(function() schedule.cosine(5) end)
+  end)
+
+  it("rejects unknown options with the closest valid name", function()
+    local ok, err = pcall(schedule.warmup_cosine, { peak = 1e-3, warmpu = 100, total = 1000 })
+    assert.is_false(ok)
+    assert.equal('m3.schedule.warmup_cosine: unknown option "warmpu" (did you mean "warmup"?); '
+      .. "valid options: floor, peak, total, warmup", err)
+    local f = schedule.constant(1)
+    for name, call in pairs {
+      constant = function() schedule.constant { lr = 1, lrr = 2 } end,
+      linear = function() schedule.linear { from = 1, to = 0, steps = 5, stpes = 1 } end,
+      linear_warmup = function() schedule.linear_warmup { peak = 1, warmup = 5, total = 9 } end,
+      cosine = function() schedule.cosine { peak = 1, total = 10, flor = 0.1 } end,
+      step_decay = function() schedule.step_decay { lr = 1, every = 5, gama = 0.5 } end,
+      wsd = function() schedule.wsd { peak = 1, total = 10, decay_shape = "cosine" } end,
+      sequence = function() schedule.sequence { { f, steps = 2 }, { f, step = 3 } } end,
+    } do
+      local err = helper.error_of(call)
+      assert.truthy(err:find("m3.schedule." .. name .. ": ", 1, true) and err:find("unknown option", 1, true), err)
+    end
   end)
 
   it("apply calls set_lr with the schedule's value and returns it", function()

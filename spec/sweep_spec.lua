@@ -238,5 +238,18 @@ print("rows", #rows, rows[1].run, rows[1].b)
     assert.has_error(function() sweep { dir = "x", run = print } end, "m3.sweep: give exactly one of grid and random")
     assert.has_error(function() sweep { grid = { a = {} }, dir = "/tmp/x", run = print } end)
     assert.has_error(function() sweep { grid = { a = { 1 } }, run = print } end)
+    local never = tmpdir() .. "/never-made"
+    local function err(o)
+      o.dir, o.run = never, print
+      o.grid = o.grid or (not o.random and { a = { 1 } }) or nil
+      return helper.error_of(sweep, o)
+    end
+    assert.equal('m3.sweep: unknown option "paralel" (did you mean "parallel"?); valid options: command, defaults, '
+      .. "dir, gpus, grid, metric, mode, parallel, random, run, seed, trials", err { paralel = 2 })
+    assert.equal('m3.sweep: mode = "up": expected "min" or "max"', err { mode = "up" })
+    assert.equal("m3.sweep: parallel = 1.5: expected an integer >= 1", err { parallel = 1.5 })
+    assert.equal("m3.sweep: metric = 3: expected the name of a metric", err { metric = 3 })
+    assert.equal("m3.sweep: trials = 2.5: expected an integer >= 1", err { random = { a = { 1, 2 } }, trials = 2.5 })
+    assert.is_nil(io.open(never))
   end)
 end)

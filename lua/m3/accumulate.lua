@@ -23,7 +23,10 @@
 --   accumulate.counted(tr, batch) -> c for one micro-batch
 
 local lib = require "m3.lib"
+local options = require "m3.options"
 local tensor = require "m3.tensor"
+
+lib.internal_file(debug.getinfo(1, "S").source)
 
 local accumulate = {}
 
@@ -65,11 +68,14 @@ end
 -- is complete and its metrics ride along (err.metrics).
 local Deferred = { __tostring = function(e) return e.message end }
 
+local STEP_OPTS = { clip = true }
+
 function accumulate.step(tr, batches, opts)
   if type(batches) ~= "table" or #batches == 0 then
     error("m3.accumulate.step: expected a list of micro-batches", 2)
   end
   opts = opts or {}
+  options.check_keys(opts, STEP_OPTS, "m3.accumulate.step")
   local k = #batches
   local counts, total = {}, 0
   for i, b in ipairs(batches) do

@@ -27,6 +27,9 @@
 local trainer = require "m3.trainer"
 local lib = require "m3.lib"
 local fs = require "m3.fs"
+local options = require "m3.options"
+
+lib.internal_file(debug.getinfo(1, "S").source)
 
 local checkpoint = {}
 local K = {}
@@ -36,7 +39,10 @@ local function is_count(v, lo)
   return type(v) == "number" and v >= lo and v == math.floor(v)
 end
 
+local OPTS = { dir = true, every = true, keep = true }
+
 function checkpoint.new(o)
+  if type(o) == "table" then options.check_keys(o, OPTS, "m3.checkpoint.new") end
   if type(o) ~= "table" or type(o.dir) ~= "string" or o.dir == "" then
     error("m3.checkpoint.new: expected {dir = <folder>, every = <steps>, keep = <count>}", 2)
   end

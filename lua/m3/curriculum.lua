@@ -18,7 +18,17 @@
 --   curriculum.lengths{from = 8, to = 32, steps = 3000, factor = 2, min_length = 1}
 --                              -> lengths 8, 16, 32 in equal thirds of the steps
 --                                 (min_length: each sample draws its length from
---                                 [min_length, length]; default: = length)
+--                                 [min_length, length]; default: = length). Other
+--                                 fields (batch, the options of the m3.data tasks,
+--                                 pad_to, offset, weights) go into every phase; any
+--                                 other name is an error.
+
+local lib = require "m3.lib"
+local options = require "m3.options"
+local source = require "m3.data.source"
+local tasks = require "m3.data.tasks"
+
+lib.internal_file(debug.getinfo(1, "S").source)
 
 local curriculum = {}
 local C = {}
@@ -101,8 +111,19 @@ end
 -- A length curriculum from `from` to `to` (multiplying by `factor`, default 2, the last
 -- stage capped at `to`) over `steps` steps split evenly; extra fields of o are copied into
 -- every phase.
+-- The fields of curriculum.lengths: its own, and those it copies into every phase (a
+-- phase's length is its own).
+local LENGTHS = { from = true, to = true, steps = true, factor = true, batch = true, weights = true }
+for k in pairs(source.OPTIONS) do LENGTHS[k] = true end
+for _, task in pairs(tasks) do
+  for k in pairs(type(task) == "table" and task.options or {}) do
+    if k ~= "length" then LENGTHS[k] = true end
+  end
+end
+
 function curriculum.lengths(o)
   if type(o) ~= "table" then error("m3.curriculum.lengths: expected an options table", 2) end
+  options.check_keys(o, LENGTHS, "m3.curriculum.lengths")
   local from, to, steps, factor = o.from, o.to, o.steps, o.factor or 2
   if not (is_count(from) and is_count(to) and from <= to) then
     error(string.format("m3.curriculum.lengths: expected integers 1 <= from <= to, got from = %s, to = %s",

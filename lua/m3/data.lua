@@ -37,12 +37,12 @@ end
 
 function data.tokens(path, opts)
   if type(path) ~= "string" then error("m3.data.tokens: expected a file path, got " .. type(path), 2) end
-  return file.open(path, opts)
+  return file.open(path, opts, "tokens")
 end
 
 function data.text(path, opts)
   if type(path) ~= "string" then error("m3.data.text: expected a file path, got " .. type(path), 2) end
-  return file.open(path, source.overlay(opts, { dtype = "u8", vocab = 256 }))
+  return file.open(path, opts, "text")
 end
 
 function data.scaled_accuracy(acc, classes)

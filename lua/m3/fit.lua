@@ -40,9 +40,13 @@ local accumulate = require "m3.accumulate"
 local checkpoint = require "m3.checkpoint"
 local fs = require "m3.fs"
 local json = require "m3.json"
+local lib = require "m3.lib"
 local log = require "m3.log"
+local options = require "m3.options"
 local schedule = require "m3.schedule"
 local source = require "m3.data.source"
+
+lib.internal_file(debug.getinfo(1, "S").source)
 
 local fit = {}
 
@@ -77,8 +81,14 @@ local function truncate_metrics(path, step)
   fs.write(path, #keep > 0 and table.concat(keep, "\n") .. "\n" or "")
 end
 
+local OPTS = { trainer = true, data = true, steps = true, schedule = true, curriculum = true, batch = true,
+               clip = true, checkpoint = true, start = true, dir = true, eval = true, eval_every = true,
+               extra = true, graph = true, data_opts = true, progress = true, out = true, print_every = true,
+               title = true }
+
 local function check(o)
   if type(o) ~= "table" then error("m3.fit.run: expected an options table", 3) end
+  options.check_keys(o, OPTS, "m3.fit.run")
   if type(o.trainer) ~= "table" then error("m3.fit.run: trainer = an m3.trainer is required", 3) end
   if type(o.data) ~= "table" or type(o.data.next) ~= "function" then
     error("m3.fit.run: data = a source with :next(rows, opts) is required (m3.data)", 3)

@@ -14,22 +14,37 @@
 --   log.now(), log.duration(s)     a monotonic clock in seconds, "3m05s"
 
 local json = require "m3.json"
+local lib = require "m3.lib"
+local options = require "m3.options"
 local progress = require "m3.log.progress"
 local svg = require "m3.log.svg"
 
+lib.internal_file(debug.getinfo(1, "S").source)
+
+local check_keys = options.check_keys
+
 local log = {
-  progress = progress.new,
   svg = svg,
   now = progress.now,
   duration = progress.duration,
   is_terminal = progress.is_terminal,
 }
 
+local PROGRESS_OPTS = { total = true, out = true, every = true, first = true, width = true, tty = true }
+local JSONL_OPTS = { truncate = true }
+local PLOT_OPTS = { x = true, title = true }
+
+function log.progress(o)
+  check_keys(o or {}, PROGRESS_OPTS, "m3.log.progress")
+  return progress.new(o)
+end
+
 local W = {}
 W.__index = W
 
 function log.jsonl(path, opts)
   if type(path) ~= "string" then error("m3.log.jsonl: expected a file path, got " .. type(path), 2) end
+  check_keys(opts or {}, JSONL_OPTS, "m3.log.jsonl")
   local f, err = io.open(path, (opts and opts.truncate) and "w" or "a")
   if not f then error("m3.log.jsonl: cannot open " .. tostring(err), 2) end
   return setmetatable({ f = f, path = path }, W)
@@ -102,6 +117,7 @@ end
 
 function log.plot(records, path, opts)
   opts = opts or {}
+  check_keys(opts, PLOT_OPTS, "m3.log.plot")
   local xkey = opts.x or "step"
   local losses = series_of(records, xkey, function(k)
     return k:find("loss", 1, true) ~= nil and k ~= "loss_scale"
@@ -120,6 +136,7 @@ end
 
 function log.plot_run(dir, opts)
   opts = opts or {}
+  check_keys(opts, PLOT_OPTS, "m3.log.plot_run")
   local records = log.read_jsonl(dir .. "/metrics.jsonl")
   return log.plot(records, dir .. "/plot.svg", { title = opts.title or dir:match("([^/]+)/*$"), x = opts.x })
 end

@@ -30,7 +30,13 @@
 --   apply(tr, f, step)                            tr:set_lr(f(step)); returns the lr
 --   values(f, n)                                  {f(1), ..., f(n)} (plots, tests)
 
+local lib = require "m3.lib"
+local options = require "m3.options"
+
+lib.internal_file(debug.getinfo(1, "S").source)
+
 local pi, cos, sqrt, floor, min, max = math.pi, math.cos, math.sqrt, math.floor, math.min, math.max
+local raise, check_keys = lib.raise, options.check_keys
 
 local schedule = {}
 
@@ -52,12 +58,23 @@ local function int(o, field, what, lo, optional_default)
   return v
 end
 
-local function opts(o, what)
+-- o, once it is a table with only the keys in valid.
+local function opts(o, what, valid)
   if type(o) ~= "table" then
-    error(string.format("m3.schedule.%s: expected an options table, got %s", what, type(o)), 3)
+    raise(string.format("m3.schedule.%s: expected an options table, got %s", what, type(o)))
   end
+  check_keys(o, valid, "m3.schedule." .. what)
   return o
 end
+
+local CONSTANT = { lr = true }
+local LINEAR = { from = true, to = true, steps = true }
+local LINEAR_WARMUP = { peak = true, warmup = true }
+local COSINE = { peak = true, total = true, floor = true }
+local WARMUP_COSINE = { peak = true, warmup = true, total = true, floor = true }
+local WSD = { peak = true, warmup = true, total = true, floor = true, decay = true, shape = true }
+local STEP_DECAY = { lr = true, gamma = true, every = true, milestones = true }
+local PIECE = { steps = true }
 
 local function positive(o, field, what)
   local v = o[field]
@@ -71,7 +88,7 @@ end
 local function half_cosine(p) return 0.5 * (1 + cos(pi * p)) end
 
 function schedule.constant(lr)
-  if type(lr) == "table" then lr = lr.lr end
+  if type(lr) == "table" then lr = opts(lr, "constant", CONSTANT).lr end
   if type(lr) ~= "number" or not (lr > 0) or lr == math.huge then
     error("m3.schedule.constant: expected a learning rate > 0, got " .. tostring(lr), 2)
   end
@@ -79,7 +96,7 @@ function schedule.constant(lr)
 end
 
 function schedule.linear(o)
-  opts(o, "linear")
+  opts(o, "linear", LINEAR)
   local from, to = num(o, "from", "linear", 0), num(o, "to", "linear", 0)
   local steps = int(o, "steps", "linear", 1)
   return function(s)
@@ -88,7 +105,7 @@ function schedule.linear(o)
 end
 
 function schedule.linear_warmup(o)
-  opts(o, "linear_warmup")
+  opts(o, "linear_warmup", LINEAR_WARMUP)
   local peak, warmup = positive(o, "peak", "linear_warmup"), int(o, "warmup", "linear_warmup", 1)
   return function(s)
     return s < warmup and peak * s / warmup or peak
@@ -120,12 +137,12 @@ local function warmup_cosine(what, o)
 end
 
 function schedule.warmup_cosine(o)
-  return warmup_cosine("warmup_cosine", opts(o, "warmup_cosine"))
+  return warmup_cosine("warmup_cosine", opts(o, "warmup_cosine", WARMUP_COSINE))
 end
 
 function schedule.cosine(o)
-  opts(o, "cosine")
-  if o.warmup then error("m3.schedule.cosine: has no warmup; use warmup_cosine", 2) end
+  if type(o) == "table" and o.warmup then error("m3.schedule.cosine: has no warmup; use warmup_cosine", 2) end
+  opts(o, "cosine", COSINE)
   return warmup_cosine("cosine", o)
 end
 
@@ -136,7 +153,7 @@ local decay_shapes = {
 }
 
 function schedule.wsd(o)
-  local peak, warmup, total, floor_lr = warmup_decay("wsd", opts(o, "wsd"))
+  local peak, warmup, total, floor_lr = warmup_decay("wsd", opts(o, "wsd", WSD))
   local decay = num(o, "decay", "wsd", 0, 0.2)
   if decay < 1 then decay = floor(decay * total + 0.5) end
   if decay ~= floor(decay) or decay < 1 or decay > total - warmup then
@@ -157,7 +174,7 @@ function schedule.wsd(o)
 end
 
 function schedule.step_decay(o)
-  opts(o, "step_decay")
+  opts(o, "step_decay", STEP_DECAY)
   local lr = positive(o, "lr", "step_decay")
   local gamma = o.gamma == nil and 0.1 or positive(o, "gamma", "step_decay")
   local every, milestones = o.every, o.milestones
@@ -192,6 +209,11 @@ function schedule.sequence(pieces)
     if type(p) ~= "table" or type(p[1]) ~= "function" then
       error(string.format("m3.schedule.sequence: piece %d must be {f, steps = n} with f a schedule", i), 2)
     end
+    local named = {}
+    for k, v in pairs(p) do
+      if k ~= 1 then named[k] = v end
+    end
+    check_keys(named, PIECE, string.format("m3.schedule.sequence: piece %d", i))
     starts[i], fns[i] = at, p[1]
     if i < #pieces then
       local n = p.steps

@@ -226,9 +226,6 @@ local function draw(r, spec, key)
 end
 
 local function random_points(space, trials, seed)
-  if type(trials) ~= "number" or trials < 1 then
-    error("m3.sweep: random search needs trials = the number of points (>= 1)", 3)
-  end
   local keys = sorted_keys(space)
   local points, seen = {}, {}
   for j = 0, trials - 1 do
@@ -358,13 +355,24 @@ local function run_parallel(o, pending, n, report)
   end
 end
 
+local OPTS = { grid = true, random = true, trials = true, seed = true, defaults = true, dir = true, run = true,
+               metric = true, mode = true, parallel = true, gpus = true, command = true }
+local MODES = { min = true, max = true }
+
 local function check_opts(o)
   if type(o) ~= "table" then error("m3.sweep: expected an options table", 3) end
+  options.check_keys(o, OPTS, "m3.sweep")
   if type(o.run) ~= "function" then error("m3.sweep: run must be a function(point, run_dir) -> metrics", 3) end
   if type(o.dir) ~= "string" or o.dir == "" then error("m3.sweep: dir must be a folder path", 3) end
   if (o.grid == nil) == (o.random == nil) then error("m3.sweep: give exactly one of grid and random", 3) end
-  if o.parallel ~= nil and (type(o.parallel) ~= "number" or o.parallel < 1) then
-    error("m3.sweep: parallel must be a number of processes >= 1", 3)
+  if o.random and o.trials == nil then raise("m3.sweep: random search needs trials = the number of points (>= 1)") end
+  if o.trials ~= nil then options.want_int(o.trials, "m3.sweep: trials", 1) end
+  if o.parallel ~= nil then options.want_int(o.parallel, "m3.sweep: parallel", 1) end
+  if o.mode ~= nil and not MODES[o.mode] then
+    raise(string.format('m3.sweep: mode = %s: expected "min" or "max"', show(o.mode)))
+  end
+  if o.metric ~= nil and type(o.metric) ~= "string" then
+    raise(string.format("m3.sweep: metric = %s: expected the name of a metric", show(o.metric)))
   end
 end
 

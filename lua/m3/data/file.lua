@@ -22,7 +22,7 @@ local tensor = require "m3.tensor"
 
 lib.internal_file(debug.getinfo(1, "S").source)
 
-local want_int = options.want_int
+local raise, check_keys, want_int, show = lib.raise, options.check_keys, options.want_int, options.show
 
 -- one declaration per cdef, so that one already made elsewhere does not hide the others
 for _, decl in ipairs {
@@ -71,40 +71,47 @@ end
 local F = {}
 F.__index = F
 
-local orders = { random = true, sequential = true, stream = true }
+local ORDERS = { random = true, sequential = true, stream = true }
+local SPLITS = { train = true, val = true, all = true }
+local TEXT_OPTS = { split = true, val_fraction = true, order = true, length = true, seed = true, cursor = true }
+local TOKEN_OPTS = { dtype = true, vocab = true, split = true, val_fraction = true, order = true, length = true,
+                     seed = true, cursor = true }
 
--- A window source over path. opts: dtype ("u8", "u16", "u32"), vocab, split, val_fraction
--- (0.1), order, length (default window length), seed, cursor.
-function file.open(path, opts)
+-- A window source over path. kind "tokens": opts are dtype ("u8", "u16", "u32"), vocab,
+-- split, val_fraction (0.1), order, length (default window length), seed, cursor; kind
+-- "text": the same but dtype and vocab, which are "u8" and 256.
+function file.open(path, opts, kind)
   opts = opts or {}
-  local dtype = opts.dtype or "u16"
+  local what = "m3.data." .. kind
+  check_keys(opts, kind == "text" and TEXT_OPTS or TOKEN_OPTS, what)
+  local dtype = kind == "text" and "u8" or opts.dtype or "u16"
   if not elem[dtype] then
-    error(string.format('m3.data.tokens: dtype must be "u8", "u16" or "u32", got %s', tostring(dtype)), 2)
+    raise(string.format('%s: dtype = %s: expected "u8", "u16" or "u32"', what, show(dtype)))
   end
   local split, frac = opts.split or "train", opts.val_fraction or 0.1
-  if frac < 0 or frac >= 1 then
-    error("m3.data.tokens: val_fraction must be in [0, 1), got " .. tostring(frac), 2)
+  if not SPLITS[split] then
+    raise(string.format('%s: split = %s: expected "train", "val" or "all"', what, show(split)))
+  end
+  if type(frac) ~= "number" or not (frac >= 0 and frac < 1) then
+    raise(string.format("%s: val_fraction = %s: expected a number in [0, 1)", what, show(frac)))
   end
   local order = opts.order or "random"
-  if not orders[order] then
-    error('m3.data.tokens: order must be "random", "sequential" or "stream", got ' .. tostring(order), 2)
+  if not ORDERS[order] then
+    raise(string.format('%s: order = %s: expected "random", "sequential" or "stream"', what, show(order)))
   end
+  local length = want_int(opts.length or 256, what .. ": length", 1)
   local ids, n, mapping = map(path, dtype)
   local cut = math.floor(n * (1 - frac))
-  local lo, hi
+  local lo, hi = 0, n
   if split == "train" then
-    lo, hi = 0, cut
+    hi = cut
   elseif split == "val" then
-    lo, hi = cut, n
-  elseif split == "all" then
-    lo, hi = 0, n
-  else
-    error('m3.data.tokens: split must be "train", "val" or "all", got ' .. tostring(split), 2)
+    lo = cut
   end
   local self = setmetatable({
     path = path, ids = ids, mapping = mapping, n = n, lo = lo, span = hi - lo,
     order = order, vocab = opts.vocab or (dtype == "u8" and 256 or nil),
-    seed = opts.seed or 0, index = 0, length = opts.length or 256,
+    seed = opts.seed or 0, index = 0, length = length,
   }, F)
   self.classes = self.vocab
   if opts.cursor then self:seek(opts.cursor) end

@@ -26,9 +26,12 @@ local tensor = require "m3.tensor"
 
 lib.internal_file(debug.getinfo(1, "S").source)
 
-local want_int = options.want_int
+local check_keys, want_int = options.check_keys, options.want_int
 
 local source = {}
+
+-- The options every source takes besides its task's, at construction and per call.
+source.OPTIONS = { pad_to = true, offset = true }
 
 local function overlay(...)
   local out = {}
@@ -93,10 +96,12 @@ end
 local S = {}
 S.__index = S
 
--- A source over task (see m3.data.tasks) with default options opts (seed, cursor and
--- the task's options).
+-- A source over task (see m3.data.tasks) with default options opts (seed, cursor,
+-- source.OPTIONS and the task's options; other keys are errors).
 function source.new(task, opts)
   opts = opts or {}
+  local valid = overlay(task.options, source.OPTIONS, { seed = true, cursor = true })
+  check_keys(opts, valid, "m3.data." .. task.name)
   local self = setmetatable({ task = task }, S)
   self.defaults = overlay(task.defaults, opts)
   self.defaults.seed, self.defaults.cursor = nil, nil
@@ -163,8 +168,11 @@ local function pick(r, weights, n)
   return n
 end
 
+local MIXTURE = { seed = true, weights = true, cursor = true }
+
 function source.mixture(sources, opts)
   opts = opts or {}
+  check_keys(opts, MIXTURE, "m3.data.mixture")
   if type(sources) ~= "table" or #sources == 0 then
     error("m3.data.mixture: expected a list of sources", 2)
   end

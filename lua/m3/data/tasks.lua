@@ -1,7 +1,7 @@
 -- m3.data.tasks — exact generators for the synthetic sequence tasks.
 --
--- A task is a table {name, vocab, classes, defaults, sample} where
--- sample(r, o) -> tokens, targets draws one sequence from the generator r (m3.data.rng)
+-- A task is a table {name, vocab, classes, defaults, options, sample} where options is
+-- the set of its option names and sample(r, o) -> tokens, targets draws one sequence from the generator r (m3.data.rng)
 -- for options o (the task's defaults overlaid with the caller's). Both results are Lua
 -- arrays of the same length; targets hold a class id or -1 where nothing is scored.
 -- The models read tokens and predict targets with an "lm" head (vocab = task.vocab).
@@ -73,6 +73,7 @@ end
 tasks.parity = {
   name = "parity", vocab = 2, classes = 2,
   defaults = { length = 32, targets = "running", density = 0.5 },
+  options = { length = true, min_length = true, targets = true, density = true },
 }
 
 function tasks.parity.sample(r, o)
@@ -244,6 +245,7 @@ end
 tasks.arithmetic = {
   name = "arithmetic", classes = 5, vocab = 11,
   defaults = { length = 32, modulus = 5, ops = "+-*", brackets = false, targets = "final" },
+  options = { length = true, min_length = true, modulus = true, ops = true, brackets = true, targets = true },
 }
 
 function tasks.arithmetic.sample(r, o)
@@ -264,6 +266,7 @@ end
 tasks.mqar = {
   name = "mqar", vocab = 64, classes = 32,
   defaults = { length = 24, keys = 32, values = 32 },
+  options = { length = true, keys = true, values = true, pairs = true, queries = true },
 }
 
 function tasks.mqar.sample(r, o)
