@@ -149,7 +149,15 @@ describe("m3lua", function()
     local err
     out, err, rc = run { "-x" }
     assert.equal("", out)
-    assert.matches("^usage: m3lua", err)
+    assert.equal("m3lua: unknown option -x", err:match("^[^\n]*"))
+    assert.matches("^[^\n]*\nusage: m3lua", err)
+    assert.equal(1, rc)
+    out, err, rc = run { "--bogus", "script.lua" }
+    assert.equal("", out)
+    assert.equal("m3lua: unknown option --bogus", err:match("^[^\n]*"))
+    assert.equal(1, rc)
+    _, err, rc = run { "-e" }
+    assert.equal("m3lua: option -e needs an argument", err:match("^[^\n]*"))
     assert.equal(1, rc)
   end)
 

@@ -374,11 +374,13 @@ static void set_path(lua_State *L)
 
 enum { OPT_EXEC = 1, OPT_INTERACTIVE = 2, OPT_VERSION = 4, OPT_HELP = 8 };
 
-/* Index in argv of the script (argc when there is none), or -1 on a bad option. */
-static int collect_args(char **argv, int *flags)
+/* Index in argv of the script (argc when there is none), or -1 on a bad option, with
+ * *bad its index and *missing set when it lacks its argument. */
+static int collect_args(char **argv, int *flags, int *bad, int *missing)
 {
   int i;
   for (i = 1; argv[i] != NULL; i++) {
+    *bad = i;
     const char *a = argv[i];
     if (a[0] != '-')
       return i;
@@ -409,8 +411,10 @@ static int collect_args(char **argv, int *flags)
       /* fall through */
     case 'l':
     case 'j':
-      if (a[2] == '\0' && argv[++i] == NULL)
+      if (a[2] == '\0' && argv[++i] == NULL) {
+        *missing = 1;
         return -1;
+      }
       break;
     case 'O':
       break;
@@ -612,10 +616,12 @@ static int pmain(lua_State *L)
 {
   struct run *r = lua_touserdata(L, 1);
   char **argv = r->argv;
-  int flags = 0;
-  int script = collect_args(argv, &flags);
+  int flags = 0, bad = 0, missing = 0;
+  int script = collect_args(argv, &flags, &bad, &missing);
   int status;
   lua_settop(L, 0);
+  if (script < 0)
+    fprintf(stderr, missing ? "m3lua: option %s needs an argument\n" : "m3lua: unknown option %s\n", argv[bad]);
   if (script < 0 || (flags & OPT_HELP)) {
     fputs(usage_text, script < 0 ? stderr : stdout);
     r->code = script < 0;
