@@ -135,6 +135,17 @@ describe("m3.checkpoint", function()
     assert.is_false(fs.exists(dir .. "/p.svg"))
   end)
 
+  it("says when its folder is a file", function()
+    local file = dir .. "/a-file"
+    fs.write(file, "keep me")
+    local ck = checkpoint.new { dir = file, keep = 1 }
+    local ok, err = pcall(function() ck:save(new_trainer(), 1) end)
+    assert.is_false(ok)
+    assert.matches("^[^:]*checkpoint_spec%.lua:%d+: m3%.fs: cannot create the folder " .. file:gsub("%p", "%%%0")
+      .. ": it exists and is not a folder$", err)
+    assert.equal("keep me", fs.read(file))
+  end)
+
   it("skips a damaged newest checkpoint and finds none in an empty folder", function()
     local ck = checkpoint.new { dir = dir .. "/damaged" }
     ck:save(new_trainer(), 3, { a = 1 })

@@ -142,6 +142,27 @@ describe("m3.schedule", function()
     end
   end)
 
+  it("reports errors at the caller's line", function()
+    for _, call in ipairs {
+      function() schedule.warmup_cosine { peak = 0 / 0, warmup = 10, total = 100 } end,
+      function() schedule.warmup_cosine { peak = 1, warmup = 1.5, total = 100 } end,
+      function() schedule.warmup_cosine { peak = 1, warmup = 10, total = 10 } end,
+      function() schedule.warmup_cosine { peak = 1, total = 10, floor = 2 } end,
+      function() schedule.linear_warmup { peak = 1, warmup = 0 } end,
+      function() schedule.wsd { peak = 1, total = 10, decay = 20 } end,
+      function() schedule.step_decay { lr = 1 } end,
+      function() schedule.constant(-1) end,
+      function() schedule.sequence { { 1 } } end,
+      function() schedule.cosine { peak = 1, total = 10, warmup = 2 } end,
+      function() schedule.cosine(5) end,
+    } do
+      local err = helper.error_of(call)
+      assert.matches("^[^:]*schedule_spec%.lua:%d+: m3%.schedule%.", err)
+    end
+    assert.matches("expected peak > 0, got nan", helper.error_of(schedule.warmup_cosine,
+      { peak = 0 / 0, warmup = 10, total = 100 }), 1, true)
+  end)
+
   it("apply calls set_lr with the schedule's value and returns it", function()
     local seen = {}
     local tr = { set_lr = function(_, x) seen[#seen + 1] = x end }

@@ -37,7 +37,7 @@ local function rows_len(b)
       return s[1], s[2]
     end
   end
-  error("m3.accumulate: a batch needs at least one m3 tensor field to give its shape", 3)
+  lib.raise("m3.accumulate: a batch needs at least one m3 tensor field to give its shape")
 end
 
 function accumulate.counted(tr, b)
@@ -72,7 +72,7 @@ local STEP_OPTS = { clip = true }
 
 function accumulate.step(tr, batches, opts)
   if type(batches) ~= "table" or #batches == 0 then
-    error("m3.accumulate.step: expected a list of micro-batches", 2)
+    lib.raise("m3.accumulate.step: expected a list of micro-batches")
   end
   opts = opts or {}
   options.check_keys(opts, STEP_OPTS, "m3.accumulate.step")
@@ -143,7 +143,7 @@ end
 function accumulate.split(batch, k)
   local rows = rows_len(batch)
   if type(k) ~= "number" or k < 1 or k > rows or rows % k ~= 0 then
-    error(string.format("m3.accumulate.split: k must divide the batch's %d rows, got %s", rows, tostring(k)), 2)
+    lib.raise(string.format("m3.accumulate.split: k must divide the batch's %d rows, got %s", rows, tostring(k)))
   end
   local n, out = rows / k, {}
   for i = 1, k do

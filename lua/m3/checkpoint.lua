@@ -44,14 +44,14 @@ local OPTS = { dir = true, every = true, keep = true }
 function checkpoint.new(o)
   if type(o) == "table" then options.check_keys(o, OPTS, "m3.checkpoint.new") end
   if type(o) ~= "table" or type(o.dir) ~= "string" or o.dir == "" then
-    error("m3.checkpoint.new: expected {dir = <folder>, every = <steps>, keep = <count>}", 2)
+    lib.raise("m3.checkpoint.new: expected {dir = <folder>, every = <steps>, keep = <count>}")
   end
   local every, keep = o.every or 0, o.keep or 3
   if not is_count(every, 0) then
-    error("m3.checkpoint.new: every must be an integer >= 0 (0: only explicit saves), got " .. tostring(o.every), 2)
+    lib.raise("m3.checkpoint.new: every must be an integer >= 0 (0: only explicit saves), got " .. tostring(o.every))
   end
   if not is_count(keep, 0) then
-    error("m3.checkpoint.new: keep must be an integer >= 0 (0: keep all), got " .. tostring(o.keep), 2)
+    lib.raise("m3.checkpoint.new: keep must be an integer >= 0 (0: keep all), got " .. tostring(o.keep))
   end
   return setmetatable({ dir = o.dir, every = every, keep = keep }, K)
 end
@@ -72,7 +72,7 @@ end
 
 function K:save(tr, step, extra)
   if not is_count(step, 0) then
-    error("m3.checkpoint: save expects a step (an integer >= 0), got " .. tostring(step), 2)
+    lib.raise("m3.checkpoint: save expects a step (an integer >= 0), got " .. tostring(step))
   end
   fs.mkdir(self.dir)
   local written = self:path(step)
@@ -97,7 +97,7 @@ function K:resume(opts)
     local ok, tr, saved = pcall(trainer.load, all[i].path, opts)
     if ok then
       if type(saved) ~= "table" or type(saved.step) ~= "number" then
-        error("m3.checkpoint: " .. all[i].path .. " was not written by m3.checkpoint (no step in its extra)", 2)
+        lib.raise("m3.checkpoint: " .. all[i].path .. " was not written by m3.checkpoint (no step in its extra)")
       end
       return tr, saved.extra, saved.step
     end

@@ -40,20 +40,20 @@ end
 
 function curriculum.new(phases)
   if type(phases) ~= "table" or #phases == 0 then
-    error("m3.curriculum.new: expected a list of phases, e.g. {{steps = 100, length = 8}, {length = 16}}", 2)
+    lib.raise("m3.curriculum.new: expected a list of phases, e.g. {{steps = 100, length = 8}, {length = 16}}")
   end
   local self = setmetatable({ list = {} }, C)
   local prev, first = {}, 1
   for i, p in ipairs(phases) do
     if type(p) ~= "table" then
-      error(string.format("m3.curriculum.new: phase %d is a %s, expected a table", i, type(p)), 2)
+      lib.raise(string.format("m3.curriculum.new: phase %d is a %s, expected a table", i, type(p)))
     end
     if p.steps == nil and i < #phases then
-      error(string.format("m3.curriculum.new: phase %d needs steps (only the last phase may run on)", i), 2)
+      lib.raise(string.format("m3.curriculum.new: phase %d needs steps (only the last phase may run on)", i))
     end
     if p.steps ~= nil and not is_count(p.steps) then
-      error(string.format("m3.curriculum.new: phase %d: steps must be an integer >= 1, got %s", i,
-        tostring(p.steps)), 2)
+      lib.raise(string.format("m3.curriculum.new: phase %d: steps must be an integer >= 1, got %s", i,
+        tostring(p.steps)))
     end
     local full = {}
     for k, v in pairs(prev) do full[k] = v end
@@ -70,7 +70,7 @@ end
 -- The phase of 1-based step s (the last phase for steps past the end).
 function C:phase(s)
   if type(s) ~= "number" or s < 1 then
-    error("m3.curriculum: phase expects a step >= 1, got " .. tostring(s), 2)
+    lib.raise("m3.curriculum: phase expects a step >= 1, got " .. tostring(s))
   end
   local list = self.list
   for i = 1, #list do
@@ -122,18 +122,18 @@ for _, task in pairs(tasks) do
 end
 
 function curriculum.lengths(o)
-  if type(o) ~= "table" then error("m3.curriculum.lengths: expected an options table", 2) end
+  if type(o) ~= "table" then lib.raise("m3.curriculum.lengths: expected an options table") end
   options.check_keys(o, LENGTHS, "m3.curriculum.lengths")
   local from, to, steps, factor = o.from, o.to, o.steps, o.factor or 2
   if not (is_count(from) and is_count(to) and from <= to) then
-    error(string.format("m3.curriculum.lengths: expected integers 1 <= from <= to, got from = %s, to = %s",
-      tostring(from), tostring(to)), 2)
+    lib.raise(string.format("m3.curriculum.lengths: expected integers 1 <= from <= to, got from = %s, to = %s",
+      tostring(from), tostring(to)))
   end
   if not is_count(steps) then
-    error("m3.curriculum.lengths: steps must be an integer >= 1, got " .. tostring(steps), 2)
+    lib.raise("m3.curriculum.lengths: steps must be an integer >= 1, got " .. tostring(steps))
   end
   if type(factor) ~= "number" or factor <= 1 then
-    error("m3.curriculum.lengths: factor must be a number > 1, got " .. tostring(factor), 2)
+    lib.raise("m3.curriculum.lengths: factor must be a number > 1, got " .. tostring(factor))
   end
   local lengths, L = {}, from
   while L < to do
@@ -142,7 +142,7 @@ function curriculum.lengths(o)
   end
   lengths[#lengths + 1] = to
   if #lengths > steps then
-    error(string.format("m3.curriculum.lengths: %d stages do not fit in %d steps", #lengths, steps), 2)
+    lib.raise(string.format("m3.curriculum.lengths: %d stages do not fit in %d steps", #lengths, steps))
   end
   local phases, used = {}, 0
   for i, len in ipairs(lengths) do

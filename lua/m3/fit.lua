@@ -87,13 +87,13 @@ local OPTS = { trainer = true, data = true, steps = true, schedule = true, curri
                title = true }
 
 local function check(o)
-  if type(o) ~= "table" then error("m3.fit.run: expected an options table", 3) end
+  if type(o) ~= "table" then lib.raise("m3.fit.run: expected an options table") end
   options.check_keys(o, OPTS, "m3.fit.run")
-  if type(o.trainer) ~= "table" then error("m3.fit.run: trainer = an m3.trainer is required", 3) end
+  if type(o.trainer) ~= "table" then lib.raise("m3.fit.run: trainer = an m3.trainer is required") end
   if type(o.data) ~= "table" or type(o.data.next) ~= "function" then
-    error("m3.fit.run: data = a source with :next(rows, opts) is required (m3.data)", 3)
+    lib.raise("m3.fit.run: data = a source with :next(rows, opts) is required (m3.data)")
   end
-  if type(o.steps) ~= "number" or o.steps < 1 then error("m3.fit.run: steps must be >= 1", 3) end
+  if type(o.steps) ~= "number" or o.steps < 1 then lib.raise("m3.fit.run: steps must be >= 1") end
 end
 
 function fit.run(o)

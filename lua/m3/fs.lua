@@ -2,24 +2,37 @@
 -- the shell's ls): make folders, list a folder, read a file, replace a file atomically.
 
 local ffi = require "ffi"
+local lib = require "m3.lib"
+
+lib.internal_file(debug.getinfo(1, "S").source)
 
 pcall(ffi.cdef, "int mkdir(const char *path, unsigned int mode);")
+pcall(ffi.cdef, "char *strerror(int errnum);")
 
 local fs = {}
-
--- mkdir -p: creates path and its missing parents (existing ones are fine).
-function fs.mkdir(path)
-  for i in path:gmatch("()/") do
-    if i > 1 then ffi.C.mkdir(path:sub(1, i - 1), 493) end -- 0755
-  end
-  ffi.C.mkdir(path, 493)
-  if not fs.exists(path .. "/.") then error("m3.fs: cannot create the folder " .. path, 2) end
-end
 
 function fs.exists(path)
   local f = io.open(path, "r")
   if f then f:close() end
   return f ~= nil
+end
+
+function fs.is_dir(path)
+  return fs.exists(path .. "/.")
+end
+
+-- mkdir -p: creates path and its missing parents (existing ones are fine); an error says
+-- why not (e.g. path is a file).
+function fs.mkdir(path)
+  for i in path:gmatch("()/") do
+    if i > 1 then ffi.C.mkdir(path:sub(1, i - 1), 493) end -- 0755
+  end
+  local made = ffi.C.mkdir(path, 493) == 0
+  local errno = ffi.errno()
+  if not made and not fs.is_dir(path) then
+    local why = fs.exists(path) and "it exists and is not a folder" or ffi.string(ffi.C.strerror(errno))
+    lib.raise("m3.fs: cannot create the folder " .. path .. ": " .. why)
+  end
 end
 
 -- The names in a folder, sorted (an empty list when it does not exist).
@@ -46,11 +59,11 @@ end
 function fs.write(path, text)
   local tmp = path .. ".tmp"
   local f, err = io.open(tmp, "wb")
-  if not f then error("m3.fs: cannot write " .. tostring(err), 2) end
+  if not f then lib.raise("m3.fs: cannot write " .. tostring(err)) end
   f:write(text)
   f:close()
   local ok, rerr = os.rename(tmp, path)
-  if not ok then error("m3.fs: cannot rename onto " .. path .. ": " .. tostring(rerr), 2) end
+  if not ok then lib.raise("m3.fs: cannot rename onto " .. path .. ": " .. tostring(rerr)) end
 end
 
 return fs

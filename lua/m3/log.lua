@@ -43,15 +43,15 @@ local W = {}
 W.__index = W
 
 function log.jsonl(path, opts)
-  if type(path) ~= "string" then error("m3.log.jsonl: expected a file path, got " .. type(path), 2) end
+  if type(path) ~= "string" then lib.raise("m3.log.jsonl: expected a file path, got " .. type(path)) end
   check_keys(opts or {}, JSONL_OPTS, "m3.log.jsonl")
   local f, err = io.open(path, (opts and opts.truncate) and "w" or "a")
-  if not f then error("m3.log.jsonl: cannot open " .. tostring(err), 2) end
+  if not f then lib.raise("m3.log.jsonl: cannot open " .. tostring(err)) end
   return setmetatable({ f = f, path = path }, W)
 end
 
 function W:write(record)
-  if not self.f then error("m3.log.jsonl: " .. self.path .. " is closed", 2) end
+  if not self.f then lib.raise("m3.log.jsonl: " .. self.path .. " is closed") end
   self.f:write(json.encode(record), "\n")
   self.f:flush()
 end
@@ -63,7 +63,7 @@ end
 
 function log.read_jsonl(path)
   local f, err = io.open(path, "r")
-  if not f then error("m3.log.read_jsonl: cannot open " .. tostring(err), 2) end
+  if not f then lib.raise("m3.log.read_jsonl: cannot open " .. tostring(err)) end
   local out, n = {}, 0
   for line in f:lines() do
     n = n + 1

@@ -44,8 +44,8 @@ local function num(o, field, what, lo, optional_default)
   local v = o[field]
   if v == nil and optional_default ~= nil then return optional_default end
   if type(v) ~= "number" or v ~= v or v < lo or v == math.huge then
-    error(string.format("m3.schedule.%s: expected %s >= %s, got %s", what, field, tostring(lo),
-      tostring(v)), 3)
+    raise(string.format("m3.schedule.%s: expected %s >= %s, got %s", what, field, tostring(lo),
+      tostring(v)))
   end
   return v
 end
@@ -53,7 +53,7 @@ end
 local function int(o, field, what, lo, optional_default)
   local v = num(o, field, what, lo, optional_default)
   if v ~= floor(v) then
-    error(string.format("m3.schedule.%s: expected %s to be an integer, got %s", what, field, tostring(v)), 3)
+    raise(string.format("m3.schedule.%s: expected %s to be an integer, got %s", what, field, tostring(v)))
   end
   return v
 end
@@ -79,7 +79,7 @@ local PIECE = { steps = true }
 local function positive(o, field, what)
   local v = o[field]
   if type(v) ~= "number" or not (v > 0) or v == math.huge then
-    error(string.format("m3.schedule.%s: expected %s > 0, got %s", what, field, tostring(v)), 3)
+    raise(string.format("m3.schedule.%s: expected %s > 0, got %s", what, field, tostring(v)))
   end
   return v
 end
@@ -90,7 +90,7 @@ local function half_cosine(p) return 0.5 * (1 + cos(pi * p)) end
 function schedule.constant(lr)
   if type(lr) == "table" then lr = opts(lr, "constant", CONSTANT).lr end
   if type(lr) ~= "number" or not (lr > 0) or lr == math.huge then
-    error("m3.schedule.constant: expected a learning rate > 0, got " .. tostring(lr), 2)
+    raise("m3.schedule.constant: expected a learning rate > 0, got " .. tostring(lr))
   end
   return function() return lr end
 end
@@ -118,11 +118,11 @@ local function warmup_decay(what, o)
   local total = int(o, "total", what, 1)
   local floor_lr = num(o, "floor", what, 0, 0)
   if total <= warmup then
-    error(string.format("m3.schedule.%s: expected total > warmup, got total = %d, warmup = %d",
-      what, total, warmup), 3)
+    raise(string.format("m3.schedule.%s: expected total > warmup, got total = %d, warmup = %d",
+      what, total, warmup))
   end
   if floor_lr > peak then
-    error(string.format("m3.schedule.%s: expected floor <= peak, got %s > %s", what, floor_lr, peak), 3)
+    raise(string.format("m3.schedule.%s: expected floor <= peak, got %s > %s", what, floor_lr, peak))
   end
   return peak, warmup, total, floor_lr
 end
@@ -141,7 +141,7 @@ function schedule.warmup_cosine(o)
 end
 
 function schedule.cosine(o)
-  if type(o) == "table" and o.warmup then error("m3.schedule.cosine: has no warmup; use warmup_cosine", 2) end
+  if type(o) == "table" and o.warmup then raise("m3.schedule.cosine: has no warmup; use warmup_cosine") end
   opts(o, "cosine", COSINE)
   return warmup_cosine("cosine", o)
 end
@@ -157,12 +157,12 @@ function schedule.wsd(o)
   local decay = num(o, "decay", "wsd", 0, 0.2)
   if decay < 1 then decay = floor(decay * total + 0.5) end
   if decay ~= floor(decay) or decay < 1 or decay > total - warmup then
-    error(string.format("m3.schedule.wsd: expected decay (steps, or a fraction of total) in "
-      .. "[1, total - warmup = %d] steps, got %s", total - warmup, tostring(o.decay)), 2)
+    raise(string.format("m3.schedule.wsd: expected decay (steps, or a fraction of total) in "
+      .. "[1, total - warmup = %d] steps, got %s", total - warmup, tostring(o.decay)))
   end
   local shape = decay_shapes[o.shape or "linear"]
   if not shape then
-    error('m3.schedule.wsd: shape must be "linear", "cosine" or "sqrt", got ' .. tostring(o.shape), 2)
+    raise('m3.schedule.wsd: shape must be "linear", "cosine" or "sqrt", got ' .. tostring(o.shape))
   end
   local start = total - decay
   return function(s)
@@ -179,7 +179,7 @@ function schedule.step_decay(o)
   local gamma = o.gamma == nil and 0.1 or positive(o, "gamma", "step_decay")
   local every, milestones = o.every, o.milestones
   if (every == nil) == (milestones == nil) then
-    error("m3.schedule.step_decay: give exactly one of every (steps) and milestones (a list of steps)", 2)
+    raise("m3.schedule.step_decay: give exactly one of every (steps) and milestones (a list of steps)")
   end
   if every then
     every = int(o, "every", "step_decay", 1)
@@ -187,7 +187,7 @@ function schedule.step_decay(o)
   end
   for i, m in ipairs(milestones) do
     if type(m) ~= "number" or m ~= floor(m) or (i > 1 and m <= milestones[i - 1]) then
-      error("m3.schedule.step_decay: milestones must be increasing integers", 2)
+      raise("m3.schedule.step_decay: milestones must be increasing integers")
     end
   end
   return function(s)
@@ -201,13 +201,13 @@ end
 
 function schedule.sequence(pieces)
   if type(pieces) ~= "table" or #pieces == 0 then
-    error("m3.schedule.sequence: expected a list of pieces {f, steps = n}", 2)
+    raise("m3.schedule.sequence: expected a list of pieces {f, steps = n}")
   end
   local starts, fns = {}, {}
   local at = 0
   for i, p in ipairs(pieces) do
     if type(p) ~= "table" or type(p[1]) ~= "function" then
-      error(string.format("m3.schedule.sequence: piece %d must be {f, steps = n} with f a schedule", i), 2)
+      raise(string.format("m3.schedule.sequence: piece %d must be {f, steps = n} with f a schedule", i))
     end
     local named = {}
     for k, v in pairs(p) do
@@ -218,7 +218,7 @@ function schedule.sequence(pieces)
     if i < #pieces then
       local n = p.steps
       if type(n) ~= "number" or n < 1 or n ~= floor(n) then
-        error(string.format("m3.schedule.sequence: piece %d needs steps = an integer >= 1", i), 2)
+        raise(string.format("m3.schedule.sequence: piece %d needs steps = an integer >= 1", i))
       end
       at = at + n
     end
@@ -232,7 +232,7 @@ end
 
 function schedule.scale(f, k)
   if type(f) ~= "function" or type(k) ~= "number" then
-    error("m3.schedule.scale: expected (schedule, number)", 2)
+    raise("m3.schedule.scale: expected (schedule, number)")
   end
   return function(s) return k * f(s) end
 end

@@ -163,7 +163,7 @@ local function grid_axes(grid)
   if grid[1] ~= nil then
     for i, kv in ipairs(grid) do
       if type(kv) ~= "table" or type(kv[1]) ~= "string" or type(kv[2]) ~= "table" then
-        error(string.format("m3.sweep: grid[%d] must be {name, {values...}}", i), 3)
+        raise(string.format("m3.sweep: grid[%d] must be {name, {values...}}", i))
       end
       keys[i], values[kv[1]] = kv[1], kv[2]
     end
@@ -172,9 +172,10 @@ local function grid_axes(grid)
     for _, k in ipairs(keys) do values[k] = grid[k] end
   end
   for _, k in ipairs(keys) do
-    if type(values[k]) ~= "table" or #values[k] == 0 then
-      error(string.format("m3.sweep: grid.%s must be a non-empty list of values", k), 3)
+    if type(values[k]) ~= "table" then
+      raise(string.format("m3.sweep: grid.%s = %s: expected a list of values", k, show(values[k])))
     end
+    if #values[k] == 0 then raise(string.format("m3.sweep: grid.%s is an empty list; give it at least one value", k)) end
   end
   return keys, values
 end
@@ -292,7 +293,7 @@ end
 local function executable(o)
   local exe = o.command or os.getenv("M3LUA") or (arg and arg[-1])
   if not exe or not (arg and arg[0]) then
-    error("m3.sweep: parallel runs need the m3lua executable and the script (set M3LUA or opts.command)", 3)
+    raise("m3.sweep: parallel runs need the m3lua executable and the script (set M3LUA or opts.command)")
   end
   local parts = { exe, shell_quote(arg[0]) }
   for i = 1, #arg do parts[#parts + 1] = shell_quote(arg[i]) end
@@ -360,11 +361,14 @@ local OPTS = { grid = true, random = true, trials = true, seed = true, defaults 
 local MODES = { min = true, max = true }
 
 local function check_opts(o)
-  if type(o) ~= "table" then error("m3.sweep: expected an options table", 3) end
+  if type(o) ~= "table" then raise("m3.sweep: expected an options table") end
   options.check_keys(o, OPTS, "m3.sweep")
-  if type(o.run) ~= "function" then error("m3.sweep: run must be a function(point, run_dir) -> metrics", 3) end
-  if type(o.dir) ~= "string" or o.dir == "" then error("m3.sweep: dir must be a folder path", 3) end
-  if (o.grid == nil) == (o.random == nil) then error("m3.sweep: give exactly one of grid and random", 3) end
+  if type(o.run) ~= "function" then raise("m3.sweep: run must be a function(point, run_dir) -> metrics") end
+  if type(o.dir) ~= "string" or o.dir == "" then raise("m3.sweep: dir must be a folder path") end
+  if (o.grid == nil) == (o.random == nil) then raise("m3.sweep: give exactly one of grid and random") end
+  if type(o.grid or o.random) ~= "table" then
+    raise(string.format("m3.sweep: %s = %s: expected a table", o.grid and "grid" or "random", show(o.grid or o.random)))
+  end
   if o.random and o.trials == nil then raise("m3.sweep: random search needs trials = the number of points (>= 1)") end
   if o.trials ~= nil then options.want_int(o.trials, "m3.sweep: trials", 1) end
   if o.parallel ~= nil then options.want_int(o.parallel, "m3.sweep: parallel", 1) end

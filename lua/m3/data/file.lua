@@ -15,6 +15,7 @@
 -- The cursor is {seed =, index =} (windows consumed), as for the synthetic tasks.
 
 local ffi = require "ffi"
+local fs = require "m3.fs"
 local lib = require "m3.lib"
 local options = require "m3.options"
 local rng = require "m3.data.rng"
@@ -44,25 +45,32 @@ local width = { u8 = 1, u16 = 2, u32 = 4 }
 local file = {}
 
 -- Maps path read-only; returns a typed pointer (unmapped when collected) and the count.
-local function map(path, dtype)
+-- Errors begin with what (the caller's function).
+local function map(path, dtype, what)
+  if fs.is_dir(path) then raise(string.format("%s: %s is a folder, not a file", what, path)) end
   local fd = C.open(path, O_RDONLY)
   if fd < 0 then
-    error(string.format("m3.data: cannot open %s: %s", path, ffi.string(C.strerror(ffi.errno()))), 0)
+    raise(string.format("%s: cannot open %s: %s", what, path, ffi.string(C.strerror(ffi.errno()))))
   end
   local bytes = tonumber(C.lseek(fd, 0, SEEK_END))
-  if bytes <= 0 then
+  if bytes < 0 then
+    local errno = ffi.errno()
     C.close(fd)
-    error(string.format("m3.data: %s is empty", path), 0)
+    raise(string.format("%s: cannot read %s: %s", what, path, ffi.string(C.strerror(errno))))
+  end
+  if bytes == 0 then
+    C.close(fd)
+    raise(string.format("%s: %s is empty", what, path))
   end
   if bytes % width[dtype] ~= 0 then
     C.close(fd)
-    error(string.format("m3.data: %s has %d bytes, not a whole number of %s ids", path, bytes, dtype), 0)
+    raise(string.format("%s: %s has %d bytes, not a whole number of %s ids", what, path, bytes, dtype))
   end
   local p = C.mmap(nil, bytes, PROT_READ, MAP_PRIVATE, fd, 0)
   local errno = ffi.errno()
   C.close(fd)
   if p == MAP_FAILED then
-    error(string.format("m3.data: cannot map %s: %s", path, ffi.string(C.strerror(errno))), 0)
+    raise(string.format("%s: cannot map %s: %s", what, path, ffi.string(C.strerror(errno))))
   end
   ffi.gc(p, function(q) C.munmap(q, bytes) end)
   return ffi.cast(elem[dtype], p), bytes / width[dtype], p
@@ -100,7 +108,7 @@ function file.open(path, opts, kind)
     raise(string.format('%s: order = %s: expected "random", "sequential" or "stream"', what, show(order)))
   end
   local length = want_int(opts.length or 256, what .. ": length", 1)
-  local ids, n, mapping = map(path, dtype)
+  local ids, n, mapping = map(path, dtype, what)
   local cut = math.floor(n * (1 - frac))
   local lo, hi = 0, n
   if split == "train" then
@@ -121,8 +129,8 @@ end
 -- Offset of window `index` (of a batch of `rows`) for windows of length L.
 function F:offset(index, L, rows)
   if self.span < L + 1 then
-    error(string.format("m3.data: %s has %d ids in this split, a window of %d needs %d",
-      self.path, self.span, L, L + 1), 3)
+    raise(string.format("m3.data: %s has %d ids in this split, a window of %d needs %d",
+      self.path, self.span, L, L + 1))
   end
   if self.order == "random" then
     return self.lo + rng.new(self.seed, index):below(self.span - L)
@@ -132,7 +140,7 @@ function F:offset(index, L, rows)
   local per = math.floor(self.span / rows)
   local count = math.floor((per - 1) / L)
   if count < 1 then
-    error(string.format("m3.data: %d rows of windows of %d do not fit in %d ids", rows, L, self.span), 3)
+    raise(string.format("m3.data: %d rows of windows of %d do not fit in %d ids", rows, L, self.span))
   end
   local r, k = index % rows, math.floor(index / rows)
   return self.lo + r * per + (k % count) * L
@@ -173,7 +181,7 @@ end
 
 function F:seek(c)
   if type(c) ~= "table" or type(c.seed) ~= "number" or type(c.index) ~= "number" then
-    error("m3.data: seek expects a cursor {seed =, index =}, got " .. tostring(c), 2)
+    raise("m3.data: seek expects a cursor {seed =, index =}, got " .. tostring(c))
   end
   self.seed, self.index = c.seed, c.index
 end

@@ -46,8 +46,8 @@ source.overlay = overlay
 local function check_cursor(c, what)
   if type(c) ~= "table" or type(c.seed) ~= "number" or type(c.index) ~= "number"
       or c.index < 0 or c.index ~= math.floor(c.index) then
-    error(what .. ": expected a cursor {seed = <integer>, index = <integer >= 0>}, got "
-      .. tostring(c), 3)
+    lib.raise(what .. ": expected a cursor {seed = <integer>, index = <integer >= 0>}, got "
+      .. tostring(c))
   end
 end
 
@@ -71,7 +71,7 @@ function source.pack(samples, pad_to)
   for _, s in ipairs(samples) do width = math.max(width, #s[1]) end
   if pad_to then
     if pad_to < width then
-      error(string.format("m3.data: pad_to = %d is shorter than the longest sample (%d)", pad_to, width), 3)
+      lib.raise(string.format("m3.data: pad_to = %d is shorter than the longest sample (%d)", pad_to, width))
     end
     width = pad_to
   end
@@ -150,16 +150,16 @@ M.__index = M
 
 local function pick(r, weights, n)
   if type(weights) ~= "table" or #weights ~= n then
-    error(string.format("m3.data.mixture: expected weights, a list of %d numbers >= 0", n), 4)
+    lib.raise(string.format("m3.data.mixture: expected weights, a list of %d numbers >= 0", n))
   end
   local total = 0
   for _, w in ipairs(weights) do
     if type(w) ~= "number" or w < 0 then
-      error("m3.data.mixture: weights must be numbers >= 0, got " .. tostring(w), 4)
+      lib.raise("m3.data.mixture: weights must be numbers >= 0, got " .. tostring(w))
     end
     total = total + w
   end
-  if total <= 0 then error("m3.data.mixture: the weights sum to 0", 4) end
+  if total <= 0 then lib.raise("m3.data.mixture: the weights sum to 0") end
   local u, acc = r:uniform() * total, 0
   for i, w in ipairs(weights) do
     acc = acc + w
@@ -174,7 +174,7 @@ function source.mixture(sources, opts)
   opts = opts or {}
   check_keys(opts, MIXTURE, "m3.data.mixture")
   if type(sources) ~= "table" or #sources == 0 then
-    error("m3.data.mixture: expected a list of sources", 2)
+    lib.raise("m3.data.mixture: expected a list of sources")
   end
   local self = setmetatable({ sources = sources, seed = opts.seed or 0, index = 0 }, M)
   self.weights = opts.weights or {}
