@@ -25,41 +25,43 @@ local fit = require "m3.fit"
 local sweep = require "m3.sweep"
 
 local spec = {
-  { "task", "parity", "parity | arithmetic | brackets | mqar" },
-  { "steps", 3000, "optimizer steps" },
-  { "d_model", 32, "model width" },
-  { "n_layers", 2, "layers" },
-  { "d_state", 16, "state size N" },
-  { "headdim", 16, "head dimension P" },
-  { "rope_fraction", 0.5, "share of the state rotated (0: no RoPE)" },
-  { "min_length", 1, "shortest training sequence" },
-  { "from_length", 12, "longest training sequence of the first curriculum phase" },
-  { "max_length", 48, "longest training sequence of the last phase" },
-  { "eval_length", 64, "evaluation length (longer than any trained on)" },
-  { "batch", 32, "sequences per optimizer step" },
-  { "micro_batch", 16, "sequences per micro-batch (the trainer's batch)" },
-  { "lr", 5e-3, "peak learning rate" },
-  { "warmup", 0.05, "warmup steps, or a fraction of --steps when < 1" },
-  { "floor", 0.1, "final learning rate as a fraction of the peak" },
-  { "weight_decay", 0.0, "AdamW weight decay" },
-  { "clip", 1.0, "gradient-norm clipping" },
-  { "eval_every", 200, "steps between evaluations" },
-  { "eval_batches", 16, "micro-batches per evaluation" },
-  { "save_every", 200, "steps between checkpoints" },
-  { "keep", 3, "checkpoints kept" },
-  { "seed", 0, "seed of the weights and the data" },
+  { "task", "parity", "parity | arithmetic | brackets | mqar",
+    choices = { "parity", "arithmetic", "brackets", "mqar" } },
+  { "steps", 3000, "optimizer steps", int = true, min = 1 },
+  { "d_model", 32, "model width", int = true, min = 1 },
+  { "n_layers", 2, "layers", int = true, min = 1 },
+  { "d_state", 16, "state size N", int = true, min = 1 },
+  { "headdim", 16, "head dimension P", int = true, min = 1 },
+  { "rope_fraction", 0.5, "share of the state rotated (0: no RoPE)", min = 0 },
+  { "min_length", 1, "shortest training sequence", int = true, min = 1 },
+  { "from_length", 12, "longest training sequence of the first curriculum phase", int = true, min = 1 },
+  { "max_length", 48, "longest training sequence of the last phase", int = true, min = 1 },
+  { "eval_length", 64, "evaluation length (longer than any trained on)", int = true, min = 1 },
+  { "batch", 32, "sequences per optimizer step", int = true, min = 1 },
+  { "micro_batch", 16, "sequences per micro-batch (the trainer's batch)", int = true, min = 1 },
+  { "lr", 5e-3, "peak learning rate", min = 0 },
+  { "warmup", 0.05, "warmup steps, or a fraction of --steps when < 1", min = 0 },
+  { "floor", 0.1, "final learning rate as a fraction of the peak", min = 0 },
+  { "weight_decay", 0.0, "AdamW weight decay", min = 0 },
+  { "clip", 1.0, "gradient-norm clipping", min = 0 },
+  { "eval_every", 200, "steps between evaluations", int = true, min = 1 },
+  { "eval_batches", 16, "micro-batches per evaluation", int = true, min = 1 },
+  { "save_every", 200, "steps between checkpoints (0: only at the end)", int = true, min = 0 },
+  { "keep", 3, "checkpoints kept (0: all)", int = true, min = 0 },
+  { "seed", 0, "seed of the weights and the data", int = true, min = 0 },
   { "device", "auto", "auto | cpu | cuda | cuda:N" },
-  { "dtype", "f32", "f32 | bf16 | f16" },
+  { "dtype", "f32", "f32 | bf16 | f16", choices = { "f32", "bf16", "f16" } },
   { "run", "", "run name (default: from the flags that differ)" },
   { "resume", false, "continue from the run's latest checkpoint" },
 }
 
 local o, changed = flags.parse(arg, spec, "m3lua scripts/train.lua [flags]")
 
--- the run's name: the task and the options that shape the result
+-- the run's name: the task and the options that shape the result; the folder is made once
+-- everything the flags build has been checked, so a bad value leaves nothing behind
 local not_in_name = { task = true, run = true, resume = true, device = true, eval_every = true,
   save_every = true, keep = true }
-local dir = sweep.run_dir(o, changed, o.task, not_in_name)
+local dir = sweep.run_path(o, changed, o.task, not_in_name)
 
 local tasks = {
   parity = function(seed) return m3.data.parity { seed = seed, targets = "running" } end,
@@ -67,10 +69,6 @@ local tasks = {
   brackets = function(seed) return m3.data.arithmetic { seed = seed, brackets = true } end,
   mqar = function(seed) return m3.data.mqar { seed = seed } end,
 }
-if not tasks[o.task] then
-  io.stderr:write("unknown --task ", o.task, " (parity | arithmetic | brackets | mqar)\n")
-  os.exit(2)
-end
 local train = tasks[o.task](o.seed)
 -- evaluation: a fixed set (its own seed), final-position targets, the longer length
 local evalset = tasks[o.task](o.seed + 1000003)
@@ -84,6 +82,9 @@ local warmup = o.warmup < 1 and math.floor(o.warmup * o.steps + 0.5) or o.warmup
 local sched = m3.schedule.warmup_cosine { peak = o.lr, warmup = warmup, total = o.steps,
   floor = o.lr * o.floor }
 local ck = m3.checkpoint.new { dir = dir .. "/checkpoints", every = o.save_every, keep = o.keep }
+local cfg = m3.config { d_model = o.d_model, n_layers = o.n_layers, d_state = o.d_state,
+  headdim = o.headdim, rope_fraction = o.rope_fraction, input = "tokens", head = "lm",
+  vocab_size = train.vocab }
 
 local tr, start
 if o.resume then
@@ -95,14 +96,12 @@ if o.resume then
   end
 end
 if not tr then
-  for _, c in ipairs(ck:list()) do os.remove(c.path) end
-  local cfg = m3.config { d_model = o.d_model, n_layers = o.n_layers, d_state = o.d_state,
-    headdim = o.headdim, rope_fraction = o.rope_fraction, input = "tokens", head = "lm",
-    vocab_size = train.vocab }
   tr = m3.trainer(cfg, { device = o.device, dtype = o.dtype, batch = o.micro_batch,
     seq_len = math.max(cur:max("length"), o.eval_length), lr = o.lr,
     weight_decay = o.weight_decay, seed = o.seed })
+  for _, c in ipairs(ck:list()) do os.remove(c.path) end
 end
+sweep.run_dir(o, changed, o.task, not_in_name)
 print(string.format("%s: %s, %d parameters, %s %s; lengths %d..%d -> eval at %d; %d steps of %d sequences",
   dir, o.task, tr.config.n_params, tr:device(), tr:dtype(), o.min_length, o.max_length,
   o.eval_length, o.steps, o.batch))

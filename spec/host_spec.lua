@@ -170,6 +170,33 @@ describe("m3lua", function()
     assert.matches("in function 'f'", err, 1, true)
   end)
 
+  it("train.lua refuses bad flag values before making its run folder", function()
+    local pwd = io.popen("pwd")
+    local train = pwd:read("*l") .. "/scripts/train.lua"
+    pwd:close()
+    local dir = os.tmpname()
+    os.remove(dir)
+    assert(os.execute("mkdir " .. dir) == 0)
+    local function try(args, rc_want, first_line)
+      local all = { train }
+      for _, a in ipairs(args) do all[#all + 1] = a end
+      local out, err, rc = run(all, nil, "cd " .. quote(dir) .. " &&")
+      assert.equal(rc_want, rc, err)
+      assert.equal("", out)
+      assert.matches(first_line, err:match("^[^\n]*"))
+      assert.is_nil(io.open(dir .. "/runs"), "a run folder was left behind")
+    end
+    try({ "--eval_batches", "0" }, 2, '^%-%-eval_batches expects an integer >= 1, got "0"$')
+    try({ "--batch", "0" }, 2, '^%-%-batch expects an integer >= 1, got "0"$')
+    try({ "--steps", "2.5" }, 2, '^%-%-steps expects an integer >= 1, got "2.5"$')
+    try({ "--lr", "nan" }, 2, '^%-%-lr expects a number >= 0, got "nan"$')
+    try({ "--task", "sorting" }, 2, '^%-%-task expects one of parity | arithmetic | brackets | mqar, got "sorting"$')
+    try({ "--lr", "0" }, 1, "train%.lua:%d+: m3%.schedule%.warmup_cosine: expected peak > 0, got 0$")
+    try({ "--rope_fraction", "2" }, 1, "train%.lua:%d+: m3: rope_fraction = 2")
+    try({ "--device", "nowhere" }, 1, "train%.lua:%d+: m3%.trainer: device")
+    os.execute("rm -rf " .. quote(dir))
+  end)
+
   it("honours os.exit", function()
     local _, _, rc = run { "-e", "os.exit(3)" }
     assert.equal(3, rc)

@@ -58,10 +58,11 @@ end
 
 function fit.evaluate(tr, src, o)
   o = o or {}
+  local batches = options.want_int(o.batches or 4, "m3.fit.evaluate: batches", 1)
   local saved = src:cursor()
   src:seek { seed = saved.seed, index = 0 }
   local loss, acc, counted = 0, 0, 0
-  for _ = 1, o.batches or 4 do
+  for _ = 1, batches do
     local m = tr:evaluate(src:next(o.rows or tr:batch(), o))
     local c = m.counted or 1
     loss, counted = loss + m.loss * c, counted + c
@@ -93,7 +94,9 @@ local function check(o)
   if type(o.data) ~= "table" or type(o.data.next) ~= "function" then
     lib.raise("m3.fit.run: data = a source with :next(rows, opts) is required (m3.data)")
   end
-  if type(o.steps) ~= "number" or o.steps < 1 then lib.raise("m3.fit.run: steps must be >= 1") end
+  options.want_int(o.steps, "m3.fit.run: steps", 1)
+  if o.batch ~= nil then options.want_int(o.batch, "m3.fit.run: batch", 1) end
+  if o.eval_every ~= nil then options.want_int(o.eval_every, "m3.fit.run: eval_every", 1) end
 end
 
 function fit.run(o)

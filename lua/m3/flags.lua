@@ -6,8 +6,11 @@
 --     {"resume", false, "continue from the latest checkpoint"},
 --   }, "m3lua scripts/train.lua [flags]")
 --
--- A flag's type is its default's: numbers must parse, booleans are switches (`--resume`,
--- or `--resume=false`), strings take any value. `--help` prints the flags and exits.
+-- A flag's type is its default's: numbers must parse to a finite number, booleans are
+-- switches (`--resume`, or `--resume=false`), strings take any value. Optional fields of a
+-- flag narrow its values: int = true (whole numbers), min = x (numbers >= x), choices =
+-- {...} (strings from the list), e.g. {"batch", 32, "rows per step", int = true, min = 1}.
+-- `--help` prints the flags and exits.
 -- Unknown flags and stray arguments are errors that list the valid flags. Returns the
 -- values and the list of names set to something other than their default (in the order
 -- of the spec), for run names. flags.list splits a comma-separated value.
@@ -25,16 +28,30 @@ local function usage(spec, banner)
 end
 flags.usage = usage
 
+-- "an integer >= 1", "a number >= 0", "a finite number": what a number flag takes.
+local function number_kind(f)
+  return (f.int and "an integer" or f.min and "a number" or "a finite number")
+    .. (f.min and " >= " .. f.min or "")
+end
+
 local function convert(f, text)
   local default = f[2]
   if type(default) == "number" then
     local v = tonumber(text)
-    if not v then error(string.format("--%s expects a number, got %q", f[1], text), 0) end
+    if not v or v ~= v or math.abs(v) == math.huge or (f.int and v ~= math.floor(v)) or (f.min and v < f.min) then
+      error(string.format("--%s expects %s, got %q", f[1], number_kind(f), text), 0)
+    end
     return v
   elseif type(default) == "boolean" then
     if text == "true" or text == "1" or text == "on" then return true end
     if text == "false" or text == "0" or text == "off" then return false end
     error(string.format("--%s expects true or false, got %q", f[1], text), 0)
+  end
+  if f.choices then
+    for _, c in ipairs(f.choices) do
+      if text == c then return text end
+    end
+    error(string.format("--%s expects one of %s, got %q", f[1], table.concat(f.choices, " | "), text), 0)
   end
   return text
 end
