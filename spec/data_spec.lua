@@ -286,6 +286,11 @@ describe("m3.data batches and files", function()
       assert.same({ 2, 4 }, s:next(2).tokens:shape())
       assert.same(2, s:cursor().index)
     end
+    -- a batch that cannot be packed leaves the cursor where it was
+    for _, s in ipairs { sources[1], sources[2] } do
+      assert.has_error(function() s:next(2, { pad_to = 3 }) end)
+      assert.same(2, s:cursor().index)
+    end
     os.remove(path)
   end)
 

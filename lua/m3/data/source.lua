@@ -130,8 +130,9 @@ function S:next(rows, o)
     local toks, tgts = draw(self, self.index + r - 1, opts)
     samples[r] = { toks, tgts }
   end
+  local batch = source.pack(samples, opts.pad_to)
   self.index = self.index + rows
-  return source.pack(samples, opts.pad_to)
+  return batch
 end
 
 function S:cursor()
@@ -202,8 +203,9 @@ function M:next(rows, o)
     local toks, tgts = self:sample(self.index + r - 1, o)
     samples[r] = { toks, tgts }
   end
+  local batch = source.pack(samples, o and o.pad_to)
   self.index = self.index + rows
-  return source.pack(samples, o and o.pad_to)
+  return batch
 end
 
 return source
