@@ -172,6 +172,7 @@ T["m3.checkpoint"] = [[
 m3.checkpoint.new{dir =, every = N, keep = 3}
   ck:maybe_save(tr, step, extra)  ck:save(tr, step, extra)  ck:list()  ck:resume(opts)
   m3.checkpoint.resume(dir, opts) -> tr, extra, step  (the newest checkpoint that loads)
+  keep = k: a save leaves the file it wrote and the k - 1 highest-step others (0: all)
 Files dir/step-00000100.ckpt, written atomically; extra: data cursor, schedule position,
 curriculum phase, RNG states. m3.fit saves one on Ctrl-C / SIGTERM.]]
 
@@ -195,8 +196,9 @@ T["m3.sweep"] = [[
 m3.sweep{grid = {lr = {1e-3, 3e-3}, d_model = {32, 64}} | random = {lr = {"log", 1e-4, 1e-2}},
   trials =, seed =, defaults = {...}, dir =, run = function(point, run_dir) return metrics end,
   metric =, mode = "max" | "min", parallel = N, gpus = {...}} -> rows
-  one folder per point named after the options that differ from defaults; done.json
-  marks finished points (skipped on re-run); results.csv, results.json, summary.svg.]]
+  one folder per point named after the options that differ from defaults (exact names:
+  "a/b" -> "a%2Fb"; points that would share one are an error); done.json marks finished
+  points (skipped on re-run); results.csv, results.json, summary.svg.]]
 
 -- ---- lookup ------------------------------------------------------------------------------
 
