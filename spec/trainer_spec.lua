@@ -487,6 +487,30 @@ describe("m3.trainer", function()
     assert.equal(2, tr:step_count())
   end)
 
+  it("gives the same bits for any CPU thread count", function()
+    -- 8 x 64 = 512 rows: the products of several blocks of rows, whatever the threads
+    local cfg = helper.tokens_lm({ d_model = 32, d_state = 16, headdim = 16 })
+    local rng = helper.rng(23)
+    local batches = {}
+    local probe = m3.trainer(cfg, opts({ batch = 8, seq_len = 64 }))
+    for i = 1, 3 do batches[i] = helper.batch(probe.config, 8, 64, rng) end
+    probe:close()
+    local threads = m3.cpu_threads()
+    local function train(n)
+      m3.cpu_threads(n)
+      local tr = m3.trainer(cfg, opts({ batch = 8, seq_len = 64, carry_state = true, seed = 4 }))
+      for i = 1, 3 do tr:step(batches[i]) end
+      return tr
+    end
+    local ref = train(1)
+    for _, n in ipairs({ 2, 3, 4, 5 }) do
+      local tr = train(n)
+      assert.is_true(helper.same_weights(ref:snapshot(), tr:snapshot()), n .. " threads: weights")
+      assert.is_true(helper.same_states(ref:states(), tr:states()), n .. " threads: states")
+    end
+    m3.cpu_threads(threads)
+  end)
+
   it("evaluate changes neither weights nor states", function()
     local tr = m3.trainer(helper.tokens_lm(), opts({ carry_state = true }))
     local rng = helper.rng(19)
