@@ -1,5 +1,6 @@
 -- m3.config, m3.presets, m3.preset, m3.config_from_json: defaults, derived sizes, the
--- error text of unknown fields, type errors and every SPEC.md §1 rule.
+-- error text of unknown fields, type errors and every SPEC.md §1 rule; the C API's config and
+-- info calls given NULL outputs.
 
 local m3 = require "m3"
 local helper = require "spec.helper"
@@ -149,5 +150,31 @@ describe("m3.config_from_json", function()
   it("reports malformed JSON and broken rules", function()
     assert.matches("m3: ", helper.error_of(m3.config_from_json, "{"))
     assert.matches("headdim = 5", helper.error_of(m3.config_from_json, '{"d_model": 16, "n_layers": 1, "headdim": 5}'))
+  end)
+end)
+
+describe("the C API's configuration and info calls", function()
+  it("refuse or ignore NULL outputs instead of writing through them", function()
+    local ffi = require "ffi"
+    local C = require("m3.lib").C
+    local c = ffi.new("m3_config")
+    C.m3_config_defaults(c)
+    c.d_model, c.n_layers, c.headdim, c.input = 16, 1, 8, 1
+    assert.equal(1, C.m3_config_derive(c, nil)) -- M3_ERR_ARGUMENT
+    assert.matches("out is NULL", ffi.string(C.m3_last_error()))
+    local d = ffi.new("m3_config_derived")
+    assert.equal(0, C.m3_config_derive(c, d))
+    assert.equal(32, d.d_inner)
+    C.m3_config_defaults(nil)
+    C.m3_trainer_cfg_defaults(nil)
+    C.m3_infer_cfg_defaults(nil)
+    local cfg = m3.config { d_model = 16, n_layers = 1, d_state = 8, headdim = 8, input = "tokens", vocab_size = 11,
+      head = "lm" }
+    local tr = m3.trainer(cfg, { device = "cpu", batch = 1, seq_len = 4 })
+    local inf = m3.infer(tr:snapshot(), { device = "cpu" })
+    C.m3_trainer_get_info(tr._box.p, nil)
+    C.m3_infer_get_info(inf._box.p, nil)
+    assert.equal(1, tr:batch())
+    C.m3_sampler_seed(1, 0, nil)
   end)
 end)

@@ -5,6 +5,7 @@
  *   - opaque handles with create/destroy pairs (destroy is NULL-safe);
  *   - every fallible call returns an m3_status (M3_OK = 0); the message, with the failing
  *     call and file:line, is kept per thread and read with m3_last_error();
+ *   - a NULL pointer where one is needed is M3_ERR_ARGUMENT (void calls do nothing);
  *   - the library never exits, aborts or prints on bad input and never touches a lua_State.
  *
  * Everything between the M3_FFI markers is plain C (no macros, no includes) so that the

@@ -15,6 +15,7 @@ static const char *const input_names[] = {"features", "identity", "tokens"};
 static const char *const head_names[] = {"none", "lm", "mse"};
 
 void m3_config_defaults(m3_config *c) {
+  if (!c) return;
   memset(c, 0, sizeof *c);
   c->d_state = 128;
   c->expand = 2;
@@ -78,6 +79,7 @@ m3_status m3_config_validate(const m3_config *c) {
 }
 
 m3_status m3_config_derive(const m3_config *c, m3_config_derived *out) {
+  if (!out) return m3_fail(M3_ERR_ARGUMENT, "m3_config_derive: out is NULL");
   TRY(m3_config_validate(c));
   m3_layout l;
   TRY(m3_layout_build(c, &l));

@@ -33,6 +33,7 @@ struct m3_infer {
 };
 
 void m3_infer_cfg_defaults(m3_infer_cfg *c) {
+  if (!c) return;
   memset(c, 0, sizeof *c);
   c->device = M3_DEVICE_AUTO;
   c->precision = M3_PRECISION_F32;
@@ -102,6 +103,7 @@ void m3_infer_destroy(m3_infer *inf) {
 const m3_config *m3_infer_config(const m3_infer *inf) { return inf ? &inf->model : NULL; }
 
 void m3_infer_get_info(const m3_infer *inf, m3_infer_info *o) {
+  if (!o) return;
   memset(o, 0, sizeof *o);
   if (!inf) return;
   o->device = inf->device;

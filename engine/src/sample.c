@@ -169,6 +169,7 @@ static int32_t sample_row(const float *lg, int32_t V, const m3_sample_opts *o, m
 }
 
 void m3_sampler_seed(uint64_t seed, int32_t row, uint64_t *state) {
+  if (!state) return;
   m3_rng r;
   m3_rng_seed(&r, (seed ^ 0x5eed5a3d1e5eedULL) + 0x9e3779b97f4a7c15ULL * (uint64_t)(uint32_t)row);
   memcpy(state, r.s, sizeof r.s);

@@ -24,6 +24,7 @@ static double now_ms(void) {
 }
 
 void m3_trainer_cfg_defaults(m3_trainer_cfg *c) {
+  if (!c) return;
   memset(c, 0, sizeof *c);
   c->device = M3_DEVICE_AUTO;
   c->precision = M3_PRECISION_F32;
@@ -111,6 +112,7 @@ void m3_trainer_destroy(m3_trainer *tr) {
 const m3_config *m3_trainer_config(const m3_trainer *tr) { return tr ? &tr->model : NULL; }
 
 void m3_trainer_get_info(const m3_trainer *tr, m3_trainer_info *o) {
+  if (!o) return;
   memset(o, 0, sizeof *o);
   if (!tr) return;
   o->device = tr->device;
