@@ -487,6 +487,26 @@ describe("m3.trainer", function()
     assert.equal(2, tr:step_count())
   end)
 
+  it("check_batch checks a window as step would and counts its scored positions, running nothing", function()
+    local tr = m3.trainer(helper.tokens_lm(), opts({ carry_state = true }))
+    local b = helper.batch(tr.config, 3, 7, helper.rng(24), { ignore = 0.3 })
+    local scored = 0
+    for i = 0, b.targets:numel() - 1 do
+      if b.targets[i] ~= -1 then scored = scored + 1 end
+    end
+    local s0 = tr:states()
+    assert.equal(scored, tr:check_batch(b))
+    assert.is_true(helper.same_states(s0, tr:states()))
+    assert.equal(0, tr:step_count())
+    assert.matches("batch.targets: missing", helper.error_of(tr.check_batch, tr, { tokens = b.tokens }))
+    local bad = { tokens = b.tokens:clone(), targets = b.targets }
+    bad.tokens[2] = 99
+    assert.matches("batch.tokens%[2%] .* = 99", helper.error_of(tr.check_batch, tr, bad))
+    local mse = m3.trainer(helper.identity_mse(), opts())
+    local mb = helper.batch(mse.config, 2, 5, helper.rng(25))
+    assert.equal(10, mse:check_batch({ input = mb.input, targets = mb.targets }))
+  end)
+
   it("gives the same bits for any CPU thread count", function()
     -- 8 x 64 = 512 rows: the products of several blocks of rows, whatever the threads
     local cfg = helper.tokens_lm({ d_model = 32, d_state = 16, headdim = 16 })

@@ -20,7 +20,7 @@
 
 /* Bumped whenever a declaration below changes; the Lua binding refuses a library whose
  * m3_abi_version() differs from the header it was generated from. */
-#define M3_ABI_VERSION 8
+#define M3_ABI_VERSION 9
 
 #ifdef __cplusplus
 extern "C" {
@@ -292,6 +292,10 @@ void m3_trainer_destroy(m3_trainer *tr);
 const m3_config *m3_trainer_config(const m3_trainer *tr);
 void m3_trainer_get_info(const m3_trainer *tr, m3_trainer_info *out);
 
+/* Checks a window as m3_trainer_step would (its inputs and the head's fields) and runs nothing; *counted
+ * (may be NULL) receives the positions its loss counts: "lm" targets other than -1, "mse" positions whose
+ * mask is set (all without a mask), every position for "none". */
+m3_status m3_trainer_check_batch(const m3_trainer *tr, const m3_batch *b, int64_t *counted);
 /* Fused forward + backward + optimizer (graph-replayed when captured). An f32 / bf16 step whose gradient
  * is not finite (M3_ERR_NONFINITE) changes nothing: with carry_state, the CPU backend also puts the carried
  * state back (the CUDA backend leaves it advanced). An f16 overflow skips only the update. */

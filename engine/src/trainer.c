@@ -174,6 +174,28 @@ static m3_status check_batch_targets(const m3_trainer *tr, const m3_batch *b) {
   return M3_OK;
 }
 
+/* The positions the head's loss counts: "lm" targets other than -1, "mse" positions whose mask is set (all
+ * without a mask), every position for "none". */
+static int64_t counted_positions(const m3_trainer *tr, const m3_batch *b) {
+  const int64_t n = (int64_t)b->rows * b->len;
+  int64_t c = 0;
+  if (tr->dims.head == M3_HEAD_LM)
+    for (int64_t i = 0; i < n; i++) c += b->targets[i] != -1;
+  else if (tr->dims.head == M3_HEAD_MSE && b->mask)
+    for (int64_t i = 0; i < n; i++) c += b->mask[i] != 0;
+  else
+    c = n;
+  return c;
+}
+
+m3_status m3_trainer_check_batch(const m3_trainer *tr, const m3_batch *b, int64_t *counted) {
+  TRY(usable(tr));
+  TRY(check_batch_inputs(tr, b));
+  TRY(check_batch_targets(tr, b));
+  if (counted) *counted = counted_positions(tr, b);
+  return M3_OK;
+}
+
 static step_params make_params(const m3_trainer *tr, double clip) {
   const double t = (double)(tr->step + 1);
   step_params p = {tr->lr, tr->cfg.weight_decay, tr->cfg.beta1, tr->cfg.beta2, tr->cfg.eps,

@@ -27,7 +27,7 @@ end
 
 -- The ABI these Lua sources are written for: a build folder older than the sources (its
 -- cdef and libm3 agreeing with each other) is refused too, instead of misreading structs.
-local REQUIRED_ABI = 8
+local REQUIRED_ABI = 9
 if cdef.abi ~= REQUIRED_ABI then
   error(string.format("m3: the build's cdef (%s) is for ABI version %d but these Lua sources need %d; "
     .. "rebuild (ninja -C build)", path, cdef.abi, REQUIRED_ABI), 0)

@@ -281,6 +281,15 @@ function T:step(batch)
   return metrics(self, m)
 end
 
+-- Checks a window as step would, running nothing; returns the positions its loss counts.
+function T:check_batch(batch)
+  local p = live(self)
+  local b = make_batch(self, batch, true, true)
+  local counted = ffi.new("int64_t[1]")
+  call(self, C.m3_trainer_check_batch, p, b, counted)
+  return tonumber(counted[0])
+end
+
 -- Split API: the forward of a window; returns out [B, T, d_model] and marks a backward
 -- pending. The window's shape is kept: a bare d_out given to backward_step takes it.
 function T:forward(batch)
