@@ -46,6 +46,38 @@ describe("m3.accumulate", function()
     assert.equal(big.tokens[4 * 12 + 5], parts[3].tokens[5])
     assert.has_error(function() accumulate.split(big, 3) end,
       "m3.accumulate.split: k must divide the batch's 8 rows, got 3")
+    assert.has_error(function() accumulate.split(big, 1.6) end,
+      "m3.accumulate.split: k must divide the batch's 8 rows, got 1.6")
+  end)
+
+  it("checks every micro-batch and option before the first forward, leaving no window open", function()
+    local tr = new_trainer(4)
+    local parts = accumulate.split(big, 2)
+    local bad = { tokens = parts[2].tokens, targets = parts[2].targets:clone() }
+    bad.targets[3] = 5
+    local err = tostring(select(2, pcall(accumulate.step, tr, { parts[1], bad })))
+    assert.matches("micro%-batch 2: .*batch.targets%[3%] .* = 5: must be in %[0, 2%)", err)
+    assert.matches("clip = %-1: expected a number >= 0",
+      tostring(select(2, pcall(accumulate.step, tr, parts, { clip = -1 }))))
+    assert.matches("micro%-batch 1: batch.targets: missing",
+      tostring(select(2, pcall(accumulate.step, tr, { { tokens = parts[1].tokens }, parts[2] }))))
+    assert.is_false(tr:info().pending_forward)
+    assert.equal(0, tr:step_count())
+    assert.is_number(tr:step(parts[1]).loss) -- nothing was left open
+  end)
+
+  it("takes micro-batches that count nothing and nested tables, as a fused step does", function()
+    local parts = accumulate.split(big, 2)
+    local none = { tokens = parts[1].tokens, targets = m3.tensor({ 4, 12 }, "i32") }
+    for i = 0, none.targets:numel() - 1 do none.targets[i] = -1 end
+    local a, b = new_trainer(4), new_trainer(4)
+    local m = accumulate.step(a, { none, parts[2] })
+    local ref = b:step(parts[2])
+    assert.equal(ref.loss, m.loss)
+    assert.equal(0, max_rel_diff(b:snapshot(), a:snapshot()))
+    local nested = { tokens = parts[2].tokens:to_table(), targets = parts[2].targets:to_table() }
+    assert.equal(accumulate.counted(a, parts[2]), accumulate.counted(a, nested))
+    assert.is_number(accumulate.step(a, { parts[1], nested }).loss)
   end)
 
   for _, k in ipairs { 2, 4 } do

@@ -20,7 +20,10 @@
 -- contains "interrupted" and whose .metrics are the completed step's.
 --
 --   accumulate.split(batch, k) -> k batches of consecutive rows (views, no copies)
---   accumulate.counted(tr, batch) -> c for one micro-batch
+--   accumulate.counted(tr, batch) -> c for one micro-batch (checked as a step would check it)
+--
+-- Every micro-batch and option is checked before the first forward, so a bad one raises
+-- without leaving a forward pending or a window open.
 
 local lib = require "m3.lib"
 local options = require "m3.options"
@@ -40,24 +43,9 @@ local function rows_len(b)
   lib.raise("m3.accumulate: a batch needs at least one m3 tensor field to give its shape")
 end
 
+-- The positions b's loss counts, once the trainer has checked b as a step would.
 function accumulate.counted(tr, b)
-  local head = tr.config.head
-  local field = (head == "lm" and b.targets) or (head == "mse" and b.mask) or nil
-  if field then
-    local n, p, c = field:numel(), field.data, 0
-    if head == "lm" then
-      for i = 0, n - 1 do
-        if p[i] ~= -1 then c = c + 1 end
-      end
-    else
-      for i = 0, n - 1 do
-        if p[i] ~= 0 then c = c + 1 end
-      end
-    end
-    return c
-  end
-  local rows, len = rows_len(b)
-  return rows * len
+  return tr:check_batch(b)
 end
 
 local function is_interrupt(err)
@@ -76,12 +64,21 @@ function accumulate.step(tr, batches, opts)
   end
   opts = opts or {}
   options.check_keys(opts, STEP_OPTS, "m3.accumulate.step")
+  if opts.clip ~= nil and not (type(opts.clip) == "number" and opts.clip >= 0) then
+    lib.raise("m3.accumulate.step: clip = " .. options.show(opts.clip) .. ": expected a number >= 0 (0 = off)")
+  end
+  -- every micro-batch checked before the first forward: a bad one leaves no window open
   local k = #batches
   local counts, total = {}, 0
   for i, b in ipairs(batches) do
-    counts[i] = accumulate.counted(tr, b)
-    total = total + counts[i]
+    local ok, c = pcall(accumulate.counted, tr, b)
+    if not ok then lib.raise(string.format("m3.accumulate.step: micro-batch %d: %s", i, tostring(c))) end
+    counts[i] = c
+    total = total + c
   end
+  -- a micro-batch's loss weighs its share of the counted positions; one that counts none adds a zero
+  -- gradient at any scale (the engine takes no zero scale), and all counting none share equally
+  local function share(i) return total > 0 and counts[i] / total or 1 / k end
   local results = {}
   -- next action: forward or backward of micro-batch i; set before each call so that after
   -- an interrupt the trainer's pending forward tells whether that call took effect
@@ -94,8 +91,8 @@ function accumulate.step(tr, batches, opts)
         action = "backward"
       end
       local last = i == k
-      results[i] = tr:backward_step(b, { accumulate = not last,
-        scale = total > 0 and counts[i] / total or 1 / k, clip = last and opts.clip or nil })
+      results[i] = tr:backward_step(b, { accumulate = not last, scale = share(i) > 0 and share(i) or 1,
+        clip = last and opts.clip or nil })
       i, action = i + 1, "forward"
     end
   end
@@ -118,9 +115,11 @@ function accumulate.step(tr, batches, opts)
   local m = results[k]
   local loss, acc, tokens, ms = 0, 0, 0, 0
   for j = 1, k do
-    local r, share = results[j], total > 0 and counts[j] / total or 1 / k
-    if r and r.loss and loss then loss = loss + share * r.loss else loss = nil end
-    if r and r.accuracy and acc then acc = acc + share * r.accuracy else acc = nil end
+    local r, w = results[j], share(j)
+    if w > 0 then -- a micro-batch that counts nothing has no loss or accuracy to weigh in
+      if r and r.loss and loss then loss = loss + w * r.loss else loss = nil end
+      if r and r.accuracy and acc then acc = acc + w * r.accuracy else acc = nil end
+    end
     tokens, ms = tokens + (r and r.tokens or 0), ms + (r and r.ms or 0)
   end
   m = m or { step = tr:step_count(), optimizer_stepped = true }
@@ -142,7 +141,7 @@ end
 
 function accumulate.split(batch, k)
   local rows = rows_len(batch)
-  if type(k) ~= "number" or k < 1 or k > rows or rows % k ~= 0 then
+  if type(k) ~= "number" or k ~= math.floor(k) or k < 1 or k > rows or rows % k ~= 0 then
     lib.raise(string.format("m3.accumulate.split: k must divide the batch's %d rows, got %s", rows, tostring(k)))
   end
   local n, out = rows / k, {}
