@@ -121,6 +121,38 @@ describe("m3.log.jsonl and plots", function()
     os.execute("rm -rf " .. dir)
   end)
 
+  it("keeps the records after a line cut short by a crash, and a resumed writer ends that line first", function()
+    local dir = tmpdir()
+    local path = dir .. "/metrics.jsonl"
+    local f = io.open(path, "w")
+    f:write('{"step":1,"loss":2}\n{"step":2,"lo')
+    f:close()
+    local w = log.jsonl(path)
+    for s = 3, 5 do w:write { step = s, loss = 1 / s } end
+    w:close()
+    local recs, skipped = log.read_jsonl(path)
+    assert.same({ 1, 3, 4, 5 }, (function()
+      local steps = {}
+      for i, r in ipairs(recs) do steps[i] = r.step end
+      return steps
+    end)())
+    assert.same({ 2 }, skipped)
+    local text = io.open(path):read("*a")
+    assert.truthy(text:find('{"step":2,"lo\n{', 1, true))
+    -- a file that ends with a newline gets no empty line; a line that is not an object is skipped
+    w = log.jsonl(path)
+    w:write { step = 6, loss = 0.1 }
+    w:close()
+    f = io.open(path, "a")
+    f:write("42\n")
+    f:close()
+    recs, skipped = log.read_jsonl(path)
+    assert.equal(5, #recs)
+    assert.same({ 2, 7 }, skipped)
+    assert.is_nil(io.open(path):read("*a"):find("\n\n", 1, true))
+    os.execute("rm -rf " .. dir)
+  end)
+
   it("picks nice ticks", function()
     local t, a, b = log.svg.nice_ticks(0.13, 0.92, 5)
     assert.same({ 0, 0.2, 0.4, 0.6, 0.8, 1 }, (function()

@@ -2,9 +2,13 @@
 --
 --   log.progress{total =, ...}     a progress bar on a terminal, plain lines otherwise
 --                                  (m3.log.progress)
---   log.jsonl(path)                a metrics writer: w:write(record) appends one JSON
---                                  object per line and flushes; w:close()
---   log.read_jsonl(path)           the records of a JSONL file (a list)
+--   log.jsonl(path, {truncate =})  a metrics writer: w:write(record) appends one JSON
+--                                  object per line and flushes; w:close(). Appending to
+--                                  a file whose last line was cut short (a crash) first
+--                                  ends that line, so the new records stay whole
+--   log.read_jsonl(path)           the records of a JSONL file (a list), and the numbers
+--                                  of the lines skipped because they hold no JSON object
+--                                  (a line cut short by a crash)
 --   log.plot(records, path, opts)  an SVG of the curves in records: a panel of the keys
 --                                  with "loss" in their name (not loss_scale) and one of
 --                                  the keys with "acc" (x = opts.x or "step"; title =
@@ -42,11 +46,27 @@ end
 local W = {}
 W.__index = W
 
+-- True when the file at path exists and does not end with a newline.
+local function ends_mid_line(path)
+  local f = io.open(path, "rb")
+  if not f then return false end
+  local size = f:seek("end")
+  local last = size > 0 and f:seek("end", -1) and f:read(1)
+  f:close()
+  return size > 0 and last ~= "\n"
+end
+
 function log.jsonl(path, opts)
   if type(path) ~= "string" then lib.raise("m3.log.jsonl: expected a file path, got " .. type(path)) end
   check_keys(opts or {}, JSONL_OPTS, "m3.log.jsonl")
-  local f, err = io.open(path, (opts and opts.truncate) and "w" or "a")
+  local append = not (opts and opts.truncate)
+  local torn = append and ends_mid_line(path)
+  local f, err = io.open(path, append and "a" or "w")
   if not f then lib.raise("m3.log.jsonl: cannot open " .. tostring(err)) end
+  if torn then
+    f:write("\n")
+    f:flush()
+  end
   return setmetatable({ f = f, path = path }, W)
 end
 
@@ -64,18 +84,21 @@ end
 function log.read_jsonl(path)
   local f, err = io.open(path, "r")
   if not f then lib.raise("m3.log.read_jsonl: cannot open " .. tostring(err)) end
-  local out, n = {}, 0
+  local out, skipped, n = {}, {}, 0
   for line in f:lines() do
     n = n + 1
     if line:find("%S") then
       local ok, v = pcall(json.decode, line)
-      -- a line cut short by a crash ends the file: keep what came before it
-      if not ok then break end
-      out[#out + 1] = v
+      -- a line cut short by a crash is skipped: the records after it (a resumed run) count
+      if ok and type(v) == "table" and v ~= json.null then
+        out[#out + 1] = v
+      else
+        skipped[#skipped + 1] = n
+      end
     end
   end
   f:close()
-  return out
+  return out, skipped
 end
 
 -- Series {name, x, y} for the keys of records that pass keep(key), in sorted key order.
