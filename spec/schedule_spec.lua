@@ -163,6 +163,40 @@ describe("m3.schedule", function()
       { peak = 0 / 0, warmup = 10, total = 100 }), 1, true)
   end)
 
+  it("every schedule raises at the caller's line for a step that is not an integer >= 1", function()
+    local c = schedule.constant(1)
+    local all = {
+      constant = c,
+      linear = schedule.linear { from = 1, to = 0.5, steps = 10 },
+      linear_warmup = schedule.linear_warmup { peak = 1e-3, warmup = 10 },
+      cosine = schedule.cosine { peak = 1e-3, total = 10 },
+      warmup_cosine = schedule.warmup_cosine { peak = 1e-3, warmup = 3, total = 10 },
+      step_decay = schedule.step_decay { lr = 1, every = 5 },
+      wsd = schedule.wsd { peak = 1, warmup = 2, total = 10 },
+      sequence = schedule.sequence { { c, steps = 2 }, { schedule.cosine { peak = 1, total = 5 } } },
+      scale = schedule.scale(c, 2),
+    }
+    all.milestones = schedule.step_decay { lr = 1, milestones = { 3 } }
+    for name, f in pairs(all) do
+      for _, s in ipairs { 0, -5, 0 / 0, math.huge, -math.huge, 1.5, "1", nil } do
+        local err = helper.error_of(function() local lr = f(s); return lr end)
+        assert.matches("^[^:]*schedule_spec%.lua:%d+: m3%.schedule%.[%w_]+: step = ", err)
+        assert.truthy(err:find(": expected an integer >= 1", 1, true), err)
+        if name ~= "milestones" then assert.truthy(err:find("m3.schedule." .. name .. ": step", 1, true), err) end
+      end
+      assert.is_true(f(1) > 0, name)
+    end
+    assert.equal("m3.schedule.cosine: step = 0: expected an integer >= 1",
+      helper.error_of(function() local lr = all.cosine(0); return lr end):match(": (m3%.schedule.*)$"))
+    assert.matches("schedule_spec%.lua:%d+: m3%.schedule%.apply: step = %-1: expected an integer >= 1",
+      helper.error_of(function() schedule.apply({ set_lr = function() end }, c, -1) end))
+    assert.matches("schedule_spec%.lua:%d+: m3%.schedule%.scale: expected k > 0, got %-1",
+      helper.error_of(function() schedule.scale(c, -1) end))
+    assert.matches("schedule_spec%.lua:%d+: m3%.schedule%.values: n = 2%.5",
+      helper.error_of(function() schedule.values(c, 2.5) end))
+    assert.same({}, schedule.values(c, 0))
+  end)
+
   it("apply calls set_lr with the schedule's value and returns it", function()
     local seen = {}
     local tr = { set_lr = function(_, x) seen[#seen + 1] = x end }

@@ -5,7 +5,8 @@
 -- LambdaLR, so a warmup of w steps rises as peak * s / w and reaches peak at s = w, and a
 -- decay over `total` steps starts at peak right after the warmup and reaches `floor` at
 -- s = total + 1: every lr of steps 1..total stays above the floor (and > 0 with the
--- default floor 0, which the trainer requires).
+-- default floor 0, which the trainer requires). Every schedule, composed ones included,
+-- raises an error for a step that is not an integer >= 1 (0, a negative step, NaN, 2.5).
 --
 --   constant(lr)                                  lr
 --   linear{from =, to =, steps =}                 from -> to over steps, then to
@@ -26,7 +27,7 @@
 --   sequence{{f1, steps = n1}, {f2, steps = n2}, ..., {fk}}
 --                                                 f1 for n1 steps, then f2 from its own
 --                                                 step 1, ...; the last piece runs on
---   scale(f, k)                                   k * f(s)
+--   scale(f, k)                                   k * f(s), k > 0
 --   apply(tr, f, step)                            tr:set_lr(f(step)); returns the lr
 --   values(f, n)                                  {f(1), ..., f(n)} (plots, tests)
 
@@ -36,7 +37,7 @@ local options = require "m3.options"
 lib.internal_file(debug.getinfo(1, "S").source)
 
 local pi, cos, sqrt, floor, min, max = math.pi, math.cos, math.sqrt, math.floor, math.min, math.max
-local raise, check_keys = lib.raise, options.check_keys
+local raise, check_keys, want_int = lib.raise, options.check_keys, options.want_int
 
 local schedule = {}
 
@@ -84,6 +85,15 @@ local function positive(o, field, what)
   return v
 end
 
+-- The schedule f with its step checked: an integer >= 1, else an error at the caller's line.
+local function checked(what, f)
+  local name = "m3.schedule." .. what .. ": step"
+  return function(s)
+    want_int(s, name, 1)
+    return f(s)
+  end
+end
+
 -- Half-cosine from 1 at p = 0 to 0 at p = 1.
 local function half_cosine(p) return 0.5 * (1 + cos(pi * p)) end
 
@@ -92,24 +102,24 @@ function schedule.constant(lr)
   if type(lr) ~= "number" or not (lr > 0) or lr == math.huge then
     raise("m3.schedule.constant: expected a learning rate > 0, got " .. tostring(lr))
   end
-  return function() return lr end
+  return checked("constant", function() return lr end)
 end
 
 function schedule.linear(o)
   opts(o, "linear", LINEAR)
   local from, to = num(o, "from", "linear", 0), num(o, "to", "linear", 0)
   local steps = int(o, "steps", "linear", 1)
-  return function(s)
+  return checked("linear", function(s)
     return from + (to - from) * min((s - 1) / steps, 1)
-  end
+  end)
 end
 
 function schedule.linear_warmup(o)
   opts(o, "linear_warmup", LINEAR_WARMUP)
   local peak, warmup = positive(o, "peak", "linear_warmup"), int(o, "warmup", "linear_warmup", 1)
-  return function(s)
+  return checked("linear_warmup", function(s)
     return s < warmup and peak * s / warmup or peak
-  end
+  end)
 end
 
 local function warmup_decay(what, o)
@@ -129,11 +139,11 @@ end
 
 local function warmup_cosine(what, o)
   local peak, warmup, total, floor_lr = warmup_decay(what, o)
-  return function(s)
+  return checked(what, function(s)
     if s <= warmup then return peak * s / warmup end
     local p = min((s - 1 - warmup) / (total - warmup), 1)
     return floor_lr + (peak - floor_lr) * half_cosine(p)
-  end
+  end)
 end
 
 function schedule.warmup_cosine(o)
@@ -165,12 +175,12 @@ function schedule.wsd(o)
     raise('m3.schedule.wsd: shape must be "linear", "cosine" or "sqrt", got ' .. tostring(o.shape))
   end
   local start = total - decay
-  return function(s)
+  return checked("wsd", function(s)
     if s <= warmup then return peak * s / warmup end
     local t = s - 1
     if t < start then return peak end
     return floor_lr + (peak - floor_lr) * shape(min((t - start) / decay, 1))
-  end
+  end)
 end
 
 function schedule.step_decay(o)
@@ -183,20 +193,21 @@ function schedule.step_decay(o)
   end
   if every then
     every = int(o, "every", "step_decay", 1)
-    return function(s) return lr * gamma ^ floor(max(s - 1, 0) / every) end
+    return checked("step_decay", function(s) return lr * gamma ^ floor((s - 1) / every) end)
   end
+  if type(milestones) ~= "table" then raise("m3.schedule.step_decay: milestones must be increasing integers") end
   for i, m in ipairs(milestones) do
     if type(m) ~= "number" or m ~= floor(m) or (i > 1 and m <= milestones[i - 1]) then
       raise("m3.schedule.step_decay: milestones must be increasing integers")
     end
   end
-  return function(s)
+  return checked("step_decay", function(s)
     local k = 0
     for _, m in ipairs(milestones) do
       if s >= m then k = k + 1 end
     end
     return lr * gamma ^ k
-  end
+  end)
 end
 
 function schedule.sequence(pieces)
@@ -223,27 +234,38 @@ function schedule.sequence(pieces)
       at = at + n
     end
   end
-  return function(s)
+  return checked("sequence", function(s)
     for i = #fns, 1, -1 do
-      if s > starts[i] or i == 1 then return fns[i](s - starts[i]) end
+      if s > starts[i] then return fns[i](s - starts[i]) end
     end
-  end
+  end)
 end
 
 function schedule.scale(f, k)
-  if type(f) ~= "function" or type(k) ~= "number" then
-    raise("m3.schedule.scale: expected (schedule, number)")
+  if type(f) ~= "function" then
+    raise("m3.schedule.scale: expected a schedule (a function), got " .. type(f))
   end
-  return function(s) return k * f(s) end
+  if type(k) ~= "number" or not (k > 0) or k == math.huge then
+    raise("m3.schedule.scale: expected k > 0, got " .. tostring(k))
+  end
+  return checked("scale", function(s) return k * f(s) end)
 end
 
 function schedule.apply(tr, f, step)
+  if type(f) ~= "function" then
+    raise("m3.schedule.apply: expected a schedule (a function), got " .. type(f))
+  end
+  want_int(step, "m3.schedule.apply: step", 1)
   local lr = f(step)
   tr:set_lr(lr)
   return lr
 end
 
 function schedule.values(f, n)
+  if type(f) ~= "function" then
+    raise("m3.schedule.values: expected a schedule (a function), got " .. type(f))
+  end
+  want_int(n, "m3.schedule.values: n", 0)
   local out = {}
   for s = 1, n do out[s] = f(s) end
   return out
