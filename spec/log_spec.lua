@@ -172,3 +172,56 @@ describe("m3.log.jsonl and plots", function()
     assert.equal(2, select(2, doc:gsub('height="18" fill=', "")))
   end)
 end)
+
+describe("m3.log argument errors", function()
+  -- The error of fn(), which must be raised at this spec file's line (not inside the library).
+  local function here(fn)
+    local ok, err = pcall(fn)
+    assert.is_false(ok, "expected an error")
+    assert.matches("^[^:]*log_spec%.lua:%d+: ", tostring(err))
+    return err
+  end
+
+  it("names the argument and what was expected, at the caller's line", function()
+    local dir = tmpdir()
+    local chart = log.svg.lines { series = { { x = { 1 }, y = { 1 } } } }
+    for _, case in ipairs {
+      { function() log.plot(nil, dir .. "/a.svg") end, "m3.log.plot: expected a list of records (tables), got nil" },
+      { function() log.plot({ 5 }, dir .. "/a.svg") end, "m3.log.plot: records[1] = 5: expected a table" },
+      { function() log.plot({}, nil) end, "m3.log.plot: expected the path of the SVG file, got nil" },
+      { function() log.plot({}, dir .. "/a.svg", { x = 1 }) end,
+        "m3.log.plot: x = 1: expected the name of a record field" },
+      { function() log.plot({}, dir .. "/missing/a.svg") end,
+        "m3.log.svg.write: cannot write " .. dir .. "/missing/a.svg: there is no folder " .. dir .. "/missing" },
+      { function() log.plot({}, dir) end, "m3.log.svg.write: cannot write " .. dir .. ": it is a folder" },
+      { function() log.plot_run(nil) end, "m3.log.plot_run: expected a run folder, got nil" },
+      { function() log.plot_run(dir, { title = {} }) end, "m3.log.plot_run: title = table: " },
+      { function() log.read_jsonl(nil) end, "m3.log.read_jsonl: expected a file path, got nil" },
+      { function() log.read_jsonl(dir .. "/none.jsonl") end, "m3.log.read_jsonl: cannot open " },
+      { function() log.jsonl(dir .. "/m.jsonl"):write(5) end, "m3.log.jsonl: write expects a record (a table), got 5" },
+      { function() log.progress() end, "m3.log.progress: expected {total = <steps>, ...}, got nil" },
+      { function() log.progress { total = 0 } end, "m3.log.progress: total = 0: expected an integer >= 1" },
+      { function() log.progress { total = 5, every = 0 } end, "m3.log.progress: every = 0: expected an integer >= 1" },
+      { function() log.progress { total = 5, out = "x" } end, 'm3.log.progress: out = "x": expected a file' },
+      { function() log.progress { total = 5, out = sink() }:update(nil) end, "m3.log.progress: update expects a step" },
+      { function() log.progress { total = 5, out = sink() }:message(nil) end,
+        "m3.log.progress: message expects a string" },
+      { function() log.duration(nil) end, "m3.log.duration: expected seconds (a number), got nil" },
+      { function() log.svg.lines(nil) end, "m3.log.svg.lines: expected an options table, got nil" },
+      { function() log.svg.lines { series = { { x = { 1 } } } } end,
+        "m3.log.svg.lines: series[1]: expected lists x and y, got table: " },
+      { function() log.svg.lines { seris = {} } end, 'm3.log.svg.lines: unknown option "seris"' },
+      { function() log.svg.bars { labels = 3 } end, "m3.log.svg.bars: labels = 3: expected a list" },
+      { function() log.svg.document { 1 } end, "m3.log.svg.document: charts[1] = 1: expected a chart" },
+      { function() log.svg.write(dir .. "/b.svg", nil) end, "m3.log.svg.write: expected a list of charts, got nil" },
+      { function() log.svg.write(nil, { chart }) end, "m3.log.svg.write: expected the path of the SVG file, got nil" },
+      { function() log.svg.nice_ticks(0, 0 / 0) end, "m3.log.svg.nice_ticks: expected finite lo and hi" },
+    } do
+      local err = here(case[1])
+      assert.truthy(err:find(case[2], 1, true), err)
+    end
+    log.svg.write(dir .. "/b.svg", { chart })
+    assert.truthy(io.open(dir .. "/b.svg"):read("*a"):match("^<svg"))
+    os.execute("rm -rf " .. dir)
+  end)
+end)

@@ -16,6 +16,8 @@
 --   log.plot_run(dir)              dir/metrics.jsonl -> dir/plot.svg
 --   log.svg                        the chart writer (m3.log.svg)
 --   log.now(), log.duration(s)     a monotonic clock in seconds, "3m05s"
+--
+-- Bad arguments raise at the caller's line, naming the function and what was expected.
 
 local json = require "m3.json"
 local lib = require "m3.lib"
@@ -25,7 +27,7 @@ local svg = require "m3.log.svg"
 
 lib.internal_file(debug.getinfo(1, "S").source)
 
-local check_keys = options.check_keys
+local check_keys, show, raise = options.check_keys, options.show, lib.raise
 
 local log = {
   svg = svg,
@@ -39,7 +41,7 @@ local JSONL_OPTS = { truncate = true }
 local PLOT_OPTS = { x = true, title = true }
 
 function log.progress(o)
-  check_keys(o or {}, PROGRESS_OPTS, "m3.log.progress")
+  if type(o) == "table" then check_keys(o, PROGRESS_OPTS, "m3.log.progress") end
   return progress.new(o)
 end
 
@@ -57,12 +59,12 @@ local function ends_mid_line(path)
 end
 
 function log.jsonl(path, opts)
-  if type(path) ~= "string" then lib.raise("m3.log.jsonl: expected a file path, got " .. type(path)) end
+  if type(path) ~= "string" then raise("m3.log.jsonl: expected a file path, got " .. show(path)) end
   check_keys(opts or {}, JSONL_OPTS, "m3.log.jsonl")
   local append = not (opts and opts.truncate)
   local torn = append and ends_mid_line(path)
   local f, err = io.open(path, append and "a" or "w")
-  if not f then lib.raise("m3.log.jsonl: cannot open " .. tostring(err)) end
+  if not f then raise("m3.log.jsonl: cannot open " .. tostring(err)) end
   if torn then
     f:write("\n")
     f:flush()
@@ -71,7 +73,8 @@ function log.jsonl(path, opts)
 end
 
 function W:write(record)
-  if not self.f then lib.raise("m3.log.jsonl: " .. self.path .. " is closed") end
+  if not self.f then raise("m3.log.jsonl: " .. self.path .. " is closed") end
+  if type(record) ~= "table" then raise("m3.log.jsonl: write expects a record (a table), got " .. show(record)) end
   self.f:write(json.encode(record), "\n")
   self.f:flush()
 end
@@ -82,8 +85,9 @@ function W:close()
 end
 
 function log.read_jsonl(path)
+  if type(path) ~= "string" then raise("m3.log.read_jsonl: expected a file path, got " .. show(path)) end
   local f, err = io.open(path, "r")
-  if not f then lib.raise("m3.log.read_jsonl: cannot open " .. tostring(err)) end
+  if not f then raise("m3.log.read_jsonl: cannot open " .. tostring(err)) end
   local out, skipped, n = {}, {}, 0
   for line in f:lines() do
     n = n + 1
@@ -138,9 +142,29 @@ local function wants_log(series)
   return hi > 20 * lo
 end
 
+-- opts, once it is nil or a table of the plot options x and title (strings); {} for nil.
+local function plot_opts(opts, what)
+  if opts == nil then return {} end
+  if type(opts) ~= "table" then
+    raise(string.format("%s: expected an options table {x =, title =}, got %s", what, show(opts)))
+  end
+  check_keys(opts, PLOT_OPTS, what)
+  if opts.x ~= nil and type(opts.x) ~= "string" then
+    raise(string.format("%s: x = %s: expected the name of a record field", what, show(opts.x)))
+  end
+  if opts.title ~= nil and type(opts.title) ~= "string" then
+    raise(string.format("%s: title = %s: expected a string", what, show(opts.title)))
+  end
+  return opts
+end
+
 function log.plot(records, path, opts)
-  opts = opts or {}
-  check_keys(opts, PLOT_OPTS, "m3.log.plot")
+  if type(records) ~= "table" then raise("m3.log.plot: expected a list of records (tables), got " .. show(records)) end
+  for i, r in ipairs(records) do
+    if type(r) ~= "table" then raise(string.format("m3.log.plot: records[%d] = %s: expected a table", i, show(r))) end
+  end
+  if type(path) ~= "string" then raise("m3.log.plot: expected the path of the SVG file, got " .. show(path)) end
+  opts = plot_opts(opts, "m3.log.plot")
   local xkey = opts.x or "step"
   local losses = series_of(records, xkey, function(k)
     return k:find("loss", 1, true) ~= nil and k ~= "loss_scale"
@@ -158,8 +182,8 @@ function log.plot(records, path, opts)
 end
 
 function log.plot_run(dir, opts)
-  opts = opts or {}
-  check_keys(opts, PLOT_OPTS, "m3.log.plot_run")
+  if type(dir) ~= "string" then raise("m3.log.plot_run: expected a run folder, got " .. show(dir)) end
+  opts = plot_opts(opts, "m3.log.plot_run")
   local records = log.read_jsonl(dir .. "/metrics.jsonl")
   return log.plot(records, dir .. "/plot.svg", { title = opts.title or dir:match("([^/]+)/*$"), x = opts.x })
 end

@@ -10,8 +10,15 @@
 -- Otherwise (a file, a pipe, a test) a plain line is written at every step that is a
 -- multiple of `every` (default: total/20) and at the last step. `first` is the step the run starts after (a
 -- resumed run), so the rates and the ETA count only this session's steps.
+-- Bad options or arguments raise at the caller's line.
 
 local ffi = require "ffi"
+local lib = require "m3.lib"
+local options = require "m3.options"
+
+lib.internal_file(debug.getinfo(1, "S").source)
+
+local raise, show, want_int, want_bool = lib.raise, options.show, options.want_int, options.want_bool
 
 pcall(ffi.cdef, "int isatty(int fd);")
 pcall(ffi.cdef, [[
@@ -37,6 +44,7 @@ end
 
 -- "42s", "3m05s", "2h07m"
 function progress.duration(s)
+  if type(s) ~= "number" then raise("m3.log.duration: expected seconds (a number), got " .. show(s)) end
   if s ~= s or s == math.huge then return "?" end
   s = math.floor(s + 0.5)
   if s < 60 then return s .. "s" end
@@ -56,17 +64,19 @@ local P = {}
 P.__index = P
 
 function progress.new(o)
-  o = o or {}
-  local total = o.total
-  if type(total) ~= "number" or total < 1 then
-    error("m3.log.progress: expected total = the number of steps (>= 1), got " .. tostring(total), 2)
+  if type(o) ~= "table" then raise("m3.log.progress: expected {total = <steps>, ...}, got " .. show(o)) end
+  local total = want_int(o.total, "m3.log.progress: total", 1)
+  local out = o.out or io.stdout
+  if (type(out) ~= "userdata" and type(out) ~= "table") or type(out.write) ~= "function" then
+    raise("m3.log.progress: out = " .. show(o.out) .. ": expected a file (something with :write)")
   end
   local self = setmetatable({
-    total = total, out = o.out or io.stdout, first = o.first or 0,
-    every = o.every or math.max(1, math.floor(total / 20)),
-    width = o.width or 24, tokens = 0, drawn = -math.huge, line_open = false,
+    total = total, out = out, first = o.first == nil and 0 or want_int(o.first, "m3.log.progress: first", 0),
+    every = o.every == nil and math.max(1, math.floor(total / 20)) or want_int(o.every, "m3.log.progress: every", 1),
+    width = o.width == nil and 24 or want_int(o.width, "m3.log.progress: width", 1),
+    tokens = 0, drawn = -math.huge, line_open = false,
   }, P)
-  if o.tty == nil then self.tty = progress.is_terminal(self.out) else self.tty = o.tty end
+  if o.tty == nil then self.tty = progress.is_terminal(out) else self.tty = want_bool(o.tty, "m3.log.progress: tty") end
   self.start = progress.now()
   return self
 end
@@ -86,6 +96,10 @@ function P:fields(step, m)
 end
 
 function P:update(step, m)
+  if type(step) ~= "number" then raise("m3.log.progress: update expects a step number, got " .. show(step)) end
+  if m ~= nil and type(m) ~= "table" then
+    raise("m3.log.progress: update expects {loss =, lr =, tokens =} after the step, got " .. show(m))
+  end
   m = m or {}
   self.tokens = self.tokens + (m.tokens or 0)
   self.step, self.last = step, m
@@ -117,6 +131,7 @@ function P:draw(step, m)
 end
 
 function P:message(text)
+  if type(text) ~= "string" then raise("m3.log.progress: message expects a string, got " .. show(text)) end
   if self.tty and self.line_open then
     self.out:write("\r\027[K", text, "\n")
     if self.step then self:draw(self.step, self.last) end

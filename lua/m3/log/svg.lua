@@ -4,12 +4,20 @@
 --       -> a chart (a table with width, height and body)
 --   svg.bars{title =, xlabel =, labels = {...}, values = {...}} -> a horizontal bar chart
 --   svg.document(charts) -> SVG text with the charts stacked vertically
---   svg.write(path, charts) -> writes the document
+--   svg.write(path, charts) -> writes the document (atomically; the folder must exist)
+--   svg.nice_ticks(lo, hi, n = 5) -> ticks, axis_lo, axis_hi
 --
 -- Axes get "nice" ticks (1, 2, 5 times a power of ten; powers of ten on a log axis);
 -- series longer than 1500 points are averaged in buckets; non-finite points break a line.
+-- Bad arguments raise at the caller's line, naming the function and what was expected.
 
 local fs = require "m3.fs"
+local lib = require "m3.lib"
+local options = require "m3.options"
+
+lib.internal_file(debug.getinfo(1, "S").source)
+
+local raise, show, check_keys = lib.raise, options.show, options.check_keys
 
 local svg = {}
 
@@ -28,6 +36,24 @@ local function finite(v)
   return type(v) == "number" and v == v and v ~= math.huge and v ~= -math.huge
 end
 
+local LINES_OPTS = { title = true, xlabel = true, ylabel = true, logy = true, series = true }
+local SERIES_OPTS = { name = true, x = true, y = true, color = true }
+local BARS_OPTS = { title = true, xlabel = true, labels = true, values = true }
+
+-- o, once it is a table with only the keys in valid.
+local function want_opts(o, valid, what)
+  if type(o) ~= "table" then raise(string.format("%s: expected an options table, got %s", what, show(o))) end
+  check_keys(o, valid, what)
+  return o
+end
+
+-- v, once it is nil (then {}) or a table.
+local function want_list(v, name, what)
+  if v == nil then return {} end
+  if type(v) ~= "table" then raise(string.format("%s: %s = %s: expected a list", what, name, show(v))) end
+  return v
+end
+
 local function label(v)
   if v == 0 then return "0" end
   local a = abs(v)
@@ -38,7 +64,10 @@ end
 -- Ticks covering [lo, hi]: about n values at a step of 1, 2 or 5 times a power of ten,
 -- and the axis range (the outer ticks).
 function svg.nice_ticks(lo, hi, n)
-  n = n or 5
+  if not finite(lo) or not finite(hi) then
+    raise(string.format("m3.log.svg.nice_ticks: expected finite lo and hi, got %s and %s", show(lo), show(hi)))
+  end
+  n = n == nil and 5 or options.want_int(n, "m3.log.svg.nice_ticks: n", 1)
   if hi <= lo then hi = lo + (lo == 0 and 1 or abs(lo) * 0.1) end
   local raw = (hi - lo) / n
   local p = 10 ^ floor(log10(raw))
@@ -86,7 +115,15 @@ local function frame(out, title, xlabel, ylabel)
 end
 
 function svg.lines(o)
-  local series = o.series or {}
+  want_opts(o, LINES_OPTS, "m3.log.svg.lines")
+  local series = want_list(o.series, "series", "m3.log.svg.lines")
+  for i, s in ipairs(series) do
+    local what = string.format("m3.log.svg.lines: series[%d]", i)
+    want_opts(s, SERIES_OPTS, what)
+    if type(s.x) ~= "table" or type(s.y) ~= "table" then
+      raise(string.format("%s: expected lists x and y, got %s and %s", what, show(s.x), show(s.y)))
+    end
+  end
   local x0, x1, y0, y1 = math.huge, -math.huge, math.huge, -math.huge
   local logy = o.logy
   local data = {}
@@ -171,7 +208,9 @@ function svg.lines(o)
 end
 
 function svg.bars(o)
-  local labels, values = o.labels or {}, o.values or {}
+  want_opts(o, BARS_OPTS, "m3.log.svg.bars")
+  local labels = want_list(o.labels, "labels", "m3.log.svg.bars")
+  local values = want_list(o.values, "values", "m3.log.svg.bars")
   local n = #labels
   local bar_h, gap = 18, 6
   local left, top = 260, 34
@@ -211,7 +250,20 @@ function svg.bars(o)
   return { width = W, height = height, body = table.concat(out, "\n") }
 end
 
+-- charts, once it is a list of charts (tables with a height and a body, as lines and bars make).
+local function want_charts(charts, what)
+  if type(charts) ~= "table" then raise(string.format("%s: expected a list of charts, got %s", what, show(charts))) end
+  for i, c in ipairs(charts) do
+    if type(c) ~= "table" or type(c.height) ~= "number" or type(c.body) ~= "string" then
+      raise(string.format("%s: charts[%d] = %s: expected a chart (from m3.log.svg.lines or .bars)", what, i,
+        show(c)))
+    end
+  end
+  return charts
+end
+
 function svg.document(charts)
+  want_charts(charts, "m3.log.svg.document")
   local height = 0
   for _, c in ipairs(charts) do height = height + c.height end
   local out = { string.format(
@@ -229,6 +281,15 @@ function svg.document(charts)
 end
 
 function svg.write(path, charts)
+  if type(path) ~= "string" or path == "" then
+    raise("m3.log.svg.write: expected the path of the SVG file, got " .. show(path))
+  end
+  want_charts(charts, "m3.log.svg.write")
+  local folder = path:match("^(.*)/[^/]*$")
+  if folder and not fs.is_dir(folder == "" and "/" or folder) then
+    raise(string.format("m3.log.svg.write: cannot write %s: there is no folder %s", path, folder))
+  end
+  if fs.is_dir(path) then raise(string.format("m3.log.svg.write: cannot write %s: it is a folder", path)) end
   fs.write(path, svg.document(charts))
 end
 
