@@ -5,6 +5,7 @@
 --
 -- The input is a weights file (w:save) or a full trainer checkpoint (tr:save; its float32
 -- master weights are exported). The model must have input "tokens" and head "lm".
+-- A bad input or output is reported by its message alone (no library file:line), status 1.
 
 local m3 = require "m3"
 
@@ -23,6 +24,7 @@ if not ok then
   w = tr:snapshot()
   tr:close()
 end
-m3.pytorch.export(w, dir)
+local exported, err = pcall(m3.pytorch.export, w, dir)
+if not exported then error(err, 0) end
 print(string.format("%s: config.json and model.safetensors (%d tensors, %d parameters, d_model %d, %d layers, vocab %d)",
   dir, #w:names(), w.config.n_params, w.config.d_model, w.config.n_layers, w.config.vocab_size))

@@ -5,6 +5,7 @@
 --   m3lua scripts/import_pytorch.lua <dir> <weights.safetensors>
 --
 -- In a script: local w = m3.pytorch.import(dir); m3.infer(w, {...}) or m3.trainer(w, {...}).
+-- A bad input or output is reported by its message alone (no library file:line), status 1.
 
 local m3 = require "m3"
 
@@ -13,7 +14,9 @@ if not dir or not out then
   io.stderr:write("usage: m3lua scripts/import_pytorch.lua <dir> <weights.safetensors>\n")
   os.exit(2)
 end
-local w = m3.pytorch.import(dir)
-w:save(out)
+local imported, w = pcall(m3.pytorch.import, dir)
+if not imported then error(w, 0) end
+local saved, err = pcall(w.save, w, out)
+if not saved then error(err, 0) end
 print(string.format("%s: %d parameters (d_model %d, %d layers, vocab %d, tie_embeddings %s)", out,
   w.config.n_params, w.config.d_model, w.config.n_layers, w.config.vocab_size, tostring(w.config.tie_embeddings)))

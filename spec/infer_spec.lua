@@ -372,6 +372,52 @@ describe("m3.infer", function()
       assert.matches('ssm_cfg.layer must be "Mamba3"', helper.error_of(m3.pytorch.import, dir))
       os.remove(dir .. "/config.json")
     end)
+
+    it("names bad arguments at the caller's line", function()
+      local w = m3.weights.init(m3.config(helper.tokens_lm()), { seed = 1 })
+      local file = helper.tmpname("-file")
+      m3.fs.write(file, "x")
+      for _, case in ipairs {
+        { function() m3.pytorch.export(w, file) end,
+          "m3.pytorch.export: cannot write into " .. file .. ": it exists and is not a folder" },
+        { function() m3.pytorch.export(w, nil) end, "m3.pytorch.export: expected a folder path, got nil" },
+        { function() m3.pytorch.export(nil, file) end, "m3.pytorch.export: expected weights (m3.weights), got nil" },
+        { function() m3.pytorch.import(file) end, "m3.pytorch.import: there is no folder " .. file },
+        { function() m3.pytorch.import(nil) end, "m3.pytorch.import: expected a folder path, got nil" },
+        { function() m3.pytorch.config_json(m3.config(helper.features_none())) end,
+          'm3.pytorch.config_json: the public LM needs input "tokens" and head "lm"' },
+        { function() m3.pytorch.config_json(nil) end, "m3.config: expected a table, got nil" },
+        { function() m3.pytorch.config_from_json({}, 5) end, "m3.pytorch.config_from_json: dir = 5" },
+      } do
+        local ok, err = pcall(case[1])
+        assert.is_false(ok)
+        assert.matches("^[^:]*infer_spec%.lua:%d+: ", err)
+        assert.truthy(err:find(case[2], 1, true), err)
+      end
+    end)
+
+    it("scripts report a bad input or output by its message, without a library file:line", function()
+      local m3lua = os.getenv("M3LUA") or helper.repo_dir() .. "/build/m3lua"
+      local errfile = helper.tmpname("-stderr")
+      -- the first line of m3lua's stderr and its status for a script and its arguments
+      local function run(script, ...)
+        local cmd = { m3lua, helper.repo_dir() .. "/scripts/" .. script, ... }
+        for i, a in ipairs(cmd) do cmd[i] = "'" .. a:gsub("'", "'\\''") .. "'" end
+        local ok, _, rc = os.execute(table.concat(cmd, " ") .. " >/dev/null 2>" .. errfile)
+        local first = io.open(errfile):read("*l")
+        return first, type(ok) == "number" and ok / 256 or rc
+      end
+      local src = helper.tmpname(".safetensors")
+      m3.weights.init(m3.config(helper.tokens_lm()), { seed = 1 }):save(src)
+      local file = helper.tmpname("-file")
+      m3.fs.write(file, "x")
+      local first, rc = run("export_pytorch.lua", src, file)
+      assert.equal("m3lua: m3.pytorch.export: cannot write into " .. file .. ": it exists and is not a folder", first)
+      assert.equal(1, rc)
+      first, rc = run("import_pytorch.lua", file, helper.tmpname())
+      assert.equal("m3lua: m3.pytorch.import: there is no folder " .. file, first)
+      assert.equal(1, rc)
+    end)
   end)
 end)
 

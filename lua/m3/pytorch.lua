@@ -4,6 +4,10 @@
 --
 --   m3.pytorch.export(weights, dir)   writes the folder ("tokens" input, "lm" head only)
 --   m3.pytorch.import(dir)            → weights (float32; F16/BF16/F64 files are converted)
+--   m3.pytorch.config_json(cfg)       → the config.json table of an m3 config
+--   m3.pytorch.config_from_json(t, dir) → the m3 config of a config.json table
+-- Bad arguments (a dir that is a file, a missing folder, a model the public LM cannot hold)
+-- raise at the caller's line, naming the function and what is wrong.
 --
 -- model.safetensors holds float32 tensors under the public names: SPEC.md §2 names with the
 -- "backbone." prefix (backbone.embedding.weight, backbone.layers.{i}.norm.weight,
@@ -22,15 +26,27 @@ local weights = require "m3.weights"
 local tensors_io = require "m3.tensors_io"
 local json = require "m3.json"
 local fs = require "m3.fs"
+local options = require "m3.options"
 
 lib.internal_file(debug.getinfo(1, "S").source)
 
-local raise = lib.raise
+local raise, show = lib.raise, options.show
 
 local pytorch = {}
 
--- The config.json table of a validated m3 config.
+-- cfg validated (m3.config), once its model is one the public LM holds.
+local function lm_config(cfg, what)
+  cfg = config.validate(cfg)
+  if cfg.input ~= "tokens" or cfg.head ~= "lm" then
+    raise(string.format('%s: the public LM needs input "tokens" and head "lm"; this model has input %q and head %q',
+      what, cfg.input, cfg.head))
+  end
+  return cfg
+end
+
+-- The config.json table of an m3 config.
 function pytorch.config_json(cfg)
+  cfg = lm_config(cfg, "m3.pytorch.config_json")
   return {
     d_model = cfg.d_model,
     d_intermediate = 0,
@@ -63,6 +79,9 @@ end
 
 -- The m3 config of a config.json table (fields the LM loader needs; the rest must agree).
 function pytorch.config_from_json(t, dir)
+  if dir ~= nil and type(dir) ~= "string" then
+    raise("m3.pytorch.config_from_json: dir = " .. show(dir) .. ": expected the folder's path (for messages)")
+  end
   dir = dir or "."
   want(type(t) == "table", dir, "expected a JSON object")
   local s = t.ssm_cfg
@@ -91,11 +110,10 @@ end
 
 function pytorch.export(w, dir)
   if not weights.is(w) then raise("m3.pytorch.export: expected weights (m3.weights), got " .. type(w)) end
-  if type(dir) ~= "string" then raise("m3.pytorch.export: dir must be a string, got " .. type(dir)) end
-  local cfg = w.config
-  if cfg.input ~= "tokens" or cfg.head ~= "lm" then
-    raise(string.format('m3.pytorch.export: the public LM needs input "tokens" and head "lm"; this model has '
-      .. 'input %q and head %q', cfg.input, cfg.head))
+  if type(dir) ~= "string" or dir == "" then raise("m3.pytorch.export: expected a folder path, got " .. show(dir)) end
+  local cfg = lm_config(w.config, "m3.pytorch.export")
+  if fs.exists(dir) and not fs.is_dir(dir) then
+    raise(string.format("m3.pytorch.export: cannot write into %s: it exists and is not a folder", dir))
   end
   fs.mkdir(dir)
   local tensors = {}
@@ -109,7 +127,8 @@ function pytorch.export(w, dir)
 end
 
 function pytorch.import(dir)
-  if type(dir) ~= "string" then raise("m3.pytorch.import: dir must be a string, got " .. type(dir)) end
+  if type(dir) ~= "string" or dir == "" then raise("m3.pytorch.import: expected a folder path, got " .. show(dir)) end
+  if not fs.is_dir(dir) then raise("m3.pytorch.import: there is no folder " .. dir) end
   local text, err = fs.read(dir .. "/config.json")
   if not text then raise("m3.pytorch.import: cannot read " .. dir .. "/config.json: " .. tostring(err)) end
   local ok, t = pcall(json.decode, text)
