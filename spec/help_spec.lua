@@ -1,7 +1,10 @@
--- m3.help: topic lookup under the spellings the REPL passes, completion, values.
+-- m3.help: topic lookup under the spellings the REPL passes, completion, values, and a topic
+-- for every public name (walked from the live module tables and objects' methods).
 
 local help = require "m3.help"
 local schedule = require "m3.schedule"
+local m3 = require "m3"
+local helper = require "spec.helper"
 
 describe("m3.help", function()
   it("finds topics under forgiving spellings", function()
@@ -39,5 +42,60 @@ describe("m3.help", function()
     _G.print = real
     assert.truthy(out[1]:find("tr:set_lr(x)", 1, true))
     assert.truthy(out[2]:find("^no help for nonsense_xyz"))
+  end)
+
+  it("has a topic for every public function and method, under the spellings users type", function()
+    local missing = {}
+    local function need(...)
+      for _, q in ipairs { ... } do
+        if not help.text(q) then missing[#missing + 1] = q end
+      end
+    end
+    -- m3's exports as init.lua builds them (the live table also holds modules loaded on first use)
+    local exports = dofile((debug.getinfo(m3.cpu_threads, "S").source:gsub("^@", "")))
+    for k in pairs(exports) do need("m3." .. k, k) end
+    local modules = { "log", "log.svg", "pytorch", "schedule", "accumulate", "checkpoint", "fit", "curriculum" }
+    for _, name in ipairs(modules) do
+      local mod = m3
+      for part in name:gmatch("[^.]+") do mod = mod[part] end
+      need("m3." .. name, name)
+      for k, v in pairs(mod) do
+        if type(v) == "function" then
+          need(name .. "." .. k, "m3." .. name .. "." .. k)
+        end
+      end
+    end
+    -- m3.weights' functions for users (its others, wrap, ptr, ..., serve the binding)
+    need("weights.init", "m3.weights.init", "weights.load", "m3.weights.load", "weights.is")
+    local w = m3.weights.init(m3.config(helper.tokens_lm()), { seed = 1 })
+    local objects = {
+      trainer = { "tr", m3.trainer(w, { device = "cpu", batch = 1, seq_len = 4 }) },
+      infer = { "inf", m3.infer(w, { device = "cpu" }) },
+      weights = { "w", w },
+    }
+    for kind, o in pairs(objects) do
+      local listed = help.text(kind):match("methods: (.-)\n%S") or help.text(kind):match("methods: (.*)")
+      for k, v in pairs(getmetatable(o[2]).__index) do
+        if type(v) == "function" and not k:match("^_") then
+          need(kind .. ":" .. k, o[1] .. ":" .. k, kind .. "." .. k)
+          if not (" " .. listed:gsub("%s+", " ") .. " "):find(" " .. k .. " ", 1, true) then
+            missing[#missing + 1] = "?" .. kind .. " lists no " .. k
+          end
+        end
+      end
+      if o[2].close then o[2]:close() end
+    end
+    table.sort(missing)
+    assert.same({}, missing)
+  end)
+
+  it("finds no topic for a function a known module lacks", function()
+    assert.is_nil((help.text("checkpoint.nope")))
+    assert.truthy(help.text("?weights:get"):find("w:get(name)", 1, true))
+    assert.equal(help.text("weights:get"), help.text("w:get"))
+    assert.equal(help.text("log.jsonl"), help.text("m3.log.jsonl"))
+    assert.equal(help.text("weights"), help.text("m3.weights"))
+    assert.equal(help.text("log.svg.write"), help.text(m3.log.svg.write))
+    assert.equal(help.text("m3.cpu_threads"), help.text(m3.cpu_threads))
   end)
 end)

@@ -6,10 +6,13 @@
 --   help.text(topic) -> text | nil, {suggestions}
 --   help.topics() -> sorted topic names;  help.complete(prefix) -> topics starting with it
 --
--- Topic names: "m3", "trainer", "trainer:step" (any method), "tensor", "config",
--- "weights", "infer", "m3.schedule", "schedule.cosine", "m3.data", "data.parity", ...
--- Lookups are forgiving: "tr:step", "trainer.step", "step", "inf:generate", "m3.schedule.cosine",
--- "schedule" and "?cosine" all find their topic.
+-- Topic names: "m3", "m3.cpu_threads" (every m3.* function), "trainer", "trainer:step" (any
+-- method; also "infer:step", "weights:get"), "tensor", "config", "weights", "weights.init",
+-- "infer", "m3.schedule", "schedule.cosine", "m3.log", "log.jsonl", "log.svg.lines",
+-- "pytorch.export", "m3.data", "data.parity", ... Every public function and method has one.
+-- Lookups are forgiving: "tr:step", "trainer.step", "step", "inf:generate", "w:get",
+-- "m3.schedule.cosine", "m3.log.jsonl", "schedule" and "?cosine" all find their topic; a
+-- module's name with a function it lacks ("checkpoint.nope") finds nothing.
 
 local help = {}
 
@@ -17,8 +20,10 @@ local T = {}
 
 T["m3"] = [[
 m3 — train Mamba-3 models from Lua.   local m3 = require "m3"
-  m3.config{...}, m3.presets, m3.weights, m3.trainer(w_or_cfg, opts), m3.tensor,
-  m3.infer(w, opts) (inference, generation), m3.pytorch (export / import)
+  m3.config{...}, m3.preset(name), m3.presets, m3.weights, m3.trainer(w_or_cfg, opts), m3.tensor,
+  m3.load_tensors(path), m3.save_tensors(path, t), m3.infer(w, opts) (inference, generation),
+  m3.pytorch (export / import), m3.cpu_threads(n), m3.cuda_device_count(), m3.has_cuda_build(),
+  m3.version, m3.config_from_json(s)
   training library: m3.schedule, m3.curriculum, m3.data, m3.accumulate, m3.checkpoint,
   m3.log, m3.sweep, m3.fit
   ?trainer, ?trainer:step, ?m3.schedule, ?schedule.cosine ... for details]]
@@ -30,7 +35,7 @@ m3.trainer(weights_or_config, {device = "auto", dtype = "f32", batch = 8, seq_le
 A batch: {tokens = int32 [B,T] | input = float [B,T,D], targets = int32 [B,T] (-1 ignored)
   | float [B,T,out_dim], d_out = ..., resets = uint8 [B,T], mask = ...}; B <= batch, T <= seq_len.
 methods: step forward backward_step evaluate capture_graph drop_graph has_graph set_profiling profile set_lr lr
-  set_clip set_reference_no_decay reset_state states set_states snapshot grads save
+  set_clip set_reference_no_decay reset_state states set_states snapshot grads load_weights save
   scaler_state load_scaler_state info device dtype batch seq_len step_count close
   m3.trainer.load(path, {device =, dtype =, batch =, seq_len =}) -> trainer, extra]]
 
@@ -53,6 +58,8 @@ local methods = {
   set_states = "tr:set_states(s)  replace the recurrent state",
   snapshot = "tr:snapshot() -> weights  float32 master weights",
   grads = "tr:grads() -> weights  the accumulated gradients",
+  load_weights = "tr:load_weights(w)  replace the master weights (and 16-bit copies) with w (same config);\n"
+    .. "  Adam moments are kept",
   save = "tr:save(path, extra)  full checkpoint (weights, moments, step, lr, RNG, state) plus a\n  plain Lua table; see ?m3.checkpoint",
   load = "m3.trainer.load(path, {device =, dtype =, batch =, seq_len =}) -> trainer, extra\n  another batch: every row starts from zero state",
   scaler_state = "tr:scaler_state() -> scale, tracker  (f16 only)",
@@ -80,8 +87,36 @@ m3.config{d_model =, n_layers =, d_state = 128, expand = 2, headdim = 64, ngroup
   -> a validated copy with d_inner, nheads, num_rope_angles, n_params.  m3.presets.rl, .lm130]]
 
 T["weights"] = [[
-m3.weights.init(cfg, {seed =}), m3.weights.load(path), w:save(path), w:get(name),
-w:set(name, tensor), w:names(), w.config]]
+m3.weights.init(cfg, {seed =}), m3.weights.load(path, cfg?), m3.weights.is(x)  host float32 weights
+methods: get set names save clone numel close   (w.config: the validated config)]]
+T["weights.init"] = "m3.weights.init(cfg, {seed = 0}) -> weights  SPEC.md §2 init from one seeded generator"
+T["weights.load"] = "m3.weights.load(path, cfg?) -> weights  a safetensors file (SPEC.md §2 names, optional\n"
+  .. "  \"backbone.\" prefix); the config from its metadata when cfg is nil"
+T["weights.is"] = "m3.weights.is(x) -> true when x is a weights object"
+local weights_methods = {
+  get = "w:get(name) -> f32 tensor  a view into the weights: writes through it change them",
+  set = "w:set(name, tensor | nested table | flat list)  copy values (f32 or f64, the parameter's shape) in;\n"
+    .. "  returns w",
+  names = "w:names() -> {name, ...}  the tensor names (SPEC.md §2)",
+  save = "w:save(path) -> path  a safetensors file with the config in its metadata (m3.weights.load reads it)",
+  clone = "w:clone() -> weights  an independent copy",
+  numel = "w:numel() -> the number of parameters (w.config.n_params)",
+  close = "w:close()  free the memory now (once no view from get is alive); later calls raise \"weights are closed\"",
+}
+for name, text in pairs(weights_methods) do T["weights:" .. name] = text end
+
+T["m3.load_tensors"] = "m3.load_tensors(path) -> {name = tensor}, metadata  any safetensors file\n"
+  .. "  (F32/F64/I32/U8 as they are, F16/BF16 as f32, other integers as i32); metadata: key -> string"
+T["m3.save_tensors"] = "m3.save_tensors(path, {name = tensor}, metadata?) -> path  written atomically\n"
+  .. "  (temporary file + rename); metadata values: strings, numbers or booleans"
+T["m3.config_from_json"] = "m3.config_from_json(json_text) -> config  a validated config from m3's config JSON"
+T["m3.preset"] = "m3.preset(name, overrides?) -> config  a copy of m3.presets[name] with overrides, validated"
+T["m3.presets"] = "m3.presets  validated configs by name: rl (d_model 128, 4 layers, identity/none), mid\n"
+  .. "  (d_model 256, 8 layers), lm130 (d_model 768, 24 layers, vocab 50280, tokens/lm)"
+T["m3.cpu_threads"] = "m3.cpu_threads(n?) -> threads  the CPU backend's thread count; n sets it (n <= 0: all cores)"
+T["m3.cuda_device_count"] = "m3.cuda_device_count() -> the number of CUDA devices (0 without a CUDA build or GPU)"
+T["m3.has_cuda_build"] = "m3.has_cuda_build() -> true when libm3 was built with the CUDA backend"
+T["m3.version"] = "m3.version  libm3's version string"
 
 T["infer"] = [[
 m3.infer(weights | trainer | path, {device = "auto", dtype = "f32", batch = 1, max_len = 256,
@@ -98,6 +133,9 @@ local infer_methods = {
   set_states = "inf:set_states(s)  e.g. inf:set_states(tr:states())",
   generate = "inf:generate(prompt [B,T] | {ids}, n, {temperature = 1, top_k = 0, top_p = 1, seed = 0,\n  stop = id | {ids}, pad = <stop token>, carry = false}) -> tokens int32 [B,n], lengths\n  temperature 0: greedy. Rows start from zero state (carry: from theirs); a row that draws a\n  stop token is done: later positions hold pad; lengths[r] counts its tokens up to the stop.\n  Row r draws from its own generator (seed, r): deterministic per seed.",
   info = "inf:info() -> {device, dtype, batch, max_len, graph, device_bytes, fused_decode}",
+  device = "inf:device() -> \"cpu\" | \"cuda:N\"",
+  dtype = "inf:dtype() -> \"f32\" | \"bf16\" | \"f16\"",
+  batch = "inf:batch() -> rows the inference object was allocated for",
   close = "inf:close()  free memory now; later calls raise \"inference object is closed\"",
 }
 for name, text in pairs(infer_methods) do T["infer:" .. name] = text end
@@ -112,8 +150,17 @@ T["m3.pytorch"] = [[
 m3.pytorch.export(weights, dir)  config.json + model.safetensors for the public PyTorch
   Mamba-3 LM (mamba_ssm MambaLMHeadModel, ssm_cfg.layer = "Mamba3"; "backbone." names)
 m3.pytorch.import(dir) -> weights   (same bits as exported)
+m3.pytorch.config_json(cfg), m3.pytorch.config_from_json(t, dir)  the config.json mapping
 scripts: m3lua scripts/export_pytorch.lua <weights or checkpoint> <dir>,
          m3lua scripts/import_pytorch.lua <dir> <weights.safetensors>]]
+T["pytorch.export"] = "m3.pytorch.export(weights, dir) -> dir  writes dir/config.json and dir/model.safetensors\n"
+  .. "  (\"backbone.\" names, lm_head.weight even when tied); input \"tokens\" and head \"lm\" only"
+T["pytorch.import"] = "m3.pytorch.import(dir) -> weights  float32 (F16/BF16/F64 files are converted); the same\n"
+  .. "  bits as exported; dir/config.json must describe a SISO Mamba-3 LM"
+T["pytorch.config_json"] = "m3.pytorch.config_json(cfg) -> table  the public MambaConfig fields of an m3 config\n"
+  .. "  (ssm_cfg.layer = \"Mamba3\", pad_vocab_size_multiple = 1)"
+T["pytorch.config_from_json"] = "m3.pytorch.config_from_json(t, dir?) -> config  the m3 config of a decoded\n"
+  .. "  config.json (the vocabulary padded as the public model does); dir only names the folder in errors"
 
 T["m3.schedule"] = [[
 m3.schedule — pure functions step -> lr (1-based: f(s) is the lr of the s-th step).
@@ -123,7 +170,8 @@ m3.schedule — pure functions step -> lr (1-based: f(s) is the lr of the s-th s
   wsd{peak, warmup, total, decay = 0.2, floor = 0, shape = "linear"|"cosine"|"sqrt"}
   sequence{{f1, steps = n1}, {f2, steps = n2}, {f3}}  scale(f, k)
   apply(tr, f, step) -> tr:set_lr(f(step))   values(f, n) -> {f(1), ..., f(n)}
-Warmup reaches peak at s = warmup; a decay over total steps ends at floor at s = total + 1.]]
+Warmup reaches peak at s = warmup; a decay over total steps ends at floor at s = total + 1.
+A step that is not an integer >= 1 is an error.]]
 T["schedule.constant"] = "schedule.constant(lr)  the same lr at every step"
 T["schedule.linear"] = "schedule.linear{from =, to =, steps =}  from at step 1, to from step steps + 1 on"
 T["schedule.linear_warmup"] = "schedule.linear_warmup{peak =, warmup =}  peak * s / warmup, then peak"
@@ -134,6 +182,7 @@ T["schedule.wsd"] = "schedule.wsd{peak =, warmup = 0, total =, decay = 0.2, floo
 T["schedule.sequence"] = "schedule.sequence{{f1, steps = n1}, {f2, steps = n2}, ..., {fk}}\n  pieces one after another; each sees its own 1-based step"
 T["schedule.scale"] = "schedule.scale(f, k)  k * f(s)"
 T["schedule.apply"] = "schedule.apply(tr, f, step)  tr:set_lr(f(step)); returns the lr (no graph recapture)"
+T["schedule.values"] = "schedule.values(f, n) -> {f(1), ..., f(n)}  (plots, tests)"
 
 T["m3.curriculum"] = [[
 m3.curriculum — phases as data: {steps =, length =, min_length =, batch =, <task options>,
@@ -167,6 +216,12 @@ m3.accumulate.step(tr, {b1, ..., bk}, {clip =}) -> metrics
   k micro-batches with backward_step{accumulate = true}, the window closed (and clipped) on
   bk; each loss scaled by its share of the counted targets: the big batch's update.
 m3.accumulate.split(batch, k) -> k row views;  m3.accumulate.counted(tr, batch)]]
+T["accumulate.step"] = "accumulate.step(tr, {b1, ..., bk}, {clip =}) -> metrics  one optimizer step over k\n"
+  .. "  micro-batches, the same update as one big batch; metrics: the big batch's loss, accuracy, micro = k"
+T["accumulate.split"] = "accumulate.split(batch, k) -> {b1, ..., bk}  k batches of consecutive rows (views, no\n"
+  .. "  copies); k must divide the batch's rows"
+T["accumulate.counted"] = "accumulate.counted(tr, batch) -> c  the positions the loss counts: targets other than -1\n"
+  .. "  (\"lm\"), masked-in positions (\"mse\" with a mask), else rows x length"
 
 T["m3.checkpoint"] = [[
 m3.checkpoint.new{dir =, every = N, keep = 3}
@@ -175,6 +230,10 @@ m3.checkpoint.new{dir =, every = N, keep = 3}
   keep = k: a save leaves the file it wrote and the k - 1 highest-step others (0: all)
 Files dir/step-00000100.ckpt, written atomically; extra: data cursor, schedule position,
 curriculum phase, RNG states. m3.fit saves one on Ctrl-C / SIGTERM.]]
+T["checkpoint.new"] = "checkpoint.new{dir =, every = N, keep = 3} -> ck  see ?m3.checkpoint"
+T["checkpoint.resume"] = "checkpoint.resume(dir, opts) -> tr, extra, step  the newest checkpoint in dir that loads\n"
+  .. "  (a damaged one is reported and skipped); nil when there is none; opts: m3.trainer.load's"
+T["checkpoint.is_interrupt"] = "checkpoint.is_interrupt(err) -> true when err is an interrupt (Ctrl-C / SIGTERM)"
 
 T["m3.fit"] = [[
 m3.fit.run{trainer =, data =, steps =, schedule =, curriculum =, batch =, clip =,
@@ -184,13 +243,41 @@ m3.fit.run{trainer =, data =, steps =, schedule =, curriculum =, batch =, clip =
   checkpoints (also on interrupts), bit-identical resume:
   local tr, start = m3.fit.resume(ck, opts)
 m3.fit.evaluate(tr, src, {batches = 4, rows =, length =}) -> {loss =, accuracy =}]]
+T["fit.run"] = "fit.run{trainer =, data =, steps =, ...}  the training loop; see ?m3.fit"
+T["fit.resume"] = "fit.resume(ck, opts) -> tr, start  from ck's newest checkpoint (start for fit.run); nil without one"
+T["fit.evaluate"] = "fit.evaluate(tr, src, {batches = 4, rows =, ...data options}) -> {loss =, accuracy =}\n"
+  .. "  over the first batches of src (the same set every time)"
 
 T["m3.log"] = [[
 m3.log.progress{total =, every =, out =}  p:update(step, {loss =, lr =, tokens =})
   p:message(text)  p:finish()   a bar on a terminal, plain lines otherwise
-m3.log.jsonl(path) -> w:write(record), w:close();  m3.log.read_jsonl(path)
+m3.log.jsonl(path) -> w:write(record), w:close();  m3.log.read_jsonl(path) -> records, skipped
 m3.log.plot(records, path), m3.log.plot_run(dir)  SVG loss / accuracy curves
-m3.log.svg.lines{...}, .bars{...}, .write(path, charts)]]
+m3.log.svg.lines{...}, .bars{...}, .document(charts), .write(path, charts), .nice_ticks(lo, hi, n)
+m3.log.now(), m3.log.duration(s), m3.log.is_terminal(out)]]
+T["log.progress"] = "m3.log.progress{total =, every = total/20, first = 0, out = io.stdout, width = 24, tty =} -> p\n"
+  .. "  p:update(step, {loss =, lr =, tokens =}), p:message(text), p:finish() -> seconds. On a terminal a bar\n"
+  .. "  redrawn at most every 0.1 s, else a line every `every` steps; first: the step a resumed run starts after"
+T["log.jsonl"] = "m3.log.jsonl(path, {truncate = false}) -> w  w:write(record) appends one JSON line and flushes;\n"
+  .. "  w:close(). Appending after a line cut short by a crash first ends that line"
+T["log.read_jsonl"] = "m3.log.read_jsonl(path) -> records, skipped  the JSON objects of a JSONL file; skipped: the\n"
+  .. "  numbers of the lines that hold none (a line cut short by a crash), which are left out"
+T["log.plot"] = "m3.log.plot(records, path, {x = \"step\", title =}) -> path  an SVG: keys with \"loss\" (not\n"
+  .. "  loss_scale; log scale when they span > 20x), and a panel of keys with \"acc\""
+T["log.plot_run"] = "m3.log.plot_run(dir, {x =, title = <dir's name>}) -> path  dir/metrics.jsonl -> dir/plot.svg"
+T["log.now"] = "m3.log.now() -> seconds on a monotonic clock (differences are durations)"
+T["log.duration"] = "m3.log.duration(seconds) -> \"42s\" | \"3m05s\" | \"2h07m\" (\"?\" when not finite)"
+T["log.is_terminal"] = "m3.log.is_terminal(out) -> true when out is io.stdout or io.stderr on a terminal"
+T["log.svg"] = [[
+m3.log.svg — standalone SVG charts: lines{...}, bars{...} -> a chart; document(charts) -> text;
+  write(path, charts); nice_ticks(lo, hi, n)]]
+T["log.svg.lines"] = "m3.log.svg.lines{title =, xlabel =, ylabel =, logy =, series = {{name =, x = {...}, y = {...},\n"
+  .. "  color =}, ...}} -> chart  lines (more than 1500 points averaged in buckets; non-finite points break a line)"
+T["log.svg.bars"] = "m3.log.svg.bars{title =, xlabel =, labels = {...}, values = {...}} -> chart  horizontal bars"
+T["log.svg.document"] = "m3.log.svg.document(charts) -> SVG text with the charts stacked vertically"
+T["log.svg.write"] = "m3.log.svg.write(path, charts)  writes the document atomically (the folder must exist)"
+T["log.svg.nice_ticks"] = "m3.log.svg.nice_ticks(lo, hi, n = 5) -> ticks, axis_lo, axis_hi\n"
+  .. "  about n ticks at 1, 2 or 5 times a power of ten covering [lo, hi]"
 
 T["m3.sweep"] = [[
 m3.sweep{grid = {lr = {1e-3, 3e-3}, d_model = {32, 64}} | random = {lr = {"log", 1e-4, 1e-2}},
@@ -226,6 +313,9 @@ function help.complete(prefix)
   return out
 end
 
+-- The usual variable names of objects: "?tr:step", "?inf:generate", "?w:get".
+local OBJECT_NAMES = { tr = "trainer", inf = "infer", w = "weights" }
+
 -- The topic a user's spelling means, or nil.
 local function resolve(q)
   q = q:gsub("^%s*%?*%s*", ""):gsub("%s+$", ""):gsub("%(%)$", "")
@@ -233,11 +323,13 @@ local function resolve(q)
   local bare = q:gsub("^m3%.", "")
   if T[bare] then return bare end
   if T["m3." .. bare] then return "m3." .. bare end
-  local mod, fn = bare:match("^([%w_]+)[.:]([%w_]+)$")
+  local mod, fn = bare:match("^([%w_.]+)[.:]([%w_]+)$")
   if mod then
-    if mod == "tr" or mod == "trainer" then return T["trainer:" .. fn] and "trainer:" .. fn end
-    if mod == "inf" or mod == "infer" then return T["infer:" .. fn] and "infer:" .. fn end
-    if T[mod .. "." .. fn] then return mod .. "." .. fn end
+    mod = OBJECT_NAMES[mod] or mod
+    for _, t in ipairs { mod .. ":" .. fn, mod .. "." .. fn } do
+      if T[t] then return t end
+    end
+    if T[mod] or T["m3." .. mod] then return nil end -- a known module or object without that function
     bare = fn
   end
   if T["trainer:" .. bare] then return "trainer:" .. bare end
@@ -260,14 +352,16 @@ local function suggestions(q)
   return out
 end
 
--- The topic for a value: an m3 function by its name, a trainer, a module table.
+-- The topic for a value: an m3 function by its name, a trainer, infer or weights object, a module table.
 local function topic_of_value(v)
+  if package.loaded.m3 == v then return "m3" end
   for modname, mod in pairs(package.loaded) do
-    if type(mod) == "table" and modname:match("^m3%.") then
-      if mod == v and T[modname] then return modname end
+    if type(mod) == "table" and (modname == "m3" or modname:match("^m3%.")) then
+      local short = modname:gsub("^m3%.?", "")
+      if mod == v and (T[modname] or T[short]) then return T[modname] and modname or short end
       for k, f in pairs(mod) do
         if f == v and type(v) == "function" then
-          local t = modname:gsub("^m3%.", "") .. "." .. k
+          local t = short == "" and "m3." .. k or short .. "." .. k
           if T[t] then return t end
         end
       end
@@ -276,7 +370,7 @@ local function topic_of_value(v)
   local mt = type(v) == "table" and getmetatable(v)
   if mt and type(v.step) == "function" and type(v.backward_step) == "function" then return "trainer" end
   if mt and type(v.step) == "function" and type(v.generate) == "function" then return "infer" end
-  if package.loaded.m3 == v then return "m3" end
+  if mt and type(v.get) == "function" and type(v.names) == "function" then return "weights" end
 end
 
 -- The value a dotted global name refers to (`tr`, `m3.schedule.cosine`), or nil.
