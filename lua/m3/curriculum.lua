@@ -122,8 +122,7 @@ for _, task in pairs(tasks) do
 end
 
 function curriculum.lengths(o)
-  if type(o) ~= "table" then lib.raise("m3.curriculum.lengths: expected an options table") end
-  options.check_keys(o, LENGTHS, "m3.curriculum.lengths")
+  options.check_table(o, LENGTHS, "m3.curriculum.lengths")
   local from, to, steps, factor = o.from, o.to, o.steps, o.factor or 2
   if not (is_count(from) and is_count(to) and from <= to) then
     lib.raise(string.format("m3.curriculum.lengths: expected integers 1 <= from <= to, got from = %s, to = %s",

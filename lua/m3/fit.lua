@@ -88,8 +88,7 @@ local OPTS = { trainer = true, data = true, steps = true, schedule = true, curri
                title = true }
 
 local function check(o)
-  if type(o) ~= "table" then lib.raise("m3.fit.run: expected an options table") end
-  options.check_keys(o, OPTS, "m3.fit.run")
+  options.check_table(o, OPTS, "m3.fit.run")
   if type(o.trainer) ~= "table" then lib.raise("m3.fit.run: trainer = an m3.trainer is required") end
   if type(o.data) ~= "table" or type(o.data.next) ~= "function" then
     lib.raise("m3.fit.run: data = a source with :next(rows, opts) is required (m3.data)")

@@ -145,10 +145,7 @@ end
 -- opts, once it is nil or a table of the plot options x and title (strings); {} for nil.
 local function plot_opts(opts, what)
   if opts == nil then return {} end
-  if type(opts) ~= "table" then
-    raise(string.format("%s: expected an options table {x =, title =}, got %s", what, show(opts)))
-  end
-  check_keys(opts, PLOT_OPTS, what)
+  options.check_table(opts, PLOT_OPTS, what)
   if opts.x ~= nil and type(opts.x) ~= "string" then
     raise(string.format("%s: x = %s: expected the name of a record field", what, show(opts.x)))
   end

@@ -35,6 +35,13 @@ function options.check_keys(t, valid, what)
   end
 end
 
+-- o, once it is an options table with only the keys in valid.
+function options.check_table(o, valid, what)
+  if type(o) ~= "table" then raise(string.format("%s: expected an options table, got %s", what, show(o))) end
+  options.check_keys(o, valid, what)
+  return o
+end
+
 function options.want_int(v, name, lo)
   if type(v) ~= "number" or v ~= math.floor(v) or v < lo or v > 2147483647 then
     raise(string.format("%s = %s: expected an integer >= %d", name, show(v), lo))

@@ -59,14 +59,7 @@ local function int(o, field, what, lo, optional_default)
   return v
 end
 
--- o, once it is a table with only the keys in valid.
-local function opts(o, what, valid)
-  if type(o) ~= "table" then
-    raise(string.format("m3.schedule.%s: expected an options table, got %s", what, type(o)))
-  end
-  check_keys(o, valid, "m3.schedule." .. what)
-  return o
-end
+local function opts(o, what, valid) return options.check_table(o, valid, "m3.schedule." .. what) end
 
 local CONSTANT = { lr = true }
 local LINEAR = { from = true, to = true, steps = true }

@@ -365,8 +365,7 @@ local OPTS = { grid = true, random = true, trials = true, seed = true, defaults 
 local MODES = { min = true, max = true }
 
 local function check_opts(o)
-  if type(o) ~= "table" then raise("m3.sweep: expected an options table") end
-  options.check_keys(o, OPTS, "m3.sweep")
+  options.check_table(o, OPTS, "m3.sweep")
   if type(o.run) ~= "function" then raise("m3.sweep: run must be a function(point, run_dir) -> metrics") end
   if type(o.dir) ~= "string" or o.dir == "" then raise("m3.sweep: dir must be a folder path") end
   if (o.grid == nil) == (o.random == nil) then raise("m3.sweep: give exactly one of grid and random") end

@@ -17,7 +17,7 @@ local options = require "m3.options"
 
 lib.internal_file(debug.getinfo(1, "S").source)
 
-local raise, show, check_keys = lib.raise, options.show, options.check_keys
+local raise, show = lib.raise, options.show
 
 local svg = {}
 
@@ -40,12 +40,6 @@ local LINES_OPTS = { title = true, xlabel = true, ylabel = true, logy = true, se
 local SERIES_OPTS = { name = true, x = true, y = true, color = true }
 local BARS_OPTS = { title = true, xlabel = true, labels = true, values = true }
 
--- o, once it is a table with only the keys in valid.
-local function want_opts(o, valid, what)
-  if type(o) ~= "table" then raise(string.format("%s: expected an options table, got %s", what, show(o))) end
-  check_keys(o, valid, what)
-  return o
-end
 
 -- v, once it is nil (then {}) or a table.
 local function want_list(v, name, what)
@@ -115,11 +109,11 @@ local function frame(out, title, xlabel, ylabel)
 end
 
 function svg.lines(o)
-  want_opts(o, LINES_OPTS, "m3.log.svg.lines")
+  options.check_table(o, LINES_OPTS, "m3.log.svg.lines")
   local series = want_list(o.series, "series", "m3.log.svg.lines")
   for i, s in ipairs(series) do
     local what = string.format("m3.log.svg.lines: series[%d]", i)
-    want_opts(s, SERIES_OPTS, what)
+    options.check_table(s, SERIES_OPTS, what)
     if type(s.x) ~= "table" or type(s.y) ~= "table" then
       raise(string.format("%s: expected lists x and y, got %s and %s", what, show(s.x), show(s.y)))
     end
@@ -208,7 +202,7 @@ function svg.lines(o)
 end
 
 function svg.bars(o)
-  want_opts(o, BARS_OPTS, "m3.log.svg.bars")
+  options.check_table(o, BARS_OPTS, "m3.log.svg.bars")
   local labels = want_list(o.labels, "labels", "m3.log.svg.bars")
   local values = want_list(o.values, "values", "m3.log.svg.bars")
   local n = #labels
