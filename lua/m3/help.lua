@@ -34,8 +34,8 @@ m3.trainer(weights_or_config, {device = "auto", dtype = "f32", batch = 8, seq_le
   carry_state = false, clip = 0, seed = 0})
 A batch: {tokens = int32 [B,T] | input = float [B,T,D], targets = int32 [B,T] (-1 ignored)
   | float [B,T,out_dim], d_out = ..., resets = uint8 [B,T], mask = ...}; B <= batch, T <= seq_len.
-methods: step forward backward_step evaluate capture_graph drop_graph has_graph set_profiling profile set_lr lr
-  set_clip set_reference_no_decay reset_state states set_states snapshot grads load_weights save
+methods: step forward backward_step evaluate check_batch capture_graph drop_graph has_graph set_profiling profile
+  set_lr lr set_clip set_reference_no_decay reset_state states set_states snapshot grads load_weights save
   scaler_state load_scaler_state info device dtype batch seq_len step_count close
   m3.trainer.load(path, {device =, dtype =, batch =, seq_len =}) -> trainer, extra]]
 
@@ -44,6 +44,7 @@ local methods = {
   forward = "tr:forward(batch) -> out [B,T,d_model]\n  split API: keeps activations; a backward_step must follow.",
   backward_step = "tr:backward_step(batch_or_d_out, {clip =, accumulate =, scale =}) -> metrics\n  backward of the pending forward; accumulate = true adds gradients without stepping,\n  a later call without it closes the window (clip applies there). See ?m3.accumulate.",
   evaluate = "tr:evaluate(batch) -> metrics, out\n  loss (and accuracy for \"lm\") without gradients or state changes.",
+  check_batch = "tr:check_batch(batch) -> counted\n  checks a batch as step would and runs nothing; counted: the positions its loss counts\n  (\"lm\": targets other than -1; \"mse\": mask set, or all; \"none\": all).",
   capture_graph = "tr:capture_graph()\n  CUDA graph of the fused step (after >= 1 eager step); set_lr needs no recapture.",
   drop_graph = "tr:drop_graph()  forget the captured graph",
   has_graph = "tr:has_graph() -> boolean",
