@@ -20,6 +20,36 @@ local function read(path)
   return s
 end
 
+-- The m3lua binary (as in host_spec.lua: $M3LUA, default build/m3lua), as an absolute path.
+local function m3lua_binary()
+  local path = os.getenv("M3LUA") or "build/m3lua"
+  if path:sub(1, 1) == "/" then return path end
+  local pwd = io.popen("pwd")
+  local cwd = pwd:read("*l")
+  pwd:close()
+  return cwd .. "/" .. path
+end
+local M3LUA = m3lua_binary()
+
+-- A sweep script in dir: body with DIR (the sweep folder, dir/out) defined and m3 on package.path.
+local function write_script(dir, body)
+  local script = dir .. "/sweep_script.lua"
+  local f = assert(io.open(script, "w"))
+  f:write(string.format("package.path = %q\nlocal DIR = %q\n", package.path, dir .. "/out"), body)
+  f:close()
+  return script
+end
+
+-- Runs the shell command line (M3LUA unset, so children use the parent's interpreter); returns its
+-- stdout and stderr together and its exit status.
+local function run_command(line)
+  local p = io.popen("env -u M3LUA " .. line .. " 2>&1; echo \"exit $?\"")
+  local out = p:read("*a")
+  p:close()
+  local text, code = out:match("^(.-)exit (%d+)\n$")
+  return text, tonumber(code)
+end
+
 describe("m3.sweep", function()
   it("names folders after the options that differ from the defaults", function()
     local d = { lr = 1e-3, d_model = 32 }
@@ -231,6 +261,24 @@ print("rows", #rows, rows[1].run, rows[1].b)
     assert.equal("rows\t4\ta=4\t40\n", p:read("*a"))
     p:close()
     assert.is_nil(read(dir .. "/out/a=1/env"))
+    os.execute("rm -rf " .. dir)
+  end)
+
+  it("starts the children with the parent's interpreter and host options", function()
+    local dir = tmpdir()
+    local script = write_script(dir, [[
+local rows = require "m3.sweep" {
+  grid = { a = { 1, 2 } }, dir = DIR, parallel = 2, metric = "b",
+  run = function(p) return { b = p.a * SCALE } end,
+}
+print("best", rows[1].run, rows[1].b)
+]])
+    for _, options in ipairs { "-joff -e 'SCALE = 10'", "-e 'SCALE = 10' --" } do
+      os.execute("rm -rf " .. dir .. "/out")
+      local out, code = run_command(M3LUA .. " " .. options .. " " .. script)
+      assert.equal(0, code, out)
+      assert.matches("best\ta=2\t20\n$", out)
+    end
     os.execute("rm -rf " .. dir)
   end)
 

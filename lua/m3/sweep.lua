@@ -34,7 +34,8 @@
 -- CUDA_VISIBLE_DEVICES = one of `gpus` (default: the machine's GPUs in turn, several
 -- points sharing one when N exceeds them; unset without a GPU), output in <run_dir>/log.txt.
 -- In that child the same m3.sweep call runs only its point and exits. The executable is
--- opts.command, else $M3LUA, else arg[-1].
+-- opts.command, else $M3LUA, else the interpreter that runs the script (arg's lowest
+-- index); the host's options before the script (-joff, -l mod, -e chunk, --) go along.
 
 local ffi = require "ffi"
 local bit = require "bit"
@@ -294,13 +295,17 @@ local function run_here(o, name, point, run_dir)
   return metrics
 end
 
-local function executable(o)
-  local exe = o.command or os.getenv("M3LUA") or (arg and arg[-1])
+-- The command line that runs the script again: the executable, the host's options (arg[first + 1 .. -1],
+-- e.g. -joff, -l mod, --), the script and its arguments.
+local function script_command(o)
+  local first = 0 -- arg[first] is the interpreter (lua.c's convention: the lowest index)
+  while arg and arg[first - 1] ~= nil do first = first - 1 end
+  local exe = o.command or os.getenv("M3LUA") or (first < 0 and shell_quote(arg[first]))
   if not exe or not (arg and arg[0]) then
     raise("m3.sweep: parallel runs need the m3lua executable and the script (set M3LUA or opts.command)")
   end
-  local parts = { exe, shell_quote(arg[0]) }
-  for i = 1, #arg do parts[#parts + 1] = shell_quote(arg[i]) end
+  local parts = { exe }
+  for i = first + 1, #arg do parts[#parts + 1] = shell_quote(arg[i]) end
   return table.concat(parts, " ")
 end
 
@@ -316,7 +321,7 @@ end
 
 -- Runs the pending points as child processes, at most n at once.
 local function run_parallel(o, pending, n, report)
-  local base = executable(o)
+  local base = script_command(o)
   local gpus = o.gpus
   if not gpus then
     local count = require("m3").cuda_device_count()
