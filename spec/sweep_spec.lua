@@ -282,6 +282,24 @@ print("best", rows[1].run, rows[1].b)
     os.execute("rm -rf " .. dir)
   end)
 
+  it("says which signal killed a child", function()
+    local dir = tmpdir()
+    local script = write_script(dir, [[
+local ffi = require "ffi"
+ffi.cdef "int kill(int pid, int sig); int getpid(void);"
+require "m3.sweep" {
+  grid = { a = { 1, 2 } }, dir = DIR, parallel = 2,
+  run = function(p)
+    if p.a == 2 then ffi.C.kill(ffi.C.getpid(), 9) end
+    return { b = p.a }
+  end,
+}
+]])
+    local out = run_command("luajit " .. script)
+    assert.matches("m3.sweep: a=2 failed: killed by signal 9 (Killed); see " .. dir .. "/out/a=2/log.txt", out, 1, true)
+    os.execute("rm -rf " .. dir)
+  end)
+
   it("explains bad options", function()
     assert.has_error(function() sweep { dir = "x", run = print } end, "m3.sweep: give exactly one of grid and random")
     assert.has_error(function() sweep { grid = { a = {} }, dir = "/tmp/x", run = print } end)

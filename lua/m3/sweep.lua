@@ -50,6 +50,7 @@ for _, decl in ipairs {
   "int posix_spawnp(int *pid, const char *file, const void *file_actions, const void *attrp, char *const argv[], char *const envp[]);",
   "int waitpid(int pid, int *status, int options);",
   "extern char **environ;",
+  "char *strsignal(int sig);",
 } do pcall(ffi.cdef, decl) end
 
 lib.internal_file(debug.getinfo(1, "S").source)
@@ -319,6 +320,13 @@ local function spawn(cmd)
   return pid[0]
 end
 
+-- How a child ended, from its waitpid status: "exit status N" or "killed by signal N (name)".
+local function describe_status(status)
+  local signal = bit.band(status, 0x7f)
+  if signal == 0 then return "exit status " .. bit.band(bit.rshift(status, 8), 0xff) end
+  return string.format("killed by signal %d (%s)", signal, ffi.string(ffi.C.strsignal(signal)))
+end
+
 -- Runs the pending points as child processes, at most n at once.
 local function run_parallel(o, pending, n, report)
   local base = script_command(o)
@@ -354,12 +362,11 @@ local function run_parallel(o, pending, n, report)
       running[pid], active = nil, active - 1
       free[#free + 1] = r.gpu
       local done = json.read(r.job.run_dir .. "/done.json")
-      local code = bit.band(bit.rshift(status[0], 8), 0xff)
       if done then
         io.write(string.format("m3.sweep: %s finished\n", r.job.name))
         report(r.job, done.metrics)
       else
-        report(r.job, nil, string.format("exit status %d; see %s/log.txt", code, r.job.run_dir))
+        report(r.job, nil, string.format("%s; see %s/log.txt", describe_status(status[0]), r.job.run_dir))
       end
     end
   end
