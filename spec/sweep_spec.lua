@@ -316,11 +316,22 @@ require "m3.sweep" {
     assert.equal("m3.sweep: parallel = 1.5: expected an integer >= 1", err { parallel = 1.5 })
     assert.equal("m3.sweep: metric = 3: expected the name of a metric", err { metric = 3 })
     assert.equal("m3.sweep: trials = 2.5: expected an integer >= 1", err { random = { a = { 1, 2 } }, trials = 2.5 })
+    local gpu_list = 'expected a non-empty list of GPU indices or names, e.g. {0, 1} or {"GPU-<uuid>"}'
+    assert.equal("m3.sweep: gpus = 7: " .. gpu_list, err { gpus = 7, parallel = 2 })
+    assert.equal('m3.sweep: gpus = "0,1": ' .. gpu_list, err { gpus = "0,1", parallel = 2 })
+    assert.matches("m3.sweep: gpus = table: .*: " .. gpu_list:gsub("%p", "%%%0"), err { gpus = {}, parallel = 2 })
+    assert.equal("m3.sweep: gpus has the key \"x\": " .. gpu_list, err { gpus = { 0, x = 1 }, parallel = 2 })
+    assert.equal("m3.sweep: gpus[1] = true: expected a GPU index (an integer >= 0) or a device name",
+      err { gpus = { true }, parallel = 2 })
+    assert.equal("m3.sweep: gpus[2] = -1: expected a GPU index (an integer >= 0) or a device name",
+      err { gpus = { 0, -1 } })
     assert.is_nil(io.open(never))
     local ok, e = pcall(function() sweep { grid = { lr = {} }, dir = never, run = print } end)
     assert.is_false(ok)
     assert.matches('^[^:]*sweep_spec%.lua:%d+: m3%.sweep: grid%.lr is an empty list; give it at least one value$', e)
     ok, e = pcall(function() sweep { dir = never, run = print } end)
     assert.matches("^[^:]*sweep_spec%.lua:%d+: m3%.sweep: give exactly one of grid and random$", e)
+    ok, e = pcall(function() sweep { grid = { a = { 1 } }, dir = never, run = print, gpus = { true } } end)
+    assert.matches("^[^:]*sweep_spec%.lua:%d+: m3%.sweep: gpus%[1%] = true: expected a GPU index", e)
   end)
 end)

@@ -31,8 +31,9 @@
 -- ("interrupted" in the message) stops the sweep.
 -- parallel = N > 1: each point runs as `<m3lua> <script> <args>` (the running script
 -- again, found through arg) with M3_SWEEP_DIR / M3_SWEEP_POINT naming the point and
--- CUDA_VISIBLE_DEVICES = one of `gpus` (default: the machine's GPUs in turn, several
--- points sharing one when N exceeds them; unset without a GPU), output in <run_dir>/log.txt.
+-- CUDA_VISIBLE_DEVICES = one of `gpus` (a list of GPU indices or device names; default: the
+-- machine's GPUs; unset without a GPU) in turn, several points sharing one when N exceeds
+-- them, output in <run_dir>/log.txt.
 -- In that child the same m3.sweep call runs only its point and exits. The executable is
 -- opts.command, else $M3LUA, else the interpreter that runs the script (arg's lowest
 -- index); the host's options before the script (-joff, -l mod, -e chunk, --) go along.
@@ -337,7 +338,7 @@ local function run_parallel(o, pending, n, report)
     for i = 1, n do gpus[i] = count > 0 and (i - 1) % count or false end
   end
   local free, running = {}, {}
-  for i = n, 1, -1 do free[#free + 1] = gpus[i] end
+  for i = n, 1, -1 do free[#free + 1] = gpus[(i - 1) % #gpus + 1] end
   local status = ffi.new("int[1]")
   local next_i, active = 1, 0
   while next_i <= #pending or active > 0 do
@@ -376,6 +377,24 @@ local OPTS = { grid = true, random = true, trials = true, seed = true, defaults 
                metric = true, mode = true, parallel = true, gpus = true, command = true }
 local MODES = { min = true, max = true }
 
+-- gpus: a non-empty list of CUDA_VISIBLE_DEVICES values, GPU indices or device names.
+local function check_gpus(gpus)
+  local expected = 'expected a non-empty list of GPU indices or names, e.g. {0, 1} or {"GPU-<uuid>"}'
+  if type(gpus) ~= "table" or #gpus == 0 then raise(string.format("m3.sweep: gpus = %s: %s", show(gpus), expected)) end
+  for k in pairs(gpus) do
+    if type(k) ~= "number" or k ~= math.floor(k) or k < 1 or k > #gpus then
+      raise(string.format("m3.sweep: gpus has the key %s: %s", show(k), expected))
+    end
+  end
+  for i, gpu in ipairs(gpus) do
+    local index = type(gpu) == "number" and gpu == math.floor(gpu) and gpu >= 0
+    if not (index or (type(gpu) == "string" and gpu ~= "")) then
+      raise(string.format("m3.sweep: gpus[%d] = %s: expected a GPU index (an integer >= 0) or a device name", i,
+        show(gpu)))
+    end
+  end
+end
+
 local function check_opts(o)
   options.check_table(o, OPTS, "m3.sweep")
   if type(o.run) ~= "function" then raise("m3.sweep: run must be a function(point, run_dir) -> metrics") end
@@ -393,6 +412,7 @@ local function check_opts(o)
   if o.metric ~= nil and type(o.metric) ~= "string" then
     raise(string.format("m3.sweep: metric = %s: expected the name of a metric", show(o.metric)))
   end
+  if o.gpus ~= nil then check_gpus(o.gpus) end
 end
 
 function sweep.run(o)
