@@ -140,6 +140,39 @@ describe("m3.sweep", function()
     os.execute("rm -rf " .. dir)
   end)
 
+  it("ranks missing and non-finite metrics last, the same on a re-run", function()
+    local dir = tmpdir() .. "/nan"
+    local y = { 2, 0 / 0, 3, math.huge, 1 }
+    for _, mode in ipairs { "max", "min" } do
+      local expected = mode == "max" and { "x=3", "x=1", "x=5", "x=2", "x=4" } or { "x=5", "x=1", "x=3", "x=2", "x=4" }
+      for _ = 1, 2 do -- the second time from done.json, where NaN and inf are null
+        local rows = sweep { grid = { x = { 1, 2, 3, 4, 5 } }, dir = dir, metric = "y", mode = mode,
+          run = function(p) return { y = y[p.x] } end }
+        local order = {}
+        for i, r in ipairs(rows) do order[i] = r.run end
+        assert.same(expected, order)
+      end
+    end
+    os.execute("rm -rf " .. dir)
+  end)
+
+  it("raises after the runs when no run returned the metric", function()
+    local dir = tmpdir() .. "/bogus"
+    local ran = 0
+    local ok, e = pcall(function()
+      sweep { grid = { x = { 1, 2 } }, dir = dir, metric = "bogus", run = function(p)
+        ran = ran + 1
+        return { y = p.x, loss = 1 }
+      end }
+    end)
+    assert.is_false(ok)
+    assert.equal(2, ran)
+    assert.matches("^[^:]*sweep_spec%.lua:%d+: m3%.sweep: no run returned the metric", e)
+    assert.matches('"bogus" (they returned: loss, y); ' .. dir .. "/results.csv is unsorted", e, 1, true)
+    assert.equal(3, select(2, read(dir .. "/results.csv"):gsub("\n", "")))
+    os.execute("rm -rf " .. dir)
+  end)
+
   it("keeps a failed point unfinished and the others going", function()
     local dir = tmpdir() .. "/fail"
     local real_stderr = io.stderr

@@ -17,6 +17,8 @@
 -- {"log", lo, hi} (log-uniform), {"uniform", lo, hi} (finite lo <= hi), {"int", lo, hi}
 -- (integers lo <= hi, each equally likely); drawn reals keep 3 significant digits and
 -- stay inside [lo, hi].
+-- Rows whose metric is missing or not finite (NaN, +-inf: done.json keeps them as null)
+-- come last, by name; a metric that no run returned is an error once the runs are done.
 -- Folders: dir/<name>, name = the swept options whose value differs from `defaults`,
 -- "key=value" joined by "," (e.g. "d_model=64,lr=0.003"; "defaults" when none differs).
 -- Names are exact, so distinct points never share a folder: numbers have the digits that
@@ -457,13 +459,17 @@ function sweep.run(o)
     local mkeys = sorted_keys(metric_keys)
     metric = metric or (metric_keys.loss and "loss") or mkeys[1] or "run"
     mode = mode or (metric:find("loss", 1, true) and "min" or "max")
+    -- only finite values rank: NaN and +-inf read back from done.json as null, so they go last
+    -- with the missing ones (by run name) in both modes, the same on every re-run
     table.sort(rows, function(a, b)
       local x, y = a[metric], b[metric]
-      if type(x) ~= "number" then return false end
-      if type(y) ~= "number" then return true end
-      if x == y then return a.run < b.run end
-      if mode == "min" then return x < y end
-      return x > y
+      x, y = is_finite(x) and x or nil, is_finite(y) and y or nil
+      if x and y and x ~= y then
+        if mode == "min" then return x < y end
+        return x > y
+      end
+      if (x == nil) ~= (y == nil) then return x ~= nil end
+      return a.run < b.run
     end)
     local columns = { "run" }
     for _, k in ipairs(keys) do columns[#columns + 1] = k end
@@ -497,6 +503,10 @@ function sweep.run(o)
     end
   end
   finish_table()
+  if #rows > 0 and not metric_keys[metric] then
+    raise(string.format("m3.sweep: no run returned the metric %s (they returned: %s); %s/results.csv is unsorted",
+      show(metric), table.concat(sorted_keys(metric_keys), ", "), o.dir))
+  end
   return rows
 end
 
