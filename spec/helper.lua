@@ -1,6 +1,6 @@
 -- spec/helper.lua — shared utilities of the m3 busted specs: error measures, raw-byte
 -- comparisons, small configs, a seeded generator and random batches, temporary paths and
--- the location of ../shared.
+-- the location of ../shared, the m3lua binary and running it.
 
 local ffi = require "ffi"
 local m3 = require "m3"
@@ -234,6 +234,26 @@ end
 function helper.repo_dir()
   local src = debug.getinfo(1, "S").source:gsub("^@", "")
   return dir_of(dir_of(src))
+end
+
+-- The m3lua binary that specs run as a program: $M3LUA (default build/m3lua), as an absolute path.
+function helper.m3lua()
+  local path = os.getenv("M3LUA") or "build/m3lua"
+  if path:sub(1, 1) == "/" then return path end
+  local pwd = io.popen("pwd")
+  local cwd = pwd:read("*l")
+  pwd:close()
+  return cwd .. "/" .. path
+end
+
+-- Runs a shell command line with M3LUA unset (the children of a parallel sweep then run with
+-- their parent's interpreter); returns its stdout and stderr together and its exit status.
+function helper.run(line)
+  local p = io.popen("env -u M3LUA " .. line .. " 2>&1; echo \"exit $?\"")
+  local out = p:read("*a")
+  p:close()
+  local text, code = out:match("^(.-)exit (%d+)\n$")
+  return text, tonumber(code)
 end
 
 -- ../shared: $M3_SHARED, else <repo>/../shared.

@@ -20,16 +20,7 @@ local function read(path)
   return s
 end
 
--- The m3lua binary (as in host_spec.lua: $M3LUA, default build/m3lua), as an absolute path.
-local function m3lua_binary()
-  local path = os.getenv("M3LUA") or "build/m3lua"
-  if path:sub(1, 1) == "/" then return path end
-  local pwd = io.popen("pwd")
-  local cwd = pwd:read("*l")
-  pwd:close()
-  return cwd .. "/" .. path
-end
-local M3LUA = m3lua_binary()
+local M3LUA = helper.m3lua()
 
 -- A sweep script in dir: body with DIR (the sweep folder, dir/out) defined and m3 on package.path.
 local function write_script(dir, body)
@@ -38,16 +29,6 @@ local function write_script(dir, body)
   f:write(string.format("package.path = %q\nlocal DIR = %q\n", package.path, dir .. "/out"), body)
   f:close()
   return script
-end
-
--- Runs the shell command line (M3LUA unset, so children use the parent's interpreter); returns its
--- stdout and stderr together and its exit status.
-local function run_command(line)
-  local p = io.popen("env -u M3LUA " .. line .. " 2>&1; echo \"exit $?\"")
-  local out = p:read("*a")
-  p:close()
-  local text, code = out:match("^(.-)exit (%d+)\n$")
-  return text, tonumber(code)
 end
 
 describe("m3.sweep", function()
@@ -173,23 +154,30 @@ describe("m3.sweep", function()
     os.execute("rm -rf " .. dir)
   end)
 
-  it("keeps a failed point unfinished and the others going", function()
+  it("keeps a failed point unfinished, the others going, and raises at the end", function()
     local dir = tmpdir() .. "/fail"
     local real_stderr = io.stderr
     local messages = {}
     io.stderr = { write = function(_, ...) messages[#messages + 1] = table.concat({ ... }) end }
-    local ok, rows = pcall(sweep, {
-      grid = { { "x", { 1, 2, 3 } } }, dir = dir, metric = "y", mode = "min",
-      run = function(p)
-        if p.x == 2 then error("boom") end
-        return { y = -p.x }
-      end,
-    })
+    assert(os.execute("mkdir -p " .. dir .. " && touch " .. dir .. "/x=4") == 0) -- a folder it cannot make
+    local ok, err = pcall(function()
+      sweep {
+        grid = { { "x", { 1, 2, 3, 4 } } }, dir = dir, metric = "y", mode = "min",
+        run = function(p)
+          if p.x == 2 then error("boom") end
+          return { y = -p.x }
+        end,
+      }
+    end)
     io.stderr = real_stderr
-    assert.is_true(ok, rows)
+    assert.is_false(ok)
+    assert.matches("^[^:]*sweep_spec%.lua:%d+: m3%.sweep: 2 of 4 points failed %(x=2, x=4; ", err)
+    assert.matches("the results of the others are in " .. dir .. "/results.csv", err, 1, true)
+    local rows = json.read(dir .. "/results.json")
     assert.equal(2, #rows)
     assert.equal("x=3", rows[1].run)
     assert.truthy(messages[1]:find("x=2 failed: .*boom"))
+    assert.truthy(messages[2]:find("x=4 failed: .*cannot create the folder"))
     assert.is_nil(read(dir .. "/x=2/done.json"))
     os.execute("rm -rf " .. dir)
   end)
@@ -308,7 +296,7 @@ print("best", rows[1].run, rows[1].b)
 ]])
     for _, options in ipairs { "-joff -e 'SCALE = 10'", "-e 'SCALE = 10' --" } do
       os.execute("rm -rf " .. dir .. "/out")
-      local out, code = run_command(M3LUA .. " " .. options .. " " .. script)
+      local out, code = helper.run(M3LUA .. " " .. options .. " " .. script)
       assert.equal(0, code, out)
       assert.matches("best\ta=2\t20\n$", out)
     end
@@ -328,7 +316,8 @@ require "m3.sweep" {
   end,
 }
 ]])
-    local out = run_command("luajit " .. script)
+    local out, code = helper.run("luajit " .. script)
+    assert.equal(1, code)
     assert.matches("m3.sweep: a=2 failed: killed by signal 9 (Killed); see " .. dir .. "/out/a=2/log.txt", out, 1, true)
     os.execute("rm -rf " .. dir)
   end)

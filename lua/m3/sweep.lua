@@ -29,8 +29,9 @@
 -- instead of running the point again. After every point dir/results.csv and
 -- dir/results.json (rows: run, the swept keys, the metrics; sorted by the metric) and
 -- dir/summary.svg (the metric per run) are rewritten. A point whose run raises an error
--- is reported on stderr and left unfinished (a re-run tries it again); an interrupt
--- ("interrupted" in the message) stops the sweep.
+-- is reported on stderr and left unfinished (a re-run tries it again) while the others
+-- go on; once they are done, m3.sweep raises an error naming the failed points. An
+-- interrupt ("interrupted" in the message) stops the sweep.
 -- parallel = N > 1: each point runs as `<m3lua> <script> <args>` (the running script
 -- again, found through arg) with M3_SWEEP_DIR / M3_SWEEP_POINT naming the point and
 -- CUDA_VISIBLE_DEVICES = one of `gpus` (a list of GPU indices or device names; default: the
@@ -286,8 +287,10 @@ end
 
 -- Runs point in this process; returns metrics or nil and the error.
 local function run_here(o, name, point, run_dir)
-  fs.mkdir(run_dir)
-  local ok, metrics = xpcall(o.run, debug.traceback, point, run_dir)
+  local ok, metrics = xpcall(function()
+    fs.mkdir(run_dir)
+    return o.run(point, run_dir)
+  end, debug.traceback)
   if not ok then
     if is_interrupt(metrics) then error(metrics, 0) end
     return nil, metrics
@@ -476,12 +479,14 @@ function sweep.run(o)
     for _, k in ipairs(mkeys) do columns[#columns + 1] = k end
     write_results(o.dir, rows, columns, metric, mode)
   end
+  local failed = {}
   local function report(job, metrics, err)
     if metrics then
       add_row(job, metrics)
       finish_table()
     else
       io.stderr:write("m3.sweep: ", job.name, " failed: ", tostring(err), "\n")
+      failed[#failed + 1] = job.name
     end
   end
 
@@ -503,6 +508,10 @@ function sweep.run(o)
     end
   end
   finish_table()
+  if #failed > 0 then
+    raise(string.format("m3.sweep: %d of %d points failed (%s; the errors are above, a re-run tries them again); "
+      .. "the results of the others are in %s/results.csv", #failed, #jobs, table.concat(failed, ", "), o.dir))
+  end
   if #rows > 0 and not metric_keys[metric] then
     raise(string.format("m3.sweep: no run returned the metric %s (they returned: %s); %s/results.csv is unsorted",
       show(metric), table.concat(sorted_keys(metric_keys), ", "), o.dir))
