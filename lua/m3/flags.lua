@@ -10,6 +10,9 @@
 -- switches (`--resume`, or `--resume=false`), strings take any value. Optional fields of a
 -- flag narrow its values: int = true (whole numbers), min = x (numbers >= x), choices =
 -- {...} (strings from the list), e.g. {"batch", 32, "rows per step", int = true, min = 1}.
+-- list = true: the value is a comma-separated list (a text, read with flags.list) whose
+-- items are checked the same way, numbers when int or min is given, e.g.
+-- {"widths", "64,128", "d_model values", list = true, int = true, min = 1}.
 -- `--help` prints the flags and exits.
 -- Unknown flags and stray arguments are errors that list the valid flags. Returns the
 -- values and the list of names set to something other than their default (in the order
@@ -28,29 +31,59 @@ local function usage(spec, banner)
 end
 flags.usage = usage
 
--- "an integer >= 1", "a number >= 0", "a finite number": what a number flag takes.
-local function number_kind(f)
-  return (f.int and "an integer" or f.min and "a number" or "a finite number")
-    .. (f.min and " >= " .. f.min or "")
+-- "an integer >= 1", "a number >= 0", "a finite number": what a number flag takes (plural:
+-- "integers >= 1", ..., for the items of a list).
+local function number_kind(f, plural)
+  local noun = plural and (f.int and "integers" or f.min and "numbers" or "finite numbers")
+    or (f.int and "an integer" or f.min and "a number" or "a finite number")
+  return noun .. (f.min and " >= " .. f.min or "")
+end
+
+-- The number text stands for, when it is one that f takes.
+local function flag_number(f, text)
+  local v = tonumber(text)
+  if v and v == v and math.abs(v) ~= math.huge and not (f.int and v ~= math.floor(v)) and not (f.min and v < f.min) then
+    return v
+  end
+end
+
+-- Whether f's choices (if any) hold text.
+local function chosen(f, text)
+  if not f.choices then return true end
+  for _, c in ipairs(f.choices) do
+    if text == c then return true end
+  end
+  return false
+end
+
+-- A list flag's text, once it holds items and f takes every one.
+local function convert_list(f, text)
+  local numbers = f.int or f.min
+  local items = flags.list(text)
+  local ok = #items > 0
+  for _, item in ipairs(items) do
+    if numbers and not flag_number(f, item) or not numbers and not chosen(f, item) then ok = false end
+  end
+  if not ok then
+    local kind = numbers and number_kind(f, true) or f.choices and table.concat(f.choices, " | ") or "items"
+    error(string.format("--%s expects a comma-separated list of %s, got %q", f[1], kind, text), 0)
+  end
+  return text
 end
 
 local function convert(f, text)
   local default = f[2]
+  if f.list then return convert_list(f, text) end
   if type(default) == "number" then
-    local v = tonumber(text)
-    if not v or v ~= v or math.abs(v) == math.huge or (f.int and v ~= math.floor(v)) or (f.min and v < f.min) then
-      error(string.format("--%s expects %s, got %q", f[1], number_kind(f), text), 0)
-    end
+    local v = flag_number(f, text)
+    if not v then error(string.format("--%s expects %s, got %q", f[1], number_kind(f), text), 0) end
     return v
   elseif type(default) == "boolean" then
     if text == "true" or text == "1" or text == "on" then return true end
     if text == "false" or text == "0" or text == "off" then return false end
     error(string.format("--%s expects true or false, got %q", f[1], text), 0)
   end
-  if f.choices then
-    for _, c in ipairs(f.choices) do
-      if text == c then return text end
-    end
+  if not chosen(f, text) then
     error(string.format("--%s expects one of %s, got %q", f[1], table.concat(f.choices, " | "), text), 0)
   end
   return text
