@@ -25,34 +25,40 @@
 -- One run folder per point under --dir (m3.sweep): results.csv / results.json sorted by the
 -- score, summary.svg, and each run's metrics.jsonl and plot.svg; finished points are
 -- skipped when the script runs again, so an interrupted sweep continues where it stopped.
+-- Flags, and the model, data and device each point would build from them, are checked before
+-- any point runs (exit 2 when one is wrong); a point that fails leaves the others going, and the
+-- script exits 1 after the table (a re-run tries that point again).
 
 local m3 = require "m3"
 local flags = require "m3.flags"
 local fit = require "m3.fit"
+local checkpoint = require "m3.checkpoint"
+local json = require "m3.json"
 
 local spec = {
-  { "tasks", "parity,arithmetic,brackets", "tasks to run (comma-separated)" },
-  { "models", "rope,norope", "rope: Mamba-3; norope: rope_fraction = 0" },
-  { "d_models", "64,128", "d_model values of the sweep" },
-  { "lrs", "1e-3,3e-3", "peak learning rates of the sweep" },
-  { "steps", 20000, "optimizer steps per point" },
-  { "batch", 64, "sequences per optimizer step" },
-  { "micro_batch", 64, "sequences per micro-batch (the trainer's batch)" },
-  { "from_length", 10, "longest sequence of the first curriculum phase" },
-  { "max_length", 160, "longest training sequence" },
-  { "eval_length", 256, "evaluation length" },
-  { "d_state", 64, "state size N" },
-  { "headdim", 32, "head dimension P" },
+  { "tasks", "parity,arithmetic,brackets", "tasks to run (comma-separated)", list = true,
+    choices = { "parity", "arithmetic", "brackets" } },
+  { "models", "rope,norope", "rope: Mamba-3; norope: rope_fraction = 0", list = true, choices = { "rope", "norope" } },
+  { "d_models", "64,128", "d_model values of the sweep", list = true, int = true, min = 1 },
+  { "lrs", "1e-3,3e-3", "peak learning rates of the sweep", list = true, min = 1e-9 },
+  { "steps", 20000, "optimizer steps per point", int = true, min = 1 },
+  { "batch", 64, "sequences per optimizer step", int = true, min = 1 },
+  { "micro_batch", 64, "sequences per micro-batch (the trainer's batch)", int = true, min = 1 },
+  { "from_length", 10, "longest sequence of the first curriculum phase", int = true, min = 2 },
+  { "max_length", 160, "longest training sequence", int = true, min = 2 },
+  { "eval_length", 256, "evaluation length", int = true, min = 1 },
+  { "d_state", 64, "state size N", int = true, min = 1 },
+  { "headdim", 32, "head dimension P", int = true, min = 1 },
   { "parity_density", "0.5", "share of 1s in training bit strings: a probability, or random (drawn per string);"
     .. " evaluation strings always use 0.5" },
-  { "layers_parity", 1, "layers for parity" },
-  { "layers_arithmetic", 3, "layers for the arithmetic tasks" },
-  { "eval_every", 1000, "steps between validations" },
-  { "eval_batches", 4, "micro-batches per validation" },
-  { "seed", 0, "seed of weights and data" },
-  { "device", "auto", "auto | cpu | cuda" },
-  { "dtype", "f32", "f32 | bf16" },
-  { "parallel", 1, "points run at once as separate processes (one per GPU)" },
+  { "layers_parity", 1, "layers for parity", int = true, min = 1 },
+  { "layers_arithmetic", 3, "layers for the arithmetic tasks", int = true, min = 1 },
+  { "eval_every", 1000, "steps between validations", int = true, min = 1 },
+  { "eval_batches", 4, "micro-batches per validation", int = true, min = 1 },
+  { "seed", 0, "seed of weights and data", int = true, min = 0 },
+  { "device", "auto", "auto | cpu | cuda", choices = { "auto", "cpu", "cuda" } },
+  { "dtype", "f32", "f32 | bf16 (bf16 needs a GPU)", choices = { "f32", "bf16" } },
+  { "parallel", 1, "points run at once as separate processes (one per GPU)", int = true, min = 1 },
   { "dir", "runs/state_tracking", "sweep folder" },
   { "quick", false, "a small CPU version (lengths to 48, eval at 64, one d_model and lr); flags given win" },
 }
@@ -96,14 +102,12 @@ local function sources(task, seed, training)
       density = training and parity_density(o.parity_density) or 0.5 }
   elseif task == "arithmetic" then
     return m3.data.arithmetic { seed = seed, targets = "running" }
-  elseif task == "brackets" then
-    return m3.data.arithmetic { seed = seed, brackets = true }
   end
-  error("unknown task " .. tostring(task) .. " (parity | arithmetic | brackets)", 0)
+  return m3.data.arithmetic { seed = seed, brackets = true }
 end
 
--- Trains one point of the sweep; returns its metrics (best scaled accuracy first).
-local function run(p, run_dir)
+-- What a point trains with: data, evaluation data, curriculum, model config, trainer options.
+local function setup(p)
   local train, evalset = sources(p.task, o.seed, true), sources(p.task, o.seed + 1000003, false)
   local cur = m3.curriculum.lengths { from = o.from_length, to = o.max_length, steps = o.steps,
     min_length = 2 }
@@ -111,8 +115,15 @@ local function run(p, run_dir)
     n_layers = p.task == "parity" and o.layers_parity or o.layers_arithmetic,
     rope_fraction = p.model == "rope" and 0.5 or 0, input = "tokens", head = "lm",
     vocab_size = train.vocab }
-  local tr = m3.trainer(cfg, { device = o.device, dtype = o.dtype, batch = o.micro_batch,
-    seq_len = math.max(o.eval_length, o.max_length), lr = p.lr, weight_decay = 0, seed = o.seed })
+  local trainer_opts = { device = o.device, dtype = o.dtype, batch = o.micro_batch,
+    seq_len = math.max(o.eval_length, o.max_length), lr = p.lr, weight_decay = 0, seed = o.seed }
+  return train, evalset, cur, cfg, trainer_opts
+end
+
+-- Trains one point of the sweep; returns its metrics (best scaled accuracy first).
+local function run(p, run_dir)
+  local train, evalset, cur, cfg, trainer_opts = setup(p)
+  local tr = m3.trainer(cfg, trainer_opts)
   local best, best_train = -math.huge, -math.huge
   local function eval_at(length)
     return { length = length, min_length = length, targets = "final", batches = o.eval_batches }
@@ -137,29 +148,64 @@ local function run(p, run_dir)
     best_train_len_scaled = best_train }
 end
 
+-- The distinct values of a list flag (a value listed twice is one point of the sweep).
+local function distinct(text, convert)
+  local out, seen = {}, {}
+  for _, v in ipairs(list(text, convert)) do
+    if not seen[v] then out[#out + 1], seen[v] = v, true end
+  end
+  return out
+end
+
 local grid = {
-  { "task", list(o.tasks) },
-  { "model", list(o.models) },
-  { "d_model", list(o.d_models, tonumber) },
-  { "lr", list(o.lrs, tonumber) },
+  { "task", distinct(o.tasks) },
+  { "model", distinct(o.models) },
+  { "d_model", distinct(o.d_models, tonumber) },
+  { "lr", distinct(o.lrs, tonumber) },
 }
+
+-- Everything a point builds before training is checked here, so a bad combination of flags stops
+-- the script (exit 2) instead of failing every point. A trainer is made only where it costs no GPU
+-- memory (on the CPU, or where CUDA is missing and asking for it fails at once).
+local checked, why = pcall(function()
+  for _, task in ipairs(grid[1][2]) do
+    for _, d_model in ipairs(grid[3][2]) do
+      setup { task = task, model = grid[2][2][1], d_model = d_model, lr = grid[4][2][1] }
+    end
+  end
+  if o.device == "cpu" or m3.cuda_device_count() == 0 then
+    local _, _, _, cfg, trainer_opts = setup { task = grid[1][2][1], model = grid[2][2][1], d_model = grid[3][2][1],
+      lr = grid[4][2][1] }
+    trainer_opts.batch, trainer_opts.seq_len = 1, 1
+    m3.trainer(cfg, trainer_opts):close()
+  end
+end)
+if not checked then
+  io.stderr:write("sweep_state_tracking: ", tostring(why), "\n")
+  os.exit(2)
+end
+
 print(string.format("state tracking: %d points, %d steps each, lengths up to %d, evaluated at %d -> %s",
   #grid[1][2] * #grid[2][2] * #grid[3][2] * #grid[4][2], o.steps, o.max_length, o.eval_length, o.dir))
 
-local rows = m3.sweep {
+-- a failed point makes m3.sweep raise once the others are done: the table still shows them
+local swept, rows = pcall(m3.sweep, {
   grid = grid, dir = o.dir, run = run, metric = "best_scaled", mode = "max",
   parallel = o.parallel,
-}
+})
+if not swept and checkpoint.is_interrupt(rows) then error(rows, 0) end
+local failure = not swept and rows
+if failure then rows = json.read(o.dir .. "/results.json") or {} end
 
--- the best point per task and model
+-- the best point per task and model (rows come sorted by best_scaled, unscored ones last)
 local best = {}
 for _, r in ipairs(rows) do
   local key = r.task .. "/" .. r.model
-  if not best[key] or r.best_scaled > best[key].best_scaled then best[key] = r end
+  best[key] = best[key] or r
 end
 local function cell(task, model, field)
   local r = best[task .. "/" .. model]
-  return r and r[field] and string.format("%7.2f", r[field]) or "      -"
+  return r and type(r[field]) == "number" and string.format("%7.2f", r[field]) or "      -"
 end
 print()
 print(string.format("Scaled accuracy (%%) at length %d, best over d_model x lr (ours / paper), and at the", o.eval_length))
@@ -172,3 +218,7 @@ for _, task in ipairs { "parity", "arithmetic", "brackets" } do
     cell(task, "norope", "best_train_len_scaled")))
 end
 print("per point: " .. o.dir .. "/results.csv")
+if failure then
+  io.stderr:write(tostring(failure), "\n")
+  os.exit(1)
+end

@@ -2,8 +2,24 @@
 -- them before any work with exit status 2, and a failure while they run gives a non-zero one.
 -- Also m3.flags' list flags, which the scripts use for their comma-separated values.
 
+local m3 = require "m3"
 local flags = require "m3.flags"
 local helper = require "spec.helper"
+
+local M3LUA = helper.m3lua()
+local SCRIPTS = helper.repo_dir() .. "/scripts/"
+
+local function tmpdir()
+  local d = os.tmpname()
+  os.remove(d)
+  assert(os.execute("mkdir -p " .. d) == 0)
+  return d
+end
+
+-- Runs scripts/<name> with the arguments (words, no quoting needed); returns output and exit status.
+local function script(name, args)
+  return helper.run(M3LUA .. " " .. SCRIPTS .. name .. " " .. args)
+end
 
 describe("m3.flags", function()
   it("checks every item of a list flag", function()
@@ -20,5 +36,46 @@ describe("m3.flags", function()
     assert.equal('--widths expects a comma-separated list of integers >= 1, got ""', err("--widths="))
     assert.equal('--rates expects a comma-separated list of numbers >= 1e-09, got "-1"', err("--rates", "-1"))
     assert.equal('--tasks expects a comma-separated list of a | b, got "a,A"', err("--tasks", "a,A"))
+  end)
+end)
+
+describe("scripts/sweep_state_tracking.lua", function()
+  local SMALL = "--quick --steps 4 --from_length 16 --max_length 16 --eval_length 16 --eval_every 2 "
+    .. "--eval_batches 1 --batch 4 --micro_batch 4 --models rope"
+
+  it("stops on bad flags before any point runs", function()
+    local dir = tmpdir() .. "/never"
+    for args, message in pairs {
+      ["--tasks bogus"] = "--tasks expects a comma-separated list of parity | arithmetic | brackets",
+      ["--models ROPE"] = "--models expects a comma-separated list of rope | norope",
+      ["--d_models 0"] = "--d_models expects a comma-separated list of integers >= 1",
+      ["--lrs -1"] = "--lrs expects a comma-separated list of numbers >= 1e-09",
+      ["--steps 0"] = "--steps expects an integer >= 1",
+      ["--dtype f16"] = "--dtype expects one of f32 | bf16",
+      ["--d_models 40 --headdim 32"] = "m3: headdim = 32: must divide d_inner",
+    } do
+      local out, code = script("sweep_state_tracking.lua", "--dir " .. dir .. " " .. args)
+      assert.equal(2, code, args)
+      assert.matches(message, out, 1, true)
+    end
+    if m3.cuda_device_count() == 0 then
+      local out, code = script("sweep_state_tracking.lua", "--dir " .. dir .. " --dtype bf16")
+      assert.equal(2, code)
+      assert.matches("the CPU backend computes in f32 only", out, 1, true)
+    end
+    assert.is_nil(io.open(dir))
+  end)
+
+  it("counts distinct points and exits 1 when a point failed", function()
+    local dir = tmpdir()
+    -- a file where the parity point's folder goes: that point fails, arithmetic runs
+    assert(os.execute("touch " .. dir .. "/task=parity,model=rope,d_model=32,lr=0.005") == 0)
+    local out, code = script("sweep_state_tracking.lua", SMALL .. " --dir " .. dir
+      .. " --tasks parity,arithmetic,parity --lrs 5e-3,0.005")
+    assert.equal(1, code, out)
+    assert.matches("state tracking: 2 points,", out, 1, true)
+    assert.matches("m3.sweep: 1 of 2 points failed (task=parity,model=rope,d_model=32,lr=0.005;", out, 1, true)
+    assert.matches("arithmetic, no brackets%s+%-?%d+%.%d%d /  98%.51", out)
+    os.execute("rm -rf " .. dir)
   end)
 end)
