@@ -322,6 +322,48 @@ require "m3.sweep" {
     os.execute("rm -rf " .. dir)
   end)
 
+  it("stops its children when it is interrupted", function()
+    local dir = tmpdir()
+    local script = write_script(dir, [[
+local ffi = require "ffi"
+local lib = require "m3.lib"
+pcall(ffi.cdef, "int usleep(unsigned int usec); int getpid(void);")
+require "m3.sweep" {
+  grid = { a = { 1, 2, 3 } }, dir = DIR, parallel = 2,
+  run = function(p, run_dir) -- 10 s unless interrupted, like a training loop
+    local f = io.open(run_dir .. "/pid", "w")
+    f:write(ffi.C.getpid())
+    f:close()
+    for _ = 1, 1000 do
+      if lib.C.m3_interrupted() ~= 0 then error("interrupted: the test's signal", 0) end
+      ffi.C.usleep(10000)
+    end
+    return { b = p.a }
+  end,
+}
+]])
+    local out = dir .. "/out"
+    -- SIGTERM once both children run; then: the sweep's exit status, and any child still alive
+    local report = helper.run(string.format([[sh -c '
+%s %s > %s/log 2>&1 &
+sweep=$!
+n=0
+while { [ ! -e %s/a=1/pid ] || [ ! -e %s/a=2/pid ]; } && [ $n -lt 200 ]; do sleep 0.05; n=$((n + 1)); done
+kill -s TERM $sweep
+wait $sweep
+echo "sweep $?"
+for f in %s/a=*/pid; do kill -0 $(cat $f) 2> /dev/null && echo "alive $f" && kill -s KILL $(cat $f); done
+true']], M3LUA, script, dir, out, out, out))
+    assert.equal("sweep 143\n", report)
+    local log = read(dir .. "/log")
+    assert.matches("m3.sweep: stopping a=1 (signal 15)", log, 1, true)
+    assert.matches("m3.sweep: stopping a=2 (signal 15)", log, 1, true)
+    assert.matches("interrupted", read(out .. "/a=1/log.txt"), 1, true)
+    assert.is_nil(read(out .. "/a=1/done.json"))
+    assert.is_nil(read(out .. "/a=3/pid"))
+    os.execute("rm -rf " .. dir)
+  end)
+
   it("explains bad options", function()
     assert.has_error(function() sweep { dir = "x", run = print } end, "m3.sweep: give exactly one of grid and random")
     assert.has_error(function() sweep { grid = { a = {} }, dir = "/tmp/x", run = print } end)

@@ -36,7 +36,9 @@
 -- again, found through arg) with M3_SWEEP_DIR / M3_SWEEP_POINT naming the point and
 -- CUDA_VISIBLE_DEVICES = one of `gpus` (a list of GPU indices or device names; default: the
 -- machine's GPUs; unset without a GPU) in turn, several points sharing one when N exceeds
--- them, output in <run_dir>/log.txt.
+-- them, output in <run_dir>/log.txt. An interrupt (SIGINT, SIGTERM) or an error in the
+-- sweep passes the signal (SIGTERM after an error) to the running children, each in a
+-- process group of its own, and waits for them before it ends the sweep.
 -- In that child the same m3.sweep call runs only its point and exits. The executable is
 -- opts.command, else $M3LUA, else the interpreter that runs the script (arg's lowest
 -- index); the host's options before the script (-joff, -l mod, -e chunk, --) go along.
@@ -55,6 +57,11 @@ for _, decl in ipairs {
   "int waitpid(int pid, int *status, int options);",
   "extern char **environ;",
   "char *strsignal(int sig);",
+  "int kill(int pid, int sig);",
+  "int posix_spawnattr_init(void *attr);",
+  "int posix_spawnattr_destroy(void *attr);",
+  "int posix_spawnattr_setflags(void *attr, short flags);",
+  "int posix_spawnattr_setpgroup(void *attr, int pgroup);",
 } do pcall(ffi.cdef, decl) end
 
 lib.internal_file(debug.getinfo(1, "S").source)
@@ -316,14 +323,39 @@ local function script_command(o)
   return table.concat(parts, " ")
 end
 
+local POSIX_SPAWN_SETPGROUP, SIGTERM = 2, 15
+
+-- Starts `sh -c cmd` in a process group of its own, so that a Ctrl-C at the terminal reaches
+-- only the sweep, which passes it on once (a second SIGINT would kill a child at once).
 local function spawn(cmd)
   local pid = ffi.new("int[1]")
   local argv = ffi.new("char *[4]")
   local keep = { "sh", "-c", cmd }
   for i = 1, 3 do argv[i - 1] = ffi.cast("char *", keep[i]) end
-  local rc = ffi.C.posix_spawnp(pid, "sh", nil, nil, argv, ffi.C.environ)
+  local attr = ffi.new("uint64_t[64]") -- room for glibc's posix_spawnattr_t (336 bytes)
+  local rc = ffi.C.posix_spawnattr_init(attr)
+  if rc == 0 then
+    ffi.C.posix_spawnattr_setflags(attr, POSIX_SPAWN_SETPGROUP)
+    ffi.C.posix_spawnattr_setpgroup(attr, 0)
+    rc = ffi.C.posix_spawnp(pid, "sh", nil, attr, argv, ffi.C.environ)
+    ffi.C.posix_spawnattr_destroy(attr)
+  end
   if rc ~= 0 then error("m3.sweep: cannot start a process (posix_spawnp error " .. rc .. ")", 0) end
   return pid[0]
+end
+
+-- Stops the running children: sends them the signal that interrupted the sweep (the m3lua
+-- host's pending signal, else SIGTERM; a child m3lua then ends its point as an interrupt)
+-- and waits for them, so that none goes on to finish a point that a new sweep may start.
+local function stop_children(running)
+  local host = package.loaded["m3.host"]
+  local signal = host and host.pending_signal() or SIGTERM
+  local status = ffi.new("int[1]")
+  for pid, r in pairs(running) do
+    io.stderr:write(string.format("m3.sweep: stopping %s (signal %d)\n", r.job.name, signal))
+    ffi.C.kill(pid, signal)
+  end
+  for pid in pairs(running) do ffi.C.waitpid(pid, status, 0) end
 end
 
 -- How a child ended, from its waitpid status: "exit status N" or "killed by signal N (name)".
@@ -333,7 +365,9 @@ local function describe_status(status)
   return string.format("killed by signal %d (%s)", signal, ffi.string(ffi.C.strsignal(signal)))
 end
 
--- Runs the pending points as child processes, at most n at once.
+-- Runs the pending points as child processes, at most n at once. An interrupt (SIGINT or
+-- SIGTERM to m3lua: the engine's interrupt flag, or the host's "interrupted!" error) or any
+-- other error stops the running children before it ends the sweep.
 local function run_parallel(o, pending, n, report)
   local base = script_command(o)
   local gpus = o.gpus
@@ -346,35 +380,45 @@ local function run_parallel(o, pending, n, report)
   for i = n, 1, -1 do free[#free + 1] = gpus[(i - 1) % #gpus + 1] end
   local status = ffi.new("int[1]")
   local next_i, active = 1, 0
-  while next_i <= #pending or active > 0 do
-    while next_i <= #pending and #free > 0 do
-      local job = pending[next_i]
-      next_i = next_i + 1
-      fs.mkdir(job.run_dir)
-      local gpu = table.remove(free)
-      local device = gpu and "CUDA_VISIBLE_DEVICES=" .. shell_quote(gpu) .. " " or ""
-      local cmd = string.format("%sM3_SWEEP_DIR=%s M3_SWEEP_POINT=%s exec %s > %s 2>&1", device,
-        shell_quote(o.dir), shell_quote(job.name), base, shell_quote(job.run_dir .. "/log.txt"))
-      running[spawn(cmd)] = { job = job, gpu = gpu }
-      io.write(string.format("m3.sweep: %s started (%slog in %s/log.txt)\n", job.name,
-        gpu and "CUDA_VISIBLE_DEVICES=" .. gpu .. ", " or "", job.run_dir))
-      io.flush()
-      active = active + 1
-    end
-    local pid = ffi.C.waitpid(-1, status, 0)
-    if pid < 0 then error("m3.sweep: waitpid failed while " .. active .. " runs were active", 0) end
-    local r = running[pid]
-    if r then
-      running[pid], active = nil, active - 1
-      free[#free + 1] = r.gpu
-      local done = json.read(r.job.run_dir .. "/done.json")
-      if done then
-        io.write(string.format("m3.sweep: %s finished\n", r.job.name))
-        report(r.job, done.metrics)
-      else
-        report(r.job, nil, string.format("%s; see %s/log.txt", describe_status(status[0]), r.job.run_dir))
+  local ok, err = pcall(function()
+    while next_i <= #pending or active > 0 do
+      while next_i <= #pending and #free > 0 do
+        local job = pending[next_i]
+        next_i = next_i + 1
+        fs.mkdir(job.run_dir)
+        local gpu = table.remove(free)
+        local device = gpu and "CUDA_VISIBLE_DEVICES=" .. shell_quote(gpu) .. " " or ""
+        local cmd = string.format("%sM3_SWEEP_DIR=%s M3_SWEEP_POINT=%s exec %s > %s 2>&1", device,
+          shell_quote(o.dir), shell_quote(job.name), base, shell_quote(job.run_dir .. "/log.txt"))
+        running[spawn(cmd)] = { job = job, gpu = gpu }
+        io.write(string.format("m3.sweep: %s started (%slog in %s/log.txt)\n", job.name,
+          gpu and "CUDA_VISIBLE_DEVICES=" .. gpu .. ", " or "", job.run_dir))
+        io.flush()
+        active = active + 1
       end
+      local pid = ffi.C.waitpid(-1, status, 0)
+      local interrupted = lib.C.m3_interrupted() ~= 0
+      if pid < 0 and not interrupted then
+        error("m3.sweep: waitpid failed while " .. active .. " runs were active", 0)
+      end
+      local r = running[pid]
+      if r then
+        running[pid], active = nil, active - 1
+        free[#free + 1] = r.gpu
+        local done = json.read(r.job.run_dir .. "/done.json")
+        if done then
+          io.write(string.format("m3.sweep: %s finished\n", r.job.name))
+          report(r.job, done.metrics)
+        else
+          report(r.job, nil, string.format("%s; see %s/log.txt", describe_status(status[0]), r.job.run_dir))
+        end
+      end
+      if interrupted then error("interrupted: m3.sweep stopped", 0) end
     end
+  end)
+  if not ok then
+    stop_children(running)
+    error(err, 0)
   end
 end
 
