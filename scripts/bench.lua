@@ -7,6 +7,9 @@
 --                           [--device cuda|cpu] [--steps N] [--no-graph] [--profile]
 --   m3lua scripts/bench.lua --decode [flags]   inference decode speed (scripts/bench_decode.lua)
 --
+-- Exit status: 2 for a bad flag or a device / dtype that cannot run here (--device cuda without
+-- a GPU; bf16 or f16 on the CPU, which computes in f32 only), 1 when a config FAILED, else 0.
+--
 -- On CUDA every config is timed with a captured graph (after eager warm-up steps). The
 -- timer is the trainer's own wall time of each step call, which returns after the step's
 -- metrics are back on the host (the device is idle between steps). rl, rl-batch and mid
@@ -49,11 +52,15 @@ if args[1] == "--decode" then -- inference decode speed: scripts/bench_decode.lu
   local dir = (arg and arg[0] or ""):match("^(.*)/[^/]*$") or "."
   return assert(loadfile(dir .. "/bench_decode.lua"))(select(2, ...))
 end
+local CONFIG_NAMES = {}
+for name in pairs(CONFIGS) do CONFIG_NAMES[#CONFIG_NAMES + 1] = name end
+table.sort(CONFIG_NAMES)
 local o = flags.parse(args, {
-  { "configs", "", "comma list; empty: all on CUDA, rl-batch on the CPU" },
-  { "dtypes", "", "comma list; empty: bf16,f32 on CUDA (the CPU times f32)" },
-  { "device", "", "cuda | cpu; empty: cuda when there is a GPU" },
-  { "steps", 20, "timed steps per config" },
+  { "configs", "", "comma list; empty: all on CUDA, rl-batch on the CPU", list = true, choices = CONFIG_NAMES },
+  { "dtypes", "", "comma list; empty: bf16,f32 on CUDA (the CPU computes in f32 only)", list = true,
+    choices = { "bf16", "f32", "f16" } },
+  { "device", "auto", "auto | cuda | cpu; auto: cuda when there is a GPU", choices = { "auto", "cuda", "cpu" } },
+  { "steps", 20, "timed steps per config", int = true, min = 1 },
   { "no_graph", false, "time eager steps instead of graph replays" },
   { "profile", false, "eager steps with the per-phase profile (CUDA)" },
   { "pageable", false, "batches in ordinary host memory instead of pinned tensors" },
@@ -61,14 +68,26 @@ local o = flags.parse(args, {
 local opt = {
   configs = o.configs ~= "" and flags.list(o.configs) or nil,
   dtypes = o.dtypes ~= "" and flags.list(o.dtypes) or nil,
-  device = o.device ~= "" and o.device or nil,
+  device = o.device ~= "auto" and o.device or nil,
   steps = o.steps,
   graph = not (o.no_graph or o.profile),
   profile = o.profile,
   pinned = { pinned = not o.pageable },
 }
+
+-- a device or dtype that cannot run here stops the bench before it times anything
+local function refuse(message)
+  io.stderr:write("bench.lua: ", message, "\n")
+  os.exit(2)
+end
+if opt.device == "cuda" and m3.cuda_device_count() == 0 then
+  refuse("--device cuda: no CUDA device here" .. (m3.has_cuda_build() and "" or " (this libm3 has no CUDA backend)"))
+end
 opt.device = opt.device or (m3.cuda_device_count() > 0 and "cuda" or "cpu")
 if opt.device == "cpu" then
+  for _, dtype in ipairs(opt.dtypes or {}) do
+    if dtype ~= "f32" then refuse("--dtypes " .. o.dtypes .. ": the CPU backend computes in f32 only") end
+  end
   opt.configs = opt.configs or { "rl-batch" }
   opt.dtypes = { "f32" }
 else
@@ -136,7 +155,6 @@ end
 local rows = {}
 local function run(name, dtype)
   local c = CONFIGS[name]
-  if not c then error("bench.lua: unknown config " .. name) end
   local cfg = m3.config(c.model)
   local B, T = c.B, c.T
   if opt.device == "cpu" then B, T = 16, 256 end
@@ -207,7 +225,7 @@ if opt.device == "cpu" then
 end
 for _, name in ipairs(opt.configs) do
   for _, dtype in ipairs(opt.dtypes) do
-    if not (CONFIGS[name] and CONFIGS[name].fit_only and dtype ~= "bf16") then run(name, dtype) end
+    if not (CONFIGS[name].fit_only and dtype ~= "bf16") then run(name, dtype) end
   end
 end
 
@@ -256,4 +274,7 @@ if opt.device == "cpu" then
     print(r.gemm_share and string.format("CPU: %.0f%% of the step in matrix products", 100 * r.gemm_share)
       or "CPU: the share of time in matrix products is unavailable (the library does not measure it)")
   end
+end
+for _, r in ipairs(rows) do
+  if r.failed then os.exit(1) end
 end

@@ -16,6 +16,8 @@
 -- d_state 16, headdim 16); lm130 is the preset (tokens, tied "lm" head over 50280 tokens).
 -- Bars (bf16, GPU): rl B 1 <= 30 µs per step, lm130 B 128 <= 1000 µs per step.
 -- On the CPU (the default without a GPU) it times f32 only, with fewer steps, lm130 at B 1 only.
+-- Exit status: 2 for a bad flag or a device / dtype that cannot run here (--device cuda without
+-- a GPU; bf16 or f16 on the CPU, which computes in f32 only), 1 when a row FAILED, else 0.
 
 local ffi = require "ffi"
 io.stdout:setvbuf("line")
@@ -30,24 +32,37 @@ local CONFIGS = {
 local flags = require "m3.flags"
 
 local o = flags.parse({ ... }, {
-  { "configs", "", "comma list; empty: rl,lm130" },
-  { "dtypes", "", "comma list; empty: bf16,f32 on CUDA (the CPU times f32)" },
-  { "device", "", "cuda | cpu; empty: cuda when there is a GPU" },
-  { "steps", 200, "timed one-token steps (at most 20 on the CPU)" },
+  { "configs", "", "comma list; empty: rl,lm130", list = true, choices = { "lm130", "rl" } },
+  { "dtypes", "", "comma list; empty: bf16,f32 on CUDA (the CPU computes in f32 only)", list = true,
+    choices = { "bf16", "f32", "f16" } },
+  { "device", "auto", "auto | cuda | cpu; auto: cuda when there is a GPU", choices = { "auto", "cuda", "cpu" } },
+  { "steps", 200, "timed one-token steps (at most 20 on the CPU)", int = true, min = 1 },
 }, "m3lua scripts/bench_decode.lua [flags]")
 local opt = {
-  configs = o.configs ~= "" and flags.list(o.configs) or nil,
+  configs = o.configs ~= "" and flags.list(o.configs) or { "rl", "lm130" },
   dtypes = o.dtypes ~= "" and flags.list(o.dtypes) or nil,
-  device = o.device ~= "" and o.device or nil,
+  device = o.device ~= "auto" and o.device or nil,
   steps = o.steps,
 }
+
+-- a device or dtype that cannot run here stops the bench before it times anything
+local function refuse(message)
+  io.stderr:write("bench_decode.lua: ", message, "\n")
+  os.exit(2)
+end
+if opt.device == "cuda" and m3.cuda_device_count() == 0 then
+  refuse("--device cuda: no CUDA device here" .. (m3.has_cuda_build() and "" or " (this libm3 has no CUDA backend)"))
+end
 opt.device = opt.device or (m3.cuda_device_count() > 0 and "cuda" or "cpu")
-opt.configs = opt.configs or { "rl", "lm130" }
-opt.dtypes = opt.device == "cpu" and { "f32" } or opt.dtypes or { "bf16", "f32" }
 if opt.device == "cpu" then -- lm130 at B 128 holds 2.4 GB of state: GPU only
+  for _, dtype in ipairs(opt.dtypes or {}) do
+    if dtype ~= "f32" then refuse("--dtypes " .. o.dtypes .. ": the CPU backend computes in f32 only") end
+  end
+  opt.dtypes = { "f32" }
   opt.steps = math.min(opt.steps, 20)
   CONFIGS.lm130.batches = { 1 }
 end
+opt.dtypes = opt.dtypes or { "bf16", "f32" }
 
 local function median(xs)
   table.sort(xs)
@@ -82,7 +97,6 @@ end
 local rows = {}
 local function run(name, dtype, B)
   local c = CONFIGS[name]
-  if not c then error("bench_decode.lua: unknown config " .. name) end
   local cfg = c.model
   io.write(string.format("== %s %s B %d ... ", name, dtype, B))
   local ok, err = pcall(function()
@@ -126,7 +140,7 @@ end
 print(string.format("m3lua %s decode bench on %s (%s)", m3.version, opt.device, os.date("!%Y-%m-%d %H:%M UTC")))
 for _, name in ipairs(opt.configs) do
   for _, dtype in ipairs(opt.dtypes) do
-    for _, B in ipairs(CONFIGS[name] and CONFIGS[name].batches or { 1 }) do run(name, dtype, B) end
+    for _, B in ipairs(CONFIGS[name].batches) do run(name, dtype, B) end
   end
 end
 
@@ -143,4 +157,7 @@ for _, r in ipairs(rows) do
       r.us_logits and string.format("%.1f", r.us_logits) or "-",
       r.gen_tok_s and string.format("%.0f", r.gen_tok_s) or "-", r.mem, r.fused and "yes" or "no", bar))
   end
+end
+for _, r in ipairs(rows) do
+  if r.failed then os.exit(1) end
 end

@@ -79,3 +79,25 @@ describe("scripts/sweep_state_tracking.lua", function()
     os.execute("rm -rf " .. dir)
   end)
 end)
+
+describe("scripts/bench.lua and bench_decode.lua", function()
+  it("refuse a device or dtype that cannot run here before timing anything", function()
+    for _, bench in ipairs { "bench.lua", "bench.lua --decode" } do
+      local name = bench == "bench.lua" and "bench.lua" or "bench_decode.lua"
+      local cases = {
+        ["--device gpu"] = '--device expects one of auto | cuda | cpu, got "gpu"',
+        ["--configs bogus"] = "--configs expects a comma-separated list of",
+        ["--device cpu --dtypes f32,bf16"] = name .. ": --dtypes f32,bf16: the CPU backend computes in f32 only",
+      }
+      if m3.cuda_device_count() == 0 then
+        cases["--device cuda"] = name .. ": --device cuda: no CUDA device here"
+      end
+      for args, message in pairs(cases) do
+        local out, code = script(bench, args)
+        assert.equal(2, code, bench .. " " .. args .. ": " .. out)
+        assert.matches(message, out, 1, true)
+        assert.is_nil(out:find("FAILED", 1, true))
+      end
+    end
+  end)
+end)
