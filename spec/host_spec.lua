@@ -250,6 +250,52 @@ describe("m3lua", function()
     assert.matches("JIT-compiled", err, 1, true)
   end)
 
+  -- A SIGINT that arrives while the engine runs a call that then takes effect: the host's hook
+  -- raises "interrupted!" as the call returns. The step's record keeps its metrics.
+  for _, batch in ipairs { 4, 2 } do
+    it("keeps the metrics of a step that took effect as SIGINT came (" .. batch .. " rows, 2 a call)", function()
+      local dir = os.tmpname()
+      os.remove(dir)
+      spit(base .. ".lua", ([[
+        local ffi = require "ffi"
+        ffi.cdef "int getpid(void); int kill(int pid, int sig);"
+        local m3 = require "m3"
+        local cfg = m3.config { d_model = 8, n_layers = 1, d_state = 8, headdim = 8, input = "tokens",
+          head = "lm", vocab_size = 2 }
+        local function run(dir, signal_at)
+          local tr = m3.trainer(cfg, { device = "cpu", batch = 2, seq_len = 8, seed = 1 })
+          local calls = 0
+          local function signalling(name)
+            tr[name] = function(self, ...)
+              local m = getmetatable(self)[name](self, ...)
+              calls = calls + 1
+              if calls == signal_at then ffi.C.kill(ffi.C.getpid(), 2) end
+              return m
+            end
+          end
+          signalling("step")
+          signalling("backward_step")
+          return m3.fit.run { trainer = tr, data = m3.data.parity { seed = 1, length = 8 }, steps = 4,
+            batch = %d, dir = dir, progress = false, checkpoint = m3.checkpoint.new { dir = dir .. "/ck" } }
+        end
+        run(%q)
+        run(%q, 3)]]):format(batch, dir .. "/whole", dir .. "/cut"))
+      local _, err, rc = run { base .. ".lua" }
+      assert.equal(130, rc, err)
+      local step = batch == 4 and 2 or 3 -- call 3: the first half of step 2, or step 3
+      assert.matches("interrupted at step " .. step .. "; saved", err, 1, true)
+      local log = require "m3.log"
+      local whole, cut = log.read_jsonl(dir .. "/whole/metrics.jsonl"), log.read_jsonl(dir .. "/cut/metrics.jsonl")
+      assert.equal(step, #cut)
+      for i = 1, step do
+        for _, k in ipairs { "step", "loss", "accuracy", "tokens", "rows" } do
+          assert.equal(whole[i][k], cut[i][k], k)
+        end
+      end
+      os.execute("rm -rf " .. quote(dir))
+    end)
+  end
+
   it("lets a script catch SIGTERM and read the pending signal", function()
     local out, _, rc = run_signalled({ "-joff", "-e", [[
       local ok, err = pcall(function() while true do end end)

@@ -16,8 +16,9 @@
 -- Interrupts (Ctrl-C / SIGTERM) before the first forward are raised as they come; inside
 -- the window they do not leave it open: the engine's flag
 -- is cleared, the window is finished (the trainer's pending forward tells exactly which
--- calls took effect) and then the interrupt is raised again as an error whose tostring
--- contains "interrupted" and whose .metrics are the completed step's.
+-- calls took effect; a backward_step that took effect before the host's hook raised gives
+-- its metrics from the trainer's last call) and then the interrupt is raised again as an
+-- error whose tostring contains "interrupted" and whose .metrics are the completed step's.
 --
 --   accumulate.split(batch, k) -> k batches of consecutive rows (views, no copies)
 --   accumulate.counted(tr, batch) -> c for one micro-batch (checked as a step would check it)
@@ -108,6 +109,7 @@ function accumulate.step(tr, batches, opts)
       if action == "forward" and pending then
         action = "backward"
       elseif action == "backward" and not pending then
+        results[i] = results[i] or tr:_last_metrics() -- it took effect; its metrics were not returned
         i, action = i + 1, "forward"
       end
     end
@@ -117,12 +119,11 @@ function accumulate.step(tr, batches, opts)
   for j = 1, k do
     local r, w = results[j], share(j)
     if w > 0 then -- a micro-batch that counts nothing has no loss or accuracy to weigh in
-      if r and r.loss and loss then loss = loss + w * r.loss else loss = nil end
-      if r and r.accuracy and acc then acc = acc + w * r.accuracy else acc = nil end
+      if r.loss and loss then loss = loss + w * r.loss else loss = nil end
+      if r.accuracy and acc then acc = acc + w * r.accuracy else acc = nil end
     end
-    tokens, ms = tokens + (r and r.tokens or 0), ms + (r and r.ms or 0)
+    tokens, ms = tokens + r.tokens, ms + r.ms
   end
-  m = m or { step = tr:step_count(), optimizer_stepped = true }
   m.loss, m.accuracy, m.tokens, m.ms, m.counted, m.micro = loss, acc, tokens, ms, total, k
   if deferred then
     error(setmetatable({ message = deferred .. " (the accumulation window was closed first)",

@@ -125,7 +125,7 @@ function fit.run(o)
   local function state_now()
     return { data = src:cursor(), phase = phase and phase.index, lr = lr, user = o.extra and o.extra() }
   end
-  local committed = { count = tr:step_count(), step = step, extra = state_now() }
+  local committed = { count = tr:step_count(), step = step, extra = state_now(), written = true } -- the start
   local pending = committed
   local result = { step = step, tokens = 0 }
 
@@ -196,10 +196,9 @@ function fit.run(o)
   if not ok and checkpoint.is_interrupt(err) and o.checkpoint then
     -- the state that matches the trainer: the pending step's if the engine applied it
     local at = tr:step_count() == pending.count and pending or committed
-    if at == pending and not at.record and type(err) == "table" and err.metrics then
-      at.record = record_of(at, err.metrics) -- a step finished by m3.accumulate first
+    if writer and not at.written then -- a step that took effect before the interrupt was raised
+      writer:write(at.record or record_of(at, type(err) == "table" and err.metrics or tr:_last_metrics()))
     end
-    if writer and at.record and not at.written then writer:write(at.record) end
     if writer then writer:close() end
     local path, why = o.checkpoint:save_interrupted(tr, at.step, at.extra)
     if path then

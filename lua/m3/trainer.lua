@@ -271,6 +271,13 @@ local function metrics(self, m)
   return r
 end
 
+-- The metrics the engine wrote on the last step, backward_step or evaluate call. The host's
+-- interrupt hook can raise right after a call took effect, before its metrics were returned:
+-- m3.accumulate and m3.fit read them back here (binding-internal, not a user method).
+function T:_last_metrics()
+  return metrics(self, self._metrics)
+end
+
 -- ---- training calls ----------------------------------------------------------------------------
 
 function T:step(batch)
