@@ -45,7 +45,7 @@ local function run(o, path)
     data = data.text(path, { order = "stream", seed = 1 }),
     curriculum = curriculum.new { { steps = 4, length = 8 }, { length = 16 } },
     schedule = schedule.warmup_cosine { peak = 1e-2, warmup = 3, total = 10, floor = 1e-3 },
-    batch = 4, clip = 1.0, progress = false,
+    batch = 4, clip = 1.0, progress = false, eval = o.eval, eval_every = o.eval_every,
   }
 end
 
@@ -174,6 +174,48 @@ describe("m3.checkpoint", function()
     assert.equal(reference.step, tr:step_count())
     assert.equal(reference.lr, tr:lr())
     assert.same(reference.losses, losses(dir .. "/split"))
+  end)
+
+  it("writes each record once, however often a run is resumed (at its end, or cut in an evaluation)", function()
+    local probe = data.text(path, { order = "sequential", length = 8 }):next(2)
+    local cut_at -- the step whose evaluation is interrupted once
+    local function eval(tr, s)
+      if s == cut_at then
+        cut_at = nil
+        error("interrupted!")
+      end
+      return { val_loss = tr:evaluate(probe).loss }
+    end
+    local function records(d)
+      local out = {}
+      for i, r in ipairs(log.read_jsonl(d .. "/metrics.jsonl")) do
+        r.ms = nil
+        out[i] = r
+      end
+      return out
+    end
+    run({ trainer = new_trainer(), steps = 10, dir = dir .. "/once-ref", eval = eval, eval_every = 3 }, path)
+    cut_at = 6
+    local d = dir .. "/once"
+    local ck = checkpoint.new { dir = d .. "/checkpoints", every = 100 }
+    local ok, err = pcall(run, { trainer = new_trainer(), steps = 10, checkpoint = ck, dir = d, eval = eval,
+      eval_every = 3 }, path)
+    assert.is_false(ok)
+    assert.truthy(tostring(err):find("^interrupted at step 6; saved"), err)
+    local before_eval = { unpack(records(dir .. "/once-ref"), 1, 7) } -- steps 1..6 and the evaluation at 3
+    assert.same(before_eval, records(d))
+    cut_at = 6 -- and the evaluation that the resume does again there
+    local tr, start = fit.resume(ck)
+    ok, err = pcall(run, { trainer = tr, start = start, steps = 10, checkpoint = ck, dir = d, eval = eval,
+      eval_every = 3 }, path)
+    assert.is_false(ok)
+    assert.truthy(tostring(err):find("^interrupted at step 6; saved"), err)
+    assert.same(before_eval, records(d))
+    for _ = 1, 3 do
+      local tr, start = fit.resume(ck)
+      run({ trainer = tr, start = start, steps = 10, checkpoint = ck, dir = d, eval = eval, eval_every = 3 }, path)
+    end
+    assert.same(records(dir .. "/once-ref"), records(d))
   end)
 
   -- A source that raises an interrupt, in Lua or through the engine's flag, on one call.

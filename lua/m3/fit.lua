@@ -24,8 +24,10 @@
 -- (m3.log.progress); a checkpoint every `every` steps and at the end, with extra =
 -- {data = cursor, phase = index, lr = lr, user = extra()}. At the end dir/plot.svg.
 -- Resuming (start = {step, extra} from fit.resume) seeks the data back, drops the
--- metrics records past the checkpoint and continues: schedule and curriculum are pure
--- functions of the step, so the run goes on exactly as if never stopped.
+-- metrics records past the checkpoint's step record (its evaluation's too), evaluates
+-- again at that step when an evaluation is due there or was dropped, and continues:
+-- schedule and curriculum are pure functions of the step, so the run goes on exactly as
+-- if never stopped, each record written once.
 -- Interrupts (Ctrl-C / SIGTERM make a trainer call, or the host's hook, raise an error
 -- containing "interrupted"; m3.accumulate first closes an open window): the state that
 -- matches the trainer's own step count is saved as a checkpoint and the error is raised
@@ -72,14 +74,22 @@ function fit.evaluate(tr, src, o)
   return { loss = loss / counted, accuracy = acc / counted }
 end
 
--- Keeps only the records of dir/metrics.jsonl up to step (a resumed run rewrites the rest).
+-- Keeps the records of dir/metrics.jsonl before step and step's own record (its first: an
+-- evaluation at step is written after it); a resumed run writes the rest again. Returns
+-- whether an evaluation record at step was dropped.
 local function truncate_metrics(path, step)
-  if not fs.exists(path) then return end
-  local keep = {}
+  if not fs.exists(path) then return false end
+  local keep, seen_step, dropped_eval = {}, false, false
   for _, r in ipairs(log.read_jsonl(path)) do
-    if type(r.step) == "number" and r.step <= step then keep[#keep + 1] = json.encode(r) end
+    if type(r.step) == "number" and r.step < step or (r.step == step and not seen_step) then
+      keep[#keep + 1] = json.encode(r)
+      seen_step = seen_step or r.step == step
+    elseif r.step == step then
+      dropped_eval = true
+    end
   end
   fs.write(path, #keep > 0 and table.concat(keep, "\n") .. "\n" or "")
+  return dropped_eval
 end
 
 local OPTS = { trainer = true, data = true, steps = true, schedule = true, curriculum = true, batch = true,
@@ -109,10 +119,10 @@ function fit.run(o)
     src:seek(o.start.extra.data)
   end
   local metrics_path = o.dir and o.dir .. "/metrics.jsonl"
-  local writer
+  local writer, dropped_eval
   if o.dir then
     fs.mkdir(o.dir)
-    if o.start then truncate_metrics(metrics_path, step) else fs.write(metrics_path, "") end
+    if o.start then dropped_eval = truncate_metrics(metrics_path, step) else fs.write(metrics_path, "") end
     writer = log.jsonl(metrics_path)
   end
   local show = o.progress ~= false
@@ -145,12 +155,19 @@ function fit.run(o)
     result.eval = e
   end
 
+  local function eval_due(s)
+    return o.eval and ((o.eval_every and s % o.eval_every == 0) or s == total)
+  end
+
   local function record_of(p, m)
     return { step = p.step, loss = m.loss, lr = p.lr, tokens = m.tokens, ms = m.ms, length = p.length,
       rows = p.rows, grad_norm = m.grad_norm, accuracy = m.accuracy }
   end
 
   local function body()
+    -- a resumed run evaluates again at its checkpoint's step (an evaluation there may have been
+    -- cut short by the interrupt, and its record was dropped with the others past the step record)
+    if o.start and o.eval and (dropped_eval or eval_due(step)) then evaluate(step) end
     while step < total do
       local s = step + 1
       phase = o.curriculum and o.curriculum:phase(s) or nil
@@ -182,10 +199,10 @@ function fit.run(o)
       committed.count = tr:step_count()
       result.step, result.loss, result.tokens = s, m.loss, result.tokens + (m.tokens or 0)
       if bar then bar:update(s, { loss = m.loss, lr = lr, tokens = m.tokens }) end
-      if o.eval and ((o.eval_every and s % o.eval_every == 0) or s == total) then evaluate(s) end
+      if eval_due(s) then evaluate(s) end
       if o.checkpoint and s < total then o.checkpoint:maybe_save(tr, s, committed.extra) end
     end
-    if o.eval and not result.eval then evaluate(step) end -- a run resumed at its end
+    if o.eval and not result.eval then evaluate(step) end -- a run resumed past its end
     if o.checkpoint then o.checkpoint:save(tr, step, committed.extra) end
   end
 
