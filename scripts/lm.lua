@@ -6,8 +6,9 @@
 --   m3lua scripts/lm.lua --resume                         # continue an interrupted run
 --
 -- Training windows of --seq_len bytes are drawn at random from the first 90% of the file
--- (--carry: each row reads the text on in order and the recurrent state carries from
--- window to window instead); validation is the loss on the last 10%, in bits per byte.
+-- (--carry: each of the --batch rows reads its stretch of the text on in order and the
+-- recurrent state carries from window to window instead; no accumulation then, so
+-- --micro_batch must equal --batch); validation is the loss on the last 10%, in bits per byte.
 -- The sample comes from m3.infer's generate (temperature sampling, seeded by --seed).
 -- Output: runs/<name>/ under the current folder (metrics.jsonl, plot.svg, checkpoints/,
 -- sample.txt).
@@ -53,6 +54,11 @@ local spec = {
 }
 
 local o, changed = flags.parse(arg, spec, "m3lua scripts/lm.lua [flags]")
+if o.carry and o.batch ~= o.micro_batch then
+  io.stderr:write(string.format("--carry reads --batch streams, one per state row of the trainer: --micro_batch "
+    .. "(%d) must equal --batch (%d)\n", o.micro_batch, o.batch))
+  os.exit(2)
+end
 
 local not_in_name = { data = true, run = true, resume = true, device = true, eval_every = true,
   save_every = true, keep = true, sample_len = true, temperature = true, prompt = true }
@@ -60,7 +66,7 @@ local base = "lm-" .. (o.data:match("([^/]+)$") or "text"):gsub("%.[^.]*$", "")
 local dir = sweep.run_dir(o, changed, base, not_in_name)
 
 local train = m3.data.text(o.data, { split = "train", order = o.carry and "stream" or "random",
-  seed = o.seed, length = o.seq_len })
+  rows = o.carry and o.batch or nil, seed = o.seed, length = o.seq_len })
 local val = m3.data.text(o.data, { split = "val", order = "sequential", length = o.seq_len })
 
 local ck = m3.checkpoint.new { dir = dir .. "/checkpoints", every = o.save_every, keep = o.keep }

@@ -1,5 +1,6 @@
 -- m3.checkpoint and m3.fit: keep the last k, skip damaged files, and resume bit-identically
--- (CPU: 10 steps against 5 + save + load + 5, with carried state; also after interrupts).
+-- (CPU: 10 steps against 5 + save + load + 5, with carried state or with accumulation; also
+-- after interrupts, each metrics record once); fit.run's refusals.
 
 local ffi = require "ffi"
 local m3 = require "m3"
@@ -32,20 +33,27 @@ end
 local cfg = m3.config { d_model = 16, n_layers = 2, d_state = 8, headdim = 8, input = "tokens",
   head = "lm", vocab_size = 256 }
 
-local function new_trainer()
+-- The runs under test, lengths 8 then 16 and warmup-cosine, on a trainer of batch 2: "carry"
+-- reads the text as 2 continuing streams with the state carried across windows (2 rows a
+-- step); "accumulate" draws 4 random windows a step as 2 micro-batches of 2.
+local MODES = {
+  carry = { carry_state = true, order = "stream", batch = 2 },
+  accumulate = { carry_state = false, order = "random", batch = 4 },
+}
+
+local function new_trainer(mode)
   return m3.trainer(cfg, { device = "cpu", batch = 2, seq_len = 16, seed = 3, lr = 1e-2,
-    carry_state = true })
+    carry_state = MODES[mode or "carry"].carry_state })
 end
 
--- The run under test: lengths 8 then 16, warmup-cosine, 4 rows per step as 2 micro-batches
--- of 2 (accumulation), text read as 2 continuing streams (carried state).
 local function run(o, path)
+  local mode = MODES[o.mode or "carry"]
   return fit.run {
     trainer = o.trainer, start = o.start, steps = o.steps, checkpoint = o.checkpoint, dir = o.dir,
-    data = data.text(path, { order = "stream", seed = 1 }),
+    data = data.text(path, { order = mode.order, seed = 1 }),
     curriculum = curriculum.new { { steps = 4, length = 8 }, { length = 16 } },
     schedule = schedule.warmup_cosine { peak = 1e-2, warmup = 3, total = 10, floor = 1e-3 },
-    batch = 4, clip = 1.0, progress = false, eval = o.eval, eval_every = o.eval_every,
+    batch = mode.batch, clip = 1.0, progress = false, eval = o.eval, eval_every = o.eval_every,
   }
 end
 
@@ -75,15 +83,18 @@ local function losses(dir)
 end
 
 describe("m3.checkpoint", function()
-  local dir, path, reference
+  local dir, path
+  local reference = {} -- of each mode
 
   setup(function()
     dir = tmpdir()
     path = text_file(dir)
-    local tr = new_trainer()
-    run({ trainer = tr, steps = 10, dir = dir .. "/ref" }, path)
-    reference = { weights = bytes(tr:snapshot()), states = state_bytes(tr), step = tr:step_count(),
-      losses = losses(dir .. "/ref"), lr = tr:lr() }
+    for mode in pairs(MODES) do
+      local tr = new_trainer(mode)
+      run({ trainer = tr, mode = mode, steps = 10, dir = dir .. "/ref-" .. mode }, path)
+      reference[mode] = { weights = bytes(tr:snapshot()), states = state_bytes(tr), step = tr:step_count(),
+        losses = losses(dir .. "/ref-" .. mode), lr = tr:lr() }
+    end
   end)
 
   teardown(function() os.execute("rm -rf '" .. dir .. "'") end)
@@ -162,18 +173,38 @@ describe("m3.checkpoint", function()
     assert.is_nil(checkpoint.resume(dir .. "/nothing-here"))
   end)
 
-  it("resumes bit-identically: 10 steps = 5 + save + load + 5 (carried state, accumulation)", function()
-    local ck = checkpoint.new { dir = dir .. "/split/checkpoints", every = 5 }
-    run({ trainer = new_trainer(), steps = 5, checkpoint = ck, dir = dir .. "/split" }, path)
-    local tr, start = fit.resume(ck, { device = "cpu" })
-    assert.equal(5, start.step)
-    assert.equal(5, tr:step_count())
-    run({ trainer = tr, start = start, steps = 10, checkpoint = ck, dir = dir .. "/split" }, path)
-    assert.same(reference.weights, bytes(tr:snapshot()))
-    assert.same(reference.states, state_bytes(tr))
-    assert.equal(reference.step, tr:step_count())
-    assert.equal(reference.lr, tr:lr())
-    assert.same(reference.losses, losses(dir .. "/split"))
+  for mode in pairs(MODES) do
+    it("resumes bit-identically: 10 steps = 5 + save + load + 5 (" .. mode .. ")", function()
+      local d, ref = dir .. "/split-" .. mode, reference[mode]
+      local ck = checkpoint.new { dir = d .. "/checkpoints", every = 5 }
+      run({ trainer = new_trainer(mode), mode = mode, steps = 5, checkpoint = ck, dir = d }, path)
+      local tr, start = fit.resume(ck, { device = "cpu" })
+      assert.equal(5, start.step)
+      assert.equal(5, tr:step_count())
+      run({ trainer = tr, mode = mode, start = start, steps = 10, checkpoint = ck, dir = d }, path)
+      assert.same(ref.weights, bytes(tr:snapshot()))
+      assert.same(ref.states, state_bytes(tr))
+      assert.equal(ref.step, tr:step_count())
+      assert.equal(ref.lr, tr:lr())
+      assert.same(ref.losses, losses(d))
+    end)
+  end
+
+  it("refuses accumulated steps on a trainer that carries its state", function()
+    local src = data.text(path, { order = "stream" })
+    local function refusal(o)
+      local ok, err = pcall(function() fit.run(o) end)
+      assert.is_false(ok)
+      return err
+    end
+    assert.matches("^[^:]*checkpoint_spec%.lua:%d+: m3%.fit%.run: batch = 4 rows a step, but the trainer carries "
+      .. "its state %(carry_state%) in 2 rows; accumulated micro%-batches would mix the rows' streams: use a "
+      .. "batch <= 2$", refusal { trainer = new_trainer("carry"), data = src, steps = 2, batch = 4,
+        dir = dir .. "/refused" })
+    assert.matches("m3%.fit%.run: phase 2: batch = 3 rows a step", refusal { trainer = new_trainer("carry"),
+      data = src, steps = 2, curriculum = curriculum.new { { steps = 1, batch = 2 }, { batch = 3 } } })
+    assert.is_false(fs.exists(dir .. "/refused"))
+    assert.equal(0, src:cursor().index)
   end)
 
   it("writes each record once, however often a run is resumed (at its end, or cut in an evaluation)", function()
@@ -233,22 +264,27 @@ describe("m3.checkpoint", function()
   end
 
   for _, how in ipairs { "lua", "engine" } do
-    it("saves on an interrupt (" .. how .. ") and resumes bit-identically", function()
-      local ck = checkpoint.new { dir = dir .. "/int-" .. how .. "/checkpoints", every = 100 }
-      local o = { trainer = new_trainer(), steps = 10, checkpoint = ck, dir = dir .. "/int-" .. how }
-      local real_text = data.text
-      data.text = function(...) return interrupting(real_text(...), 13, how) end
-      local ok, err = pcall(run, o, path)
-      data.text = real_text
-      assert.is_false(ok)
-      -- call 13 is the first micro-batch of step 7: steps 1..6 are done
-      assert.truthy(tostring(err):find("^interrupted at step 6; saved .*step%-00000006%.ckpt"), err)
-      assert.equal(0, lib.C.m3_interrupted())
-      local tr, start = fit.resume(ck)
-      assert.equal(6, start.step)
-      run({ trainer = tr, start = start, steps = 10, checkpoint = ck, dir = o.dir }, path)
-      assert.same(reference.weights, bytes(tr:snapshot()))
-      assert.same(reference.losses, losses(o.dir))
-    end)
+    for mode, m in pairs(MODES) do
+      it("saves on an interrupt (" .. how .. ", " .. mode .. ") and resumes bit-identically", function()
+        local d = dir .. "/int-" .. how .. "-" .. mode
+        local ck = checkpoint.new { dir = d .. "/checkpoints", every = 100 }
+        local o = { trainer = new_trainer(mode), mode = mode, steps = 10, checkpoint = ck, dir = d }
+        local real_text = data.text
+        -- the call that draws the (first micro-batch of the) rows of step 7: steps 1..6 are done
+        local calls_a_step = m.batch / 2
+        data.text = function(...) return interrupting(real_text(...), 6 * calls_a_step + 1, how) end
+        local ok, err = pcall(run, o, path)
+        data.text = real_text
+        assert.is_false(ok)
+        assert.truthy(tostring(err):find("^interrupted at step 6; saved .*step%-00000006%.ckpt"), err)
+        assert.equal(0, lib.C.m3_interrupted())
+        local tr, start = fit.resume(ck)
+        assert.equal(6, start.step)
+        run({ trainer = tr, mode = mode, start = start, steps = 10, checkpoint = ck, dir = d }, path)
+        assert.same(reference[mode].weights, bytes(tr:snapshot()))
+        assert.same(reference[mode].states, state_bytes(tr))
+        assert.same(reference[mode].losses, losses(d))
+      end)
+    end
   end
 end)

@@ -305,7 +305,7 @@ describe("m3.data batches and files", function()
       'm3.data.mixture: unknown option "weight" (did you mean "weights"?); valid options: cursor, seed, weights')
     local path = tmpfile("abcdefghijklmnopqrstuvwxyz0123456789")
     assert.has_error(function() data.text(path, { lenght = 4 }) end,
-      'm3.data.text: unknown option "lenght" (did you mean "length"?); valid options: cursor, length, order, '
+      'm3.data.text: unknown option "lenght" (did you mean "length"?); valid options: cursor, length, order, rows, '
       .. "seed, split, val_fraction")
     assert.has_error(function() data.tokens(path, { dtype = "u8", splt = "val" }) end)
     assert.has_error(function() data.text(path, { split = "test" }) end,
@@ -354,6 +354,26 @@ describe("m3.data batches and files", function()
     end
     local val = data.text(path, { split = "val", order = "sequential", val_fraction = 0.25, length = 3 })
     assert.same({ 49, 50, 51 }, val:next(1).tokens:to_table()[1]) -- "123": from byte 27 on
+    os.remove(path)
+  end)
+
+  it("serve a stream's rows in one count a call, so that each row's text goes on", function()
+    local path = tmpfile("abcdefghijklmnopqrstuvwxyz0123456789")
+    local st = data.text(path, { order = "stream", split = "all", length = 4 })
+    assert.same({ 97, 98, 99, 100 }, st:next(2).tokens:to_table()[1])
+    for _, rows in ipairs { 1, 3 } do
+      assert.has_error(function() st:next(rows) end, "m3.data: next: rows = " .. rows
+        .. ', but this order = "stream" source serves 2 rows a call (row r continues row r\'s text)')
+    end
+    assert.same({ 101, 102, 103, 104 }, st:next(2).tokens:to_table()[1])
+    local declared = data.text(path, { order = "stream", split = "all", length = 4, rows = 3 })
+    assert.has_error(function() declared:next(2) end)
+    assert.equal(0, declared:cursor().index)
+    assert.same({ 3, 4 }, declared:next(3).tokens:shape())
+    assert.has_error(function() data.text(path, { rows = 2 }) end,
+      'm3.data.text: rows = 2: only for order = "stream" (got order "random")')
+    assert.has_error(function() data.text(path, { order = "stream", rows = 0 }) end,
+      "m3.data.text: rows = 0: expected an integer >= 1")
     os.remove(path)
   end)
 

@@ -170,22 +170,27 @@ describe("m3lua", function()
     assert.matches("in function 'f'", err, 1, true)
   end)
 
-  it("train.lua refuses bad flag values before making its run folder", function()
+  -- Runs scripts/<script> with args in a fresh folder; checks the exit status, that nothing was
+  -- printed on stdout, the first line of stderr, and that no run folder was made.
+  local function refuses(script, args, rc_want, first_line)
     local pwd = io.popen("pwd")
-    local train = pwd:read("*l") .. "/scripts/train.lua"
+    local all = { pwd:read("*l") .. "/scripts/" .. script }
     pwd:close()
+    for _, a in ipairs(args) do all[#all + 1] = a end
     local dir = os.tmpname()
     os.remove(dir)
     assert(os.execute("mkdir " .. dir) == 0)
-    local function try(args, rc_want, first_line)
-      local all = { train }
-      for _, a in ipairs(args) do all[#all + 1] = a end
-      local out, err, rc = run(all, nil, "cd " .. quote(dir) .. " &&")
-      assert.equal(rc_want, rc, err)
-      assert.equal("", out)
-      assert.matches(first_line, err:match("^[^\n]*"))
-      assert.is_nil(io.open(dir .. "/runs"), "a run folder was left behind")
-    end
+    local out, err, rc = run(all, nil, "cd " .. quote(dir) .. " &&")
+    local left = io.open(dir .. "/runs")
+    os.execute("rm -rf " .. quote(dir))
+    assert.equal(rc_want, rc, err)
+    assert.equal("", out)
+    assert.matches(first_line, err:match("^[^\n]*"))
+    assert.is_nil(left, "a run folder was left behind")
+  end
+
+  it("train.lua refuses bad flag values before making its run folder", function()
+    local function try(...) refuses("train.lua", ...) end
     try({ "--eval_batches", "0" }, 2, '^%-%-eval_batches expects an integer >= 1, got "0"$')
     try({ "--batch", "0" }, 2, '^%-%-batch expects an integer >= 1, got "0"$')
     try({ "--steps", "2.5" }, 2, '^%-%-steps expects an integer >= 1, got "2.5"$')
@@ -194,7 +199,13 @@ describe("m3lua", function()
     try({ "--lr", "0" }, 1, "train%.lua:%d+: m3%.schedule%.warmup_cosine: expected peak > 0, got 0$")
     try({ "--rope_fraction", "2" }, 1, "train%.lua:%d+: m3: rope_fraction = 2")
     try({ "--device", "nowhere" }, 1, "train%.lua:%d+: m3%.trainer: device")
-    os.execute("rm -rf " .. quote(dir))
+  end)
+
+  it("lm.lua refuses bad flag values before making its run folder", function()
+    local function try(...) refuses("lm.lua", ...) end
+    try({ "--carry", "--batch", "8" }, 2,
+      "^%-%-carry reads %-%-batch streams, one per state row of the trainer: %-%-micro_batch %(16%) must equal "
+      .. "%-%-batch %(8%)$")
   end)
 
   it("honours os.exit", function()

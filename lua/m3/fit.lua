@@ -10,6 +10,8 @@
 --     curriculum = cur,      -- the phase of each step is passed to data:next as options
 --     batch = 64,            -- rows per optimizer step (a phase's `batch` wins); more rows
 --                            -- than the trainer's batch run as accumulated micro-batches
+--                            -- (an error for a trainer with carry_state: its state rows are
+--                            -- the trainer's batch rows, one stream each)
 --     clip = 1.0, checkpoint = ck, start = start, dir = run_dir,
 --     eval = function(tr, step) return {val_loss =, val_acc =} end, eval_every = 200,
 --     extra = function() return my_state end,   -- saved too (start.extra.user on resume)
@@ -108,10 +110,28 @@ local function check(o)
   if o.eval_every ~= nil then options.want_int(o.eval_every, "m3.fit.run: eval_every", 1) end
 end
 
+-- The rows of a step in phase (nil without a curriculum). A trainer that carries its state
+-- holds one state row per row of its batch, so its steps take no more rows than that: the
+-- micro-batches of an accumulated step would run other windows through the same state rows.
+local function rows_of(o, phase, micro, carry)
+  local rows = (phase and phase.batch) or o.batch or micro
+  if carry and rows > micro then
+    lib.raise(string.format("m3.fit.run: %sbatch = %d rows a step, but the trainer carries its state "
+      .. "(carry_state) in %d rows; accumulated micro-batches would mix the rows' streams: use a batch <= %d",
+      phase and phase.index and "phase " .. phase.index .. ": " or "", rows, micro, micro))
+  end
+  return rows
+end
+
 function fit.run(o)
   check(o)
   local tr, src, total = o.trainer, o.data, o.steps
-  local micro = tr:batch()
+  local micro, carry = tr:batch(), tr:info().carry_state
+  if not o.curriculum then
+    rows_of(o, nil, micro, carry)
+  elseif o.curriculum.phases then -- before anything is written; the steps check each phase again
+    for _, phase in ipairs(o.curriculum:phases()) do rows_of(o, phase, micro, carry) end
+  end
   if o.clip then tr:set_clip(o.clip) end
   local step = 0
   if o.start then
@@ -173,7 +193,7 @@ function fit.run(o)
       phase = o.curriculum and o.curriculum:phase(s) or nil
       if o.schedule then lr = schedule.apply(tr, o.schedule, s) end
       local opts = source.overlay(o.data_opts, phase)
-      local rows = (phase and phase.batch) or o.batch or micro
+      local rows = rows_of(o, phase, micro, carry)
       local batches, left = {}, rows
       while left > 0 do
         local n = math.min(micro, left)

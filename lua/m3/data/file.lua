@@ -11,7 +11,9 @@
 --   order "sequential": the index-th of the non-overlapping windows, wrapping around;
 --   order "stream":     row r of batch k reads the k-th window of the r-th of `rows`
 --                       contiguous stretches of the split, so consecutive batches
---                       continue each row's text (for carry_state training).
+--                       continue each row's text (for carry_state training). A stream
+--                       serves one row count: opts.rows, else its first next's; a next
+--                       for any other count is an error (its rows would read other text).
 -- The cursor is {seed =, index =} (windows consumed), as for the synthetic tasks.
 
 local ffi = require "ffi"
@@ -81,13 +83,15 @@ F.__index = F
 
 local ORDERS = { random = true, sequential = true, stream = true }
 local SPLITS = { train = true, val = true, all = true }
-local TEXT_OPTS = { split = true, val_fraction = true, order = true, length = true, seed = true, cursor = true }
+local TEXT_OPTS = { split = true, val_fraction = true, order = true, length = true, rows = true, seed = true,
+                    cursor = true }
 local TOKEN_OPTS = { dtype = true, vocab = true, split = true, val_fraction = true, order = true, length = true,
-                     seed = true, cursor = true }
+                     rows = true, seed = true, cursor = true }
 
 -- A window source over path. kind "tokens": opts are dtype ("u8", "u16", "u32"), vocab,
--- split, val_fraction (0.1), order, length (default window length), seed, cursor; kind
--- "text": the same but dtype and vocab, which are "u8" and 256.
+-- split, val_fraction (0.1), order, length (default window length), rows (order "stream":
+-- rows per call), seed, cursor; kind "text": the same but dtype and vocab, which are "u8"
+-- and 256.
 function file.open(path, opts, kind)
   opts = opts or {}
   local what = "m3.data." .. kind
@@ -108,6 +112,12 @@ function file.open(path, opts, kind)
     raise(string.format('%s: order = %s: expected "random", "sequential" or "stream"', what, show(order)))
   end
   local length = want_int(opts.length or 256, what .. ": length", 1)
+  if opts.rows ~= nil then
+    if order ~= "stream" then
+      raise(string.format('%s: rows = %s: only for order = "stream" (got order %q)', what, show(opts.rows), order))
+    end
+    want_int(opts.rows, what .. ": rows", 1)
+  end
   local ids, n, mapping = map(path, dtype, what)
   local cut = math.floor(n * (1 - frac))
   local lo, hi = 0, n
@@ -119,7 +129,7 @@ function file.open(path, opts, kind)
   local self = setmetatable({
     path = path, ids = ids, mapping = mapping, n = n, lo = lo, span = hi - lo,
     order = order, vocab = opts.vocab or (dtype == "u8" and 256 or nil),
-    seed = opts.seed or 0, index = 0, length = length,
+    seed = opts.seed or 0, index = 0, length = length, rows = opts.rows,
   }, F)
   self.classes = self.vocab
   if opts.cursor then self:seek(opts.cursor) end
@@ -154,6 +164,10 @@ end
 -- rows windows of length o.length (default: the source's) as int32 tensors [rows, L].
 function F:next(rows, o)
   want_int(rows, "m3.data: next: rows", 1)
+  if self.order == "stream" and self.rows and rows ~= self.rows then
+    raise(string.format('m3.data: next: rows = %d, but this order = "stream" source serves %d rows a call '
+      .. "(row r continues row r's text)", rows, self.rows))
+  end
   local L = (o and o.length) or self.length
   local tokens, targets = tensor({ rows, L }, "i32"), tensor({ rows, L }, "i32")
   local tk, tg, ids = tokens.data, targets.data, self.ids
@@ -165,6 +179,7 @@ function F:next(rows, o)
     end
   end
   self.index = self.index + rows
+  if self.order == "stream" then self.rows = rows end
   return { tokens = tokens, targets = targets }
 end
 
