@@ -9,7 +9,8 @@
 -- (--carry: each of the --batch rows reads its stretch of the text on in order and the
 -- recurrent state carries from window to window instead; no accumulation then, so
 -- --micro_batch must equal --batch); validation is the loss on the last 10%, in bits per byte.
--- The sample comes from m3.infer's generate (temperature sampling, seeded by --seed).
+-- The sample comes from m3.infer's generate (temperature sampling, seeded by --seed),
+-- prompted by --prompt or the first 64 bytes of the validation text (all of it when shorter).
 -- Output: runs/<name>/ under the current folder (metrics.jsonl, plot.svg, checkpoints/,
 -- sample.txt).
 
@@ -120,7 +121,7 @@ local prompt = {}
 if o.prompt ~= "" then
   for i = 1, #o.prompt do prompt[i] = o.prompt:byte(i) end
 else
-  prompt = val:slice(val.lo, 64)
+  prompt = val:slice(val.lo, math.min(64, val.span))
 end
 local generated = sample(prompt, o.sample_len)
 local text = string.char(unpack(prompt)) .. string.char(unpack(generated))

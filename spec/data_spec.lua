@@ -377,6 +377,27 @@ describe("m3.data batches and files", function()
     os.remove(path)
   end)
 
+  it("slice ids of the file and refuse a slice past its end", function()
+    local ffi = require "ffi"
+    local ids = ffi.new("uint16_t[100]")
+    for i = 0, 99 do ids[i] = i end
+    local path = tmpfile(ffi.string(ids, 200))
+    local s = data.tokens(path, { vocab = 100 })
+    assert.same({ 98, 99 }, s:slice(98, 2))
+    assert.same({}, s:slice(100, 0))
+    local function refusal(...)
+      local ok, err = pcall(s.slice, s, ...)
+      assert.is_false(ok)
+      return err
+    end
+    assert.equal("m3.data: slice(0, 3000000): ids [0, 3000000) run past the end of " .. path .. " (100 ids)",
+      refusal(0, 3e6))
+    assert.matches("ids %[99, 101%) run past the end", refusal(99, 2))
+    assert.equal("m3.data: slice: first = -1: expected an integer >= 0", refusal(-1, 2))
+    assert.equal("m3.data: slice: count = 1.5: expected an integer >= 0", refusal(0, 1.5))
+    os.remove(path)
+  end)
+
   it("map uint16 and uint32 token files", function()
     local ffi = require "ffi"
     for _, dt in ipairs { { "u16", "uint16_t", 2 }, { "u32", "uint32_t", 4 } } do

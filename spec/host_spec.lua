@@ -261,6 +261,26 @@ describe("m3lua", function()
     assert.matches("JIT-compiled", err, 1, true)
   end)
 
+  it("lm.lua prompts its sample with the validation text it has, when shorter than 64 bytes", function()
+    local dir = os.tmpname()
+    os.remove(dir)
+    assert(os.execute("mkdir " .. dir) == 0)
+    local text = ("the quick brown fox jumps over the lazy dog. "):rep(9) -- 405 bytes: 41 for validation
+    spit(dir .. "/t.txt", text)
+    local pwd = io.popen("pwd")
+    local lm = pwd:read("*l") .. "/scripts/lm.lua"
+    pwd:close()
+    local _, err, rc = run({ lm, "--data", "t.txt", "--steps", "1", "--d_model", "8", "--n_layers", "1",
+      "--d_state", "8", "--headdim", "8", "--batch", "2", "--micro_batch", "2", "--seq_len", "16",
+      "--eval_batches", "1", "--sample_len", "3", "--device", "cpu", "--run", "small" }, nil,
+      "cd " .. quote(dir) .. " &&")
+    local sample = rc == 0 and slurp(dir .. "/runs/small/sample.txt")
+    os.execute("rm -rf " .. quote(dir))
+    assert.equal(0, rc, err)
+    assert.equal(41 + 3 + 1, #sample)
+    assert.equal(text:sub(-41), sample:sub(1, 41))
+  end)
+
   -- A SIGINT that arrives while the engine runs a call that then takes effect: the host's hook
   -- raises "interrupted!" as the call returns. The step's record keeps its metrics.
   for _, batch in ipairs { 4, 2 } do

@@ -183,8 +183,14 @@ function F:next(rows, o)
   return { tokens = tokens, targets = targets }
 end
 
--- The ids [first, first + count) of the whole file as a Lua list.
+-- The ids [first, first + count) of the whole file as a Lua list; ids past its end are an error.
 function F:slice(first, count)
+  want_int(first, "m3.data: slice: first", 0)
+  want_int(count, "m3.data: slice: count", 0)
+  if first + count > self.n then
+    raise(string.format("m3.data: slice(%d, %d): ids [%d, %d) run past the end of %s (%d ids)", first, count,
+      first, first + count, self.path, self.n))
+  end
   local out = {}
   for i = 0, count - 1 do out[i + 1] = self.ids[first + i] end
   return out
