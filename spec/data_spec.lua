@@ -249,6 +249,35 @@ describe("m3.data sources", function()
     local only_parity = mix:sample(5, { weights = { 1, 0 } })
     assert.equal(8, #only_parity)
   end)
+
+  it("refuse mixture weights that are not finite numbers >= 0, one per source, not all 0", function()
+    local sources = { data.parity { seed = 1, length = 8 }, data.parity { seed = 2, length = 4 } }
+    local function refusal(f)
+      local ok, err = pcall(f)
+      assert.is_false(ok)
+      return err
+    end
+    local cases = {
+      { { 0 / 0, 1 }, "weights%[1%] = [-]?nan: expected a finite number >= 0" },
+      { { math.huge, 1 }, "weights%[1%] = inf: expected a finite number >= 0" },
+      { { 1, -2 }, "weights%[2%] = %-2: expected a finite number >= 0" },
+      { { 1, "2" }, 'weights%[2%] = "2": expected a finite number >= 0' },
+      { { 0, 0 }, "the weights sum to 0: expected a finite sum > 0" },
+      { { 1e308, 1e308 }, "the weights sum to inf: expected a finite sum > 0" },
+      { { 1 }, "weights = a list of 1: expected a list of 2 numbers >= 0, one per source" },
+      { { 1, 2, 3 }, "weights = a list of 3: expected a list of 2 numbers >= 0, one per source" },
+      { 5, "weights = 5: expected a list of 2 numbers >= 0, one per source" },
+    }
+    local mix = data.mixture(sources, { seed = 1 })
+    for _, c in ipairs(cases) do
+      assert.matches("^[^:]*data_spec%.lua:%d+: m3%.data%.mixture: " .. c[2] .. "$",
+        refusal(function() data.mixture(sources, { weights = c[1] }) end))
+      assert.matches("^[^:]*data_spec%.lua:%d+: m3%.data%.mixture: this call: " .. c[2] .. "$",
+        refusal(function() mix:next(2, { weights = c[1] }) end))
+    end
+    assert.equal(0, mix:cursor().index)
+    assert.same({ 2, 8 }, mix:next(2, { weights = { 1, 0 } }).tokens:shape())
+  end)
 end)
 
 describe("m3.data batches and files", function()

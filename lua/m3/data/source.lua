@@ -17,7 +17,8 @@
 -- to give several tasks of a mixture disjoint vocabularies).
 --
 -- source.mixture(sources, {seed =, weights =}) picks the source of each row with the
--- given weights (a list, one per source; per call as o.weights) from its own stream.
+-- given weights (a list, one finite number >= 0 per source, not all 0; per call as
+-- o.weights; both checked when given) from its own stream.
 
 local lib = require "m3.lib"
 local options = require "m3.options"
@@ -26,7 +27,7 @@ local tensor = require "m3.tensor"
 
 lib.internal_file(debug.getinfo(1, "S").source)
 
-local check_keys, want_int = options.check_keys, options.want_int
+local check_keys, want_int, show = options.check_keys, options.want_int, options.show
 
 local source = {}
 
@@ -149,24 +150,36 @@ end
 local M = setmetatable({}, { __index = S })
 M.__index = M
 
-local function pick(r, weights, n)
+-- weights, once it is a list of n finite numbers >= 0 with a finite sum > 0 (what: for messages).
+local function check_weights(weights, n, what)
   if type(weights) ~= "table" or #weights ~= n then
-    lib.raise(string.format("m3.data.mixture: expected weights, a list of %d numbers >= 0", n))
+    lib.raise(string.format("%s: weights = %s: expected a list of %d numbers >= 0, one per source", what,
+      type(weights) == "table" and "a list of " .. #weights or show(weights), n))
   end
   local total = 0
-  for _, w in ipairs(weights) do
-    if type(w) ~= "number" or w < 0 then
-      lib.raise("m3.data.mixture: weights must be numbers >= 0, got " .. tostring(w))
+  for i = 1, n do
+    local w = weights[i]
+    if type(w) ~= "number" or not (w >= 0 and w < math.huge) then
+      lib.raise(string.format("%s: weights[%d] = %s: expected a finite number >= 0", what, i, show(w)))
     end
     total = total + w
   end
-  if total <= 0 then lib.raise("m3.data.mixture: the weights sum to 0") end
+  if not (total > 0 and total < math.huge) then
+    lib.raise(string.format("%s: the weights sum to %s: expected a finite sum > 0", what, show(total)))
+  end
+  return weights
+end
+
+-- The source drawn with weights (checked) from generator r.
+local function pick(r, weights)
+  local total = 0
+  for _, w in ipairs(weights) do total = total + w end
   local u, acc = r:uniform() * total, 0
   for i, w in ipairs(weights) do
     acc = acc + w
     if u < acc then return i end
   end
-  return n
+  return #weights
 end
 
 local MIXTURE = { seed = true, weights = true, cursor = true }
@@ -178,8 +191,12 @@ function source.mixture(sources, opts)
     lib.raise("m3.data.mixture: expected a list of sources")
   end
   local self = setmetatable({ sources = sources, seed = opts.seed or 0, index = 0 }, M)
-  self.weights = opts.weights or {}
-  if not opts.weights then for i = 1, #sources do self.weights[i] = 1 end end
+  if opts.weights ~= nil then
+    self.weights = check_weights(opts.weights, #sources, "m3.data.mixture")
+  else
+    self.weights = {}
+    for i = 1, #sources do self.weights[i] = 1 end
+  end
   self.vocab, self.classes = 0, 0
   for _, s in ipairs(sources) do
     self.vocab = math.max(self.vocab, s.vocab)
@@ -191,8 +208,9 @@ end
 
 -- Sample `index`: the chosen source's own sample `index` (with its offset applied).
 function M:sample(index, o)
-  local r = rng.new(self.seed, index, 1)
-  local s = self.sources[pick(r, (o and o.weights) or self.weights, #self.sources)]
+  local weights = self.weights
+  if o and o.weights ~= nil then weights = check_weights(o.weights, #self.sources, "m3.data.mixture: this call") end
+  local s = self.sources[pick(rng.new(self.seed, index, 1), weights)]
   return draw(s, index, overlay(s.defaults, o))
 end
 
