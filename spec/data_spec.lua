@@ -406,6 +406,34 @@ describe("m3.data batches and files", function()
     os.remove(path)
   end)
 
+  it("seek file sources only to cursors the task sources take, with the same message", function()
+    local path = tmpfile("abcdefghijklmnopqrstuvwxyz0123456789")
+    local function refusal(f)
+      local ok, err = pcall(f)
+      assert.is_false(ok)
+      return err
+    end
+    for _, index in ipairs { 1.5, -3, 0 / 0 } do
+      local c = { seed = 0, index = index }
+      local shown = "{seed = 0, index = " .. tostring(index) .. "}"
+      local want = "m3.data: seek: expected a cursor {seed = <integer>, index = <integer >= 0>}, got " .. shown
+      local task_err = refusal(function() data.parity { cursor = c } end)
+      assert.equal(want, task_err:match("^[^:]*data_spec%.lua:%d+: (.*)$"))
+      for _, order in ipairs { "sequential", "random", "stream" } do
+        assert.equal(task_err:gsub("^[^:]*:%d+", ""),
+          (refusal(function() data.text(path, { order = order, length = 8, cursor = c }) end):gsub("^[^:]*:%d+", "")))
+        local s = data.text(path, { order = order, length = 8 })
+        assert.matches(want:gsub("%p", "%%%0"), refusal(function() s:seek(c) end))
+      end
+    end
+    assert.matches("m3.data: seek: expected a cursor .*, got nil",
+      refusal(function() data.text(path):seek(nil) end))
+    local st = data.text(path, { order = "stream", split = "all", length = 4, cursor = { seed = 0, index = 3 } })
+    assert.matches("m3.data: next: the cursor's index 3 is not a multiple of the stream's 2 rows",
+      refusal(function() st:next(2) end))
+    os.remove(path)
+  end)
+
   it("slice ids of the file and refuse a slice past its end", function()
     local ffi = require "ffi"
     local ids = ffi.new("uint16_t[100]")

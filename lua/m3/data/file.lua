@@ -14,13 +14,15 @@
 --                       continue each row's text (for carry_state training). A stream
 --                       serves one row count: opts.rows, else its first next's; a next
 --                       for any other count is an error (its rows would read other text).
--- The cursor is {seed =, index =} (windows consumed), as for the synthetic tasks.
+-- The cursor is {seed =, index =} (windows consumed), checked as for the synthetic tasks
+-- (a stream's index is also a multiple of its rows).
 
 local ffi = require "ffi"
 local fs = require "m3.fs"
 local lib = require "m3.lib"
 local options = require "m3.options"
 local rng = require "m3.data.rng"
+local source = require "m3.data.source"
 local tensor = require "m3.tensor"
 
 lib.internal_file(debug.getinfo(1, "S").source)
@@ -164,9 +166,15 @@ end
 -- rows windows of length o.length (default: the source's) as int32 tensors [rows, L].
 function F:next(rows, o)
   want_int(rows, "m3.data: next: rows", 1)
-  if self.order == "stream" and self.rows and rows ~= self.rows then
-    raise(string.format('m3.data: next: rows = %d, but this order = "stream" source serves %d rows a call '
-      .. "(row r continues row r's text)", rows, self.rows))
+  if self.order == "stream" then
+    if self.rows and rows ~= self.rows then
+      raise(string.format('m3.data: next: rows = %d, but this order = "stream" source serves %d rows a call '
+        .. "(row r continues row r's text)", rows, self.rows))
+    end
+    if self.index % rows ~= 0 then
+      raise(string.format("m3.data: next: the cursor's index %d is not a multiple of the stream's %d rows",
+        self.index, rows))
+    end
   end
   local L = (o and o.length) or self.length
   local tokens, targets = tensor({ rows, L }, "i32"), tensor({ rows, L }, "i32")
@@ -201,9 +209,7 @@ function F:cursor()
 end
 
 function F:seek(c)
-  if type(c) ~= "table" or type(c.seed) ~= "number" or type(c.index) ~= "number" then
-    raise("m3.data: seek expects a cursor {seed =, index =}, got " .. tostring(c))
-  end
+  source.check_cursor(c, "m3.data: seek")
   self.seed, self.index = c.seed, c.index
 end
 

@@ -10,7 +10,7 @@
 --                                 o.pad_to); shorter samples are padded with token 0
 --                                 and target -1 after their end (causal models never see
 --                                 the padding from the scored positions)
---   src:cursor(), src:seek(cursor)
+--   src:cursor(), src:seek(cursor)   (source.check_cursor: what every source's seek takes)
 --
 -- Options (o, per call over the source's defaults): the task's options (length,
 -- min_length, targets, ...), pad_to, and offset (added to every token and target id,
@@ -44,11 +44,12 @@ local function overlay(...)
 end
 source.overlay = overlay
 
-local function check_cursor(c, what)
+-- Raises (what: for the message) unless c is a cursor {seed =, index =} a source can seek to.
+function source.check_cursor(c, what)
   if type(c) ~= "table" or type(c.seed) ~= "number" or type(c.index) ~= "number"
       or c.index < 0 or c.index ~= math.floor(c.index) then
     lib.raise(what .. ": expected a cursor {seed = <integer>, index = <integer >= 0>}, got "
-      .. tostring(c))
+      .. (type(c) == "table" and string.format("{seed = %s, index = %s}", show(c.seed), show(c.index)) or show(c)))
   end
 end
 
@@ -141,7 +142,7 @@ function S:cursor()
 end
 
 function S:seek(c)
-  check_cursor(c, "m3.data: seek")
+  source.check_cursor(c, "m3.data: seek")
   self.seed, self.index = c.seed, c.index
 end
 
