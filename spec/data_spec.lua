@@ -355,7 +355,7 @@ describe("m3.data batches and files", function()
     local ok, err = pcall(function() data.text(dir) end)
     assert.is_false(ok)
     assert.matches("^[^:]*data_spec%.lua:%d+: m3%.data%.text: " .. dir:gsub("%p", "%%%0") .. " is a folder, not a file$", err)
-    ok, err = pcall(function() data.tokens(dir .. "/missing") end)
+    ok, err = pcall(function() data.tokens(dir .. "/missing", { vocab = 10 }) end)
     assert.matches("^[^:]*data_spec%.lua:%d+: m3%.data%.tokens: cannot open .*missing: No such file or directory$", err)
     os.execute("rm -rf " .. dir)
   end)
@@ -431,6 +431,27 @@ describe("m3.data batches and files", function()
     local st = data.text(path, { order = "stream", split = "all", length = 4, cursor = { seed = 0, index = 3 } })
     assert.matches("m3.data: next: the cursor's index 3 is not a multiple of the stream's 2 rows",
       refusal(function() st:next(2) end))
+    os.remove(path)
+  end)
+
+  it("take a token file's vocab as an integer >= 1, required for u16 and u32 ids", function()
+    local path = tmpfile("abcd")
+    local function refusal(opts)
+      local ok, err = pcall(function() data.tokens(path, opts) end)
+      assert.is_false(ok)
+      return err:match("^[^:]*data_spec%.lua:%d+: (.*)$")
+    end
+    for _, v in ipairs { -1, 0, 2.5 } do
+      assert.equal("m3.data.tokens: vocab = " .. v .. ": expected an integer >= 1", refusal { vocab = v })
+    end
+    assert.equal('m3.data.tokens: vocab = "x": expected an integer >= 1', refusal { vocab = "x" })
+    for _, dtype in ipairs { "u16", "u32" } do
+      assert.equal('m3.data.tokens: vocab: required for dtype "' .. dtype .. '" ids (an integer >= 1: the model\'s '
+        .. "vocab_size)", refusal { dtype = dtype })
+    end
+    assert.equal(256, data.tokens(path, { dtype = "u8" }).vocab)
+    assert.equal(50, data.tokens(path, { dtype = "u8", vocab = 50 }).vocab)
+    assert.equal(70000, data.tokens(path, { vocab = 70000 }).classes)
     os.remove(path)
   end)
 

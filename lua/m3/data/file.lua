@@ -3,6 +3,9 @@
 -- A token file is a raw little-endian array of uint8 / uint16 / uint32 ids (no header),
 -- memory-mapped read-only through the FFI (libc open/mmap), so a file larger than memory
 -- costs nothing until read. A text file is a uint8 token file with vocab 256 (bytes).
+-- A token file's vocab (the model's vocab_size) is an integer >= 1, required for "u16" and
+-- "u32" ids (256 for "u8" when not given). Ids >= vocab in the file are not looked for
+-- here: the trainer refuses a batch that holds one, naming the field and the id.
 --
 -- A window of length L at offset o gives tokens = ids[o .. o+L-1] and targets =
 -- ids[o+1 .. o+L] (next-token prediction). The file splits into "train" (the first
@@ -113,6 +116,12 @@ function file.open(path, opts, kind)
   if not ORDERS[order] then
     raise(string.format('%s: order = %s: expected "random", "sequential" or "stream"', what, show(order)))
   end
+  local vocab = kind == "text" and 256 or opts.vocab or (dtype == "u8" and 256 or nil)
+  if vocab == nil then
+    raise(string.format('%s: vocab: required for dtype "%s" ids (an integer >= 1: the model\'s vocab_size)',
+      what, dtype))
+  end
+  want_int(vocab, what .. ": vocab", 1)
   local length = want_int(opts.length or 256, what .. ": length", 1)
   if opts.rows ~= nil then
     if order ~= "stream" then
@@ -130,7 +139,7 @@ function file.open(path, opts, kind)
   end
   local self = setmetatable({
     path = path, ids = ids, mapping = mapping, n = n, lo = lo, span = hi - lo,
-    order = order, vocab = opts.vocab or (dtype == "u8" and 256 or nil),
+    order = order, vocab = vocab,
     seed = opts.seed or 0, index = 0, length = length, rows = opts.rows,
   }, F)
   self.classes = self.vocab
