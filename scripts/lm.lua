@@ -12,7 +12,9 @@
 -- The sample comes from m3.infer's generate (temperature sampling, seeded by --seed),
 -- prompted by --prompt or the first 64 bytes of the validation text (all of it when shorter).
 -- Output: runs/<name>/ under the current folder (metrics.jsonl, plot.svg, checkpoints/,
--- sample.txt).
+-- options.json, sample.txt); <name> is the file and the flags that differ from their
+-- defaults. Bad flag values, and a file too short for the windows, are refused before
+-- that folder is made.
 
 local m3 = require "m3"
 local flags = require "m3.flags"
@@ -26,30 +28,30 @@ root = root == "" and "" or root .. "/"
 
 local spec = {
   { "data", root .. "data/fables.txt", "a text file (bytes are the tokens)" },
-  { "steps", 600, "optimizer steps" },
-  { "d_model", 64, "model width" },
-  { "n_layers", 2, "layers" },
-  { "d_state", 32, "state size N" },
-  { "headdim", 16, "head dimension P" },
-  { "seq_len", 128, "bytes per training window" },
-  { "batch", 16, "windows per optimizer step" },
-  { "micro_batch", 16, "windows per micro-batch (the trainer's batch)" },
-  { "lr", 3e-3, "peak learning rate" },
-  { "warmup", 0.05, "warmup steps, or a fraction of --steps when < 1" },
-  { "floor", 0.1, "final learning rate as a fraction of the peak" },
-  { "weight_decay", 0.01, "AdamW weight decay" },
-  { "clip", 1.0, "gradient-norm clipping" },
+  { "steps", 600, "optimizer steps", int = true, min = 1 },
+  { "d_model", 64, "model width", int = true, min = 1 },
+  { "n_layers", 2, "layers", int = true, min = 1 },
+  { "d_state", 32, "state size N", int = true, min = 1 },
+  { "headdim", 16, "head dimension P", int = true, min = 1 },
+  { "seq_len", 128, "bytes per training window", int = true, min = 1 },
+  { "batch", 16, "windows per optimizer step", int = true, min = 1 },
+  { "micro_batch", 16, "windows per micro-batch (the trainer's batch)", int = true, min = 1 },
+  { "lr", 3e-3, "peak learning rate", min = 0 },
+  { "warmup", 0.05, "warmup steps, or a fraction of --steps when < 1", min = 0 },
+  { "floor", 0.1, "final learning rate as a fraction of the peak", min = 0 },
+  { "weight_decay", 0.01, "AdamW weight decay", min = 0 },
+  { "clip", 1.0, "gradient-norm clipping (0: off)", min = 0 },
   { "carry", false, "read the text in order and carry the state across windows" },
-  { "eval_every", 100, "steps between validations" },
-  { "eval_batches", 8, "micro-batches per validation" },
-  { "save_every", 200, "steps between checkpoints" },
-  { "keep", 3, "checkpoints kept" },
-  { "sample_len", 400, "bytes to generate at the end" },
-  { "temperature", 0.8, "sampling temperature" },
+  { "eval_every", 100, "steps between validations", int = true, min = 1 },
+  { "eval_batches", 8, "micro-batches per validation", int = true, min = 1 },
+  { "save_every", 200, "steps between checkpoints (0: only at the end)", int = true, min = 0 },
+  { "keep", 3, "checkpoints kept (0: all)", int = true, min = 0 },
+  { "sample_len", 400, "bytes to generate at the end", int = true, min = 1 },
+  { "temperature", 0.8, "sampling temperature (0: greedy)", min = 0 },
   { "prompt", "", "text to continue (default: the start of the validation text)" },
-  { "seed", 0, "seed of the weights, the data and the sampler" },
+  { "seed", 0, "seed of the weights, the data and the sampler", int = true, min = 0 },
   { "device", "auto", "auto | cpu | cuda | cuda:N" },
-  { "dtype", "f32", "f32 | bf16 | f16" },
+  { "dtype", "f32", "f32 | bf16 | f16", choices = { "f32", "bf16", "f16" } },
   { "run", "", "run name (default: from the flags that differ)" },
   { "resume", false, "continue from the run's latest checkpoint" },
 }
@@ -61,16 +63,37 @@ if o.carry and o.batch ~= o.micro_batch then
   os.exit(2)
 end
 
+-- the run's name: the file and the options that shape the result; the folder is made once
+-- everything the flags build has been checked, so a bad value leaves nothing behind
 local not_in_name = { data = true, run = true, resume = true, device = true, eval_every = true,
   save_every = true, keep = true, sample_len = true, temperature = true, prompt = true }
 local base = "lm-" .. (o.data:match("([^/]+)$") or "text"):gsub("%.[^.]*$", "")
-local dir = sweep.run_dir(o, changed, base, not_in_name)
+local dir = sweep.run_path(o, changed, base, not_in_name)
 
 local train = m3.data.text(o.data, { split = "train", order = o.carry and "stream" or "random",
   rows = o.carry and o.batch or nil, seed = o.seed, length = o.seq_len })
 local val = m3.data.text(o.data, { split = "val", order = "sequential", length = o.seq_len })
+-- a batch of each split drawn now (then the cursor put back): a file too short for the
+-- windows fails here, not at the first step or validation
+for _, src in ipairs { train, val } do
+  local at = src:cursor()
+  src:next(math.min(o.batch, o.micro_batch))
+  src:seek(at)
+end
 
+local prompt = {}
+if o.prompt ~= "" then
+  for i = 1, #o.prompt do prompt[i] = o.prompt:byte(i) end
+else
+  prompt = val:slice(val.lo, math.min(64, val.span))
+end
+
+local warmup = o.warmup < 1 and math.floor(o.warmup * o.steps + 0.5) or o.warmup
+local sched = m3.schedule.warmup_cosine { peak = o.lr, warmup = warmup, total = o.steps, floor = o.lr * o.floor }
 local ck = m3.checkpoint.new { dir = dir .. "/checkpoints", every = o.save_every, keep = o.keep }
+local cfg = m3.config { d_model = o.d_model, n_layers = o.n_layers, d_state = o.d_state,
+  headdim = o.headdim, input = "tokens", head = "lm", vocab_size = train.vocab }
+
 local tr, start
 if o.resume then
   tr, start = fit.resume(ck, { device = o.device, dtype = o.dtype })
@@ -78,21 +101,18 @@ if o.resume then
     or "no checkpoint in " .. ck.dir .. "; starting from scratch")
 end
 if not tr then
-  for _, c in ipairs(ck:list()) do os.remove(c.path) end
-  local cfg = m3.config { d_model = o.d_model, n_layers = o.n_layers, d_state = o.d_state,
-    headdim = o.headdim, input = "tokens", head = "lm", vocab_size = 256 }
   tr = m3.trainer(cfg, { device = o.device, dtype = o.dtype, batch = o.micro_batch, seq_len = o.seq_len,
     lr = o.lr, weight_decay = o.weight_decay, carry_state = o.carry, seed = o.seed })
+  for _, c in ipairs(ck:list()) do os.remove(c.path) end
 end
+sweep.run_dir(o, changed, base, not_in_name)
 print(string.format("%s: %s (%d KB, %d KB for validation), %d parameters, %s %s",
   dir, o.data, math.floor(train.span / 1024), math.floor(val.span / 1024), tr.config.n_params,
   tr:device(), tr:dtype()))
 
-local warmup = o.warmup < 1 and math.floor(o.warmup * o.steps + 0.5) or o.warmup
 local result = fit.run {
   trainer = tr, data = train, steps = o.steps, start = start, batch = o.batch, clip = o.clip,
-  schedule = m3.schedule.warmup_cosine { peak = o.lr, warmup = warmup, total = o.steps, floor = o.lr * o.floor },
-  checkpoint = ck, dir = dir, title = dir:match("[^/]+$"), eval_every = o.eval_every,
+  schedule = sched, checkpoint = ck, dir = dir, title = dir:match("[^/]+$"), eval_every = o.eval_every,
   graph = tr:device() ~= "cpu",
   eval = function(t)
     local e = fit.evaluate(t, val, { batches = o.eval_batches, length = o.seq_len })
@@ -117,12 +137,6 @@ local function sample(prompt, n)
   return bytes
 end
 
-local prompt = {}
-if o.prompt ~= "" then
-  for i = 1, #o.prompt do prompt[i] = o.prompt:byte(i) end
-else
-  prompt = val:slice(val.lo, math.min(64, val.span))
-end
 local generated = sample(prompt, o.sample_len)
 local text = string.char(unpack(prompt)) .. string.char(unpack(generated))
 fs.write(dir .. "/sample.txt", text .. "\n")
