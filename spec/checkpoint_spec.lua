@@ -190,6 +190,19 @@ describe("m3.checkpoint", function()
     end)
   end
 
+  it("raises a callback's error value as it is: a table, a number, a message with its traceback", function()
+    local function raised(value)
+      local ok, err = pcall(fit.run, { trainer = new_trainer("accumulate"), data = data.parity { length = 4 },
+        steps = 1, progress = false, eval = function() error(value, 0) end })
+      assert.is_false(ok)
+      return err
+    end
+    local value = { code = 7 }
+    assert.equal(value, raised(value))
+    assert.equal(42, raised(42))
+    assert.matches("^boom\nstack traceback:\n", raised("boom"))
+  end)
+
   it("refuses accumulated steps on a trainer that carries its state", function()
     local src = data.text(path, { order = "stream" })
     local function refusal(o)

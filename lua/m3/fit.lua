@@ -226,8 +226,9 @@ function fit.run(o)
     if o.checkpoint then o.checkpoint:save(tr, step, committed.extra) end
   end
 
+  -- a message gets the traceback of where it was raised; any other error value stays as it is
   local ok, err = xpcall(body, function(e)
-    return type(e) == "table" and e or debug.traceback(tostring(e), 2)
+    return type(e) == "string" and debug.traceback(e, 2) or e
   end)
   if bar then result.elapsed = bar:finish() end
   if not ok and checkpoint.is_interrupt(err) and o.checkpoint then
@@ -244,7 +245,7 @@ function fit.run(o)
     error(string.format("interrupted at step %d; no checkpoint saved (%s)", at.step, why), 0)
   end
   if writer then writer:close() end
-  if not ok then error(tostring(err), 0) end
+  if not ok then error(err, 0) end
   if o.dir then log.plot_run(o.dir, { title = o.title }) end
   return result
 end
