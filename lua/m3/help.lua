@@ -208,8 +208,12 @@ m3.data — deterministic, resumable sources: src:next(rows, opts) -> {tokens =,
 T["data.parity"] = "data.parity{length = 32, min_length = length, targets = \"running\", seed = 0}\n  bits 0/1; targets: the parity of each prefix (running) or only at the end (final)"
 T["data.arithmetic"] = "data.arithmetic{length = 32, min_length =, brackets = false, ops = \"+-*\", modulus = 5,\n  targets = \"final\"}  an expression of length - 1 tokens, then '='; target: its value mod 5"
 T["data.mqar"] = "data.mqar{keys = 32, values = 32, pairs =, queries = | length =}\n  key-value pairs, then queried keys; target at each query: its value"
-T["data.text"] = "data.text(path, {split =, val_fraction = 0.1, order =, length = 256, seed =})\n  byte-level windows (vocab 256); targets are the next bytes"
-T["data.tokens"] = "data.tokens(path, {dtype = \"u16\" | \"u32\", vocab =, split =, order =, length =, seed =})\n  raw token ids, memory-mapped"
+T["data.text"] = "data.text(path, {split =, val_fraction = 0.1, order =, length = 256, seed =, rows =})\n"
+  .. "  byte-level windows (vocab 256); targets are the next bytes. order \"stream\": each of `rows` rows\n"
+  .. "  (default: the first next's count; another count is an error) continues its own stretch of text"
+T["data.tokens"] = "data.tokens(path, {dtype = \"u16\" | \"u32\", vocab =, split =, order =, length =, seed =, rows =})\n"
+  .. "  raw token ids, memory-mapped; vocab (an integer >= 1) is required for u16 and u32 (u8: 256);\n"
+  .. "  ids >= vocab are refused by the trainer's step. rows: as for data.text"
 T["data.mixture"] = "data.mixture({src1, src2, ...}, {weights =, seed =})  each row from a source drawn by weight"
 
 T["m3.accumulate"] = [[
