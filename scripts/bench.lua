@@ -48,9 +48,9 @@ local BAR_F32_RATIO = { ["rl"] = 1.5, ["rl-batch"] = 1.5 } -- f32 ms within this
 local flags = require "m3.flags"
 
 local args = { ... }
+local SCRIPTS = (arg and arg[0] or ""):match("^(.*)/[^/]*$") or "."
 if args[1] == "--decode" then -- inference decode speed: scripts/bench_decode.lua
-  local dir = (arg and arg[0] or ""):match("^(.*)/[^/]*$") or "."
-  return assert(loadfile(dir .. "/bench_decode.lua"))(select(2, ...))
+  return assert(loadfile(SCRIPTS .. "/bench_decode.lua"))(select(2, ...))
 end
 local CONFIG_NAMES = {}
 for name in pairs(CONFIGS) do CONFIG_NAMES[#CONFIG_NAMES + 1] = name end
@@ -75,19 +75,8 @@ local opt = {
   pinned = { pinned = not o.pageable },
 }
 
--- a device or dtype that cannot run here stops the bench before it times anything
-local function refuse(message)
-  io.stderr:write("bench.lua: ", message, "\n")
-  os.exit(2)
-end
-if opt.device == "cuda" and m3.cuda_device_count() == 0 then
-  refuse("--device cuda: no CUDA device here" .. (m3.has_cuda_build() and "" or " (this libm3 has no CUDA backend)"))
-end
-opt.device = opt.device or (m3.cuda_device_count() > 0 and "cuda" or "cpu")
+opt.device = dofile(SCRIPTS .. "/bench_device.lua")("bench.lua", opt.device, opt.dtypes, o.dtypes)
 if opt.device == "cpu" then
-  for _, dtype in ipairs(opt.dtypes or {}) do
-    if dtype ~= "f32" then refuse("--dtypes " .. o.dtypes .. ": the CPU backend computes in f32 only") end
-  end
   opt.configs = opt.configs or { "rl-batch" }
   opt.dtypes = { "f32" }
 else

@@ -45,19 +45,9 @@ local opt = {
   steps = o.steps,
 }
 
--- a device or dtype that cannot run here stops the bench before it times anything
-local function refuse(message)
-  io.stderr:write("bench_decode.lua: ", message, "\n")
-  os.exit(2)
-end
-if opt.device == "cuda" and m3.cuda_device_count() == 0 then
-  refuse("--device cuda: no CUDA device here" .. (m3.has_cuda_build() and "" or " (this libm3 has no CUDA backend)"))
-end
-opt.device = opt.device or (m3.cuda_device_count() > 0 and "cuda" or "cpu")
+local scripts = (arg and arg[0] or ""):match("^(.*)/[^/]*$") or "."
+opt.device = dofile(scripts .. "/bench_device.lua")("bench_decode.lua", opt.device, opt.dtypes, o.dtypes)
 if opt.device == "cpu" then -- lm130 at B 128 holds 2.4 GB of state: GPU only
-  for _, dtype in ipairs(opt.dtypes or {}) do
-    if dtype ~= "f32" then refuse("--dtypes " .. o.dtypes .. ": the CPU backend computes in f32 only") end
-  end
   opt.dtypes = { "f32" }
   opt.steps = math.min(opt.steps, 20)
   CONFIGS.lm130.batches = { 1 }

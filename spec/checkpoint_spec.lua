@@ -12,13 +12,9 @@ local fit = require "m3.fit"
 local fs = require "m3.fs"
 local log = require "m3.log"
 local schedule = require "m3.schedule"
+local helper = require "spec.helper"
 
-local function tmpdir()
-  local d = os.tmpname()
-  os.remove(d)
-  fs.mkdir(d)
-  return d
-end
+local tmpdir = helper.tmpdir
 
 -- A text-like file of 4000 bytes drawn from a small alphabet.
 local function text_file(dir)

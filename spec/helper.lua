@@ -219,6 +219,14 @@ function helper.tmpname(suffix)
   return p
 end
 
+-- A new empty folder (left in place: specs that make one remove it themselves or leave it to /tmp).
+function helper.tmpdir()
+  local d = os.tmpname()
+  os.remove(d)
+  assert(os.execute("mkdir -p " .. d) == 0)
+  return d
+end
+
 function helper.cleanup()
   for i = #temp, 1, -1 do
     os.remove(temp[i])

@@ -7,17 +7,9 @@
 -- before m3lua has installed its handlers.
 
 local repl = require "m3.repl"
+local helper = require "spec.helper"
 
-local function binary()
-  local path = os.getenv("M3LUA") or "build/m3lua"
-  if path:sub(1, 1) == "/" then return path end
-  local pwd = io.popen("pwd")
-  local dir = pwd:read("*l")
-  pwd:close()
-  return dir .. "/" .. path
-end
-
-local M3LUA = binary()
+local M3LUA = helper.m3lua()
 local base = os.tmpname()
 
 local function quote(s)

@@ -2,6 +2,7 @@
 
 local log = require "m3.log"
 local json = require "m3.json"
+local helper = require "spec.helper"
 
 -- A file-like sink that keeps what is written.
 local function sink()
@@ -19,12 +20,7 @@ local function sink()
   return s
 end
 
-local function tmpdir()
-  local d = os.tmpname()
-  os.remove(d)
-  assert(os.execute("mkdir -p " .. d) == 0)
-  return d
-end
+local tmpdir = helper.tmpdir
 
 describe("m3.log.progress", function()
   it("writes plain lines every `every` steps and at the end when not a terminal", function()

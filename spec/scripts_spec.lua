@@ -9,12 +9,7 @@ local helper = require "spec.helper"
 local M3LUA = helper.m3lua()
 local SCRIPTS = helper.repo_dir() .. "/scripts/"
 
-local function tmpdir()
-  local d = os.tmpname()
-  os.remove(d)
-  assert(os.execute("mkdir -p " .. d) == 0)
-  return d
-end
+local tmpdir = helper.tmpdir
 
 -- Runs scripts/<name> with the arguments (words, no quoting needed); returns output and exit status.
 local function script(name, args)

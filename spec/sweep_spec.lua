@@ -5,12 +5,7 @@ local sweep = require "m3.sweep"
 local json = require "m3.json"
 local helper = require "spec.helper"
 
-local function tmpdir()
-  local d = os.tmpname()
-  os.remove(d)
-  assert(os.execute("mkdir -p " .. d) == 0)
-  return d
-end
+local tmpdir = helper.tmpdir
 
 local function read(path)
   local f = io.open(path)
