@@ -57,6 +57,15 @@ describe("m3.trainer", function()
       assert.matches("batch = 0", helper.error_of(m3.trainer, cfg, { device = "cpu", batch = 0 }))
       assert.matches("betas", helper.error_of(m3.trainer, cfg, { device = "cpu", betas = { 0.9 } }))
       assert.matches("m3: lr = %-1", helper.error_of(m3.trainer, cfg, { device = "cpu", lr = -1 }))
+      -- the update computes in float32: values that would reach it as inf or 0 are refused
+      assert.matches("lr = 1e%+39: must be at most 3.40282e%+38 %(float32%)",
+        helper.error_of(m3.trainer, cfg, { device = "cpu", lr = 1e39 }))
+      assert.matches("weight_decay = 1e%+39 with lr = 0.001: their product must be at most",
+        helper.error_of(m3.trainer, cfg, { device = "cpu", weight_decay = 1e39 }))
+      assert.matches("weight_decay = 1e%+36 with lr = 1000",
+        helper.error_of(m3.trainer, cfg, { device = "cpu", lr = 1e3, weight_decay = 1e36 }))
+      assert.matches("eps = 1e%-50: must be at least 1.4013e%-45 %(float32%)",
+        helper.error_of(m3.trainer, cfg, { device = "cpu", eps = 1e-50 }))
       assert.matches("carry_state = 1", helper.error_of(m3.trainer, cfg, { carry_state = 1 }))
       assert.matches("expected weights", helper.error_of(m3.trainer, "rl"))
     end)
@@ -318,6 +327,7 @@ describe("m3.trainer", function()
       assert.matches("lr", helper.error_of(a.set_lr, a, bad))
     end
     assert.matches("expected a number", helper.error_of(a.set_lr, a, "x"))
+    assert.matches("set_lr: lr = 1e%+39: must be at most", helper.error_of(a.set_lr, a, 1e39))
     assert.equal(1e-3, a:lr())
     b2:set_lr(2e-3)
     assert.equal(2e-3, b2:lr())
