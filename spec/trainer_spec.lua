@@ -532,6 +532,8 @@ describe("m3.trainer", function()
       for i = 1, 3 do tr:step(batches[i]) end
       return tr
     end
+    assert.matches("cpu_threads: n = 100000: at most", helper.error_of(m3.cpu_threads, 100000))
+    assert.equal(threads, m3.cpu_threads())
     local ref = train(1)
     for _, n in ipairs({ 2, 3, 4, 5 }) do
       local tr = train(n)

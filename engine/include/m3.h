@@ -69,8 +69,9 @@ int32_t m3_cuda_device_count(void);/* usable CUDA devices (0 without a GPU or CU
  * be had (no CUDA build or device, or the allocation failed). Free with m3_host_pinned_free. */
 void *m3_host_pinned_alloc(size_t bytes);
 void m3_host_pinned_free(void *p);
-/* Threads used by the CPU backend (n <= 0: all cores). */
-void m3_cpu_set_threads(int32_t n);
+/* Threads used by the CPU backend (n <= 0: all cores); more than 4 per core is M3_ERR_ARGUMENT (it never
+ * helps, and the thread runtime ends the process when it cannot start them). */
+m3_status m3_cpu_set_threads(int32_t n);
 int32_t m3_cpu_threads(void);
 /* The kernel set OpenBLAS chose for this CPU ("SkylakeX", "Haswell", ...). */
 const char *m3_cpu_blas_core(void);

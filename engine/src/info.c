@@ -8,6 +8,7 @@
 #include <signal.h>
 
 #include "backend.h"
+#include "errors.h"
 
 static volatile sig_atomic_t interrupt_flag;
 
@@ -54,9 +55,13 @@ void m3_host_pinned_free(void *p) {
 #endif
 }
 
-void m3_cpu_set_threads(int32_t n) {
-  if (n <= 0) n = omp_get_num_procs();
-  omp_set_num_threads(n);
+m3_status m3_cpu_set_threads(int32_t n) {
+  const int32_t most = 4 * omp_get_num_procs();
+  if (n > most)
+    return m3_fail(M3_ERR_ARGUMENT, "cpu_threads: n = %d: at most %d (4 per core of the %d here)", n, most,
+                   omp_get_num_procs());
+  omp_set_num_threads(n <= 0 ? omp_get_num_procs() : n);
+  return M3_OK;
 }
 
 int32_t m3_cpu_threads(void) { return omp_get_max_threads(); }

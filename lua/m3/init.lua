@@ -41,7 +41,7 @@ function m3.cpu_threads(n)
     if type(n) ~= "number" or n ~= math.floor(n) then
       lib.raise("m3.cpu_threads: n must be an integer, got " .. tostring(n))
     end
-    C.m3_cpu_set_threads(n)
+    lib.check(C.m3_cpu_set_threads(n))
   end
   return tonumber(C.m3_cpu_threads())
 end
