@@ -220,4 +220,44 @@ describe("m3.log argument errors", function()
     assert.truthy(io.open(dir .. "/b.svg"):read("*a"):match("^<svg"))
     os.execute("rm -rf " .. dir)
   end)
+
+  it("writes files under any name the file system takes, 255 bytes included", function()
+    local dir = tmpdir()
+    local path = dir .. "/" .. string.rep("r", 255)
+    json.write(path, { 1, 2 })
+    assert.same({ 1, 2 }, json.decode(io.open(path):read("*a")))
+    os.execute("rm -rf " .. dir)
+  end)
+
+  it("raises when the disk takes no more and keeps the file a write would have replaced", function()
+    -- a file-size limit of 16 KiB stands in for a full disk (SIGXFSZ ignored: the write fails instead)
+    local dir = tmpdir()
+    local function limited(chunk)
+      local script = dir .. "/w.lua"
+      local f = assert(io.open(script, "w"))
+      f:write(chunk)
+      f:close()
+      return helper.run(string.format("sh -c \"trap '' XFSZ; ulimit -f 16; cd %s && %s %s\"", dir, helper.m3lua(),
+        script))
+    end
+    local good = '["small good content"]\n'
+    local f = assert(io.open(dir .. "/res.json", "w"))
+    f:write(good)
+    f:close()
+    local out, code = limited([[
+      local t = {}
+      for i = 1, 3000 do t[i] = "record number " .. i end
+      require("m3.json").write("res.json", t)]])
+    assert.equal(1, code)
+    assert.matches("w.lua:3: m3.fs: cannot write res.json: File too large", out)
+    assert.equal(good, io.open(dir .. "/res.json"):read("*a"))
+    out, code = limited([[
+      local w = require("m3.log").jsonl("m.jsonl")
+      for i = 1, 2000 do w:write({ step = i, text = string.rep("x", 50) }) end]])
+    assert.equal(1, code)
+    assert.matches("w.lua:2: m3.log.jsonl: cannot write m.jsonl: File too large", out)
+    local records = log.read_jsonl(dir .. "/m.jsonl")
+    assert.is_true(#records > 100 and #records < 2000)
+    os.execute("rm -rf " .. dir)
+  end)
 end)

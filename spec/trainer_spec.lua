@@ -588,6 +588,18 @@ describe("m3.trainer", function()
       assert.is_true(helper.same_states(a:states(), c:states()))
     end)
 
+    it("saves under any name the file system takes, 255 bytes included", function()
+      local tr = m3.trainer(helper.features_none(), opts())
+      local dir = helper.tmpdir()
+      local path = dir .. "/" .. string.rep("a", 250) .. ".ckpt"
+      tr:save(path)
+      assert.equal(0, m3.trainer.load(path):step_count())
+      local w = dir .. "/" .. string.rep("w", 255)
+      tr:snapshot():save(w)
+      assert.is_true(helper.same_weights(tr:snapshot(), m3.weights.load(w)))
+      os.execute("rm -rf " .. dir)
+    end)
+
     it("round-trips a missing extra as nil and rejects unsaveable values", function()
       local tr = m3.trainer(helper.features_none(), opts())
       local path = helper.tmpname(".ckpt")

@@ -576,8 +576,14 @@ static const char *write_temp(const char *tmp, const m3_tensor_writer *w, const 
 
 static m3_status write_file(const m3_tensor_writer *w, const char *path, const char *header) {
   static atomic_uint counter;
+  /* beside path, named after at most its first 200 bytes: the suffix must not push a name the file system
+   * takes (up to 255 bytes) past its limit */
+  const char *slash = strrchr(path, '/');
+  const int dir_len = slash ? (int)(slash - path + 1) : 0;
+  const size_t base_len = strlen(path + dir_len);
   char *tmp = NULL;
-  if (asprintf(&tmp, "%s.tmp.%ld.%u", path, (long)getpid(), atomic_fetch_add(&counter, 1)) < 0)
+  if (asprintf(&tmp, "%.*s%.*s.tmp.%ld.%u", dir_len, path, base_len > 200 ? 200 : (int)base_len, path + dir_len,
+               (long)getpid(), atomic_fetch_add(&counter, 1)) < 0)
     return m3_fail(M3_ERR_MEMORY, "writing %s: out of memory", path);
   int created = 0;
   const char *fail = write_temp(tmp, w, header, &created);

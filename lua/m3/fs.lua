@@ -8,6 +8,7 @@ lib.internal_file(debug.getinfo(1, "S").source)
 
 pcall(ffi.cdef, "int mkdir(const char *path, unsigned int mode);")
 pcall(ffi.cdef, "char *strerror(int errnum);")
+pcall(ffi.cdef, "int getpid(void);")
 
 local fs = {}
 
@@ -55,15 +56,26 @@ function fs.read(path)
 end
 
 -- Writes text to a temporary file beside path and renames it over path, so a reader
--- never sees a half-written file.
+-- never sees a half-written file and a failed write (a full disk) leaves path as it was.
+-- The temporary name keeps at most 200 bytes of path's own, so that a name the file
+-- system takes does not grow past its limit.
 function fs.write(path, text)
-  local tmp = path .. ".tmp"
+  local dir, base = path:match("^(.*/)([^/]*)$")
+  local tmp = (dir or "") .. (base or path):sub(1, 200) .. ".tmp." .. ffi.C.getpid()
   local f, err = io.open(tmp, "wb")
   if not f then lib.raise("m3.fs: cannot write " .. tostring(err)) end
-  f:write(text)
-  f:close()
+  local wrote, werr = f:write(text)
+  local flushed, ferr = f:flush()
+  local closed, cerr = f:close()
+  if not (wrote and flushed and closed) then
+    os.remove(tmp)
+    lib.raise("m3.fs: cannot write " .. path .. ": " .. tostring(werr or ferr or cerr))
+  end
   local ok, rerr = os.rename(tmp, path)
-  if not ok then lib.raise("m3.fs: cannot rename onto " .. path .. ": " .. tostring(rerr)) end
+  if not ok then
+    os.remove(tmp)
+    lib.raise("m3.fs: cannot rename onto " .. path .. ": " .. tostring(rerr))
+  end
 end
 
 return fs

@@ -8,6 +8,9 @@
 -- their length. Errors name the position and what was expected.
 
 local fs = require "m3.fs"
+local lib = require "m3.lib"
+
+lib.internal_file(debug.getinfo(1, "S").source)
 
 local json = {}
 

@@ -75,8 +75,9 @@ end
 function W:write(record)
   if not self.f then raise("m3.log.jsonl: " .. self.path .. " is closed") end
   if type(record) ~= "table" then raise("m3.log.jsonl: write expects a record (a table), got " .. show(record)) end
-  self.f:write(json.encode(record), "\n")
-  self.f:flush()
+  local wrote, werr = self.f:write(json.encode(record), "\n")
+  local flushed, ferr = self.f:flush()
+  if not (wrote and flushed) then raise("m3.log.jsonl: cannot write " .. self.path .. ": " .. tostring(werr or ferr)) end
 end
 
 function W:close()
