@@ -129,6 +129,16 @@ describe("m3.tensor", function()
     assert.matches("tensor%[0%] = 256: expected an integer in %[0, 255%] %(u8%)", helper.error_of(function() u[0] = 256 end))
     assert.matches('tensor%[1%] = "x": expected a number', helper.error_of(function() f[1] = "x" end))
     assert.matches("tensor%[1%] = true: expected a number", helper.error_of(function() i[1] = true end))
+    -- FFI number cdata are checked as the numbers they hold; other cdata are no numbers
+    u[1] = ffi.new("int64_t", 7)
+    i[0] = 3LL
+    assert.same({ 3, 7 }, { i[0], u[1] })
+    assert.matches("tensor%[0%] = 300LL: expected an integer in %[0, 255%]", helper.error_of(function() u[0] = 300LL end))
+    assert.matches("tensor%[0%] = 1099511627781LL: expected an integer",
+      helper.error_of(function() i[0] = 2 ^ 40 + 5LL end))
+    assert.matches("tensor%[0%] = .*: expected an integer", helper.error_of(function() i[0] = ffi.new("double", 1.7) end))
+    assert.matches("tensor%[0%] = .*: expected a number", helper.error_of(function() f[0] = ffi.new("int[1]") end))
+    assert.matches("tensor_spec.lua:%d+: ", helper.error_of(function() f[0] = ffi.new("int[1]") end))
     assert.matches("tensor_spec.lua:%d+: ", helper.error_of(function() i[1] = 0.5 end))
     assert.matches("element %[1%]%[2%] = 1.5: expected an integer",
       helper.error_of(m3.tensor.from, { { 1, 1.5 } }, "i32"))

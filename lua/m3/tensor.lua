@@ -69,16 +69,16 @@ end
 -- truncated or wrapped by the FFI's conversion, so storing one is an error.
 local INT_RANGE = { i32 = { -2147483648, 2147483647 }, u8 = { 0, 255 } }
 
--- Why v cannot be stored in an element of dtype, or nil when it can (numbers, and FFI cdata numbers,
--- which the FFI converts itself).
-local function unstorable(dtype, v)
-  if type(v) ~= "number" then
-    return type(v) ~= "cdata" and "expected a number" or nil
-  end
+-- v as the number an element of dtype stores, or nil and why not: a Lua number or an FFI number cdata
+-- (tonumber: 5LL, a double), for i32 and u8 a whole one in range.
+local function storable(dtype, v)
+  local n = type(v) == "number" and v or type(v) == "cdata" and tonumber(v) or nil
+  if n == nil then return nil, "expected a number" end
   local r = INT_RANGE[dtype]
-  if r and (v ~= floor(v) or v < r[1] or v > r[2]) then
-    return string.format("expected an integer in [%d, %d] (%s)", r[1], r[2], dtype)
+  if r and (n ~= floor(n) or n < r[1] or n > r[2]) then
+    return nil, string.format("expected an integer in [%d, %d] (%s)", r[1], r[2], dtype)
   end
+  return n
 end
 
 local function bad_index(t, k)
@@ -99,9 +99,9 @@ local mt = {
   end,
   __newindex = function(t, k, v)
     if type(k) == "number" and k >= 0 and k < t.n_ and k == floor(k) then
-      local why = unstorable(DTYPES[t.code_], v)
-      if why then raise(string.format("tensor[%d] = %s: %s", k, show(v), why)) end
-      t.data[k] = v
+      local n, why = storable(DTYPES[t.code_], v)
+      if not n then raise(string.format("tensor[%d] = %s: %s", k, show(v), why)) end
+      t.data[k] = n
       return
     end
     if type(k) ~= "number" then raise("tensor: cannot set field " .. tostring(k)) end
@@ -301,12 +301,12 @@ local function fill_from(dst, dtype, v, shape, depth, pos, path)
   if depth == #shape then
     for i = 1, want do
       local x = v[i]
-      if type(x) ~= "number" then
+      if type(x) ~= "number" and type(x) ~= "cdata" then
         raise(string.format("m3.tensor.from: element %s[%d] is %s, expected a number", path, i, type_name(x)))
       end
-      local why = unstorable(dtype, x)
-      if why then raise(string.format("m3.tensor.from: element %s[%d] = %s: %s", path, i, show(x), why)) end
-      dst[pos] = x
+      local n, why = storable(dtype, x)
+      if not n then raise(string.format("m3.tensor.from: element %s[%d] = %s: %s", path, i, show(x), why)) end
+      dst[pos] = n
       pos = pos + 1
     end
     return pos
