@@ -556,7 +556,7 @@ function sweep.run(o)
     raise(string.format("m3.sweep: %d of %d points failed (%s; the errors are above, a re-run tries them again); "
       .. "the results of the others are in %s/results.csv", #failed, #jobs, table.concat(failed, ", "), o.dir))
   end
-  if #rows > 0 and not metric_keys[metric] then
+  if o.metric and #rows > 0 and not metric_keys[o.metric] then -- a metric asked for by name
     raise(string.format("m3.sweep: no run returned the metric %s (they returned: %s); %s/results.csv is unsorted",
       show(metric), table.concat(sorted_keys(metric_keys), ", "), o.dir))
   end
