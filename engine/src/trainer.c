@@ -41,10 +41,13 @@ void m3_trainer_cfg_defaults(m3_trainer_cfg *c) {
 
 /* ---- creation ----------------------------------------------------------------------------- */
 
-/* The update computes in float32: lr, weight_decay and their product must stay finite there, and eps must not
- * round to 0 (0 / (0 + 0) where a gradient is 0). code: the status of a failure; call: its message prefix. */
-static m3_status check_float_range(double lr, double wd, double eps, m3_status code, const char *call) {
-  if (lr > FLT_MAX) return m3_fail(code, "%slr = %g: must be at most %g (float32)", call, lr, FLT_MAX);
+/* The update computes in float32: its largest step size lr / (1 - beta1) (Adam's bias correction at step 1),
+ * weight_decay and lr * weight_decay must stay finite there, and eps must not round to 0 (0 / (0 + 0) where a
+ * gradient is 0). code: the status of a failure; call: its message prefix. */
+static m3_status check_float_range(double lr, double wd, double beta1, double eps, m3_status code, const char *call) {
+  if (lr / (1 - beta1) > FLT_MAX)
+    return m3_fail(code, "%slr = %g: lr / (1 - beta1) = %g must be at most %g (float32)", call, lr, lr / (1 - beta1),
+                   FLT_MAX);
   if (wd > FLT_MAX || lr * wd > FLT_MAX)
     return m3_fail(code, "%sweight_decay = %g with lr = %g: their product must be at most %g (float32)", call, wd, lr,
                    FLT_MAX);
@@ -65,7 +68,7 @@ static m3_status check_cfg(const m3_trainer_cfg *c) {
   if (!(isfinite(c->eps) && c->eps > 0)) return m3_fail(M3_ERR_CONFIG, "eps = %g: must be a finite number > 0", c->eps);
   if (!(isfinite(c->clip) && c->clip >= 0))
     return m3_fail(M3_ERR_CONFIG, "clip = %g: must be a finite number >= 0 (0 = off)", c->clip);
-  TRY(check_float_range(c->lr, c->weight_decay, c->eps, M3_ERR_CONFIG, ""));
+  TRY(check_float_range(c->lr, c->weight_decay, c->beta1, c->eps, M3_ERR_CONFIG, ""));
   return m3_check_placement(c->precision, c->device, c->device_index);
 }
 
@@ -414,7 +417,7 @@ m3_status m3_trainer_profile(const m3_trainer *tr, m3_phase_time *out, int32_t c
 m3_status m3_trainer_set_lr(m3_trainer *tr, double lr) {
   TRY(usable(tr));
   if (!(isfinite(lr) && lr > 0)) return m3_fail(M3_ERR_ARGUMENT, "set_lr: lr = %g must be a finite number > 0", lr);
-  TRY(check_float_range(lr, tr->cfg.weight_decay, tr->cfg.eps, M3_ERR_ARGUMENT, "set_lr: "));
+  TRY(check_float_range(lr, tr->cfg.weight_decay, tr->cfg.beta1, tr->cfg.eps, M3_ERR_ARGUMENT, "set_lr: "));
   tr->lr = lr;
   return M3_OK;
 }
