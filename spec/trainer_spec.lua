@@ -646,6 +646,20 @@ describe("m3.trainer", function()
       refused('"adam_m.norm_f.weight" %[1%] = %-?nan', function(t) t["adam_m.norm_f.weight"][1] = 0 / 0 end)
       refused('"adam_v.norm_f.weight" %[2%] = %-1: expected a finite, nonnegative value',
         function(t) t["adam_v.norm_f.weight"][2] = -1 end)
+      local json = require "m3.json"
+      local function trainer_option(key, value)
+        return function(_, m)
+          local t = json.decode(m.trainer)
+          t[key] = value
+          m.trainer = json.encode(t)
+        end
+      end
+      refused('"batch" = 4.7: expected an integer', trainer_option("batch", 4.7))
+      refused('"carry_state" = 0.5: expected an integer', trainer_option("carry_state", 0.5))
+      refused('"seed" must be a decimal string', trainer_option("seed", "zz"))
+      refused('"seed" must be a decimal string', trainer_option("seed", "-1"))
+      refused('rng "0 0 0 0": expected four hex words, not all 0', function(_, m) m.rng = "0 0 0 0" end)
+      refused("expected four hex words", function(_, m) m.rng = m.rng .. " junk" end)
       assert.equal(1, m3.trainer.load(damaged(f32, function() end)):step_count())
     end)
 

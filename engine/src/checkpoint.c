@@ -130,6 +130,17 @@ static m3_status json_number(const cJSON *o, const char *key, double *out) {
   return M3_OK;
 }
 
+/* A 64-bit seed written in decimal digits only. */
+static int parse_seed(const char *text, uint64_t *out) {
+  if (!(text[0] >= '0' && text[0] <= '9')) return 0;
+  char *end = NULL;
+  errno = 0;
+  const unsigned long long v = strtoull(text, &end, 10);
+  if (*end || errno) return 0;
+  *out = v;
+  return 1;
+}
+
 static m3_status parse_trainer(const char *json, m3_trainer_cfg *c, double *lr, double *clip, int32_t *no_decay) {
   cJSON *o = cJSON_Parse(json);
   if (!cJSON_IsObject(o)) {
@@ -140,10 +151,16 @@ static m3_status parse_trainer(const char *json, m3_trainer_cfg *c, double *lr, 
   double v[14];
   static const char *const keys[14] = {"device", "device_index", "precision", "batch", "seq_len", "lr", "weight_decay",
                                        "beta1", "beta2", "eps", "no_decay", "carry_state", "clip", "allow_tf32"};
+  static const int whole[14] = {1, 1, 1, 1, 1, 0, 0, 0, 0, 0, 1, 1, 0, 1}; /* int32 fields */
   m3_status st = M3_OK;
-  for (int i = 0; i < 14 && st == M3_OK; i++) st = json_number(o, keys[i], &v[i]);
+  for (int i = 0; i < 14 && st == M3_OK; i++) {
+    st = json_number(o, keys[i], &v[i]);
+    if (st == M3_OK && whole[i] && !(v[i] == floor(v[i]) && v[i] >= INT32_MIN && v[i] <= INT32_MAX))
+      st = m3_fail(M3_ERR_FORMAT, "checkpoint trainer options: \"%s\" = %g: expected an integer", keys[i], v[i]);
+  }
   const cJSON *seed = cJSON_GetObjectItemCaseSensitive(o, "seed");
-  if (st == M3_OK && !cJSON_IsString(seed)) st = m3_fail(M3_ERR_FORMAT, "checkpoint trainer options: no seed");
+  if (st == M3_OK && !(cJSON_IsString(seed) && parse_seed(seed->valuestring, &c->seed)))
+    st = m3_fail(M3_ERR_FORMAT, "checkpoint trainer options: \"seed\" must be a decimal string of a 64-bit seed");
   if (st == M3_OK) {
     c->device = (int32_t)v[0];
     c->device_index = (int32_t)v[1];
@@ -162,7 +179,6 @@ static m3_status parse_trainer(const char *json, m3_trainer_cfg *c, double *lr, 
     *clip = v[12];
     c->clip = v[12];
     c->allow_tf32 = (int32_t)v[13];
-    c->seed = strtoull(seed->valuestring, NULL, 10);
   }
   cJSON_Delete(o);
   return st;
@@ -228,9 +244,11 @@ static m3_status restore(m3_trainer *tr, const m3_tensor_file *f, int same_preci
                      scale, (long long)tracker);
   }
   TRY(meta(f, "rng", &text));
-  if (sscanf(text, "%" SCNx64 " %" SCNx64 " %" SCNx64 " %" SCNx64, &tr->rng.s[0], &tr->rng.s[1], &tr->rng.s[2],
-             &tr->rng.s[3]) != 4)
-    return m3_fail(M3_ERR_FORMAT, "checkpoint rng \"%s\" is not four hex words", text);
+  int used = 0;
+  if (sscanf(text, "%" SCNx64 " %" SCNx64 " %" SCNx64 " %" SCNx64 "%n", &tr->rng.s[0], &tr->rng.s[1], &tr->rng.s[2],
+             &tr->rng.s[3], &used) != 4 ||
+      text[used] || !(tr->rng.s[0] | tr->rng.s[1] | tr->rng.s[2] | tr->rng.s[3]))
+    return m3_fail(M3_ERR_FORMAT, "checkpoint rng \"%s\": expected four hex words, not all 0", text);
   TRY(meta(f, "extra", &text));
   tr->extra = strdup(text);
   if (!tr->extra) return m3_fail(M3_ERR_MEMORY, "out of memory");
