@@ -256,6 +256,30 @@ describe("m3.checkpoint", function()
       run({ trainer = tr, start = start, steps = 10, checkpoint = ck, dir = d, eval = eval, eval_every = 3 }, path)
     end
     assert.same(records(dir .. "/once-ref"), records(d))
+    -- a run interrupted before its first step resumes from step 0 with no evaluation there
+    local d0 = dir .. "/once0"
+    local ck0 = checkpoint.new { dir = d0 .. "/checkpoints", every = 100 }
+    local real_text = data.text
+    data.text = function(...)
+      local src = real_text(...)
+      local next_, first = src.next, true
+      src.next = function(self, ...)
+        if first then
+          first = false
+          error("interrupted!")
+        end
+        return next_(self, ...)
+      end
+      return src
+    end
+    ok = pcall(run, { trainer = new_trainer(), steps = 10, checkpoint = ck0, dir = d0, eval = eval, eval_every = 3 },
+      path)
+    data.text = real_text
+    assert.is_false(ok)
+    local tr0, start0 = fit.resume(ck0)
+    assert.equal(0, start0.step)
+    run({ trainer = tr0, start = start0, steps = 10, checkpoint = ck0, dir = d0, eval = eval, eval_every = 3 }, path)
+    assert.same(records(dir .. "/once-ref"), records(d0))
   end)
 
   -- A source that raises an interrupt, in Lua or through the engine's flag, on one call.

@@ -175,8 +175,8 @@ function fit.run(o)
     result.eval = e
   end
 
-  local function eval_due(s)
-    return o.eval and ((o.eval_every and s % o.eval_every == 0) or s == total)
+  local function eval_due(s) -- step 0 (a run interrupted before its first step) has no evaluation
+    return o.eval and s >= 1 and ((o.eval_every and s % o.eval_every == 0) or s == total)
   end
 
   local function record_of(p, m)
