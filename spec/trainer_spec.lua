@@ -534,6 +534,7 @@ describe("m3.trainer", function()
       return tr
     end
     assert.matches("cpu_threads: n = 100000: at most", helper.error_of(m3.cpu_threads, 100000))
+    assert.matches("n must be an int32 integer, got 10000000000", helper.error_of(m3.cpu_threads, 1e10))
     assert.equal(threads, m3.cpu_threads())
     local ref = train(1)
     for _, n in ipairs({ 2, 3, 4, 5 }) do

@@ -38,8 +38,8 @@ end
 -- Threads of the CPU backend: sets them when n is given (n <= 0: all cores), returns the count.
 function m3.cpu_threads(n)
   if n ~= nil then
-    if type(n) ~= "number" or n ~= math.floor(n) then
-      lib.raise("m3.cpu_threads: n must be an integer, got " .. tostring(n))
+    if type(n) ~= "number" or n ~= math.floor(n) or math.abs(n) > 2147483647 then
+      lib.raise("m3.cpu_threads: n must be an int32 integer, got " .. tostring(n))
     end
     lib.check(C.m3_cpu_set_threads(n))
   end
