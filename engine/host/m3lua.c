@@ -304,6 +304,17 @@ static int host_clear_interrupt(lua_State *L)
   return 0;
 }
 
+/* host.drop_interrupt_hook(): the engine has reported the signal as an error, which the binding raises now;
+ * the hook the signal set must not raise it a second time, least of all inside the caller's error handler
+ * (JIT-compiled code runs no hooks, so it can still be set when the handler starts: "error in error
+ * handling"). The pending signal stays, for the exit status. */
+static int host_drop_interrupt_hook(lua_State *L)
+{
+  (void)L;
+  drop_hook();
+  return 0;
+}
+
 /* host.pending_signal(): the number of the signal received since the last clear, or nil. */
 static int host_pending_signal(lua_State *L)
 {
@@ -319,6 +330,7 @@ static void register_host(lua_State *L)
   static const luaL_Reg fns[] = {
     { "pcall", host_pcall },
     { "clear_interrupt", host_clear_interrupt },
+    { "drop_interrupt_hook", host_drop_interrupt_hook },
     { "pending_signal", host_pending_signal },
     { NULL, NULL },
   };

@@ -91,7 +91,11 @@ local INTERRUPTED = 11
 function lib.check(status, level)
   if status == 0 then return end
   local msg = ffi.string(C.m3_last_error())
-  if status == INTERRUPTED then error("interrupted: " .. msg, 0) end
+  if status == INTERRUPTED then
+    local host = package.loaded["m3.host"] -- the m3lua host: its signal hook must not raise this again
+    if host then host.drop_interrupt_hook() end
+    error("interrupted: " .. msg, 0)
+  end
   error("m3: " .. msg, level and level + 1 or user_level())
 end
 
