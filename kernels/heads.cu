@@ -203,22 +203,32 @@ extern "C" cudaError_t m3k_embed_bwd(cudaStream_t s, const m3k_batch_info *info,
 }
 
 /* A row is staged in shared memory when two CTAs still share a multiprocessor and it moves in whole 16-byte
- * pieces (lm130, bf16: 100.6 KB). */
+ * pieces (lm130, bf16: 100.6 KB): its bytes, or 0 where it is not. */
+static size_t ce_staged_bytes(int32_t V, size_t elem) {
+  const size_t row_bytes = (size_t)V * elem;
+  return V % 8 == 0 && row_bytes <= 110 * 1024 ? row_bytes : 0;
+}
+
+extern "C" cudaError_t m3k_ce_prepare(int prec, int32_t V) {
+  cudaError_t e = cudaSuccess;
+  M3K_DISPATCH(prec, {
+    const size_t bytes = ce_staged_bytes(V, sizeof(T));
+    if (bytes) e = cudaFuncSetAttribute(ce_kernel<T, true>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)bytes);
+  });
+  return e;
+}
+
 template <typename T>
 static cudaError_t ce_launch(cudaStream_t s, const m3k_step *step, const m3k_batch_info *info, const T *logits,
                              const int32_t *targets, T *dlogits, double *row_loss, int32_t *row_hit, int64_t nb,
                              int32_t V, int want_grad) {
-  const size_t row_bytes = (size_t)V * sizeof(T);
-  if (V % 8 != 0 || row_bytes > 110 * 1024) {
+  const size_t row_bytes = ce_staged_bytes(V, sizeof(T));
+  if (row_bytes)
+    ce_kernel<T, true><<<(unsigned)nb, 512, row_bytes, s>>>(step, info, logits, targets, dlogits, row_loss, row_hit,
+                                                           V, want_grad);
+  else
     ce_kernel<T, false><<<(unsigned)nb, 512, 0, s>>>(step, info, logits, targets, dlogits, row_loss, row_hit, V,
                                                      want_grad);
-    return cudaGetLastError();
-  }
-  const cudaError_t e =
-      cudaFuncSetAttribute(ce_kernel<T, true>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)row_bytes);
-  if (e != cudaSuccess) return e;
-  ce_kernel<T, true><<<(unsigned)nb, 512, row_bytes, s>>>(step, info, logits, targets, dlogits, row_loss, row_hit, V,
-                                                         want_grad);
   return cudaGetLastError();
 }
 

@@ -285,6 +285,8 @@ cudaError_t m3k_embed_fwd(cudaStream_t s, const int32_t *tokens, const float *em
 cudaError_t m3k_embed_bwd(cudaStream_t s, const m3k_batch_info *info, const int32_t *seg_tok,
                           const int32_t *seg_start, const int32_t *perm, const float *dh0, float *gemb, int64_t M,
                           int32_t dm);
+/* Raises ce's dynamic shared-memory limit for rows of V logits (call once, outside capture). */
+cudaError_t m3k_ce_prepare(int prec, int32_t V);
 /* "lm": per position of a block of nb rows: logits [nb, V] (act) -> row_loss [nb] (double),
  * row_hit [nb]; with want_grad, dlogits [nb, V] (act) = weight (softmax - onehot) / count (0 for
  * ignored rows). */

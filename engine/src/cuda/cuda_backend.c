@@ -1562,6 +1562,7 @@ static m3_status init_device(backend *be, const backend_args *a) {
   if (!m3k_scan_make_plan(be->d->P, be->d->N, be->d->S, max_smem, be->sms, &be->scan, why))
     return m3_fail(M3_ERR_UNSUPPORTED, "%s", why);
   CK(m3k_scan_prepare(be->prec, &be->scan));
+  if (be->d->head == M3_HEAD_LM) CK(m3k_ce_prepare(be->prec, be->d->vocab));
   if (be->infer) {
     const char *fused = getenv("M3_DECODE_FUSED");
     if ((!fused || strcmp(fused, "0") != 0) && m3k_decode_smem(be->prec, &be->kd, be->d->L, max_smem))
