@@ -1,8 +1,8 @@
 -- CUDA trainers through the Lua binding (#gpu: pending without a CUDA device). The numeric
 -- parity suites are C tests (engine/tests/test_cuda_parity.c, test_cuda_golden.c); these check
 -- what a Lua user sees: training makes progress in every dtype, graphs and set_lr, checkpoint
--- resume bit-identical on the GPU, state tensors, the arena size and the size limit message,
--- batches in pinned tensors.
+-- resume bit-identical on the GPU, the carried state put back after a refused step, state
+-- tensors, the arena size and the size limit message, batches in pinned tensors.
 
 local ffi = require "ffi"
 local m3 = require "m3"
@@ -55,6 +55,32 @@ describe("CUDA trainer #gpu", function()
       assert.are.equal(a:step_count(), b:step_count())
       a:close()
       b:close()
+    end)
+  end
+
+  for _, dtype in ipairs({ "f32", "bf16" }) do
+    it("puts the carried state back after a non-finite step in " .. dtype .. ", eager and replayed", function()
+      if not helper.need_gpu(pending) then return end
+      local cfg = helper.features_none({ d_model = 32, d_state = 16, headdim = 16 })
+      local o = { device = "cuda", dtype = dtype, batch = 3, seq_len = 16, carry_state = true, seed = 6 }
+      local rng = helper.rng(9)
+      local b, c = helper.batch(m3.config(cfg), 3, 16, rng), helper.batch(m3.config(cfg), 2, 16, rng)
+      local bad = { input = c.input:clone(), d_out = c.d_out }
+      bad.input[5] = 0 / 0
+      local tr, twin = m3.trainer(cfg, o), m3.trainer(cfg, o)
+      for _, graph in ipairs({ false, true }) do
+        if graph then tr:capture_graph() end -- the twin stays eager: replays match eager steps bit for bit
+        tr:step(b)
+        twin:step(b)
+        assert.matches("the carried state and the step count are unchanged", helper.error_of(tr.step, tr, bad))
+        assert.is_true(helper.same_states(twin:states(), tr:states()))
+        assert.equal(graph, tr:step(c).graph_replayed)
+        twin:step(c)
+        assert.is_true(helper.same_states(twin:states(), tr:states()))
+        assert.is_true(helper.same_weights(twin:snapshot(), tr:snapshot()))
+      end
+      tr:close()
+      twin:close()
     end)
   end
 

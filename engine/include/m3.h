@@ -298,10 +298,10 @@ void m3_trainer_get_info(const m3_trainer *tr, m3_trainer_info *out);
  * mask is set (all without a mask), every position for "none". */
 m3_status m3_trainer_check_batch(const m3_trainer *tr, const m3_batch *b, int64_t *counted);
 /* Fused forward + backward + optimizer (graph-replayed when captured). An f32 / bf16 step whose gradient
- * is not finite (M3_ERR_NONFINITE) changes nothing: with carry_state, the CPU backend also puts the carried
- * state back (the CUDA backend leaves it advanced). An f16 overflow skips only the update. In the split API
- * the state is the forward's, a call of its own that succeeded: a backward_step refused as non-finite leaves
- * it advanced (reset_state or set_states put it where the caller wants). */
+ * is not finite (M3_ERR_NONFINITE) changes nothing, the carried state included (carry_state). An f16
+ * overflow skips only the update. In the split API the state is the forward's, a call of its own that
+ * succeeded: a backward_step refused as non-finite leaves it advanced (reset_state or set_states put it
+ * where the caller wants). */
 m3_status m3_trainer_step(m3_trainer *tr, const m3_batch *b, m3_metrics *out);
 /* Split API. forward keeps the activations and the window's inputs; out (may be NULL)
  * receives [rows, len, d_model]. backward_step's batch supplies only the head's fields

@@ -602,17 +602,19 @@ static m3k_scan_args scan_args(const backend *be, int l, int32_t rows, int32_t l
   return a;
 }
 
-/* incoming state := carried state, rows [0, rows) of every layer */
-static m3_status save_incoming(backend *be, int32_t rows) {
+/* Rows [0, rows) of every layer: the saved incoming state := the carried state (back = 0: a training forward
+ * with carry keeps where it started, for the backward), or back (back = 1: rewind_state). */
+static m3_status copy_incoming(backend *be, int32_t rows, int back) {
   const m3_dims *d = be->d;
-  float *dst[4] = {be->i_angle, be->i_ssm, be->i_k, be->i_v};
-  const float *src[4] = {be->s_angle, be->s_ssm, be->s_k, be->s_v};
+  float *saved[4] = {be->i_angle, be->i_ssm, be->i_k, be->i_v};
+  float *live[4] = {be->s_angle, be->s_ssm, be->s_k, be->s_v};
   const int64_t per_row[4] = {(int64_t)d->H * d->S, (int64_t)d->H * d->P * d->N, (int64_t)d->H * d->N,
                               (int64_t)d->H * d->P};
   for (int i = 0; i < 4; i++) {
     if (per_row[i] == 0) continue;
     const size_t pitch = (size_t)(be->B * per_row[i]) * sizeof(float), width = (size_t)(rows * per_row[i]) * sizeof(float);
-    CK(cudaMemcpy2DAsync(dst[i], pitch, src[i], pitch, width, (size_t)d->L, cudaMemcpyDeviceToDevice, be->st));
+    CK(cudaMemcpy2DAsync(back ? live[i] : saved[i], pitch, back ? saved[i] : live[i], pitch, width, (size_t)d->L,
+                         cudaMemcpyDeviceToDevice, be->st));
   }
   return M3_OK;
 }
@@ -650,7 +652,7 @@ static m3_status enq_forward(backend *be, int32_t rows, int32_t len, int carry, 
   const m3_layout *lay = be->lay;
   const int64_t M = (int64_t)rows * len, dm = d->dm;
   mark(be, PH_INPUT);
-  if (carry && train && !be->infer) TRY(save_incoming(be, rows));
+  if (carry && train && !be->infer) TRY(copy_incoming(be, rows, 0));
   if (train) be->fwd_carry = carry;
   TRY(enq_input(be, M, be->tokens, be->in_f32));
   for (int l = 0; l < d->L; l++) {
@@ -1385,6 +1387,12 @@ static m3_status op_reset_rows(backend *be, const int32_t *rows, int32_t n_rows)
   return sync(be);
 }
 
+static m3_status op_rewind_state(backend *be, int32_t rows) {
+  ENTER(be);
+  TRY(copy_incoming(be, rows, 1));
+  return sync(be);
+}
+
 static float *arena_of(const backend *be, arena_kind kind) {
   switch (kind) {
     case ARENA_PARAMS: return be->params;
@@ -1484,6 +1492,7 @@ static const backend_ops cuda_ops = {
     .get_state = op_get_state,
     .set_state = op_set_state,
     .reset_rows = op_reset_rows,
+    .rewind_state = op_rewind_state,
     .read_arena = op_read_arena,
     .write_arena = op_write_arena,
     .device_bytes = op_device_bytes,
