@@ -145,7 +145,12 @@ static void compare_states(const char *tag, m3_trainer *tg, m3_trainer *tc, cons
       if (!n[k]) continue;
       const double e = k == 0 ? rel_angle_ff(g[k], h[k], n[k]) : rel_l2_ff(g[k], h[k], n[k]);
       w->state = fmax(w->state, e);
-      CHECK(e <= (prec == M3_PRECISION_F32 ? 1e-5 : 2e-2), "%s: layer %d state %s rel %.3g", tag, l, kinds[k], e);
+      /* k and v are one position's in_proj outputs, rounded to the 16-bit type on top of the layer input's
+       * error, and few values (rows x heads x N or P): a relative error over them does not average the way
+       * out's over every position does. Token input + lm head at P = N = 16 measured 1.7e-2 and 2.5e-2 on
+       * layer 1's v (cases 5 and 16, run 255); a wrong token, head or layout is off by O(1). */
+      const double tol = prec == M3_PRECISION_F32 ? 1e-5 : k >= 2 ? 5e-2 : 2e-2;
+      CHECK(e <= tol, "%s: layer %d state %s rel %.3g", tag, l, kinds[k], e);
       free(g[k]);
       free(h[k]);
     }
