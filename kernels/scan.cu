@@ -530,6 +530,7 @@ __device__ __forceinline__ void phi_scan(float *scal, int nb, float *next, int l
     if (i >= 0) scal[i * SC_W + S_AD] = ad;
     carry = __shfl_sync(0xffffffffu, ad, hi >= 32 ? 0 : 32 - hi);
   }
+  __syncwarp(); /* every lane has read *next (a shuffle orders no memory) */
   if (lane == 0) *next = carry;
 }
 
@@ -553,6 +554,7 @@ __device__ __forceinline__ void angle_scan(const bwd_smem &s, int nb, int S, int
     }
     carry = __shfl_sync(0xffffffffu, D, hi >= 32 ? 0 : 32 - hi);
   }
+  __syncwarp(); /* every lane has read Dth[j] */
   if (lane == 0) s.Dth[j] = s.scal[S_RESET] != 0 ? 0.0f : carry;
 }
 
