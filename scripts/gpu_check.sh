@@ -85,6 +85,11 @@ if has sanitize || [ $cuda_failed = 1 ]; then
     >"$OUT/sanitizer.log" 2>&1
   say "memcheck (test_cuda_golden) [$(($(stamp) - t)) s]: $(grep -E 'ERROR SUMMARY' "$OUT/sanitizer.log" | tail -1)"
   grep -E "Invalid|out of bounds|at 0x|by thread|Address" "$OUT/sanitizer.log" | head -16 | tee -a "$summary"
+  t=$(stamp) # shared-memory hazards, warnings included (an intra-warp one needs a __syncwarp)
+  timeout 90 compute-sanitizer --tool racecheck --print-limit 20 $build/engine/tests/test_cuda_golden \
+    >"$OUT/racecheck.log" 2>&1
+  say "racecheck (test_cuda_golden) [$(($(stamp) - t)) s]: $(grep -E 'RACECHECK SUMMARY' "$OUT/racecheck.log" | tail -1)"
+  grep -oE "Race reported between .* in [a-z_]+\.cu:[0-9]+" "$OUT/racecheck.log" | sort | uniq -c | head -8 | tee -a "$summary"
 fi
 
 if has bench; then
