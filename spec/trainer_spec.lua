@@ -661,6 +661,9 @@ describe("m3.trainer", function()
       refused('"seed" must be a decimal string', trainer_option("seed", "-1"))
       refused('rng "0 0 0 0": expected four hex words, not all 0', function(_, m) m.rng = "0 0 0 0" end)
       refused("expected four hex words", function(_, m) m.rng = m.rng .. " junk" end)
+      -- an extra whose long strings hide a call from the literal check (a quote inside [=[ ]=])
+      refused("extra does not load: serialize.load: long strings and comments are not accepted",
+        function(_, m) m.extra = 'return {[=["]=], ([=[ab]=]):rep(3), [=["]=]}' end)
       assert.equal(1, m3.trainer.load(damaged(f32, function() end)):step_count())
     end)
 

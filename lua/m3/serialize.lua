@@ -93,16 +93,21 @@ end
 
 local allowed_words = { ["return"] = true, ["true"] = true, ["false"] = true, ["nil"] = true }
 
--- Everything outside quoted strings, or nil and a message when a string does not end.
+-- A long string or comment opener in code outside quoted strings (it would hide quotes from the scan).
+local function long_opener(code)
+  return code:find("%[=*%[") or code:find("--", 1, true)
+end
+
+-- Everything outside quoted strings, or nil and a message when a string does not end or a long string
+-- or comment starts.
 local function outside_strings(text)
   local parts, i, n = {}, 1, #text
   while i <= n do
     local q = text:find("[\"']", i)
-    if not q then
-      parts[#parts + 1] = text:sub(i)
-      break
-    end
-    parts[#parts + 1] = text:sub(i, q - 1)
+    local code = text:sub(i, q and q - 1 or n)
+    if long_opener(code) then return nil, "long strings and comments are not accepted" end
+    parts[#parts + 1] = code
+    if not q then break end
     local quote, j = text:sub(q, q), q + 1
     while true do
       local c = text:sub(j, j)
@@ -127,9 +132,6 @@ local function check_literal(text)
   end
   local rest, err = outside_strings(text)
   if not rest then return err end
-  if rest:find("[[=", 1, true) or rest:find("[[", 1, true) or rest:find("--", 1, true) then
-    return "long strings and comments are not accepted"
-  end
   rest = rest:gsub("%d+%.?%d*[eE][%+%-]?%d+", " "):gsub("%d+%.?%d*", " ")
   for word in rest:gmatch("[%a_][%w_]*") do
     if not allowed_words[word] then return "unexpected name `" .. word .. "`" end
