@@ -221,6 +221,34 @@ describe("m3.load_tensors / m3.save_tensors", function()
     assert.equal("3", meta.n)
   end)
 
+  it("saves {data = <FFI array>, shape = ...} tables as their arrays, and metadata numbers exactly", function()
+    local path = helper.tmpname(".safetensors")
+    m3.save_tensors(path, { a = { data = ffi.new("float[4]", { 1, 2, 3, 4 }), shape = { 2, 2 } },
+      b = { data = ffi.new("double[2]", { 5, 6 }), shape = { 2 } } },
+      { x = 0.1 + 0.2, big = 2 ^ 60 + 2 ^ 10, lr = 0.1, flag = true })
+    local got, meta = m3.load_tensors(path)
+    assert.same({ 2, 2 }, got.a:shape())
+    assert.same({ { 1, 2 }, { 3, 4 } }, got.a:to_table())
+    assert.equal("f64", got.b:dtype())
+    assert.same({ 5, 6 }, got.b:to_table())
+    assert.equal(0.1 + 0.2, tonumber(meta.x))
+    assert.equal(2 ^ 60 + 2 ^ 10, tonumber(meta.big))
+    assert.equal("0.1", meta.lr)
+    assert.equal("true", meta.flag)
+  end)
+
+  it("refuses names and metadata with NUL bytes and values that are no tensor, naming them", function()
+    local path = helper.tmpname(".safetensors")
+    assert.matches('tensor name "a\\0b" holds a NUL byte', helper.error_of(m3.save_tensors, path, { ["a\0b"] = { 1 } }))
+    assert.matches('metadata%["k"%] "v\\0" holds a NUL byte',
+      helper.error_of(m3.save_tensors, path, { a = { 1 } }, { k = "v\0" }))
+    assert.matches('tensor "bad": expected a tensor', helper.error_of(m3.save_tensors, path, { good = { 1 }, bad = "oops" }))
+    assert.matches("metadata keys must be strings, got number 1", helper.error_of(m3.save_tensors, path, { a = { 1 } }, { "x" }))
+    assert.matches("expected a %(nested%) list of numbers, got a table with key",
+      helper.error_of(m3.tensor.from, { data = 1 }))
+    assert.is_false(io.open(path) ~= nil)
+  end)
+
   it("converts F16, BF16, BOOL and the integer types", function()
     local path = helper.tmpname(".safetensors")
     write_safetensors(path, {

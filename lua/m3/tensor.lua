@@ -344,13 +344,22 @@ end
 function tensor.from(v, dtype)
   dtype = tensor.dtype_name(dtype, "m3.tensor.from")
   if tensor.is(v) then return tensor.cast(v, dtype) end
+  if type(v) == "table" and type(v.data) == "cdata" then
+    return tensor.cast(tensor.wrap(v.data, v.shape, nil, "m3.tensor.from"), dtype)
+  end
   if type(v) ~= "table" then
     raise("m3.tensor.from: expected a (nested) table of numbers or a tensor, got " .. type(v))
   end
   local shape, x = {}, v
   while type(x) == "table" do
     shape[#shape + 1] = #x
-    if #x == 0 then break end
+    if #x == 0 then
+      if next(x) ~= nil then -- keys but no list: not an empty tensor
+        raise(string.format("m3.tensor.from: expected a (nested) list of numbers, got a table with key %s",
+          show(next(x))))
+      end
+      break
+    end
     x = x[1]
   end
   local n

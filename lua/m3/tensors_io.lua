@@ -3,7 +3,8 @@
 --
 -- load: F32, F64, I32, U8 are copied as they are; F16 and BF16 become f32; I64, I16, I8,
 -- U16, U32, U64 become i32 (values outside int32 are an error naming the tensor); BOOL
--- becomes u8. save: f32, f64, i32, u8 tensors (or anything m3.tensor.from accepts, as f32).
+-- becomes u8. save: f32, f64, i32, u8 tensors ({data = <FFI array>, shape = ...} tables keep the array's
+-- type, nested tables become f32); metadata strings, booleans and numbers (as text that reads back exactly).
 
 local ffi = require "ffi"
 local lib = require "m3.lib"
@@ -109,6 +110,11 @@ end
 
 local save_code = { f32 = DT.F32, f64 = DT.F64, i32 = DT.I32, u8 = DT.U8 }
 
+-- Names and metadata reach the file as C strings: a NUL byte would cut them short.
+local function no_nul(s, what)
+  if s:find("\0", 1, true) then raise(string.format("m3.save_tensors: %s %q holds a NUL byte", what, s)) end
+end
+
 -- m3.save_tensors(path, name → tensor, metadata?) — atomic (temporary file + rename).
 function io_.save(path, tensors, metadata)
   if type(path) ~= "string" then raise("m3.save_tensors: path must be a string, got " .. type(path)) end
@@ -117,6 +123,7 @@ function io_.save(path, tensors, metadata)
   local names = {}
   for k in pairs(tensors) do
     if type(k) ~= "string" then raise("m3.save_tensors: tensor names must be strings, got " .. tostring(k)) end
+    no_nul(k, "tensor name")
     names[#names + 1] = k
   end
   table.sort(names)
@@ -125,23 +132,32 @@ function io_.save(path, tensors, metadata)
   local w = ffi.gc(wp[0], C.m3_tensor_writer_destroy)
   local keep = {} -- converted tensors stay alive until the write below
   for _, name in ipairs(names) do
-    local v = tensors[name]
-    local t = tensor.is(v) and v or tensor.from(v, "f32")
+    local t = tensor.coerce(tensors[name], string.format("m3.save_tensors: tensor %q", name), "f32", nil,
+      "a tensor, a {data = <FFI array>, shape = {...}} table or a nested table of numbers")
     keep[#keep + 1] = t
     local shape = t:shape()
     local dims = ffi.new("int64_t[?]", math.max(#shape, 1), shape)
     check(C.m3_tensor_writer_add(w, name, save_code[t:dtype()], #shape, dims, t.data))
   end
   local keys = {} -- in sorted order, so the same tensors and metadata give the same bytes
+  local text = {}
   for k, v in pairs(metadata or {}) do
-    if type(k) ~= "string" or (type(v) ~= "string" and type(v) ~= "number" and type(v) ~= "boolean") then
-      raise(string.format("m3.save_tensors: metadata[%s] must map a string to a string, got %s",
-        tostring(k), type(v)))
+    if type(k) ~= "string" then
+      raise(string.format("m3.save_tensors: metadata keys must be strings, got %s %s", type(k), tostring(k)))
     end
+    if type(v) == "number" then
+      text[k] = tonumber(tostring(v)) == v and tostring(v) or string.format("%.17g", v) -- reads back as v
+    elseif type(v) == "string" or type(v) == "boolean" then
+      text[k] = tostring(v)
+    else
+      raise(string.format("m3.save_tensors: metadata[%q] must be a string, number or boolean, got %s", k, type(v)))
+    end
+    no_nul(k, "metadata key")
+    no_nul(text[k], string.format("metadata[%q]", k))
     keys[#keys + 1] = k
   end
   table.sort(keys)
-  for _, k in ipairs(keys) do check(C.m3_tensor_writer_add_metadata(w, k, tostring(metadata[k]))) end
+  for _, k in ipairs(keys) do check(C.m3_tensor_writer_add_metadata(w, k, text[k])) end
   check(C.m3_tensor_writer_write(w, path))
   C.m3_tensor_writer_destroy(ffi.gc(w, nil))
   return path
