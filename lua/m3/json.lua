@@ -1,9 +1,10 @@
 -- m3.json — a small JSON encoder and decoder for metrics, results and run markers.
 --
 -- encode: tables with keys 1..n (and nothing else) become arrays, other tables objects
--- with their keys sorted (so files are stable and diffable); integers print as integers,
--- other numbers with 17 significant digits (they read back exactly); NaN and ±inf become
--- null; an empty table is an object ({}) unless it carries json.array's marker.
+-- with their keys sorted (so files are stable and diffable; two keys with one name, 1 and
+-- "1", are an error); integers print as integers (-0 as -0), other numbers with 17
+-- significant digits (they read back exactly); NaN and ±inf become null; an empty table is
+-- an object ({}) unless it carries json.array's marker.
 -- decode: the full JSON grammar; null becomes json.null (a sentinel), so arrays keep
 -- their length. Errors name the position and what was expected.
 
@@ -35,6 +36,7 @@ end
 
 local function encode_number(x)
   if x ~= x or x == math.huge or x == -math.huge then return "null" end
+  if x == 0 and 1 / x < 0 then return "-0" end
   if x == math.floor(x) and math.abs(x) < 2 ^ 53 then return string.format("%d", x) end
   return string.format("%.17g", x)
 end
@@ -60,18 +62,26 @@ local function encode_table(t, out, seen)
     end
     out[#out + 1] = "]"
   else
-    local keys = {}
+    local keys, key_of = {}, {}
     for k in pairs(t) do
       if type(k) ~= "string" and type(k) ~= "number" then
         error("json.encode: object keys must be strings or numbers, got " .. type(k), 0)
       end
-      keys[#keys + 1] = k
+      local text = tostring(k)
+      if key_of[text] ~= nil then -- 1 and "1": the object would hold the name twice and lose a value
+        local function show(key) return type(key) == "string" and string.format("%q", key) or tostring(key) end
+        error(string.format("json.encode: keys %s and %s are both the object name %q", show(key_of[text]), show(k),
+          text), 0)
+      end
+      key_of[text] = k
+      keys[#keys + 1] = text
     end
-    table.sort(keys, function(a, b) return tostring(a) < tostring(b) end)
+    table.sort(keys)
     out[#out + 1] = "{"
-    for i, k in ipairs(keys) do
+    for i, text in ipairs(keys) do
+      local k = key_of[text]
       if i > 1 then out[#out + 1] = "," end
-      out[#out + 1] = encode_string(tostring(k))
+      out[#out + 1] = encode_string(text)
       out[#out + 1] = ":"
       encode_value(t[k], out, seen)
     end
