@@ -151,6 +151,19 @@ describe("m3.config_from_json", function()
     assert.matches("m3: ", helper.error_of(m3.config_from_json, "{"))
     assert.matches("headdim = 5", helper.error_of(m3.config_from_json, '{"d_model": 16, "n_layers": 1, "headdim": 5}'))
   end)
+
+  it("refuses a near miss of a field's name, a derived size that does not match and booleans for integers", function()
+    local base = '{"d_model": 16, "n_layers": 1, "input": "identity", "headdim": 8, '
+    assert.matches('unknown member "d_stat" %(did you mean "d_state"%?%)',
+      helper.error_of(m3.config_from_json, base .. '"d_stat": 8}'))
+    assert.matches("d_inner = 999 does not match the value the fields give %(32%)",
+      helper.error_of(m3.config_from_json, base .. '"d_inner": 999}'))
+    assert.matches("d_model must be an integer", helper.error_of(m3.config_from_json,
+      '{"d_model": true, "n_layers": 1, "input": "identity", "expand": 16, "headdim": 8, "d_state": 4}'))
+    assert.matches("outproj_norm must be true or false", helper.error_of(m3.config_from_json, base .. '"outproj_norm": 2}'))
+    local c = m3.config_from_json(base .. '"d_inner": 32, "outproj_norm": 1}')
+    assert.is_true(c.outproj_norm)
+  end)
 end)
 
 describe("the C API's configuration and info calls", function()

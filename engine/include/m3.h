@@ -123,8 +123,10 @@ void m3_config_defaults(m3_config *cfg);
 m3_status m3_config_validate(const m3_config *cfg);
 m3_status m3_config_derive(const m3_config *cfg, m3_config_derived *out);
 /* JSON with the SPEC.md §1 names (strings for input/head, booleans for flags). The reader
- * ignores keys it does not know (window sizes, derived fields); to_json returns a string
- * owned by the library, valid until the next call on this thread. */
+ * ignores keys it does not know (window sizes and the like), checks the derived sizes it
+ * finds (d_inner, nheads, num_rope_angles, in_proj_dim, n_params) against the fields and
+ * takes no boolean for an integer field; to_json returns a string owned by the library,
+ * valid until the next call on this thread. */
 m3_status m3_config_from_json(const char *json, m3_config *out);
 const char *m3_config_to_json(const m3_config *cfg);
 

@@ -127,16 +127,27 @@ void m3_dims_from_config(const m3_config *c, m3_dims *d) {
 
 /* ---- JSON ------------------------------------------------------------------------------- */
 
+/* A number that is a whole int32 (booleans are not numbers here) */
 static m3_status json_int(const cJSON *root, const char *key, int32_t *dst) {
+  const cJSON *v = cJSON_GetObjectItemCaseSensitive(root, key);
+  if (!v || cJSON_IsNull(v)) return M3_OK;
+  if (!cJSON_IsNumber(v) || v->valuedouble != floor(v->valuedouble) || fabs(v->valuedouble) > 2147483647.0)
+    return m3_fail(M3_ERR_CONFIG, "config JSON: %s must be an integer", key);
+  *dst = (int32_t)v->valuedouble;
+  return M3_OK;
+}
+
+/* true / false (0 and 1 too, as older files wrote them) */
+static m3_status json_bool(const cJSON *root, const char *key, int32_t *dst) {
   const cJSON *v = cJSON_GetObjectItemCaseSensitive(root, key);
   if (!v || cJSON_IsNull(v)) return M3_OK;
   if (cJSON_IsBool(v)) {
     *dst = cJSON_IsTrue(v);
     return M3_OK;
   }
-  if (!cJSON_IsNumber(v) || v->valuedouble != floor(v->valuedouble) || fabs(v->valuedouble) > 2147483647.0)
-    return m3_fail(M3_ERR_CONFIG, "config JSON: %s must be an integer", key);
-  *dst = (int32_t)v->valuedouble;
+  if (!cJSON_IsNumber(v) || (v->valuedouble != 0 && v->valuedouble != 1))
+    return m3_fail(M3_ERR_CONFIG, "config JSON: %s must be true or false", key);
+  *dst = v->valuedouble != 0;
   return M3_OK;
 }
 
@@ -162,6 +173,17 @@ static m3_status json_enum(const cJSON *root, const char *key, const char *const
   return m3_fail(M3_ERR_CONFIG, "config JSON: %s must be a string", key);
 }
 
+/* A derived size the JSON states must be the one the fields give. */
+static m3_status json_derived_matches(const cJSON *root, const char *key, double derived) {
+  const cJSON *v = cJSON_GetObjectItemCaseSensitive(root, key);
+  if (!v || cJSON_IsNull(v)) return M3_OK;
+  if (!cJSON_IsNumber(v)) return m3_fail(M3_ERR_CONFIG, "config JSON: %s must be a number", key);
+  if (v->valuedouble != derived)
+    return m3_fail(M3_ERR_CONFIG, "config JSON: %s = %.17g does not match the value the fields give (%.17g)", key,
+                   v->valuedouble, derived);
+  return M3_OK;
+}
+
 m3_status m3_config_from_json(const char *json, m3_config *out) {
   if (!json || !out) return m3_fail(M3_ERR_ARGUMENT, "m3_config_from_json: NULL argument");
   cJSON *root = cJSON_Parse(json);
@@ -174,15 +196,23 @@ m3_status m3_config_from_json(const char *json, m3_config *out) {
   m3_status st = M3_OK;
 #define INT(k) if (st == M3_OK) st = json_int(root, #k, &c.k)
   INT(d_model); INT(n_layers); INT(d_state); INT(expand); INT(headdim); INT(ngroups);
-  INT(outproj_norm); INT(tie_embeddings); INT(input_dim); INT(vocab_size); INT(out_dim);
+  INT(input_dim); INT(vocab_size); INT(out_dim);
 #undef INT
+  if (st == M3_OK) st = json_bool(root, "outproj_norm", &c.outproj_norm);
+  if (st == M3_OK) st = json_bool(root, "tie_embeddings", &c.tie_embeddings);
   if (st == M3_OK) st = json_num(root, "rope_fraction", &c.rope_fraction);
   if (st == M3_OK) st = json_num(root, "a_floor", &c.a_floor);
   if (st == M3_OK) st = json_enum(root, "input", input_names, 3, &c.input);
   if (st == M3_OK) st = json_enum(root, "head", head_names, 3, &c.head);
+  m3_config_derived d;
+  if (st == M3_OK) st = m3_config_derive(&c, &d); /* validates */
+  if (st == M3_OK) st = json_derived_matches(root, "d_inner", d.d_inner);
+  if (st == M3_OK) st = json_derived_matches(root, "nheads", d.nheads);
+  if (st == M3_OK) st = json_derived_matches(root, "num_rope_angles", d.num_rope_angles);
+  if (st == M3_OK) st = json_derived_matches(root, "in_proj_dim", d.in_proj_dim);
+  if (st == M3_OK) st = json_derived_matches(root, "n_params", (double)d.n_params);
   cJSON_Delete(root);
   if (st != M3_OK) return st;
-  TRY(m3_config_validate(&c));
   *out = c;
   return M3_OK;
 }

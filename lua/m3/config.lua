@@ -9,6 +9,7 @@
 
 local ffi = require "ffi"
 local lib = require "m3.lib"
+local json = require "m3.json"
 
 lib.internal_file(debug.getinfo(1, "S").source)
 
@@ -184,8 +185,19 @@ function config.to_c(t)
   return fill_c(config.validate(t))
 end
 
+-- m3.config_from_json(text): the engine's reader, which passes over members it does not know (files carry
+-- more than the config); one that is a near miss of a field's name is a typo, not extra information.
 function config.from_json(str)
   if type(str) ~= "string" then raise("m3.config_from_json: expected a JSON string, got " .. type(str)) end
+  local ok, members = pcall(json.decode, str)
+  if ok and type(members) == "table" then
+    for k in pairs(members) do
+      if type(k) == "string" and not field_kind[k] and not derived_set[k] then
+        local hint = config.suggest(k, all_names)
+        if hint ~= "" then raise(string.format("m3.config_from_json: unknown member %q%s", k, hint)) end
+      end
+    end
+  end
   local c = ffi.new("m3_config")
   check(C.m3_config_from_json(str, c))
   return config.from_c(c)
