@@ -143,6 +143,15 @@ describe("m3.tensor", function()
     assert.matches("element %[1%]%[2%] = 1.5: expected an integer",
       helper.error_of(m3.tensor.from, { { 1, 1.5 } }, "i32"))
     assert.matches("element %[1%] = %-1: expected an integer in %[0, 255%]", helper.error_of(m3.tensor.from, { -1 }, "u8"))
+    -- f32: a finite number that would round to an infinity is refused; NaN and inf stay what they are
+    f[1] = 3.4028234663852886e38
+    assert.matches("tensor%[1%] = .*: outside float32's range", helper.error_of(function() f[1] = 3.4028235677973366e38 end))
+    assert.matches("element %[1%] = 1e%+300: outside float32's range", helper.error_of(m3.tensor.from, { 1e300 }))
+    assert.matches("converting to f32: element 1 = %-1e%+39 is outside float32's range",
+      helper.error_of(m3.tensor.cast, m3.tensor.from({ 1, -1e39 }, "f64"), "f32"))
+    local kept = m3.tensor.cast(m3.tensor.from({ 0 / 0, -math.huge }, "f64"), "f32")
+    assert.is_true(kept[0] ~= kept[0])
+    assert.equal(-math.huge, kept[1])
   end)
 
   it("holds tensors of 2 GiB and more (beyond one ffi.new array)", function()

@@ -84,8 +84,8 @@ static m3_status to_float(const char *path, const m3_file_tensor *t, float *dst)
       for (int64_t j = 0; j < t->numel; j++) {
         double v = ((const double *)t->data)[j];
         dst[j] = (float)v;
-        if (!isfinite(dst[j]))
-          return m3_fail(M3_ERR_FORMAT, "%s: tensor %s: element %lld is %g, not a finite float32", path, t->name,
+        if (isfinite(v) && !isfinite(dst[j])) /* NaN and inf stay what they are, as from F32 */
+          return m3_fail(M3_ERR_FORMAT, "%s: tensor %s: element %lld is %g, outside float32's range", path, t->name,
                          (long long)j, v);
       }
       return M3_OK;

@@ -69,8 +69,16 @@ end
 -- truncated or wrapped by the FFI's conversion, so storing one is an error.
 local INT_RANGE = { i32 = { -2147483648, 2147483647 }, u8 = { 0, 255 } }
 
+-- The magnitude from which a finite number rounds to infinity in float32 (FLT_MAX plus half an ulp).
+local F32_OVERFLOW = 2 ^ 128 - 2 ^ 103
+
+-- A finite n that float32 would turn into an infinity.
+local function f32_overflows(n)
+  return n ~= math.huge and n ~= -math.huge and (n >= F32_OVERFLOW or n <= -F32_OVERFLOW)
+end
+
 -- v as the number an element of dtype stores, or nil and why not: a Lua number or an FFI number cdata
--- (tonumber: 5LL, a double), for i32 and u8 a whole one in range.
+-- (tonumber: 5LL, a double), for i32 and u8 a whole one in range, for f32 one that does not overflow.
 local function storable(dtype, v)
   local n = type(v) == "number" and v or type(v) == "cdata" and tonumber(v) or nil
   if n == nil then return nil, "expected a number" end
@@ -78,6 +86,7 @@ local function storable(dtype, v)
   if r and (n ~= floor(n) or n < r[1] or n > r[2]) then
     return nil, string.format("expected an integer in [%d, %d] (%s)", r[1], r[2], dtype)
   end
+  if dtype == "f32" and f32_overflows(n) then return nil, "outside float32's range (it would become inf)" end
   return n
 end
 
@@ -335,7 +344,14 @@ function tensor.cast(src, dtype)
     end
   else
     local s, d = src.data, t.data
-    for i = 0, src.n_ - 1 do d[i] = s[i] end
+    local narrowing = dtype == "f32" and dtype_of(src) == "f64"
+    for i = 0, src.n_ - 1 do
+      local v = s[i]
+      if narrowing and f32_overflows(v) then
+        raise(string.format("m3.tensor: converting to f32: element %d = %s is outside float32's range", i, show(v)))
+      end
+      d[i] = v
+    end
   end
   return t
 end
