@@ -12,8 +12,9 @@
 --
 -- Interrupts come from the host (package.loaded["m3.host"], see engine/host/m3lua.c):
 -- Ctrl-C at the prompt drops the line being edited, Ctrl-C during a command stops it and
--- returns to the prompt, SIGTERM ends the session with status 143. Ctrl-D or os.exit()
--- ends it cleanly.
+-- returns to the prompt (except in a JIT-compiled loop that calls nothing of m3: it never
+-- looks, so the host's watchdog ends the session), SIGTERM ends the session with status 143.
+-- Ctrl-D or os.exit() ends it cleanly.
 
 local ffi = require "ffi"
 
