@@ -100,6 +100,27 @@ describe("m3.config", function()
     end
   end)
 
+  it("refuses a model with more than 2^53 parameters instead of wrapping n_params", function()
+    local huge = { input = "identity", d_model = 2 ^ 24, expand = 1, headdim = 1, d_state = 2 ^ 14, ngroups = 2 ^ 14 }
+    for _, n_layers in ipairs({ 1024, 4096 }) do
+      huge.n_layers = n_layers
+      local err = helper.error_of(m3.config, huge)
+      assert.matches("the model has about %d[%.%d]*e%+19 parameters %(d_model = 16777216, n_layers = " .. n_layers, err)
+      assert.matches("at most 2%^53 = 9007199254740992", err)
+    end
+    -- the engine's other doors: config JSON and weights from a C struct
+    local json = '{"input": "identity", "d_model": 16777216, "expand": 1, "headdim": 1, "n_layers": 1024, '
+      .. '"d_state": 16384, "ngroups": 16384}'
+    assert.matches("the model has about", helper.error_of(m3.config_from_json, json))
+    local ffi = require "ffi"
+    local C = require("m3.lib").C
+    local c = ffi.new("m3_config")
+    C.m3_config_defaults(c)
+    c.input, c.d_model, c.expand, c.headdim, c.n_layers, c.d_state, c.ngroups = 1, 2 ^ 24, 1, 1, 1024, 2 ^ 14, 2 ^ 14
+    assert.equal(C.M3_ERR_CONFIG, C.m3_weights_create(c, ffi.new("m3_weights *[1]")))
+    assert.matches("the model has about", ffi.string(C.m3_last_error()))
+  end)
+
   it("accepts each kind of input and head", function()
     assert.equal("features", m3.config(base({ input = "features", input_dim = 3 })).input)
     local lm = m3.config(base({ input = "tokens", vocab_size = 10, head = "lm" }))

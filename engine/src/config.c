@@ -39,7 +39,8 @@ static int32_t rope_angles(int32_t d_state, double fraction) {
     if (!(cond)) return m3_fail(M3_ERR_CONFIG, __VA_ARGS__); \
   } while (0)
 
-m3_status m3_config_validate(const m3_config *c) {
+/* Every rule on the fields; the sizes they give are judged by m3_layout_build. */
+static m3_status check_fields(const m3_config *c) {
   if (!c) return m3_fail(M3_ERR_ARGUMENT, "config is NULL");
   const int32_t big = 1 << 24; /* keeps every derived product inside int64 comfortably */
   RULE(c->d_model >= 1 && c->d_model <= big, "d_model = %d: must be an integer in [1, %d] (required)", c->d_model, big);
@@ -78,9 +79,17 @@ m3_status m3_config_validate(const m3_config *c) {
   return M3_OK;
 }
 
+m3_status m3_config_validate(const m3_config *c) {
+  TRY(check_fields(c));
+  m3_layout l;
+  TRY(m3_layout_build(c, &l));
+  m3_layout_free(&l);
+  return M3_OK;
+}
+
 m3_status m3_config_derive(const m3_config *c, m3_config_derived *out) {
   if (!out) return m3_fail(M3_ERR_ARGUMENT, "m3_config_derive: out is NULL");
-  TRY(m3_config_validate(c));
+  TRY(check_fields(c));
   m3_layout l;
   TRY(m3_layout_build(c, &l));
   m3_dims d;

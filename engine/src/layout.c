@@ -14,6 +14,8 @@
 typedef struct builder {
   m3_layout *l;
   int32_t cap;
+  int too_big;   /* the arena passed M3_MAX_ARENA: later tensors are not added */
+  double approx; /* parameters so far, in double (it cannot overflow), for the check and its message */
 } builder;
 
 static int64_t add(builder *b, const char *name, int32_t ndim, const int64_t *shape, int32_t no_decay,
@@ -23,16 +25,25 @@ static int64_t add(builder *b, const char *name, int32_t ndim, const int64_t *sh
   snprintf(p->name, sizeof p->name, "%s", name);
   p->ndim = ndim;
   p->numel = 1;
+  double numel = 1;
   for (int i = 0; i < ndim; i++) {
     p->shape[i] = shape[i];
-    p->numel *= shape[i];
+    numel *= (double)shape[i];
   }
+  b->approx += numel;
+  if (b->too_big || b->approx + (double)M3_ALIGN * l->n > (double)M3_MAX_ARENA) {
+    b->too_big = 1;
+    return -1;
+  }
+  /* near 2^53 at most, so the int64 products and sums below cannot overflow */
+  for (int i = 0; i < ndim; i++) p->numel *= shape[i];
   p->offset = l->total;
   p->no_decay = no_decay;
   p->init = init;
   p->init_scale = scale;
   l->total += (p->numel + M3_ALIGN - 1) / M3_ALIGN * M3_ALIGN;
   l->n_params += p->numel;
+  if (l->total > M3_MAX_ARENA) b->too_big = 1;
   return p->offset;
 }
 
@@ -49,7 +60,7 @@ m3_status m3_layout_build(const m3_config *cfg, m3_layout *out) {
     m3_layout_free(out);
     return m3_fail(M3_ERR_MEMORY, "out of memory building the parameter layout");
   }
-  builder b = {out, cap};
+  builder b = {out, cap, 0, 0};
   out->embedding = out->input_w = out->input_b = out->lm_head = out->readout_w = out->readout_b = -1;
   const double dm = d.dm;
   if (d.input == M3_INPUT_TOKENS)
@@ -83,6 +94,13 @@ m3_status m3_layout_build(const m3_config *cfg, m3_layout *out) {
     out->readout_b = add(&b, "readout.bias", 1, SHAPE(d.out_dim), 0, INIT_ZEROS, 0);
   }
   if (out->n > b.cap) return m3_fail(M3_ERR_INTERNAL, "layout table overflow");
+  if (b.too_big) {
+    m3_layout_free(out);
+    return m3_fail(M3_ERR_CONFIG,
+                   "the model has about %.3g parameters (d_model = %d, n_layers = %d, in_proj_dim = %d): "
+                   "a model may have at most 2^53 = %lld (its arena, padding included)",
+                   b.approx, d.dm, d.L, d.dip, (long long)M3_MAX_ARENA);
+  }
   return M3_OK;
 }
 

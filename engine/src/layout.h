@@ -14,6 +14,10 @@
 
 enum { M3_ALIGN = 64, M3_NAME_CAP = 64 };
 
+/* Most arena elements (padding included) a model may have: its size stays exact in a double
+ * (Lua, JSON) and its bytes, in float or double, fit int64 and size_t. */
+#define M3_MAX_ARENA ((int64_t)1 << 53)
+
 typedef enum param_init {
   INIT_ONES,
   INIT_ZEROS,
@@ -61,7 +65,8 @@ typedef struct m3_layout {
 } m3_layout;
 
 void m3_dims_from_config(const m3_config *cfg, m3_dims *d);
-/* Builds the layout of a validated config (allocates; free with m3_layout_free). */
+/* Builds the layout of a validated config (allocates; free with m3_layout_free); M3_ERR_CONFIG
+ * when its arena would pass M3_MAX_ARENA. */
 m3_status m3_layout_build(const m3_config *cfg, m3_layout *out);
 void m3_layout_free(m3_layout *l);
 /* Index by name, accepting an optional "backbone." prefix; -1 when absent. */
