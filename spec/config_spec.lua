@@ -79,7 +79,11 @@ describe("m3.config", function()
     local cases = {
       { { d_model = 0 }, "d_model = 0" },
       { { n_layers = 0 }, "n_layers = 0" },
-      { { d_state = 0 }, "d_state = 0" },
+      { { d_state = 0 }, "d_state = 0: must be an integer in %[1, 16777216%]" },
+      { { d_state = 2 ^ 24 + 1 }, "d_state = 16777217: must be an integer in %[1, 16777216%]" },
+      { { d_model = 2 ^ 24 + 1 }, "d_model = 16777217: must be an integer in %[1, 16777216%]" },
+      { { n_layers = 4097 }, "n_layers = 4097: must be an integer in %[1, 4096%]" },
+      { { expand = 65 }, "expand = 65: must be an integer in %[1, 64%]" },
       { { expand = 0 }, "expand = 0" },
       { { headdim = 0 }, "headdim = 0" },
       { { headdim = 5 }, "headdim = 5: must divide d_inner" },
@@ -171,6 +175,8 @@ describe("m3.config_from_json", function()
   it("reports malformed JSON and broken rules", function()
     assert.matches("m3: ", helper.error_of(m3.config_from_json, "{"))
     assert.matches("headdim = 5", helper.error_of(m3.config_from_json, '{"d_model": 16, "n_layers": 1, "headdim": 5}'))
+    assert.matches("d_model = 3000000000: must be an integer in %[%-2147483647, 2147483647%]",
+      helper.error_of(m3.config_from_json, '{"d_model": 3e9, "n_layers": 1}'))
   end)
 
   it("refuses a near miss of a field's name, a derived size that does not match and booleans for integers", function()

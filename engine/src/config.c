@@ -42,10 +42,10 @@ static int32_t rope_angles(int32_t d_state, double fraction) {
 /* Every rule on the fields; the sizes they give are judged by m3_layout_build. */
 static m3_status check_fields(const m3_config *c) {
   if (!c) return m3_fail(M3_ERR_ARGUMENT, "config is NULL");
-  const int32_t big = 1 << 24; /* keeps every derived product inside int64 comfortably */
+  const int32_t big = 1 << 24; /* per field; the model's whole size is m3_layout_build's rule */
   RULE(c->d_model >= 1 && c->d_model <= big, "d_model = %d: must be an integer in [1, %d] (required)", c->d_model, big);
   RULE(c->n_layers >= 1 && c->n_layers <= 4096, "n_layers = %d: must be an integer in [1, 4096] (required)", c->n_layers);
-  RULE(c->d_state >= 1 && c->d_state <= big, "d_state = %d: must be an integer >= 1", c->d_state);
+  RULE(c->d_state >= 1 && c->d_state <= big, "d_state = %d: must be an integer in [1, %d]", c->d_state, big);
   RULE(c->expand >= 1 && c->expand <= 64, "expand = %d: must be an integer in [1, 64]", c->expand);
   int64_t d_inner = (int64_t)c->expand * c->d_model;
   RULE(d_inner <= big, "expand * d_model = %lld: d_inner must be <= %d", (long long)d_inner, big);
@@ -140,8 +140,10 @@ void m3_dims_from_config(const m3_config *c, m3_dims *d) {
 static m3_status json_int(const cJSON *root, const char *key, int32_t *dst) {
   const cJSON *v = cJSON_GetObjectItemCaseSensitive(root, key);
   if (!v || cJSON_IsNull(v)) return M3_OK;
-  if (!cJSON_IsNumber(v) || v->valuedouble != floor(v->valuedouble) || fabs(v->valuedouble) > 2147483647.0)
-    return m3_fail(M3_ERR_CONFIG, "config JSON: %s must be an integer", key);
+  if (!cJSON_IsNumber(v)) return m3_fail(M3_ERR_CONFIG, "config JSON: %s must be an integer", key);
+  if (v->valuedouble != floor(v->valuedouble) || fabs(v->valuedouble) > 2147483647.0)
+    return m3_fail(M3_ERR_CONFIG, "config JSON: %s = %.17g: must be an integer in [-2147483647, 2147483647] (int32)",
+                   key, v->valuedouble);
   *dst = (int32_t)v->valuedouble;
   return M3_OK;
 }
