@@ -204,7 +204,8 @@ void m3_tensor_writer_destroy(m3_tensor_writer *w);
 m3_status m3_tensor_writer_add(m3_tensor_writer *w, const char *name, int32_t dtype,
                                int32_t ndim, const int64_t *shape, const void *data);
 m3_status m3_tensor_writer_add_metadata(m3_tensor_writer *w, const char *key, const char *value);
-/* Writes path atomically: a temporary file beside it, flushed and fsynced, then renamed. */
+/* Writes path atomically: a temporary file beside it, flushed and fsynced, then renamed. A header
+ * (names, shapes, metadata) over the reader's 100 MB limit is M3_ERR_ARGUMENT and writes nothing. */
 m3_status m3_tensor_writer_write(m3_tensor_writer *w, const char *path);
 
 /* ---- trainer ----------------------------------------------------------------------------- */

@@ -26,7 +26,7 @@
 _Static_assert(__BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__, "safetensors I/O assumes a little-endian host");
 
 enum { MAX_DIMS = 8, SLOT_ALIGN = 64 };
-#define MAX_HEADER_BYTES ((uint64_t)100 * 1000 * 1000)
+#define MAX_HEADER_BYTES ((uint64_t)100 * 1000 * 1000) /* the reader's limit, which the writer keeps */
 #define MAX_EXACT_INT 9007199254740992.0 /* 2^53: larger JSON numbers are not exact */
 
 static const struct {
@@ -603,6 +603,13 @@ m3_status m3_tensor_writer_write(m3_tensor_writer *w, const char *path) {
   if (!w || !path) return m3_fail(M3_ERR_ARGUMENT, "m3_tensor_writer_write: NULL writer or path");
   char *header = header_json(w);
   if (!header) return m3_fail(M3_ERR_MEMORY, "writing %s: out of memory building the header", path);
+  const int64_t padded = round_up((int64_t)strlen(header), 8);
+  if ((uint64_t)padded > MAX_HEADER_BYTES) {
+    free(header);
+    return m3_fail(M3_ERR_ARGUMENT, "writing %s: the header (tensor names, shapes and metadata) takes %lld bytes: "
+                   "must be at most %llu, the most a reader accepts", path, (long long)padded,
+                   (unsigned long long)MAX_HEADER_BYTES);
+  }
   m3_status rc = write_file(w, path, header);
   free(header);
   return rc;

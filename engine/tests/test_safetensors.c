@@ -446,6 +446,19 @@ static void test_atomic(void) {
   st = m3_tensor_writer_write(w, missing);
   check(st == M3_ERR_IO && strstr(m3_last_error(), strerror(ENOENT)), "missing directory: %s", m3_last_error());
 
+  /* a header over the reader's 100 MB limit is refused before anything is written */
+  char *value = malloc(100000001);
+  memset(value, 'v', 100000000);
+  value[100000000] = 0;
+  m3_tensor_writer *long_meta = big_writer(data, 1);
+  m3_tensor_writer_add_metadata(long_meta, "k", value);
+  free(value);
+  st = m3_tensor_writer_write(long_meta, target);
+  check(st == M3_ERR_ARGUMENT && strstr(m3_last_error(), "must be at most 100000000"),
+        "header over 100 MB refused: %s", m3_last_error());
+  check(same_file(target, old) && count_entries(dir) == 2, "refused header left the old file and no temporary behind");
+  m3_tensor_writer_destroy(long_meta);
+
   st = m3_tensor_writer_write(w, target);
   m3_tensor_file *f = NULL;
   check(st == M3_OK && m3_tensor_file_open(target, &f) == M3_OK && m3_tensor_file_count(f) == 1 &&
