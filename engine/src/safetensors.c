@@ -4,11 +4,12 @@
  * Layout: an 8-byte little-endian header length, a JSON header mapping tensor names to
  * {dtype, shape, data_offsets} (plus an optional "__metadata__" object of strings), then the
  * data section. The reader validates everything before handing anything out: header size,
- * JSON, dtypes, shapes (overflow-checked), offsets, and that the tensors tile the data section
- * exactly (no overlap, gap or trailing bytes). Each tensor is then read into its own 64-byte
- * aligned slot of one buffer, so `data` can be cast to the element type. The writer builds the
- * header with cJSON (integers as raw text so offsets stay exact), pads it with spaces to a
- * multiple of 8, and writes a temporary file beside the target that it fsyncs and renames.
+ * JSON (no string holding an escaped NUL), dtypes, shapes (overflow-checked), offsets, and that
+ * the tensors tile the data section exactly (no overlap, gap or trailing bytes). Each tensor is
+ * then read into its own 64-byte aligned slot of one buffer, so `data` can be cast to the
+ * element type. The writer builds the header with cJSON (integers as raw text so offsets stay
+ * exact), refuses one over the reader's size limit, pads it with spaces to a multiple of 8, and
+ * writes a temporary file beside the target that it fsyncs and renames.
  * Values are stored as the host's bytes: libm3 supports little-endian hosts only.
  */
 #include <cjson/cJSON.h>
@@ -187,6 +188,32 @@ static int by_offset_cmp(const void *a, const void *b, void *ctx) {
   return (x->end > y->end) - (x->end < y->end);
 }
 
+/* The first string of a parsed header's text that holds an escaped NUL (\u0000), quotes
+ * included (*len bytes), or NULL. cJSON would hand it out cut at the NUL, and names, dtypes and
+ * metadata are C strings. In valid JSON every backslash starts an escape inside a string. */
+static const char *string_with_nul(const char *text, int64_t *len) {
+  const char *start = NULL;
+  int nul = 0;
+  for (const char *p = text; *p; p++) {
+    if (!start) {
+      if (*p == '"') {
+        start = p;
+        nul = 0;
+      }
+    } else if (*p == '\\') {
+      nul |= strncmp(p + 1, "u0000", 5) == 0;
+      p++; /* the escaped character; the text is valid JSON, so it is not the end */
+    } else if (*p == '"') {
+      if (nul) {
+        *len = p - start + 1;
+        return start;
+      }
+      start = NULL;
+    }
+  }
+  return NULL;
+}
+
 /* Reads the header length and the header JSON; *data_size is what follows the header. */
 static m3_status read_header(const char *path, FILE *fp, cJSON **root, int64_t *data_size) {
   struct stat st;
@@ -214,13 +241,18 @@ static m3_status read_header(const char *path, FILE *fp, cJSON **root, int64_t *
     rc = m3_fail(M3_ERR_FORMAT, "%s: header contains a NUL byte", path);
   } else {
     text[hlen] = 0;
-    const char *end = NULL;
+    const char *end = NULL, *nul = NULL;
+    int64_t nul_len = 0;
     *root = cJSON_ParseWithOpts(text, &end, 1);
     if (!*root)
       rc = m3_fail(M3_ERR_FORMAT, "%s: header is not valid JSON (error near byte %lld of %llu)", path,
                    end ? (long long)(end - text) : -1LL, (unsigned long long)hlen);
     else if (!cJSON_IsObject(*root))
       rc = m3_fail(M3_ERR_FORMAT, "%s: header is JSON but not an object", path);
+    else if ((nul = string_with_nul(text, &nul_len)))
+      rc = m3_fail(M3_ERR_FORMAT, "%s: header string %.*s%s (at header byte %lld) holds an escaped NUL (\\u0000): "
+                   "names, dtypes and metadata are C strings", path, (int)(nul_len > 200 ? 200 : nul_len), nul,
+                   nul_len > 200 ? "..." : "", (long long)(nul - text));
   }
   free(text);
   *data_size = size - 8 - (int64_t)hlen;

@@ -302,6 +302,15 @@ static void test_malformed(void) {
   bad_header("__metadata__ value not a string", "{\"__metadata__\": {\"a\": 1}}", 0);
   bad_header("__metadata__ twice", "{\"__metadata__\": {}, \"__metadata__\": {}}", 0);
   bad_header("__metadata__ duplicate key", "{\"__metadata__\": {\"a\": \"1\", \"a\": \"2\"}}", 0);
+  /* an escaped NUL would cut a name, key or value short as a C string */
+  bad_header("escaped NUL in a tensor name",
+             "{\"a\\u0000b\": {\"dtype\": \"F32\", \"shape\": [1], \"data_offsets\": [0, 4]}}", 4);
+  check(strstr(m3_last_error(), "header string \"a\\u0000b\" (at header byte 1) holds an escaped NUL") != NULL,
+        "the escaped NUL's error names the string: %s", m3_last_error());
+  bad_header("escaped NUL in a metadata key", "{\"__metadata__\": {\"k\\u0000\": \"v\"}}", 0);
+  bad_header("escaped NUL in a metadata value", "{\"__metadata__\": {\"k\": \"\\u0000v\"}}", 0);
+  bad_header("escaped NUL in a dtype",
+             "{\"a\": {\"dtype\": \"F32\\u0000\", \"shape\": [1], \"data_offsets\": [0, 4]}}", 4);
   {
     char deep[4200];
     memset(deep, '[', 2000);
@@ -318,6 +327,12 @@ static void test_malformed(void) {
   m3_tensor_file *f = NULL;
   check(m3_tensor_file_open(path, &f) == M3_OK && m3_tensor_file_count(f) == 3 && m3_tensor_file_find(f, "a") == 1,
         "zero-sized tensors at a shared offset are accepted");
+  m3_tensor_file_close(f);
+  const char *backslash_header = "{\"a\\\\u0000\": {\"dtype\": \"F32\", \"shape\": [1], \"data_offsets\": [0, 4]}}";
+  write_raw(path, strlen(backslash_header), backslash_header, strlen(backslash_header), 4);
+  f = NULL;
+  check(m3_tensor_file_open(path, &f) == M3_OK && m3_tensor_file_find(f, "a\\u0000") == 0,
+        "an escaped backslash before u0000 is no NUL: the name \"a\\u0000\" is read as it is");
   m3_tensor_file_close(f);
 
   f = (m3_tensor_file *)&n_pass;
