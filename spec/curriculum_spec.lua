@@ -75,4 +75,22 @@ describe("m3.curriculum", function()
       .. "keys, min_length, modulus, offset, ops, pad_to, pairs, queries, steps, targets, to, values, weights")
     assert.has_error(function() curriculum.lengths { from = 8, to = 32, steps = 30, min_lenght = 1 } end)
   end)
+
+  it("refuses NaN and infinite numbers", function()
+    local function lengths(o)
+      o.from, o.to, o.steps = o.from or 1, o.to or 8, o.steps or 10
+      return function() curriculum.lengths(o) end
+    end
+    assert.has_error(lengths { factor = 0 / 0 }, "m3.curriculum.lengths: factor must be a finite number > 1, got nan")
+    assert.has_error(lengths { factor = math.huge }, "m3.curriculum.lengths: factor must be a finite number > 1, got inf")
+    assert.has_error(lengths { factor = "3" }, 'm3.curriculum.lengths: factor must be a finite number > 1, got "3"')
+    assert.has_error(lengths { to = math.huge },
+      "m3.curriculum.lengths: expected integers 1 <= from <= to, got from = 1, to = inf")
+    assert.has_error(lengths { from = "2" },
+      'm3.curriculum.lengths: expected integers 1 <= from <= to, got from = "2", to = 8')
+    assert.has_error(lengths { steps = math.huge }, "m3.curriculum.lengths: steps must be an integer >= 1, got inf")
+    assert.has_error(lengths { steps = 0 / 0 }, "m3.curriculum.lengths: steps must be an integer >= 1, got nan")
+    assert.has_error(function() curriculum.new { { steps = math.huge }, { length = 8 } } end,
+      "m3.curriculum.new: phase 1: steps must be an integer >= 1, got inf")
+  end)
 end)

@@ -34,8 +34,11 @@ local curriculum = {}
 local C = {}
 C.__index = C
 
+local show = options.show
+
+-- A finite integer >= 1 (math.huge and NaN are not).
 local function is_count(v)
-  return type(v) == "number" and v >= 1 and v == math.floor(v)
+  return type(v) == "number" and v >= 1 and v < math.huge and v == math.floor(v)
 end
 
 function curriculum.new(phases)
@@ -126,13 +129,13 @@ function curriculum.lengths(o)
   local from, to, steps, factor = o.from, o.to, o.steps, o.factor or 2
   if not (is_count(from) and is_count(to) and from <= to) then
     lib.raise(string.format("m3.curriculum.lengths: expected integers 1 <= from <= to, got from = %s, to = %s",
-      tostring(from), tostring(to)))
+      show(from), show(to)))
   end
   if not is_count(steps) then
-    lib.raise("m3.curriculum.lengths: steps must be an integer >= 1, got " .. tostring(steps))
+    lib.raise("m3.curriculum.lengths: steps must be an integer >= 1, got " .. show(steps))
   end
-  if type(factor) ~= "number" or factor <= 1 then
-    lib.raise("m3.curriculum.lengths: factor must be a number > 1, got " .. tostring(factor))
+  if type(factor) ~= "number" or not (factor > 1 and factor < math.huge) then
+    lib.raise("m3.curriculum.lengths: factor must be a finite number > 1, got " .. show(factor))
   end
   local lengths, L = {}, from
   while L < to do
