@@ -76,6 +76,16 @@ describe("m3.curriculum", function()
     assert.has_error(function() curriculum.lengths { from = 8, to = 32, steps = 30, min_lenght = 1 } end)
   end)
 
+  it("refuses steps that are not integers >= 1", function()
+    for _, s in ipairs({ 0 / 0, 1.1, 0, math.huge }) do
+      assert.has_error(function() cur:phase(s) end,
+        "m3.curriculum: phase expects a step (an integer >= 1), got " .. tostring(s))
+    end
+    assert.has_error(function() cur:phase("5") end, 'm3.curriculum: phase expects a step (an integer >= 1), got "5"')
+    assert.has_error(function() curriculum.new { { steps = "10" } } end,
+      'm3.curriculum.new: phase 1: steps must be an integer >= 1, got "10"')
+  end)
+
   it("refuses NaN and infinite numbers", function()
     local function lengths(o)
       o.from, o.to, o.steps = o.from or 1, o.to or 8, o.steps or 10

@@ -56,7 +56,7 @@ function curriculum.new(phases)
     end
     if p.steps ~= nil and not is_count(p.steps) then
       lib.raise(string.format("m3.curriculum.new: phase %d: steps must be an integer >= 1, got %s", i,
-        tostring(p.steps)))
+        show(p.steps)))
     end
     local full = {}
     for k, v in pairs(prev) do full[k] = v end
@@ -72,8 +72,8 @@ end
 
 -- The phase of 1-based step s (the last phase for steps past the end).
 function C:phase(s)
-  if type(s) ~= "number" or s < 1 then
-    lib.raise("m3.curriculum: phase expects a step >= 1, got " .. tostring(s))
+  if not is_count(s) then
+    lib.raise("m3.curriculum: phase expects a step (an integer >= 1), got " .. show(s))
   end
   local list = self.list
   for i = 1, #list do
