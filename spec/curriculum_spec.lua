@@ -1,6 +1,7 @@
 -- m3.curriculum: phases by step, inheritance, maxima, length curricula, validation.
 
 local curriculum = require "m3.curriculum"
+local helper = require "spec.helper"
 
 describe("m3.curriculum", function()
   local cur = curriculum.new {
@@ -40,6 +41,17 @@ describe("m3.curriculum", function()
     local seen = {}
     for s, p in cur:iter(99, 102) do seen[#seen + 1] = s .. ":" .. p.length end
     assert.same({ "99:8", "100:8", "101:16", "102:16" }, seen)
+  end)
+
+  it("needs both bounds of iter", function()
+    assert.has_error(function() cur:iter() end,
+      "m3.curriculum: iter(first, last) expects two steps (integers >= 1), got first = nil, last = nil")
+    assert.has_error(function() cur:iter(1) end,
+      "m3.curriculum: iter(first, last) expects two steps (integers >= 1), got first = 1, last = nil")
+    assert.has_error(function() cur:iter("1", 0 / 0) end,
+      'm3.curriculum: iter(first, last) expects two steps (integers >= 1), got first = "1", last = nan')
+    local err = helper.error_of(function() cur:iter() end)
+    assert.truthy(err:find("curriculum_spec.lua:%d+: m3.curriculum: iter"), err)
   end)
 
   it("builds length curricula in equal stages", function()
@@ -92,7 +104,8 @@ describe("m3.curriculum", function()
       return function() curriculum.lengths(o) end
     end
     assert.has_error(lengths { factor = 0 / 0 }, "m3.curriculum.lengths: factor must be a finite number > 1, got nan")
-    assert.has_error(lengths { factor = math.huge }, "m3.curriculum.lengths: factor must be a finite number > 1, got inf")
+    assert.has_error(lengths { factor = math.huge },
+      "m3.curriculum.lengths: factor must be a finite number > 1, got inf")
     assert.has_error(lengths { factor = "3" }, 'm3.curriculum.lengths: factor must be a finite number > 1, got "3"')
     assert.has_error(lengths { to = math.huge },
       "m3.curriculum.lengths: expected integers 1 <= from <= to, got from = 1, to = inf")

@@ -14,7 +14,7 @@
 --   cur:phase(150)             -> {steps = 100, length = 16, batch = 32, index = 2,
 --                                  first = 101, last = 200}  (steps 1-based)
 --   cur:max("length")          -> 32 (allocate the trainer once for the largest shape)
---   for step, phase in cur:iter(1, 300) do ... end
+--   for step, phase in cur:iter(1, 300) do ... end   (both bounds required)
 --   curriculum.lengths{from = 8, to = 32, steps = 3000, factor = 2, min_length = 1}
 --                              -> lengths 8, 16, 32 in equal thirds of the steps
 --                                 (min_length: each sample draws its length from
@@ -101,8 +101,12 @@ function C:phases()
   return self.list
 end
 
--- Iterates step, phase for steps first..last.
+-- Iterates step, phase for steps first..last (both required; none when last < first).
 function C:iter(first, last)
+  if not (is_count(first) and is_count(last)) then
+    lib.raise(string.format("m3.curriculum: iter(first, last) expects two steps (integers >= 1), got first = %s, "
+      .. "last = %s", show(first), show(last)))
+  end
   local s = first - 1
   return function()
     s = s + 1
