@@ -163,6 +163,11 @@ describe("m3.infer", function()
     a:reset({ 1 })
     local s = a:states()
     for i = s[1].ssm:numel() / 2, s[1].ssm:numel() - 1 do assert.equal(0, s[1].ssm[i]) end
+    -- a table that is not a list of rows is refused, not taken for an empty list
+    assert.has_error(function() a:reset({ a = 1 }) end,
+      'reset: rows must be a list of 0-based row indices, got a table with key "a"')
+    assert.has_error(function() a:reset({ [2] = 1 }) end,
+      "reset: rows must be a list of 0-based row indices, got a table with key 2")
   end)
 
   it("takes over a trainer's state (same batch) and continues the sequence", function()

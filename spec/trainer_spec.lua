@@ -440,6 +440,8 @@ describe("m3.trainer", function()
       end
       assert.matches("row 2 out of range", helper.error_of(tr.reset_state, tr, { 2 }))
       assert.matches("rows%[1%] = 0.5", helper.error_of(tr.reset_state, tr, { 0.5 }))
+      assert.matches("rows must be a list of 0%-based row indices, got a table with key \"a\"",
+        helper.error_of(tr.reset_state, tr, { a = 1 }))
     end)
 
     it("states / set_states round-trip and check shapes", function()

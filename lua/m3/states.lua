@@ -82,6 +82,12 @@ end
 function states.rows(rows, what)
   if rows == nil then return nil, 0 end
   if type(rows) ~= "table" then raise(what .. ": rows must be a list of 0-based row indices, got " .. type(rows)) end
+  for k in pairs(rows) do
+    if type(k) ~= "number" or k < 1 or k > #rows or k ~= math.floor(k) then
+      raise(string.format("%s: rows must be a list of 0-based row indices, got a table with key %s", what,
+        options.show(k)))
+    end
+  end
   local arr = ffi.new("int32_t[?]", math.max(#rows, 1))
   for i = 1, #rows do arr[i - 1] = options.want_int(rows[i], what .. ": rows[" .. i .. "]", 0) end
   return arr, #rows
