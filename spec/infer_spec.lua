@@ -245,10 +245,21 @@ describe("m3.infer", function()
       inf:step(helper.rows({ x = prompt }, 0, 2).x)
       local before = inf:states()
       local bad = m3.tensor.from({ { 1, 2, 13 } }, "i32")
-      assert.matches("batch.tokens%[2%] %(row 0, position 2%) = 13: must be in %[0, 13%)",
+      assert.matches("generate: prompt row 0, position 2 %(0%-based%) = 13: expected a token id in %[0, 13%)",
         helper.error_of(inf.generate, inf, bad, 4, { carry = true }))
-      assert.matches("batch.tokens%[2%] %(row 0, position 2%) = 13: must be in %[0, 13%)",
+      assert.matches("generate: prompt row 0, position 2 %(0%-based%) = 13: expected a token id in %[0, 13%)",
         helper.error_of(inf.generate, inf, bad, 4))
+      -- a table prompt's entries are named as the caller wrote them
+      for _, case in ipairs({
+        { { { 1, 99 } }, "generate: prompt%[1%]%[2%] = 99: expected a token id in %[0, 13%)" },
+        { { 1, 99 }, "generate: prompt%[2%] = 99: expected a token id in %[0, 13%)" },
+        { { { 1.5 } }, "generate: prompt%[1%]%[1%] = 1.5: expected a token id in %[0, 13%)" },
+        { { { 1 }, { "2" } }, 'generate: prompt%[2%]%[1%] = "2": expected a token id in %[0, 13%)' },
+        { { { 1, 2 }, { 3 } }, "generate: prompt%[2%] has 1 tokens, expected 2" },
+        { { { 1 }, 2 }, "generate: prompt%[2%]: expected a list of token ids, got a number" },
+      }) do
+        assert.matches(case[2], helper.error_of(inf.generate, inf, case[1], 4))
+      end
       assert.matches("prompt is empty", helper.error_of(inf.generate, inf, {}, 4))
       assert.matches("tokens is empty", helper.error_of(inf.step, inf, m3.tensor({ 1, 0 }, "i32")))
       assert.matches("expected int32 %[B, T%], got f32", helper.error_of(inf.step, inf, m3.tensor({ 1, 3 })))
@@ -258,7 +269,10 @@ describe("m3.infer", function()
       assert.matches("n = 0", helper.error_of(inf.generate, inf, bad, 0))
       assert.matches("temperature = %-1", helper.error_of(inf.generate, inf, { 1 }, 2, { temperature = -1 }))
       assert.matches("top_p = 0", helper.error_of(inf.generate, inf, { 1 }, 2, { top_p = 0 }))
-      assert.matches("stop%[1%] = 99", helper.error_of(inf.generate, inf, { 1 }, 2, { stop = 99 }))
+      assert.matches("generate: stop = 13: expected a token id in %[0, 13%)",
+        helper.error_of(inf.generate, inf, { 1 }, 2, { stop = 13 }))
+      assert.matches("generate: stop%[2%] = 99: expected a token id",
+        helper.error_of(inf.generate, inf, { 1 }, 2, { stop = { 1, 99 } }))
       assert.matches('unknown option "sed"', helper.error_of(inf.generate, inf, { 1 }, 2, { sed = 1 }))
       assert.matches("batch.input: not an input", helper.error_of(inf.step, inf, { input = m3.tensor({ 1, 1, 16 }) }))
       assert.is_true(helper.same_states(inf:states(), before))

@@ -220,13 +220,14 @@ local function gen_options(self, opts)
   local V = self.config.vocab_size
   o.stop = {}
   local stop = opts.stop
-  if type(stop) == "number" then stop = { stop } end
-  if stop ~= nil and type(stop) ~= "table" then
-    raise("generate: stop = " .. show(opts.stop) .. ": expected a token id or a list of token ids")
+  if stop ~= nil and type(stop) ~= "number" and type(stop) ~= "table" then
+    raise("generate: stop = " .. show(stop) .. ": expected a token id or a list of token ids")
   end
-  for i, id in ipairs(stop or {}) do
+  local ids = type(stop) == "number" and { stop } or stop or {}
+  for i, id in ipairs(ids) do
     if type(id) ~= "number" or id ~= math.floor(id) or id < 0 or id >= V then
-      raise(string.format("generate: stop[%d] = %s: expected a token id in [0, %d)", i, show(id), V))
+      local name = type(stop) == "number" and "stop" or string.format("stop[%d]", i)
+      raise(string.format("generate: %s = %s: expected a token id in [0, %d)", name, show(id), V))
     end
     o.stop[id] = true
   end
@@ -241,25 +242,40 @@ local function gen_options(self, opts)
   return o
 end
 
--- The prompt as int32 [B, T]: a tensor, a nested table {{...}, ...}, or a flat list (one row).
-local function prompt_tensor(prompt)
-  if type(prompt) == "table" and not tensor.is(prompt) and prompt.data == nil and type(prompt[1]) == "number" then
-    return tensor.from({ prompt }, "i32")
+-- The prompt as int32 [B, T]: a tensor, a nested table {{...}, ...}, or a flat list (one row). A table's
+-- token ids are checked here, named as the caller wrote them (prompt[r][t], 1-based).
+local function prompt_tensor(prompt, V)
+  if type(prompt) ~= "table" or tensor.is(prompt) or prompt.data ~= nil then return prompt end
+  if #prompt == 0 then raise("generate: prompt is empty: expected int32 [B, T] with T >= 1") end
+  local flat = type(prompt[1]) ~= "table"
+  local rows = flat and { prompt } or prompt
+  local T_ = #rows[1]
+  for r, row in ipairs(rows) do
+    local name = flat and "generate: prompt" or string.format("generate: prompt[%d]", r)
+    if type(row) ~= "table" or tensor.is(row) then
+      raise(string.format("%s: expected a list of token ids, got %s", name, describe(row)))
+    end
+    if #row ~= T_ then
+      raise(string.format("%s has %d tokens, expected %d (as many as the first row)", name, #row, T_))
+    end
+    for t = 1, T_ do
+      local id = row[t]
+      if type(id) ~= "number" or id ~= math.floor(id) or id < 0 or id >= V then
+        raise(string.format("%s[%d] = %s: expected a token id in [0, %d)", name, t, show(id), V))
+      end
+    end
   end
-  if type(prompt) == "table" and not tensor.is(prompt) and prompt.data == nil and #prompt == 0 then
-    raise("generate: prompt is empty: expected int32 [B, T] with T >= 1")
-  end
-  return prompt
+  return tensor.from(rows, "i32")
 end
 
--- The prompt's token ids, checked before generate resets its rows: a bad prompt then changes no state
--- (the engine's own check of the step, with the same message, comes after the reset).
+-- The prompt's token ids (those of a tensor: a table's were checked as it was converted), checked before
+-- generate resets its rows: a bad prompt then changes no state (the engine checks them again after the reset).
 local function check_prompt_ids(t, V)
   local T_ = t.dims_[1]
   for i = 0, t.dims_[0] * T_ - 1 do
     local id = t.data[i]
     if id < 0 or id >= V then
-      raise(string.format("generate: batch.tokens[%d] (row %d, position %d) = %d: must be in [0, %d)", i,
+      raise(string.format("generate: prompt row %d, position %d (0-based) = %d: expected a token id in [0, %d)",
         math.floor(i / T_), i % T_, id, V))
     end
   end
@@ -272,8 +288,9 @@ function I:generate(prompt, n, opts)
   if cfg.input ~= "tokens" then raise(string.format("generate: the model's input is %q; generate needs \"tokens\"", cfg.input)) end
   n = want_int(n, "generate: n", 1)
   local o = gen_options(self, opts)
-  local t = step_input(self, { tokens = prompt_tensor(prompt) }, "generate: prompt")
-  local B, V = t.dims_[0], cfg.vocab_size
+  local V = cfg.vocab_size
+  local t = step_input(self, { tokens = prompt_tensor(prompt, V) }, "generate: prompt")
+  local B = t.dims_[0]
   local sampler = sampling.new(B, o.sampler, "generate")
   check_prompt_ids(t, V)
   if not o.carry then
