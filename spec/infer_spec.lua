@@ -267,6 +267,8 @@ describe("m3.infer", function()
         helper.error_of(inf.step, inf, m3.tensor({ 1, 3, 1 }, "i32")))
       assert.matches("has 3 rows: expected 1 to 2", helper.error_of(inf.generate, inf, prompt, 4))
       assert.matches("n = 0", helper.error_of(inf.generate, inf, bad, 0))
+      assert.matches("generate: n = 2147483648: expected an integer from 1 to 2147483647 %(an int32%)",
+        helper.error_of(inf.generate, inf, bad, 2 ^ 31))
       assert.matches("temperature = %-1", helper.error_of(inf.generate, inf, { 1 }, 2, { temperature = -1 }))
       assert.matches("top_p = 0", helper.error_of(inf.generate, inf, { 1 }, 2, { top_p = 0 }))
       assert.matches("generate: stop = 13: expected a token id in %[0, 13%)",

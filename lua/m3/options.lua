@@ -42,9 +42,13 @@ function options.check_table(o, valid, what)
   return o
 end
 
+-- v, once it is an integer from lo to 2147483647 (the C side holds it in an int32).
 function options.want_int(v, name, lo)
-  if type(v) ~= "number" or v ~= math.floor(v) or v < lo or v > 2147483647 then
+  if type(v) ~= "number" or v ~= math.floor(v) or v < lo or v == math.huge then
     raise(string.format("%s = %s: expected an integer >= %d", name, show(v), lo))
+  end
+  if v > 2147483647 then
+    raise(string.format("%s = %s: expected an integer from %d to 2147483647 (an int32)", name, show(v), lo))
   end
   return v
 end
