@@ -281,6 +281,14 @@ describe("m3.infer", function()
       assert.equal(3, inf:generate({ 1 }, 3):numel())
     end)
 
+    it("names a non-finite logit as the model's, with its row and token", function()
+      local nan = m3.weights.init(cfg, { seed = 10 })
+      nan:get("embedding.weight")[0] = 0 / 0
+      local inf = m3.infer(nan, { device = "cpu" })
+      assert.matches("generate: the model produced a non%-finite logit in row 0 while drawing token 1 "
+        .. "%(are the weights finite%?%)", helper.error_of(inf.generate, inf, { 1, 2 }, 3, { temperature = 0 }))
+    end)
+
     it("needs an lm model, and closed objects raise", function()
       local inf = m3.infer(m3.weights.init(helper.features_none()), { device = "cpu" })
       assert.matches('head is "none"', helper.error_of(inf.generate, inf, { 1 }, 2))

@@ -304,7 +304,10 @@ function I:generate(prompt, n, opts)
   local lengths, stopped, live_rows = {}, {}, B
   for r = 1, B do lengths[r] = n end
   for i = 0, n - 1 do
-    sampler:draw(self._logits, V, drawn)
+    sampler:draw(self._logits, V, drawn, function(r)
+      return string.format("generate: the model produced a non-finite logit in row %d while drawing token %d "
+        .. "(are the weights finite?)", r, i + 1)
+    end)
     for r = 0, B - 1 do
       local id
       if stopped[r] then

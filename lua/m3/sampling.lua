@@ -3,7 +3,9 @@
 --
 --   local s = sampling.new(rows, opts, what)   checked {temperature = 1, top_k = 0, top_p = 1,
 --                                              seed = 0}; row r's generator is stream (seed, r)
---   s:draw(logits_ptr, vocab, out_ptr)         one token per row (float [rows, vocab] -> int32 [rows])
+--   s:draw(logits_ptr, vocab, out_ptr, nonfinite)  one token per row (float [rows, vocab] -> int32 [rows]);
+--                                              nonfinite(row), if given, words the error for a row whose
+--                                              logits are not all finite (else the engine's message)
 --
 -- temperature 0 is greedy (the argmax, lowest id among ties). Otherwise softmax(logits /
 -- temperature) restricted to the top_k largest logits (0: all), then to the shortest
@@ -46,8 +48,17 @@ function sampling.new(rows, opts, what)
   return setmetatable({ opts = o, rng = rng, rows = rows }, S)
 end
 
-function S:draw(logits, vocab, out)
-  check(C.m3_sample(logits, self.rows, vocab, self.opts, self.rng, out))
+function S:draw(logits, vocab, out, nonfinite)
+  local st = C.m3_sample(logits, self.rows, vocab, self.opts, self.rng, out)
+  if st == C.M3_ERR_NONFINITE and nonfinite then
+    for r = 0, self.rows - 1 do
+      for i = r * vocab, (r + 1) * vocab - 1 do
+        local v = logits[i]
+        if v ~= v or v == math.huge or v == -math.huge then raise(nonfinite(r)) end
+      end
+    end
+  end
+  check(st)
 end
 
 return sampling
