@@ -400,6 +400,23 @@ describe("m3.infer", function()
       m3.fs.write(dir .. "/config.json", '{"d_model": 16, "n_layer": 2, "vocab_size": 13, "ssm_cfg": {"layer": "Mamba2"}}')
       assert.matches('ssm_cfg.layer must be "Mamba3"', helper.error_of(m3.pytorch.import, dir))
       os.remove(dir .. "/config.json")
+      -- each field the LM loader cannot honour is named with its value; JSON null counts as absent
+      local good = m3.pytorch.config_json(m3.config(helper.tokens_lm()))
+      local function refused(pattern, edit)
+        local t = m3.json.decode(m3.json.encode(good))
+        edit(t)
+        assert.matches(pattern, helper.error_of(m3.pytorch.config_from_json, t))
+      end
+      refused("^.-m3.pytorch.config_from_json: attn_layer_idx = 5: must be an empty list",
+        function(t) t.attn_layer_idx = 5 end)
+      refused("attn_layer_idx = a non%-empty table", function(t) t.attn_layer_idx = { ["0"] = 1 } end)
+      refused("pad_vocab_size_multiple = 0: must be an integer >= 1", function(t) t.pad_vocab_size_multiple = 0 end)
+      refused("pad_vocab_size_multiple = %-3: must be an integer >= 1", function(t) t.pad_vocab_size_multiple = -3 end)
+      refused("ssm_cfg.is_mimo = 0: m3lua trains the SISO layer only", function(t) t.ssm_cfg.is_mimo = 0 end)
+      assert.matches("m3.pytorch.config_from_json: expected a JSON object, got nil",
+        helper.error_of(m3.pytorch.config_from_json, nil))
+      good.ssm_cfg.is_mimo = m3.json.null
+      assert.equal(good.d_model, m3.pytorch.config_from_json(good).d_model)
     end)
 
     it("names bad arguments at the caller's line", function()

@@ -73,26 +73,38 @@ function pytorch.config_json(cfg)
   }
 end
 
-local function want(cond, dir, msg)
-  if not cond then raise(string.format("m3.pytorch.import: %s/config.json: %s", dir, msg)) end
+-- where: the prefix of config_from_json's messages (the file import read, or the function's own name).
+local function want(cond, where, msg)
+  if not cond then raise(where .. ": " .. msg) end
 end
+
+-- v is absent: nil, or JSON's null.
+local function absent(v) return v == nil or v == json.null end
 
 -- The m3 config of a config.json table (fields the LM loader needs; the rest must agree).
 function pytorch.config_from_json(t, dir)
   if dir ~= nil and type(dir) ~= "string" then
     raise("m3.pytorch.config_from_json: dir = " .. show(dir) .. ": expected the folder's path (for messages)")
   end
-  dir = dir or "."
-  want(type(t) == "table", dir, "expected a JSON object")
+  local where = dir and string.format("m3.pytorch.import: %s/config.json", dir) or "m3.pytorch.config_from_json"
+  want(type(t) == "table" and t ~= json.null, where, "expected a JSON object, got " .. show(t))
   local s = t.ssm_cfg
-  want(type(s) == "table" and s.layer == "Mamba3", dir, 'ssm_cfg.layer must be "Mamba3" (a Mamba-3 model)')
-  want(not s.is_mimo, dir, "ssm_cfg.is_mimo = true: m3lua trains the SISO layer only")
-  want((t.d_intermediate or 0) == 0, dir, "d_intermediate must be 0 (no MLP blocks)")
-  want(t.attn_layer_idx == nil or #t.attn_layer_idx == 0, dir, "attn_layer_idx must be empty (no attention layers)")
-  want(t.rms_norm == nil or t.rms_norm == true, dir, "rms_norm must be true")
+  want(type(s) == "table" and s.layer == "Mamba3", where, 'ssm_cfg.layer must be "Mamba3" (a Mamba-3 model)')
+  want(absent(s.is_mimo) or s.is_mimo == false, where,
+    "ssm_cfg.is_mimo = " .. show(s.is_mimo) .. ": m3lua trains the SISO layer only (false or absent)")
+  want(absent(t.d_intermediate) or t.d_intermediate == 0, where,
+    "d_intermediate = " .. show(t.d_intermediate) .. ": must be 0 (no MLP blocks)")
+  local attn = t.attn_layer_idx
+  want(absent(attn) or (type(attn) == "table" and next(attn) == nil), where,
+    "attn_layer_idx = " .. (type(attn) == "table" and "a non-empty table" or show(attn))
+    .. ": must be an empty list (no attention layers)")
+  want(absent(t.rms_norm) or t.rms_norm == true, where, "rms_norm = " .. show(t.rms_norm) .. ": must be true")
+  local mult = t.pad_vocab_size_multiple
+  if absent(mult) then mult = 8 end
+  want(type(mult) == "number" and mult >= 1 and mult == math.floor(mult) and mult < 2 ^ 31, where,
+    "pad_vocab_size_multiple = " .. show(mult) .. ": must be an integer >= 1")
   local vocab = t.vocab_size
-  local mult = t.pad_vocab_size_multiple or 8
-  if type(vocab) == "number" and type(mult) == "number" and vocab % mult ~= 0 then
+  if type(vocab) == "number" and vocab % mult ~= 0 then
     vocab = vocab + mult - vocab % mult -- the public model pads the vocabulary the same way
   end
   local function opt(v, default)
