@@ -106,6 +106,13 @@ describe("m3.weights", function()
     assert.matches("m3: ", helper.error_of(m3.weights.load, "/nonexistent.safetensors"))
   end)
 
+  it("names a weights object passed for a config, and a seed given as a string", function()
+    local w = m3.weights.init(cfg)
+    assert.matches("m3.weights: expected a config, got weights", helper.error_of(m3.weights.init, w))
+    assert.matches("m3.weights: expected a config, got weights", helper.error_of(m3.weights.create, w))
+    assert.matches('seed = "1": expected an integer', helper.error_of(m3.weights.init, cfg, { seed = "1" }))
+  end)
+
   it("converts F64 files and values as F32 ones: NaN stays NaN, a finite value beyond float32 is an error", function()
     local w = m3.weights.init(cfg, { seed = 3 })
     local tensors, meta = m3.load_tensors((w:save(helper.tmpname(".safetensors"))))

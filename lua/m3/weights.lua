@@ -10,6 +10,7 @@ local ffi = require "ffi"
 local lib = require "m3.lib"
 local tensor = require "m3.tensor"
 local config = require "m3.config"
+local options = require "m3.options"
 
 lib.internal_file(debug.getinfo(1, "S").source)
 
@@ -36,6 +37,7 @@ function weights.wrap(p)
 end
 
 local function create(cfg)
+  if is_weights(cfg) then raise("m3.weights: expected a config, got weights (w.config is theirs; w:clone() copies them)") end
   local c = config.to_c(cfg)
   local out = ffi.new("m3_weights *[1]")
   check(C.m3_weights_create(c, out))
@@ -55,7 +57,7 @@ local function check_seed(seed, what)
   if seed == nil then return 0 end
   if type(seed) == "cdata" and ffi.istype("uint64_t", seed) then return seed end
   if type(seed) ~= "number" or seed < 0 or seed ~= math.floor(seed) or seed >= 2 ^ 53 then
-    raise(string.format("%s: seed = %s: expected an integer in [0, 2^53) (or a uint64_t)", what, tostring(seed)))
+    raise(string.format("%s: seed = %s: expected an integer in [0, 2^53) (or a uint64_t)", what, options.show(seed)))
   end
   return seed
 end
