@@ -208,6 +208,8 @@ describe("m3.trainer", function()
         { with("targets", nil), "batch.targets: missing" },
         { with("tokens", nil), "batch.tokens: missing" },
         { with("tokens", "abc"), "batch.tokens: expected int32 %[B, T%], got a string" },
+        { with("tokens", { { 1, 1.5 } }), "batch.tokens: element %[1%]%[2%] = 1.5: expected an integer" },
+        { with("targets", { { 1, "a" } }), "batch.targets: element %[1%]%[2%] is a string, expected a number" },
         { with("resets", m3.tensor({ 2, 8 }, "i32")), "batch.resets: expected uint8 %[2, 8%], got int32 %[2, 8%]" },
         { with("input", m3.tensor({ 2, 8, 16 })), "batch.input: not used by this model" },
         { with("tagrets", b.targets), 'batch.tagrets: unknown field %(did you mean "targets"%?%)' },

@@ -278,7 +278,7 @@ end
 function tensor.coerce(v, what, dtype, shape, expect)
   if tensor.is(v) then return v end
   if type(v) == "table" and type(v.data) == "cdata" then return tensor.wrap(v.data, v.shape, nil, what) end
-  if type(v) == "table" then return tensor.from(v, dtype) end
+  if type(v) == "table" then return tensor.from(v, dtype, what) end
   if type(v) == "cdata" then
     if not shape then return nil end
     local have, kind = cdata_kind(v)
@@ -297,30 +297,30 @@ local function type_name(v)
   return type(v) == "nil" and "nil" or "a " .. type(v)
 end
 
-local function fill_from(dst, dtype, v, shape, depth, pos, path)
+local function fill_from(dst, dtype, v, shape, depth, pos, path, what)
   local want = shape[depth]
   if type(v) ~= "table" or tensor.is(v) then
-    raise(string.format("m3.tensor.from: element %s is %s, expected a table of %d entries "
-      .. "(nested tables must be rectangular)", path, type_name(v), want))
+    raise(string.format("%s: element %s is %s, expected a table of %d entries "
+      .. "(nested tables must be rectangular)", what, path, type_name(v), want))
   end
   if #v ~= want then
-    raise(string.format("m3.tensor.from: element %s has %d entries, expected %d (nested tables "
-      .. "must be rectangular)", path, #v, want))
+    raise(string.format("%s: element %s has %d entries, expected %d (nested tables "
+      .. "must be rectangular)", what, path, #v, want))
   end
   if depth == #shape then
     for i = 1, want do
       local x = v[i]
       if type(x) ~= "number" and type(x) ~= "cdata" then
-        raise(string.format("m3.tensor.from: element %s[%d] is %s, expected a number", path, i, type_name(x)))
+        raise(string.format("%s: element %s[%d] is %s, expected a number", what, path, i, type_name(x)))
       end
       local n, why = storable(dtype, x)
-      if not n then raise(string.format("m3.tensor.from: element %s[%d] = %s: %s", path, i, show(x), why)) end
+      if not n then raise(string.format("%s: element %s[%d] = %s: %s", what, path, i, show(x), why)) end
       dst[pos] = n
       pos = pos + 1
     end
     return pos
   end
-  for i = 1, want do pos = fill_from(dst, dtype, v[i], shape, depth + 1, pos, path .. "[" .. i .. "]") end
+  for i = 1, want do pos = fill_from(dst, dtype, v[i], shape, depth + 1, pos, path .. "[" .. i .. "]", what) end
   return pos
 end
 
@@ -356,32 +356,33 @@ function tensor.cast(src, dtype)
   return t
 end
 
--- A new tensor from a (nested, rectangular) table of numbers, or a converted copy of a tensor.
-function tensor.from(v, dtype)
-  dtype = tensor.dtype_name(dtype, "m3.tensor.from")
+-- A new tensor from a (nested, rectangular) table of numbers, or a converted copy of a tensor. what
+-- (default "m3.tensor.from") names the value in messages: the library passes the caller's name for it.
+function tensor.from(v, dtype, what)
+  what = what or "m3.tensor.from"
+  dtype = tensor.dtype_name(dtype, what)
   if tensor.is(v) then return tensor.cast(v, dtype) end
   if type(v) == "table" and type(v.data) == "cdata" then
-    return tensor.cast(tensor.wrap(v.data, v.shape, nil, "m3.tensor.from"), dtype)
+    return tensor.cast(tensor.wrap(v.data, v.shape, nil, what), dtype)
   end
   if type(v) ~= "table" then
-    raise("m3.tensor.from: expected a (nested) table of numbers or a tensor, got " .. type(v))
+    raise(what .. ": expected a (nested) table of numbers or a tensor, got " .. type(v))
   end
   local shape, x = {}, v
   while type(x) == "table" do
     shape[#shape + 1] = #x
     if #x == 0 then
       if next(x) ~= nil then -- keys but no list: not an empty tensor
-        raise(string.format("m3.tensor.from: expected a (nested) list of numbers, got a table with key %s",
-          show(next(x))))
+        raise(string.format("%s: expected a (nested) list of numbers, got a table with key %s", what, show(next(x))))
       end
       break
     end
     x = x[1]
   end
   local n
-  shape, n = check_shape(shape, "m3.tensor.from")
+  shape, n = check_shape(shape, what)
   local t = zeros(dtype, shape, n)
-  fill_from(t.data, dtype, v, shape, 1, 0, "")
+  fill_from(t.data, dtype, v, shape, 1, 0, "", what)
   return t
 end
 
