@@ -260,6 +260,17 @@ describe("m3lua", function()
     assert.matches("interrupted!\nstack traceback:", err, 1, true)
   end)
 
+  it("reports an interrupt inside the library's calls without a library line", function()
+    local _, err, rc = run_signalled({ "-joff", "-e", [[
+      local m3 = require "m3"
+      local cfg = m3.config { d_model = 16, n_layers = 1, d_state = 8, headdim = 8, input = "tokens", vocab_size = 9,
+        head = "lm" }
+      local inf, tok = m3.infer(m3.weights.init(cfg), { device = "cpu" }), m3.tensor.from({ { 1 } }, "i32")
+      while true do inf:step(tok) end]] }, "INT")
+    assert.equal(130, rc)
+    assert.matches("^m3lua: interrupted!\nstack traceback:", err)
+  end)
+
   it("ends a JIT-compiled loop that cannot see the interrupt", function()
     local _, err, rc = run_signalled({ "-e", "while true do end" }, "INT")
     assert.equal(130, rc)

@@ -90,7 +90,10 @@ static void on_hook(lua_State *L, lua_Debug *ar)
   lua_sethook(L, NULL, 0, 0);
   hook_set = 0;
   watchdog_set(0);
-  luaL_error(L, "interrupted!");
+  /* no position: the hook fires wherever the interpreter is, often inside the library; the
+   * traceback shows where the program was */
+  lua_pushliteral(L, "interrupted!");
+  lua_error(L);
 }
 
 /* Removes a hook that a signal set but that has not run yet. */
