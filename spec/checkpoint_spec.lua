@@ -199,6 +199,17 @@ describe("m3.checkpoint", function()
     assert.matches("^boom\nstack traceback:\n", raised("boom"))
   end)
 
+  it("evaluates a trainer that carries its state from a zero state: the same weights give the same loss", function()
+    local tr = new_trainer("carry")
+    local train, val = data.text(path, { order = "stream", seed = 1 }), data.text(path, { order = "sequential" })
+    for _ = 1, 3 do tr:step(train:next(2, { length = 8 })) end
+    local states = tr:states()
+    local carried = fit.evaluate(tr, val, { batches = 2, length = 8 })
+    assert.is_true(helper.same_states(states, tr:states())) -- the training streams' state is left alone
+    tr:reset_state()
+    assert.equal(fit.evaluate(tr, val, { batches = 2, length = 8 }).loss, carried.loss)
+  end)
+
   it("refuses accumulated steps on a trainer that carries its state", function()
     local src = data.text(path, { order = "stream" })
     local function refusal(o)

@@ -38,7 +38,8 @@
 -- resume.
 --
 --   fit.evaluate(tr, src, {batches = 4, rows =, ...data options}) -> {loss, accuracy}
---       over the first batches of src (from index 0: the same set every time)
+--       over the first batches of src (from index 0: the same set every time), each window from a
+--       zero state (a reset at position 0) when the trainer carries its state
 
 local accumulate = require "m3.accumulate"
 local checkpoint = require "m3.checkpoint"
@@ -49,6 +50,7 @@ local log = require "m3.log"
 local options = require "m3.options"
 local schedule = require "m3.schedule"
 local source = require "m3.data.source"
+local tensor = require "m3.tensor"
 
 lib.internal_file(debug.getinfo(1, "S").source)
 
@@ -60,14 +62,30 @@ function fit.resume(ck, opts)
   return tr, { step = step, extra = extra }
 end
 
+-- b with a reset at every row's first position (b's own resets kept): evaluated by a trainer that carries its
+-- state, the window then starts from zero instead of where the training streams are.
+local function from_zero_state(b)
+  local x = b.tokens or b.input
+  local rows, len
+  if tensor.is(x) then rows, len = x:shape()[1], x:shape()[2] else rows, len = #x, #x[1] end
+  local resets = b.resets ~= nil and tensor.from(b.resets, "u8", "batch.resets") or tensor({ rows, len }, "u8")
+  for r = 0, rows - 1 do resets[r * len] = 1 end
+  local out = {}
+  for k, v in pairs(b) do out[k] = v end
+  out.resets = resets
+  return out
+end
+
 function fit.evaluate(tr, src, o)
   o = o or {}
   local batches = options.want_int(o.batches or 4, "m3.fit.evaluate: batches", 1)
+  local carry = tr:info().carry_state
   local saved = src:cursor()
   src:seek { seed = saved.seed, index = 0 }
   local loss, acc, counted = 0, 0, 0
   for _ = 1, batches do
-    local m = tr:evaluate(src:next(o.rows or tr:batch(), o))
+    local b = src:next(o.rows or tr:batch(), o)
+    local m = tr:evaluate(carry and from_zero_state(b) or b)
     local c = m.counted or 1
     loss, counted = loss + m.loss * c, counted + c
     if m.accuracy then acc = acc + m.accuracy * c end

@@ -252,7 +252,8 @@ m3.fit.evaluate(tr, src, {batches = 4, rows =, length =}) -> {loss =, accuracy =
 T["fit.run"] = "fit.run{trainer =, data =, steps =, ...}  the training loop; see ?m3.fit"
 T["fit.resume"] = "fit.resume(ck, opts) -> tr, start  from ck's newest checkpoint (start for fit.run); nil without one"
 T["fit.evaluate"] = "fit.evaluate(tr, src, {batches = 4, rows =, ...data options}) -> {loss =, accuracy =}\n"
-  .. "  over the first batches of src (the same set every time)"
+  .. "  over the first batches of src (the same set every time; each window from a zero state when the\n"
+  .. "  trainer carries its state)"
 
 T["m3.log"] = [[
 m3.log.progress{total =, every =, out =}  p:update(step, {loss =, lr =, tokens =})
