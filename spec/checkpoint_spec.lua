@@ -223,6 +223,10 @@ describe("m3.checkpoint", function()
         dir = dir .. "/refused" })
     assert.matches("m3%.fit%.run: phase 2: batch = 3 rows a step", refusal { trainer = new_trainer("carry"),
       data = src, steps = 2, curriculum = curriculum.new { { steps = 1, batch = 2 }, { batch = 3 } } })
+    local cpu = new_trainer("carry")
+    assert.matches("m3%.fit%.run: graph = true needs a CUDA trainer %(this one runs on cpu%)",
+      refusal { trainer = cpu, data = src, steps = 2, graph = true, dir = dir .. "/refused" })
+    assert.equal(0, cpu:step_count())
     assert.is_false(fs.exists(dir .. "/refused"))
     assert.equal(0, src:cursor().index)
   end)

@@ -724,9 +724,11 @@ describe("m3.trainer", function()
     assert.matches("m3: ", helper.error_of(tr.load_weights, tr, m3.weights.init(helper.features_none({ d_state = 4 }))))
   end)
 
-  it("refuses capture_graph on the CPU, naming CUDA", function()
+  it("refuses capture_graph on the CPU, naming CUDA; drop_graph has nothing to drop", function()
     local tr = m3.trainer(helper.features_none(), CPU)
     assert.matches("CUDA", helper.error_of(tr.capture_graph, tr))
+    assert.is_false(tr:has_graph())
+    tr:drop_graph()
     assert.is_false(tr:has_graph())
   end)
 

@@ -158,6 +158,12 @@ static m3_status no_graphs(backend *be) {
   return m3_fail(M3_ERR_UNSUPPORTED, "CUDA graphs need a CUDA device; this trainer runs on the CPU");
 }
 
+/* drop_graph: there is never a graph to drop (API.md: only capture is an error on the CPU) */
+static m3_status no_graph_to_drop(backend *be) {
+  (void)be;
+  return M3_OK;
+}
+
 static int32_t has_graph(const backend *be) {
   (void)be;
   return 0;
@@ -258,7 +264,7 @@ static const backend_ops cpu_ops = {
     .step = NULL,
     .evaluate = evaluate,
     .capture_graph = no_graphs,
-    .drop_graph = no_graphs,
+    .drop_graph = no_graph_to_drop,
     .has_graph = has_graph,
     .get_state = get_state,
     .set_state = set_state,
