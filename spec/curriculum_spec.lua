@@ -73,6 +73,15 @@ describe("m3.curriculum", function()
     for i, p in ipairs(e:phases()) do lens[i], total = p.length, total + p.steps end
     assert.same({ 3, 9, 27, 40 }, lens)
     assert.equal(7, total)
+    -- refused where they are made, not when a stage first draws a length
+    local function err(o)
+      local ok, e = pcall(curriculum.lengths, o)
+      assert.is_false(ok)
+      return e
+    end
+    assert.matches("min_length must be an integer in %[1, from = 12%].*, got 30",
+      err { from = 12, to = 48, steps = 30, min_length = 30 })
+    assert.matches("3 stages %(lengths 12, 24, 48%) do not fit in 2 steps", err { from = 12, to = 48, steps = 2 })
   end)
 
   it("explains bad input", function()

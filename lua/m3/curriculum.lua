@@ -141,6 +141,10 @@ function curriculum.lengths(o)
   if type(factor) ~= "number" or not (factor > 1 and factor < math.huge) then
     lib.raise("m3.curriculum.lengths: factor must be a finite number > 1, got " .. show(factor))
   end
+  if o.min_length ~= nil and not (is_count(o.min_length) and o.min_length <= from) then
+    lib.raise(string.format("m3.curriculum.lengths: min_length must be an integer in [1, from = %d] (every stage "
+      .. "draws lengths from [min_length, its length]), got %s", from, show(o.min_length)))
+  end
   local lengths, L = {}, from
   while L < to do
     lengths[#lengths + 1] = L
@@ -148,7 +152,8 @@ function curriculum.lengths(o)
   end
   lengths[#lengths + 1] = to
   if #lengths > steps then
-    lib.raise(string.format("m3.curriculum.lengths: %d stages do not fit in %d steps", #lengths, steps))
+    lib.raise(string.format("m3.curriculum.lengths: %d stages (lengths %s) do not fit in %d steps: at least one "
+      .. "step a stage", #lengths, table.concat(lengths, ", "), steps))
   end
   local phases, used = {}, 0
   for i, len in ipairs(lengths) do
