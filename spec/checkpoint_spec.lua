@@ -123,6 +123,12 @@ describe("m3.checkpoint", function()
     local one = checkpoint.new { dir = dir .. "/older", keep = 1 }
     one:save(tr, 7)
     assert.same({ { step = 7, path = one:path(7) } }, one:list())
+    -- a step whose name would not read back (1e20 printed as a negative int64) is refused
+    assert.matches("save expects a step %(an integer in %[0, 10%^15%)%), got 1e%+20",
+      helper.error_of(function() one:save(tr, 1e20) end))
+    assert.matches('got "3"', helper.error_of(function() one:save(tr, "3") end))
+    one:save(tr, 1e15 - 1)
+    assert.same({ 1e15 - 1 }, { one:list()[1].step })
   end)
 
   it("rejects unknown options of checkpoint.new, fit.run and the log writers", function()

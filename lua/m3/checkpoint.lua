@@ -70,9 +70,12 @@ function K:list()
   return out
 end
 
+-- Steps below 10^15 print exactly with %d and tostring, so a file's name gives back its step.
+local MAX_STEP = 1e15
+
 function K:save(tr, step, extra)
-  if not is_count(step, 0) then
-    lib.raise("m3.checkpoint: save expects a step (an integer >= 0), got " .. tostring(step))
+  if not is_count(step, 0) or step >= MAX_STEP then
+    lib.raise("m3.checkpoint: save expects a step (an integer in [0, 10^15)), got " .. options.show(step))
   end
   fs.mkdir(self.dir)
   local written = self:path(step)
