@@ -628,9 +628,11 @@ describe("m3.trainer", function()
         tr:save(path)
         return path
       end
-      -- a copy of the checkpoint at path with change(tensors, metadata) applied
+      -- a copy of the checkpoint at path with change(tensors, metadata) applied, without its checksum (as a
+      -- file written before checksums): each value's own check must hold on its own
       local function damaged(path, change)
         local tensors, meta = m3.load_tensors(path)
+        meta.checksum = nil
         change(tensors, meta)
         local out = helper.tmpname(".ckpt")
         m3.save_tensors(out, tensors, meta)
@@ -669,6 +671,28 @@ describe("m3.trainer", function()
       refused("extra does not load: serialize.load: long strings and comments are not accepted",
         function(_, m) m.extra = 'return {[=["]=], ([=[ab]=]):rep(3), [=["]=]}' end)
       assert.equal(1, m3.trainer.load(damaged(f32, function() end)):step_count())
+    end)
+
+    it("refuses a checkpoint with a flipped byte anywhere in its values (the checksum)", function()
+      local tr = m3.trainer(helper.tokens_lm(), opts({ carry_state = true }))
+      tr:step(helper.batch(tr.config, 3, 7, helper.rng(23)))
+      local path = helper.tmpname(".ckpt")
+      tr:save(path, { cursor = 12 })
+      local f = io.open(path, "rb")
+      local bytes = f:read("*a")
+      f:close()
+      local n = 0 -- the header's length; the tensor data follow it
+      for i = 1, 8 do n = n + bytes:byte(i) * 256 ^ (i - 1) end
+      local rng = helper.rng(5)
+      for _ = 1, 20 do
+        local at = 8 + n + rng:int(#bytes - 8 - n) + 1
+        local bad = helper.tmpname(".ckpt")
+        local out = io.open(bad, "wb")
+        out:write(bytes:sub(1, at - 1), string.char((bytes:byte(at) + 1) % 256), bytes:sub(at + 1))
+        out:close()
+        assert.matches("the file is damaged: its checksum is %x+, it states %x+", helper.error_of(m3.trainer.load, bad))
+      end
+      assert.equal(1, m3.trainer.load(path):step_count())
     end)
 
     it("loads with another window length and batch (the state then starts from zero)", function()

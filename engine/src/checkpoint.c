@@ -5,10 +5,11 @@
  * §2 names), state.<layer>.<angle|ssm|k|v> (batch-first, all rows). Metadata (strings):
  * format = "m3lua-checkpoint-1", config (model JSON), trainer (trainer options JSON with
  * the live lr / clip / no-decay values), step, loss_scale, tracker, rng (four hex words),
- * extra (the caller's opaque string). Numbers are written with 17 significant digits so
- * a resumed run continues bit-identically on the same device and precision. Loading takes
- * nothing it has not checked: numbers written whole and in range, finite tensors, second
- * moments >= 0.
+ * extra (the caller's opaque string), checksum (checksum.h over every tensor and every other
+ * metadata value, 16 hex digits). Numbers are written with 17 significant digits so a
+ * resumed run continues bit-identically on the same device and precision. Loading takes
+ * nothing it has not checked: the checksum (files written before it existed have none),
+ * numbers written whole and in range, finite tensors, second moments >= 0.
  */
 #include <cjson/cJSON.h>
 #include <errno.h>
@@ -18,6 +19,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "checksum.h"
 #include "errors.h"
 #include "trainer.h"
 #include "weights.h"
@@ -54,6 +56,18 @@ static void trainer_json(const m3_trainer *tr, char *buf, size_t cap) {
            c->beta2, c->eps, tr->no_decay, c->carry_state, tr->clip, c->allow_tf32, c->seed);
 }
 
+/* A tensor / metadata value added to the file and to its checksum. */
+static m3_status add_tensor(m3_tensor_writer *w, uint64_t *sum, const char *name, int32_t ndim, const int64_t *shape,
+                            const float *data) {
+  m3_checksum_add(sum, name, data, (size_t)numel_of(shape, ndim) * sizeof(float));
+  return m3_tensor_writer_add(w, name, M3_DTYPE_F32, ndim, shape, data);
+}
+
+static m3_status add_meta(m3_tensor_writer *w, uint64_t *sum, const char *key, const char *value) {
+  m3_checksum_add(sum, key, value, strlen(value));
+  return m3_tensor_writer_add_metadata(w, key, value);
+}
+
 m3_status m3_trainer_save(const m3_trainer *tr, const char *path, const char *extra) {
   if (!tr || !path) return m3_fail(M3_ERR_ARGUMENT, "m3_trainer_save: NULL argument");
   if (tr->poisoned) return m3_fail(M3_ERR_POISONED, "this trainer hit a sticky CUDA error; nothing to save");
@@ -70,12 +84,13 @@ m3_status m3_trainer_save(const m3_trainer *tr, const char *path, const char *ex
   static const arena_kind kinds[3] = {ARENA_PARAMS, ARENA_ADAM_M, ARENA_ADAM_V};
   static const char *const prefixes[3] = {"param.", "adam_m.", "adam_v."};
   char name[M3_NAME_CAP + 32];
+  uint64_t sum = 0;
   for (int a = 0; a < 3 && st == M3_OK; a++) {
     st = tr->ops->read_arena(tr->be, kinds[a], arenas[a]);
     for (int32_t i = 0; i < tr->layout.n && st == M3_OK; i++) {
       const param_desc *p = &tr->layout.t[i];
       snprintf(name, sizeof name, "%s%s", prefixes[a], p->name);
-      st = m3_tensor_writer_add(w, name, M3_DTYPE_F32, p->ndim, p->shape, arenas[a] + p->offset);
+      st = add_tensor(w, &sum, name, p->ndim, p->shape, arenas[a] + p->offset);
     }
   }
   float *s = buf + 3 * total;
@@ -91,24 +106,26 @@ m3_status m3_trainer_save(const m3_trainer *tr, const char *path, const char *ex
     st = tr->ops->get_state(tr->be, l, ptr[0], ptr[1], ptr[2], ptr[3]);
     for (int k = 0; k < 4 && st == M3_OK; k++) {
       snprintf(name, sizeof name, "state.%d.%s", l, STATE_KINDS[k]);
-      st = m3_tensor_writer_add(w, name, M3_DTYPE_F32, ndims[k], shapes[k], ptr[k]);
+      st = add_tensor(w, &sum, name, ndims[k], shapes[k], ptr[k]);
     }
   }
   char text[1024];
-  if (st == M3_OK) st = m3_tensor_writer_add_metadata(w, "format", FORMAT);
-  if (st == M3_OK) st = m3_tensor_writer_add_metadata(w, "config", m3_config_to_json(&tr->model));
+  if (st == M3_OK) st = add_meta(w, &sum, "format", FORMAT);
+  if (st == M3_OK) st = add_meta(w, &sum, "config", m3_config_to_json(&tr->model));
   trainer_json(tr, text, sizeof text);
-  if (st == M3_OK) st = m3_tensor_writer_add_metadata(w, "trainer", text);
+  if (st == M3_OK) st = add_meta(w, &sum, "trainer", text);
   snprintf(text, sizeof text, "%" PRId64, tr->step);
-  if (st == M3_OK) st = m3_tensor_writer_add_metadata(w, "step", text);
+  if (st == M3_OK) st = add_meta(w, &sum, "step", text);
   snprintf(text, sizeof text, "%.17g", tr->loss_scale);
-  if (st == M3_OK) st = m3_tensor_writer_add_metadata(w, "loss_scale", text);
+  if (st == M3_OK) st = add_meta(w, &sum, "loss_scale", text);
   snprintf(text, sizeof text, "%" PRId64, tr->tracker);
-  if (st == M3_OK) st = m3_tensor_writer_add_metadata(w, "tracker", text);
+  if (st == M3_OK) st = add_meta(w, &sum, "tracker", text);
   snprintf(text, sizeof text, "%016" PRIx64 " %016" PRIx64 " %016" PRIx64 " %016" PRIx64, tr->rng.s[0], tr->rng.s[1],
            tr->rng.s[2], tr->rng.s[3]);
-  if (st == M3_OK) st = m3_tensor_writer_add_metadata(w, "rng", text);
-  if (st == M3_OK) st = m3_tensor_writer_add_metadata(w, "extra", extra ? extra : "");
+  if (st == M3_OK) st = add_meta(w, &sum, "rng", text);
+  if (st == M3_OK) st = add_meta(w, &sum, "extra", extra ? extra : "");
+  snprintf(text, sizeof text, "%016" PRIx64, sum);
+  if (st == M3_OK) st = m3_tensor_writer_add_metadata(w, "checksum", text);
   if (st == M3_OK) st = m3_tensor_writer_write(w, path);
   m3_tensor_writer_destroy(w);
   free(buf);
@@ -230,6 +247,30 @@ static m3_status meta_number(const m3_tensor_file *f, const char *key, double *o
   return M3_OK;
 }
 
+/* The file's checksum against the one it states; a file written before checksums has none. */
+static m3_status verify_checksum(const m3_tensor_file *f) {
+  const char *stated = m3_tensor_file_metadata(f, "checksum");
+  if (!stated) return M3_OK;
+  uint64_t sum = 0;
+  for (int32_t i = 0; i < m3_tensor_file_count(f); i++) {
+    m3_file_tensor t;
+    TRY(m3_tensor_file_get(f, i, &t));
+    m3_checksum_add(&sum, t.name, t.data, t.nbytes);
+  }
+  for (int32_t i = 0; i < m3_tensor_file_metadata_count(f); i++) {
+    const char *key = m3_tensor_file_metadata_key(f, i);
+    if (strcmp(key, "checksum") != 0) {
+      const char *value = m3_tensor_file_metadata(f, key);
+      m3_checksum_add(&sum, key, value, strlen(value));
+    }
+  }
+  char text[24];
+  snprintf(text, sizeof text, "%016" PRIx64, sum);
+  if (strcmp(text, stated) != 0)
+    return m3_fail(M3_ERR_FORMAT, "the file is damaged: its checksum is %s, it states %.24s", text, stated);
+  return M3_OK;
+}
+
 static m3_status restore(m3_trainer *tr, const m3_tensor_file *f, int same_precision, int same_batch, float *buf) {
   const char *text;
   TRY(meta_int(f, "step", 0, INT64_MAX, &tr->step));
@@ -293,6 +334,7 @@ m3_status m3_trainer_load(const char *path, const m3_load_opts *opts, m3_trainer
   m3_status st = meta(f, "format", &text);
   if (st == M3_OK && strcmp(text, FORMAT) != 0)
     st = m3_fail(M3_ERR_FORMAT, "format \"%s\" is not a trainer checkpoint (%s)", text, FORMAT);
+  if (st == M3_OK) st = verify_checksum(f);
   if (st == M3_OK) st = meta(f, "config", &text);
   if (st == M3_OK) st = m3_config_from_json(text, &model);
   if (st == M3_OK) st = meta(f, "trainer", &text);

@@ -18,9 +18,10 @@
 --                                    returns the path, or nil and why not
 --
 -- A checkpoint is the trainer's full state (m3 tr:save: weights, Adam moments, step, lr,
--- loss scale, RNG, recurrent state, configs; written to a temporary file, fsynced and
--- renamed, so a crash never leaves a half-written step-N.ckpt) plus the Lua table
--- {step = step, extra = extra}: the loop's step and the caller's state (data cursor,
+-- loss scale, RNG, recurrent state, configs, under a checksum that loading verifies; written
+-- to a temporary file, fsynced and renamed, so a crash never leaves a half-written
+-- step-N.ckpt) plus the Lua table {step = step, extra = extra}: the loop's step and the
+-- caller's state (data cursor,
 -- schedule position, curriculum phase, RNG states). Restoring all of them continues the
 -- run bit-identically on the same device and dtype.
 
