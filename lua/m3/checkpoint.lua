@@ -21,9 +21,8 @@
 -- loss scale, RNG, recurrent state, configs, under a checksum that loading verifies; written
 -- to a temporary file, fsynced and renamed, so a crash never leaves a half-written
 -- step-N.ckpt) plus the Lua table {step = step, extra = extra}: the loop's step and the
--- caller's state (data cursor,
--- schedule position, curriculum phase, RNG states). Restoring all of them continues the
--- run bit-identically on the same device and dtype.
+-- caller's state (data cursor, schedule position, curriculum phase, RNG states). Restoring
+-- all of them continues the run bit-identically on the same device and dtype.
 
 local trainer = require "m3.trainer"
 local lib = require "m3.lib"
