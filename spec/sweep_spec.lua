@@ -59,6 +59,49 @@ describe("m3.sweep", function()
     os.execute("rm -rf " .. dir)
   end)
 
+  it("names list values by their contents, the same in every process", function()
+    assert.equal("betas=[0.9,0.99],lr=1", sweep.name({ betas = { 0.9, 0.99 }, lr = 1 }, {}))
+    assert.equal("x=[[1,a%20b],[]]", sweep.name({ x = { { 1, "a b" }, {} } }, {}))
+    assert.equal("lr=2", sweep.name({ betas = { 0.9, 0.99 }, lr = 2 }, { betas = { 0.9, 0.99 } }))
+    local names = {}
+    for _, v in ipairs { { 1, 2 }, { 12 }, { { 1 }, 2 }, { 1, { 2 } }, "[1,2]", "[12]", {}, "[]" } do
+      local name = sweep.name({ x = v }, {})
+      assert.is_nil(names[name], name)
+      names[name] = true
+    end
+    local never = tmpdir() .. "/never-made"
+    assert.matches("^[^:]*sweep_spec%.lua:%d+: m3%.sweep: betas%[2%] = function: .*: a function value cannot name a "
+      .. "run folder; use numbers, text, booleans or lists of them$",
+      select(2, pcall(function() sweep { grid = { betas = { { 1, print } } }, dir = never, run = print } end)))
+    assert.matches('m3.sweep: opt = table: .*: a table with the key "a" cannot name a run folder',
+      helper.error_of(sweep, { random = { opt = { { a = 1 } } }, trials = 1, dir = never, run = print }))
+    assert.is_nil(io.open(never))
+
+    -- equal lists are one point; a re-run and the children of a parallel sweep find every point
+    local dir = tmpdir()
+    local script = write_script(dir, [[
+local calls = 0
+local rows = require "m3.sweep" {
+  grid = { betas = { { 0.9, 0.99 }, { 0.9, 0.999 }, { 0.9, 0.99 } }, lr = { 1, 2 } }, dir = DIR, parallel = PARALLEL,
+  run = function(p) calls = calls + 1; return { loss = p.lr + p.betas[2] } end,
+}
+print("rows", #rows, rows[1].run, calls)
+]])
+    local out, code = helper.run("luajit -e 'PARALLEL = 1' " .. script)
+    assert.equal(0, code, out)
+    assert.equal("rows\t4\tbetas=[0.9,0.99],lr=1\t4\n", out)
+    assert.equal("run,betas,lr,loss", read(dir .. "/out/results.csv"):match("^[^\n]*"))
+    assert.matches('\n"betas=[0.9,0.99],lr=1","[0.9,0.99]",1,1.99\n', read(dir .. "/out/results.csv"), 1, true)
+    out, code = helper.run("luajit -e 'PARALLEL = 1' " .. script)
+    assert.equal("rows\t4\tbetas=[0.9,0.99],lr=1\t0\n", out)
+    os.execute("rm -rf " .. dir .. "/out")
+    out, code = helper.run("luajit -e 'PARALLEL = 2' " .. script)
+    assert.equal(0, code, out)
+    assert.equal(4, select(2, out:gsub("m3.sweep: [^\n]* finished", "")), out)
+    assert.equal("rows\t4\tbetas=[0.9,0.99],lr=1\t0", out:match("([^\n]*)\n$"))
+    os.execute("rm -rf " .. dir)
+  end)
+
   it("refuses points that would share a folder before running any", function()
     local dir = tmpdir() .. "/clash"
     local ran = 0

@@ -22,9 +22,11 @@
 -- Folders: dir/<name>, name = the swept options whose value differs from `defaults`,
 -- "key=value" joined by "," (e.g. "d_model=64,lr=0.003"; "defaults" when none differs).
 -- Names are exact, so distinct points never share a folder: numbers have the digits that
--- read back as the same number, and "%", "/", ",", "=", "\", blanks and control characters
--- in text are written %XX ("a/b" -> "a%2Fb"). A point listed twice runs once; points that
--- still would share a name (1 and "1") are an error before anything runs.
+-- read back as the same number, lists are written [a,b] (betas = {0.9, 0.99} ->
+-- "betas=[0.9,0.99]"; nested alike), and "%", "/", ",", "=", "\", "[", "]", blanks and
+-- control characters in text are written %XX ("a/b" -> "a%2Fb"). Other values (functions,
+-- tables with other keys than 1..n) are an error. A point listed twice runs once; points
+-- that still would share a name (1 and "1") are an error before anything runs.
 -- A finished point leaves <run_dir>/done.json ({name, point, metrics}); a re-run reads it
 -- instead of running the point again. After every point dir/results.csv and
 -- dir/results.json (rows: run, the swept keys, the metrics; sorted by the metric) and
@@ -88,14 +90,43 @@ local function format_number(v)
   return number_text(v, 17)
 end
 
--- A key or value in a folder name: numbers exactly, other values as text with "%", "/",
--- ",", "=", "\\", blanks and control characters written as %XX (reversible, so distinct
--- texts never share a name).
-local function format_value(v)
-  if type(v) == "number" then return format_number(v) end
-  return (tostring(v):gsub("[%%/,=\\%s%c]", function(c) return string.format("%%%02X", c:byte()) end))
+-- A key or value in a folder name: numbers exactly; lists as "[a,b]", their values named
+-- alike; text and booleans with "%", "/", ",", "=", "\\", "[", "]", blanks and control
+-- characters written as %XX (reversible, so distinct values never share a name). Other
+-- values are an error naming key (the option) and value.
+local function format_value(v, key)
+  local t = type(v)
+  if t == "number" then return format_number(v) end
+  if t == "string" or t == "boolean" then
+    return (tostring(v):gsub("[%%/,=\\%[%]%s%c]", function(c) return string.format("%%%02X", c:byte()) end))
+  end
+  local why = t ~= "table" and "a " .. t .. " value"
+  if not why then
+    for k in pairs(v) do
+      if type(k) ~= "number" or k ~= math.floor(k) or k < 1 or k > #v then why = "a table with the key " .. show(k) end
+    end
+  end
+  if why then
+    raise(string.format("m3.sweep: %s = %s: %s cannot name a run folder; use numbers, text, booleans or lists of them",
+      key, show(v), why))
+  end
+  local parts = {}
+  for i = 1, #v do parts[i] = format_value(v[i], key .. "[" .. i .. "]") end
+  return "[" .. table.concat(parts, ",") .. "]"
 end
 sweep.format_value = format_value
+
+-- a == b, tables compared key by key.
+local function same_value(a, b)
+  if type(a) ~= "table" or type(b) ~= "table" then return a == b end
+  for k, x in pairs(a) do
+    if not same_value(x, b[k]) then return false end
+  end
+  for k in pairs(b) do
+    if a[k] == nil then return false end
+  end
+  return true
+end
 
 -- The folder name of point: keys (in order) whose value differs from defaults.
 function sweep.name(point, defaults, keys)
@@ -108,7 +139,8 @@ function sweep.name(point, defaults, keys)
   local parts = {}
   for _, k in ipairs(keys) do
     local v = point[k]
-    if v ~= nil and v ~= defaults[k] then parts[#parts + 1] = format_value(k) .. "=" .. format_value(v) end
+    local text = v ~= nil and format_value(v, k)
+    if text and not same_value(v, defaults[k]) then parts[#parts + 1] = format_value(k) .. "=" .. text end
   end
   return #parts > 0 and table.concat(parts, ",") or "defaults"
 end
@@ -132,16 +164,24 @@ function sweep.run_dir(opts, changed, base, skip)
   return dir
 end
 
+-- v for a message, lists as {a, b}.
+local function show_value(v)
+  if type(v) ~= "table" then return show(v) end
+  local parts = {}
+  for i, x in ipairs(v) do parts[i] = show_value(x) end
+  return "{" .. table.concat(parts, ", ") .. "}"
+end
+
 -- The swept values of point, "k = v, ..." (for messages).
 local function describe(point, keys)
   local parts = {}
-  for i, k in ipairs(keys) do parts[i] = k .. " = " .. show(point[k]) end
+  for i, k in ipairs(keys) do parts[i] = k .. " = " .. show_value(point[k]) end
   return table.concat(parts, ", ")
 end
 
 local function same_point(a, b, keys)
   for _, k in ipairs(keys) do
-    if a[k] ~= b[k] then return false end
+    if not same_value(a[k], b[k]) then return false end
   end
   return true
 end
@@ -257,9 +297,10 @@ end
 
 -- ---- files -------------------------------------------------------------------------------
 
-local function csv_field(v)
+-- v in a results.csv column named key.
+local function csv_field(v, key)
   if v == nil or v == json.null then return "" end
-  local s = type(v) == "number" and number_text(v, 10) or tostring(v)
+  local s = type(v) == "number" and number_text(v, 10) or type(v) == "table" and format_value(v, key) or tostring(v)
   if s:find('[,"\n]') then s = '"' .. s:gsub('"', '""') .. '"' end
   return s
 end
@@ -268,7 +309,7 @@ local function write_results(dir, rows, columns, metric, mode)
   local lines = { table.concat(columns, ",") }
   for _, r in ipairs(rows) do
     local fields = {}
-    for i, c in ipairs(columns) do fields[i] = csv_field(r[c]) end
+    for i, c in ipairs(columns) do fields[i] = csv_field(r[c], c) end
     lines[#lines + 1] = table.concat(fields, ",")
   end
   fs.write(dir .. "/results.csv", table.concat(lines, "\n") .. "\n")
