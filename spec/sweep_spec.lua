@@ -175,6 +175,24 @@ print("rows", #rows, rows[1].run, calls)
     os.execute("rm -rf " .. dir)
   end)
 
+  it("ranks by the default metric of all the rows, whichever point finished first", function()
+    local dir = tmpdir() .. "/default-metric"
+    local csv
+    for _ = 1, 2 do -- the second time from done.json
+      local rows = sweep { grid = { lr = { 1, 2, 3 } }, dir = dir, run = function(p)
+        if p.lr == 1 then return { acc = 0.1 } end -- the first point has no loss
+        return { loss = 10 - p.lr, acc = 0.5 }
+      end }
+      local order = {}
+      for i, r in ipairs(rows) do order[i] = r.run end
+      assert.same({ "lr=3", "lr=2", "lr=1" }, order) -- by loss, lowest first; no loss last
+      assert.equal(csv or read(dir .. "/results.csv"), read(dir .. "/results.csv"))
+      csv = read(dir .. "/results.csv")
+    end
+    assert.matches("loss, lowest is best", read(dir .. "/summary.svg"), 1, true)
+    os.execute("rm -rf " .. dir)
+  end)
+
   it("raises after the runs when no run returned the metric", function()
     local dir = tmpdir() .. "/bogus"
     local ran = 0

@@ -6,8 +6,9 @@
 --     dir = "runs/sweep",
 --     run = function(point, run_dir) ... return {val_acc = 0.98, ...} end,
 --     metric = "val_acc", mode = "max",                -- sort key (default: loss, else the
---                                                      -- first metric; mode: "min" for
---                                                      -- names with "loss", else "max")
+--                                                      -- first metric by name, of all the
+--                                                      -- rows; mode: "min" for names with
+--                                                      -- "loss", else "max")
 --     parallel = 1,                                    -- N: N m3lua processes at once
 --   }
 --
@@ -529,7 +530,6 @@ function sweep.run(o)
   end
   local in_child = child_point ~= nil
 
-  local metric, mode = o.metric, o.mode
   fs.mkdir(o.dir)
   local rows, metric_keys, pending = {}, {}, {}
   local function add_row(job, metrics)
@@ -544,9 +544,11 @@ function sweep.run(o)
     rows[#rows + 1] = row
   end
   local function finish_table()
+    -- the default metric from every row so far, so that the end result does not depend on
+    -- which point finished first (a re-run reads them all at once)
     local mkeys = sorted_keys(metric_keys)
-    metric = metric or (metric_keys.loss and "loss") or mkeys[1] or "run"
-    mode = mode or (metric:find("loss", 1, true) and "min" or "max")
+    local metric = o.metric or (metric_keys.loss and "loss") or mkeys[1] or "run"
+    local mode = o.mode or (metric:find("loss", 1, true) and "min" or "max")
     -- only finite values rank: NaN and +-inf read back from done.json as null, so they go last
     -- with the missing ones (by run name) in both modes, the same on every re-run
     table.sort(rows, function(a, b)
@@ -599,7 +601,7 @@ function sweep.run(o)
   end
   if o.metric and #rows > 0 and not metric_keys[o.metric] then -- a metric asked for by name
     raise(string.format("m3.sweep: no run returned the metric %s (they returned: %s); %s/results.csv is unsorted",
-      show(metric), table.concat(sorted_keys(metric_keys), ", "), o.dir))
+      show(o.metric), table.concat(sorted_keys(metric_keys), ", "), o.dir))
   end
   return rows
 end
