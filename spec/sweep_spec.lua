@@ -297,13 +297,36 @@ print("rows", #rows, rows[1].run, calls)
     local function bad(spec)
       return helper.error_of(sweep, { random = { n = spec }, trials = 3, dir = dir, run = print })
     end
-    assert.matches('m3.sweep: random.n = {"int", lo, hi} needs integers lo <= hi, got 1.5 and 3', bad { "int", 1.5, 3 }, 1, true)
-    assert.matches('needs integers lo <= hi, got 1 and 2.5', bad { "int", 1, 2.5 }, 1, true)
+    assert.matches('m3.sweep: random.n = {"int", lo, hi} needs integers lo <= hi and hi - lo < 2^53, got 1.5 and 3',
+      bad { "int", 1.5, 3 }, 1, true)
+    assert.matches('needs integers lo <= hi and hi - lo < 2^53, got 1 and 2.5', bad { "int", 1, 2.5 }, 1, true)
+    assert.matches('needs integers lo <= hi and hi - lo < 2^53, got -1e+308 and 1e+308', bad { "int", -1e308, 1e308 },
+      1, true)
     assert.matches('needs finite numbers lo <= hi, got 0 and inf', bad { "uniform", 0, math.huge }, 1, true)
     assert.matches('needs finite numbers lo <= hi and lo > 0, got nan and 1', bad { "log", 0 / 0, 1 }, 1, true)
     assert.matches('m3.sweep: random.n must be a list of choices or {"log"|"uniform"|"int", lo, hi}, got 0.5',
       bad(0.5), 1, true)
     assert.is_nil(io.open(dir))
+  end)
+
+  it("draws from ranges whose width overflows", function()
+    local dir = tmpdir() .. "/wide"
+    local big = 1.7976931348623157e308
+    local seen = {}
+    local rows = sweep { random = { u = { "uniform", -big, big }, w = { "uniform", -1e308, 1e308 },
+      l = { "log", 5e-324, big }, n = { "int", -2 ^ 52, 2 ^ 52 - 1 } }, trials = 3, dir = dir,
+      run = function(p) seen[#seen + 1] = p; return {} end }
+    assert.equal(3, #rows)
+    local distinct = {}
+    for _, p in ipairs(seen) do
+      assert.is_true(p.u > -big and p.u < big and p.w > -1e308 and p.w < 1e308, p.u .. " " .. p.w)
+      assert.is_true(p.l >= 5e-324 and p.l < big and p.n >= -2 ^ 52 and p.n < 2 ^ 52 and p.n % 1 == 0)
+      distinct[p.u], distinct[p.w] = true, true
+    end
+    local count = 0
+    for _ in pairs(distinct) do count = count + 1 end
+    assert.equal(6, count)
+    os.execute("rm -rf " .. dir)
   end)
 
   it("runs points as separate processes with parallel = N", function()

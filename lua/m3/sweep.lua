@@ -16,8 +16,8 @@
 -- grid is a list {{"lr", {...}}, {"d_model", {...}}}); random = `trials` points drawn with
 -- m3.data.rng from `seed` (default 0): a key's spec is a list of choices, or
 -- {"log", lo, hi} (log-uniform), {"uniform", lo, hi} (finite lo <= hi), {"int", lo, hi}
--- (integers lo <= hi, each equally likely); drawn reals keep 3 significant digits and
--- stay inside [lo, hi].
+-- (integers lo <= hi, hi - lo < 2^53, each equally likely); drawn reals keep 3 significant
+-- digits and stay inside [lo, hi].
 -- Rows whose metric is missing or not finite (NaN, +-inf: done.json keeps them as null)
 -- come last, by name; a metric that no run returned is an error once the runs are done.
 -- Folders: dir/<name>, name = the swept options whose value differs from `defaults`,
@@ -272,14 +272,18 @@ local function draw(r, spec, key)
   if kind == "log" or kind == "uniform" or kind == "int" then
     local lo, hi = spec[2], spec[3]
     local int = kind == "int"
+    -- int: hi - lo + 1 <= 2^53 integers, so that the count is exact and each one can be drawn
     if not (is_finite(lo) and is_finite(hi) and lo <= hi) or (kind == "log" and lo <= 0)
-        or (int and (lo ~= math.floor(lo) or hi ~= math.floor(hi))) then
+        or (int and (lo ~= math.floor(lo) or hi ~= math.floor(hi) or hi - lo >= 2 ^ 53)) then
       raise(string.format("m3.sweep: random.%s = {%q, lo, hi} needs %s lo <= hi%s, got %s and %s", key, kind,
-        int and "integers" or "finite numbers", kind == "log" and " and lo > 0" or "", show(lo), show(hi)))
+        int and "integers" or "finite numbers", kind == "log" and " and lo > 0" or int and " and hi - lo < 2^53" or "",
+        show(lo), show(hi)))
     end
     if int then return lo + r:below(hi - lo + 1) end
-    if kind == "uniform" then return three_digits(lo + (hi - lo) * r:uniform(), lo, hi) end
-    return three_digits(math.exp(math.log(lo) + (math.log(hi) - math.log(lo)) * r:uniform()), lo, hi)
+    -- between lo and hi without forming hi - lo, which overflows for -1e308, 1e308
+    local u = r:uniform()
+    if kind == "uniform" then return three_digits(lo * (1 - u) + hi * u, lo, hi) end
+    return three_digits(math.exp(math.log(lo) * (1 - u) + math.log(hi) * u), lo, hi)
   end
   return spec[1 + r:below(#spec)]
 end
