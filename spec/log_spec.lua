@@ -22,6 +22,18 @@ end
 
 local tmpdir = helper.tmpdir
 
+-- f(...)'s results, or an error once it has run ten million instructions (the JIT is off
+-- meanwhile, so that the hook sees every loop): a loop that never ends fails, not hangs.
+local function bounded(f, ...)
+  jit.off()
+  debug.sethook(function() error("ran past ten million instructions", 2) end, "", 1e7)
+  local r = { pcall(f, ...) }
+  debug.sethook()
+  jit.on()
+  assert(r[1], r[2])
+  return unpack(r, 2)
+end
+
 describe("m3.log.progress", function()
   it("writes plain lines every `every` steps and at the end when not a terminal", function()
     local out = sink()
@@ -166,6 +178,22 @@ describe("m3.log.jsonl and plots", function()
     end)())
     assert.equal(0, a)
     assert.is_true(math.abs(b - 1) < 1e-12)
+  end)
+
+  it("pads a range of zero or a few ulps like a constant series, and bounds the ticks", function()
+    for _, r in ipairs { { 1e16, 1e16 + 2 }, { 0.3, 0.1 * 3 }, { 0, 5e-324 }, { 5e-324, 5e-324 }, { -7, -7 } } do
+      local t, a, b = bounded(log.svg.nice_ticks, r[1], r[2], 6)
+      assert.is_true(#t >= 2 and #t <= 8 and a <= r[1] and b >= r[2] and a < b)
+    end
+    assert.same({ 1, 1.1 }, { select(2, log.svg.nice_ticks(1, 1)) })
+    assert.error_matches(function() log.svg.nice_ticks(0, 1, 101) end, "n = 101: expected at most 100")
+    local dir = tmpdir()
+    local w = log.jsonl(dir .. "/metrics.jsonl")
+    w:write { step = 1, loss = 0.9, val_acc = 0.3 }
+    w:write { step = 2, loss = 0.8, val_acc = 0.1 * 3 }
+    w:close()
+    assert.equal(dir .. "/plot.svg", bounded(log.plot_run, dir))
+    os.execute("rm -rf " .. dir)
   end)
 
   it("draws bars and escapes labels", function()

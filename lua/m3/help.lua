@@ -284,7 +284,7 @@ T["log.svg.bars"] = "m3.log.svg.bars{title =, xlabel =, labels = {...}, values =
 T["log.svg.document"] = "m3.log.svg.document(charts) -> SVG text with the charts stacked vertically"
 T["log.svg.write"] = "m3.log.svg.write(path, charts)  writes the document atomically (the folder must exist)"
 T["log.svg.nice_ticks"] = "m3.log.svg.nice_ticks(lo, hi, n = 5) -> ticks, axis_lo, axis_hi\n"
-  .. "  about n ticks at 1, 2 or 5 times a power of ten covering [lo, hi]"
+  .. "  about n (at most 100) ticks at 1, 2 or 5 times a power of ten covering [lo, hi]"
 
 T["m3.sweep"] = [[
 m3.sweep{grid = {lr = {1e-3, 3e-3}, d_model = {32, 64}} | random = {lr = {"log", 1e-4, 1e-2}},

@@ -5,7 +5,7 @@
 --   svg.bars{title =, xlabel =, labels = {...}, values = {...}} -> a horizontal bar chart
 --   svg.document(charts) -> SVG text with the charts stacked vertically
 --   svg.write(path, charts) -> writes the document (atomically; the folder must exist)
---   svg.nice_ticks(lo, hi, n = 5) -> ticks, axis_lo, axis_hi
+--   svg.nice_ticks(lo, hi, n = 5) -> ticks, axis_lo, axis_hi  (n at most 100)
 --
 -- Axes get "nice" ticks (1, 2, 5 times a power of ten; powers of ten on a log axis);
 -- series longer than 1500 points are averaged in buckets; non-finite points break a line.
@@ -27,6 +27,9 @@ local PALETTE = { "#1f77b4", "#d62728", "#2ca02c", "#ff7f0e", "#9467bd", "#8c564
 local W, H = 720, 360
 local LEFT, RIGHT, TOP, BOTTOM = 70, 170, 34, 46
 local MAX_POINTS = 1500
+local MAX_TICKS = 100
+-- Values closer to zero than this count as zero on an axis (so that steps stay normal floats).
+local TINY = 1e-280
 
 local function esc(s)
   return (tostring(s):gsub("&", "&amp;"):gsub("<", "&lt;"):gsub(">", "&gt;"):gsub('"', "&quot;"))
@@ -55,14 +58,18 @@ local function label(v)
   return (string.format("%.4g", v))
 end
 
--- Ticks covering [lo, hi]: about n values at a step of 1, 2 or 5 times a power of ten,
--- and the axis range (the outer ticks).
+-- Ticks covering [lo, hi]: about n (at most MAX_TICKS) values at a step of 1, 2 or 5
+-- times a power of ten, and the axis range (the outer ticks).
 function svg.nice_ticks(lo, hi, n)
   if not finite(lo) or not finite(hi) then
     raise(string.format("m3.log.svg.nice_ticks: expected finite lo and hi, got %s and %s", show(lo), show(hi)))
   end
   n = n == nil and 5 or options.want_int(n, "m3.log.svg.nice_ticks: n", 1)
-  if hi <= lo then hi = lo + (lo == 0 and 1 or abs(lo) * 0.1) end
+  if n > MAX_TICKS then raise(string.format("m3.log.svg.nice_ticks: n = %d: expected at most %d", n, MAX_TICKS)) end
+  if hi - lo <= max(abs(lo), abs(hi)) * 1e-12 or hi - lo < TINY then
+    -- constant (or a few ulps wide): padded by a tenth of the value, to 1 around zero
+    hi = lo + (abs(lo) < TINY and 1 or abs(lo) * 0.1)
+  end
   local raw = (hi - lo) / n
   local p = 10 ^ floor(log10(raw))
   local step = p
