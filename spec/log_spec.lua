@@ -196,6 +196,14 @@ describe("m3.log.jsonl and plots", function()
     os.execute("rm -rf " .. dir)
   end)
 
+  it("keeps a gap of non-finite points in a series long enough to be averaged", function()
+    local x, y = {}, {}
+    for i = 1, 3000 do x[i], y[i] = i, (i > 1000 and i < 2000) and 0 / 0 or i end
+    y[2500] = 1 / 0
+    local body = log.svg.lines { series = { { x = x, y = y } } }.body
+    assert.equal(3, select(2, body:gsub("<polyline", "")))
+  end)
+
   it("draws bars and escapes labels", function()
     local c = log.svg.bars { title = "a<b", labels = { "x=1", "y&z" }, values = { 0.5, -0.25 } }
     local doc = log.svg.document { c }

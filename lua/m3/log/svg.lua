@@ -83,18 +83,31 @@ function svg.nice_ticks(lo, hi, n)
   return ticks, ka * step, kb * step
 end
 
--- Averages (x, y) into at most MAX_POINTS buckets; drops nothing else.
-local function decimate(xs, ys)
+-- Whether (x, y) is drawn: finite, and positive on a log axis.
+local function drawn(x, y, logy)
+  return finite(x) and finite(y) and (not logy or y > 0)
+end
+
+-- Averages (x, y) into at most MAX_POINTS buckets, a bucket's runs of drawn points each
+-- to one point; a point not drawn becomes a break (a NaN), so a gap stays a gap.
+local function decimate(xs, ys, logy)
   local n = #xs
   if n <= MAX_POINTS then return xs, ys end
   local bx, by, size = {}, {}, n / MAX_POINTS
   for b = 0, MAX_POINTS - 1 do
-    local i0, i1 = floor(b * size) + 1, floor((b + 1) * size)
-    local sx, sy, c = 0, 0, 0
-    for i = i0, i1 do
-      if finite(ys[i]) then sx, sy, c = sx + xs[i], sy + ys[i], c + 1 end
+    local i, i1 = floor(b * size) + 1, floor((b + 1) * size)
+    while i <= i1 do
+      local j = i
+      while j <= i1 and drawn(xs[j], ys[j], logy) do j = j + 1 end
+      if j > i then
+        local sx, sy, c = 0, 0, j - i
+        for k = i, j - 1 do sx, sy = sx + xs[k] / c, sy + ys[k] / c end
+        bx[#bx + 1], by[#by + 1] = sx, sy
+      elseif by[#by] == by[#by] then -- one break for a run of points not drawn
+        bx[#bx + 1], by[#by + 1] = 0 / 0, 0 / 0
+      end
+      i = max(j, i + 1)
     end
-    if c > 0 then bx[#bx + 1], by[#by + 1] = sx / c, sy / c end
   end
   return bx, by
 end
@@ -129,11 +142,11 @@ function svg.lines(o)
   local logy = o.logy
   local data = {}
   for i, s in ipairs(series) do
-    local xs, ys = decimate(s.x, s.y)
+    local xs, ys = decimate(s.x, s.y, logy)
     data[i] = { xs, ys }
     for j = 1, #xs do
       local y = ys[j]
-      if finite(xs[j]) and finite(y) and (not logy or y > 0) then
+      if drawn(xs[j], y, logy) then
         x0, x1 = min(x0, xs[j]), max(x1, xs[j])
         y0, y1 = min(y0, y), max(y1, y)
       end
@@ -183,7 +196,7 @@ function svg.lines(o)
     local runs, cur = {}, {}
     for j = 1, #xs do
       local y = ys[j]
-      if finite(xs[j]) and finite(y) and (not logy or y > 0) then
+      if drawn(xs[j], y, logy) then
         cur[#cur + 1] = string.format("%.1f,%.1f", px(xs[j]), py(y))
       elseif #cur > 0 then
         runs[#runs + 1], cur = cur, {}
