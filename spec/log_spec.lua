@@ -204,6 +204,26 @@ describe("m3.log.jsonl and plots", function()
     assert.equal(3, select(2, body:gsub("<polyline", "")))
   end)
 
+  it("draws any finite values at finite coordinates", function()
+    local big = 1.7976931348623157e308
+    local charts = {
+      log.svg.lines { series = { { x = { -1e308, 0, 1e308 }, y = { 1, 2, 3 } } } },
+      log.svg.lines { series = { { x = { 1, 2, 3 }, y = { -big, 0, big } } } },
+      log.svg.lines { series = { { x = { 1, 2 }, y = { 0, 5e-324 } } } },
+      log.svg.lines { series = { { x = { 1, 2 }, y = { big, big } } } },
+      log.svg.lines { logy = true, series = { { x = { 1, 2 }, y = { 5e-324, big } } } },
+      log.svg.bars { labels = { "a", "b" }, values = { -1e308, 1e308 } },
+    }
+    for _, c in ipairs(charts) do
+      assert.is_nil(c.body:find("nan", 1, true))
+      assert.is_nil(c.body:find("inf", 1, true))
+    end
+    for i = 1, 5 do assert.equal(1, select(2, charts[i].body:gsub("<polyline", ""))) end
+    assert.equal(2, select(2, charts[6].body:gsub('height="18" fill=', "")))
+    local t, a, b = log.svg.nice_ticks(-big, big, 1)
+    assert.same({ { 0 }, -big, big }, { t, a, b })
+  end)
+
   it("draws bars and escapes labels", function()
     local c = log.svg.bars { title = "a<b", labels = { "x=1", "y&z" }, values = { 0.5, -0.25 } }
     local doc = log.svg.document { c }

@@ -9,6 +9,7 @@
 --
 -- Axes get "nice" ticks (1, 2, 5 times a power of ten; powers of ten on a log axis);
 -- series longer than 1500 points are averaged in buckets; non-finite points break a line.
+-- Any finite values give finite coordinates (an axis stops at the largest float).
 -- Bad arguments raise at the caller's line, naming the function and what was expected.
 
 local fs = require "m3.fs"
@@ -30,6 +31,7 @@ local MAX_POINTS = 1500
 local MAX_TICKS = 100
 -- Values closer to zero than this count as zero on an axis (so that steps stay normal floats).
 local TINY = 1e-280
+local HUGE = 1.7976931348623157e308 -- the largest float
 
 local function esc(s)
   return (tostring(s):gsub("&", "&amp;"):gsub("<", "&lt;"):gsub(">", "&gt;"):gsub('"', "&quot;"))
@@ -66,21 +68,39 @@ function svg.nice_ticks(lo, hi, n)
   end
   n = n == nil and 5 or options.want_int(n, "m3.log.svg.nice_ticks: n", 1)
   if n > MAX_TICKS then raise(string.format("m3.log.svg.nice_ticks: n = %d: expected at most %d", n, MAX_TICKS)) end
-  if hi - lo <= max(abs(lo), abs(hi)) * 1e-12 or hi - lo < TINY then
-    -- constant (or a few ulps wide): padded by a tenth of the value, to 1 around zero
-    hi = lo + (abs(lo) < TINY and 1 or abs(lo) * 0.1)
+  -- half the span, and ticks as integers times a power of ten p: nothing overflows
+  local half = hi * 0.5 - lo * 0.5
+  if half <= max(abs(lo), abs(hi)) * 0.5e-12 or half < TINY then
+    -- constant (or a few ulps wide): padded by a tenth of the value (below it near the
+    -- largest float), to 1 around zero
+    local pad = abs(lo) < TINY and 1 or abs(lo) * 0.1
+    if lo + pad < HUGE then hi = lo + pad else lo, hi = lo - pad, lo end
+    half = hi * 0.5 - lo * 0.5
   end
-  local raw = (hi - lo) / n
-  local p = 10 ^ floor(log10(raw))
-  local step = p
-  for _, m in ipairs { 1, 2, 5, 10 } do
-    step = m * p
-    if step >= raw then break end
+  local raw = half / n -- half the step wanted
+  local p = 10 ^ floor(log10(raw) + log10(2))
+  local m
+  for _, f in ipairs { 1, 2, 5, 10 } do
+    m = f
+    if m * p * 0.5 >= raw then break end
   end
-  local ka, kb = floor(lo / step + 1e-9), ceil(hi / step - 1e-9)
+  local ka, kb = floor(lo / p / m + 1e-9), ceil(hi / p / m - 1e-9)
   local ticks = {}
-  for k = ka, kb do ticks[#ticks + 1] = k * step end
-  return ticks, ka * step, kb * step
+  for k = ka, kb do
+    if finite(k * m * p) then ticks[#ticks + 1] = k * m * p end
+  end
+  return ticks, max(ka * m * p, -HUGE), min(kb * m * p, HUGE)
+end
+
+-- Where v lies from a to b, 0 to 1 (computed on halves, so that b - a cannot overflow).
+local function frac(v, a, b)
+  return (v * 0.5 - a * 0.5) / (b * 0.5 - a * 0.5)
+end
+
+-- The label of the tick 10^k on a log axis.
+local function power_label(k)
+  if k < -307 or k > 308 then return "1e" .. k end
+  return label(10 ^ k)
 end
 
 -- Whether (x, y) is drawn: finite, and positive on a log axis.
@@ -161,19 +181,20 @@ function svg.lines(o)
     return { width = W, height = H, body = table.concat(out, "\n") }
   end
   local xt, xa, xb = svg.nice_ticks(x0, x1, 6)
+  -- the y axis in its own units: the value, or its log10 (ticks at the powers of ten)
   local yt, ya, yb
-  local ty = function(v) return v end
+  local ty, ylabel = function(v) return v end, label
   if logy then
-    ty = log10
+    ty, ylabel = log10, power_label
     ya, yb = floor(log10(y0)), ceil(log10(y1))
     if yb == ya then yb = ya + 1 end
     yt = {}
-    for k = ya, yb do yt[#yt + 1] = 10 ^ k end
+    for k = ya, yb do yt[#yt + 1] = k end
   else
     yt, ya, yb = svg.nice_ticks(y0, y1, 5)
   end
-  local function px(x) return LEFT + (x - xa) / (xb - xa) * pw end
-  local function py(y) return TOP + ph - (ty(y) - ya) / (yb - ya) * ph end
+  local function px(x) return LEFT + frac(x, xa, xb) * pw end
+  local function py(u) return TOP + ph - frac(u, ya, yb) * ph end
   -- grid, ticks and labels
   for _, t in ipairs(xt) do
     local x = px(t)
@@ -185,7 +206,7 @@ function svg.lines(o)
     local y = py(t)
     out[#out + 1] = string.format('<line x1="%d" y1="%.1f" x2="%d" y2="%.1f" stroke="#e5e5e5"/>', LEFT, y, LEFT + pw, y)
     out[#out + 1] = string.format('<text x="%d" y="%.1f" text-anchor="end" font-size="11">%s</text>',
-      LEFT - 6, y + 4, label(t))
+      LEFT - 6, y + 4, ylabel(t))
   end
   out[#out + 1] = string.format('<rect x="%d" y="%d" width="%d" height="%d" fill="none" stroke="#333"/>',
     LEFT, TOP, pw, ph)
@@ -197,7 +218,7 @@ function svg.lines(o)
     for j = 1, #xs do
       local y = ys[j]
       if drawn(xs[j], y, logy) then
-        cur[#cur + 1] = string.format("%.1f,%.1f", px(xs[j]), py(y))
+        cur[#cur + 1] = string.format("%.1f,%.1f", px(xs[j]), py(ty(y)))
       elseif #cur > 0 then
         runs[#runs + 1], cur = cur, {}
       end
@@ -239,7 +260,7 @@ function svg.bars(o)
     if finite(values[i]) then lo, hi = min(lo, values[i]), max(hi, values[i]) end
   end
   local ticks, a, b = svg.nice_ticks(lo, hi, 5)
-  local function px(v) return left + (v - a) / (b - a) * pw end
+  local function px(v) return left + frac(v, a, b) * pw end
   local axis_y = top + n * (bar_h + gap)
   for _, t in ipairs(ticks) do
     out[#out + 1] = string.format('<line x1="%.1f" y1="%d" x2="%.1f" y2="%d" stroke="#e5e5e5"/>', px(t), top - 4, px(t), axis_y)
