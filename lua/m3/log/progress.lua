@@ -42,10 +42,12 @@ function progress.is_terminal(out)
   return fd ~= nil and ffi.C.isatty(fd) == 1
 end
 
--- "42s", "3m05s", "2h07m"
+-- "42s", "3m05s", "2h07m", "-5s", "1.2e+06h" (past a million hours), "?" (not finite)
 function progress.duration(s)
   if type(s) ~= "number" then raise("m3.log.duration: expected seconds (a number), got " .. show(s)) end
-  if s ~= s or s == math.huge then return "?" end
+  if s ~= s or s == math.huge or s == -math.huge then return "?" end
+  if s < 0 then return "-" .. progress.duration(-s) end
+  if s >= 3600e6 then return string.format("%.2gh", s / 3600) end
   s = math.floor(s + 0.5)
   if s < 60 then return s .. "s" end
   if s < 3600 then return string.format("%dm%02ds", math.floor(s / 60), s % 60) end
@@ -58,6 +60,13 @@ function progress.si(x)
   if x >= 1e6 then return string.format("%.3gM", x / 1e6) end
   if x >= 1e3 then return string.format("%.3gk", x / 1e3) end
   return string.format("%.3g", x)
+end
+
+-- 0.1234, 1234.5678; 1.2346e+06 from a million on (or below a ten-thousandth), not 300 digits.
+function progress.fixed(x)
+  local a = math.abs(x)
+  if a >= 1e6 or (a < 1e-4 and a > 0) then return string.format("%.4e", x) end
+  return string.format("%.4f", x)
 end
 
 local P = {}
@@ -86,7 +95,7 @@ function P:fields(step, m)
   local elapsed = progress.now() - self.start
   local done = step - self.first
   local parts = { string.format("step %d/%d", step, self.total) }
-  if m.loss then parts[#parts + 1] = string.format("loss %.4f", m.loss) end
+  if m.loss then parts[#parts + 1] = "loss " .. progress.fixed(m.loss) end
   if m.lr then parts[#parts + 1] = string.format("lr %.2e", m.lr) end
   if self.tokens > 0 and elapsed > 0 then
     parts[#parts + 1] = progress.si(self.tokens / elapsed) .. " tok/s"
