@@ -47,6 +47,7 @@ local fs = require "m3.fs"
 local json = require "m3.json"
 local lib = require "m3.lib"
 local log = require "m3.log"
+local progress = require "m3.log.progress"
 local options = require "m3.options"
 local schedule = require "m3.schedule"
 local source = require "m3.data.source"
@@ -189,7 +190,7 @@ function fit.run(o)
     table.sort(keys)
     for _, k in ipairs(keys) do
       rec[k] = e[k]
-      parts[#parts + 1] = type(e[k]) == "number" and string.format("%s %.4f", k, e[k]) or k .. " " .. tostring(e[k])
+      parts[#parts + 1] = k .. " " .. (type(e[k]) == "number" and progress.fixed(e[k]) or tostring(e[k]))
     end
     if writer then writer:write(rec) end
     say(table.concat(parts, "  "))
