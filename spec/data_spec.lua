@@ -416,7 +416,7 @@ describe("m3.data batches and files", function()
     for _, index in ipairs { 1.5, -3, 0 / 0 } do
       local c = { seed = 0, index = index }
       local shown = "{seed = 0, index = " .. tostring(index) .. "}"
-      local want = "m3.data: seek: expected a cursor {seed = <integer>, index = <integer >= 0>}, got " .. shown
+      local want = "m3.data: seek: expected a cursor {seed = <integer in [0, 2^53)>, index = <integer >= 0>}, got " .. shown
       local task_err = refusal(function() data.parity { cursor = c } end)
       assert.equal(want, task_err:match("^[^:]*data_spec%.lua:%d+: (.*)$"))
       for _, order in ipairs { "sequential", "random", "stream" } do
@@ -431,6 +431,31 @@ describe("m3.data batches and files", function()
     local st = data.text(path, { order = "stream", split = "all", length = 4, cursor = { seed = 0, index = 3 } })
     assert.matches("m3.data: next: the cursor's index 3 is not a multiple of the stream's 2 rows",
       refusal(function() st:next(2) end))
+    os.remove(path)
+  end)
+
+  it("check seeds where they are given: the constructor's and seek's line", function()
+    local path = tmpfile("abcdefghijklmnopqrstuvwxyz0123456789")
+    local makers = {
+      ["m3.data.parity"] = function(seed) return data.parity { seed = seed } end,
+      ["m3.data.mixture"] = function(seed) return data.mixture({ data.parity {} }, { seed = seed }) end,
+      ["m3.data.text"] = function(seed) return data.text(path, { seed = seed }) end,
+      ["m3.data.tokens"] = function(seed) return data.tokens(path, { dtype = "u8", seed = seed }) end,
+    }
+    for what, make in pairs(makers) do
+      for _, seed in ipairs { "x", 1.5, -1, 2 ^ 53, math.huge, 0 / 0 } do
+        local ok, err = pcall(function() make(seed) end)
+        assert.is_false(ok)
+        assert.equal(what .. ": seed = " .. (type(seed) == "string" and '"x"' or tostring(seed))
+          .. ": expected an integer in [0, 2^53)", err:match("^[^:]*data_spec%.lua:%d+: (.*)$"))
+      end
+      local s = make(2 ^ 53 - 1)
+      assert.same({ 1, 4 }, s:next(1, { length = 4 }).tokens:shape())
+      local ok, err = pcall(function() s:seek { seed = -1, index = 0 } end)
+      assert.is_false(ok)
+      assert.matches("^[^:]*data_spec%.lua:%d+: m3%.data: seek: expected a cursor .*, got {seed = %-1, index = 0}$",
+        err)
+    end
     os.remove(path)
   end)
 

@@ -129,6 +129,7 @@ function file.open(path, opts, kind)
     end
     want_int(opts.rows, what .. ": rows", 1)
   end
+  local seed = source.check_seed(opts.seed or 0, what)
   local ids, n, mapping = map(path, dtype, what)
   local cut = math.floor(n * (1 - frac))
   local lo, hi = 0, n
@@ -140,7 +141,7 @@ function file.open(path, opts, kind)
   local self = setmetatable({
     path = path, ids = ids, mapping = mapping, n = n, lo = lo, span = hi - lo,
     order = order, vocab = vocab,
-    seed = opts.seed or 0, index = 0, length = length, rows = opts.rows,
+    seed = seed, index = 0, length = length, rows = opts.rows,
   }, F)
   self.classes = self.vocab
   if opts.cursor then self:seek(opts.cursor) end

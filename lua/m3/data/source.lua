@@ -44,11 +44,24 @@ local function overlay(...)
 end
 source.overlay = overlay
 
+-- Whether v is an integer in [0, 2^53): a seed or an index m3.data.rng takes.
+local function is_id(v)
+  return type(v) == "number" and v >= 0 and v < 2 ^ 53 and v == math.floor(v)
+end
+
+-- seed, once it is one m3.data.rng takes (what: the constructor, for the message).
+function source.check_seed(seed, what)
+  if not is_id(seed) then
+    lib.raise(string.format("%s: seed = %s: expected an integer in [0, 2^53)", what, show(seed)))
+  end
+  return seed
+end
+
 -- Raises (what: for the message) unless c is a cursor {seed =, index =} a source can seek to.
 function source.check_cursor(c, what)
-  if type(c) ~= "table" or type(c.seed) ~= "number" or type(c.index) ~= "number"
+  if type(c) ~= "table" or not is_id(c.seed) or type(c.index) ~= "number"
       or c.index < 0 or c.index ~= math.floor(c.index) then
-    lib.raise(what .. ": expected a cursor {seed = <integer>, index = <integer >= 0>}, got "
+    lib.raise(what .. ": expected a cursor {seed = <integer in [0, 2^53)>, index = <integer >= 0>}, got "
       .. (type(c) == "table" and string.format("{seed = %s, index = %s}", show(c.seed), show(c.index)) or show(c)))
   end
 end
@@ -107,7 +120,7 @@ function source.new(task, opts)
   local self = setmetatable({ task = task }, S)
   self.defaults = overlay(task.defaults, opts)
   self.defaults.seed, self.defaults.cursor = nil, nil
-  self.seed = opts.seed or 0
+  self.seed = source.check_seed(opts.seed or 0, "m3.data." .. task.name)
   self.index = 0
   if opts.cursor then self:seek(opts.cursor) end
   if task.shape then
@@ -191,7 +204,8 @@ function source.mixture(sources, opts)
   if type(sources) ~= "table" or #sources == 0 then
     lib.raise("m3.data.mixture: expected a list of sources")
   end
-  local self = setmetatable({ sources = sources, seed = opts.seed or 0, index = 0 }, M)
+  local self = setmetatable({ sources = sources, seed = source.check_seed(opts.seed or 0, "m3.data.mixture"),
+    index = 0 }, M)
   if opts.weights ~= nil then
     self.weights = check_weights(opts.weights, #sources, "m3.data.mixture")
   else
