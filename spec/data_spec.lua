@@ -416,7 +416,7 @@ describe("m3.data batches and files", function()
     for _, index in ipairs { 1.5, -3, 0 / 0 } do
       local c = { seed = 0, index = index }
       local shown = "{seed = 0, index = " .. tostring(index) .. "}"
-      local want = "m3.data: seek: expected a cursor {seed = <integer in [0, 2^53)>, index = <integer >= 0>}, got " .. shown
+      local want = "m3.data: seek: expected a cursor {seed =, index =}, each an integer in [0, 2^53), got " .. shown
       local task_err = refusal(function() data.parity { cursor = c } end)
       assert.equal(want, task_err:match("^[^:]*data_spec%.lua:%d+: (.*)$"))
       for _, order in ipairs { "sequential", "random", "stream" } do
@@ -431,6 +431,24 @@ describe("m3.data batches and files", function()
     local st = data.text(path, { order = "stream", split = "all", length = 4, cursor = { seed = 0, index = 3 } })
     assert.matches("m3.data: next: the cursor's index 3 is not a multiple of the stream's 2 rows",
       refusal(function() st:next(2) end))
+    os.remove(path)
+  end)
+
+  it("refuse a cursor index that is not a finite integer below 2^53, in every order", function()
+    local path = tmpfile("abcdefghijklmnopqrstuvwxyz0123456789")
+    local sources = { data.parity {}, data.mixture({ data.parity {} }) }
+    for _, order in ipairs { "sequential", "random", "stream" } do
+      sources[#sources + 1] = data.text(path, { order = order, length = 4 })
+    end
+    for _, s in ipairs(sources) do
+      for _, index in ipairs { math.huge, 2 ^ 53, 2 ^ 60 } do
+        local ok, err = pcall(function() s:seek { seed = 0, index = index } end)
+        assert.is_false(ok)
+        assert.equal("m3.data: seek: expected a cursor {seed =, index =}, each an integer in [0, 2^53), got "
+          .. "{seed = 0, index = " .. tostring(index) .. "}", err:match("^[^:]*data_spec%.lua:%d+: (.*)$"))
+      end
+      assert.equal(0, s:cursor().index)
+    end
     os.remove(path)
   end)
 

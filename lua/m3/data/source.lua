@@ -59,9 +59,8 @@ end
 
 -- Raises (what: for the message) unless c is a cursor {seed =, index =} a source can seek to.
 function source.check_cursor(c, what)
-  if type(c) ~= "table" or not is_id(c.seed) or type(c.index) ~= "number"
-      or c.index < 0 or c.index ~= math.floor(c.index) then
-    lib.raise(what .. ": expected a cursor {seed = <integer in [0, 2^53)>, index = <integer >= 0>}, got "
+  if type(c) ~= "table" or not is_id(c.seed) or not is_id(c.index) then
+    lib.raise(what .. ": expected a cursor {seed =, index =}, each an integer in [0, 2^53), got "
       .. (type(c) == "table" and string.format("{seed = %s, index = %s}", show(c.seed), show(c.index)) or show(c)))
   end
 end
