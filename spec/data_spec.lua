@@ -250,6 +250,47 @@ describe("m3.data sources", function()
     assert.equal(8, #only_parity)
   end)
 
+  it("mix file sources and mixtures too, and refuse what a mixture cannot draw when it is made", function()
+    local ffi = require "ffi"
+    local ids = ffi.new("uint16_t[1000]")
+    for i = 0, 999 do ids[i] = i end
+    local path = tmpfile(ffi.string(ids, 2000))
+    local file = data.tokens(path, { vocab = 1000, length = 8, seed = 5 })
+    local mix = data.mixture({ file, data.parity { length = 4 } }, { seed = 2 })
+    assert.equal(1000, mix.vocab)
+    local b = mix:next(16, { length = 6 })
+    assert.same({ 16, 6 }, b.tokens:shape())
+    local from_file = 0
+    for _, row in ipairs(b.tokens:to_table()) do
+      if row[1] > 1 then -- a window of the file: consecutive ids (file sample r with this call's length)
+        from_file = from_file + 1
+        for t = 2, 6 do assert.equal(row[1] + t - 1, row[t]) end
+      end
+    end
+    assert.is_true(from_file > 2 and from_file < 14)
+    -- a mixture of a mixture draws every leaf, whatever the seeds
+    local inner = data.mixture({ data.parity { length = 3 }, data.parity { length = 5 } })
+    local outer = data.mixture({ inner, data.parity { length = 7 } })
+    local counts = {}
+    for i = 0, 299 do
+      local n = #outer:sample(i)
+      counts[n] = (counts[n] or 0) + 1
+    end
+    assert.is_true(counts[3] > 40 and counts[5] > 40 and counts[7] > 100)
+    assert.same({ 2, 7 }, outer:next(2, { weights = { 0, 1 } }).tokens:shape())
+    local function refusal(f)
+      local ok, err = pcall(f)
+      assert.is_false(ok)
+      return err:match("^[^:]*data_spec%.lua:%d+: (.*)$")
+    end
+    assert.equal('m3.data.mixture: sources[2] is an order = "stream" source: its rows continue their own text, '
+      .. 'which rows drawn from a mixture cannot (use order = "random" or "sequential")',
+      refusal(function() data.mixture { file, data.tokens(path, { vocab = 1000, order = "stream" }) } end))
+    assert.equal('m3.data.mixture: sources[1] = "p": expected an m3.data source',
+      refusal(function() data.mixture { "p" } end))
+    os.remove(path)
+  end)
+
   it("refuse mixture weights that are not finite numbers >= 0, one per source, not all 0", function()
     local sources = { data.parity { seed = 1, length = 8 }, data.parity { seed = 2, length = 4 } }
     local function refusal(f)

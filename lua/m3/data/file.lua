@@ -168,6 +168,18 @@ function F:offset(index, L, rows)
   return self.lo + r * per + (k % count) * L
 end
 
+-- Window `index` of length o.length (default: the source's) as Lua arrays tokens, targets
+-- (what a mixture draws; a stream has no window of an index alone).
+function F:sample(index, o)
+  if self.order == "stream" then
+    raise('m3.data: sample: an order = "stream" source reads windows by row and batch, not by index')
+  end
+  local L = (o and o.length) or self.length
+  local off, ids, toks, tgts = self:offset(index, L), self.ids, {}, {}
+  for t = 1, L do toks[t], tgts[t] = ids[off + t - 1], ids[off + t] end
+  return toks, tgts
+end
+
 -- The number of distinct windows of length L in the split (order "sequential").
 function F:count(L)
   return math.floor((self.span - 1) / (L or self.length))

@@ -18,7 +18,10 @@
 --
 -- source.mixture(sources, {seed =, weights =}) picks the source of each row with the
 -- given weights (a list, one finite number >= 0 per source, not all 0; per call as
--- o.weights; both checked when given) from its own stream.
+-- o.weights; both checked when given) from its own stream. Sources: task sources, file
+-- sources of order "random" or "sequential" and mixtures (a stream's rows continue their
+-- own text, which a mixture's rows cannot: refused); row `index` is the chosen source's
+-- sample `index`.
 
 local lib = require "m3.lib"
 local options = require "m3.options"
@@ -203,6 +206,15 @@ function source.mixture(sources, opts)
   if type(sources) ~= "table" or #sources == 0 then
     lib.raise("m3.data.mixture: expected a list of sources")
   end
+  for i, s in ipairs(sources) do
+    if type(s) ~= "table" or type(s.sample) ~= "function" or type(s.vocab) ~= "number" then
+      lib.raise(string.format("m3.data.mixture: sources[%d] = %s: expected an m3.data source", i, show(s)))
+    end
+    if s.order == "stream" then
+      lib.raise(string.format('m3.data.mixture: sources[%d] is an order = "stream" source: its rows continue their '
+        .. 'own text, which rows drawn from a mixture cannot (use order = "random" or "sequential")', i))
+    end
+  end
   local self = setmetatable({ sources = sources, seed = source.check_seed(opts.seed or 0, "m3.data.mixture"),
     index = 0 }, M)
   if opts.weights ~= nil then
@@ -220,12 +232,20 @@ function source.mixture(sources, opts)
   return self
 end
 
--- Sample `index`: the chosen source's own sample `index` (with its offset applied).
-function M:sample(index, o)
+-- Sample `index`: the chosen source's own sample `index`. o.weights are this mixture's, not
+-- passed on; a mixture among the sources picks with r, this one's generator after its pick
+-- (a generator of its own would repeat this pick when the seeds are equal).
+function M:sample(index, o, r)
   local weights = self.weights
-  if o and o.weights ~= nil then weights = check_weights(o.weights, #self.sources, "m3.data.mixture: this call") end
-  local s = self.sources[pick(rng.new(self.seed, index, 1), weights)]
-  return draw(s, index, overlay(s.defaults, o))
+  if o and o.weights ~= nil then
+    weights = check_weights(o.weights, #self.sources, "m3.data.mixture: this call")
+    o = overlay(o)
+    o.weights = nil
+  end
+  r = r or rng.new(self.seed, index, 1)
+  local s = self.sources[pick(r, weights)]
+  if getmetatable(s) == M then return s:sample(index, o, r) end
+  return s:sample(index, o)
 end
 
 function M:next(rows, o)
