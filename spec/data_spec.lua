@@ -493,6 +493,32 @@ describe("m3.data batches and files", function()
     os.remove(path)
   end)
 
+  it("check a call's options like the constructor's: length, and no unknown names", function()
+    local path = tmpfile("abcdefghijklmnopqrstuvwxyz0123456789")
+    local function refusal(f)
+      local ok, err = pcall(f)
+      assert.is_false(ok)
+      return err:match("^[^:]*data_spec%.lua:%d+: (.*)$")
+    end
+    for _, order in ipairs { "sequential", "random", "stream" } do
+      local s = data.text(path, { order = order, split = "all", length = 4 })
+      for _, L in ipairs { 0, -1, 2.5, 0 / 0, math.huge, "3" } do
+        assert.equal("m3.data: next: length = " .. (L == "3" and '"3"' or tostring(L)) .. ": expected an integer >= 1",
+          refusal(function() s:next(2, { length = L }) end))
+      end
+      assert.equal('m3.data: next: unknown option "lenght" (did you mean "length"?); valid options: batch, batches, '
+        .. "first, index, last, length, rows, steps", refusal(function() s:next(2, { lenght = 3 }) end))
+      assert.equal(0, s:cursor().index)
+      -- a curriculum phase passes as is
+      assert.same({ 2, 3 }, s:next(2, { steps = 10, length = 3, batch = 2, index = 1, first = 1, last = 10 })
+        .tokens:shape())
+    end
+    local mix = data.mixture { data.text(path, { length = 4 }) }
+    assert.equal("m3.data: sample: length = 0: expected an integer >= 1",
+      refusal(function() mix:next(2, { length = 0 }) end))
+    os.remove(path)
+  end)
+
   it("check seeds where they are given: the constructor's and seek's line", function()
     local path = tmpfile("abcdefghijklmnopqrstuvwxyz0123456789")
     local makers = {

@@ -17,6 +17,8 @@
 --                       continue each row's text (for carry_state training). A stream
 --                       serves one row count: opts.rows, else its first next's; a next
 --                       for any other count is an error (its rows would read other text).
+-- src:next(rows, {length =}) takes the window length of the call (checked as the
+-- constructor's) and the names m3.fit passes along; any other name is an error.
 -- The cursor is {seed =, index =} (windows consumed), checked as for the synthetic tasks
 -- (a stream's index is also a multiple of its rows).
 
@@ -92,6 +94,10 @@ local TEXT_OPTS = { split = true, val_fraction = true, order = true, length = tr
                     cursor = true }
 local TOKEN_OPTS = { dtype = true, vocab = true, split = true, val_fraction = true, order = true, length = true,
                      rows = true, seed = true, cursor = true }
+-- next's options: length, and the names m3.fit passes along (a curriculum phase as is: steps,
+-- batch, index, first, last; fit.evaluate's own: batches, rows).
+local NEXT_OPTS = { length = true, steps = true, batch = true, index = true, first = true, last = true,
+                    batches = true, rows = true }
 
 -- A window source over path. kind "tokens": opts are dtype ("u8", "u16", "u32"), vocab,
 -- split, val_fraction (0.1), order, length (default window length), rows (order "stream":
@@ -168,13 +174,20 @@ function F:offset(index, L, rows)
   return self.lo + r * per + (k % count) * L
 end
 
+-- The window length of a call with options o: o.length (checked; what: for the message), else
+-- the source's.
+local function window_length(self, o, what)
+  if o == nil or o.length == nil then return self.length end
+  return want_int(o.length, what .. ": length", 1)
+end
+
 -- Window `index` of length o.length (default: the source's) as Lua arrays tokens, targets
 -- (what a mixture draws; a stream has no window of an index alone).
 function F:sample(index, o)
   if self.order == "stream" then
     raise('m3.data: sample: an order = "stream" source reads windows by row and batch, not by index')
   end
-  local L = (o and o.length) or self.length
+  local L = window_length(self, o, "m3.data: sample")
   local off, ids, toks, tgts = self:offset(index, L), self.ids, {}, {}
   for t = 1, L do toks[t], tgts[t] = ids[off + t - 1], ids[off + t] end
   return toks, tgts
@@ -188,6 +201,8 @@ end
 -- rows windows of length o.length (default: the source's) as int32 tensors [rows, L].
 function F:next(rows, o)
   want_int(rows, "m3.data: next: rows", 1)
+  if o ~= nil then options.check_table(o, NEXT_OPTS, "m3.data: next") end
+  local L = window_length(self, o, "m3.data: next")
   if self.order == "stream" then
     if self.rows and rows ~= self.rows then
       raise(string.format('m3.data: next: rows = %d, but this order = "stream" source serves %d rows a call '
@@ -198,7 +213,6 @@ function F:next(rows, o)
         self.index, rows))
     end
   end
-  local L = (o and o.length) or self.length
   local tokens, targets = tensor({ rows, L }, "i32"), tensor({ rows, L }, "i32")
   local tk, tg, ids = tokens.data, targets.data, self.ids
   for r = 0, rows - 1 do
