@@ -447,6 +447,33 @@ describe("m3.data batches and files", function()
     os.remove(path)
   end)
 
+  it("resume a stream with its row count: the cursor carries it", function()
+    local path = tmpfile("abcdefghijklmnopqrstuvwxyz0123456789")
+    local a = data.text(path, { order = "stream", split = "all", length = 2, rows = 2 })
+    assert.same({ seed = 0, index = 0, rows = 2 }, a:cursor())
+    a:next(2)
+    local c = a:cursor()
+    assert.equal(2, c.rows)
+    local want = a:next(2).tokens:to_table()
+    local b = data.text(path, { order = "stream", split = "all", length = 2, cursor = c })
+    assert.has_error(function() b:next(4) end, 'm3.data: next: rows = 4, but this order = "stream" source serves 2 '
+      .. "rows a call (row r continues row r's text)")
+    assert.same(want, b:next(2).tokens:to_table())
+    local function refusal(f)
+      local ok, err = pcall(f)
+      assert.is_false(ok)
+      return err:match("^[^:]*data_spec%.lua:%d+: (.*)$")
+    end
+    assert.equal("m3.data.text: rows = 3, but the cursor's stream serves 2 rows a call",
+      refusal(function() data.text(path, { order = "stream", rows = 3, cursor = c }) end))
+    assert.equal("m3.data: seek: cursor.rows = 0: expected an integer >= 1",
+      refusal(function() b:seek { seed = 0, index = 0, rows = 0 } end))
+    -- a cursor of earlier versions (no rows) leaves the count as it was
+    local old = data.text(path, { order = "stream", split = "all", length = 2, cursor = { seed = 0, index = 4 } })
+    assert.same({ 4, 2 }, old:next(4).tokens:shape())
+    os.remove(path)
+  end)
+
   it("seek file sources only to cursors the task sources take, with the same message", function()
     local path = tmpfile("abcdefghijklmnopqrstuvwxyz0123456789")
     local function refusal(f)

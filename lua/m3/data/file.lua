@@ -20,7 +20,9 @@
 -- src:next(rows, {length =}) takes the window length of the call (checked as the
 -- constructor's) and the names m3.fit passes along; any other name is an error.
 -- The cursor is {seed =, index =} (windows consumed), checked as for the synthetic tasks
--- (a stream's index is also a multiple of its rows).
+-- (a stream's index is also a multiple of its rows); a stream's adds rows = (its row count,
+-- once known: a stream resumed from it serves that count; a cursor without rows leaves the
+-- count as it was).
 
 local ffi = require "ffi"
 local fs = require "m3.fs"
@@ -150,7 +152,12 @@ function file.open(path, opts, kind)
     seed = seed, index = 0, length = length, rows = opts.rows,
   }, F)
   self.classes = self.vocab
-  if opts.cursor then self:seek(opts.cursor) end
+  if opts.cursor then
+    self:seek(opts.cursor)
+    if opts.rows and self.rows ~= opts.rows then
+      raise(string.format("%s: rows = %d, but the cursor's stream serves %d rows a call", what, opts.rows, self.rows))
+    end
+  end
   return self
 end
 
@@ -241,12 +248,14 @@ function F:slice(first, count)
 end
 
 function F:cursor()
-  return { seed = self.seed, index = self.index }
+  return { seed = self.seed, index = self.index, rows = self.order == "stream" and self.rows or nil }
 end
 
 function F:seek(c)
   source.check_cursor(c, "m3.data: seek")
+  if c.rows ~= nil then want_int(c.rows, "m3.data: seek: cursor.rows", 1) end
   self.seed, self.index = c.seed, c.index
+  if self.order == "stream" then self.rows = c.rows or self.rows end
 end
 
 return file
