@@ -450,7 +450,7 @@ describe("m3.data batches and files", function()
   it("resume a stream with its row count: the cursor carries it", function()
     local path = tmpfile("abcdefghijklmnopqrstuvwxyz0123456789")
     local a = data.text(path, { order = "stream", split = "all", length = 2, rows = 2 })
-    assert.same({ seed = 0, index = 0, rows = 2 }, a:cursor())
+    assert.same({ seed = 0, index = 0, rows = 2, position = 0 }, a:cursor())
     a:next(2)
     local c = a:cursor()
     assert.equal(2, c.rows)
@@ -471,6 +471,43 @@ describe("m3.data batches and files", function()
     -- a cursor of earlier versions (no rows) leaves the count as it was
     local old = data.text(path, { order = "stream", split = "all", length = 2, cursor = { seed = 0, index = 4 } })
     assert.same({ 4, 2 }, old:next(4).tokens:shape())
+    os.remove(path)
+  end)
+
+  it("continue each row of a stream where it stopped when the length changes, also after a resume", function()
+    local ffi = require "ffi"
+    local ids = ffi.new("uint16_t[1000]")
+    for i = 0, 999 do ids[i] = i end
+    local path = tmpfile(ffi.string(ids, 2000))
+    local function open(cursor)
+      return data.tokens(path, { vocab = 1000, length = 8, order = "stream", split = "all", cursor = cursor })
+    end
+    local function first_ids(b) -- the first token of each row
+      local out = {}
+      for r, row in ipairs(b.tokens:to_table()) do out[r] = row[1] end
+      return out
+    end
+    local s = open()
+    assert.same({ 0, 500 }, first_ids(s:next(2)))
+    assert.same({ 8, 508 }, first_ids(s:next(2)))
+    local b = s:next(2, { length = 16 })
+    assert.same({ 16, 516 }, first_ids(b))
+    assert.equal(31, b.tokens:to_table()[1][16])
+    local c = s:cursor()
+    assert.same({ seed = 0, index = 6, rows = 2, position = 32 }, c)
+    local want = s:next(2, { length = 4 }).tokens:to_table()
+    assert.same({ 32, 532 }, { want[1][1], want[2][1] })
+    assert.same(want, open(c):next(2, { length = 4 }).tokens:to_table())
+    -- a window that would run past a row's stretch (500 ids) starts it over
+    s:seek { seed = 0, index = 8, rows = 2, position = 490 }
+    assert.same({ 490, 990 }, first_ids(s:next(2, { length = 9 })))
+    assert.same({ 0, 500 }, first_ids(s:next(2, { length = 2 })))
+    -- a cursor of earlier versions: window index / rows of the call's length
+    assert.same({ 16, 516 }, first_ids(open { seed = 0, index = 4 }:next(2)))
+    local ok, err = pcall(function() s:seek { seed = 0, index = 0, position = -1 } end)
+    assert.is_false(ok)
+    assert.equal("m3.data: seek: cursor.position = -1: expected an integer in [0, 2^53)",
+      err:match("^[^:]*data_spec%.lua:%d+: (.*)$"))
     os.remove(path)
   end)
 

@@ -3,7 +3,7 @@
 -- Every source is deterministic given its seed and resumable from a cursor:
 --   local src = m3.data.parity{seed = 1, length = 32}
 --   local batch = src:next(rows, {length = 16})   -- {tokens =, targets =} int32 [rows, T]
---   local c = src:cursor()                         -- {seed =, index =}: save it ...
+--   local c = src:cursor()                         -- {seed =, index =} (a stream: rows =, position =) ...
 --   src:seek(c)                                    -- ... and continue with the same batches
 --   src.vocab, src.classes                         -- for m3.config{vocab_size = ...}
 --

@@ -12,17 +12,21 @@
 -- 1 - val_fraction of it), "val" (the rest) or "all". Window `index` of a source is
 --   order "random":     at an offset drawn from rng.new(seed, index) (default);
 --   order "sequential": the index-th of the non-overlapping windows, wrapping around;
---   order "stream":     row r of batch k reads the k-th window of the r-th of `rows`
---                       contiguous stretches of the split, so consecutive batches
---                       continue each row's text (for carry_state training). A stream
---                       serves one row count: opts.rows, else its first next's; a next
---                       for any other count is an error (its rows would read other text).
+--   order "stream":     row r of each batch reads the r-th of `rows` contiguous stretches
+--                       of the split from where its last window ended, whatever the
+--                       lengths, so consecutive batches continue each row's text (for
+--                       carry_state training); a window that would run past the end of
+--                       its stretch starts it over. A stream serves one row count:
+--                       opts.rows, else its first next's; a next for any other count is
+--                       an error (its rows would read other text).
 -- src:next(rows, {length =}) takes the window length of the call (checked as the
 -- constructor's) and the names m3.fit passes along; any other name is an error.
 -- The cursor is {seed =, index =} (windows consumed), checked as for the synthetic tasks
--- (a stream's index is also a multiple of its rows); a stream's adds rows = (its row count,
--- once known: a stream resumed from it serves that count; a cursor without rows leaves the
--- count as it was).
+-- (a stream's index is also a multiple of its rows). A stream's adds rows = (its row count,
+-- once known: a stream resumed from it serves that count) and position = (the ids each row
+-- has read of its stretch since it last started over: where the next window begins), so
+-- that its index only counts windows. A cursor of earlier versions, without them, leaves the
+-- count as it was and places the next window at window index / rows of the call's length.
 
 local ffi = require "ffi"
 local fs = require "m3.fs"
@@ -149,7 +153,7 @@ function file.open(path, opts, kind)
   local self = setmetatable({
     path = path, ids = ids, mapping = mapping, n = n, lo = lo, span = hi - lo,
     order = order, vocab = vocab,
-    seed = seed, index = 0, length = length, rows = opts.rows,
+    seed = seed, index = 0, length = length, rows = opts.rows, position = order == "stream" and 0 or nil,
   }, F)
   self.classes = self.vocab
   if opts.cursor then
@@ -161,24 +165,34 @@ function file.open(path, opts, kind)
   return self
 end
 
--- Offset of window `index` (of a batch of `rows`) for windows of length L.
-function F:offset(index, L, rows)
+-- Raises unless the split holds a window of length L (and its last target).
+local function check_fits(self, L)
   if self.span < L + 1 then
     raise(string.format("m3.data: %s has %d ids in this split, a window of %d needs %d",
       self.path, self.span, L, L + 1))
   end
+end
+
+-- Offset of window `index` for windows of length L (orders "random" and "sequential").
+function F:offset(index, L)
+  check_fits(self, L)
   if self.order == "random" then
     return self.lo + rng.new(self.seed, index):below(self.span - L)
-  elseif self.order == "sequential" then
-    return self.lo + (index % math.floor((self.span - 1) / L)) * L
   end
+  return self.lo + (index % math.floor((self.span - 1) / L)) * L
+end
+
+-- A stream's next windows of length L in `rows` rows: the position in each row's stretch
+-- where they begin, and the stretch's length.
+local function stream_position(self, L, rows)
+  check_fits(self, L)
   local per = math.floor(self.span / rows)
-  local count = math.floor((per - 1) / L)
-  if count < 1 then
+  if per < L + 1 then
     raise(string.format("m3.data: %d rows of windows of %d do not fit in %d ids", rows, L, self.span))
   end
-  local r, k = index % rows, math.floor(index / rows)
-  return self.lo + r * per + (k % count) * L
+  local pos = self.position or (math.floor(self.index / rows) % math.floor((per - 1) / L)) * L
+  if pos + L + 1 > per then pos = 0 end
+  return pos, per
 end
 
 -- The window length of a call with options o: o.length (checked; what: for the message), else
@@ -220,17 +234,20 @@ function F:next(rows, o)
         self.index, rows))
     end
   end
+  local stream = self.order == "stream"
+  local pos, per
+  if stream then pos, per = stream_position(self, L, rows) end
   local tokens, targets = tensor({ rows, L }, "i32"), tensor({ rows, L }, "i32")
   local tk, tg, ids = tokens.data, targets.data, self.ids
   for r = 0, rows - 1 do
-    local off, base = self:offset(self.index + r, L, rows), r * L
+    local off, base = stream and self.lo + r * per + pos or self:offset(self.index + r, L), r * L
     for t = 0, L - 1 do
       tk[base + t] = ids[off + t]
       tg[base + t] = ids[off + t + 1]
     end
   end
   self.index = self.index + rows
-  if self.order == "stream" then self.rows = rows end
+  if stream then self.rows, self.position = rows, pos + L end
   return { tokens = tokens, targets = targets }
 end
 
@@ -248,14 +265,18 @@ function F:slice(first, count)
 end
 
 function F:cursor()
-  return { seed = self.seed, index = self.index, rows = self.order == "stream" and self.rows or nil }
+  return { seed = self.seed, index = self.index, rows = self.order == "stream" and self.rows or nil,
+    position = self.position }
 end
 
 function F:seek(c)
   source.check_cursor(c, "m3.data: seek")
   if c.rows ~= nil then want_int(c.rows, "m3.data: seek: cursor.rows", 1) end
+  if c.position ~= nil and not source.is_id(c.position) then
+    raise(string.format("m3.data: seek: cursor.position = %s: expected an integer in [0, 2^53)", show(c.position)))
+  end
   self.seed, self.index = c.seed, c.index
-  if self.order == "stream" then self.rows = c.rows or self.rows end
+  if self.order == "stream" then self.rows, self.position = c.rows or self.rows, c.position end
 end
 
 return file

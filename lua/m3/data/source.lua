@@ -51,6 +51,7 @@ source.overlay = overlay
 local function is_id(v)
   return type(v) == "number" and v >= 0 and v < 2 ^ 53 and v == math.floor(v)
 end
+source.is_id = is_id
 
 -- seed, once it is one m3.data.rng takes (what: the constructor, for the message).
 function source.check_seed(seed, what)
