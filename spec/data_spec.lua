@@ -4,6 +4,7 @@
 local data = require "m3.data"
 local rng = require "m3.data.rng"
 local tasks = require "m3.data.tasks"
+local helper = require "spec.helper"
 
 local SYMBOLS = { [5] = " + ", [6] = " - ", [7] = " * ", [8] = " ( ", [9] = " ) " }
 
@@ -20,6 +21,19 @@ local function tmpfile(bytes)
   f:write(bytes)
   f:close()
   return path
+end
+
+-- The message of f's error, without the data_spec.lua:N: position it must start with.
+local function message_of(f)
+  return helper.error_of(f):match("^[^:]*data_spec%.lua:%d+: (.*)$")
+end
+
+-- A temporary file of the n little-endian u16 ids 0, 1, ..., n - 1.
+local function counting_u16_file(n)
+  local ffi = require "ffi"
+  local ids = ffi.new("uint16_t[?]", n)
+  for i = 0, n - 1 do ids[i] = i end
+  return tmpfile(ffi.string(ids, 2 * n))
 end
 
 describe("m3.data.rng", function()
@@ -251,10 +265,7 @@ describe("m3.data sources", function()
   end)
 
   it("mix file sources and mixtures too, and refuse what a mixture cannot draw when it is made", function()
-    local ffi = require "ffi"
-    local ids = ffi.new("uint16_t[1000]")
-    for i = 0, 999 do ids[i] = i end
-    local path = tmpfile(ffi.string(ids, 2000))
+    local path = counting_u16_file(1000)
     local file = data.tokens(path, { vocab = 1000, length = 8, seed = 5 })
     local mix = data.mixture({ file, data.parity { length = 4 } }, { seed = 2 })
     assert.equal(1000, mix.vocab)
@@ -278,26 +289,16 @@ describe("m3.data sources", function()
     end
     assert.is_true(counts[3] > 40 and counts[5] > 40 and counts[7] > 100)
     assert.same({ 2, 7 }, outer:next(2, { weights = { 0, 1 } }).tokens:shape())
-    local function refusal(f)
-      local ok, err = pcall(f)
-      assert.is_false(ok)
-      return err:match("^[^:]*data_spec%.lua:%d+: (.*)$")
-    end
     assert.equal('m3.data.mixture: sources[2] is an order = "stream" source: its rows continue their own text, '
       .. 'which rows drawn from a mixture cannot (use order = "random" or "sequential")',
-      refusal(function() data.mixture { file, data.tokens(path, { vocab = 1000, order = "stream" }) } end))
+      message_of(function() data.mixture { file, data.tokens(path, { vocab = 1000, order = "stream" }) } end))
     assert.equal('m3.data.mixture: sources[1] = "p": expected an m3.data source',
-      refusal(function() data.mixture { "p" } end))
+      message_of(function() data.mixture { "p" } end))
     os.remove(path)
   end)
 
   it("refuse mixture weights that are not finite numbers >= 0, one per source, not all 0", function()
     local sources = { data.parity { seed = 1, length = 8 }, data.parity { seed = 2, length = 4 } }
-    local function refusal(f)
-      local ok, err = pcall(f)
-      assert.is_false(ok)
-      return err
-    end
     local cases = {
       { { 0 / 0, 1 }, "weights%[1%] = [-]?nan: expected a finite number >= 0" },
       { { math.huge, 1 }, "weights%[1%] = inf: expected a finite number >= 0" },
@@ -312,9 +313,9 @@ describe("m3.data sources", function()
     local mix = data.mixture(sources, { seed = 1 })
     for _, c in ipairs(cases) do
       assert.matches("^[^:]*data_spec%.lua:%d+: m3%.data%.mixture: " .. c[2] .. "$",
-        refusal(function() data.mixture(sources, { weights = c[1] }) end))
+        helper.error_of(function() data.mixture(sources, { weights = c[1] }) end))
       assert.matches("^[^:]*data_spec%.lua:%d+: m3%.data%.mixture: this call: " .. c[2] .. "$",
-        refusal(function() mix:next(2, { weights = c[1] }) end))
+        helper.error_of(function() mix:next(2, { weights = c[1] }) end))
     end
     assert.equal(0, mix:cursor().index)
     assert.same({ 2, 8 }, mix:next(2, { weights = { 1, 0 } }).tokens:shape())
@@ -459,15 +460,10 @@ describe("m3.data batches and files", function()
     assert.has_error(function() b:next(4) end, 'm3.data: next: rows = 4, but this order = "stream" source serves 2 '
       .. "rows a call (row r continues row r's text)")
     assert.same(want, b:next(2).tokens:to_table())
-    local function refusal(f)
-      local ok, err = pcall(f)
-      assert.is_false(ok)
-      return err:match("^[^:]*data_spec%.lua:%d+: (.*)$")
-    end
     assert.equal("m3.data.text: rows = 3, but the cursor's stream serves 2 rows a call",
-      refusal(function() data.text(path, { order = "stream", rows = 3, cursor = c }) end))
+      message_of(function() data.text(path, { order = "stream", rows = 3, cursor = c }) end))
     assert.equal("m3.data: seek: cursor.rows = 0: expected an integer >= 1",
-      refusal(function() b:seek { seed = 0, index = 0, rows = 0 } end))
+      message_of(function() b:seek { seed = 0, index = 0, rows = 0 } end))
     -- a cursor of earlier versions (no rows) leaves the count as it was
     local old = data.text(path, { order = "stream", split = "all", length = 2, cursor = { seed = 0, index = 4 } })
     assert.same({ 4, 2 }, old:next(4).tokens:shape())
@@ -475,10 +471,7 @@ describe("m3.data batches and files", function()
   end)
 
   it("continue each row of a stream where it stopped when the length changes, also after a resume", function()
-    local ffi = require "ffi"
-    local ids = ffi.new("uint16_t[1000]")
-    for i = 0, 999 do ids[i] = i end
-    local path = tmpfile(ffi.string(ids, 2000))
+    local path = counting_u16_file(1000)
     local function open(cursor)
       return data.tokens(path, { vocab = 1000, length = 8, order = "stream", split = "all", cursor = cursor })
     end
@@ -513,29 +506,24 @@ describe("m3.data batches and files", function()
 
   it("seek file sources only to cursors the task sources take, with the same message", function()
     local path = tmpfile("abcdefghijklmnopqrstuvwxyz0123456789")
-    local function refusal(f)
-      local ok, err = pcall(f)
-      assert.is_false(ok)
-      return err
-    end
     for _, index in ipairs { 1.5, -3, 0 / 0 } do
       local c = { seed = 0, index = index }
       local shown = "{seed = 0, index = " .. tostring(index) .. "}"
       local want = "m3.data: seek: expected a cursor {seed =, index =}, each an integer in [0, 2^53), got " .. shown
-      local task_err = refusal(function() data.parity { cursor = c } end)
+      local task_err = helper.error_of(function() data.parity { cursor = c } end)
       assert.equal(want, task_err:match("^[^:]*data_spec%.lua:%d+: (.*)$"))
       for _, order in ipairs { "sequential", "random", "stream" } do
         assert.equal(task_err:gsub("^[^:]*:%d+", ""),
-          (refusal(function() data.text(path, { order = order, length = 8, cursor = c }) end):gsub("^[^:]*:%d+", "")))
+          (helper.error_of(function() data.text(path, { order = order, length = 8, cursor = c }) end):gsub("^[^:]*:%d+", "")))
         local s = data.text(path, { order = order, length = 8 })
-        assert.matches(want:gsub("%p", "%%%0"), refusal(function() s:seek(c) end))
+        assert.matches(want:gsub("%p", "%%%0"), helper.error_of(function() s:seek(c) end))
       end
     end
     assert.matches("m3.data: seek: expected a cursor .*, got nil",
-      refusal(function() data.text(path):seek(nil) end))
+      helper.error_of(function() data.text(path):seek(nil) end))
     local st = data.text(path, { order = "stream", split = "all", length = 4, cursor = { seed = 0, index = 3 } })
     assert.matches("m3.data: next: the cursor's index 3 is not a multiple of the stream's 2 rows",
-      refusal(function() st:next(2) end))
+      helper.error_of(function() st:next(2) end))
     os.remove(path)
   end)
 
@@ -559,19 +547,14 @@ describe("m3.data batches and files", function()
 
   it("check a call's options like the constructor's: length, and no unknown names", function()
     local path = tmpfile("abcdefghijklmnopqrstuvwxyz0123456789")
-    local function refusal(f)
-      local ok, err = pcall(f)
-      assert.is_false(ok)
-      return err:match("^[^:]*data_spec%.lua:%d+: (.*)$")
-    end
     for _, order in ipairs { "sequential", "random", "stream" } do
       local s = data.text(path, { order = order, split = "all", length = 4 })
       for _, L in ipairs { 0, -1, 2.5, 0 / 0, math.huge, "3" } do
         assert.equal("m3.data: next: length = " .. (L == "3" and '"3"' or tostring(L)) .. ": expected an integer >= 1",
-          refusal(function() s:next(2, { length = L }) end))
+          message_of(function() s:next(2, { length = L }) end))
       end
       assert.equal('m3.data: next: unknown option "lenght" (did you mean "length"?); valid options: batch, batches, '
-        .. "first, index, last, length, rows, steps", refusal(function() s:next(2, { lenght = 3 }) end))
+        .. "first, index, last, length, rows, steps", message_of(function() s:next(2, { lenght = 3 }) end))
       assert.equal(0, s:cursor().index)
       -- a curriculum phase passes as is
       assert.same({ 2, 3 }, s:next(2, { steps = 10, length = 3, batch = 2, index = 1, first = 1, last = 10 })
@@ -579,7 +562,7 @@ describe("m3.data batches and files", function()
     end
     local mix = data.mixture { data.text(path, { length = 4 }) }
     assert.equal("m3.data: sample: length = 0: expected an integer >= 1",
-      refusal(function() mix:next(2, { length = 0 }) end))
+      message_of(function() mix:next(2, { length = 0 }) end))
     os.remove(path)
   end)
 
@@ -630,10 +613,7 @@ describe("m3.data batches and files", function()
   end)
 
   it("slice ids of the file and refuse a slice past its end", function()
-    local ffi = require "ffi"
-    local ids = ffi.new("uint16_t[100]")
-    for i = 0, 99 do ids[i] = i end
-    local path = tmpfile(ffi.string(ids, 200))
+    local path = counting_u16_file(100)
     local s = data.tokens(path, { vocab = 100 })
     assert.same({ 98, 99 }, s:slice(98, 2))
     assert.same({}, s:slice(100, 0))
