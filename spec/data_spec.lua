@@ -129,6 +129,13 @@ describe("m3.data.parity", function()
     assert.has_error(function() data.parity { targets = "all" }:sample(0) end,
       'm3.data.parity: targets must be "final" or "running", got all')
     assert.has_error(function() data.parity { length = 4, min_length = 5 }:sample(0) end)
+    -- at the caller's line; an infinite length is no length (it served [1, 0] batches)
+    assert.equal("m3.data.parity: length = inf: must be at most 2147483647",
+      message_of(function() data.parity {}:next(1, { length = math.huge }) end))
+    assert.equal("m3.data.mqar: pairs must be an integer >= 1, got 1.5",
+      message_of(function() data.mqar {}:next(1, { length = 12, pairs = 1.5 }) end))
+    assert.equal("m3.data.mqar: queries must be an integer >= 1, got nan",
+      message_of(function() data.mqar {}:next(1, { length = 12, queries = 0 / 0 }) end))
   end)
 end)
 

@@ -32,15 +32,23 @@
 -- [min_length, length] (min_length defaults to length), as in length curricula where a
 -- phase trains on all lengths up to its maximum.
 
+local lib = require "m3.lib"
+
+lib.internal_file(debug.getinfo(1, "S").source)
+
 local floor = math.floor
+local raise = lib.raise
 
 local tasks = {}
 
+-- o[field], once it is an integer from lo to 2^31 - 1 (a tensor dimension; inf is not).
 local function check_int(o, field, lo, task)
   local v = o[field]
   if type(v) ~= "number" or v ~= floor(v) or v < lo then
-    error(string.format("m3.data.%s: %s must be an integer >= %d, got %s", task, field, lo,
-      tostring(v)), 0)
+    raise(string.format("m3.data.%s: %s must be an integer >= %d, got %s", task, field, lo, tostring(v)))
+  end
+  if v > 2147483647 then
+    raise(string.format("m3.data.%s: %s = %s: must be at most 2147483647", task, field, tostring(v)))
   end
   return v
 end
@@ -50,8 +58,8 @@ local function draw_length(r, o, lo, task)
   local hi = check_int(o, "length", lo, task)
   local min = o.min_length or hi
   if type(min) ~= "number" or min ~= floor(min) or min < lo or min > hi then
-    error(string.format("m3.data.%s: min_length must be an integer in [%d, length = %d], got %s",
-      task, lo, hi, tostring(min)), 0)
+    raise(string.format("m3.data.%s: min_length must be an integer in [%d, length = %d], got %s",
+      task, lo, hi, tostring(min)))
   end
   return min + r:below(hi - min + 1)
 end
@@ -62,8 +70,8 @@ local function check_targets(o, task, allowed)
     local names = {}
     for k in pairs(allowed) do names[#names + 1] = '"' .. k .. '"' end
     table.sort(names)
-    error(string.format("m3.data.%s: targets must be %s, got %s", task,
-      table.concat(names, " or "), tostring(t)), 0)
+    raise(string.format("m3.data.%s: targets must be %s, got %s", task,
+      table.concat(names, " or "), tostring(t)))
   end
   return t
 end
@@ -83,7 +91,7 @@ function tasks.parity.sample(r, o)
   if density == "random" then
     density = r:uniform()
   elseif type(density) ~= "number" or density < 0 or density > 1 then
-    error('m3.data.parity: density must be a probability in [0, 1] or "random", got ' .. tostring(density), 0)
+    raise('m3.data.parity: density must be a probability in [0, 1] or "random", got ' .. tostring(density))
   end
   local tokens, targets, p = {}, {}, 0
   for i = 1, n do
@@ -160,8 +168,8 @@ end
 local function op_ids(o, sym)
   local ops = o.ops
   if type(ops) ~= "string" or #ops == 0 or ops:find("[^-+*]") then
-    error(string.format("m3.data.arithmetic: ops must be a string of '+', '-', '*', got %s",
-      tostring(ops)), 0)
+    raise(string.format("m3.data.arithmetic: ops must be a string of '+', '-', '*', got %s",
+      tostring(ops)))
   end
   local ids = {}
   for c in ops:gmatch(".") do ids[#ids + 1] = sym[c] end
@@ -272,12 +280,12 @@ tasks.mqar = {
 function tasks.mqar.sample(r, o)
   local keys = check_int(o, "keys", 1, "mqar")
   check_int(o, "values", 1, "mqar")
-  local pairs_n = o.pairs or floor(check_int(o, "length", 3, "mqar") / 3)
-  local queries = o.queries or (o.length - 2 * pairs_n)
+  local pairs_n = o.pairs and check_int(o, "pairs", 1, "mqar") or floor(check_int(o, "length", 3, "mqar") / 3)
+  local queries = o.queries and check_int(o, "queries", 1, "mqar") or (o.length - 2 * pairs_n)
   if pairs_n < 1 or pairs_n > keys then
-    error(string.format("m3.data.mqar: pairs must be in [1, keys = %d], got %s", keys, tostring(pairs_n)), 0)
+    raise(string.format("m3.data.mqar: pairs must be in [1, keys = %d], got %s", keys, tostring(pairs_n)))
   end
-  if queries < 1 then error("m3.data.mqar: queries must be >= 1, got " .. tostring(queries), 0) end
+  if queries < 1 then raise("m3.data.mqar: queries must be >= 1, got " .. tostring(queries)) end
   -- distinct keys: a partial Fisher-Yates shuffle of 0..keys-1
   local perm = {}
   for i = 1, keys do perm[i] = i - 1 end
