@@ -20,7 +20,7 @@ static uint64_t hash_bytes(uint64_t h, const unsigned char *p, size_t n) {
     h = mix(h, w);
   }
   uint64_t tail = 0;
-  memcpy(&tail, p + i, n - i);
+  if (n > i) memcpy(&tail, p + i, n - i); /* p may be NULL when n is 0 */
   return mix(h, tail ^ ((uint64_t)(n - i) << 56));
 }
 
