@@ -303,11 +303,14 @@ function I:generate(prompt, n, opts)
   local next_tok, drawn = tensor({ B, 1 }, "i32"), ffi.new("int32_t[?]", B)
   local lengths, stopped, live_rows = {}, {}, B
   for r = 1, B do lengths[r] = n end
+  local drawing -- the token being drawn, 0-based, for the message below
+  local function nonfinite(r)
+    return string.format("generate: the model produced a non-finite logit in row %d while drawing token %d "
+      .. "(are the weights finite?)", r, drawing + 1)
+  end
   for i = 0, n - 1 do
-    sampler:draw(self._logits, V, drawn, function(r)
-      return string.format("generate: the model produced a non-finite logit in row %d while drawing token %d "
-        .. "(are the weights finite?)", r, i + 1)
-    end)
+    drawing = i
+    sampler:draw(self._logits, V, drawn, nonfinite)
     for r = 0, B - 1 do
       local id
       if stopped[r] then
