@@ -239,6 +239,20 @@ describe("m3.log.jsonl and plots", function()
     assert.same({ { 0 }, -big, big }, { t, a, b })
   end)
 
+  it("ticks a log axis over many decades at a step of decades", function()
+    local function y_labels(lo, hi)
+      local body = log.svg.lines { logy = true, series = { { x = { 1, 2 }, y = { lo, hi } } } }.body
+      local labels = {}
+      for t in body:gmatch('text%-anchor="end" font%-size="11">([^<]*)<') do labels[#labels + 1] = t end
+      return labels
+    end
+    assert.same({ "0.001", "0.01", "0.1", "1", "10", "100" }, y_labels(2e-3, 50))
+    assert.same({ "1e-300", "1e-200", "1e-100", "1", "1e100", "1e200", "1e300" }, y_labels(1e-300, 1e300))
+    assert.same({ "1e-400", "1e-300", "1e-200", "1e-100", "1", "1e100", "1e200", "1e300", "1e400" },
+      y_labels(5e-324, 1.7976931348623157e308))
+    assert.equal(8, #y_labels(1e-3, 1e9)) -- 12 decades: every second one, 1e-4 to 1e10
+  end)
+
   it("draws bars and escapes labels", function()
     local c = log.svg.bars { title = "a<b", labels = { "x=1", "y&z" }, values = { 0.5, -0.25 } }
     local doc = log.svg.document { c }

@@ -7,7 +7,8 @@
 --   svg.write(path, charts) -> writes the document (atomically; the folder must exist)
 --   svg.nice_ticks(lo, hi, n = 5) -> ticks, axis_lo, axis_hi  (n at most 100)
 --
--- Axes get "nice" ticks (1, 2, 5 times a power of ten; powers of ten on a log axis);
+-- Axes get "nice" ticks (1, 2, 5 times a power of ten; powers of ten on a log axis, every
+-- decade up to ten of them, else at a step of 2, 5, 10, ... decades);
 -- series longer than 1500 points are averaged in buckets; non-finite points break a line.
 -- Any finite values give finite coordinates (an axis stops at the largest float).
 -- Bad arguments raise at the caller's line, naming the function and what was expected.
@@ -29,6 +30,7 @@ local W, H = 720, 360
 local LEFT, RIGHT, TOP, BOTTOM = 70, 170, 34, 46
 local MAX_POINTS = 1500
 local MAX_TICKS = 100
+local LOG_DECADES = 10 -- a log axis over more decades ticks at a nice step of decades
 -- Values closer to zero than this count as zero on an axis (so that steps stay normal floats).
 local TINY = 1e-280
 local HUGE = 1.7976931348623157e308 -- the largest float
@@ -188,8 +190,12 @@ function svg.lines(o)
     ty, ylabel = log10, power_label
     ya, yb = floor(log10(y0)), ceil(log10(y1))
     if yb == ya then yb = ya + 1 end
-    yt = {}
-    for k = ya, yb do yt[#yt + 1] = k end
+    if yb - ya > LOG_DECADES then
+      yt, ya, yb = svg.nice_ticks(ya, yb, LOG_DECADES) -- every 2nd, 5th, 10th, ... decade
+    else
+      yt = {}
+      for k = ya, yb do yt[#yt + 1] = k end
+    end
   else
     yt, ya, yb = svg.nice_ticks(y0, y1, 5)
   end
