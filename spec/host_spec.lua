@@ -254,6 +254,18 @@ describe("m3lua", function()
     assert.equal(4, rc)
   end)
 
+  it("REPL: `...` is empty in expressions and statements", function()
+    local out, err, rc = run({ "-i" }, table.concat({
+      "...",
+      "select('#', ...)",
+      "print(select('#', ...))",
+      "(...)",
+    }, "\n") .. "\n")
+    assert.equal("0\n0\nnil\n", out)
+    assert.equal("", err)
+    assert.equal(0, rc)
+  end)
+
   it("stops interpreted code on SIGINT with status 128 + 2", function()
     local _, err, rc = run_signalled({ "-joff", "-e", "while true do end" }, "INT")
     assert.equal(130, rc)

@@ -335,11 +335,11 @@ local function traceback_above(depth)
   end
 end
 
--- Runs f interruptibly (with arg); prints its results (unless quiet; `packed`: f returns
--- them as one pack()ed table), its error, its wall time.
-local function execute(f, quiet, packed, arg)
+-- Runs f interruptibly, without arguments; prints its results (unless quiet; `packed`: f
+-- returns them as one pack()ed table), its error, its wall time.
+local function execute(f, quiet, packed)
   local t0 = now()
-  local r = pack(host.pcall(f, traceback_above(stack_depth()), arg))
+  local r = pack(host.pcall(f, traceback_above(stack_depth())))
   local elapsed = now() - t0
   if not r[1] then
     io.stdout:flush()
@@ -356,11 +356,14 @@ local function execute(f, quiet, packed, arg)
 end
 
 -- The chunk as an expression list (it returns its values packed: no tail call, so errors
--- keep their position), else as a statement; the second result says which.
+-- keep their position), else as a statement; the second result says which. The expression
+-- list runs in a vararg function of its own, called without arguments: `...` in it is
+-- empty, as in a statement chunk, and pack reaches it as an upvalue.
 local function compile(src)
   local expr = src:gsub(";%s*$", "")
-  local f = loadstring("local m3repl_pack = ...; return m3repl_pack(" .. expr .. "\n)", "=stdin")
-  if f then return f, true end
+  local f = loadstring("local m3repl_pack = ...; return function(...) return m3repl_pack(" .. expr
+    .. "\n) end", "=stdin")
+  if f then return f(pack), true end
   local err
   f, err = loadstring(src, "=stdin")
   return f or err, false
@@ -390,7 +393,7 @@ local function feed(pending, line)
   local src = pending and pending .. "\n" .. line or line
   local f, expression = compile(src)
   if type(f) == "function" then
-    execute(f, src:match(";%s*$") ~= nil, expression, expression and pack or nil)
+    execute(f, src:match(";%s*$") ~= nil, expression)
   elseif f:match("<eof>'?$") then
     return src
   else
