@@ -1,4 +1,5 @@
--- m3.checkpoint and m3.fit: keep the last k, skip damaged files, and resume bit-identically
+-- m3.checkpoint and m3.fit: keep the last k, skip damaged files, ignore and clear away the
+-- temporary files of interrupted writes, and resume bit-identically
 -- (CPU: 10 steps against 5 + save + load + 5, with carried state or with accumulation; also
 -- after interrupts, each metrics record once); fit.run's refusals.
 
@@ -173,6 +174,39 @@ describe("m3.checkpoint", function()
     assert.truthy(tr)
     assert.truthy(said[1]:find("skipping .*step%-00000009%.ckpt"))
     assert.is_nil(checkpoint.resume(dir .. "/nothing-here"))
+  end)
+
+  it("never takes a write's temporary file for a checkpoint, and removes those whose writer is gone", function()
+    local ck = checkpoint.new { dir = dir .. "/stale", keep = 2 }
+    local tr = new_trainer()
+    ck:save(tr, 3, { a = 3 })
+    local complete = fs.read(checkpoint.new { dir = dir .. "/stale-source" }:save(tr, 9, { a = 9 }))
+    local sh = io.popen("sh -c 'echo $$'")
+    local dead = tonumber(sh:read("*l")) -- a process that has ended
+    sh:close()
+    pcall(ffi.cdef, "int getpid(void);")
+    local function temporary(step, pid, count)
+      return string.format("%s/step-%08d.ckpt.tmp.%d.%d", ck.dir, step, pid, count)
+    end
+    local stale = { temporary(9, dead, 0), temporary(10, ffi.C.getpid(), 4) }
+    local kept = {
+      temporary(11, 1, 0), -- pid 1 lives: its write may still finish
+      ck.dir .. "/step-00000012.ckpt.tmp." .. dead, -- not libm3's name (no count)
+      ck.dir .. "/step-00000012.ckpt.tmp.x.0",
+      ck.dir .. "/notes.ckpt.tmp." .. dead .. ".0",
+      ck.dir .. "/step-00000012.ckpt.tmp.99999999999.0", -- no pid
+    }
+    for _, p in ipairs(stale) do fs.write(p, complete) end
+    for _, p in ipairs(kept) do fs.write(p, complete) end
+    assert.same({ { step = 3, path = ck:path(3) } }, ck:list())
+    local _, extra, step = ck:resume()
+    assert.equal(3, step)
+    assert.same({ a = 3 }, extra)
+    ck:save(tr, 4)
+    ck:save(tr, 5)
+    for _, p in ipairs(stale) do assert.is_false(fs.exists(p), p) end
+    for _, p in ipairs(kept) do assert.equal(complete, fs.read(p), p) end
+    assert.same({ 4, 5 }, { ck:list()[1].step, ck:list()[2].step })
   end)
 
   for mode in pairs(MODES) do

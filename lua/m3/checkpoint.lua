@@ -23,11 +23,20 @@
 -- step-N.ckpt) plus the Lua table {step = step, extra = extra}: the loop's step and the
 -- caller's state (data cursor, schedule position, curriculum phase, RNG states). Restoring
 -- all of them continues the run bit-identically on the same device and dtype.
+--
+-- A process killed while it writes leaves its temporary file behind (libm3 names it
+-- step-N.ckpt.tmp.<pid>.<count>). list() never takes one for a checkpoint, and save()
+-- first removes those of its folder whose writer is gone (no process has that pid, or it
+-- is this one, whose own writes have ended); nothing else in the folder is touched.
 
+local ffi = require "ffi"
 local trainer = require "m3.trainer"
 local lib = require "m3.lib"
 local fs = require "m3.fs"
 local options = require "m3.options"
+
+pcall(ffi.cdef, "int kill(int pid, int sig);")
+pcall(ffi.cdef, "int getpid(void);")
 
 lib.internal_file(debug.getinfo(1, "S").source)
 
@@ -60,10 +69,15 @@ function K:path(step)
   return string.format("%s/step-%08d.ckpt", self.dir, step)
 end
 
+-- A checkpoint's file name (its step captured), and libm3's temporary name for it (the
+-- writer's pid captured).
+local CHECKPOINT_NAME = "^step%-(%d+)%.ckpt$"
+local TEMPORARY_NAME = "^step%-%d+%.ckpt%.tmp%.(%d+)%.%d+$"
+
 function K:list()
   local out = {}
   for _, name in ipairs(fs.list(self.dir)) do
-    local step = name:match("^step%-(%d+)%.ckpt$")
+    local step = name:match(CHECKPOINT_NAME)
     if step then out[#out + 1] = { step = tonumber(step), path = self.dir .. "/" .. name } end
   end
   table.sort(out, function(a, b) return a.step < b.step end)
@@ -72,12 +86,29 @@ end
 
 -- Steps below 10^15 print exactly with %d and tostring, so a file's name gives back its step.
 local MAX_STEP = 1e15
+local MAX_PID = 2 ^ 31 - 1 -- a larger number in a name was not a pid: libm3 did not write it
+local ESRCH = 3            -- kill(pid, 0): no such process
+
+-- Whether the process that wrote a temporary file can no longer finish (rename) it.
+local function writer_gone(pid)
+  if pid == ffi.C.getpid() then return true end
+  return ffi.C.kill(pid, 0) ~= 0 and ffi.errno() == ESRCH
+end
+
+-- Removes the temporary files of interrupted checkpoint writes from the folder.
+local function remove_stale_temporaries(dir)
+  for _, name in ipairs(fs.list(dir)) do
+    local pid = tonumber(name:match(TEMPORARY_NAME))
+    if pid and pid <= MAX_PID and writer_gone(pid) then os.remove(dir .. "/" .. name) end
+  end
+end
 
 function K:save(tr, step, extra)
   if not is_count(step, 0) or step >= MAX_STEP then
     lib.raise("m3.checkpoint: save expects a step (an integer in [0, 10^15)), got " .. options.show(step))
   end
   fs.mkdir(self.dir)
+  remove_stale_temporaries(self.dir)
   local written = self:path(step)
   local path = tr:save(written, { step = step, extra = extra })
   if self.keep > 0 then
