@@ -159,6 +159,27 @@ describe("m3.presets / m3.preset", function()
     assert.matches('did you mean "lm130"', helper.error_of(m3.preset, "lm13"))
     assert.matches("headdim = 7", helper.error_of(m3.preset, "rl", { headdim = 7 }))
   end)
+
+  it("hands out copies: changing what a lookup gave changes no later lookup", function()
+    local rl = m3.presets.rl
+    rl.d_model = 7
+    m3.presets.rl.n_layers = 99
+    m3.presets.mid = nil
+    m3.presets.extra = { d_model = 8, n_layers = 1 }
+    require("m3.config").presets.rl.d_state = 3
+    assert.same({ 128, 4, 16 }, { m3.presets.rl.d_model, m3.presets.rl.n_layers, m3.presets.rl.d_state })
+    assert.same({ 128, 4, 16 }, { m3.preset("rl").d_model, m3.preset("rl").n_layers, m3.preset("rl").d_state })
+    assert.equal(128, require("m3.config").presets.rl.d_model)
+    assert.is_nil(m3.presets.extra)
+    assert.matches('unknown preset "extra"', helper.error_of(m3.preset, "extra"))
+    local names = {}
+    for name, c in pairs(m3.presets) do
+      names[#names + 1] = name
+      assert.same(m3.preset(name), c)
+    end
+    table.sort(names)
+    assert.same({ "lm130", "mid", "rl" }, names)
+  end)
 end)
 
 describe("m3.config_from_json", function()

@@ -209,21 +209,21 @@ end
 
 -- ---- presets -------------------------------------------------------------------------------------
 
-config.presets = {
-  rl = config.validate({ d_model = 128, n_layers = 4, d_state = 16, headdim = 16,
-                         input = "identity", head = "none" }),
-  mid = config.validate({ d_model = 256, n_layers = 8, d_state = 64, headdim = 32,
-                          input = "identity", head = "none" }),
-  lm130 = config.validate({ d_model = 768, n_layers = 24, d_state = 128, headdim = 64,
-                            input = "tokens", head = "lm", vocab_size = 50280 }),
+-- The definitions stay private: every lookup builds new tables from them, so that a script
+-- changing what it got changes no later lookup.
+local PRESETS = {
+  rl = { d_model = 128, n_layers = 4, d_state = 16, headdim = 16, input = "identity", head = "none" },
+  mid = { d_model = 256, n_layers = 8, d_state = 64, headdim = 32, input = "identity", head = "none" },
+  lm130 = { d_model = 768, n_layers = 24, d_state = 128, headdim = 64, input = "tokens", head = "lm",
+            vocab_size = 50280 },
 }
 
 -- m3.preset(name, overrides): the named preset with overrides applied, validated.
 function config.preset(name, overrides)
-  local base = config.presets[name]
+  local base = PRESETS[name]
   if not base then
     local names = {}
-    for k in pairs(config.presets) do names[#names + 1] = k end
+    for k in pairs(PRESETS) do names[#names + 1] = k end
     table.sort(names)
     raise(string.format("m3.preset: unknown preset %s%s; presets: %s", show(name),
       type(name) == "string" and config.suggest(name, names) or "", table.concat(names, ", ")))
@@ -232,9 +232,20 @@ function config.preset(name, overrides)
     raise("m3.preset: overrides must be a table, got " .. type(overrides))
   end
   local t = {}
-  for _, f in ipairs(FIELDS) do t[f[1]] = base[f[1]] end
+  for k, v in pairs(base) do t[k] = v end
   for k, v in pairs(overrides or {}) do t[k] = v end
   return config.validate(t)
 end
+
+-- config.presets (m3.presets): name -> validated config, a new table of new configs at each
+-- access.
+setmetatable(config, {
+  __index = function(_, key)
+    if key ~= "presets" then return nil end
+    local all = {}
+    for name in pairs(PRESETS) do all[name] = config.preset(name) end
+    return all
+  end,
+})
 
 return config

@@ -20,7 +20,6 @@ local m3 = {
   save_tensors = tensors_io.save,
   config = config.validate,
   config_from_json = config.from_json,
-  presets = config.presets,
   preset = config.preset,
   weights = weights,
   trainer = trainer,
@@ -48,6 +47,7 @@ end
 
 return setmetatable(m3, {
   __index = function(t, name)
+    if name == "presets" then return config.presets end -- new copies at each access, never kept
     if type(name) ~= "string" or not package.searchpath("m3." .. name, package.path) then return nil end
     local mod = require("m3." .. name)
     rawset(t, name, mod)
