@@ -1,5 +1,5 @@
--- m3.fs — the few file-system helpers the training library needs (POSIX, via the FFI and
--- the shell's ls): make folders, list a folder, read a file, replace a file atomically.
+-- m3.fs — the few file-system helpers the training library needs (POSIX, via the FFI):
+-- make folders, list a folder, read a file, replace a file atomically.
 
 local ffi = require "ffi"
 local lib = require "m3.lib"
@@ -9,6 +9,21 @@ lib.internal_file(debug.getinfo(1, "S").source)
 pcall(ffi.cdef, "int mkdir(const char *path, unsigned int mode);")
 pcall(ffi.cdef, "char *strerror(int errnum);")
 pcall(ffi.cdef, "int getpid(void);")
+-- opendir/readdir/closedir under private names (asm labels), with struct dirent as glibc
+-- lays it out on 64-bit Linux (x86_64, aarch64).
+pcall(ffi.cdef, [[
+typedef struct m3fs_dir m3fs_dir;
+typedef struct {
+  uint64_t d_ino;
+  int64_t d_off;
+  unsigned short d_reclen;
+  unsigned char d_type;
+  char d_name[256];
+} m3fs_dirent;
+m3fs_dir *m3fs_opendir(const char *path) __asm__("opendir");
+m3fs_dirent *m3fs_readdir(m3fs_dir *dir) __asm__("readdir");
+int m3fs_closedir(m3fs_dir *dir) __asm__("closedir");
+]])
 
 local fs = {}
 
@@ -36,12 +51,28 @@ function fs.mkdir(path)
   end
 end
 
--- The names in a folder, sorted (an empty list when it does not exist).
+-- The names in a folder but . and .., sorted (an empty list when it does not exist or
+-- cannot be opened); an error when reading it fails part way.
 function fs.list(dir)
   local out = {}
-  local p = io.popen("ls -1A -- '" .. dir:gsub("'", "'\\''") .. "' 2>/dev/null")
-  for name in p:lines() do out[#out + 1] = name end
-  p:close()
+  local d = ffi.C.m3fs_opendir(dir)
+  if d == nil then return out end
+  d = ffi.gc(d, ffi.C.m3fs_closedir) -- closed even when an interrupt cuts the loop short
+  local errno
+  repeat
+    ffi.errno(0)
+    local entry = ffi.C.m3fs_readdir(d)
+    if entry == nil then
+      errno = ffi.errno()
+    else
+      local name = ffi.string(entry.d_name)
+      if name ~= "." and name ~= ".." then out[#out + 1] = name end
+    end
+  until entry == nil
+  ffi.C.m3fs_closedir(ffi.gc(d, nil))
+  if errno ~= 0 then
+    lib.raise("m3.fs.list: cannot read the folder " .. dir .. ": " .. ffi.string(ffi.C.strerror(errno)))
+  end
   table.sort(out)
   return out
 end
