@@ -344,6 +344,15 @@ describe("m3.infer", function()
       end
     end)
 
+    it("draws with top_p from finite logits spread wider than the largest float", function()
+      local wide = ffi.new("float[3]", { 3e38, -3e38, 0 })
+      local out = ffi.new("int32_t[1]")
+      for seed = 1, 20 do
+        m3.sampling.new(1, { top_p = 0.5, seed = seed }, "test"):draw(wide, 3, out)
+        assert.equal(0, out[0])
+      end
+    end)
+
     it("refuses non-finite logits and leaves the generators as they were", function()
       local s = m3.sampling.new(2, { seed = 1 }, "test")
       local bad = ffi.new("float[10]")

@@ -90,19 +90,25 @@ enum { NBINS = 2048 };
     return last_;                                               \
   } while (0)
 
+/* The bin of logit v below the row's max m: the distance in double, which neither overflows (finite logits
+ * spread wider than FLT_MAX) nor gives a NaN index. */
+static int32_t bin_of(float v, float m, double width) {
+  const double x = ((double)m - (double)v) / width;
+  return x < NBINS ? (int32_t)x : NBINS - 1;
+}
+
 /* The last candidate (in sampling order) of the shortest prefix whose weight reaches goal:
  * logits are binned below the max, whole bins are taken from the top while they stay short of
  * goal, and only the bin that crosses it is sorted. */
 static cand nucleus_end(const float *lg, const float *w, int32_t V, float m, double goal, scratch *sc) {
   float lo = m;
   for (int32_t i = 0; i < V; i++) lo = lg[i] < lo ? lg[i] : lo;
-  const double width = m > lo ? (double)(m - lo) / NBINS : 1;
+  const double width = m > lo ? ((double)m - (double)lo) / NBINS : 1;
   memset(sc->bins, 0, NBINS * sizeof(double));
   memset(sc->fill, 0, NBINS * sizeof(int32_t));
-#define BIN_OF(v) ((int32_t)((m - (v)) / width) < NBINS ? (int32_t)((m - (v)) / width) : NBINS - 1)
   int32_t last = 0; /* the last bin holding a token: the walk ends there at the latest */
   for (int32_t i = 0; i < V; i++) {
-    const int32_t b = BIN_OF(lg[i]);
+    const int32_t b = bin_of(lg[i], m, width);
     sc->bins[b] += w[i];
     sc->fill[b]++;
     last = b > last ? b : last;
@@ -112,8 +118,7 @@ static cand nucleus_end(const float *lg, const float *w, int32_t V, float m, dou
   while (b < last && (acc + sc->bins[b] < goal || !sc->fill[b])) acc += sc->bins[b++];
   int32_t n = 0;
   for (int32_t i = 0; i < V; i++)
-    if (BIN_OF(lg[i]) == b) sc->c[n++] = (cand){lg[i], i};
-#undef BIN_OF
+    if (bin_of(lg[i], m, width) == b) sc->c[n++] = (cand){lg[i], i};
   qsort(sc->c, (size_t)n, sizeof *sc->c, cmp_cand);
   for (int32_t j = 0; j < n; j++) {
     acc += w[sc->c[j].id];
