@@ -38,8 +38,9 @@ m3_status m3_weights_create(const m3_config *cfg, m3_weights **out) {
   }
   w->arena = m3_alloc_floats(w->layout.total);
   if (!w->arena) {
+    const long long n_params = (long long)w->layout.n_params;
     m3_weights_destroy(w);
-    return m3_fail(M3_ERR_MEMORY, "out of memory for %lld parameters", (long long)w->layout.n_params);
+    return m3_fail(M3_ERR_MEMORY, "out of memory for %lld parameters", n_params);
   }
   *out = w;
   return M3_OK;
