@@ -160,9 +160,16 @@ static void scatter(const m3_infer *inf, const m3_batch *b, int32_t t0, int32_t 
     memcpy(out + ((int64_t)r * b->len + t0) * dm, inf->out + (int64_t)r * n * dm, (size_t)(n * dm) * sizeof(float));
 }
 
+static m3_status has_logits(const m3_infer *inf) {
+  if (inf->dims.head != M3_HEAD_LM)
+    return m3_fail(M3_ERR_UNSUPPORTED, "logits: the model's head is not \"lm\" (it has no logits)");
+  return M3_OK;
+}
+
 m3_status m3_infer_step(m3_infer *inf, const m3_batch *b, float *out, float *logits) {
   TRY(usable(inf));
   TRY(m3_check_batch_inputs(&inf->dims, b, inf->cfg.batch, 0));
+  if (logits) TRY(has_logits(inf)); /* refused before the state moves */
   m3_batch in;
   memset(&in, 0, sizeof in);
   in.rows = b->rows;
@@ -190,8 +197,7 @@ m3_status m3_infer_step(m3_infer *inf, const m3_batch *b, float *out, float *log
 
 m3_status m3_infer_logits(const m3_infer *inf, float *logits) {
   TRY(usable(inf));
-  if (inf->dims.head != M3_HEAD_LM)
-    return m3_fail(M3_ERR_UNSUPPORTED, "logits: the model's head is not \"lm\" (it has no logits)");
+  TRY(has_logits(inf));
   if (!logits) return m3_fail(M3_ERR_ARGUMENT, "logits: the destination is NULL");
   if (!inf->logit_rows) return m3_fail(M3_ERR_ORDER, "logits: no step has run yet");
   return track((m3_infer *)inf, inf->ops->read_logits(inf->be, inf->logit_rows, logits));

@@ -8,6 +8,7 @@
  *    run whole, bit for bit (outputs, logits, states); m3_infer_logits reads the last step's
  *    logits; bad input (token out of range, no rows, empty) fails with M3_ERR_ARGUMENT and
  *    leaves the state as it was; logits before any step is M3_ERR_ORDER; config errors.
+ * 3. A step asking a model without an "lm" head for logits is refused and leaves the state as it was.
  */
 #include "cpu/model.h"
 #include "harness.h"
@@ -173,10 +174,52 @@ static void check_api(m3_rng *r) {
   free(after);
 }
 
+/* A step that asks a model without an "lm" head for logits is refused before it runs: the state stays. */
+static void check_logits_refused(m3_rng *r) {
+  m3_config cfg;
+  m3_config_defaults(&cfg);
+  cfg.d_model = 16;
+  cfg.n_layers = 1;
+  cfg.d_state = 16;
+  cfg.headdim = 8;
+  cfg.input = M3_INPUT_IDENTITY;
+  cfg.head = M3_HEAD_NONE;
+  m3_dims d;
+  m3_dims_from_config(&cfg, &d);
+  m3_weights *w = NULL;
+  CHECK_OK(m3_weights_create(&cfg, &w));
+  CHECK_OK(m3_weights_init(w, 3));
+  m3_infer_cfg ic;
+  m3_infer_cfg_defaults(&ic);
+  ic.weights = w;
+  ic.device = M3_DEVICE_CPU;
+  ic.batch = 1;
+  m3_infer *inf = NULL;
+  CHECK_OK(m3_infer_create(&ic, &inf));
+  float input[16], out[16], logits[16];
+  for (int i = 0; i < 16; i++) input[i] = (float)m3_rng_uniform(r) - 0.5f;
+  m3_batch b = {0};
+  b.rows = 1;
+  b.len = 1;
+  b.input = input;
+  const long n_ssm = (long)d.L * d.H * d.P * d.N;
+  float *before = calloc((size_t)n_ssm, sizeof(float)), *after = calloc((size_t)n_ssm, sizeof(float));
+  CHECK_OK(m3_infer_step(inf, &b, out, NULL));
+  ssm_of(inf, &d, before);
+  CHECK(m3_infer_step(inf, &b, out, logits) == M3_ERR_UNSUPPORTED, "logits of a head \"none\" must be unsupported");
+  ssm_of(inf, &d, after);
+  CHECK(memcmp(before, after, (size_t)n_ssm * sizeof(float)) == 0, "a step refused for its logits changed the state");
+  m3_infer_destroy(inf);
+  m3_weights_destroy(w);
+  free(before);
+  free(after);
+}
+
 int main(void) {
   m3_rng r;
   m3_rng_seed(&r, 13);
   check_forward_only(&r);
   check_api(&r);
+  check_logits_refused(&r);
   return harness_finish("infer");
 }
