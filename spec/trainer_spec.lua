@@ -671,6 +671,12 @@ describe("m3.trainer", function()
       refused("extra does not load: serialize.load: long strings and comments are not accepted",
         function(_, m) m.extra = 'return {[=["]=], ([=[ab]=]):rep(3), [=["]=]}' end)
       assert.equal(1, m3.trainer.load(damaged(f32, function() end)):step_count())
+      -- one bit off in the key "checksum" does not make the file one written before checksums
+      refused('the file is damaged: it states no checksum and holds the unknown metadata key "ghecksum"',
+        function(t, m)
+          m.ghecksum = select(2, m3.load_tensors(f32)).checksum
+          t["param.norm_f.weight"][0] = t["param.norm_f.weight"][0] + 1
+        end)
     end)
 
     it("refuses a checkpoint with a flipped byte anywhere in its values (the checksum)", function()

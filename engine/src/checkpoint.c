@@ -8,8 +8,9 @@
  * extra (the caller's opaque string), checksum (checksum.h over every tensor and every other
  * metadata value, 16 hex digits). Numbers are written with 17 significant digits so a
  * resumed run continues bit-identically on the same device and precision. Loading takes
- * nothing it has not checked: the checksum (files written before it existed have none),
- * numbers written whole and in range, finite tensors, second moments >= 0.
+ * nothing it has not checked: the checksum (files written before it existed have none, and no
+ * metadata keys but theirs), numbers written whole and in range, finite tensors, second
+ * moments >= 0.
  */
 #include <cjson/cJSON.h>
 #include <errno.h>
@@ -247,10 +248,28 @@ static m3_status meta_number(const m3_tensor_file *f, const char *key, double *o
   return M3_OK;
 }
 
-/* The file's checksum against the one it states; a file written before checksums has none. */
+/* The metadata keys of a checkpoint written before checksums: a file without a checksum holds these only,
+ * so that damage to the key "checksum" itself cannot pass for an older file. */
+static const char *const UNSUMMED_KEYS[] = {"format", "config", "trainer", "step", "loss_scale", "tracker", "rng",
+                                            "extra"};
+
+static m3_status check_unsummed_keys(const m3_tensor_file *f) {
+  for (int32_t i = 0; i < m3_tensor_file_metadata_count(f); i++) {
+    const char *key = m3_tensor_file_metadata_key(f, i);
+    size_t k = 0;
+    while (k < sizeof UNSUMMED_KEYS / sizeof *UNSUMMED_KEYS && strcmp(key, UNSUMMED_KEYS[k]) != 0) k++;
+    if (k == sizeof UNSUMMED_KEYS / sizeof *UNSUMMED_KEYS)
+      return m3_fail(M3_ERR_FORMAT,
+                     "the file is damaged: it states no checksum and holds the unknown metadata key \"%.64s\"", key);
+  }
+  return M3_OK;
+}
+
+/* The file's checksum against the one it states; a file written before checksums has none (and only their
+ * metadata keys). */
 static m3_status verify_checksum(const m3_tensor_file *f) {
   const char *stated = m3_tensor_file_metadata(f, "checksum");
-  if (!stated) return M3_OK;
+  if (!stated) return check_unsummed_keys(f);
   uint64_t sum = 0;
   for (int32_t i = 0; i < m3_tensor_file_count(f); i++) {
     m3_file_tensor t;
