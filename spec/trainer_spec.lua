@@ -679,6 +679,25 @@ describe("m3.trainer", function()
         end)
     end)
 
+    it("takes -1 in the C API's load options as the saved value and refuses other negative values", function()
+      local ffi = require "ffi"
+      local C = require("m3.lib").C
+      local tr = m3.trainer(helper.tokens_lm(), opts())
+      local path = helper.tmpname(".ckpt")
+      tr:save(path)
+      local out = ffi.new("m3_trainer *[1]")
+      local fields = { "device", "device_index", "precision", "batch", "seq_len" }
+      for _, field in ipairs(fields) do
+        local o = ffi.new("m3_load_opts", -1, -1, -1, -1, -1)
+        o[field] = -7
+        assert.equal(2, tonumber(C.m3_trainer_load(path, o, out)), field) -- M3_ERR_CONFIG
+        assert.matches("= %-7", ffi.string(C.m3_last_error()), field)
+        assert.is_true(out[0] == nil)
+      end
+      assert.equal(0, tonumber(C.m3_trainer_load(path, ffi.new("m3_load_opts", -1, -1, -1, -1, -1), out)))
+      C.m3_trainer_destroy(out[0])
+    end)
+
     it("refuses a checkpoint with a flipped byte anywhere in its values (the checksum)", function()
       local tr = m3.trainer(helper.tokens_lm(), opts({ carry_state = true }))
       tr:step(helper.batch(tr.config, 3, 7, helper.rng(23)))

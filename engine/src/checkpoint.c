@@ -360,11 +360,12 @@ m3_status m3_trainer_load(const char *path, const m3_load_opts *opts, m3_trainer
   if (st == M3_OK) st = parse_trainer(text, &cfg, &lr, &clip, &no_decay);
   const int32_t saved_precision = cfg.precision, saved_batch = cfg.batch;
   if (st == M3_OK && opts) {
-    if (opts->device >= 0) cfg.device = opts->device;
+    /* -1 keeps the saved value; the trainer's checks judge any other */
+    if (opts->device != -1) cfg.device = opts->device;
     else if (cfg.device == M3_DEVICE_CUDA && m3_cuda_device_count() == 0) cfg.device = M3_DEVICE_CPU;
-    if (opts->device_index >= 0) cfg.device_index = opts->device_index;
-    if (opts->precision >= 0) cfg.precision = opts->precision;
-    if (opts->batch != -1) cfg.batch = opts->batch;       /* the trainer's checks judge the value */
+    if (opts->device_index != -1) cfg.device_index = opts->device_index;
+    if (opts->precision != -1) cfg.precision = opts->precision;
+    if (opts->batch != -1) cfg.batch = opts->batch;
     if (opts->seq_len != -1) cfg.seq_len = opts->seq_len;
   }
   m3_layout layout = {0};
