@@ -238,4 +238,17 @@ describe("the C API's configuration and info calls", function()
     assert.equal(1, tr:batch())
     C.m3_sampler_seed(1, 0, nil)
   end)
+
+  it("give no JSON for a config that breaks a rule (not the JSON of another model)", function()
+    local ffi = require "ffi"
+    local C = require("m3.lib").C
+    local c = ffi.new("m3_config")
+    C.m3_config_defaults(c)
+    c.d_model, c.n_layers, c.headdim, c.input = 16, 1, 8, 1
+    assert.matches('"input": "identity"', ffi.string(C.m3_config_to_json(c)))
+    c.input, c.head = 7, -3
+    assert.equal("", ffi.string(C.m3_config_to_json(c)))
+    assert.matches("input = 7", ffi.string(C.m3_last_error()))
+    assert.equal("", ffi.string(C.m3_config_to_json(nil)))
+  end)
 end)

@@ -126,7 +126,8 @@ m3_status m3_config_derive(const m3_config *cfg, m3_config_derived *out);
  * ignores keys it does not know (window sizes and the like), checks the derived sizes it
  * finds (d_inner, nheads, num_rope_angles, in_proj_dim, n_params) against the fields and
  * takes no boolean for an integer field; to_json returns a string owned by the library,
- * valid until the next call on this thread. */
+ * valid until the next call on this thread ("" for NULL or a config that breaks a rule:
+ * m3_last_error says which). */
 m3_status m3_config_from_json(const char *json, m3_config *out);
 const char *m3_config_to_json(const m3_config *cfg);
 

@@ -230,7 +230,7 @@ m3_status m3_config_from_json(const char *json, m3_config *out) {
 
 const char *m3_config_to_json(const m3_config *c) {
   static _Thread_local char buf[1024];
-  if (!c) return "";
+  if (!c || m3_config_validate(c) != M3_OK) return ""; /* not JSON of another model */
   snprintf(buf, sizeof buf,
            "{\"d_model\": %d, \"n_layers\": %d, \"d_state\": %d, \"expand\": %d, \"headdim\": %d, "
            "\"ngroups\": %d, \"rope_fraction\": %.17g, \"a_floor\": %.17g, \"outproj_norm\": %s, "
@@ -238,8 +238,7 @@ const char *m3_config_to_json(const m3_config *c) {
            "\"vocab_size\": %d, \"out_dim\": %d}",
            c->d_model, c->n_layers, c->d_state, c->expand, c->headdim, c->ngroups, c->rope_fraction,
            c->a_floor, c->outproj_norm ? "true" : "false",
-           input_names[c->input >= 0 && c->input < 3 ? c->input : 0],
-           head_names[c->head >= 0 && c->head < 3 ? c->head : 0], c->tie_embeddings ? "true" : "false",
+           input_names[c->input], head_names[c->head], c->tie_embeddings ? "true" : "false",
            c->input_dim, c->vocab_size, c->out_dim);
   return buf;
 }
