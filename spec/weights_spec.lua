@@ -106,6 +106,21 @@ describe("m3.weights", function()
     assert.matches("m3: ", helper.error_of(m3.weights.load, "/nonexistent.safetensors"))
   end)
 
+  it("refuses a weights file of its own format whose config lacks a member (a damaged name)", function()
+    local tied = m3.config(helper.tokens_lm({ tie_embeddings = true }))
+    local path = helper.tmpname(".safetensors")
+    m3.weights.init(tied, { seed = 4 }):save(path)
+    local tensors, meta = m3.load_tensors(path)
+    meta.config = meta.config:gsub('"head"', '"jead"')
+    m3.save_tensors(path, tensors, meta)
+    assert.matches('the "config" metadata lacks "head" %(a file of format m3lua%-weights%-1 states every member%)',
+      helper.error_of(m3.weights.load, path))
+    assert.is_true(m3.weights.load(path, tied) ~= nil) -- the caller's config still loads it
+    meta.format = nil -- another writer's file: members it leaves out take their defaults
+    m3.save_tensors(path, tensors, meta)
+    assert.equal("none", m3.weights.load(path).config.head)
+  end)
+
   it("names a weights object passed for a config, and a seed given as a string", function()
     local w = m3.weights.init(cfg)
     assert.matches("m3.weights: expected a config, got weights", helper.error_of(m3.weights.init, w))

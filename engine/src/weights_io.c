@@ -3,11 +3,13 @@
  *
  * Save writes every parameter as F32 under its SPEC.md §2 name, with the config JSON and a
  * format tag as metadata, atomically (safetensors.c). Load takes the config from the caller or
- * from the file's "config" metadata, then fills each layout tensor from the file tensor of the
- * same name, bare or under the "backbone." prefix, converting F64, F16 and BF16 to float32.
+ * from the file's "config" metadata (which states every member in a file of that format), then
+ * fills each layout tensor from the file tensor of the same name, bare or under the "backbone."
+ * prefix, converting F64, F16 and BF16 to float32.
  * Missing, extra, mis-shaped or doubly present tensors are errors; the one tolerated extra is
  * a lm_head.weight equal to the embedding it is tied to.
  */
+#include <cjson/cJSON.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -167,6 +169,20 @@ static m3_status check_extras(const char *path, const m3_tensor_file *f, const m
   return M3_OK;
 }
 
+/* A file m3_weights_save wrote states every member of its config: one missing (a damaged name) would have
+ * taken its default, another model. */
+static m3_status states_every_member(const char *path, const char *json, const m3_config *cfg) {
+  cJSON *stated = cJSON_Parse(json), *full = cJSON_Parse(m3_config_to_json(cfg));
+  m3_status rc = stated && full ? M3_OK : m3_fail(M3_ERR_MEMORY, "%s: out of memory", path);
+  for (const cJSON *m = full ? full->child : NULL; m && rc == M3_OK; m = m->next)
+    if (!cJSON_GetObjectItemCaseSensitive(stated, m->string))
+      rc = m3_fail(M3_ERR_FORMAT, "%s: the \"config\" metadata lacks \"%s\" (a file of format %s states every member)",
+                   path, m->string, FORMAT_TAG);
+  cJSON_Delete(stated);
+  cJSON_Delete(full);
+  return rc;
+}
+
 static m3_status load_config(const char *path, const m3_tensor_file *f, const m3_config *cfg, m3_config *out) {
   if (cfg) {
     *out = *cfg;
@@ -179,7 +195,9 @@ static m3_status load_config(const char *path, const m3_tensor_file *f, const m3
                    "m3_weights_load",
                    path);
   m3_status rc = m3_config_from_json(json, out);
-  return rc == M3_OK ? rc : m3_fail_context(rc, "%s: \"config\" metadata", path);
+  if (rc != M3_OK) return m3_fail_context(rc, "%s: \"config\" metadata", path);
+  const char *format = m3_tensor_file_metadata(f, "format");
+  return format && strcmp(format, FORMAT_TAG) == 0 ? states_every_member(path, json, out) : M3_OK;
 }
 
 static m3_status load_into(const char *path, const m3_tensor_file *f, const m3_config *cfg, m3_weights **w) {
