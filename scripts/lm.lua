@@ -48,11 +48,11 @@ local spec = {
   { "keep", 3, "checkpoints kept (0: all)", int = true, min = 0 },
   { "sample_len", 400, "bytes to generate at the end", int = true, min = 1 },
   { "temperature", 0.8, "sampling temperature (0: greedy)", min = 0 },
-  { "prompt", "", "text to continue (default: the start of the validation text)" },
+  { "prompt", "", "text to continue; empty: the start of the validation text" },
   { "seed", 0, "seed of the weights, the data and the sampler", int = true, min = 0 },
   { "device", "auto", "auto | cpu | cuda | cuda:N" },
   { "dtype", "f32", "f32 | bf16 | f16", choices = { "f32", "bf16", "f16" } },
-  { "run", "", "run name (default: from the flags that differ)" },
+  { "run", "", "run name; empty: lm-<data file name> and the flags that differ" },
   { "resume", false, "continue from the run's latest checkpoint" },
 }
 

@@ -51,7 +51,7 @@ local spec = {
   { "seed", 0, "seed of the weights and the data", int = true, min = 0 },
   { "device", "auto", "auto | cpu | cuda | cuda:N" },
   { "dtype", "f32", "f32 | bf16 | f16", choices = { "f32", "bf16", "f16" } },
-  { "run", "", "run name (default: from the flags that differ)" },
+  { "run", "", "run name; empty: the task and the flags that differ" },
   { "resume", false, "continue from the run's latest checkpoint" },
 }
 
