@@ -11,7 +11,8 @@
 --   data.mixture({src1, src2, ...}, {seed =, weights =})                 (m3.data.source)
 --   data.text(path, {split =, order =, length =, ...})  bytes, vocab 256 (m3.data.file)
 --   data.tokens(path, {dtype = "u16" | "u32", vocab = <required>, ...})   (m3.data.file)
---   data.evaluate(tokens, modulus)   exact value of an arithmetic expression
+--   data.evaluate(ids, modulus, first, last)  exact value of the arithmetic expression
+--                                    ids[first..last] (a Lua list, without the '=')
 --   data.rng                         the generator behind all of them
 --   data.scaled_accuracy(acc, classes)  (acc - 1/classes) / (1 - 1/classes)
 

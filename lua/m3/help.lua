@@ -206,7 +206,7 @@ m3.data — deterministic, resumable sources: src:next(rows, opts) -> {tokens =,
   data.mixture({src1, src2}, {weights = {w1, w2}, seed =})
   data.text(path, {split = "train" | "val" | "all", order = "random" | "sequential" | "stream", length =})
   data.tokens(path, {dtype = "u16" | "u32", vocab =, ...})   memory-mapped
-  data.evaluate(tokens, modulus)   data.scaled_accuracy(acc, classes)   data.rng]]
+  data.evaluate(ids, modulus, first, last)   data.scaled_accuracy(acc, classes)   data.rng]]
 T["data.parity"] = "data.parity{length = 32, min_length = length, targets = \"running\", seed = 0}\n  bits 0/1; targets: the parity of each prefix (running) or only at the end (final)"
 T["data.arithmetic"] = "data.arithmetic{length = 32, min_length =, brackets = false, ops = \"+-*\", modulus = 5,\n  targets = \"final\"}  an expression of length - 1 tokens, then '='; target: its value mod 5"
 T["data.mqar"] = "data.mqar{keys = 32, values = 32, pairs =, queries = | length =}\n  key-value pairs, then queried keys; target at each query: its value"
@@ -216,6 +216,11 @@ T["data.text"] = "data.text(path, {split =, val_fraction = 0.1, order =, length 
 T["data.tokens"] = "data.tokens(path, {dtype = \"u16\" | \"u32\", vocab =, split =, order =, length =, seed =, rows =})\n"
   .. "  raw token ids, memory-mapped; vocab (an integer >= 1) is required for u16 and u32 (u8: 256);\n"
   .. "  ids >= vocab are refused by the trainer's step. rows: as for data.text"
+T["data.evaluate"] = "data.evaluate(ids, modulus = 5, first = 1, last = #ids) -> value | nil, message\n"
+  .. "  the exact value mod modulus of the expression ids[first..last], a Lua list of arithmetic token ids\n"
+  .. "  (not a tensor); stop last before the '=' of a data.arithmetic row"
+T["data.scaled_accuracy"] = "data.scaled_accuracy(acc, classes) -> (acc - 1/classes) / (1 - 1/classes)\n"
+  .. "  0 at chance, 1 when every answer is right"
 T["data.mixture"] = "data.mixture({src1, src2, ...}, {weights =, seed =})  each row from a source drawn by weight"
 
 T["m3.accumulate"] = [[
