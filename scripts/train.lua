@@ -1,7 +1,7 @@
 -- scripts/train.lua — the main job: Mamba-3 learns parity with a length curriculum, then is
 -- evaluated at a longer length than any it trained on.
 --
---   m3lua scripts/train.lua                      # about 30 s on 2 CPU cores: 100% at 64
+--   m3lua scripts/train.lua                      # about 30 s on 2 CPU cores: ~99% at 64
 --   m3lua scripts/train.lua --max_length 160 --eval_length 256 --steps 20000 --device cuda
 --   m3lua scripts/train.lua --resume             # continue an interrupted run
 --   m3lua scripts/train.lua --rope_fraction 0    # the ablation that cannot learn parity
@@ -14,8 +14,11 @@
 -- --save_every steps and on Ctrl-C / SIGTERM. Evaluation: the parity of whole sequences
 -- of --eval_length bits, scored at the last position (the paper's metric).
 -- Defaults (2 layers, lr 5e-3, 3000 steps, lengths to 48, eval at 64) reached 100% at
--- length 64 for 8 of 8 seeds in a CPU trial; with 2x extrapolation (32 -> 64) or lr 1e-2
--- some seeds stopped short (55-95%): the rotation must be exact to carry farther.
+-- length 64 for 8 of 8 seeds in a CPU trial (2026-11-30); the result at 64 hangs on
+-- rounding (seed 0 lost its 100% when the CPU GEMMs changed their row blocks, 2026-12-01),
+-- and on 2 CPU threads seeds 0-3 now reach 98.8, 87.5, 98.0 and 98.8% (2026-12-02).
+-- With 2x extrapolation (32 -> 64) or lr 1e-2 some seeds stopped short (55-95%): the
+-- rotation must be exact to carry farther.
 -- Output: runs/<name>/ under the current folder (metrics.jsonl, plot.svg, checkpoints/,
 -- options.json); <name> is the task and the flags that differ from their defaults.
 
