@@ -121,6 +121,20 @@ describe("m3.weights", function()
     assert.equal("none", m3.weights.load(path).config.head)
   end)
 
+  it("names a trainer checkpoint given as a weights file, and a file without a config", function()
+    local tr = m3.trainer(cfg, { device = "cpu", batch = 1, seq_len = 4 })
+    local ckpt = helper.tmpname(".ckpt")
+    tr:save(ckpt)
+    local want = "is a trainer checkpoint %(format m3lua%-checkpoint%-1%), not a weights file"
+    assert.matches(want, helper.error_of(m3.weights.load, ckpt))
+    assert.matches(want, helper.error_of(m3.infer, ckpt))
+    local path = helper.tmpname(".safetensors")
+    local tensors = m3.load_tensors(ckpt)
+    m3.save_tensors(path, { ["norm_f.weight"] = tensors["param.norm_f.weight"] })
+    assert.matches('has no "config" metadata: pass the model config along with the path',
+      helper.error_of(m3.weights.load, path))
+  end)
+
   it("names a weights object passed for a config, and a seed given as a string", function()
     local w = m3.weights.init(cfg)
     assert.matches("m3.weights: expected a config, got weights", helper.error_of(m3.weights.init, w))

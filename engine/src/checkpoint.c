@@ -25,7 +25,6 @@
 #include "trainer.h"
 #include "weights.h"
 
-static const char FORMAT[] = "m3lua-checkpoint-1";
 static const char *const STATE_KINDS[4] = {"angle", "ssm", "k", "v"};
 
 /* Elements per row and the shape of one layer's state tensor of a kind. */
@@ -111,7 +110,7 @@ m3_status m3_trainer_save(const m3_trainer *tr, const char *path, const char *ex
     }
   }
   char text[1024];
-  if (st == M3_OK) st = add_meta(w, &sum, "format", FORMAT);
+  if (st == M3_OK) st = add_meta(w, &sum, "format", M3_CHECKPOINT_FORMAT);
   if (st == M3_OK) st = add_meta(w, &sum, "config", m3_config_to_json(&tr->model));
   trainer_json(tr, text, sizeof text);
   if (st == M3_OK) st = add_meta(w, &sum, "trainer", text);
@@ -351,8 +350,8 @@ m3_status m3_trainer_load(const char *path, const m3_load_opts *opts, m3_trainer
   double lr = 0, clip = 0;
   int32_t no_decay = 1;
   m3_status st = meta(f, "format", &text);
-  if (st == M3_OK && strcmp(text, FORMAT) != 0)
-    st = m3_fail(M3_ERR_FORMAT, "format \"%s\" is not a trainer checkpoint (%s)", text, FORMAT);
+  if (st == M3_OK && strcmp(text, M3_CHECKPOINT_FORMAT) != 0)
+    st = m3_fail(M3_ERR_FORMAT, "format \"%s\" is not a trainer checkpoint (%s)", text, M3_CHECKPOINT_FORMAT);
   if (st == M3_OK) st = verify_checksum(f);
   if (st == M3_OK) st = meta(f, "config", &text);
   if (st == M3_OK) st = m3_config_from_json(text, &model);

@@ -14,6 +14,10 @@ struct m3_weights {
   float *arena; /* [layout.total], padding zero */
 };
 
+/* The "format" metadata of the files m3_weights_save and m3_trainer_save write. */
+#define M3_WEIGHTS_FORMAT "m3lua-weights-1"
+#define M3_CHECKPOINT_FORMAT "m3lua-checkpoint-1"
+
 /* 64-byte aligned, zeroed host allocation of n floats (NULL on failure). */
 float *m3_alloc_floats(int64_t n);
 

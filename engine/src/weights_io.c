@@ -18,7 +18,6 @@
 #include "errors.h"
 #include "weights.h"
 
-#define FORMAT_TAG "m3lua-weights-1"
 static const char backbone_prefix[] = "backbone.";
 
 m3_status m3_weights_save(const m3_weights *w, const char *path) {
@@ -26,7 +25,7 @@ m3_status m3_weights_save(const m3_weights *w, const char *path) {
   m3_tensor_writer *tw = NULL;
   TRY(m3_tensor_writer_create(&tw));
   m3_status rc = m3_tensor_writer_add_metadata(tw, "config", m3_config_to_json(&w->cfg));
-  if (rc == M3_OK) rc = m3_tensor_writer_add_metadata(tw, "format", FORMAT_TAG);
+  if (rc == M3_OK) rc = m3_tensor_writer_add_metadata(tw, "format", M3_WEIGHTS_FORMAT);
   for (int32_t i = 0; rc == M3_OK && i < w->layout.n; i++) {
     const param_desc *p = &w->layout.t[i];
     rc = m3_tensor_writer_add(tw, p->name, M3_DTYPE_F32, p->ndim, p->shape, w->arena + p->offset);
@@ -177,7 +176,7 @@ static m3_status states_every_member(const char *path, const char *json, const m
   for (const cJSON *m = full ? full->child : NULL; m && rc == M3_OK; m = m->next)
     if (!cJSON_GetObjectItemCaseSensitive(stated, m->string))
       rc = m3_fail(M3_ERR_FORMAT, "%s: the \"config\" metadata lacks \"%s\" (a file of format %s states every member)",
-                   path, m->string, FORMAT_TAG);
+                   path, m->string, M3_WEIGHTS_FORMAT);
   cJSON_Delete(stated);
   cJSON_Delete(full);
   return rc;
@@ -190,17 +189,21 @@ static m3_status load_config(const char *path, const m3_tensor_file *f, const m3
   }
   const char *json = m3_tensor_file_metadata(f, "config");
   if (!json)
-    return m3_fail(M3_ERR_ARGUMENT,
-                   "%s has no \"config\" metadata: pass the model config as the cfg argument of "
-                   "m3_weights_load",
+    return m3_fail(M3_ERR_ARGUMENT, "%s has no \"config\" metadata: pass the model config along with the path",
                    path);
   m3_status rc = m3_config_from_json(json, out);
   if (rc != M3_OK) return m3_fail_context(rc, "%s: \"config\" metadata", path);
   const char *format = m3_tensor_file_metadata(f, "format");
-  return format && strcmp(format, FORMAT_TAG) == 0 ? states_every_member(path, json, out) : M3_OK;
+  return format && strcmp(format, M3_WEIGHTS_FORMAT) == 0 ? states_every_member(path, json, out) : M3_OK;
 }
 
 static m3_status load_into(const char *path, const m3_tensor_file *f, const m3_config *cfg, m3_weights **w) {
+  const char *format = m3_tensor_file_metadata(f, "format");
+  if (format && strcmp(format, M3_CHECKPOINT_FORMAT) == 0)
+    return m3_fail(M3_ERR_FORMAT,
+                   "%s is a trainer checkpoint (format %s), not a weights file: load it as a trainer, whose "
+                   "snapshot holds its weights",
+                   path, M3_CHECKPOINT_FORMAT);
   m3_config c;
   TRY(load_config(path, f, cfg, &c));
   m3_status rc = m3_weights_create(&c, w);
