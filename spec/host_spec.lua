@@ -396,4 +396,17 @@ describe("m3.repl", function()
     assert.same({ "while" }, repl.completions("whil"))
     assert.same({}, repl.completions("nosuchthing.x"))
   end)
+
+  it("completes the names an __index function gives that its metatable lists in __fields", function()
+    _G.completion_probe = setmetatable({}, { __fields = { "later" },
+      __index = function(_, k) if k == "later" then return { inner = 1 } end end })
+    assert.same({ "completion_probe.later" }, repl.completions("completion_probe.la"))
+    assert.same({ "completion_probe.later.inner" }, repl.completions("completion_probe.later.in"))
+    _G.completion_probe = nil
+    local m3 = require "m3"
+    _G.m3 = m3
+    assert.same({ "m3.schedule" }, repl.completions("m3.sch"))
+    assert.same({ "m3.preset", "m3.presets" }, repl.completions("m3.pres"))
+    _G.m3 = nil
+  end)
 end)

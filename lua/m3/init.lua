@@ -46,6 +46,9 @@ function m3.cpu_threads(n)
 end
 
 return setmetatable(m3, {
+  -- the documented names __index gives, for the REPL's completion (it cannot list a function's)
+  __fields = { "accumulate", "checkpoint", "curriculum", "data", "fit", "infer", "log", "presets", "pytorch",
+               "sampling", "schedule", "sweep" },
   __index = function(t, name)
     if name == "presets" then return config.presets end -- new copies at each access, never kept
     if type(name) ~= "string" or not package.searchpath("m3." .. name, package.path) then return nil end

@@ -155,7 +155,8 @@ end
 
 -- ---- completion -------------------------------------------------------------------------
 
--- Adds the string keys of v, and of its metatables' __index tables, to names.
+-- Adds the string keys of v, of its metatables' __index tables and their __fields lists (the
+-- names an __index function gives, e.g. m3's modules before their first use), to names.
 local function add_fields(v, names, seen)
   if type(v) == "table" then
     if seen[v] then return end
@@ -165,7 +166,11 @@ local function add_fields(v, names, seen)
     end
   end
   local mt = getmetatable(v)
-  local index = type(mt) == "table" and rawget(mt, "__index")
+  if type(mt) ~= "table" then return end
+  local index, fields = rawget(mt, "__index"), rawget(mt, "__fields")
+  if type(fields) == "table" then
+    for _, k in ipairs(fields) do names[k] = true end
+  end
   if type(index) == "table" then add_fields(index, names, seen) end
 end
 
