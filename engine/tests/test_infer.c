@@ -83,26 +83,38 @@ static void ssm_of(m3_infer *inf, const m3_dims *d, float *dst) {
   for (int32_t l = 0; l < d->L; l++) CHECK_OK(m3_infer_get_state(inf, l, NULL, dst + l * per, NULL, NULL));
 }
 
-static void check_api(m3_rng *r) {
+/* The API checks' model: d_model 16, d_state 16, headdim 8, initialised from seed. */
+static m3_weights *small_weights(int32_t n_layers, int32_t input, int32_t head, int32_t vocab, uint64_t seed,
+                                 m3_dims *d) {
   m3_config cfg;
   m3_config_defaults(&cfg);
   cfg.d_model = 16;
-  cfg.n_layers = 2;
+  cfg.n_layers = n_layers;
   cfg.d_state = 16;
   cfg.headdim = 8;
-  cfg.input = M3_INPUT_TOKENS;
-  cfg.head = M3_HEAD_LM;
-  cfg.vocab_size = 29;
-  m3_dims d;
-  m3_dims_from_config(&cfg, &d);
+  cfg.input = input;
+  cfg.head = head;
+  cfg.vocab_size = vocab;
+  m3_dims_from_config(&cfg, d);
   m3_weights *w = NULL;
   CHECK_OK(m3_weights_create(&cfg, &w));
-  CHECK_OK(m3_weights_init(w, 7));
+  CHECK_OK(m3_weights_init(w, seed));
+  return w;
+}
+
+static m3_infer_cfg cpu_infer_cfg(m3_weights *w, int32_t batch) {
   m3_infer_cfg ic;
   m3_infer_cfg_defaults(&ic);
   ic.weights = w;
   ic.device = M3_DEVICE_CPU;
-  ic.batch = B;
+  ic.batch = batch;
+  return ic;
+}
+
+static void check_api(m3_rng *r) {
+  m3_dims d;
+  m3_weights *w = small_weights(2, M3_INPUT_TOKENS, M3_HEAD_LM, 29, 7, &d);
+  m3_infer_cfg ic = cpu_infer_cfg(w, B);
   ic.max_len = 7;
   m3_infer *whole = NULL, *stepped = NULL;
   CHECK_OK(m3_infer_create(&ic, &whole));
@@ -176,24 +188,9 @@ static void check_api(m3_rng *r) {
 
 /* A step that asks a model without an "lm" head for logits is refused before it runs: the state stays. */
 static void check_logits_refused(m3_rng *r) {
-  m3_config cfg;
-  m3_config_defaults(&cfg);
-  cfg.d_model = 16;
-  cfg.n_layers = 1;
-  cfg.d_state = 16;
-  cfg.headdim = 8;
-  cfg.input = M3_INPUT_IDENTITY;
-  cfg.head = M3_HEAD_NONE;
   m3_dims d;
-  m3_dims_from_config(&cfg, &d);
-  m3_weights *w = NULL;
-  CHECK_OK(m3_weights_create(&cfg, &w));
-  CHECK_OK(m3_weights_init(w, 3));
-  m3_infer_cfg ic;
-  m3_infer_cfg_defaults(&ic);
-  ic.weights = w;
-  ic.device = M3_DEVICE_CPU;
-  ic.batch = 1;
+  m3_weights *w = small_weights(1, M3_INPUT_IDENTITY, M3_HEAD_NONE, 0, 3, &d);
+  const m3_infer_cfg ic = cpu_infer_cfg(w, 1);
   m3_infer *inf = NULL;
   CHECK_OK(m3_infer_create(&ic, &inf));
   float input[16], out[16], logits[16];
