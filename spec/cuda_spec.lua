@@ -2,7 +2,8 @@
 -- parity suites are C tests (engine/tests/test_cuda_parity.c, test_cuda_golden.c); these check
 -- what a Lua user sees: training makes progress in every dtype, graphs and set_lr, checkpoint
 -- resume bit-identical on the GPU, the carried state put back after a refused step, state
--- tensors, the arena size and the size limit message, batches in pinned tensors.
+-- tensors, the arena size and the size limit message, a trainer too large for the device's
+-- memory, batches in pinned tensors.
 
 local ffi = require "ffi"
 local m3 = require "m3"
@@ -192,5 +193,16 @@ describe("CUDA trainer #gpu", function()
     local cfg = helper.identity_mse({ d_model = 256, d_state = 16, headdim = 256 })
     local err = helper.error_of(m3.trainer, cfg, { device = "cuda", batch = 1, seq_len = 4 })
     assert.matches("headdim", err)
+  end)
+
+  it("refuses a trainer larger than the device's memory with a clear message, and the device stays usable", function()
+    if not helper.need_gpu(pending) then return end
+    local cfg = helper.features_none({ d_model = 32, d_state = 16, headdim = 16 })
+    local err = helper.error_of(m3.trainer, cfg, { device = "cuda", dtype = "bf16", batch = 8192, seq_len = 65536 })
+    assert.matches("memory", err)
+    local tr = m3.trainer(cfg, { device = "cuda", dtype = "bf16", batch = 2, seq_len = 16, seed = 1 })
+    local m = tr:step(helper.batch(tr.config, 2, 16, helper.rng(3)))
+    assert.is_true(m.loss == m.loss and m.optimizer_stepped)
+    tr:close()
   end)
 end)
