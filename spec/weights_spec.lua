@@ -21,6 +21,29 @@ describe("m3.weights", function()
     assert.matches("unknown option", helper.error_of(m3.weights.init, cfg, { sed = 1 }))
   end)
 
+  it("shares one seed rule with the trainer, the sampler, the data sources and sweeps", function()
+    local inf = m3.infer(m3.weights.init(helper.tokens_lm()), { device = "cpu" })
+    local takers = {
+      -- no tail calls: the message carries this file's line
+      ["m3.weights.init"] = function(seed) m3.weights.init(cfg, { seed = seed }) end,
+      ["m3.trainer"] = function(seed) m3.trainer(cfg, { device = "cpu", batch = 1, seq_len = 4, seed = seed }) end,
+      ["generate"] = function(seed) inf:generate({ 1 }, 1, { seed = seed }) end,
+      ["m3.data.parity"] = function(seed) m3.data.parity { seed = seed } end,
+      ["m3.sweep"] = function(seed)
+        require("m3.sweep") { random = { a = { 1 } }, trials = 1, seed = seed, dir = helper.tmpdir(),
+          run = function() return { loss = 0 } end }
+      end,
+    }
+    for what, take in pairs(takers) do
+      for _, seed in ipairs { false, "1", -1, 1.5, 2 ^ 53, 0 / 0, ffi.new("uint64_t", 1) } do
+        local err = helper.error_of(take, seed)
+        assert.matches("weights_spec%.lua:%d+: [^:]*" .. what:gsub("%.", "%%.") .. ": seed = ", err)
+        assert.matches(": seed = [^:]*: expected an integer in %[0, 2%^53%)$", err)
+      end
+      take(2 ^ 53 - 1)
+    end
+  end)
+
   it("follows SPEC.md §2 init rules for the constant tensors", function()
     local w = m3.weights.init(cfg, { seed = 1 })
     local ones = w:get("layers.0.norm.weight")

@@ -1,6 +1,6 @@
 -- m3.options — checks of the option tables of the objects' constructors and methods (trainer,
--- infer): unknown keys (with the closest valid name), integers, numbers, booleans, the device
--- and dtype strings, and how a value is shown in a message. Every error names the option and
+-- infer): unknown keys (with the closest valid name), integers, seeds, numbers, booleans, the
+-- device and dtype strings, and how a value is shown in a message. Every error names the option and
 -- what was expected.
 
 local lib = require "m3.lib"
@@ -51,6 +51,16 @@ function options.want_int(v, name, lo)
     raise(string.format("%s = %s: expected an integer from %d to 2147483647 (an int32)", name, show(v), lo))
   end
   return v
+end
+
+-- seed (nil: 0), once it is an integer in [0, 2^53): what every seed option takes, the engine's
+-- generators (weights, trainer, sampler) and m3.data.rng's alike (what: the caller, for the message).
+function options.check_seed(seed, what)
+  if seed == nil then return 0 end
+  if type(seed) ~= "number" or seed < 0 or seed ~= math.floor(seed) or seed >= 2 ^ 53 then
+    raise(string.format("%s: seed = %s: expected an integer in [0, 2^53)", what, show(seed)))
+  end
+  return seed
 end
 
 function options.want_number(v, name)

@@ -14,7 +14,6 @@
 local ffi = require "ffi"
 local lib = require "m3.lib"
 local options = require "m3.options"
-local weights = require "m3.weights"
 
 lib.internal_file(debug.getinfo(1, "S").source)
 
@@ -42,7 +41,7 @@ function sampling.new(rows, opts, what)
     end
     o.top_p = p
   end
-  local seed = weights.check_seed(opts.seed, what)
+  local seed = options.check_seed(opts.seed, what)
   local rng = ffi.new("uint64_t[?]", 4 * rows)
   for r = 0, rows - 1 do C.m3_sampler_seed(seed, r, rng + 4 * r) end
   return setmetatable({ opts = o, rng = rng, rows = rows }, S)

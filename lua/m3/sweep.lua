@@ -292,7 +292,7 @@ local function random_points(space, trials, seed)
   local keys = sorted_keys(space)
   local points, seen = {}, {}
   for j = 0, trials - 1 do
-    local r, p = rng.new(seed or 0, j), {}
+    local r, p = rng.new(seed, j), {}
     for _, k in ipairs(keys) do p[k] = draw(r, space[k], k) end
     local id = sweep.name(p, {}, keys)
     if not seen[id] then points[#points + 1], seen[id] = p, true end
@@ -513,7 +513,11 @@ end
 function sweep.run(o)
   check_opts(o)
   local points, keys
-  if o.grid then points, keys = grid_points(o.grid) else points, keys = random_points(o.random, o.trials, o.seed) end
+  if o.grid then
+    points, keys = grid_points(o.grid)
+  else
+    points, keys = random_points(o.random, o.trials, options.check_seed(o.seed, "m3.sweep"))
+  end
   local jobs = jobs_of(points, keys, o.defaults or {}, o.dir)
 
   -- a child started by a parallel sweep runs only its own point

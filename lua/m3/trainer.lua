@@ -68,7 +68,7 @@ local function fill_cfg(opts)
     c.no_decay = opts.no_decay == "reference" and 1 or 0
   end
   if opts.carry_state ~= nil then c.carry_state = want_bool(opts.carry_state, "m3.trainer: carry_state") and 1 or 0 end
-  if opts.seed ~= nil then c.seed = weights.check_seed(opts.seed, "m3.trainer") end
+  if opts.seed ~= nil then c.seed = options.check_seed(opts.seed, "m3.trainer") end
   if opts.clip ~= nil then c.clip = want_number(opts.clip, "m3.trainer: clip") end
   if opts.allow_tf32 ~= nil then c.allow_tf32 = want_bool(opts.allow_tf32, "m3.trainer: allow_tf32") and 1 or 0 end
   return c

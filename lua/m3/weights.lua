@@ -53,16 +53,6 @@ local function ptr(w)
 end
 weights.ptr = ptr
 
-local function check_seed(seed, what)
-  if seed == nil then return 0 end
-  if type(seed) == "cdata" and ffi.istype("uint64_t", seed) then return seed end
-  if type(seed) ~= "number" or seed < 0 or seed ~= math.floor(seed) or seed >= 2 ^ 53 then
-    raise(string.format("%s: seed = %s: expected an integer in [0, 2^53) (or a uint64_t)", what, options.show(seed)))
-  end
-  return seed
-end
-weights.check_seed = check_seed
-
 -- m3.weights.create(cfg): zero-filled weights.
 function weights.create(cfg)
   return create(cfg)
@@ -75,7 +65,7 @@ function weights.init(cfg, opts)
   for k in pairs(opts) do
     if k ~= "seed" then raise(string.format("m3.weights.init: unknown option %s (valid: seed)", tostring(k))) end
   end
-  local seed = check_seed(opts.seed, "m3.weights.init")
+  local seed = options.check_seed(opts.seed, "m3.weights.init")
   local w = create(cfg)
   check(C.m3_weights_init(w._box.p, seed))
   return w

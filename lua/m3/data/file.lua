@@ -141,7 +141,7 @@ function file.open(path, opts, kind)
     end
     want_int(opts.rows, what .. ": rows", 1)
   end
-  local seed = source.check_seed(opts.seed or 0, what)
+  local seed = options.check_seed(opts.seed, what)
   local ids, n, mapping = map(path, dtype, what)
   local cut = math.floor(n * (1 - frac))
   local lo, hi = 0, n

@@ -53,14 +53,6 @@ local function is_id(v)
 end
 source.is_id = is_id
 
--- seed, once it is one m3.data.rng takes (what: the constructor, for the message).
-function source.check_seed(seed, what)
-  if not is_id(seed) then
-    lib.raise(string.format("%s: seed = %s: expected an integer in [0, 2^53)", what, show(seed)))
-  end
-  return seed
-end
-
 -- Raises (what: for the message) unless c is a cursor {seed =, index =} a source can seek to.
 function source.check_cursor(c, what)
   if type(c) ~= "table" or not is_id(c.seed) or not is_id(c.index) then
@@ -123,7 +115,7 @@ function source.new(task, opts)
   local self = setmetatable({ task = task }, S)
   self.defaults = overlay(task.defaults, opts)
   self.defaults.seed, self.defaults.cursor = nil, nil
-  self.seed = source.check_seed(opts.seed or 0, "m3.data." .. task.name)
+  self.seed = options.check_seed(opts.seed, "m3.data." .. task.name)
   self.index = 0
   if opts.cursor then self:seek(opts.cursor) end
   if task.shape then
@@ -216,7 +208,7 @@ function source.mixture(sources, opts)
         .. 'own text, which rows drawn from a mixture cannot (use order = "random" or "sequential")', i))
     end
   end
-  local self = setmetatable({ sources = sources, seed = source.check_seed(opts.seed or 0, "m3.data.mixture"),
+  local self = setmetatable({ sources = sources, seed = options.check_seed(opts.seed, "m3.data.mixture"),
     index = 0 }, M)
   if opts.weights ~= nil then
     self.weights = check_weights(opts.weights, #sources, "m3.data.mixture")
