@@ -2,14 +2,15 @@
 --
 -- encode: tables with keys 1..n (and nothing else) become arrays, other tables objects
 -- with their keys sorted (so files are stable and diffable; two keys with one name, 1 and
--- "1", are an error); integers print as integers (-0 as -0), other numbers with 17
--- significant digits (they read back exactly); NaN and ±inf become null; an empty table is
+-- "1", are an error); numbers as m3.number_text.exact writes them (they read back
+-- exactly); NaN and ±inf become null; an empty table is
 -- an object ({}) unless it carries json.array's marker.
 -- decode: the full JSON grammar; null becomes json.null (a sentinel), so arrays keep
 -- their length. Errors name the position and what was expected.
 
 local fs = require "m3.fs"
 local lib = require "m3.lib"
+local exact = require("m3.number_text").exact
 
 lib.internal_file(debug.getinfo(1, "S").source)
 
@@ -36,9 +37,7 @@ end
 
 local function encode_number(x)
   if x ~= x or x == math.huge or x == -math.huge then return "null" end
-  if x == 0 and 1 / x < 0 then return "-0" end
-  if x == math.floor(x) and math.abs(x) < 2 ^ 53 then return string.format("%d", x) end
-  return string.format("%.17g", x)
+  return exact(x)
 end
 
 local function is_array(t)

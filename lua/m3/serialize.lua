@@ -1,11 +1,13 @@
 -- m3.serialize — an exact text form for plain Lua values (a checkpoint's `extra` table).
 --
--- dump(value, name) writes `return <literal>`: nil, booleans, numbers (%.17g, so every
--- double round-trips; 1/0, -1/0, 0/0 for inf, -inf, nan), strings (%q) and nested tables
+-- dump(value, name) writes `return <literal>`: nil, booleans, numbers (m3.number_text.exact,
+-- so every double round-trips; 1/0, -1/0, 0/0 for inf, -inf, nan), strings (%q) and nested tables
 -- whose keys are strings or numbers. Cycles, functions, userdata, cdata and threads are
 -- errors that name the path (`extra.data.fn`). Tables reached twice are written twice.
 -- load(text) accepts only that literal form (checked lexically: no names other than
 -- return/true/false/nil, no calls) and evaluates it with load() in an empty environment.
+
+local exact = require("m3.number_text").exact
 
 local serialize = {}
 
@@ -25,7 +27,7 @@ local function number(v)
   if v ~= v then return "0/0" end
   if v == math.huge then return "1/0" end
   if v == -math.huge then return "-1/0" end
-  return string.format("%.17g", v)
+  return exact(v)
 end
 
 local function sub_path(path, k)

@@ -50,6 +50,7 @@ local ffi = require "ffi"
 local bit = require "bit"
 local fs = require "m3.fs"
 local json = require "m3.json"
+local exact = require("m3.number_text").exact
 local rng = require "m3.data.rng"
 local svg = require "m3.log.svg"
 local lib = require "m3.lib"
@@ -75,29 +76,13 @@ local sweep = {}
 
 -- ---- points and names ------------------------------------------------------------------
 
--- v as %d when it is an integer below 1e15, else with `digits` significant digits.
-local function number_text(v, digits)
-  if v == math.floor(v) and math.abs(v) < 1e15 then return string.format("%d", v) end
-  return string.format("%." .. digits .. "g", v)
-end
-
--- v with the fewest digits (15 to 17) that read back as v, so that distinct numbers never
--- share a name.
-local function format_number(v)
-  for digits = 15, 16 do
-    local s = number_text(v, digits)
-    if tonumber(s) == v then return s end
-  end
-  return number_text(v, 17)
-end
-
 -- A key or value in a folder name: numbers exactly; lists as "[a,b]", their values named
 -- alike; text and booleans with "%", "/", ",", "=", "\\", "[", "]", blanks and control
 -- characters written as %XX (reversible, so distinct values never share a name). Other
 -- values are an error naming key (the option) and value.
 local function format_value(v, key)
   local t = type(v)
-  if t == "number" then return format_number(v) end
+  if t == "number" then return exact(v) end -- distinct numbers never share a name
   if t == "string" or t == "boolean" then
     return (tostring(v):gsub("[%%/,=\\%[%]%s%c]", function(c) return string.format("%%%02X", c:byte()) end))
   end
@@ -302,10 +287,17 @@ end
 
 -- ---- files -------------------------------------------------------------------------------
 
+-- A number in results.csv, for reading: %d when it is an integer below 1e15, else 10
+-- significant digits (the folder names and results.json hold the exact values).
+local function csv_number(v)
+  if v == math.floor(v) and math.abs(v) < 1e15 then return string.format("%d", v) end
+  return string.format("%.10g", v)
+end
+
 -- v in a results.csv column named key.
 local function csv_field(v, key)
   if v == nil or v == json.null then return "" end
-  local s = type(v) == "number" and number_text(v, 10) or type(v) == "table" and format_value(v, key) or tostring(v)
+  local s = type(v) == "number" and csv_number(v) or type(v) == "table" and format_value(v, key) or tostring(v)
   if s:find('[,"\n]') then s = '"' .. s:gsub('"', '""') .. '"' end
   return s
 end

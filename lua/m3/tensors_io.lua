@@ -9,6 +9,7 @@
 local ffi = require "ffi"
 local lib = require "m3.lib"
 local tensor = require "m3.tensor"
+local exact = require("m3.number_text").exact
 
 lib.internal_file(debug.getinfo(1, "S").source)
 
@@ -146,7 +147,7 @@ function io_.save(path, tensors, metadata)
       raise(string.format("m3.save_tensors: metadata keys must be strings, got %s %s", type(k), tostring(k)))
     end
     if type(v) == "number" then
-      text[k] = tonumber(tostring(v)) == v and tostring(v) or string.format("%.17g", v) -- reads back as v
+      text[k] = exact(v)
     elseif type(v) == "string" or type(v) == "boolean" then
       text[k] = tostring(v)
     else

@@ -1,0 +1,23 @@
+-- m3.number_text — the exact text of a number, shared by every writer whose numbers must
+-- read back as the same double: m3.json, m3.serialize (a checkpoint's extra), safetensors
+-- metadata (m3.save_tensors) and m3.sweep's folder names.
+--
+-- exact(v): -0 as "-0", integers below 2^53 in plain digits, other numbers with the fewest
+-- significant digits from 15 to 17 that read back as v (from 15: a double that fewer digits
+-- name prints the same with 15, %g dropping the trailing zeros). Non-finite numbers come out
+-- as %.17g writes them ("inf", "-inf", "nan"); writers with a form of their own for them (JSON
+-- null, m3.serialize's 1/0) handle them first.
+
+local number_text = {}
+
+function number_text.exact(v)
+  if v == 0 and 1 / v < 0 then return "-0" end
+  if v == math.floor(v) and math.abs(v) < 2 ^ 53 then return string.format("%d", v) end
+  for digits = 15, 16 do
+    local s = string.format("%." .. digits .. "g", v)
+    if tonumber(s) == v then return s end
+  end
+  return string.format("%.17g", v)
+end
+
+return number_text
