@@ -242,10 +242,11 @@ local function gen_options(self, opts)
   return o
 end
 
--- The prompt as int32 [B, T]: a tensor, a nested table {{...}, ...}, or a flat list (one row). A table's
--- token ids are checked here, named as the caller wrote them (prompt[r][t], 1-based).
+-- The prompt as int32 [B, T]: a tensor, a nested table {{...}, ...}, or a flat list (one row); and
+-- whether its token ids were checked: a table's are, here, named as the caller wrote them (prompt[r][t],
+-- 1-based).
 local function prompt_tensor(prompt, V)
-  if type(prompt) ~= "table" or tensor.is(prompt) or prompt.data ~= nil then return prompt end
+  if type(prompt) ~= "table" or tensor.is(prompt) or prompt.data ~= nil then return prompt, false end
   if #prompt == 0 then raise("generate: prompt is empty: expected int32 [B, T] with T >= 1") end
   local flat = type(prompt[1]) ~= "table"
   local rows = flat and { prompt } or prompt
@@ -265,10 +266,10 @@ local function prompt_tensor(prompt, V)
       end
     end
   end
-  return tensor.from(rows, "i32")
+  return tensor.from(rows, "i32"), true
 end
 
--- The prompt's token ids (those of a tensor: a table's were checked as it was converted), checked before
+-- A tensor prompt's token ids (a table's were checked as it was converted), checked before
 -- generate resets its rows: a bad prompt then changes no state (the engine checks them again after the reset).
 local function check_prompt_ids(t, V)
   local T_ = t.dims_[1]
@@ -289,10 +290,11 @@ function I:generate(prompt, n, opts)
   n = want_int(n, "generate: n", 1)
   local o = gen_options(self, opts)
   local V = cfg.vocab_size
-  local t = step_input(self, { tokens = prompt_tensor(prompt, V) }, "generate: prompt")
+  local tokens, checked = prompt_tensor(prompt, V)
+  local t = step_input(self, { tokens = tokens }, "generate: prompt")
   local B = t.dims_[0]
   local sampler = sampling.new(B, o.sampler, "generate")
-  check_prompt_ids(t, V)
+  if not checked then check_prompt_ids(t, V) end
   if not o.carry then
     local rows = {}
     for r = 1, B do rows[r] = r - 1 end
