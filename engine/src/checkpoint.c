@@ -373,9 +373,13 @@ m3_status m3_trainer_load(const char *path, const m3_load_opts *opts, m3_trainer
   if (st == M3_OK) {
     m3_dims d;
     m3_dims_from_config(&model, &d);
-    const int64_t state_per_layer = (int64_t)cfg.batch * d.H * (d.S + (int64_t)d.P * d.N + d.N + d.P);
-    buf = m3_alloc_floats(layout.total > state_per_layer ? layout.total : state_per_layer);
-    if (!buf) st = m3_fail(M3_ERR_MEMORY, "out of memory loading a checkpoint");
+    /* a batch < 1 is left to the trainer's checks below, which name it */
+    const int64_t state_per_layer = M3_SIZE(cfg.batch, d.H, d.S + (int64_t)d.P * d.N + d.N + d.P);
+    if (cfg.batch >= 1 && state_per_layer < 0)
+      st = m3_fail(M3_ERR_CONFIG, "batch %d is too large for this model: a layer's state would hold more than 2^53 "
+                   "elements (d_inner = %d, d_state = %d)", cfg.batch, d.E, d.N);
+    else buf = m3_alloc_floats(layout.total > state_per_layer ? layout.total : state_per_layer);
+    if (st == M3_OK && !buf) st = m3_fail(M3_ERR_MEMORY, "out of memory loading a checkpoint");
   }
   char name[M3_NAME_CAP + 32];
   for (int32_t i = 0; st == M3_OK && i < layout.n; i++) {

@@ -15,8 +15,28 @@
 enum { M3_ALIGN = 64, M3_NAME_CAP = 64 };
 
 /* Most arena elements (padding included) a model may have: its size stays exact in a double
- * (Lua, JSON) and its bytes, in float or double, fit int64 and size_t. */
+ * (Lua, JSON) and its bytes, in float or double, fit int64 and size_t. Host buffers sized from
+ * a window (batch, seq_len) have the same bound (M3_SIZE). */
 #define M3_MAX_ARENA ((int64_t)1 << 53)
+
+/* The product of n sizes: 0 when one is 0, -1 when one is negative or the product would pass
+ * M3_MAX_ARENA. No partial product can overflow int64 (each stays <= M3_MAX_ARENA). */
+static inline int64_t m3_size_product(int n, const int64_t *f) {
+  int zero = 0;
+  for (int i = 0; i < n; i++) {
+    if (f[i] < 0) return -1;
+    zero |= f[i] == 0;
+  }
+  if (zero) return 0;
+  int64_t p = 1;
+  for (int i = 0; i < n; i++) {
+    if (p > M3_MAX_ARENA / f[i]) return -1;
+    p *= f[i];
+  }
+  return p;
+}
+#define M3_SIZE(...) \
+  m3_size_product((int)(sizeof((const int64_t[]){__VA_ARGS__}) / sizeof(int64_t)), (const int64_t[]){__VA_ARGS__})
 
 typedef enum param_init {
   INIT_ONES,

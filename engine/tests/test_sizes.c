@@ -1,0 +1,104 @@
+/*
+ * test_sizes.c — a window (batch x seq_len) whose CPU buffers would pass M3_MAX_ARENA elements is
+ * refused as "too large" before any size is allocated or wraps: a tiny model with batch 2^31 - 1
+ * through the public API (m3_trainer_create, and m3_trainer_load with a new batch), and the CPU
+ * model itself with sizes whose int64 products would overflow (batch x d_inner x d_state = 2^79).
+ */
+#include <stdint.h>
+#include <stdlib.h>
+#include <unistd.h>
+
+#include "cpu/model.h"
+#include "harness.h"
+#include "layout.h"
+
+/* A model of 1.4 MB whose recurrent state is 5.2 M floats per row: 2^53.3 at batch 2^31 - 1. */
+static void tiny_config(m3_config *c) {
+  m3_config_defaults(c);
+  c->d_model = 2;
+  c->n_layers = 1;
+  c->expand = 64;
+  c->headdim = 128;
+  c->d_state = 40000;
+  c->input = M3_INPUT_IDENTITY;
+}
+
+static int too_large(m3_status st) { return st == M3_ERR_CONFIG && strstr(m3_last_error(), "too large") != NULL; }
+
+static void trainer_create(void) {
+  m3_config c;
+  tiny_config(&c);
+  m3_weights *w = NULL;
+  CHECK_OK(m3_weights_create(&c, &w));
+  m3_trainer_cfg tc;
+  m3_trainer_cfg_defaults(&tc);
+  tc.weights = w;
+  tc.device = M3_DEVICE_CPU;
+  tc.batch = INT32_MAX;
+  tc.seq_len = 1;
+  m3_trainer *tr = NULL;
+  m3_status st = m3_trainer_create(&tc, &tr);
+  CHECK(too_large(st) && tr == NULL, "m3_trainer_create, batch 2^31 - 1: %s", m3_last_error());
+  m3_weights_destroy(w);
+}
+
+static void trainer_load(void) {
+  m3_config c;
+  tiny_config(&c);
+  m3_weights *w = NULL;
+  CHECK_OK(m3_weights_create(&c, &w));
+  m3_trainer_cfg tc;
+  m3_trainer_cfg_defaults(&tc);
+  tc.weights = w;
+  tc.device = M3_DEVICE_CPU;
+  tc.batch = 1;
+  tc.seq_len = 1;
+  m3_trainer *tr = NULL;
+  CHECK_OK(m3_trainer_create(&tc, &tr));
+  char dir[] = "/tmp/m3_test_sizes_XXXXXX";
+  CHECK(mkdtemp(dir) != NULL, "mkdtemp");
+  char path[64];
+  snprintf(path, sizeof path, "%s/tiny.safetensors", dir);
+  CHECK_OK(m3_trainer_save(tr, path, ""));
+  m3_trainer_destroy(tr);
+  m3_weights_destroy(w);
+  m3_load_opts o = {M3_DEVICE_CPU, -1, -1, INT32_MAX, 1};
+  tr = NULL;
+  m3_status st = m3_trainer_load(path, &o, &tr);
+  CHECK(too_large(st) && tr == NULL, "m3_trainer_load, batch 2^31 - 1: %s", m3_last_error());
+  unlink(path);
+  rmdir(dir);
+}
+
+/* d_inner = d_state = 2^24 (the largest each may be): the state of one row holds 2^48 floats. */
+static void wrapping_sizes(void) {
+  m3_config c;
+  m3_config_defaults(&c);
+  c.d_model = 1 << 18;
+  c.n_layers = 1;
+  c.expand = 64;
+  c.headdim = 1 << 24;
+  c.d_state = 1 << 24;
+  c.input = M3_INPUT_IDENTITY;
+  CHECK_OK(m3_config_validate(&c));
+  m3_dims d;
+  m3_dims_from_config(&c, &d);
+  m3_layout lay;
+  CHECK_OK(m3_layout_build(&c, &lay));
+  for (int train = 0; train <= 1; train++) {
+    cpu_model_f32 *m = NULL;
+    m3_status st = train ? cpu_model_create_f32(&d, &lay, INT32_MAX, 1, &m)
+                         : cpu_model_create_forward_f32(&d, &lay, INT32_MAX, 1, &m);
+    CHECK(too_large(st) && m == NULL, "%s CPU model, batch 2^31 - 1: %s", train ? "a training" : "a forward-only",
+          m3_last_error());
+    cpu_model_destroy_f32(m);
+  }
+  m3_layout_free(&lay);
+}
+
+int main(void) {
+  trainer_create();
+  trainer_load();
+  wrapping_sizes();
+  return harness_finish("sizes");
+}
