@@ -51,8 +51,7 @@ m3_status m3_check_batch_inputs(const m3_dims *d, const m3_batch *b, int32_t max
                    max_len);
   if (b->len < 1) return m3_fail(M3_ERR_ARGUMENT, "batch has length %d: must be >= 1 (an empty prompt)", b->len);
   const int64_t n = (int64_t)b->rows * b->len;
-  if (n > ((int64_t)1 << 31))
-    return m3_fail(M3_ERR_ARGUMENT, "batch has %lld positions: must be <= 2^31", (long long)n);
+  if (n > INT32_MAX) return m3_fail(M3_ERR_ARGUMENT, "batch has %lld positions: must be < 2^31", (long long)n);
   if (d->input == M3_INPUT_TOKENS) {
     if (!b->tokens) return m3_fail(M3_ERR_ARGUMENT, "batch.tokens is missing: the model's input is \"tokens\"");
     for (int64_t i = 0; i < n; i++)

@@ -58,8 +58,8 @@ static m3_status check_float_range(double lr, double wd, double beta1, double ep
 static m3_status check_cfg(const m3_trainer_cfg *c) {
   if (c->batch < 1) return m3_fail(M3_ERR_CONFIG, "batch = %d: must be an integer >= 1", c->batch);
   if (c->seq_len < 1) return m3_fail(M3_ERR_CONFIG, "seq_len = %d: must be an integer >= 1", c->seq_len);
-  if ((int64_t)c->batch * c->seq_len > ((int64_t)1 << 31))
-    return m3_fail(M3_ERR_CONFIG, "batch * seq_len = %lld: must be <= 2^31", (long long)c->batch * c->seq_len);
+  if ((int64_t)c->batch * c->seq_len > INT32_MAX) /* positions are counted in int (BLAS) */
+    return m3_fail(M3_ERR_CONFIG, "batch * seq_len = %lld: must be < 2^31", (long long)c->batch * c->seq_len);
   if (!(isfinite(c->lr) && c->lr > 0)) return m3_fail(M3_ERR_CONFIG, "lr = %g: must be a finite number > 0", c->lr);
   if (!(isfinite(c->weight_decay) && c->weight_decay >= 0))
     return m3_fail(M3_ERR_CONFIG, "weight_decay = %g: must be a finite number >= 0", c->weight_decay);

@@ -3,6 +3,7 @@
  * refused as "too large" before any size is allocated or wraps: a tiny model with batch 2^31 - 1
  * through the public API (m3_trainer_create, and m3_trainer_load with a new batch), and the CPU
  * model itself with sizes whose int64 products would overflow (batch x d_inner x d_state = 2^79).
+ * A window of 2^31 positions (one more than an int counts) is refused.
  */
 #include <stdint.h>
 #include <stdlib.h>
@@ -96,7 +97,38 @@ static void wrapping_sizes(void) {
   m3_layout_free(&lay);
 }
 
+/* Positions are counted in int (the BLAS calls): a window of exactly 2^31 of them is refused at creation. */
+static void positions_fit_int(void) {
+  m3_config c;
+  tiny_config(&c);
+  c.d_state = 8;
+  m3_weights *w = NULL;
+  CHECK_OK(m3_weights_create(&c, &w));
+  m3_trainer_cfg tc;
+  m3_trainer_cfg_defaults(&tc);
+  tc.weights = w;
+  tc.device = M3_DEVICE_CPU;
+  tc.batch = 1 << 16;
+  tc.seq_len = 1 << 15;
+  m3_trainer *tr = NULL;
+  CHECK(m3_trainer_create(&tc, &tr) == M3_ERR_CONFIG && tr == NULL &&
+            strstr(m3_last_error(), "batch * seq_len = 2147483648: must be < 2^31"),
+        "m3_trainer_create, 2^31 positions: %s", m3_last_error());
+  m3_infer_cfg ic;
+  m3_infer_cfg_defaults(&ic);
+  ic.weights = w;
+  ic.device = M3_DEVICE_CPU;
+  ic.batch = 1 << 16;
+  ic.max_len = 1 << 15;
+  m3_infer *inf = NULL;
+  CHECK(m3_infer_create(&ic, &inf) == M3_ERR_CONFIG && inf == NULL &&
+            strstr(m3_last_error(), "batch * max_len = 2147483648: must be < 2^31"),
+        "m3_infer_create, 2^31 positions: %s", m3_last_error());
+  m3_weights_destroy(w);
+}
+
 int main(void) {
+  positions_fit_int();
   trainer_create();
   trainer_load();
   wrapping_sizes();
