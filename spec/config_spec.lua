@@ -195,6 +195,10 @@ describe("m3.config_from_json", function()
 
   it("reports malformed JSON and broken rules", function()
     assert.matches("m3: ", helper.error_of(m3.config_from_json, "{"))
+    -- text after the object (a near miss of a name in it would otherwise go unchecked)
+    assert.matches("config JSON does not parse as an object",
+      helper.error_of(m3.config_from_json, '{"d_model": 16, "n_layers": 1, "headdim": 8, "d_stat": 8} junk'))
+    assert.equal(16, m3.config_from_json('{"d_model": 16, "n_layers": 1, "headdim": 8, "input": "identity"} \n').d_model)
     assert.matches("headdim = 5", helper.error_of(m3.config_from_json, '{"d_model": 16, "n_layers": 1, "headdim": 5}'))
     assert.matches("d_model = 3000000000: must be an integer in %[%-2147483647, 2147483647%]",
       helper.error_of(m3.config_from_json, '{"d_model": 3e9, "n_layers": 1}'))

@@ -159,7 +159,7 @@ static int parse_seed(const char *text, uint64_t *out) {
 }
 
 static m3_status parse_trainer(const char *json, m3_trainer_cfg *c, double *lr, double *clip, int32_t *no_decay) {
-  cJSON *o = cJSON_Parse(json);
+  cJSON *o = cJSON_ParseWithOpts(json, NULL, 1); /* nothing may follow the object */
   if (!cJSON_IsObject(o)) {
     cJSON_Delete(o);
     return m3_fail(M3_ERR_FORMAT, "checkpoint trainer options are not a JSON object");

@@ -197,7 +197,7 @@ static m3_status json_derived_matches(const cJSON *root, const char *key, double
 
 m3_status m3_config_from_json(const char *json, m3_config *out) {
   if (!json || !out) return m3_fail(M3_ERR_ARGUMENT, "m3_config_from_json: NULL argument");
-  cJSON *root = cJSON_Parse(json);
+  cJSON *root = cJSON_ParseWithOpts(json, NULL, 1); /* nothing may follow the object */
   if (!root || !cJSON_IsObject(root)) {
     cJSON_Delete(root);
     return m3_fail(M3_ERR_FORMAT, "config JSON does not parse as an object");
