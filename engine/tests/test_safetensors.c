@@ -649,7 +649,7 @@ static void test_weights(void) {
   v = (variant){.duplicate = "norm_f.weight"};
   expect_load("bare and backbone. names both present", w, &v, NULL, M3_ERR_FORMAT, "backbone.norm_f.weight");
   v = (variant){.no_config = 1};
-  expect_load("no config metadata, no cfg", w, &v, NULL, M3_ERR_ARGUMENT, "cfg");
+  expect_load("no config metadata, no cfg", w, &v, NULL, M3_ERR_ARGUMENT, "pass the model config");
   expect_load("no config metadata, cfg given", w, &v, &c, M3_OK, NULL);
   v = (variant){.config = "{\"d_model\": 16"};
   expect_load("broken config metadata", w, &v, NULL, M3_ERR_FORMAT, "config");
