@@ -5,9 +5,11 @@
 --
 -- The input is a weights file (w:save) or a full trainer checkpoint (tr:save; its float32
 -- master weights are exported). The model must have input "tokens" and head "lm".
--- A bad input or output is reported by its message alone (no library file:line), status 1.
+-- A bad input or output is reported by its message alone ("export_pytorch.lua: <why>", no
+-- traceback), exit status 2.
 
 local m3 = require "m3"
+local flags = require "m3.flags"
 
 local src, dir = ...
 if not src or not dir then
@@ -15,16 +17,17 @@ if not src or not dir then
   os.exit(2)
 end
 
-local ok, w = pcall(m3.weights.load, src)
-if not ok then
+local w = flags.check("export_pytorch.lua", function()
+  local ok, w = pcall(m3.weights.load, src)
+  if ok then return w end
   local ok2, tr = pcall(m3.trainer.load, src, { device = "cpu" })
   if not ok2 then
     error(string.format("%s is neither a weights file (%s) nor a trainer checkpoint (%s)", src, w, tr), 0)
   end
   w = tr:snapshot()
   tr:close()
-end
-local exported, err = pcall(m3.pytorch.export, w, dir)
-if not exported then error(err, 0) end
+  return w
+end)
+flags.check("export_pytorch.lua", m3.pytorch.export, w, dir)
 print(string.format("%s: config.json and model.safetensors (%d tensors, %d parameters, d_model %d, %d layers, vocab %d)",
   dir, #w:names(), w.config.n_params, w.config.d_model, w.config.n_layers, w.config.vocab_size))

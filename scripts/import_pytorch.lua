@@ -5,18 +5,18 @@
 --   m3lua scripts/import_pytorch.lua <dir> <weights.safetensors>
 --
 -- In a script: local w = m3.pytorch.import(dir); m3.infer(w, {...}) or m3.trainer(w, {...}).
--- A bad input or output is reported by its message alone (no library file:line), status 1.
+-- A bad input or output is reported by its message alone ("import_pytorch.lua: <why>", no
+-- traceback), exit status 2.
 
 local m3 = require "m3"
+local flags = require "m3.flags"
 
 local dir, out = ...
 if not dir or not out then
   io.stderr:write("usage: m3lua scripts/import_pytorch.lua <dir> <weights.safetensors>\n")
   os.exit(2)
 end
-local imported, w = pcall(m3.pytorch.import, dir)
-if not imported then error(w, 0) end
-local saved, err = pcall(w.save, w, out)
-if not saved then error(err, 0) end
+local w = flags.check("import_pytorch.lua", m3.pytorch.import, dir)
+flags.check("import_pytorch.lua", w.save, w, out)
 print(string.format("%s: %d parameters (d_model %d, %d layers, vocab %d, tie_embeddings %s)", out,
   w.config.n_params, w.config.d_model, w.config.n_layers, w.config.vocab_size, tostring(w.config.tie_embeddings)))

@@ -14,7 +14,7 @@
 -- Output: runs/<name>/ under the current folder (metrics.jsonl, plot.svg, checkpoints/,
 -- options.json, sample.txt); <name> is the file and the flags that differ from their
 -- defaults. Bad flag values, and a file too short for the windows, are refused before
--- that folder is made.
+-- that folder is made ("lm.lua: <why>", exit status 2).
 
 local m3 = require "m3"
 local flags = require "m3.flags"
@@ -57,55 +57,58 @@ local spec = {
 }
 
 local o, changed = flags.parse(arg, spec, "m3lua scripts/lm.lua [flags]")
-if o.carry and o.batch ~= o.micro_batch then
-  io.stderr:write(string.format("--carry reads --batch streams, one per state row of the trainer: --micro_batch "
-    .. "(%d) must equal --batch (%d)\n", o.micro_batch, o.batch))
-  os.exit(2)
-end
 
--- the run's name: the file and the options that shape the result; the folder is made once
--- everything the flags build has been checked, so a bad value leaves nothing behind
+-- the run's name: the file and the options that shape the result
 local not_in_name = { data = true, run = true, resume = true, device = true, eval_every = true,
   save_every = true, keep = true, sample_len = true, temperature = true, prompt = true }
 local base = "lm-" .. (o.data:match("([^/]+)$") or "text"):gsub("%.[^.]*$", "")
-local dir = sweep.run_path(o, changed, base, not_in_name)
 
-local train = m3.data.text(o.data, { split = "train", order = o.carry and "stream" or "random",
-  rows = o.carry and o.batch or nil, seed = o.seed, length = o.seq_len })
-local val = m3.data.text(o.data, { split = "val", order = "sequential", length = o.seq_len })
--- a batch of each split drawn now (then the cursor put back): a file too short for the
--- windows fails here, not at the first step or validation
-for _, src in ipairs { train, val } do
-  local at = src:cursor()
-  src:next(math.min(o.batch, o.micro_batch))
-  src:seek(at)
-end
+-- everything the flags build; a value the library refuses, or a file too short for the
+-- windows, stops the script here (exit 2), and the folder is made only once all of it has
+-- been built, so nothing is left behind
+local dir, train, val, prompt, sched, ck, tr, start
+flags.check("lm.lua", function()
+  if o.carry and o.batch ~= o.micro_batch then
+    error(string.format("--carry reads --batch streams, one per state row of the trainer: --micro_batch "
+      .. "(%d) must equal --batch (%d)", o.micro_batch, o.batch), 0)
+  end
+  dir = sweep.run_path(o, changed, base, not_in_name)
+  train = m3.data.text(o.data, { split = "train", order = o.carry and "stream" or "random",
+    rows = o.carry and o.batch or nil, seed = o.seed, length = o.seq_len })
+  val = m3.data.text(o.data, { split = "val", order = "sequential", length = o.seq_len })
+  -- a batch of each split drawn now (then the cursor put back): a file too short for the
+  -- windows fails here, not at the first step or validation
+  for _, src in ipairs { train, val } do
+    local at = src:cursor()
+    src:next(math.min(o.batch, o.micro_batch))
+    src:seek(at)
+  end
 
-local prompt = {}
-if o.prompt ~= "" then
-  for i = 1, #o.prompt do prompt[i] = o.prompt:byte(i) end
-else
-  prompt = val:slice(val.lo, math.min(64, val.span))
-end
+  prompt = {}
+  if o.prompt ~= "" then
+    for i = 1, #o.prompt do prompt[i] = o.prompt:byte(i) end
+  else
+    prompt = val:slice(val.lo, math.min(64, val.span))
+  end
 
-local warmup = o.warmup < 1 and math.floor(o.warmup * o.steps + 0.5) or o.warmup
-local sched = m3.schedule.warmup_cosine { peak = o.lr, warmup = warmup, total = o.steps, floor = o.lr * o.floor }
-local ck = m3.checkpoint.new { dir = dir .. "/checkpoints", every = o.save_every, keep = o.keep }
-local cfg = m3.config { d_model = o.d_model, n_layers = o.n_layers, d_state = o.d_state,
-  headdim = o.headdim, input = "tokens", head = "lm", vocab_size = train.vocab }
+  local warmup = o.warmup < 1 and math.floor(o.warmup * o.steps + 0.5) or o.warmup
+  sched = m3.schedule.warmup_cosine { peak = o.lr, warmup = warmup, total = o.steps, floor = o.lr * o.floor }
+  ck = m3.checkpoint.new { dir = dir .. "/checkpoints", every = o.save_every, keep = o.keep }
+  local cfg = m3.config { d_model = o.d_model, n_layers = o.n_layers, d_state = o.d_state,
+    headdim = o.headdim, input = "tokens", head = "lm", vocab_size = train.vocab }
 
-local tr, start
-if o.resume then
-  tr, start = fit.resume(ck, { device = o.device, dtype = o.dtype })
-  print(tr and string.format("resuming %s at step %d", dir, start.step)
-    or "no checkpoint in " .. ck.dir .. "; starting from scratch")
-end
-if not tr then
-  tr = m3.trainer(cfg, { device = o.device, dtype = o.dtype, batch = o.micro_batch, seq_len = o.seq_len,
-    lr = o.lr, weight_decay = o.weight_decay, carry_state = o.carry, seed = o.seed })
-  for _, c in ipairs(ck:list()) do os.remove(c.path) end
-end
-sweep.run_dir(o, changed, base, not_in_name)
+  if o.resume then
+    tr, start = fit.resume(ck, { device = o.device, dtype = o.dtype })
+    print(tr and string.format("resuming %s at step %d", dir, start.step)
+      or "no checkpoint in " .. ck.dir .. "; starting from scratch")
+  end
+  if not tr then
+    tr = m3.trainer(cfg, { device = o.device, dtype = o.dtype, batch = o.micro_batch, seq_len = o.seq_len,
+      lr = o.lr, weight_decay = o.weight_decay, carry_state = o.carry, seed = o.seed })
+    for _, c in ipairs(ck:list()) do os.remove(c.path) end
+  end
+  sweep.run_dir(o, changed, base, not_in_name)
+end)
 print(string.format("%s: %s (%d KB, %d KB for validation), %d parameters, %s %s",
   dir, o.data, math.floor(train.span / 1024), math.floor(val.span / 1024), tr.config.n_params,
   tr:device(), tr:dtype()))

@@ -167,7 +167,7 @@ local grid = {
 -- Everything a point builds before training is checked here, so a bad combination of flags stops
 -- the script (exit 2) instead of failing every point. A trainer is made only where it costs no GPU
 -- memory (on the CPU, or where CUDA is missing and asking for it fails at once).
-local checked, why = pcall(function()
+flags.check("sweep_state_tracking.lua", function()
   for _, task in ipairs(grid[1][2]) do
     for _, d_model in ipairs(grid[3][2]) do
       setup { task = task, model = grid[2][2][1], d_model = d_model, lr = grid[4][2][1] }
@@ -180,10 +180,6 @@ local checked, why = pcall(function()
     m3.trainer(cfg, trainer_opts):close()
   end
 end)
-if not checked then
-  io.stderr:write("sweep_state_tracking: ", tostring(why), "\n")
-  os.exit(2)
-end
 
 print(string.format("state tracking: %d points, %d steps each, lengths up to %d, evaluated at %d -> %s",
   #grid[1][2] * #grid[2][2] * #grid[3][2] * #grid[4][2], o.steps, o.max_length, o.eval_length, o.dir))

@@ -20,7 +20,9 @@
 -- With 2x extrapolation (32 -> 64) or lr 1e-2 some seeds stopped short (55-95%): the
 -- rotation must be exact to carry farther.
 -- Output: runs/<name>/ under the current folder (metrics.jsonl, plot.svg, checkpoints/,
--- options.json); <name> is the task and the flags that differ from their defaults.
+-- options.json); <name> is the task and the flags that differ from their defaults. Bad flag
+-- values (also those only the library refuses, e.g. --d_model 30 with --headdim 16) stop the
+-- script before that folder is made ("train.lua: <why>", exit status 2).
 
 local m3 = require "m3"
 local flags = require "m3.flags"
@@ -60,11 +62,9 @@ local spec = {
 
 local o, changed = flags.parse(arg, spec, "m3lua scripts/train.lua [flags]")
 
--- the run's name: the task and the options that shape the result; the folder is made once
--- everything the flags build has been checked, so a bad value leaves nothing behind
+-- the run's name: the task and the options that shape the result
 local not_in_name = { task = true, run = true, resume = true, device = true, eval_every = true,
   save_every = true, keep = true }
-local dir = sweep.run_path(o, changed, o.task, not_in_name)
 
 local tasks = {
   parity = function(seed) return m3.data.parity { seed = seed, targets = "running" } end,
@@ -72,39 +72,42 @@ local tasks = {
   brackets = function(seed) return m3.data.arithmetic { seed = seed, brackets = true } end,
   mqar = function(seed) return m3.data.mqar { seed = seed } end,
 }
-local train = tasks[o.task](o.seed)
--- evaluation: a fixed set (its own seed), final-position targets, the longer length
-local evalset = tasks[o.task](o.seed + 1000003)
-local eval_opts = { length = o.eval_length, min_length = o.eval_length, targets = "final",
-  batches = o.eval_batches }
-if o.task == "mqar" then eval_opts.targets = nil end
+-- everything the flags build; a value the library refuses stops the script here (exit 2),
+-- and the folder is made only once all of it has been built, so nothing is left behind
+local dir, train, evalset, eval_opts, cur, sched, ck, tr, start
+flags.check("train.lua", function()
+  dir = sweep.run_path(o, changed, o.task, not_in_name)
+  train = tasks[o.task](o.seed)
+  -- evaluation: a fixed set (its own seed), final-position targets, the longer length
+  evalset = tasks[o.task](o.seed + 1000003)
+  eval_opts = { length = o.eval_length, min_length = o.eval_length, batches = o.eval_batches,
+    targets = o.task ~= "mqar" and "final" or nil }
+  cur = m3.curriculum.lengths { from = o.from_length, to = o.max_length, steps = o.steps,
+    min_length = o.min_length }
+  local warmup = o.warmup < 1 and math.floor(o.warmup * o.steps + 0.5) or o.warmup
+  sched = m3.schedule.warmup_cosine { peak = o.lr, warmup = warmup, total = o.steps,
+    floor = o.lr * o.floor }
+  ck = m3.checkpoint.new { dir = dir .. "/checkpoints", every = o.save_every, keep = o.keep }
+  local cfg = m3.config { d_model = o.d_model, n_layers = o.n_layers, d_state = o.d_state,
+    headdim = o.headdim, rope_fraction = o.rope_fraction, input = "tokens", head = "lm",
+    vocab_size = train.vocab }
 
-local cur = m3.curriculum.lengths { from = o.from_length, to = o.max_length, steps = o.steps,
-  min_length = o.min_length }
-local warmup = o.warmup < 1 and math.floor(o.warmup * o.steps + 0.5) or o.warmup
-local sched = m3.schedule.warmup_cosine { peak = o.lr, warmup = warmup, total = o.steps,
-  floor = o.lr * o.floor }
-local ck = m3.checkpoint.new { dir = dir .. "/checkpoints", every = o.save_every, keep = o.keep }
-local cfg = m3.config { d_model = o.d_model, n_layers = o.n_layers, d_state = o.d_state,
-  headdim = o.headdim, rope_fraction = o.rope_fraction, input = "tokens", head = "lm",
-  vocab_size = train.vocab }
-
-local tr, start
-if o.resume then
-  tr, start = fit.resume(ck, { device = o.device, dtype = o.dtype })
-  if tr then
-    print(string.format("resuming %s at step %d", dir, start.step))
-  else
-    print("no checkpoint in " .. ck.dir .. "; starting from scratch")
+  if o.resume then
+    tr, start = fit.resume(ck, { device = o.device, dtype = o.dtype })
+    if tr then
+      print(string.format("resuming %s at step %d", dir, start.step))
+    else
+      print("no checkpoint in " .. ck.dir .. "; starting from scratch")
+    end
   end
-end
-if not tr then
-  tr = m3.trainer(cfg, { device = o.device, dtype = o.dtype, batch = o.micro_batch,
-    seq_len = math.max(cur:max("length"), o.eval_length), lr = o.lr,
-    weight_decay = o.weight_decay, seed = o.seed })
-  for _, c in ipairs(ck:list()) do os.remove(c.path) end
-end
-sweep.run_dir(o, changed, o.task, not_in_name)
+  if not tr then
+    tr = m3.trainer(cfg, { device = o.device, dtype = o.dtype, batch = o.micro_batch,
+      seq_len = math.max(cur:max("length"), o.eval_length), lr = o.lr,
+      weight_decay = o.weight_decay, seed = o.seed })
+    for _, c in ipairs(ck:list()) do os.remove(c.path) end
+  end
+  sweep.run_dir(o, changed, o.task, not_in_name)
+end)
 print(string.format("%s: %s, %d parameters, %s %s; lengths %d..%d -> eval at %d; %d steps of %d sequences",
   dir, o.task, tr.config.n_params, tr:device(), tr:dtype(), o.min_length, o.max_length,
   o.eval_length, o.steps, o.batch))

@@ -163,7 +163,8 @@ describe("m3lua", function()
   end)
 
   -- Runs scripts/<script> with args in a fresh folder; checks the exit status, that nothing was
-  -- printed on stdout, the first line of stderr, and that no run folder was made.
+  -- printed on stdout, the first line of stderr (and that no traceback follows), and that no run
+  -- folder was made.
   local function refuses(script, args, rc_want, first_line)
     local pwd = io.popen("pwd")
     local all = { pwd:read("*l") .. "/scripts/" .. script }
@@ -178,6 +179,7 @@ describe("m3lua", function()
     assert.equal(rc_want, rc, err)
     assert.equal("", out)
     assert.matches(first_line, err:match("^[^\n]*"))
+    assert.is_nil(err:find("traceback", 1, true), err)
     assert.is_nil(left, "a run folder was left behind")
   end
 
@@ -188,15 +190,29 @@ describe("m3lua", function()
     try({ "--steps", "2.5" }, 2, '^%-%-steps expects an integer >= 1, got "2.5"$')
     try({ "--lr", "nan" }, 2, '^%-%-lr expects a number >= 0, got "nan"$')
     try({ "--task", "sorting" }, 2, '^%-%-task expects one of parity | arithmetic | brackets | mqar, got "sorting"$')
-    try({ "--lr", "0" }, 1, "train%.lua:%d+: m3%.schedule%.warmup_cosine: expected peak > 0, got 0$")
-    try({ "--rope_fraction", "2" }, 1, "train%.lua:%d+: m3: rope_fraction = 2")
-    try({ "--device", "nowhere" }, 1, "train%.lua:%d+: m3%.trainer: device")
+    -- values that only the library refuses: its message after the script's name, status 2
+    try({ "--lr", "0" }, 2, "^train%.lua: m3%.schedule%.warmup_cosine: expected peak > 0, got 0$")
+    try({ "--floor", "2" }, 2, "^train%.lua: m3%.schedule%.warmup_cosine: expected floor <= peak")
+    try({ "--warmup", "5000", "--steps", "10" }, 2, "^train%.lua: m3%.schedule%.warmup_cosine: expected total > warmup")
+    try({ "--rope_fraction", "2" }, 2, "^train%.lua: m3: rope_fraction = 2")
+    try({ "--d_model", "30" }, 2, "^train%.lua: m3: headdim = 16: must divide d_inner")
+    try({ "--headdim", "7" }, 2, "^train%.lua: m3: headdim = 7: must divide d_inner")
+    try({ "--min_length", "50" }, 2, "^train%.lua: m3%.curriculum%.lengths: min_length must be an integer")
+    try({ "--from_length", "100" }, 2, "^train%.lua: m3%.curriculum%.lengths: expected integers 1 <= from <= to")
+    try({ "--steps", "2" }, 2, "^train%.lua: m3%.curriculum%.lengths: 3 stages")
+    try({ "--seed", "1e300" }, 2, "^train%.lua: m3%.data%.parity: seed = 1e%+300")
+    for _, device in ipairs { "nowhere", "gpu", "CPU", "" } do
+      try({ "--device", device }, 2, '^train%.lua: m3%.trainer: device = "' .. device .. '": expected')
+    end
+    if require("m3").cuda_device_count() == 0 then
+      try({ "--dtype", "bf16" }, 2, "^train%.lua: m3: dtype bf16: the CPU backend computes in f32 only")
+    end
   end)
 
   it("lm.lua refuses bad flag values before making its run folder", function()
     local function try(...) refuses("lm.lua", ...) end
     try({ "--carry", "--batch", "8" }, 2,
-      "^%-%-carry reads %-%-batch streams, one per state row of the trainer: %-%-micro_batch %(16%) must equal "
+      "^lm%.lua: %-%-carry reads %-%-batch streams, one per state row of the trainer: %-%-micro_batch %(16%) must equal "
       .. "%-%-batch %(8%)$")
     try({ "--micro_batch", "0" }, 2, '^%-%-micro_batch expects an integer >= 1, got "0"$')
     try({ "--steps", "-5" }, 2, '^%-%-steps expects an integer >= 1, got "%-5"$')
@@ -206,11 +222,13 @@ describe("m3lua", function()
     try({ "--eval_batches", "0" }, 2, '^%-%-eval_batches expects an integer >= 1, got "0"$')
     try({ "--warmup", "-3" }, 2, '^%-%-warmup expects a number >= 0, got "%-3"$')
     try({ "--dtype", "f64" }, 2, '^%-%-dtype expects one of f32 | bf16 | f16, got "f64"$')
-    try({ "--lr", "0" }, 1, "lm%.lua:%d+: m3%.schedule%.warmup_cosine: expected peak > 0, got 0$")
-    try({ "--headdim", "5" }, 1, "lm%.lua:%d+: m3: ")
-    try({ "--device", "nowhere" }, 1, "lm%.lua:%d+: m3%.trainer: device")
-    try({ "--data", "missing.txt" }, 1, "lm%.lua:%d+: m3%.data%.text: cannot open missing%.txt")
-    try({ "--seq_len", "100000" }, 1, "lm%.lua:%d+: m3%.data: .* has %d+ ids in this split, a window of 100000")
+    try({ "--lr", "0" }, 2, "^lm%.lua: m3%.schedule%.warmup_cosine: expected peak > 0, got 0$")
+    try({ "--headdim", "5" }, 2, "^lm%.lua: m3: ")
+    try({ "--device", "nowhere" }, 2, "^lm%.lua: m3%.trainer: device")
+    try({ "--data", "missing.txt" }, 2, "^lm%.lua: m3%.data%.text: cannot open missing%.txt")
+    try({ "--data", "/dev/null" }, 2, "^lm%.lua: m3%.data%.text: /dev/null is empty$")
+    try({ "--data", "/" }, 2, "^lm%.lua: m3%.data%.text: / is a folder, not a file$")
+    try({ "--seq_len", "100000" }, 2, "^lm%.lua: m3%.data: .* has %d+ ids in this split, a window of 100000")
   end)
 
   it("honours os.exit", function()

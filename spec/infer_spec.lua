@@ -451,27 +451,32 @@ describe("m3.infer", function()
       end
     end)
 
-    it("scripts report a bad input or output by its message, without a library file:line", function()
+    it("scripts report a bad input or output by its message alone (no file:line, no traceback), status 2", function()
       local m3lua = os.getenv("M3LUA") or helper.repo_dir() .. "/build/m3lua"
       local errfile = helper.tmpname("-stderr")
-      -- the first line of m3lua's stderr and its status for a script and its arguments
+      -- m3lua's stderr (one line) and its status for a script and its arguments
       local function run(script, ...)
         local cmd = { m3lua, helper.repo_dir() .. "/scripts/" .. script, ... }
         for i, a in ipairs(cmd) do cmd[i] = "'" .. a:gsub("'", "'\\''") .. "'" end
         local ok, _, rc = os.execute(table.concat(cmd, " ") .. " >/dev/null 2>" .. errfile)
-        local first = io.open(errfile):read("*l")
-        return first, type(ok) == "number" and ok / 256 or rc
+        local err = io.open(errfile):read("*a")
+        return err:match("^(.-)\n$") or err, type(ok) == "number" and ok / 256 or rc
       end
       local src = helper.tmpname(".safetensors")
       m3.weights.init(m3.config(helper.tokens_lm()), { seed = 1 }):save(src)
       local file = helper.tmpname("-file")
       m3.fs.write(file, "x")
-      local first, rc = run("export_pytorch.lua", src, file)
-      assert.equal("m3lua: m3.pytorch.export: cannot write into " .. file .. ": it exists and is not a folder", first)
-      assert.equal(1, rc)
-      first, rc = run("import_pytorch.lua", file, helper.tmpname())
-      assert.equal("m3lua: m3.pytorch.import: there is no folder " .. file, first)
-      assert.equal(1, rc)
+      local err, rc = run("export_pytorch.lua", src, file)
+      assert.equal("export_pytorch.lua: m3.pytorch.export: cannot write into " .. file
+        .. ": it exists and is not a folder", err)
+      assert.equal(2, rc)
+      err, rc = run("export_pytorch.lua", file .. "-missing", helper.tmpname())
+      assert.matches("^export_pytorch%.lua: [^\n]*%-missing is neither a weights file %(m3: [^\n]*%) nor a trainer "
+        .. "checkpoint %(m3: [^\n]*%)$", err)
+      assert.equal(2, rc)
+      err, rc = run("import_pytorch.lua", file, helper.tmpname())
+      assert.equal("import_pytorch.lua: m3.pytorch.import: there is no folder " .. file, err)
+      assert.equal(2, rc)
     end)
   end)
 end)

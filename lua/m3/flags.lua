@@ -17,6 +17,10 @@
 -- Unknown flags and stray arguments are errors that list the valid flags. Returns the
 -- values and the list of names set to something other than their default (in the order
 -- of the spec), for run names. flags.list splits a comma-separated value.
+-- flags.check(script, fn, ...) runs the part of a script that builds things from the
+-- values (data, model, trainer): a value the parser let through but the library refuses
+-- (`--lr 0`, `--d_model 30`) stops the script like a bad flag, with "<script>: <message>"
+-- on stderr and exit status 2 instead of a traceback.
 
 local flags = {}
 
@@ -147,6 +151,24 @@ function flags.parse(args, spec, banner)
     os.exit(2)
   end
   return values, changed
+end
+
+-- A library error without the position of the script line that called the library.
+local function without_position(err)
+  return (tostring(err):gsub("^[^:\n]*:%d+: ", ""))
+end
+
+local function checked(script, ok, ...)
+  if ok then return ... end
+  local err = ...
+  if tostring(err):find("interrupted", 1, true) then error(err, 0) end -- Ctrl-C: not the values' fault
+  io.stderr:write(script, ": ", without_position(err), "\n")
+  os.exit(2)
+end
+
+-- fn(...)'s values; an error it raises ends the script: "<script>: <message>", exit status 2.
+function flags.check(script, fn, ...)
+  return checked(script, pcall(fn, ...))
 end
 
 return flags
