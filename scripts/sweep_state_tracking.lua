@@ -25,14 +25,16 @@
 -- One run folder per point under --dir (m3.sweep): results.csv / results.json sorted by the
 -- score, summary.svg, and each run's metrics.jsonl and plot.svg; finished points are
 -- skipped when the script runs again, so an interrupted sweep continues where it stopped.
--- Flags, and the model, data and device each point would build from them, are checked before
--- any point runs (exit 2 when one is wrong); a point that fails leaves the others going, and the
--- script exits 1 after the table (a re-run tries that point again).
+-- Flags, the model, data and device each point would build from them, and the sweep folder are
+-- checked before any point runs ("sweep_state_tracking.lua: <why>", exit 2 when one is wrong); a
+-- point that fails leaves the others going, and the script exits 1 after the table (a re-run tries
+-- that point again).
 
 local m3 = require "m3"
 local flags = require "m3.flags"
 local fit = require "m3.fit"
 local checkpoint = require "m3.checkpoint"
+local fs = require "m3.fs"
 local json = require "m3.json"
 
 local spec = {
@@ -85,7 +87,6 @@ local function parity_density(v)
   end
   return p
 end
-parity_density(o.parity_density) -- a bad value stops here, before any point starts
 
 local list = flags.list
 
@@ -166,8 +167,10 @@ local grid = {
 
 -- Everything a point builds before training is checked here, so a bad combination of flags stops
 -- the script (exit 2) instead of failing every point. A trainer is made only where it costs no GPU
--- memory (on the CPU, or where CUDA is missing and asking for it fails at once).
+-- memory (on the CPU, or where CUDA is missing and asking for it fails at once). The sweep folder is
+-- made last: a bad flag leaves none behind, a folder that cannot be made stops the script too.
 flags.check("sweep_state_tracking.lua", function()
+  parity_density(o.parity_density)
   for _, task in ipairs(grid[1][2]) do
     for _, d_model in ipairs(grid[3][2]) do
       setup { task = task, model = grid[2][2][1], d_model = d_model, lr = grid[4][2][1] }
@@ -179,6 +182,7 @@ flags.check("sweep_state_tracking.lua", function()
     trainer_opts.batch, trainer_opts.seq_len = 1, 1
     m3.trainer(cfg, trainer_opts):close()
   end
+  fs.mkdir(o.dir)
 end)
 
 print(string.format("state tracking: %d points, %d steps each, lengths up to %d, evaluated at %d -> %s",

@@ -47,11 +47,14 @@ describe("scripts/sweep_state_tracking.lua", function()
       ["--lrs -1"] = "--lrs expects a comma-separated list of numbers >= 1e-09",
       ["--steps 0"] = "--steps expects an integer >= 1",
       ["--dtype f16"] = "--dtype expects one of f32 | bf16",
-      ["--d_models 40 --headdim 32"] = "m3: headdim = 32: must divide d_inner",
+      ["--d_models 40 --headdim 32"] = "sweep_state_tracking.lua: m3: headdim = 32: must divide d_inner",
+      ["--parity_density 2"] = "sweep_state_tracking.lua: --parity_density must be a probability in [0, 1] or random",
+      ["--tasks arithmetic --parity_density x"] = "--parity_density must be a probability in [0, 1] or random, got x",
     } do
       local out, code = script("sweep_state_tracking.lua", "--dir " .. dir .. " " .. args)
       assert.equal(2, code, args)
       assert.matches(message, out, 1, true)
+      assert.is_nil(out:find("traceback", 1, true), out)
     end
     if m3.cuda_device_count() == 0 then
       local out, code = script("sweep_state_tracking.lua", "--dir " .. dir .. " --dtype bf16")
@@ -59,6 +62,15 @@ describe("scripts/sweep_state_tracking.lua", function()
       assert.matches("the CPU backend computes in f32 only", out, 1, true)
     end
     assert.is_nil(io.open(dir))
+  end)
+
+  it("stops before any point runs when the sweep folder cannot be made", function()
+    local file = tmpdir() .. "/file"
+    assert(os.execute("touch " .. file) == 0)
+    local out, code = script("sweep_state_tracking.lua", SMALL .. " --dir " .. file .. "/sweep")
+    assert.equal(2, code, out)
+    assert.equal("sweep_state_tracking.lua: m3.fs: cannot create the folder " .. file .. "/sweep: Not a directory\n", out)
+    os.remove(file)
   end)
 
   it("counts distinct points and exits 1 when a point failed", function()
