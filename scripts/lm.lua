@@ -14,7 +14,8 @@
 -- Output: runs/<name>/ under the current folder (metrics.jsonl, plot.svg, checkpoints/,
 -- options.json, sample.txt); <name> is the file and the flags that differ from their
 -- defaults. Bad flag values, and a file too short for the windows, are refused before
--- that folder is made ("lm.lua: <why>", exit status 2).
+-- that folder is made ("lm.lua: <why>", exit status 2). Ctrl-C or SIGTERM saves a checkpoint
+-- and ends the script with its path on stderr and exit status 130 / 143.
 
 local m3 = require "m3"
 local flags = require "m3.flags"
@@ -113,7 +114,8 @@ print(string.format("%s: %s (%d KB, %d KB for validation), %d parameters, %s %s"
   dir, o.data, math.floor(train.span / 1024), math.floor(val.span / 1024), tr.config.n_params,
   tr:device(), tr:dtype()))
 
-local result = fit.run {
+-- Ctrl-C or SIGTERM (here or while sampling): a checkpoint, its path on stderr, exit status 130 or 143
+local result = flags.interruptible("lm.lua", fit.run, {
   trainer = tr, data = train, steps = o.steps, start = start, batch = o.batch, clip = o.clip,
   schedule = sched, checkpoint = ck, dir = dir, title = dir:match("[^/]+$"), eval_every = o.eval_every,
   graph = tr:device() ~= "cpu",
@@ -121,7 +123,7 @@ local result = fit.run {
     local e = fit.evaluate(t, val, { batches = o.eval_batches, length = o.seq_len })
     return { val_loss = e.loss, val_bpb = e.loss / math.log(2) }
   end,
-}
+})
 
 -- ---- sampling ----------------------------------------------------------------------------
 
@@ -140,7 +142,7 @@ local function sample(prompt, n)
   return bytes
 end
 
-local generated = sample(prompt, o.sample_len)
+local generated = flags.interruptible("lm.lua", sample, prompt, o.sample_len)
 local text = string.char(unpack(prompt)) .. string.char(unpack(generated))
 fs.write(dir .. "/sample.txt", text .. "\n")
 

@@ -33,7 +33,6 @@
 local m3 = require "m3"
 local flags = require "m3.flags"
 local fit = require "m3.fit"
-local checkpoint = require "m3.checkpoint"
 local fs = require "m3.fs"
 local json = require "m3.json"
 
@@ -188,12 +187,12 @@ end)
 print(string.format("state tracking: %d points, %d steps each, lengths up to %d, evaluated at %d -> %s",
   #grid[1][2] * #grid[2][2] * #grid[3][2] * #grid[4][2], o.steps, o.max_length, o.eval_length, o.dir))
 
--- a failed point makes m3.sweep raise once the others are done: the table still shows them
-local swept, rows = pcall(m3.sweep, {
+-- an interrupt ends the script (exit status 130 or 143); a failed point makes m3.sweep raise once
+-- the others are done: the table still shows them
+local swept, rows = pcall(flags.interruptible, "sweep_state_tracking.lua", m3.sweep, {
   grid = grid, dir = o.dir, run = run, metric = "best_scaled", mode = "max",
   parallel = o.parallel,
 })
-if not swept and checkpoint.is_interrupt(rows) then error(rows, 0) end
 local failure = not swept and rows
 if failure then rows = json.read(o.dir .. "/results.json") or {} end
 

@@ -1,5 +1,6 @@
 -- The shipped scripts as programs (build/m3lua, see helper.m3lua): bad flags and settings stop
--- them before any work with exit status 2, and a failure while they run gives a non-zero one.
+-- them before any work with exit status 2, a failure while they run gives a non-zero one, and
+-- SIGINT / SIGTERM end a training run with its checkpoint's path and 128 + the signal.
 -- Also m3.flags' list flags, which the scripts use for their comma-separated values.
 
 local m3 = require "m3"
@@ -14,6 +15,16 @@ local tmpdir = helper.tmpdir
 -- Runs scripts/<name> with the arguments (words, no quoting needed); returns output and exit status.
 local function script(name, args)
   return helper.run(M3LUA .. " " .. SCRIPTS .. name .. " " .. args)
+end
+
+-- Runs scripts/<name> with args in folder dir, in the background with SIGINT at its default (sh
+-- starts background jobs with it ignored), and sends it signal sig (INT, TERM) once the file ready
+-- (relative to dir) holds a training step's record; returns its output and exit status.
+local function signalled(name, args, dir, ready, sig)
+  local line = ("S=$(cd %s && pwd) && cd %s && { env --default-signal=INT %s \"$S\"/%s %s & pid=$!; n=0; "
+    .. "while ! grep -qs loss %s && [ $n -lt 600 ]; do sleep 0.05; n=$((n + 1)); done; kill -s %s $pid; wait $pid; }")
+    :format(SCRIPTS, dir, M3LUA, name, args, ready, sig)
+  return helper.run("sh -c '" .. line .. "'")
 end
 
 describe("m3.flags", function()
@@ -32,6 +43,26 @@ describe("m3.flags", function()
     assert.equal('--rates expects a comma-separated list of numbers >= 1e-09, got "-1"', err("--rates", "-1"))
     assert.equal('--tasks expects a comma-separated list of a | b, got "a,A"', err("--tasks", "a,A"))
   end)
+end)
+
+describe("scripts/train.lua", function()
+  local TINY = "--d_model 8 --headdim 8 --d_state 8 --n_layers 1 --batch 4 --micro_batch 4 --eval_batches 1 "
+    .. "--device cpu"
+
+  it("saves a checkpoint on SIGINT or SIGTERM and ends with its message and 128 + the signal, no traceback",
+    function()
+      local dir = tmpdir()
+      for sig, status in pairs { INT = 130, TERM = 143 } do
+        local out, code = signalled("train.lua", TINY .. " --steps 100000 --eval_every 100000 --run " .. sig, dir,
+          "runs/" .. sig .. "/metrics.jsonl", sig)
+        assert.equal(status, code, out)
+        local step = out:match("\ntrain%.lua: interrupted at step (%d+); saved runs/" .. sig
+          .. "/checkpoints/step%-0*%1%.ckpt %(resume from it%)\n$")
+        assert.truthy(step, out)
+        assert.is_nil(out:find("traceback", 1, true), out)
+      end
+      os.execute("rm -rf " .. dir)
+    end)
 end)
 
 describe("scripts/sweep_state_tracking.lua", function()

@@ -20,7 +20,11 @@
 -- flags.check(script, fn, ...) runs the part of a script that builds things from the
 -- values (data, model, trainer): a value the parser let through but the library refuses
 -- (`--lr 0`, `--d_model 30`) stops the script like a bad flag, with "<script>: <message>"
--- on stderr and exit status 2 instead of a traceback.
+-- on stderr and exit status 2 instead of a traceback. flags.interruptible(script, fn, ...)
+-- runs the part that trains: Ctrl-C or SIGTERM (fit.run's "interrupted at step N; saved ...
+-- (resume from it)") ends the script with "<script>: <message>" and exit status 128 + the
+-- signal (130, 143), as m3lua gives, without a traceback; other errors go up as they are.
+-- An interrupt during flags.check ends the script the same way.
 
 local flags = {}
 
@@ -158,17 +162,47 @@ local function without_position(err)
   return (tostring(err):gsub("^[^:\n]*:%d+: ", ""))
 end
 
+-- The signal (2: SIGINT, 15: SIGTERM) behind err when it is an interrupt the m3lua host saw.
+local function interrupt_signal(err)
+  local host = package.loaded["m3.host"]
+  return host and require("m3.checkpoint").is_interrupt(err) and host.pending_signal() or nil
+end
+
+-- Ends the script: "<script>: <message>" on stderr, then the exit status.
+local function stop(script, message, status)
+  io.stderr:write(script, ": ", message, "\n")
+  os.exit(status)
+end
+
+-- An interrupt ends the script with its message's first line (a handler may have added a
+-- traceback below it) and 128 + the signal, the status the host would give.
+local function stop_if_interrupted(script, err)
+  local sig = interrupt_signal(err)
+  if sig then stop(script, tostring(err):match("^[^\n]*"), 128 + sig) end
+end
+
 local function checked(script, ok, ...)
   if ok then return ... end
   local err = ...
-  if tostring(err):find("interrupted", 1, true) then error(err, 0) end -- Ctrl-C: not the values' fault
-  io.stderr:write(script, ": ", without_position(err), "\n")
-  os.exit(2)
+  stop_if_interrupted(script, err)
+  stop(script, without_position(err), 2)
+end
+
+local function interruptible(script, ok, ...)
+  if ok then return ... end
+  local err = ...
+  stop_if_interrupted(script, err)
+  error(err, 0)
 end
 
 -- fn(...)'s values; an error it raises ends the script: "<script>: <message>", exit status 2.
 function flags.check(script, fn, ...)
   return checked(script, pcall(fn, ...))
+end
+
+-- fn(...)'s values; an interrupt ends the script: "<script>: <message>", 128 + the signal.
+function flags.interruptible(script, fn, ...)
+  return interruptible(script, pcall(fn, ...))
 end
 
 return flags
