@@ -21,7 +21,7 @@ local m3 = require "m3"
 local flags = require "m3.flags"
 local fit = require "m3.fit"
 local fs = require "m3.fs"
-local sweep = require "m3.sweep"
+local rundir = require "m3.rundir"
 
 -- the repository root, from this script's path (data/ lies beside scripts/)
 local root = (arg and arg[0] or ""):match("^(.-)/?scripts/[^/]*$") or ""
@@ -73,7 +73,7 @@ flags.check("lm.lua", function()
     error(string.format("--carry reads --batch streams, one per state row of the trainer: --micro_batch "
       .. "(%d) must equal --batch (%d)", o.micro_batch, o.batch), 0)
   end
-  dir = sweep.run_path(o, changed, base, not_in_name)
+  dir = rundir.path(o, changed, base, not_in_name)
   train = m3.data.text(o.data, { split = "train", order = o.carry and "stream" or "random",
     rows = o.carry and o.batch or nil, seed = o.seed, length = o.seq_len })
   val = m3.data.text(o.data, { split = "val", order = "sequential", length = o.seq_len })
@@ -108,7 +108,7 @@ flags.check("lm.lua", function()
       lr = o.lr, weight_decay = o.weight_decay, carry_state = o.carry, seed = o.seed })
     for _, c in ipairs(ck:list()) do os.remove(c.path) end
   end
-  sweep.run_dir(o, changed, base, not_in_name)
+  rundir.create(dir, o)
 end)
 print(string.format("%s: %s (%d KB, %d KB for validation), %d parameters, %s %s",
   dir, o.data, math.floor(train.span / 1024), math.floor(val.span / 1024), tr.config.n_params,

@@ -28,7 +28,7 @@
 local m3 = require "m3"
 local flags = require "m3.flags"
 local fit = require "m3.fit"
-local sweep = require "m3.sweep"
+local rundir = require "m3.rundir"
 
 local spec = {
   { "task", "parity", "parity | arithmetic | brackets | mqar",
@@ -77,7 +77,7 @@ local tasks = {
 -- and the folder is made only once all of it has been built, so nothing is left behind
 local dir, train, evalset, eval_opts, cur, sched, ck, tr, start
 flags.check("train.lua", function()
-  dir = sweep.run_path(o, changed, o.task, not_in_name)
+  dir = rundir.path(o, changed, o.task, not_in_name)
   train = tasks[o.task](o.seed)
   -- evaluation: a fixed set (its own seed), final-position targets, the longer length
   evalset = tasks[o.task](o.seed + 1000003)
@@ -107,7 +107,7 @@ flags.check("train.lua", function()
       weight_decay = o.weight_decay, seed = o.seed })
     for _, c in ipairs(ck:list()) do os.remove(c.path) end
   end
-  sweep.run_dir(o, changed, o.task, not_in_name)
+  rundir.create(dir, o)
 end)
 print(string.format("%s: %s, %d parameters, %s %s; lengths %d..%d -> eval at %d; %d steps of %d sequences",
   dir, o.task, tr.config.n_params, tr:device(), tr:dtype(), o.min_length, o.max_length,

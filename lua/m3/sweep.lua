@@ -131,25 +131,6 @@ function sweep.name(point, defaults, keys)
   return #parts > 0 and table.concat(parts, ",") or "defaults"
 end
 
--- The folder of one run of a script: runs/<base>-<the flags in `changed` that shape the
--- result, i.e. not in `skip`> (runs/<base> when none; opts.run when not ""). changed:
--- flags.parse's second value.
-function sweep.run_path(opts, changed, base, skip)
-  local named = {}
-  for _, k in ipairs(changed) do
-    if not skip[k] then named[#named + 1] = k end
-  end
-  return "runs/" .. (opts.run ~= "" and opts.run or base .. (#named > 0 and "-" .. sweep.name(opts, {}, named) or ""))
-end
-
--- sweep.run_path's folder, created, with the options in options.json.
-function sweep.run_dir(opts, changed, base, skip)
-  local dir = sweep.run_path(opts, changed, base, skip)
-  fs.mkdir(dir)
-  fs.write(dir .. "/options.json", json.encode(opts) .. "\n")
-  return dir
-end
-
 -- v for a message, lists as {a, b}.
 local function show_value(v)
   if type(v) ~= "table" then return show(v) end
