@@ -53,7 +53,7 @@ local spec = {
   { "seed", 0, "seed of the weights, the data and the sampler", int = true, min = 0 },
   { "device", "auto", "auto | cpu | cuda | cuda:N" },
   { "dtype", "f32", "f32 | bf16 | f16", choices = { "f32", "bf16", "f16" } },
-  { "run", "", "run name; empty: lm-<data file name> and the flags that differ" },
+  { "run", "", "run name: one folder name under runs/ (no /); empty: lm-<data file name> and the flags that differ" },
   { "resume", false, "continue from the run's latest checkpoint" },
 }
 

@@ -57,7 +57,7 @@ local spec = {
   { "seed", 0, "seed of the weights and the data", int = true, min = 0 },
   { "device", "auto", "auto | cpu | cuda | cuda:N" },
   { "dtype", "f32", "f32 | bf16 | f16", choices = { "f32", "bf16", "f16" } },
-  { "run", "", "run name; empty: the task and the flags that differ" },
+  { "run", "", "run name: one folder name under runs/ (no /); empty: the task and the flags that differ" },
   { "resume", false, "continue from the run's latest checkpoint" },
 }
 

@@ -207,6 +207,11 @@ describe("m3lua", function()
     if require("m3").cuda_device_count() == 0 then
       try({ "--dtype", "bf16" }, 2, "^train%.lua: m3: dtype bf16: the CPU backend computes in f32 only")
     end
+    -- a run name is one folder under runs/, never a path out of it or runs/ itself
+    for _, name in ipairs { "../esc", ".", " .. ", "/tmp/x", "a/b", " " } do
+      try({ "--run", name, "--steps", "3", "--eval_batches", "1" }, 2, '^train%.lua: %-%-run "' .. name:gsub("%p", "%%%0")
+        .. '": a run name is a single folder name under runs/ %(no "/", not "%." or "%.%.", not blank%)$')
+    end
   end)
 
   it("lm.lua refuses bad flag values before making its run folder", function()
@@ -229,6 +234,7 @@ describe("m3lua", function()
     try({ "--data", "/dev/null" }, 2, "^lm%.lua: m3%.data%.text: /dev/null is empty$")
     try({ "--data", "/" }, 2, "^lm%.lua: m3%.data%.text: / is a folder, not a file$")
     try({ "--seq_len", "100000" }, 2, "^lm%.lua: m3%.data: .* has %d+ ids in this split, a window of 100000")
+    try({ "--run", "..", "--steps", "1", "--sample_len", "1" }, 2, '^lm%.lua: %-%-run "%.%.": a run name is a single')
   end)
 
   it("honours os.exit", function()
