@@ -13,7 +13,8 @@
 -- prompted by --prompt or the first 64 bytes of the validation text (all of it when shorter).
 -- Output: runs/<name>/ under the current folder (metrics.jsonl, plot.svg, checkpoints/,
 -- options.json, sample.txt); <name> is the file and the flags that differ from their
--- defaults. Bad flag values, and a file too short for the windows, are refused before
+-- defaults. A folder that holds checkpoints already needs --resume (continue that run) or
+-- --overwrite (start afresh, deleting them). Bad flag values, and a file too short for the windows, are refused before
 -- that folder is made ("lm.lua: <why>", exit status 2). Ctrl-C or SIGTERM saves a checkpoint
 -- and ends the script with its path on stderr and exit status 130 / 143.
 
@@ -55,13 +56,14 @@ local spec = {
   { "dtype", "f32", "f32 | bf16 | f16", choices = { "f32", "bf16", "f16" } },
   { "run", "", "run name: one folder name under runs/ (no /); empty: lm-<data file name> and the flags that differ" },
   { "resume", false, "continue from the run's latest checkpoint" },
+  { "overwrite", false, "start afresh in a run folder that holds checkpoints (deletes them)" },
 }
 
 local o, changed = flags.parse(arg, spec, "m3lua scripts/lm.lua [flags]")
 
 -- the run's name: the file and the options that shape the result
-local not_in_name = { data = true, run = true, resume = true, device = true, eval_every = true,
-  save_every = true, keep = true, sample_len = true, temperature = true, prompt = true }
+local not_in_name = { data = true, run = true, resume = true, overwrite = true, device = true,
+  eval_every = true, save_every = true, keep = true, sample_len = true, temperature = true, prompt = true }
 local base = "lm-" .. (o.data:match("([^/]+)$") or "text"):gsub("%.[^.]*$", "")
 
 -- everything the flags build; a value the library refuses, or a file too short for the
@@ -74,6 +76,7 @@ flags.check("lm.lua", function()
       .. "(%d) must equal --batch (%d)", o.micro_batch, o.batch), 0)
   end
   dir = rundir.path(o, changed, base, not_in_name)
+  rundir.open(dir, o)
   train = m3.data.text(o.data, { split = "train", order = o.carry and "stream" or "random",
     rows = o.carry and o.batch or nil, seed = o.seed, length = o.seq_len })
   val = m3.data.text(o.data, { split = "val", order = "sequential", length = o.seq_len })
@@ -106,7 +109,6 @@ flags.check("lm.lua", function()
   if not tr then
     tr = m3.trainer(cfg, { device = o.device, dtype = o.dtype, batch = o.micro_batch, seq_len = o.seq_len,
       lr = o.lr, weight_decay = o.weight_decay, carry_state = o.carry, seed = o.seed })
-    for _, c in ipairs(ck:list()) do os.remove(c.path) end
   end
   rundir.create(dir, o)
 end)

@@ -12,8 +12,8 @@
 -- sequences whose lengths are drawn from [1, L] with L growing 12 -> 24 -> 48; a
 -- warmup-cosine schedule; rows per step as accumulated micro-batches; checkpoints every
 -- --save_every steps and on Ctrl-C / SIGTERM (which then end the script with the checkpoint's
--- path on stderr and exit status 130 / 143, no traceback). Evaluation: the parity of whole sequences
--- of --eval_length bits, scored at the last position (the paper's metric).
+-- path on stderr and exit status 130 / 143, no traceback). Evaluation: the parity of whole
+-- sequences of --eval_length bits, scored at the last position (the paper's metric).
 -- Defaults (2 layers, lr 5e-3, 3000 steps, lengths to 48, eval at 64) reached 100% at
 -- length 64 for 8 of 8 seeds in a CPU trial (2026-11-30); the result at 64 hangs on
 -- rounding (seed 0 lost its 100% when the CPU GEMMs changed their row blocks, 2026-12-01),
@@ -21,9 +21,11 @@
 -- With 2x extrapolation (32 -> 64) or lr 1e-2 some seeds stopped short (55-95%): the
 -- rotation must be exact to carry farther.
 -- Output: runs/<name>/ under the current folder (metrics.jsonl, plot.svg, checkpoints/,
--- options.json); <name> is the task and the flags that differ from their defaults. Bad flag
--- values (also those only the library refuses, e.g. --d_model 30 with --headdim 16) stop the
--- script before that folder is made ("train.lua: <why>", exit status 2).
+-- options.json); <name> is the task and the flags that differ from their defaults. A folder
+-- that holds checkpoints already needs --resume (continue that run) or --overwrite (start
+-- afresh, deleting them). Bad flag values (also those only the library refuses, e.g.
+-- --d_model 30 with --headdim 16) stop the script before that folder is made
+-- ("train.lua: <why>", exit status 2).
 
 local m3 = require "m3"
 local flags = require "m3.flags"
@@ -59,13 +61,14 @@ local spec = {
   { "dtype", "f32", "f32 | bf16 | f16", choices = { "f32", "bf16", "f16" } },
   { "run", "", "run name: one folder name under runs/ (no /); empty: the task and the flags that differ" },
   { "resume", false, "continue from the run's latest checkpoint" },
+  { "overwrite", false, "start afresh in a run folder that holds checkpoints (deletes them)" },
 }
 
 local o, changed = flags.parse(arg, spec, "m3lua scripts/train.lua [flags]")
 
 -- the run's name: the task and the options that shape the result
-local not_in_name = { task = true, run = true, resume = true, device = true, eval_every = true,
-  save_every = true, keep = true }
+local not_in_name = { task = true, run = true, resume = true, overwrite = true, device = true,
+  eval_every = true, save_every = true, keep = true }
 
 local tasks = {
   parity = function(seed) return m3.data.parity { seed = seed, targets = "running" } end,
@@ -78,6 +81,7 @@ local tasks = {
 local dir, train, evalset, eval_opts, cur, sched, ck, tr, start
 flags.check("train.lua", function()
   dir = rundir.path(o, changed, o.task, not_in_name)
+  rundir.open(dir, o)
   train = tasks[o.task](o.seed)
   -- evaluation: a fixed set (its own seed), final-position targets, the longer length
   evalset = tasks[o.task](o.seed + 1000003)
@@ -105,7 +109,6 @@ flags.check("train.lua", function()
     tr = m3.trainer(cfg, { device = o.device, dtype = o.dtype, batch = o.micro_batch,
       seq_len = math.max(cur:max("length"), o.eval_length), lr = o.lr,
       weight_decay = o.weight_decay, seed = o.seed })
-    for _, c in ipairs(ck:list()) do os.remove(c.path) end
   end
   rundir.create(dir, o)
 end)

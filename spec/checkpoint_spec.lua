@@ -1,7 +1,8 @@
 -- m3.checkpoint and m3.fit: keep the last k, skip damaged files, ignore and clear away the
 -- temporary files of interrupted writes, and resume bit-identically
 -- (CPU: 10 steps against 5 + save + load + 5, with carried state or with accumulation; also
--- after interrupts, each metrics record once); fit.run's refusals.
+-- after interrupts, each metrics record once); fit.run's refusals (also of an earlier run's
+-- checkpoints without start).
 
 local ffi = require "ffi"
 local m3 = require "m3"
@@ -225,6 +226,33 @@ describe("m3.checkpoint", function()
       assert.same(ref.losses, losses(d))
     end)
   end
+
+  it("refuses a run without start over an earlier run's checkpoints, and a resume where none loads", function()
+    local d = dir .. "/earlier"
+    local ck = checkpoint.new { dir = d .. "/checkpoints", every = 2 }
+    run({ trainer = new_trainer(), steps = 4, checkpoint = ck, dir = d }, path)
+    local function steps()
+      local out = {}
+      for i, c in ipairs(ck:list()) do out[i] = c.step end
+      return out
+    end
+    local metrics = fs.read(d .. "/metrics.jsonl")
+    local ok, err = pcall(run, { trainer = new_trainer(), steps = 4, checkpoint = ck, dir = d }, path)
+    assert.is_false(ok)
+    assert.matches("m3%.fit%.run: " .. ck.dir:gsub("%p", "%%%0") .. " holds the checkpoints of an earlier run %(the "
+      .. "newest: step 4%); continue it %(start = fit%.resume's%) or remove them$", err)
+    assert.same({ 2, 4 }, steps())
+    assert.equal(metrics, fs.read(d .. "/metrics.jsonl"))
+    for _, c in ipairs(ck:list()) do fs.write(c.path, "damaged") end
+    local real = io.stderr
+    io.stderr = { write = function() end } -- each damaged file is reported there
+    ok, err = pcall(fit.resume, ck)
+    io.stderr = real
+    assert.is_false(ok)
+    assert.matches("m3%.fit%.resume: no checkpoint in " .. ck.dir:gsub("%p", "%%%0") .. " loads %(2 there, the "
+      .. "newest: step 4%)$", err)
+    assert.is_nil(fit.resume(checkpoint.new { dir = d .. "/none" }))
+  end)
 
   it("raises a callback's error value as it is: a table, a number, a message with its traceback", function()
     local function raised(value)

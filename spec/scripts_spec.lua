@@ -8,7 +8,9 @@ local flags = require "m3.flags"
 local helper = require "spec.helper"
 
 local M3LUA = helper.m3lua()
-local SCRIPTS = helper.repo_dir() .. "/scripts/"
+local pwd = io.popen("cd " .. helper.repo_dir() .. " && pwd")
+local SCRIPTS = pwd:read("*l") .. "/scripts/" -- absolute: some runs happen in a folder of their own
+pwd:close()
 
 local tmpdir = helper.tmpdir
 
@@ -17,13 +19,18 @@ local function script(name, args)
   return helper.run(M3LUA .. " " .. SCRIPTS .. name .. " " .. args)
 end
 
+-- Runs scripts/<name> with args in folder dir (where its runs/ goes); returns output and exit status.
+local function script_in(dir, name, args)
+  return helper.run("sh -c 'cd " .. dir .. " && " .. M3LUA .. " " .. SCRIPTS .. name .. " " .. args .. "'")
+end
+
 -- Runs scripts/<name> with args in folder dir, in the background with SIGINT at its default (sh
 -- starts background jobs with it ignored), and sends it signal sig (INT, TERM) once the file ready
 -- (relative to dir) holds a training step's record; returns its output and exit status.
 local function signalled(name, args, dir, ready, sig)
-  local line = ("S=$(cd %s && pwd) && cd %s && { env --default-signal=INT %s \"$S\"/%s %s & pid=$!; n=0; "
+  local line = ("cd %s && { env --default-signal=INT %s %s%s %s & pid=$!; n=0; "
     .. "while ! grep -qs loss %s && [ $n -lt 600 ]; do sleep 0.05; n=$((n + 1)); done; kill -s %s $pid; wait $pid; }")
-    :format(SCRIPTS, dir, M3LUA, name, args, ready, sig)
+    :format(dir, M3LUA, SCRIPTS, name, args, ready, sig)
   return helper.run("sh -c '" .. line .. "'")
 end
 
@@ -49,6 +56,35 @@ describe("scripts/train.lua", function()
   local TINY = "--d_model 8 --headdim 8 --d_state 8 --n_layers 1 --batch 4 --micro_batch 4 --eval_batches 1 "
     .. "--device cpu"
 
+  it("never starts over the checkpoints of an earlier run unless told to (--resume, --overwrite)", function()
+    local dir = tmpdir()
+    local function steps()
+      local out = {}
+      for _, c in ipairs(m3.checkpoint.new { dir = dir .. "/runs/r/checkpoints" }:list()) do out[#out + 1] = c.step end
+      return out
+    end
+    local function run(args) return script_in(dir, "train.lua", "--run r " .. TINY .. " " .. args) end
+    local out, code = run("--steps 6 --save_every 2")
+    assert.equal(0, code, out)
+    assert.same({ 2, 4, 6 }, steps())
+    out, code = run("--steps 3")
+    assert.equal(2, code, out)
+    assert.equal("train.lua: runs/r holds the checkpoints of an earlier run (the newest: step 6); pass --resume to "
+      .. "continue it, --overwrite to start afresh (deleting them), or choose another --run\n", out)
+    out, code = run("--steps 3 --resume --overwrite")
+    assert.equal(2, code, out)
+    assert.equal("train.lua: --resume continues the run in runs/r, --overwrite starts it afresh: give one of them\n", out)
+    assert.same({ 2, 4, 6 }, steps())
+    out, code = run("--steps 8 --save_every 2 --resume")
+    assert.equal(0, code, out)
+    assert.matches("resuming runs/r at step 6", out, 1, true)
+    assert.same({ 4, 6, 8 }, steps())
+    out, code = run("--steps 3 --overwrite")
+    assert.equal(0, code, out)
+    assert.same({ 3 }, steps())
+    os.execute("rm -rf " .. dir)
+  end)
+
   it("saves a checkpoint on SIGINT or SIGTERM and ends with its message and 128 + the signal, no traceback",
     function()
       local dir = tmpdir()
@@ -63,6 +99,20 @@ describe("scripts/train.lua", function()
       end
       os.execute("rm -rf " .. dir)
     end)
+end)
+
+describe("scripts/lm.lua", function()
+  it("never starts over the checkpoints of an earlier run unless told to", function()
+    local dir = tmpdir()
+    local file = dir .. "/runs/r/checkpoints/step-00000005.ckpt"
+    assert(os.execute("mkdir -p " .. dir .. "/runs/r/checkpoints && echo kept > " .. file) == 0)
+    local out, code = script_in(dir, "lm.lua", "--run r --steps 1")
+    assert.equal(2, code, out)
+    assert.equal("lm.lua: runs/r holds the checkpoints of an earlier run (the newest: step 5); pass --resume to "
+      .. "continue it, --overwrite to start afresh (deleting them), or choose another --run\n", out)
+    assert.equal("kept\n", m3.fs.read(file))
+    os.execute("rm -rf " .. dir)
+  end)
 end)
 
 describe("scripts/sweep_state_tracking.lua", function()

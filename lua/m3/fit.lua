@@ -2,7 +2,8 @@
 -- checkpoints and logging together, resumable bit-identically.
 --
 --   local ck = m3.checkpoint.new{dir = run_dir .. "/checkpoints", every = 200, keep = 3}
---   local tr, start = fit.resume(ck, {device = "auto"})   -- nil, nil without a checkpoint
+--   local tr, start = fit.resume(ck, {device = "auto"})   -- nil, nil without a checkpoint; an
+--                                                         -- error when ck has some but none loads
 --   tr = tr or m3.trainer(cfg, {batch = 16, seq_len = cur:max("length")})
 --   local result = fit.run{
 --     trainer = tr, data = src, steps = 2000,
@@ -25,6 +26,9 @@
 -- dir/metrics.jsonl (one record per step, one per evaluation) and the progress display
 -- (m3.log.progress); a checkpoint every `every` steps and at the end, with extra =
 -- {data = cursor, phase = index, lr = lr, user = extra()}. At the end dir/plot.svg.
+-- A run without start whose checkpoint folder already holds checkpoints (an earlier run's) is
+-- refused before anything is written: its saves would mix with theirs, and keep would prune
+-- them or its own; continue them (start) or remove them first.
 -- Resuming (start = {step, extra} from fit.resume) seeks the data back, drops the
 -- metrics records past the checkpoint's step record (its evaluation's too), evaluates
 -- again at that step when an evaluation is due there or was dropped, and continues:
@@ -59,7 +63,14 @@ local fit = {}
 
 function fit.resume(ck, opts)
   local tr, extra, step = ck:resume(opts)
-  if not tr then return nil end
+  if not tr then
+    local found = ck:list()
+    if #found > 0 then -- the reason of each is on stderr
+      lib.raise(string.format("m3.fit.resume: no checkpoint in %s loads (%d there, the newest: step %d)",
+        ck.dir, #found, found[#found].step))
+    end
+    return nil
+  end
   return tr, { step = step, extra = extra }
 end
 
@@ -129,6 +140,11 @@ local function check(o)
   if o.eval_every ~= nil then options.want_int(o.eval_every, "m3.fit.run: eval_every", 1) end
   if o.graph and o.trainer.device and o.trainer:device() ~= "cuda" then -- refused before the first step
     lib.raise("m3.fit.run: graph = true needs a CUDA trainer (this one runs on " .. o.trainer:device() .. ")")
+  end
+  local earlier = o.checkpoint and not o.start and o.checkpoint:list() or {}
+  if #earlier > 0 then
+    lib.raise(string.format("m3.fit.run: %s holds the checkpoints of an earlier run (the newest: step %d); continue "
+      .. "it (start = fit.resume's) or remove them", o.checkpoint.dir, earlier[#earlier].step))
   end
 end
 
