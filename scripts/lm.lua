@@ -14,7 +14,10 @@
 -- Output: runs/<name>/ under the current folder (metrics.jsonl, plot.svg, checkpoints/,
 -- options.json, sample.txt); <name> is the file and the flags that differ from their
 -- defaults. A folder that holds checkpoints already needs --resume (continue that run) or
--- --overwrite (start afresh, deleting them). Bad flag values, and a file too short for the windows, are refused before
+-- --overwrite (start afresh, deleting them). --resume takes the run's own flag values from
+-- options.json; flags given with it change them, except those --help marks "fixed for a run"
+-- (the model, the text and how it is read), which are refused when they differ. A flag that
+-- is part of <name> names another folder, so resume with --run to change one. Bad flag values, and a file too short for the windows, are refused before
 -- that folder is made ("lm.lua: <why>", exit status 2). Ctrl-C or SIGTERM saves a checkpoint
 -- and ends the script with its path on stderr and exit status 130 / 143.
 
@@ -29,21 +32,21 @@ local root = (arg and arg[0] or ""):match("^(.-)/?scripts/[^/]*$") or ""
 root = root == "" and "" or root .. "/"
 
 local spec = {
-  { "data", root .. "data/fables.txt", "a text file (bytes are the tokens)" },
+  { "data", root .. "data/fables.txt", "a text file (bytes are the tokens)", fixed = true },
   { "steps", 600, "optimizer steps", int = true, min = 1 },
-  { "d_model", 64, "model width", int = true, min = 1 },
-  { "n_layers", 2, "layers", int = true, min = 1 },
-  { "d_state", 32, "state size N", int = true, min = 1 },
-  { "headdim", 16, "head dimension P", int = true, min = 1 },
-  { "seq_len", 128, "bytes per training window", int = true, min = 1 },
-  { "batch", 16, "windows per optimizer step", int = true, min = 1 },
-  { "micro_batch", 16, "windows per micro-batch (the trainer's batch)", int = true, min = 1 },
+  { "d_model", 64, "model width", int = true, min = 1, fixed = true },
+  { "n_layers", 2, "layers", int = true, min = 1, fixed = true },
+  { "d_state", 32, "state size N", int = true, min = 1, fixed = true },
+  { "headdim", 16, "head dimension P", int = true, min = 1, fixed = true },
+  { "seq_len", 128, "bytes per training window", int = true, min = 1, fixed = true },
+  { "batch", 16, "windows per optimizer step", int = true, min = 1, fixed = true },
+  { "micro_batch", 16, "windows per micro-batch (the trainer's batch)", int = true, min = 1, fixed = true },
   { "lr", 3e-3, "peak learning rate", min = 0 },
   { "warmup", 0.05, "warmup steps, or a fraction of --steps when < 1", min = 0 },
   { "floor", 0.1, "final learning rate as a fraction of the peak", min = 0 },
-  { "weight_decay", 0.01, "AdamW weight decay", min = 0 },
+  { "weight_decay", 0.01, "AdamW weight decay", min = 0, fixed = true },
   { "clip", 1.0, "gradient-norm clipping (0: off)", min = 0 },
-  { "carry", false, "read the text in order and carry the state across windows" },
+  { "carry", false, "read the text in order and carry the state across windows", fixed = true },
   { "eval_every", 100, "steps between validations", int = true, min = 1 },
   { "eval_batches", 8, "micro-batches per validation", int = true, min = 1 },
   { "save_every", 200, "steps between checkpoints (0: only at the end)", int = true, min = 0 },
@@ -51,15 +54,16 @@ local spec = {
   { "sample_len", 400, "bytes to generate at the end", int = true, min = 1 },
   { "temperature", 0.8, "sampling temperature (0: greedy)", min = 0 },
   { "prompt", "", "text to continue; empty: the start of the validation text" },
-  { "seed", 0, "seed of the weights, the data and the sampler", int = true, min = 0 },
+  { "seed", 0, "seed of the weights, the data and the sampler", int = true, min = 0, fixed = true },
   { "device", "auto", "auto | cpu | cuda | cuda:N" },
   { "dtype", "f32", "f32 | bf16 | f16", choices = { "f32", "bf16", "f16" } },
   { "run", "", "run name: one folder name under runs/ (no /); empty: lm-<data file name> and the flags that differ" },
-  { "resume", false, "continue from the run's latest checkpoint" },
+  { "resume", false, "continue the run from its latest checkpoint with its own flag values; flags given "
+    .. "change them, except those fixed for a run" },
   { "overwrite", false, "start afresh in a run folder that holds checkpoints (deletes them)" },
 }
 
-local o, changed = flags.parse(arg, spec, "m3lua scripts/lm.lua [flags]")
+local o, changed, given = flags.parse(arg, spec, "m3lua scripts/lm.lua [flags]")
 
 -- the run's name: the file and the options that shape the result
 local not_in_name = { data = true, run = true, resume = true, overwrite = true, device = true,
@@ -76,7 +80,7 @@ flags.check("lm.lua", function()
       .. "(%d) must equal --batch (%d)", o.micro_batch, o.batch), 0)
   end
   dir = rundir.path(o, changed, base, not_in_name)
-  rundir.open(dir, o)
+  rundir.open(dir, o, given, spec)
   train = m3.data.text(o.data, { split = "train", order = o.carry and "stream" or "random",
     rows = o.carry and o.batch or nil, seed = o.seed, length = o.seq_len })
   val = m3.data.text(o.data, { split = "val", order = "sequential", length = o.seq_len })

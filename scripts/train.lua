@@ -23,9 +23,12 @@
 -- Output: runs/<name>/ under the current folder (metrics.jsonl, plot.svg, checkpoints/,
 -- options.json); <name> is the task and the flags that differ from their defaults. A folder
 -- that holds checkpoints already needs --resume (continue that run) or --overwrite (start
--- afresh, deleting them). Bad flag values (also those only the library refuses, e.g.
--- --d_model 30 with --headdim 16) stop the script before that folder is made
--- ("train.lua: <why>", exit status 2).
+-- afresh, deleting them). --resume takes the run's own flag values from options.json; flags
+-- given with it change them (--steps: train on to another end), except those --help marks
+-- "fixed for a run" (the model, the data), which are refused when they differ. A flag that
+-- is part of <name> names another folder, so resume with --run to change one. Bad flag
+-- values (also those only the library refuses, e.g. --d_model 30 with --headdim 16) stop the
+-- script before that folder is made ("train.lua: <why>", exit status 2).
 
 local m3 = require "m3"
 local flags = require "m3.flags"
@@ -34,37 +37,40 @@ local rundir = require "m3.rundir"
 
 local spec = {
   { "task", "parity", "parity | arithmetic | brackets | mqar",
-    choices = { "parity", "arithmetic", "brackets", "mqar" } },
+    choices = { "parity", "arithmetic", "brackets", "mqar" }, fixed = true },
   { "steps", 3000, "optimizer steps", int = true, min = 1 },
-  { "d_model", 32, "model width", int = true, min = 1 },
-  { "n_layers", 2, "layers", int = true, min = 1 },
-  { "d_state", 16, "state size N", int = true, min = 1 },
-  { "headdim", 16, "head dimension P", int = true, min = 1 },
-  { "rope_fraction", 0.5, "share of the state rotated (0: no RoPE)", min = 0 },
-  { "min_length", 1, "shortest training sequence", int = true, min = 1 },
-  { "from_length", 12, "longest training sequence of the first curriculum phase", int = true, min = 1 },
-  { "max_length", 48, "longest training sequence of the last phase", int = true, min = 1 },
-  { "eval_length", 64, "evaluation length (longer than any trained on)", int = true, min = 1 },
-  { "batch", 32, "sequences per optimizer step", int = true, min = 1 },
-  { "micro_batch", 16, "sequences per micro-batch (the trainer's batch)", int = true, min = 1 },
+  { "d_model", 32, "model width", int = true, min = 1, fixed = true },
+  { "n_layers", 2, "layers", int = true, min = 1, fixed = true },
+  { "d_state", 16, "state size N", int = true, min = 1, fixed = true },
+  { "headdim", 16, "head dimension P", int = true, min = 1, fixed = true },
+  { "rope_fraction", 0.5, "share of the state rotated (0: no RoPE)", min = 0, fixed = true },
+  { "min_length", 1, "shortest training sequence", int = true, min = 1, fixed = true },
+  { "from_length", 12, "longest training sequence of the first curriculum phase", int = true, min = 1,
+    fixed = true },
+  { "max_length", 48, "longest training sequence of the last phase", int = true, min = 1, fixed = true },
+  { "eval_length", 64, "evaluation length (longer than any trained on)", int = true, min = 1, fixed = true },
+  { "batch", 32, "sequences per optimizer step", int = true, min = 1, fixed = true },
+  { "micro_batch", 16, "sequences per micro-batch (the trainer's batch)", int = true, min = 1,
+    fixed = true },
   { "lr", 5e-3, "peak learning rate", min = 0 },
   { "warmup", 0.05, "warmup steps, or a fraction of --steps when < 1", min = 0 },
   { "floor", 0.1, "final learning rate as a fraction of the peak", min = 0 },
-  { "weight_decay", 0.0, "AdamW weight decay", min = 0 },
+  { "weight_decay", 0.0, "AdamW weight decay", min = 0, fixed = true },
   { "clip", 1.0, "gradient-norm clipping", min = 0 },
   { "eval_every", 200, "steps between evaluations", int = true, min = 1 },
   { "eval_batches", 16, "micro-batches per evaluation", int = true, min = 1 },
   { "save_every", 200, "steps between checkpoints (0: only at the end)", int = true, min = 0 },
   { "keep", 3, "checkpoints kept (0: all)", int = true, min = 0 },
-  { "seed", 0, "seed of the weights and the data", int = true, min = 0 },
+  { "seed", 0, "seed of the weights and the data", int = true, min = 0, fixed = true },
   { "device", "auto", "auto | cpu | cuda | cuda:N" },
   { "dtype", "f32", "f32 | bf16 | f16", choices = { "f32", "bf16", "f16" } },
   { "run", "", "run name: one folder name under runs/ (no /); empty: the task and the flags that differ" },
-  { "resume", false, "continue from the run's latest checkpoint" },
+  { "resume", false, "continue the run from its latest checkpoint with its own flag values; flags given "
+    .. "change them, except those fixed for a run" },
   { "overwrite", false, "start afresh in a run folder that holds checkpoints (deletes them)" },
 }
 
-local o, changed = flags.parse(arg, spec, "m3lua scripts/train.lua [flags]")
+local o, changed, given = flags.parse(arg, spec, "m3lua scripts/train.lua [flags]")
 
 -- the run's name: the task and the options that shape the result
 local not_in_name = { task = true, run = true, resume = true, overwrite = true, device = true,
@@ -81,7 +87,7 @@ local tasks = {
 local dir, train, evalset, eval_opts, cur, sched, ck, tr, start
 flags.check("train.lua", function()
   dir = rundir.path(o, changed, o.task, not_in_name)
-  rundir.open(dir, o)
+  rundir.open(dir, o, given, spec)
   train = tasks[o.task](o.seed)
   -- evaluation: a fixed set (its own seed), final-position targets, the longer length
   evalset = tasks[o.task](o.seed + 1000003)

@@ -50,6 +50,14 @@ describe("m3.flags", function()
     assert.equal('--rates expects a comma-separated list of numbers >= 1e-09, got "-1"', err("--rates", "-1"))
     assert.equal('--tasks expects a comma-separated list of a | b, got "a,A"', err("--tasks", "a,A"))
   end)
+
+  it("says which flags were given, also at their default value", function()
+    local spec = { { "steps", 600, "" }, { "lr", 1e-3, "" }, { "resume", false, "" } }
+    local o, changed, given = flags.values({ "--steps=600", "--lr", "2e-3" }, spec)
+    assert.same({ steps = 600, lr = 2e-3, resume = false }, o)
+    assert.same({ "lr" }, changed)
+    assert.same({ steps = true, lr = true }, given)
+  end)
 end)
 
 describe("scripts/train.lua", function()
@@ -82,6 +90,29 @@ describe("scripts/train.lua", function()
     out, code = run("--steps 3 --overwrite")
     assert.equal(0, code, out)
     assert.same({ 3 }, steps())
+    os.execute("rm -rf " .. dir)
+  end)
+
+  it("resumes with the run's own flag values, refuses a fixed one that differs, records only those used", function()
+    local dir = tmpdir()
+    local options = dir .. "/runs/r/options.json"
+    local function run(args) return script_in(dir, "train.lua", "--run r " .. args) end
+    local out, code = run(TINY .. " --steps 4 --save_every 2 --lr 0.004")
+    assert.equal(0, code, out)
+    local made = m3.fs.read(options)
+    out, code = run("--resume --steps 6 --d_model 16 --n_layers 1 --headdim 4 --lr 0.002")
+    assert.equal(2, code, out)
+    assert.equal("train.lua: runs/r: --d_model 16 --headdim 4 differ from the run's own --d_model 8 --headdim 8; a "
+      .. "resumed run keeps the flags fixed for a run (see --help): leave them out, or start a new run (another "
+      .. "--run, or --overwrite)\n", out)
+    assert.equal(made, m3.fs.read(options))
+    -- flags left out keep the run's values (its model, --lr, --device); --steps given goes on to 6
+    out, code = run("--resume --steps 6 --n_layers 1")
+    assert.equal(0, code, out)
+    assert.matches("resuming runs/r at step 4\nruns/r: parity, %d+ parameters, cpu f32; .*; 6 steps of 4 sequences", out)
+    local saved = m3.json.read(options)
+    assert.same({ 8, 1, 0.004, "cpu", 6 }, { saved.d_model, saved.n_layers, saved.lr, saved.device, saved.steps })
+    assert.is_nil(saved.resume)
     os.execute("rm -rf " .. dir)
   end)
 

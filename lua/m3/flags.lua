@@ -1,6 +1,6 @@
 -- m3.flags — command-line flags for scripts: `--name value`, `--name=value`, `--switch`.
 --
---   local o, changed = flags.parse(arg, {
+--   local o, changed, given = flags.parse(arg, {
 --     {"steps", 600, "optimizer steps"},
 --     {"device", "auto", "auto | cpu | cuda | cuda:N"},
 --     {"resume", false, "continue from the latest checkpoint"},
@@ -13,10 +13,13 @@
 -- list = true: the value is a comma-separated list (a text, read with flags.list) whose
 -- items are checked the same way, numbers when int or min is given, e.g.
 -- {"widths", "64,128", "d_model values", list = true, int = true, min = 1}.
+-- fixed = true marks a flag that defines a training run (its model, its data): --help says
+-- so, and m3.rundir keeps the run's own value when it resumes.
 -- `--help` prints the flags and exits.
 -- Unknown flags and stray arguments are errors that list the valid flags. Returns the
--- values and the list of names set to something other than their default (in the order
--- of the spec), for run names. flags.list splits a comma-separated value.
+-- values, the list of names set to something other than their default (in the order of
+-- the spec), for run names, and the set of names given on the command line (given[name] =
+-- true, also when the value given is the default). flags.list splits a comma-separated value.
 -- flags.check(script, fn, ...) runs the part of a script that builds things from the
 -- values (data, model, trainer): a value the parser let through but the library refuses
 -- (`--lr 0`, `--d_model 30`) stops the script like a bad flag, with "<script>: <message>"
@@ -33,7 +36,8 @@ local function usage(spec, banner)
   for _, f in ipairs(spec) do
     local default = f[2]
     local shown = type(default) == "boolean" and (default and "on" or "off") or tostring(default)
-    lines[#lines + 1] = string.format("  --%-16s %s (default %s)", f[1], f[3] or "", shown)
+    lines[#lines + 1] = string.format("  --%-16s %s (default %s%s)", f[1], f[3] or "", shown,
+      f.fixed and "; fixed for a run" or "")
   end
   return table.concat(lines, "\n")
 end
@@ -99,7 +103,7 @@ end
 
 -- Parses args (a list of strings) into values; raises an error naming the bad flag.
 function flags.values(args, spec)
-  local by_name, values = {}, {}
+  local by_name, values, given = {}, {}, {}
   for _, f in ipairs(spec) do
     by_name[f[1]] = f
     values[f[1]] = f[2]
@@ -113,6 +117,7 @@ function flags.values(args, spec)
     name = name:gsub("%-", "_")
     local f = by_name[name]
     if not f then error(string.format("unknown flag --%s", name), 0) end
+    given[name] = true
     if inline then
       values[name] = convert(f, inline)
     elseif type(f[2]) == "boolean" then
@@ -128,7 +133,7 @@ function flags.values(args, spec)
   for _, f in ipairs(spec) do
     if values[f[1]] ~= f[2] then changed[#changed + 1] = f[1] end
   end
-  return values, changed
+  return values, changed, given
 end
 
 -- The items of a comma-separated value ("64,128" -> {"64", "128"}; convert, e.g. tonumber,
@@ -139,7 +144,7 @@ function flags.list(text, convert)
   return out
 end
 
--- values, changed; prints the usage and exits on --help (0) or a bad flag (2).
+-- values, changed, given; prints the usage and exits on --help (0) or a bad flag (2).
 function flags.parse(args, spec, banner)
   local list = {}
   for i = 1, #(args or {}) do list[i] = args[i] end
@@ -149,12 +154,12 @@ function flags.parse(args, spec, banner)
       os.exit(0)
     end
   end
-  local ok, values, changed = pcall(flags.values, list, spec)
+  local ok, values, changed, given = pcall(flags.values, list, spec)
   if not ok then
     io.stderr:write(values, "\n", usage(spec, banner), "\n")
     os.exit(2)
   end
-  return values, changed
+  return values, changed, given
 end
 
 -- A library error without the position of the script line that called the library.

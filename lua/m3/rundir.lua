@@ -3,14 +3,20 @@
 -- checkpoints in checkpoints/; o holds the script's flags, among them --run, --resume
 -- (continue the run from its newest checkpoint) and --overwrite (start it afresh).
 --
+--   local o, changed, given = flags.parse(arg, spec, banner)
 --   local dir = rundir.path(o, changed, base, skip)   -- "runs/<name>"
---   rundir.open(dir, o)                               -- before anything is built from o
+--   rundir.open(dir, o, given, spec)                  -- before anything is built from o
 --   ... build everything from o (nothing written yet) ...
 --   rundir.create(dir, o)                             -- the folder, o in options.json
 --
 -- open refuses a folder that holds checkpoints unless o.resume or o.overwrite says what to
 -- do with them (and both at once); with o.overwrite, create deletes them (the run's own
 -- setup has then succeeded), so a new run never deletes checkpoints it was not told to.
+-- A run that resumes takes its options.json: a flag not given on the command line gets
+-- the run's value (--steps too: the run goes on to its own end), a flag given changes it,
+-- but one marked fixed = true in the spec (the model, the data) that differs from the
+-- run's value is an error listing each of them. options.json leaves out resume and
+-- overwrite, which say what to do with the folder, not how the run trains.
 -- <name> is o.run when it is not "", else base and the flags in `changed` (flags.parse's
 -- second value) that are not in `skip`, named as m3.sweep names a point
 -- ("parity-d_model=64,lr=0.01"; just base when there are none). o.run must be a single
@@ -45,7 +51,34 @@ local function checkpoints(dir)
   return checkpoint.new { dir = dir .. "/checkpoints" }:list()
 end
 
-function rundir.open(dir, o)
+-- The flags that say what to do with the folder: never taken from options.json.
+local ACTIONS = { resume = true, overwrite = true }
+
+-- o with the saved options of the run it resumes (see the header).
+local function resume_options(dir, o, given, spec)
+  local saved = json.read(dir .. "/options.json")
+  if type(saved) ~= "table" then return end
+  local differ, theirs = {}, {}
+  for _, f in ipairs(spec) do
+    local k, v = f[1], saved[f[1]]
+    if not ACTIONS[k] and type(v) == type(o[k]) and v ~= o[k] then
+      if not given[k] then
+        o[k] = v
+      elseif f.fixed then
+        differ[#differ + 1] = "--" .. k .. " " .. tostring(o[k])
+        theirs[#theirs + 1] = "--" .. k .. " " .. tostring(v)
+      end
+    end
+  end
+  if #differ > 0 then
+    local many = #differ > 1
+    lib.raise(string.format("%s: %s %s from the run's own %s; a resumed run keeps the flags fixed for a run (see "
+      .. "--help): leave %s out, or start a new run (another --run, or --overwrite)", dir, table.concat(differ, " "),
+      many and "differ" or "differs", table.concat(theirs, " "), many and "them" or "it"))
+  end
+end
+
+function rundir.open(dir, o, given, spec)
   if o.resume and o.overwrite then
     lib.raise("--resume continues the run in " .. dir .. ", --overwrite starts it afresh: give one of them")
   end
@@ -54,14 +87,19 @@ function rundir.open(dir, o)
     lib.raise(string.format("%s holds the checkpoints of an earlier run (the newest: step %d); pass --resume to "
       .. "continue it, --overwrite to start afresh (deleting them), or choose another --run", dir, found[#found].step))
   end
+  if #found > 0 and o.resume then resume_options(dir, o, given, spec) end
 end
 
 function rundir.create(dir, o)
   if o.overwrite then
     for _, c in ipairs(checkpoints(dir)) do os.remove(c.path) end
   end
+  local saved = {}
+  for k, v in pairs(o) do
+    if not ACTIONS[k] then saved[k] = v end
+  end
   fs.mkdir(dir)
-  fs.write(dir .. "/options.json", json.encode(o) .. "\n")
+  fs.write(dir .. "/options.json", json.encode(saved) .. "\n")
 end
 
 return rundir
