@@ -13,12 +13,15 @@
 -- prompted by --prompt or the first 64 bytes of the validation text (all of it when shorter).
 -- Output: runs/<name>/ under the current folder (metrics.jsonl, plot.svg, checkpoints/,
 -- options.json, sample.txt); <name> is the file and the flags that differ from their
--- defaults. A folder that holds checkpoints already needs --resume (continue that run) or
--- --overwrite (start afresh, deleting them). --resume takes the run's own flag values from
--- options.json; flags given with it change them, except those --help marks "fixed for a run"
--- (the model, the text and how it is read), which are refused when they differ. A flag that
--- is part of <name> names another folder, so resume with --run to change one. Bad flag values, and a file too short for the windows, are refused before
--- that folder is made ("lm.lua: <why>", exit status 2). Ctrl-C or SIGTERM saves a checkpoint
+-- defaults, numbered -2, -3, ... past folders that hold an earlier run's checkpoints, so that
+-- the same command again keeps them (--resume continues the newest; --overwrite starts <name>
+-- afresh, deleting its checkpoints). A folder named with --run that holds checkpoints needs
+-- --resume or --overwrite. --resume takes the run's own flag values from options.json; flags
+-- given with it change them, except those --help marks "fixed for a run" (the model, the text
+-- and how it is read), which are refused when they differ. A flag that is part of <name>
+-- names another folder, so resume with --run to change one. Bad flag values, and a file too
+-- short for the windows, are refused before that folder is made ("lm.lua: <why>", exit
+-- status 2). Ctrl-C or SIGTERM saves a checkpoint
 -- and ends the script with its path on stderr and exit status 130 / 143.
 
 local m3 = require "m3"
@@ -57,7 +60,8 @@ local spec = {
   { "seed", 0, "seed of the weights, the data and the sampler", int = true, min = 0, fixed = true },
   { "device", "auto", "auto | cpu | cuda | cuda:N" },
   { "dtype", "f32", "f32 | bf16 | f16", choices = { "f32", "bf16", "f16" } },
-  { "run", "", "run name: one folder name under runs/ (no /); empty: lm-<data file name> and the flags that differ" },
+  { "run", "", "run name: one folder name under runs/ (no /); empty: lm-<data file name> and the flags\n"
+    .. "    that differ, then -2, -3, ... past folders holding an earlier run's checkpoints (--resume: the newest)" },
   { "resume", false, "continue the run from its latest checkpoint with its own flag values; flags given "
     .. "change them, except those fixed for a run" },
   { "overwrite", false, "start afresh in a run folder that holds checkpoints (deletes them)" },

@@ -21,9 +21,11 @@
 -- With 2x extrapolation (32 -> 64) or lr 1e-2 some seeds stopped short (55-95%): the
 -- rotation must be exact to carry farther.
 -- Output: runs/<name>/ under the current folder (metrics.jsonl, plot.svg, checkpoints/,
--- options.json); <name> is the task and the flags that differ from their defaults. A folder
--- that holds checkpoints already needs --resume (continue that run) or --overwrite (start
--- afresh, deleting them). --resume takes the run's own flag values from options.json; flags
+-- options.json); <name> is the task and the flags that differ from their defaults, numbered
+-- -2, -3, ... past folders that hold an earlier run's checkpoints, so that the same command
+-- again keeps them (--resume continues the newest; --overwrite starts <name> afresh, deleting
+-- its checkpoints). A folder named with --run that holds checkpoints needs --resume or
+-- --overwrite. --resume takes the run's own flag values from options.json; flags
 -- given with it change them (--steps: train on to another end), except those --help marks
 -- "fixed for a run" (the model, the data), which are refused when they differ. A flag that
 -- is part of <name> names another folder, so resume with --run to change one. Bad flag
@@ -64,7 +66,8 @@ local spec = {
   { "seed", 0, "seed of the weights and the data", int = true, min = 0, fixed = true },
   { "device", "auto", "auto | cpu | cuda | cuda:N" },
   { "dtype", "f32", "f32 | bf16 | f16", choices = { "f32", "bf16", "f16" } },
-  { "run", "", "run name: one folder name under runs/ (no /); empty: the task and the flags that differ" },
+  { "run", "", "run name: one folder name under runs/ (no /); empty: the task and the flags that differ,\n"
+    .. "    then -2, -3, ... past folders holding an earlier run's checkpoints (--resume: the newest of them)" },
   { "resume", false, "continue the run from its latest checkpoint with its own flag values; flags given "
     .. "change them, except those fixed for a run" },
   { "overwrite", false, "start afresh in a run folder that holds checkpoints (deletes them)" },

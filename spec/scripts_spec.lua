@@ -93,6 +93,38 @@ describe("scripts/train.lua", function()
     os.execute("rm -rf " .. dir)
   end)
 
+  it("numbers an automatic run name past earlier runs' checkpoints; --resume takes the newest", function()
+    local dir = tmpdir()
+    local args = TINY .. " --steps 3 --save_every 3"
+    local function steps(run)
+      local out = {}
+      for _, c in ipairs(m3.checkpoint.new { dir = dir .. "/" .. run .. "/checkpoints" }:list()) do
+        out[#out + 1] = c.step
+      end
+      return out
+    end
+    local out, code = script_in(dir, "train.lua", args)
+    assert.equal(0, code, out)
+    local base = out:match("(runs/[^:\n]+): parity")
+    assert.truthy(base, out)
+    local pattern = base:gsub("%p", "%%%0")
+    out, code = script_in(dir, "train.lua", args)
+    assert.equal(0, code, out)
+    assert.matches(pattern .. "%-2: parity", out)
+    assert.same({ 3 }, steps(base))
+    assert.same({ 3 }, steps(base .. "-2"))
+    out, code = script_in(dir, "train.lua", args .. " --resume")
+    assert.equal(0, code, out)
+    assert.matches("resuming " .. pattern .. "%-2 at step 3", out)
+    out, code = script_in(dir, "train.lua", args .. " --overwrite")
+    assert.equal(0, code, out)
+    assert.matches(pattern .. ": parity", out)
+    assert.same({ 3 }, steps(base))
+    assert.same({ 3 }, steps(base .. "-2"))
+    assert.same({}, steps(base .. "-3"))
+    os.execute("rm -rf " .. dir)
+  end)
+
   it("resumes with the run's own flag values, refuses a fixed one that differs, records only those used", function()
     local dir = tmpdir()
     local options = dir .. "/runs/r/options.json"

@@ -9,8 +9,9 @@
 --   ... build everything from o (nothing written yet) ...
 --   rundir.create(dir, o)                             -- the folder, o in options.json
 --
--- open refuses a folder that holds checkpoints unless o.resume or o.overwrite says what to
--- do with them (and both at once); with o.overwrite, create deletes them (the run's own
+-- open refuses a folder that holds checkpoints (one named by --run: an automatic name
+-- numbers itself past them, below) unless o.resume or o.overwrite says what to do with
+-- them (and both at once); with o.overwrite, create deletes them (the run's own
 -- setup has then succeeded), so a new run never deletes checkpoints it was not told to.
 -- A run that resumes takes its options.json: a flag not given on the command line gets
 -- the run's value (--steps too: the run goes on to its own end), a flag given changes it,
@@ -19,9 +20,12 @@
 -- overwrite, which say what to do with the folder, not how the run trains.
 -- <name> is o.run when it is not "", else base and the flags in `changed` (flags.parse's
 -- second value) that are not in `skip`, named as m3.sweep names a point
--- ("parity-d_model=64,lr=0.01"; just base when there are none). o.run must be a single
--- folder name: one with a "/", only blanks, or "." or ".." (blanks around them aside) is
--- an error (a path would put the run outside runs/, or into runs/ itself).
+-- ("parity-d_model=64,lr=0.01"; just base when there are none), numbered so that running the
+-- same command again keeps the earlier run: a new run takes the first of <name>, <name>-2,
+-- <name>-3, ... that holds no checkpoints, --resume the last before it that holds some,
+-- --overwrite <name> itself. o.run must be a single folder name: one with a "/", only
+-- blanks, or "." or ".." (blanks around them aside) is an error (a path would put the run
+-- outside runs/, or into runs/ itself).
 
 local checkpoint = require "m3.checkpoint"
 local fs = require "m3.fs"
@@ -34,21 +38,35 @@ lib.internal_file(debug.getinfo(1, "S").source)
 
 local rundir = {}
 
+local function checkpoints(dir)
+  return checkpoint.new { dir = dir .. "/checkpoints" }:list()
+end
+
+-- Of the folders dir, dir-2, dir-3, ... (up to the first that holds no checkpoints): the
+-- last that holds some (nil: none does), and the first that holds none.
+local function numbered(dir)
+  local function at(i) return i == 1 and dir or dir .. "-" .. i end
+  local i = 1
+  while #checkpoints(at(i)) > 0 do i = i + 1 end
+  return i > 1 and at(i - 1) or nil, at(i)
+end
+
 function rundir.path(o, changed, base, skip)
   local name = o.run:match("^%s*(.-)%s*$")
   if o.run ~= "" and (name == "" or name == "." or name == ".." or name:find("/", 1, true)) then
     lib.raise(string.format('--run %s: a run name is a single folder name under runs/ (no "/", not "." or "..", '
       .. "not blank)", options.show(o.run)))
   end
+  if o.run ~= "" then return "runs/" .. o.run end
   local named = {}
   for _, k in ipairs(changed) do
     if not skip[k] then named[#named + 1] = k end
   end
-  return "runs/" .. (o.run ~= "" and o.run or base .. (#named > 0 and "-" .. sweep.name(o, {}, named) or ""))
-end
-
-local function checkpoints(dir)
-  return checkpoint.new { dir = dir .. "/checkpoints" }:list()
+  local dir = "runs/" .. base .. (#named > 0 and "-" .. sweep.name(o, {}, named) or "")
+  if o.overwrite then return dir end
+  local newest, free = numbered(dir)
+  if o.resume then return newest or dir end
+  return free
 end
 
 -- The flags that say what to do with the folder: never taken from options.json.
