@@ -22,13 +22,20 @@ enum { SCAN_CHUNK = 16 };
 /* How allocating a model's buffers went; a size past M3_MAX_ARENA outranks a failed allocation. */
 enum { ALLOC_OK, ALLOC_NO_MEMORY, ALLOC_TOO_LARGE };
 
-/* A zeroed buffer of n elements (n from M3_SIZE: -1 marks the model too large); none once a
- * buffer before it failed. */
-static real *alloc_real(int64_t n, int *failed) {
-  if (n < 0) *failed = ALLOC_TOO_LARGE;
-  if (*failed) return NULL;
+/* The buffers are taken twice: first only sized (nothing allocated: a model too large is refused
+ * before any memory is taken, which a system that overcommits would grant), then allocated. */
+typedef struct allocation {
+  int sizing;
+  int failed;
+} allocation;
+
+/* A zeroed buffer of n elements (n from M3_SIZE: -1 marks the model too large); none while
+ * sizing, or once a buffer before it failed. */
+static real *alloc_real(int64_t n, allocation *a) {
+  if (n < 0) a->failed = ALLOC_TOO_LARGE;
+  if (a->failed || a->sizing) return NULL;
   real *p = calloc((size_t)(n > 0 ? n : 1), sizeof(real));
-  if (!p) *failed = ALLOC_NO_MEMORY;
+  if (!p) a->failed = ALLOC_NO_MEMORY;
   return p;
 }
 
@@ -41,12 +48,12 @@ static state_sizes sizes_of(const m3_dims *d) {
   return s;
 }
 
-static void alloc_state(cpu_state *s, const m3_dims *d, int32_t B, int *failed) {
+static void alloc_state(cpu_state *s, const m3_dims *d, int32_t B, allocation *a) {
   state_sizes z = sizes_of(d);
-  s->angle = alloc_real(M3_SIZE(d->L, B, z.angle), failed);
-  s->ssm = alloc_real(M3_SIZE(d->L, B, z.ssm), failed);
-  s->k = alloc_real(M3_SIZE(d->L, B, z.k), failed);
-  s->v = alloc_real(M3_SIZE(d->L, B, z.v), failed);
+  s->angle = alloc_real(M3_SIZE(d->L, B, z.angle), a);
+  s->ssm = alloc_real(M3_SIZE(d->L, B, z.ssm), a);
+  s->k = alloc_real(M3_SIZE(d->L, B, z.k), a);
+  s->v = alloc_real(M3_SIZE(d->L, B, z.v), a);
 }
 
 static void free_state(cpu_state *s) {
@@ -54,6 +61,59 @@ static void free_state(cpu_state *s) {
   free(s->ssm);
   free(s->k);
   free(s->v);
+}
+
+/* Every buffer of the model (its dims, layout, B, T, cap and train set), sized or allocated (a). */
+static void alloc_buffers(cpu_model *m, allocation *a) {
+  const int train = m->train;
+  const m3_dims *d = m->d;
+  const m3_layout *lay = m->lay;
+  const int32_t B = m->B, T = m->T;
+  const int64_t M0 = m->cap, L = d->L, dm = d->dm, E = d->E, H = d->H, N = d->N, G = d->G;
+  const int64_t nch = (T + SCAN_CHUNK - 1) / SCAN_CHUNK;
+  /* forward only: one activation slot, two residual slots, no backward buffers */
+  const int64_t Ls = train ? L : 1, Lr = train ? L + 1 : 2, Mg = train ? M0 : 0;
+  alloc_state(&m->state, d, B, a);
+  if (train) {
+    alloc_state(&m->incoming, d, B, a);
+    alloc_state(&m->staged, d, B, a);
+  }
+  m->resid = alloc_real(M3_SIZE(Lr, M0, dm), a);
+  m->xn = alloc_real(M3_SIZE(Ls, M0, dm), a);
+  m->rstd = alloc_real(M3_SIZE(Ls, M0), a);
+  m->proj = alloc_real(M3_SIZE(Ls, M0, d->dip), a);
+  m->bc_hat = alloc_real(M3_SIZE(Ls, M0, 2 * G * N), a);
+  m->bc_rstd = alloc_real(M3_SIZE(Ls, M0, 2 * G), a);
+  m->ang_tanh = alloc_real(M3_SIZE(Ls, M0, d->S), a);
+  m->theta = alloc_real(M3_SIZE(Ls, M0, H, d->S), a);
+  m->y = alloc_real(M3_SIZE(Ls, M0, E), a);
+  m->y_rstd = alloc_real(M3_SIZE(Ls, M0, H), a);
+  m->gated = alloc_real(M3_SIZE(Ls, M0, E), a);
+  m->chunk_ssm = train ? alloc_real(M3_SIZE(L, B, H, nch, d->P, N), a) : NULL;
+  m->out = alloc_real(M3_SIZE(M0, dm), a);
+  m->out_rstd = alloc_real(M0, a);
+  m->dout = alloc_real(M3_SIZE(Mg, dm), a);
+  m->dresid = alloc_real(M3_SIZE(Mg, dm), a);
+  m->dxn = alloc_real(M3_SIZE(Mg, dm), a);
+  m->dproj = alloc_real(M3_SIZE(Mg, d->dip), a);
+  m->dgated = alloc_real(M3_SIZE(Mg, E), a);
+  m->dy = alloc_real(M3_SIZE(Mg, E), a);
+  m->dbc_head = alloc_real(M3_SIZE(Mg, H, 2 * N), a);
+  m->dang_head = alloc_real(M3_SIZE(Mg, H, d->S), a);
+  m->input_copy = alloc_real(M3_SIZE(M0, d->input_dim), a);
+  if (!a->failed && !a->sizing) {
+    m->tokens_copy = calloc((size_t)M0, sizeof(int32_t));
+    m->resets_copy = calloc((size_t)M0, 1);
+    if (!m->tokens_copy || !m->resets_copy) a->failed = ALLOC_NO_MEMORY;
+  }
+  m->part_width = part_width(d);
+  m->part = alloc_real(M3_SIZE(train ? B : 0, m->part_width), a);
+  m->row_scratch = alloc_real(M3_SIZE(train ? B : 0, N), a);
+  const int64_t head_w = d->vocab > d->out_dim ? d->vocab : d->out_dim;
+  m->logits = alloc_real(M3_SIZE(train ? 64 : B, head_w > 0 ? head_w : 1), a);
+  m->params_t = train ? NULL : alloc_real(lay->total, a);
+  m->scratch_per_thread = NAME(cpu_scan_scratch)(d, T, SCAN_CHUNK);
+  m->scratch = alloc_real(M3_SIZE(m->threads, m->scratch_per_thread), a);
 }
 
 static m3_status create(const m3_dims *d, const m3_layout *lay, int32_t B, int32_t T, int train, cpu_model **out) {
@@ -68,55 +128,13 @@ static m3_status create(const m3_dims *d, const m3_layout *lay, int32_t B, int32
   m->cap = (int64_t)B * T;
   m->threads = omp_get_max_threads();
   openblas_set_num_threads(1); /* the model parallelises around BLAS (gemm.c) */
-  const int64_t M0 = m->cap, L = d->L, dm = d->dm, E = d->E, H = d->H, N = d->N, G = d->G;
-  const int64_t nch = (T + SCAN_CHUNK - 1) / SCAN_CHUNK;
-  /* forward only: one activation slot, two residual slots, no backward buffers */
-  const int64_t Ls = train ? L : 1, Lr = train ? L + 1 : 2, Mg = train ? M0 : 0;
-  int failed = ALLOC_OK;
-  alloc_state(&m->state, d, B, &failed);
-  if (train) {
-    alloc_state(&m->incoming, d, B, &failed);
-    alloc_state(&m->staged, d, B, &failed);
-  }
-  m->resid = alloc_real(M3_SIZE(Lr, M0, dm), &failed);
-  m->xn = alloc_real(M3_SIZE(Ls, M0, dm), &failed);
-  m->rstd = alloc_real(M3_SIZE(Ls, M0), &failed);
-  m->proj = alloc_real(M3_SIZE(Ls, M0, d->dip), &failed);
-  m->bc_hat = alloc_real(M3_SIZE(Ls, M0, 2 * G * N), &failed);
-  m->bc_rstd = alloc_real(M3_SIZE(Ls, M0, 2 * G), &failed);
-  m->ang_tanh = alloc_real(M3_SIZE(Ls, M0, d->S), &failed);
-  m->theta = alloc_real(M3_SIZE(Ls, M0, H, d->S), &failed);
-  m->y = alloc_real(M3_SIZE(Ls, M0, E), &failed);
-  m->y_rstd = alloc_real(M3_SIZE(Ls, M0, H), &failed);
-  m->gated = alloc_real(M3_SIZE(Ls, M0, E), &failed);
-  m->chunk_ssm = train ? alloc_real(M3_SIZE(L, B, H, nch, d->P, N), &failed) : NULL;
-  m->out = alloc_real(M3_SIZE(M0, dm), &failed);
-  m->out_rstd = alloc_real(M0, &failed);
-  m->dout = alloc_real(M3_SIZE(Mg, dm), &failed);
-  m->dresid = alloc_real(M3_SIZE(Mg, dm), &failed);
-  m->dxn = alloc_real(M3_SIZE(Mg, dm), &failed);
-  m->dproj = alloc_real(M3_SIZE(Mg, d->dip), &failed);
-  m->dgated = alloc_real(M3_SIZE(Mg, E), &failed);
-  m->dy = alloc_real(M3_SIZE(Mg, E), &failed);
-  m->dbc_head = alloc_real(M3_SIZE(Mg, H, 2 * N), &failed);
-  m->dang_head = alloc_real(M3_SIZE(Mg, H, d->S), &failed);
-  m->input_copy = alloc_real(M3_SIZE(M0, d->input_dim), &failed);
-  if (!failed) {
-    m->tokens_copy = calloc((size_t)M0, sizeof(int32_t));
-    m->resets_copy = calloc((size_t)M0, 1);
-    if (!m->tokens_copy || !m->resets_copy) failed = ALLOC_NO_MEMORY;
-  }
-  m->part_width = part_width(d);
-  m->part = alloc_real(M3_SIZE(train ? B : 0, m->part_width), &failed);
-  m->row_scratch = alloc_real(M3_SIZE(train ? B : 0, N), &failed);
-  const int64_t head_w = d->vocab > d->out_dim ? d->vocab : d->out_dim;
-  m->logits = alloc_real(M3_SIZE(train ? 64 : B, head_w > 0 ? head_w : 1), &failed);
-  m->params_t = train ? NULL : alloc_real(lay->total, &failed);
-  m->scratch_per_thread = NAME(cpu_scan_scratch)(d, T, SCAN_CHUNK);
-  m->scratch = alloc_real(M3_SIZE(m->threads, m->scratch_per_thread), &failed);
-  if (failed) {
+  allocation a = {1, ALLOC_OK};
+  alloc_buffers(m, &a);
+  a.sizing = 0;
+  if (!a.failed) alloc_buffers(m, &a);
+  if (a.failed) {
     NAME(cpu_model_destroy)(m);
-    if (failed == ALLOC_TOO_LARGE)
+    if (a.failed == ALLOC_TOO_LARGE)
       return m3_fail(M3_ERR_CONFIG,
                      "a CPU model of batch %d x seq_len %d is too large: a buffer would hold more than 2^53 "
                      "elements (n_layers = %d, d_inner = %d, d_state = %d, in_proj_dim = %d)",
