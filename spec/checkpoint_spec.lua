@@ -177,6 +177,20 @@ describe("m3.checkpoint", function()
     assert.is_nil(checkpoint.resume(dir .. "/nothing-here"))
   end)
 
+  it("raises a refusal that is not the file's (a dtype this device cannot run) instead of skipping", function()
+    local ck = checkpoint.new { dir = dir .. "/unsupported" }
+    ck:save(new_trainer(), 3, { a = 1 })
+    ck:save(new_trainer(), 5, { a = 2 })
+    local real = io.stderr
+    local said = {}
+    io.stderr = { write = function(_, ...) said[#said + 1] = table.concat({ ... }) end }
+    local ok, err = pcall(ck.resume, ck, { device = "cpu", dtype = "bf16" })
+    io.stderr = real
+    assert.is_false(ok)
+    assert.matches("dtype bf16: the CPU backend computes in f32 only", err)
+    assert.same({}, said)
+  end)
+
   it("never takes a write's temporary file for a checkpoint, and removes those whose writer is gone", function()
     local ck = checkpoint.new { dir = dir .. "/stale", keep = 2 }
     local tr = new_trainer()

@@ -125,10 +125,16 @@ function K:maybe_save(tr, step, extra)
   if self.every > 0 and step % self.every == 0 then return self:save(tr, step, extra) end
 end
 
+-- The engine's refusals that are not the file's: every checkpoint would meet them (a device or
+-- dtype this machine cannot run, memory), so resume raises them instead of trying older files.
+local NOT_THE_FILE = { [5] = true, [8] = true, [9] = true } -- M3_ERR_MEMORY, _UNSUPPORTED, _CUDA
+
 function K:resume(opts)
   local all = self:list()
   for i = #all, 1, -1 do
+    lib.last_status = nil
     local ok, tr, saved = pcall(trainer.load, all[i].path, opts)
+    if not ok and NOT_THE_FILE[lib.last_status] then error(tr, 0) end
     if ok then
       if type(saved) ~= "table" or type(saved.step) ~= "number" then
         lib.raise("m3.checkpoint: " .. all[i].path .. " was not written by m3.checkpoint (no step in its extra)")

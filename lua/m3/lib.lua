@@ -87,9 +87,12 @@ local INTERRUPTED = 11
 -- Raises the library's last error when status is not M3_OK: "m3: <message>" at the given
 -- level (as for error(), seen from check's caller; by default the first frame outside the
 -- binding), or "interrupted: <message>" without a position for M3_ERR_INTERRUPTED, so
--- that callers (the REPL) can recognise an interrupt by its first word.
+-- that callers (the REPL) can recognise an interrupt by its first word. lib.last_status keeps
+-- the status of the last call it raised for (callers reset it to tell the engine's refusals
+-- from their own errors).
 function lib.check(status, level)
   if status == 0 then return end
+  lib.last_status = tonumber(status)
   local msg = ffi.string(C.m3_last_error())
   if status == INTERRUPTED then
     local host = package.loaded["m3.host"] -- the m3lua host: its signal hook must not raise this again
