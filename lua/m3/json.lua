@@ -3,8 +3,8 @@
 -- encode: tables with keys 1..n (and nothing else) become arrays, other tables objects
 -- with their keys sorted (so files are stable and diffable; two keys with one name, 1 and
 -- "1", are an error); numbers as m3.number_text.exact writes them (they read back
--- exactly); NaN and ±inf become null; an empty table is
--- an object ({}) unless it carries json.array's marker.
+-- exactly); NaN and ±inf become null; an empty table is an object ({}) unless it carries
+-- json.array's marker.
 -- decode: the full JSON grammar; null becomes json.null (a sentinel), so arrays keep
 -- their length. Errors name the position and what was expected.
 

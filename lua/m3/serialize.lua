@@ -1,8 +1,8 @@
 -- m3.serialize — an exact text form for plain Lua values (a checkpoint's `extra` table).
 --
 -- dump(value, name) writes `return <literal>`: nil, booleans, numbers (m3.number_text.exact,
--- so every double round-trips; 1/0, -1/0, 0/0 for inf, -inf, nan), strings (%q) and nested tables
--- whose keys are strings or numbers. Cycles, functions, userdata, cdata and threads are
+-- so every double round-trips; 1/0, -1/0, 0/0 for inf, -inf, nan), strings (%q) and nested
+-- tables whose keys are strings or numbers. Cycles, functions, userdata, cdata and threads are
 -- errors that name the path (`extra.data.fn`). Tables reached twice are written twice.
 -- load(text) accepts only that literal form (checked lexically: no names other than
 -- return/true/false/nil, no calls) and evaluates it with load() in an empty environment.
