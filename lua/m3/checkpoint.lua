@@ -127,7 +127,7 @@ end
 
 -- The engine's refusals that are not the file's: every checkpoint would meet them (a device or
 -- dtype this machine cannot run, memory), so resume raises them instead of trying older files.
-local NOT_THE_FILE = { [5] = true, [8] = true, [9] = true } -- M3_ERR_MEMORY, _UNSUPPORTED, _CUDA
+local NOT_THE_FILE = { [lib.C.M3_ERR_MEMORY] = true, [lib.C.M3_ERR_UNSUPPORTED] = true, [lib.C.M3_ERR_CUDA] = true }
 
 function K:resume(opts)
   local all = self:list()

@@ -82,7 +82,7 @@ function lib.box(handle, destroy)
   })
 end
 
-local INTERRUPTED = 11
+local INTERRUPTED = C.M3_ERR_INTERRUPTED
 
 -- Raises the library's last error when status is not M3_OK: "m3: <message>" at the given
 -- level (as for error(), seen from check's caller; by default the first frame outside the
