@@ -182,7 +182,8 @@ static m3_status states_every_member(const char *path, const char *json, const m
   return rc;
 }
 
-static m3_status load_config(const char *path, const m3_tensor_file *f, const m3_config *cfg, m3_config *out) {
+static m3_status load_config(const char *path, const m3_tensor_file *f, const char *format, const m3_config *cfg,
+                             m3_config *out) {
   if (cfg) {
     *out = *cfg;
     return M3_OK;
@@ -193,7 +194,6 @@ static m3_status load_config(const char *path, const m3_tensor_file *f, const m3
                    path);
   m3_status rc = m3_config_from_json(json, out);
   if (rc != M3_OK) return m3_fail_context(rc, "%s: \"config\" metadata", path);
-  const char *format = m3_tensor_file_metadata(f, "format");
   return format && strcmp(format, M3_WEIGHTS_FORMAT) == 0 ? states_every_member(path, json, out) : M3_OK;
 }
 
@@ -205,7 +205,7 @@ static m3_status load_into(const char *path, const m3_tensor_file *f, const m3_c
                    "snapshot holds its weights",
                    path, M3_CHECKPOINT_FORMAT);
   m3_config c;
-  TRY(load_config(path, f, cfg, &c));
+  TRY(load_config(path, f, format, cfg, &c));
   m3_status rc = m3_weights_create(&c, w);
   if (rc != M3_OK) return m3_fail_context(rc, "loading %s", path);
   uint8_t *used = calloc((size_t)m3_tensor_file_count(f) + 1, 1);
