@@ -173,6 +173,10 @@ typedef struct m3k_scan_plan {
   int32_t walk_split_max_ctas;
   int32_t sms;             /* the device's multiprocessors */
   int32_t simt_bwd_slots;  /* CTAs of the SIMT backward the device holds at once (m3k_scan_prepare's precision) */
+  /* The chunked backward of small states (scan_small.cu, every precision) for its shapes, windows of more than
+   * one chunk: 1 for those shapes unless the environment sets M3_SCAN_SMALL_BWD=0; small_bwd_slots: its CTAs
+   * the device holds at once. */
+  int32_t small_bwd, small_bwd_slots;
 } m3k_scan_plan;
 
 /* Chooses the thread tile and token block for (P, N, S) on a device of max_smem bytes of shared memory a
@@ -185,16 +189,16 @@ int m3k_scan_make_plan(int32_t P, int32_t N, int32_t S, int32_t max_smem, int32_
  * this precision is not chunked). */
 int64_t m3k_scan_chunk_scratch(const m3k_scan_plan *plan, int prec, int32_t rows, int32_t len, int32_t H, int32_t P,
                                int32_t N, int backward);
-/* Floats of m3k_scan_args.chunk_states of one layer for windows up to rows x len (0 when the plan's scan
- * of this precision is not chunked). */
+/* Floats of m3k_scan_args.chunk_states of one layer for windows up to rows x len (the chunked scan's, or the
+ * small states' backward's; 0 when neither applies to the plan and precision). */
 int64_t m3k_scan_chunk_states(const m3k_scan_plan *plan, int prec, int32_t rows, int32_t len, int32_t H, int32_t P,
                               int32_t N);
 /* Floats of m3k_scan_args.dy for windows up to rows x len: the SIMT backward keeps dL/dy there for the
  * token blocks before a window's last; 0 when every window of this precision that takes it fits one
  * block (a 16-bit plan whose longer windows take the chunked kernels, or short windows). */
 int64_t m3k_scan_dy_floats(const m3k_scan_plan *plan, int prec, int32_t rows, int32_t len, int32_t E);
-/* Raises the kernels' dynamic shared-memory limits for a plan and sets its simt_bwd_slots for the precision
- * (call once, outside capture). */
+/* Raises the kernels' dynamic shared-memory limits for a plan and sets its simt_bwd_slots and small_bwd_slots
+ * for the precision (call once, outside capture). */
 cudaError_t m3k_scan_prepare(int prec, m3k_scan_plan *plan);
 
 typedef struct m3k_scan_args {
@@ -231,7 +235,9 @@ typedef struct m3k_scan_args {
                                   the backward when it runs); NULL: the SIMT kernels */
   float *chunk_states;         /* one layer's m3k_scan_chunk_states floats: what the chunked forward keeps for its
                                   backward (the state entering each chunk, the chunks' q, ktil and token
-                                  scalars); the forward writes it when not NULL, the backward reads it (required) */
+                                  scalars), or the small-state forward (scan_warp.cu) for the small states'
+                                  backward (the state entering each 64-token chunk); the forward writes it when
+                                  not NULL, the backward reads it (required by those backwards) */
 } m3k_scan_args;
 
 cudaError_t m3k_scan_fwd(cudaStream_t s, int prec, const m3k_scan_plan *plan, const m3k_scan_args *a);
@@ -239,9 +245,9 @@ cudaError_t m3k_scan_bwd(cudaStream_t s, int prec, const m3k_scan_plan *plan, co
 /* 1 when m3k_scan_bwd leaves the B/C gradients summed over each group's heads in a->dbc_group (the
  * chunked backward of large windows), 0 when it leaves them per head in a->dbc_head. */
 int m3k_scan_bwd_sums_heads(int prec, const m3k_scan_plan *plan, const m3k_scan_args *a);
-/* 1 when m3k_scan_bwd is the SIMT kernel's one launch (a CTA per (row, head)) and its CTAs take at least 90 % of
- * what the device holds at once (plan->simt_bwd_slots): a kernel launched beside it then delays some of them by
- * its whole length. */
+/* 1 when m3k_scan_bwd is one launch of a CTA per (row, head) (the SIMT kernel, or the small states' chunked one)
+ * and its CTAs take at least 90 % of what the device holds at once (plan->simt_bwd_slots, small_bwd_slots): a
+ * kernel launched beside it then delays some of them by its whole length. */
 int m3k_scan_bwd_fills_device(int prec, const m3k_scan_plan *plan, const m3k_scan_args *a);
 
 /* ---- the fused one-token inference step (decode_fused.cu) ----------------------------------------------- */

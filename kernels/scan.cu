@@ -494,22 +494,6 @@ __device__ __forceinline__ void block_token_sum(const float *col, int nb, float 
   if (lane == 0) *total += v;
 }
 
-/* One round of a warp's suffix scan of the maps x -> c + m x, a token's map taking the value of the token
- * after it, over 32 tokens (lane l: token hi - 32 + l): the lane gets its map composed with those of the
- * tokens after it in the round, applied to carry (the value of the token after the round). A lane before
- * the block's first token may hold any map: only lower lanes read it. */
-__device__ __forceinline__ float suffix_round(float c, float m, float carry, int lane) {
-#pragma unroll
-  for (int o = 1; o < 32; o <<= 1) {
-    const float c2 = __shfl_down_sync(0xffffffffu, c, o), m2 = __shfl_down_sync(0xffffffffu, m, o);
-    if (lane + o < 32) {
-      c += m * c2;
-      m *= m2;
-    }
-  }
-  return c + m * carry;
-}
-
 /* The decay gradient alpha_t dL/dalpha_t of the block's tokens (S_AD), from the last: the recursion
  *   ad_t = reset_t ? 0 : (psi_t - beta_t dbeta_t - gamma_t dgamma_t) + ad_{t+1}
  * (a reset's ad is 0, so a reset cuts the sum) as suffix_round's scan, 32 tokens a round (one warp);
@@ -1181,7 +1165,8 @@ extern "C" int m3k_scan_make_plan(int32_t P, int32_t N, int32_t S, int32_t max_s
    * windows take it: takes_chunked. M3_SCAN_CHUNK_MIN_STATE overrides the P x N threshold (the GPU
    * tests set 0), M3_SCAN_SIMT turns the chunked scan off; M3_SCAN_POST_SUM_MIN_CTAS overrides where
    * its post kernel sums a group's heads (m3k_chunked_sums_heads), M3_SCAN_WALK_SPLIT_MAX_CTAS where its
-   * walks split a state's rows or the angles' pairs. */
+   * walks split a state's rows or the angles' pairs. M3_SCAN_SMALL_BWD=0 turns off the small states' chunked
+   * backward (takes_small_bwd). */
   const int64_t cf = m3k_chunked_smem(M3K_CHUNKED_FWD, P, N, S), cb = m3k_chunked_smem(M3K_CHUNKED_BWD, P, N, S);
   const int64_t cp = m3k_chunked_smem(M3K_CHUNKED_PREP, P, N, S), cq = m3k_chunked_smem(M3K_CHUNKED_POST, P, N, S);
   const int64_t cqs = m3k_chunked_smem(M3K_CHUNKED_POST_SUM, P, N, S);
@@ -1196,6 +1181,8 @@ extern "C" int m3k_scan_make_plan(int32_t P, int32_t N, int32_t S, int32_t max_s
   p.walk_split_max_ctas = env_count("M3_SCAN_WALK_SPLIT_MAX_CTAS", 2 * (int64_t)sms);
   p.sms = sms;
   p.simt_bwd_slots = 0;
+  p.small_bwd = small_bwd_shape(P, N) && env_count("M3_SCAN_SMALL_BWD", 1) != 0;
+  p.small_bwd_slots = 0;
   *out = p;
   return 1;
 }
@@ -1229,8 +1216,8 @@ extern "C" int64_t m3k_scan_chunk_scratch(const m3k_scan_plan *plan, int prec, i
 
 extern "C" int64_t m3k_scan_chunk_states(const m3k_scan_plan *plan, int prec, int32_t rows, int32_t len, int32_t H,
                                          int32_t P, int32_t N) {
-  if (prec == M3K_F32 || !plan->chunked) return 0;
-  return m3k_chunked_kept(rows, len, H, P, N);
+  if (prec != M3K_F32 && plan->chunked) return m3k_chunked_kept(rows, len, H, P, N);
+  return plan->small_bwd ? small_bwd_states(rows, len, H, P, N) : 0;
 }
 
 /* The SIMT kernels' launches and limits (templates, so that SIMT_DISPATCH's discarded tiles are never
@@ -1278,6 +1265,9 @@ extern "C" cudaError_t m3k_scan_prepare(int prec, m3k_scan_plan *plan) {
   if (e == cudaSuccess) M3K_DISPATCH(prec, e = simt_prepare<T>(plan));
   if (e == cudaSuccess) M3K_DISPATCH(prec, e = simt_bwd_per_sm<T>(plan, &per_sm));
   plan->simt_bwd_slots = per_sm * plan->sms;
+  int32_t small_per_sm = 0;
+  if (e == cudaSuccess && plan->small_bwd) e = m3k_small_bwd_prepare(prec, &small_per_sm);
+  plan->small_bwd_slots = small_per_sm * plan->sms;
   return e;
 }
 
@@ -1296,8 +1286,14 @@ static bool takes_chunked(int prec, const m3k_scan_plan *plan, const m3k_scan_ar
   return a->chunk_scratch && a->len > simt_window_max(prec, plan);
 }
 
+/* The small states' chunked backward (scan_small.cu) takes the windows of more than one chunk that the 16-bit chunked
+ * kernels do not (it reads the chunk states the small-state forward kept); on one chunk the SIMT backward is faster
+ * (rl, B 1 x T 32 at 16 x 16: 14.2 vs 16.6 us, kernels/NOTES.md run 273). */
+static bool takes_small_bwd(const m3k_scan_plan *plan, int32_t len) { return plan->small_bwd && len > M3K_CHUNK; }
+
 extern "C" int64_t m3k_scan_dy_floats(const m3k_scan_plan *plan, int prec, int32_t rows, int32_t len, int32_t E) {
-  const int32_t simt_len = len < simt_window_max(prec, plan) ? len : simt_window_max(prec, plan);
+  int32_t simt_len = len < simt_window_max(prec, plan) ? len : simt_window_max(prec, plan);
+  if (takes_small_bwd(plan, simt_len)) simt_len = M3K_CHUNK; /* the longer windows take the small states' kernel */
   return simt_len > plan->tb_bwd ? (int64_t)rows * len * E : 0;
 }
 
@@ -1323,12 +1319,13 @@ extern "C" int m3k_scan_bwd_sums_heads(int prec, const m3k_scan_plan *plan, cons
 }
 
 extern "C" int m3k_scan_bwd_fills_device(int prec, const m3k_scan_plan *plan, const m3k_scan_args *a) {
-  const int64_t slots = plan->simt_bwd_slots;
+  const int64_t slots = takes_small_bwd(plan, a->len) && a->chunk_states ? plan->small_bwd_slots : plan->simt_bwd_slots;
   return !bwd_chunked(prec, plan, a) && slots > 0 && 10 * (int64_t)a->d.H * a->rows >= 9 * slots;
 }
 
 extern "C" cudaError_t m3k_scan_bwd(cudaStream_t s, int prec, const m3k_scan_plan *plan, const m3k_scan_args *a) {
   if (bwd_chunked(prec, plan, a)) return m3k_chunked_bwd(s, prec, plan, a);
+  if (takes_small_bwd(plan, a->len) && a->chunk_states) return m3k_small_bwd(s, prec, a);
   M3K_DISPATCH(prec, simt_bwd<T>(s, plan, *a));
   return cudaGetLastError();
 }

@@ -232,6 +232,22 @@ __device__ __forceinline__ void warp_norm_gate(const m3k_scan_args &a, int64_t m
   }
 }
 
+/* One round of a warp's suffix scan of the maps x -> c + m x, a token's map taking the value of the token
+ * after it, over 32 tokens (lane l: token hi - 32 + l): the lane gets its map composed with those of the
+ * tokens after it in the round, applied to carry (the value of the token after the round). A lane before
+ * the block's first token may hold any map: only lower lanes read it. */
+__device__ __forceinline__ float suffix_round(float c, float m, float carry, int lane) {
+#pragma unroll
+  for (int o = 1; o < 32; o <<= 1) {
+    const float c2 = __shfl_down_sync(0xffffffffu, c, o), m2 = __shfl_down_sync(0xffffffffu, m, o);
+    if (lane + o < 32) {
+      c += m * c2;
+      m *= m2;
+    }
+  }
+  return c + m * carry;
+}
+
 /* V consecutive state floats (streaming: evict-first loads and stores) */
 template <int V> struct state_vec;
 template <> struct state_vec<4> {
@@ -305,6 +321,20 @@ bool m3k_chunked_sums_heads(const m3k_scan_plan *plan, const m3k_scan_args *a);
 /* The shapes it is compiled for; m3k_scan_fwd gives them every window the SIMT kernel would take. */
 __host__ __device__ constexpr bool warp_fwd_shape(int P, int N) { return P == 16 && N == 16; }
 cudaError_t m3k_warp_fwd(cudaStream_t s, int prec, const m3k_scan_args *a);
+
+/* ---- the backward of small states (scan_small.cu): chunked, a CTA per (row, head) ------------------- */
+
+/* The shapes it is compiled for (m3k_scan_bwd: takes_small_bwd). */
+__host__ __device__ constexpr bool small_bwd_shape(int P, int N) { return P == 16 && N == 16; }
+/* Floats of what it reads from m3k_scan_args.chunk_states, which the small-state forward (scan_warp.cu) writes in
+ * training: the state entering each 64-token chunk, [rows, H, chunks, P, N] (chunk 0's slot unused: the carried
+ * state is in_ssm). */
+static inline int64_t small_bwd_states(int32_t rows, int32_t len, int32_t H, int32_t P, int32_t N) {
+  return (int64_t)rows * H * ((len + M3K_CHUNK - 1) / M3K_CHUNK) * P * N;
+}
+/* Raises its dynamic shared-memory limit; *per_sm = its CTAs a multiprocessor holds at once. */
+cudaError_t m3k_small_bwd_prepare(int prec, int32_t *per_sm);
+cudaError_t m3k_small_bwd(cudaStream_t s, int prec, const m3k_scan_args *a);
 
 /* ---- the one-token forward (scan_step.cu): m3k_scan_fwd when a->len == 1 --------------------------- */
 

@@ -20,6 +20,8 @@
  *            and H_t q_t. Rows of the state are independent, so each warp keeps P / 2 of them in its
  *            registers: lane l holds NS consecutive elements of one row, LPR lanes a row, and y = H q
  *            is an in-lane sum and a butterfly over the row's lanes.
+ * In training (a.chunk_states set) the D warps also keep the state entering each 64-token chunk after the first,
+ * for the small states' backward (scan_small.cu, small_bwd_states).
  * The sums round as scan_fwd_kernel's: y over n pairwise in lane order (the in-lane tree, then the
  * butterfly), the norm's sum of squares in warp_sum's order. Resets, carried states and any window
  * length as there.
@@ -51,6 +53,7 @@ __global__ void __launch_bounds__(WARP_THREADS) scan_fwd_warp_kernel(const m3k_s
   const m3k_dims &d = a.d;
   const int h = blockIdx.x, b = blockIdx.y, tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
   const int S = d.S, H = d.H, E = d.E, g = h / d.hpg, nch = (a.len + WCH - 1) / WCH;
+  const int nch64 = (a.len + M3K_CHUNK - 1) / M3K_CHUNK;
   if (nch == 0) return;
   const int64_t bh = (int64_t)b * H + h;
   const T *proj = (const T *)a.proj;
@@ -100,6 +103,11 @@ __global__ void __launch_bounds__(WARP_THREADS) scan_fwd_warp_kernel(const m3k_s
 #pragma unroll
           for (int o = 1; o < LPR; o <<= 1) acc += __shfl_xor_sync(0xffffffffu, acc, o);
           if (lane % LPR == 0) r.y[i][prow] = acc;
+        }
+        if (a.chunk_states && ((c + 1) * WCH) % M3K_CHUNK == 0 && (c + 1) * WCH < a.len) { /* small_bwd_states */
+          float *st = a.chunk_states + (bh * nch64 + (c + 1) * WCH / M3K_CHUNK) * P * N + prow * N + c0;
+#pragma unroll
+          for (int e = 0; e < NS; e++) st[e] = hs[e];
         }
       }
     } else if (warp == WALK) {

@@ -551,13 +551,28 @@ int main(void) {
     parity_case(ncases + i, &small[i], M3_PRECISION_F32);
     parity_case(ncases + i, &small[i], M3_PRECISION_BF16);
   }
+  /* the small states' chunked backward (kernels/scan_small.cu) in 16-bit: with the chunked kernels off (M3_SCAN_SIMT)
+   * a 16-bit window of more than one chunk at 16 x 16 takes it (f32 takes it in cases 5 and 16 too); G 2, every
+   * column rotated, the mixer norm, a partial last chunk; then a window above its longest (512 tokens), which takes
+   * the SIMT backward */
+  setenv("M3_SCAN_SIMT", "1", 1);
+  const spec small_bwd[] = {
+      {16, 16, 4, 2, 1.0, 1, M3_INPUT_FEATURES, M3_HEAD_MSE, 1, 2, 300},
+      {16, 16, 2, 1, 0.5, 0, M3_INPUT_IDENTITY, M3_HEAD_NONE, 1, 1, 600},
+  };
+  const int nsmall = (int)(sizeof small / sizeof small[0]), nsmall_bwd = (int)(sizeof small_bwd / sizeof small_bwd[0]);
+  for (int i = 0; i < nsmall_bwd; i++) {
+    parity_case(ncases + nsmall + i, &small_bwd[i], M3_PRECISION_F32);
+    parity_case(ncases + nsmall + i, &small_bwd[i], M3_PRECISION_BF16);
+  }
+  unsetenv("M3_SCAN_SIMT");
   setenv("M3_SCAN_CHUNK_MIN_STATE", "0", 1);
   /* 33 layers over two colsum chunks of positions: 67 norm weight column sums to finish, more than one
    * launch of m3k_colsum_finish takes (M3K_FINISH_JOBS) */
   const spec deep = {8, 16, 4, 1, 0.5, 0, M3_INPUT_IDENTITY, M3_HEAD_NONE, 1, 1, 300};
   m3_config deep_cfg = config_of(&deep);
   deep_cfg.n_layers = 33;
-  const int deep_idx = ncases + (int)(sizeof small / sizeof small[0]);
+  const int deep_idx = ncases + nsmall + nsmall_bwd;
   parity_config(deep_idx, &deep, deep_cfg, M3_PRECISION_F32);
   parity_config(deep_idx, &deep, deep_cfg, M3_PRECISION_BF16);
   /* a vocabulary of 64: its rows move in whole 16-byte pieces, so the cross entropy stages each row in shared
