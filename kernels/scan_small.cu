@@ -79,45 +79,75 @@ struct small_smem {
 constexpr size_t small_smem_bytes() { return sizeof(small_smem); }
 
 
-/* x and rotated k (q too when q is not NULL) of position m into row vectors, on the 32 lanes of one warp */
+/* The raw global values of a chunk that phase A turns into shared-memory rows (issue_loads puts every load in
+ * flight before any arithmetic): per thread, the gate's inputs of four (token i, column p) items (thread 16 i + p
+ * modulo the CTA), the biased-to-be B/C values and angle of four units (token i's unit u on thread 16 i + u), two
+ * angle logits, and token tid's dd_dt, dd_A, trap and reset */
+struct chunk_loads {
+  float gx[4], gz[4], gdg[4], gy[4], grn[4];
+  unit_raw uw[4];
+  float uth[4], ta[2];
+  float dd_dt, dd_A, trap;
+  bool rst;
+};
+static_assert(CH * SP / NT == 4 && CH * SN / NT == 4 && CH * SMAX / NT == 2, "chunk_loads' item counts");
+
 template <typename T>
-__device__ __forceinline__ void load_token(const m3k_scan_args &a, int64_t m, int h, int g, float *x, float *k,
-                                           float *q, int lane) {
+__device__ __forceinline__ void issue_loads(const m3k_scan_args &a, int64_t m0, int nb, int h, int g, chunk_loads &L) {
   const m3k_dims &d = a.d;
-  const T *row = (const T *)a.proj + m * d.dipp;
-  if (lane < SP) x[lane] = to_f(__ldg(row + d.x_off + (int64_t)h * SP + lane));
-  const int S = d.S;
-  if (lane < SN - S) {
-    const float th = lane < S ? __ldg(a.theta + (m * d.H + h) * S + lane) : 0.0f;
-    rot_unit<true>(a, m, h, g, lane, th, k, q, NULL, NULL);
+  const int tid = threadIdx.x, S = d.S;
+  const T *proj = (const T *)a.proj;
+#pragma unroll
+  for (int r = 0; r < 4; r++) {
+    const int idx = tid + NT * r, i = idx / SP, p = idx % SP;
+    L.gx[r] = L.gz[r] = L.gdg[r] = L.gy[r] = 0;
+    L.grn[r] = 1;
+    if (i < nb) {
+      const int64_t mi = m0 + i, o = mi * d.E + (int64_t)h * SP + p;
+      const T *pr = proj + mi * d.dipp + (int64_t)h * SP + p;
+      L.gx[r] = to_f(__ldg(pr + d.x_off));
+      L.gz[r] = to_f(__ldg(pr + d.z_off));
+      L.gdg[r] = to_f(__ldg((const T *)a.dgated + o));
+      L.gy[r] = to_f(__ldg((const T *)a.y + o));
+      if (d.outproj_norm) L.grn[r] = __ldg(a.y_rstd + mi * d.H + h);
+    }
+  }
+#pragma unroll
+  for (int r = 0; r < 4; r++) {
+    const int idx = tid + NT * r, i = idx / SN, u = idx % SN;
+    L.uth[r] = 0;
+    L.uw[r] = unit_raw{0, 0, 0, 0};
+    if (i < nb && u < SN - S) {
+      const int64_t m = m0 + i;
+      L.uw[r] = unit_load<true>(a.bc_hat + ((m * 2 + 0) * d.G + g) * SN, a.bc_hat + ((m * 2 + 1) * d.G + g) * SN, u, S);
+      if (u < S) L.uth[r] = __ldg(a.theta + (m * d.H + h) * S + u);
+    }
+  }
+#pragma unroll
+  for (int r = 0; r < 2; r++) {
+    const int idx = tid + NT * r;
+    L.ta[r] = idx < nb * S ? to_f(__ldg(proj + (m0 + idx / S) * d.dipp + d.ang_off + idx % S)) : 0.0f;
+  }
+  L.dd_dt = L.dd_A = L.trap = 0;
+  L.rst = false;
+  if (tid < nb) {
+    const T *row = proj + (m0 + tid) * d.dipp;
+    L.dd_dt = to_f(__ldg(row + d.dt_off + h));
+    L.dd_A = to_f(__ldg(row + d.A_off + h));
+    L.trap = to_f(__ldg(row + d.trap_off + h));
+    L.rst = a.resets && a.resets[m0 + tid];
   }
 }
 
 /* The rotated k and q (with the pairs' cos and sin) of the chunk's tokens into rows 1 .. nb of s.k and 0 .. nb - 1
- * of s.q: every load of the chunk in flight at once, then the rotations (token i's unit u on thread 16 i + u modulo
- * the CTA) */
-__device__ __forceinline__ void load_units(const m3k_scan_args &a, small_smem &s, int64_t m0, int nb, int h, int g) {
-  const m3k_dims &d = a.d;
-  const int tid = threadIdx.x, S = d.S, U = SN - S;
-  constexpr int R = CH * SN / NT;
-  unit_raw w[R];
-  float th[R];
+ * of s.q, the tanh of the angle logits, and the token scalars, from issue_loads' values */
+__device__ __forceinline__ void finish_loads(const m3k_scan_args &a, small_smem &s, int nb, int h, const chunk_loads &L) {
+  const int tid = threadIdx.x, S = a.d.S;
 #pragma unroll
-  for (int r = 0; r < R; r++) {
+  for (int r = 0; r < 4; r++) {
     const int idx = tid + NT * r, i = idx / SN, u = idx % SN;
-    th[r] = 0;
-    w[r] = unit_raw{0, 0, 0, 0};
-    if (i < nb && u < U) {
-      const int64_t m = m0 + i;
-      w[r] = unit_load<true>(a.bc_hat + ((m * 2 + 0) * d.G + g) * SN, a.bc_hat + ((m * 2 + 1) * d.G + g) * SN, u, S);
-      if (u < S) th[r] = __ldg(a.theta + (m * d.H + h) * S + u);
-    }
-  }
-#pragma unroll
-  for (int r = 0; r < R; r++) {
-    const int idx = tid + NT * r, i = idx / SN, u = idx % SN;
-    if (i < nb && u < U) {
-      const unit_kq k = unit_make(w[r], s.kbias, s.qbias, u, S, th[r]);
+    if (i < nb && u < SN - S) {
+      const unit_kq k = unit_make(L.uw[r], s.kbias, s.qbias, u, S, L.uth[r]);
       s.k[i + 1][k.n0] = k.k0;
       s.q[i][k.n0] = k.q0;
       if (k.pair) {
@@ -128,36 +158,44 @@ __device__ __forceinline__ void load_units(const m3k_scan_args &a, small_smem &s
       }
     }
   }
+#pragma unroll
+  for (int r = 0; r < 2; r++) {
+    const int idx = tid + NT * r;
+    if (idx < nb * S) s.tn[idx / S][idx % S] = tanhf(L.ta[r]);
+  }
+  if (tid < nb) {
+    const int i = tid;
+    const tok_scalars ts = token_scalars(L.dd_dt, __ldg(a.dt_bias + h), L.dd_A, L.trap, a.d.a_floor);
+    s.sc[T_DT][i] = ts.dt;
+    s.sc[T_A][i] = ts.A;
+    s.sc[T_LAM][i] = ts.lam;
+    s.sc[T_DSP][i] = ts.dsp;
+    s.sc[T_DAD][i] = ts.dAd;
+    s.sc[T_AD][i] = ts.A * ts.dt;
+    s.sc[T_GAM][i] = ts.gamma;
+    s.sc[T_BP][i] = (1 - ts.lam) * ts.dt;
+    s.sc[T_RST][i] = L.rst ? 1.0f : 0.0f;
+  }
 }
 
-/* Row 0 of s.x and s.k: the token before chunk c (warp 7), or the carried state's for c = 0 */
+/* Row 0 of s.x and s.k: x and the rotated k of the token before chunk c (warp 7), or the carried state's for
+ * c = 0 */
 template <typename T>
 __device__ __forceinline__ void load_prev(const m3k_scan_args &a, small_smem &s, int c, int64_t m0, int64_t bh, int h,
                                           int g) {
-  const int tid = threadIdx.x;
+  const m3k_dims &d = a.d;
+  const int tid = threadIdx.x, lane = tid & 31, S = d.S;
   if (c == 0) {
     if (tid < SP) s.x[0][tid] = a.in_v ? a.in_v[bh * SP + tid] : 0.0f;
     if (tid < SN) s.k[0][tid] = a.in_k ? a.in_k[bh * SN + tid] : 0.0f;
   } else if (tid >= NT - 32) {
-    load_token<T>(a, m0 - 1, h, g, s.x[0], s.k[0], NULL, tid & 31);
+    const int64_t m = m0 - 1;
+    if (lane < SP) s.x[0][lane] = to_f(__ldg((const T *)a.proj + m * d.dipp + d.x_off + (int64_t)h * SP + lane));
+    if (lane < SN - S) {
+      const float th = lane < S ? __ldg(a.theta + (m * d.H + h) * S + lane) : 0.0f;
+      rot_unit<true>(a, m, h, g, lane, th, s.k[0], NULL, NULL, NULL);
+    }
   }
-}
-
-/* The chunk's token scalars (thread i < nb: token i) */
-template <typename T> __device__ __forceinline__ void load_scalars(const m3k_scan_args &a, small_smem &s, int64_t m0,
-                                                                    int nb, int h) {
-  const int i = threadIdx.x;
-  if (i >= nb) return;
-  const tok_scalars ts = row_scalars(a, (const T *)a.proj + (m0 + i) * a.d.dipp, h);
-  s.sc[T_DT][i] = ts.dt;
-  s.sc[T_A][i] = ts.A;
-  s.sc[T_LAM][i] = ts.lam;
-  s.sc[T_DSP][i] = ts.dsp;
-  s.sc[T_DAD][i] = ts.dAd;
-  s.sc[T_AD][i] = ts.A * ts.dt;
-  s.sc[T_GAM][i] = ts.gamma;
-  s.sc[T_BP][i] = (1 - ts.lam) * ts.dt;
-  s.sc[T_RST][i] = a.resets && a.resets[m0 + i] ? 1.0f : 0.0f;
 }
 
 /* P(t, s) for s < t: exp(cum_t - cum_s), 0 when a reset lies in (s, t] */
@@ -252,7 +290,6 @@ template <typename T> __global__ void __launch_bounds__(NT, 2) scan_bwd_small_ke
   __syncthreads();
 
   /* the chunks from the last, carrying Sh = dL/dS_e */
-  const T *proj = (const T *)a.proj;
   T *dproj = (T *)a.dproj;
   const float Dh = a.D[h];
   const float wn = d.outproj_norm ? a.out_norm[(int64_t)h * SP + (tid % SP)] : 1.0f;
@@ -265,28 +302,22 @@ template <typename T> __global__ void __launch_bounds__(NT, 2) scan_bwd_small_ke
   for (int c = nch - 1; c >= 0; c--) {
     const int nb = chunk_len(c), e = nb - 1;
     const int64_t m0 = row0 + (int64_t)c * CH;
-    /* A: loads, the gate backward */
-    load_scalars<T>(a, s, m0, nb, h);
-    load_units(a, s, m0, nb, h, g);
+    /* A: every load of the chunk in flight (issue_loads, the state entering it, the token before it), then the gate
+     * backward, the rotations, the token scalars */
+    chunk_loads L;
+    issue_loads<T>(a, m0, nb, h, g, L);
+    const float s0 = c ? __ldg(a.chunk_states + (bh * nch + c) * NT + tid) : a.in_ssm ? a.in_ssm[bh * NT + tid] : 0.0f;
     load_prev<T>(a, s, c, m0, bh, h, g);
-    for (int idx = tid; idx < nb * S; idx += NT) s.tn[idx / S][idx % S] = angle_tanh(proj, d, m0 + idx / S, idx % S);
     const float sh = s.Sb[pp][nn]; /* Sh (p, n) */
     s.S[pp][nn] = sh;
     s.ST[nn][pp] = sh;
+    finish_loads(a, s, nb, h, L);
 #pragma unroll
     for (int r = 0; r < CH * SP / NT; r++) {
       const int idx = tid + NT * r, i = idx / SP, p = idx % SP;
       const bool on = i < nb;
-      const int64_t mi = m0 + (on ? i : 0), o = mi * d.E + (int64_t)h * SP + p;
-      float yf = 0, z = 0, dg = 0, xv = 0, rn = 1;
-      if (on) {
-        const T *pr = proj + mi * d.dipp + (int64_t)h * SP + p;
-        xv = to_f(__ldg(pr + d.x_off));
-        z = to_f(__ldg(pr + d.z_off));
-        dg = to_f(__ldg((const T *)a.dgated + o));
-        yf = to_f(__ldg((const T *)a.y + o));
-        if (d.outproj_norm) rn = __ldg(a.y_rstd + mi * H + h);
-      }
+      const int64_t mi = m0 + (on ? i : 0);
+      const float yf = L.gy[r], z = L.gz[r], dg = L.gdg[r], xv = L.gx[r], rn = L.grn[r];
       float silu, dsilu;
       silu_and_grad(z, silu, dsilu);
       const float yn = d.outproj_norm ? yf * rn * wn : yf;
@@ -308,7 +339,6 @@ template <typename T> __global__ void __launch_bounds__(NT, 2) scan_bwd_small_ke
     /* B: decays (warp 0); S0' (every thread) and the parts of <Sh, S0'> (a warp sum each); zeta_s = x_s^T Sh k_s
      * for s = -1 (the token before) .. e (warps 1..) */
     {
-      const float s0 = c ? __ldg(a.chunk_states + (bh * nch + c) * NT + tid) : a.in_ssm ? a.in_ssm[bh * NT + tid] : 0.0f;
       s.S0p[pp][nn] = s0 + s.sc[T_BP][0] * s.x[0][pp] * s.k[0][nn];
       const float ip = warp_sum(sh * s0);
       if (lane == 0) s.red[wid] = ip;
