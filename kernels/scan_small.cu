@@ -382,10 +382,18 @@ template <typename T> __global__ void __launch_bounds__(NT, 2) scan_bwd_small_ke
             YX[r][j] += dot4(yv[r], xv[j]);
           }
       }
-      float colp[4] = {0, 0, 0, 0};
+      float colp[4] = {0, 0, 0, 0}, cum_s[4], scale_s[4], zeta_s[4];
+#pragma unroll
+      for (int j = 0; j < 4; j++) { /* the columns' token values, read once */
+        const int si = sg + 16 * j;
+        cum_s[j] = s.sc[T_CUM][si];
+        scale_s[j] = s.sc[T_SCALE][si];
+        zeta_s[j] = s.zeta[si + 1];
+      }
 #pragma unroll
       for (int r = 0; r < 4; r++) {
         const int t = tg + 16 * r;
+        const float cum_t = s.sc[T_CUM][t], seg_t = s.sc[T_SEG][t];
         float rowp = 0;
 #pragma unroll
         for (int j = 0; j < 4; j++) {
@@ -397,13 +405,13 @@ template <typename T> __global__ void __launch_bounds__(NT, 2) scan_bwd_small_ke
               const float gm = s.sc[T_GAM][t];
               mb = gm * yx;
               mf = gm * gq;
-              s.sc[T_GD][t] = gq * yx + (t == e ? s.zeta[t + 1] : 0.0f);
+              s.sc[T_GD][t] = gq * yx + (t == e ? zeta_s[j] : 0.0f);
             } else {
-              const float pv = decay_between(s, t, si), sc = s.sc[T_SCALE][si], cv = sc * pv;
+              const float pv = seg_t <= (float)si ? expf(cum_t - cum_s[j]) : 0.0f, cv = scale_s[j] * pv;
               mb = cv * yx;
               mf = cv * gq;
-              const float cp = (gq * yx + (t == e ? s.zeta[si + 1] : 0.0f)) * pv;
-              rowp = fmaf(sc, cp, rowp);
+              const float cp = (gq * yx + (t == e ? zeta_s[j] : 0.0f)) * pv;
+              rowp = fmaf(scale_s[j], cp, rowp);
               colp[j] += cp;
             }
           }
