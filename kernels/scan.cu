@@ -24,7 +24,8 @@
  * (m3k_scan_make_plan). Both kernels are also compiled for the fixed shapes of SHAPE_DISPATCH
  * (SIMT_DISPATCH: P, N, the tile and the thread counts as constants, so that the index arithmetic
  * and the butterflies fold; NOTES.md run 74). The forward of the shapes of warp_fwd_shape (16 x 16)
- * is scan_warp.cu's instead: a pipeline of seven warps per (row, head), the recurrence on two.
+ * is scan_warp.cu's instead: a pipeline of seven warps per (row, head), the recurrence on two; their
+ * backward over windows of more than one 64-token chunk is scan_small.cu's (takes_small_bwd), chunked.
  *
  * Backward (one kernel, two sweeps over the row; nothing is saved but theta and y):
  *   sweep F (forward in time) rebuilds H_t from the incoming state and forms
