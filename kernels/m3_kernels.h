@@ -22,6 +22,9 @@ extern "C" {
 
 enum { M3K_F32 = 0, M3K_BF16 = 1, M3K_F16 = 2 };
 
+/* Rows of a window the kernels take at most: the scan kernels put the rows in a grid's y or z dimension. */
+enum { M3K_MAX_ROWS = 65535 };
+
 /* Model sizes the kernels need (mirrors m3_dims; dipp = in_proj row stride, dip rounded up to 8). */
 typedef struct m3k_dims {
   int32_t dm, E, P, H, G, N, S, dip, dipp, hpg;

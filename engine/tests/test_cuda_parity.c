@@ -13,7 +13,8 @@
  *      next replay (and drop_graph -> set_lr -> capture_graph), window shapes changing under graph
  *      mode; one case large enough that its uploads overlap the step (a fused step in two parts).
  *   3. f16: an overflowing step skips the update (weights bitwise unchanged), halves the loss
- *      scale and does not count; sizes beyond the kernels fail at creation with a clear error.
+ *      scale and does not count; sizes beyond the kernels (headdim 256, more than 65535 rows) fail
+ *      at creation with a clear error, and the largest row count trains and infers.
  *
  * Exit 77 (skipped) without a CUDA device.
  */
@@ -478,6 +479,56 @@ static void f16_overflow(void) {
   m3_weights_destroy(after);
 }
 
+/* Rows: the scan kernels' grid takes 65535 (a trainer's step and an inference step run there); 65536 is refused at
+ * creation by both. */
+static void rows_limit(void) {
+  const spec s = {2, 4, 2, 1, 0.5, 0, M3_INPUT_IDENTITY, M3_HEAD_NONE, 1, 65535, 2};
+  const m3_config c = config_of(&s);
+  m3_weights *w = NULL;
+  CHECK_OK(m3_weights_create(&c, &w));
+  CHECK_OK(m3_weights_init(w, 5));
+  m3_rng r;
+  m3_rng_seed(&r, 6);
+  batch bt;
+  batch_make(&bt, &c, s.B, s.T, &r, 1, 1.0);
+  m3_trainer *t = trainer(w, M3_DEVICE_CUDA, M3_PRECISION_F32, s.B, s.T, 0);
+  m3_metrics m;
+  if (t) CHECK_OK(m3_trainer_step(t, &bt.b, &m));
+  m3_trainer_destroy(t);
+  m3_infer_cfg ic;
+  m3_infer_cfg_defaults(&ic);
+  ic.weights = w;
+  ic.device = M3_DEVICE_CUDA;
+  ic.batch = s.B;
+  ic.max_len = s.T;
+  m3_infer *inf = NULL;
+  CHECK_OK(m3_infer_create(&ic, &inf));
+  float *out = malloc((size_t)s.B * s.T * (size_t)c.d_model * sizeof(float));
+  if (inf && out) CHECK_OK(m3_infer_step(inf, &bt.b, out, NULL));
+  m3_infer_destroy(inf);
+  inf = NULL;
+  ic.batch = s.B + 1;
+  m3_status st = m3_infer_create(&ic, &inf);
+  CHECK(st == M3_ERR_UNSUPPORTED && strstr(m3_last_error(), "65535"), "infer batch 65536: status %d, message '%s'", st,
+        m3_last_error());
+  m3_infer_destroy(inf);
+  m3_trainer_cfg tc;
+  m3_trainer_cfg_defaults(&tc);
+  tc.weights = w;
+  tc.device = M3_DEVICE_CUDA;
+  tc.batch = s.B + 1;
+  tc.seq_len = s.T;
+  t = NULL;
+  st = m3_trainer_create(&tc, &t);
+  CHECK(st == M3_ERR_UNSUPPORTED && strstr(m3_last_error(), "65535"), "batch 65536: status %d, message '%s'", st,
+        m3_last_error());
+  printf("limits: batch 65536 -> %s\n", m3_last_error());
+  m3_trainer_destroy(t);
+  free(out);
+  batch_free(&bt);
+  m3_weights_destroy(w);
+}
+
 static void limits(void) {
   const spec s = {256, 16, 2, 1, 0.5, 0, M3_INPUT_IDENTITY, M3_HEAD_NONE, 1, 1, 4};
   const m3_config c = config_of(&s);
@@ -496,6 +547,7 @@ static void limits(void) {
   printf("limits: headdim 256 -> %s\n", m3_last_error());
   m3_trainer_destroy(t);
   m3_weights_destroy(w);
+  rows_limit();
 }
 
 int main(void) {
