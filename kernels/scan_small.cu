@@ -43,7 +43,8 @@ constexpr int RS = SN + 4;                              /* row stride of token v
 constexpr int MS = CH + 4;                              /* row stride of the chunk's matrices (float4 rows) */
 constexpr int SMAX = SN / 2;                            /* rotated pairs at most */
 static_assert(SP == SN, "token vectors of x and k share a row stride");
-static_assert(small_bwd_shape(SP, SN) && warp_fwd_shape(SP, SN), "the small-state forward keeps the chunk states read here");
+static_assert(small_bwd_shape(SP, SN) && warp_fwd_shape(SP, SN),
+              "the small-state forward keeps the chunk states read here");
 
 /* per-token scalars of a chunk (index [name][token]) */
 enum { T_DT, T_A, T_LAM, T_DSP, T_DAD, T_AD, T_GAM, T_BP, T_RST, T_CUM, T_SEG, T_D, T_SCALE, T_GD, T_DBAR, T_ROW,
@@ -77,7 +78,6 @@ struct small_smem {
 };
 
 constexpr size_t small_smem_bytes() { return sizeof(small_smem); }
-
 
 /* The raw global values of a chunk that phase A turns into shared-memory rows (issue_loads puts every load in
  * flight before any arithmetic): per thread, the gate's inputs of four (token i, column p) items (thread 16 i + p
@@ -141,7 +141,8 @@ __device__ __forceinline__ void issue_loads(const m3k_scan_args &a, int64_t m0, 
 
 /* The rotated k and q (with the pairs' cos and sin) of the chunk's tokens into rows 1 .. nb of s.k and 0 .. nb - 1
  * of s.q, the tanh of the angle logits, and the token scalars, from issue_loads' values */
-__device__ __forceinline__ void finish_loads(const m3k_scan_args &a, small_smem &s, int nb, int h, const chunk_loads &L) {
+__device__ __forceinline__ void finish_loads(const m3k_scan_args &a, small_smem &s, int nb, int h,
+                                             const chunk_loads &L) {
   const int tid = threadIdx.x, S = a.d.S;
 #pragma unroll
   for (int r = 0; r < 4; r++) {
