@@ -213,12 +213,7 @@ static m3_status take(const m3_tensor_file *f, const char *name, int32_t ndim, c
   for (int32_t k = 0; ok && k < ndim; k++) ok = t.shape[k] == shape[k];
   if (!ok) return m3_fail(M3_ERR_FORMAT, "checkpoint tensor \"%s\" has the wrong dtype or shape", name);
   memcpy(dst, t.data, t.nbytes);
-  const int64_t n = (int64_t)(t.nbytes / sizeof(float));
-  for (int64_t k = 0; k < n; k++)
-    if (!isfinite(dst[k]) || (nonneg && dst[k] < 0))
-      return m3_fail(M3_ERR_FORMAT, "checkpoint tensor \"%s\" [%lld] = %g: expected a finite%s value", name,
-                     (long long)k, dst[k], nonneg ? ", nonnegative" : "");
-  return M3_OK;
+  return m3_check_finite(M3_ERR_FORMAT, dst, t.numel, nonneg, "checkpoint tensor \"%s\"", name);
 }
 
 /* The integer metadata `key`, which must be written whole in [lo, hi]. */

@@ -1,12 +1,13 @@
 /*
- * errors.c — status names and the per-thread last-error message.
+ * errors.c — status names, the per-thread last-error message and the non-finite value check.
  *
  * One X-macro table lists every status with its name; m3_status_name reads it. The
  * message buffer is thread-local so concurrent trainers on different threads never see
- * each other's errors.
+ * each other's errors. m3_check_finite_at words every refusal of a non-finite value alike.
  */
 #include "errors.h"
 
+#include <math.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <string.h>
@@ -71,4 +72,19 @@ m3_status m3_fail_context(m3_status status, const char *fmt, ...) {
   message[plen - 2] = ':';
   message[plen - 1] = ' ';
   return status;
+}
+
+m3_status m3_check_finite_at(m3_status status, const char *file, int line, const float *x, int64_t n, int nonneg,
+                             const char *fmt, ...) {
+  int64_t i = 0;
+  while (i < n && isfinite(x[i]) && !(nonneg && x[i] < 0)) i++;
+  if (i == n) return M3_OK;
+  char subject[512];
+  va_list ap;
+  va_start(ap, fmt);
+  vsnprintf(subject, sizeof subject, fmt, ap);
+  va_end(ap);
+  const double v = isnan(x[i]) ? NAN : x[i]; /* glibc prints a NaN whose sign bit is set as "-nan" */
+  return m3_fail_at(status, file, line, "%s [%lld] = %g: expected a finite%s value", subject, (long long)i, v,
+                    nonneg ? ", nonnegative" : "");
 }

@@ -3,6 +3,7 @@
  *
  * A failing call sets a per-thread message with m3_fail() (status, then printf-style text;
  * file:line is added by the macro) and returns the status. TRY() propagates a status.
+ * m3_check_finite() fails in one wording at the first non-finite value of an array.
  * Nothing here prints or aborts; M3_ASSERT is for internal invariants only and also
  * returns M3_ERR_INTERNAL instead of aborting.
  */
@@ -17,8 +18,15 @@ m3_status m3_fail_at(m3_status status, const char *file, int line, const char *f
 m3_status m3_fail_context(m3_status status, const char *fmt, ...)
     __attribute__((format(printf, 2, 3)));
 void m3_clear_error(void);
+/* Fails with status at the first value of x [n] that is not finite (or, with nonneg, is negative):
+ * "<subject> [index] = value: expected a finite value", the subject formatted from fmt only then, a NaN
+ * printed as "nan" whatever its sign bit. */
+m3_status m3_check_finite_at(m3_status status, const char *file, int line, const float *x, int64_t n, int nonneg,
+                             const char *fmt, ...) __attribute__((format(printf, 7, 8)));
 
 #define m3_fail(status, ...) m3_fail_at((status), __FILE__, __LINE__, __VA_ARGS__)
+#define m3_check_finite(status, x, n, nonneg, ...) \
+  m3_check_finite_at((status), __FILE__, __LINE__, (x), (n), (nonneg), __VA_ARGS__)
 
 #define TRY(expr)                     \
   do {                                \
