@@ -6,8 +6,6 @@
  */
 #include "backend.h"
 
-#include <math.h>
-
 #include "errors.h"
 
 m3_status m3_check_placement(int32_t precision, int32_t device, int32_t device_index) {
@@ -80,10 +78,7 @@ m3_status m3_check_layer(const m3_dims *d, int32_t layer) {
 }
 
 static m3_status check_finite(const float *x, int64_t n, const char *what) {
-  if (!x) return M3_OK;
-  for (int64_t i = 0; i < n; i++)
-    if (!isfinite(x[i])) return m3_fail(M3_ERR_ARGUMENT, "set_states: %s[%lld] = %g is not finite", what, (long long)i, x[i]);
-  return M3_OK;
+  return x ? m3_check_finite(M3_ERR_ARGUMENT, x, n, 0, "set_states: %s", what) : M3_OK;
 }
 
 m3_status m3_check_state_values(const m3_dims *d, int32_t batch, const float *angle, const float *ssm,
