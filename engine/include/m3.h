@@ -153,7 +153,8 @@ m3_status m3_weights_clone(const m3_weights *w, m3_weights **out);
 m3_status m3_weights_init(m3_weights *w, uint64_t seed);
 /* Loads a safetensors file. cfg may be NULL: the config is then read from the file's
  * "config" metadata. Accepts the "backbone." prefix and ignores a lm_head.weight equal to
- * the tied embedding; missing, extra or mis-shaped tensors are errors. */
+ * the tied embedding; missing, extra or mis-shaped tensors are errors, and so is a NaN or an
+ * infinity among the values (M3_ERR_FORMAT, naming the tensor, the element and the value). */
 m3_status m3_weights_load(const char *path, const m3_config *cfg, m3_weights **out);
 /* Atomic write (temporary file, flush, rename) with the config as metadata. */
 m3_status m3_weights_save(const m3_weights *w, const char *path);
@@ -226,7 +227,7 @@ typedef enum m3_precision {
 typedef struct m3_trainer m3_trainer;
 
 typedef struct m3_trainer_cfg {
-  const m3_weights *weights; /* initial weights (copied; the caller keeps ownership) */
+  const m3_weights *weights; /* initial weights (copied; the caller keeps ownership); every value finite */
   int32_t device;         /* m3_device_kind */
   int32_t device_index;   /* CUDA ordinal for M3_DEVICE_CUDA */
   int32_t precision;      /* m3_precision */
@@ -353,7 +354,9 @@ m3_status m3_trainer_set_state(m3_trainer *tr, int32_t layer, const float *angle
 /* Copies into weights of the same config: float32 masters / accumulated gradients. */
 m3_status m3_trainer_snapshot(const m3_trainer *tr, m3_weights *out);
 m3_status m3_trainer_grads(const m3_trainer *tr, m3_weights *out);
-/* Replaces the master weights (and the 16-bit shadows); moments are kept. */
+/* Replaces the master weights (and the 16-bit shadows); moments are kept. Weights holding a NaN or an
+ * infinity are refused (M3_ERR_ARGUMENT) and the trainer keeps its own, as m3_trainer_create and
+ * m3_infer_create refuse them. */
 m3_status m3_trainer_load_weights(m3_trainer *tr, const m3_weights *w);
 
 int64_t m3_trainer_step_count(const m3_trainer *tr);
@@ -393,7 +396,7 @@ uint64_t m3_trainer_rng_next(m3_trainer *tr);
 typedef struct m3_infer m3_infer;
 
 typedef struct m3_infer_cfg {
-  const m3_weights *weights; /* copied; the caller keeps ownership */
+  const m3_weights *weights; /* copied; the caller keeps ownership; every value finite */
   int32_t device;         /* m3_device_kind */
   int32_t device_index;   /* CUDA ordinal for M3_DEVICE_CUDA */
   int32_t precision;      /* m3_precision */

@@ -67,6 +67,7 @@ m3_status m3_infer_create(const m3_infer_cfg *cfg, m3_infer **out) {
   if (!cfg || !out) return m3_fail(M3_ERR_ARGUMENT, "m3_infer_create: NULL argument");
   *out = NULL;
   TRY(check_cfg(cfg));
+  TRY(m3_weights_check_finite(cfg->weights, M3_ERR_ARGUMENT));
   m3_infer *inf = calloc(1, sizeof *inf);
   if (!inf) return m3_fail(M3_ERR_MEMORY, "out of memory");
   inf->cfg = *cfg;

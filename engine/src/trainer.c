@@ -114,6 +114,7 @@ m3_status m3_trainer_create(const m3_trainer_cfg *cfg, m3_trainer **out) {
   if (!cfg || !out) return m3_fail(M3_ERR_ARGUMENT, "m3_trainer_create: NULL argument");
   *out = NULL;
   if (!cfg->weights) return m3_fail(M3_ERR_ARGUMENT, "m3_trainer_create: cfg->weights is NULL");
+  TRY(m3_weights_check_finite(cfg->weights, M3_ERR_ARGUMENT));
   return m3_trainer_create_from(cfg, &cfg->weights->cfg, cfg->weights->arena, out);
 }
 
@@ -487,6 +488,7 @@ m3_status m3_trainer_load_weights(m3_trainer *tr, const m3_weights *w) {
     return m3_fail(M3_ERR_ARGUMENT, "load_weights: the weights' config differs from the trainer's");
   if (tr->window_open || tr->pending_forward)
     return m3_fail(M3_ERR_ORDER, "load_weights: finish the pending forward / accumulation window first");
+  TRY(m3_weights_check_finite(w, M3_ERR_ARGUMENT));
   return track(tr, tr->ops->write_arena(tr->be, ARENA_PARAMS, w->arena));
 }
 

@@ -3,7 +3,8 @@
  *
  * Init walks the layout in order and draws every element of every random tensor from one
  * generator seeded with the caller's seed (rng.h), so every backend starts from the same
- * bits. File I/O lives in weights_io.c.
+ * bits. m3_weights_check_finite is the one check of finite values for weights entering the
+ * engine. File I/O lives in weights_io.c.
  */
 #include "weights.h"
 
@@ -106,6 +107,14 @@ m3_status m3_weights_tensor(const m3_weights *w, int32_t index, m3_tensor_info *
   out->offset = p->offset;
   out->no_decay = p->no_decay;
   out->data = w->arena + p->offset;
+  return M3_OK;
+}
+
+m3_status m3_weights_check_finite(const m3_weights *w, m3_status status) {
+  for (int32_t i = 0; i < w->layout.n; i++) {
+    const param_desc *p = &w->layout.t[i];
+    TRY(m3_check_finite(status, w->arena + p->offset, p->numel, 0, "weights: %s", p->name));
+  }
   return M3_OK;
 }
 

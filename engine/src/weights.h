@@ -21,4 +21,9 @@ struct m3_weights {
 /* 64-byte aligned, zeroed host allocation of n floats (NULL on failure). */
 float *m3_alloc_floats(int64_t n);
 
+/* One pass over every parameter: the first value that is NaN or infinite fails with status, naming it
+ * ("weights: layers.0.mixer.D [3] = nan: expected a finite value"). Called where weights enter the engine:
+ * trainer and inference creation, m3_trainer_load_weights, m3_weights_load. */
+m3_status m3_weights_check_finite(const m3_weights *w, m3_status status);
+
 #endif

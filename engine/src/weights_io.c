@@ -7,7 +7,8 @@
  * fills each layout tensor from the file tensor of the same name, bare or under the "backbone."
  * prefix, converting F64, F16 and BF16 to float32.
  * Missing, extra, mis-shaped or doubly present tensors are errors; the one tolerated extra is
- * a lm_head.weight equal to the embedding it is tied to.
+ * a lm_head.weight equal to the embedding it is tied to. A NaN or an infinity among the loaded
+ * values is refused (M3_ERR_FORMAT), naming the tensor, the element and the value.
  */
 #include <cjson/cJSON.h>
 #include <math.h>
@@ -85,7 +86,7 @@ static m3_status to_float(const char *path, const m3_file_tensor *t, float *dst)
       for (int64_t j = 0; j < t->numel; j++) {
         double v = ((const double *)t->data)[j];
         dst[j] = (float)v;
-        if (isfinite(v) && !isfinite(dst[j])) /* NaN and inf stay what they are, as from F32 */
+        if (isfinite(v) && !isfinite(dst[j])) /* NaN and inf: refused below for every dtype */
           return m3_fail(M3_ERR_FORMAT, "%s: tensor %s: element %lld is %g, outside float32's range", path, t->name,
                          (long long)j, v);
       }
@@ -213,7 +214,9 @@ static m3_status load_into(const char *path, const m3_tensor_file *f, const m3_c
   rc = fill_params(path, f, *w, used);
   if (rc == M3_OK) rc = check_extras(path, f, *w, used);
   free(used);
-  return rc;
+  if (rc != M3_OK) return rc;
+  rc = m3_weights_check_finite(*w, M3_ERR_FORMAT);
+  return rc == M3_OK ? M3_OK : m3_fail_context(rc, "%s", path);
 }
 
 m3_status m3_weights_load(const char *path, const m3_config *cfg, m3_weights **out) {

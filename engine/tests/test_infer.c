@@ -9,6 +9,9 @@
  *    logits; bad input (token out of range, no rows, empty) fails with M3_ERR_ARGUMENT and
  *    leaves the state as it was; logits before any step is M3_ERR_ORDER; config errors.
  * 3. A step asking a model without an "lm" head for logits is refused and leaves the state as it was.
+ * 4. Weights holding a NaN or an infinity are refused where they enter the engine (trainer and inference
+ *    creation, m3_trainer_load_weights, which leaves the trainer's weights as they were), naming the
+ *    tensor, the element and the value; finite weights still go in.
  */
 #include "cpu/model.h"
 #include "harness.h"
@@ -212,11 +215,86 @@ static void check_logits_refused(m3_rng *r) {
   free(after);
 }
 
+/* ---- 4. non-finite weights ------------------------------------------------------------------ */
+
+static m3_trainer_cfg cpu_trainer_cfg(const m3_weights *w) {
+  m3_trainer_cfg tc;
+  m3_trainer_cfg_defaults(&tc);
+  tc.weights = w;
+  tc.device = M3_DEVICE_CPU;
+  tc.batch = 1;
+  tc.seq_len = 4;
+  return tc;
+}
+
+/* The trainer's weights equal w, bit for bit. */
+static int holds(const m3_trainer *tr, const m3_weights *w) {
+  m3_weights *snap = NULL;
+  CHECK_OK(m3_weights_clone(w, &snap));
+  CHECK_OK(m3_trainer_snapshot(tr, snap));
+  const int same = same_f(m3_weights_data(snap), w->arena, (long)m3_weights_arena_size(w));
+  m3_weights_destroy(snap);
+  return same;
+}
+
+static void check_nonfinite_weights(void) {
+  m3_dims d;
+  m3_weights *good = small_weights(2, M3_INPUT_TOKENS, M3_HEAD_LM, 29, 5, &d), *bad = NULL;
+  CHECK_OK(m3_weights_clone(good, &bad));
+  m3_tensor_info D;
+  CHECK_OK(m3_weights_tensor(bad, m3_weights_find(bad, "layers.1.mixer.D"), &D));
+  m3_trainer *tr = NULL;
+  const m3_trainer_cfg good_tc = cpu_trainer_cfg(good);
+  CHECK_OK(m3_trainer_create(&good_tc, &tr));
+  /* a NaN with its sign bit set (what 0.0 / 0.0 gives on x86) still reads "nan" */
+  const struct {
+    float value;
+    const char *text;
+  } cases[] = {{copysignf(NAN, -1.0f), "nan"}, {INFINITY, "inf"}, {-INFINITY, "-inf"}};
+  for (int c = 0; c < 3; c++) {
+    D.data[3] = cases[c].value;
+    char want[128];
+    snprintf(want, sizeof want, "weights: layers.1.mixer.D [3] = %s: expected a finite value", cases[c].text);
+    const m3_trainer_cfg tc = cpu_trainer_cfg(bad);
+    m3_trainer *t = NULL;
+    m3_status st = m3_trainer_create(&tc, &t);
+    CHECK(st == M3_ERR_ARGUMENT && !t && strstr(m3_last_error(), want), "trainer from weights with %s: %s: %s",
+          cases[c].text, m3_status_name(st), m3_last_error());
+    m3_trainer_destroy(t);
+    const m3_infer_cfg ic = cpu_infer_cfg(bad, 1);
+    m3_infer *inf = NULL;
+    st = m3_infer_create(&ic, &inf);
+    CHECK(st == M3_ERR_ARGUMENT && !inf && strstr(m3_last_error(), want), "infer from weights with %s: %s: %s",
+          cases[c].text, m3_status_name(st), m3_last_error());
+    m3_infer_destroy(inf);
+    st = m3_trainer_load_weights(tr, bad);
+    CHECK(st == M3_ERR_ARGUMENT && strstr(m3_last_error(), want), "load_weights with %s: %s: %s", cases[c].text,
+          m3_status_name(st), m3_last_error());
+    CHECK(holds(tr, good), "a refused load_weights (%s) changed the trainer's weights", cases[c].text);
+  }
+  /* finite again (and different from the trainer's): every entry takes them */
+  D.data[3] = 0.25f;
+  const m3_trainer_cfg tc = cpu_trainer_cfg(bad);
+  const m3_infer_cfg ic = cpu_infer_cfg(bad, 1);
+  m3_trainer *t = NULL;
+  m3_infer *inf = NULL;
+  CHECK_OK(m3_trainer_create(&tc, &t));
+  CHECK_OK(m3_infer_create(&ic, &inf));
+  CHECK_OK(m3_trainer_load_weights(tr, bad));
+  CHECK(holds(tr, bad), "load_weights of finite weights did not replace the trainer's");
+  m3_trainer_destroy(t);
+  m3_infer_destroy(inf);
+  m3_trainer_destroy(tr);
+  m3_weights_destroy(good);
+  m3_weights_destroy(bad);
+}
+
 int main(void) {
   m3_rng r;
   m3_rng_seed(&r, 13);
   check_forward_only(&r);
   check_api(&r);
   check_logits_refused(&r);
+  check_nonfinite_weights();
   return harness_finish("infer");
 }

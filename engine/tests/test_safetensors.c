@@ -5,7 +5,8 @@
  * of malformed files, each of which must be rejected with M3_ERR_FORMAT, plus byte-level
  * mutations of a valid file that must never crash; atomic writes that fail and must leave
  * the old file and no temporary behind; weights save/load (bit-exact, "backbone." prefix,
- * F64/F16/BF16 sources, tied lm_head, missing/extra/mis-shaped tensors); and every golden
+ * F64/F16/BF16 sources, tied lm_head, missing/extra/mis-shaped tensors, NaN and infinite values
+ * refused with the tensor's name, element and value); and every golden
  * file of ../shared. Prints one line per check; exits nonzero when any check fails.
  */
 #ifndef _GNU_SOURCE
@@ -695,6 +696,30 @@ static void test_weights(void) {
     check(m3_weights_load(p, NULL, &got) == M3_ERR_FORMAT && got == NULL && strstr(m3_last_error(), "float32"),
           "F64 value beyond float32 rejected: %s", m3_last_error());
     m3_weights_destroy(big);
+  }
+  {
+    /* a NaN (sign bit set, as 0.0 / 0.0 on x86) in a file the engine wrote, infinities from F64 and BF16 */
+    m3_weights *bad = NULL;
+    m3_weights_clone(w, &bad);
+    m3_tensor_info D;
+    m3_weights_tensor(bad, m3_weights_find(bad, "layers.1.mixer.D"), &D);
+    D.data[3] = copysignf(NAN, -1.0f);
+    const char *p = tmp_path("nan.safetensors");
+    check(m3_weights_save(bad, p) == M3_OK, "weights holding a NaN save");
+    got = (m3_weights *)&n_pass;
+    check(m3_weights_load(p, NULL, &got) == M3_ERR_FORMAT && got == NULL &&
+              strstr(m3_last_error(), "nan.safetensors: weights: layers.1.mixer.D [3] = nan: expected a finite value"),
+          "NaN in a weights file rejected: %s", m3_last_error());
+    D.data[3] = -INFINITY;
+    v = (variant){.dtype = M3_DTYPE_F64};
+    expect_load("F64 -inf", bad, &v, NULL, M3_ERR_FORMAT, "weights: layers.1.mixer.D [3] = -inf: expected a finite");
+    D.data[3] = INFINITY;
+    v = (variant){.dtype = M3_DTYPE_BF16, .prefix = "backbone."};
+    expect_load("BF16 inf", bad, &v, NULL, M3_ERR_FORMAT, "weights: layers.1.mixer.D [3] = inf: expected a finite");
+    D.data[3] = 0.5f;
+    v = (variant){0};
+    expect_load("finite again", bad, &v, NULL, M3_OK, NULL);
+    m3_weights_destroy(bad);
   }
   {
     m3_weights *r = NULL;

@@ -308,7 +308,7 @@ function I:generate(prompt, n, opts)
   local drawing -- the token being drawn, 0-based, for the message below
   local function nonfinite(r)
     return string.format("generate: the model produced a non-finite logit in row %d while drawing token %d "
-      .. "(are the weights finite?)", r, drawing + 1)
+      .. "(are some weights so large that float32 overflows?)", r, drawing + 1)
   end
   for i = 0, n - 1 do
     drawing = i
