@@ -64,6 +64,16 @@ describe("m3.infer", function()
     assert.matches("expected weights", helper.error_of(m3.infer, 42))
   end)
 
+  it("refuses weights holding a NaN, from a weights object or a weights file, naming the tensor", function()
+    local w = m3.weights.init(helper.tokens_lm(), { seed = 1 })
+    w:get("embedding.weight")[5] = 0 / 0
+    local want = "m3: weights: embedding.weight %[5%] = nan: expected a finite value"
+    assert.matches("infer_spec.lua:%d+: " .. want, helper.error_of(function() m3.infer(w, { device = "cpu" }) end))
+    local path = helper.tmpname(".safetensors")
+    w:save(path)
+    assert.matches("m3: [^\n]+%.safetensors: " .. want:sub(5), helper.error_of(m3.infer, path, { device = "cpu" }))
+  end)
+
   for name, make in pairs(KINDS) do
     it("gives the same bits token by token, in pieces and whole (" .. name .. ")", function()
       local cfg = m3.config(make())

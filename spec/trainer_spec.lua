@@ -1,6 +1,7 @@
--- m3.trainer contract (API.md): split = fused bit for bit, accumulation, interlocks, input
--- errors, non-finite steps, learning rate, closed handles, carried state and resets,
--- states round trip, short windows, evaluate, checkpoints, graphs. CPU unless tagged #gpu.
+-- m3.trainer contract (API.md): weights that are not finite, split = fused bit for bit,
+-- accumulation, interlocks, input errors, non-finite steps, learning rate, closed handles,
+-- carried state and resets, states round trip, short windows, evaluate, checkpoints, graphs.
+-- CPU unless tagged #gpu.
 
 local m3 = require "m3"
 local helper = require "spec.helper"
@@ -69,6 +70,28 @@ describe("m3.trainer", function()
         helper.error_of(m3.trainer, cfg, { device = "cpu", eps = 1e-50 }))
       assert.matches("carry_state = 1", helper.error_of(m3.trainer, cfg, { carry_state = 1 }))
       assert.matches("expected weights", helper.error_of(m3.trainer, "rl"))
+    end)
+
+    it("refuses weights holding a NaN or an infinity, naming the tensor, the element and the value", function()
+      local cfg = helper.tokens_lm()
+      local good = m3.weights.init(cfg, { seed = 1 })
+      local bad = good:clone()
+      local D = bad:get("layers.0.mixer.D")
+      D[3] = 0 / 0 -- a NaN whose sign bit is set on x86: still "nan"
+      local err = helper.error_of(function() local _ = m3.trainer(bad, { device = "cpu" }) end)
+      assert.matches("^[^\n]-trainer_spec.lua:%d+: m3: weights: layers.0.mixer.D %[3%] = nan: expected a finite value",
+        err)
+      D[3] = -math.huge
+      assert.matches("m3: weights: layers.0.mixer.D %[3%] = %-inf: expected a finite value",
+        helper.error_of(m3.trainer, bad, { device = "cpu" }))
+      local tr = m3.trainer(good, { device = "cpu" })
+      D[3] = math.huge
+      assert.matches("trainer_spec.lua:%d+: m3: weights: layers.0.mixer.D %[3%] = inf: expected a finite value",
+        helper.error_of(function() tr:load_weights(bad) end))
+      assert.is_true(helper.same_weights(good, tr:snapshot())) -- the refused weights left nothing behind
+      D[3] = 0.5
+      tr:load_weights(bad)
+      assert.is_true(helper.same_weights(bad, tr:snapshot()))
     end)
   end)
 
