@@ -605,8 +605,7 @@ int main(void) {
   }
   /* the small states' chunked backward (kernels/scan_small.cu) in 16-bit: with the chunked kernels off (M3_SCAN_SIMT)
    * a 16-bit window of more than one chunk at 16 x 16 takes it (f32 takes it in cases 5 and 16 too); G 2, every
-   * column rotated, the mixer norm, a partial last chunk; then a window above its longest (512 tokens), which takes
-   * the SIMT backward */
+   * column rotated, the mixer norm, a partial last chunk; then a window of ten chunks (600 tokens) */
   setenv("M3_SCAN_SIMT", "1", 1);
   const spec small_bwd[] = {
       {16, 16, 4, 2, 1.0, 1, M3_INPUT_FEATURES, M3_HEAD_MSE, 1, 2, 300},
