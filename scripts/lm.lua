@@ -35,7 +35,7 @@ local root = (arg and arg[0] or ""):match("^(.-)/?scripts/[^/]*$") or ""
 root = root == "" and "" or root .. "/"
 
 local spec = {
-  { "data", root .. "data/fables.txt", "a text file (bytes are the tokens)", fixed = true },
+  { "data", root .. "data/fables.txt", "a text file (bytes are the tokens)", fixed = true, path = true },
   { "steps", 600, "optimizer steps", int = true, min = 1 },
   { "d_model", 64, "model width", int = true, min = 1, fixed = true },
   { "n_layers", 2, "layers", int = true, min = 1, fixed = true },

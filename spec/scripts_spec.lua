@@ -164,6 +164,29 @@ describe("scripts/train.lua", function()
     end)
 end)
 
+describe("m3.rundir", function()
+  it("resumes a path flag fixed for a run when it names the run's own file, and refuses another file", function()
+    local rundir = require "m3.rundir"
+    local dir = tmpdir()
+    local run = dir .. "/runs/r"
+    assert(os.execute("mkdir -p " .. run .. "/checkpoints && touch " .. run .. "/checkpoints/step-00000002.ckpt") == 0)
+    m3.fs.write(dir .. "/data.txt", "abc")
+    m3.fs.write(dir .. "/other.txt", "abc")
+    m3.fs.write(run .. "/options.json", m3.json.encode { data = dir .. "/data.txt", steps = 4 })
+    local spec = { { "data", "", "", fixed = true, path = true }, { "steps", 1, "", int = true },
+      { "resume", false, "" }, { "overwrite", false, "" } }
+    local o = { data = dir .. "/./runs/../data.txt", steps = 6, resume = true, overwrite = false }
+    rundir.open(run, o, { data = true, steps = true, resume = true }, spec)
+    assert.equal(dir .. "/./runs/../data.txt", o.data)
+    o = { data = dir .. "/other.txt", steps = 6, resume = true, overwrite = false }
+    local err = helper.error_of(rundir.open, run, o, { data = true, steps = true, resume = true }, spec)
+    os.execute("rm -rf " .. dir)
+    assert.equal(run .. ": --data " .. dir .. "/other.txt differs from the run's own --data " .. dir .. "/data.txt; a "
+      .. "resumed run keeps the flags fixed for a run (see --help): leave it out, or start a new run (another --run, "
+      .. "or --overwrite)", err)
+  end)
+end)
+
 describe("scripts/lm.lua", function()
   it("never starts over the checkpoints of an earlier run unless told to", function()
     local dir = tmpdir()

@@ -14,7 +14,8 @@
 -- items are checked the same way, numbers when int or min is given, e.g.
 -- {"widths", "64,128", "d_model values", list = true, int = true, min = 1}.
 -- fixed = true marks a flag that defines a training run (its model, its data): --help says
--- so, and m3.rundir keeps the run's own value when it resumes.
+-- so, and m3.rundir keeps the run's own value when it resumes. path = true: the value names a
+-- file, which m3.rundir compares by the file it resolves to (./data/x.txt is data/x.txt).
 -- `--help` prints the flags and exits.
 -- Unknown flags and stray arguments are errors that list the valid flags. Returns the
 -- values, the list of names set to something other than their default (in the order of

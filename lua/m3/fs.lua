@@ -1,5 +1,5 @@
 -- m3.fs — the few file-system helpers the training library needs (POSIX, via the FFI):
--- make folders, list a folder, read a file, replace a file atomically.
+-- make folders, list a folder, read a file, replace a file atomically, resolve a path.
 
 local ffi = require "ffi"
 local lib = require "m3.lib"
@@ -9,6 +9,8 @@ lib.internal_file(debug.getinfo(1, "S").source)
 pcall(ffi.cdef, "int mkdir(const char *path, unsigned int mode);")
 pcall(ffi.cdef, "char *strerror(int errnum);")
 pcall(ffi.cdef, "int getpid(void);")
+pcall(ffi.cdef, "char *realpath(const char *path, char *resolved);")
+pcall(ffi.cdef, "void free(void *p);")
 -- opendir/readdir/closedir under private names (asm labels), with struct dirent as glibc
 -- lays it out on 64-bit Linux (x86_64, aarch64).
 pcall(ffi.cdef, [[
@@ -35,6 +37,16 @@ end
 
 function fs.is_dir(path)
   return fs.exists(path .. "/.")
+end
+
+-- The absolute path of an existing file or folder, without symbolic links, "." or ".." (nil when it
+-- does not exist or cannot be resolved).
+function fs.realpath(path)
+  local p = ffi.C.realpath(path, nil)
+  if p == nil then return nil end
+  local s = ffi.string(p)
+  ffi.C.free(p)
+  return s
 end
 
 -- mkdir -p: creates path and its missing parents (existing ones are fine); an error says

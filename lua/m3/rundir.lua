@@ -16,8 +16,9 @@
 -- A run that resumes takes its options.json: a flag not given on the command line gets
 -- the run's value (--steps too: the run goes on to its own end), a flag given changes it,
 -- but one marked fixed = true in the spec (the model, the data) that differs from the
--- run's value is an error listing each of them. options.json leaves out resume and
--- overwrite, which say what to do with the folder, not how the run trains.
+-- run's value is an error listing each of them (a path = true flag differs when it names
+-- another file: fs.realpath). options.json leaves out resume and overwrite, which say what
+-- to do with the folder, not how the run trains.
 -- <name> is o.run when it is not "", else base and the flags in `changed` (flags.parse's
 -- second value) that are not in `skip`, named as m3.sweep names a point
 -- ("parity-d_model=64,lr=0.01"; just base when there are none), numbered so that running the
@@ -72,6 +73,14 @@ end
 -- The flags that say what to do with the folder: never taken from options.json.
 local ACTIONS = { resume = true, overwrite = true }
 
+-- Whether flag f's saved value v and value w name the same thing: equal, or (path = true) the same file.
+local function same(f, v, w)
+  if v == w then return true end
+  if not f.path then return false end
+  local rv = fs.realpath(v)
+  return rv ~= nil and rv == fs.realpath(w)
+end
+
 -- o with the saved options of the run it resumes (see the header).
 local function resume_options(dir, o, given, spec)
   local saved = json.read(dir .. "/options.json")
@@ -79,7 +88,7 @@ local function resume_options(dir, o, given, spec)
   local differ, theirs = {}, {}
   for _, f in ipairs(spec) do
     local k, v = f[1], saved[f[1]]
-    if not ACTIONS[k] and type(v) == type(o[k]) and v ~= o[k] then
+    if not ACTIONS[k] and type(v) == type(o[k]) and not same(f, v, o[k]) then
       if not given[k] then
         o[k] = v
       elseif f.fixed then
