@@ -173,7 +173,8 @@ static m3_status parse_trainer(const char *json, m3_trainer_cfg *c, double *lr, 
   for (int i = 0; i < 14 && st == M3_OK; i++) {
     st = json_number(o, keys[i], &v[i]);
     if (st == M3_OK && whole[i] && !(v[i] == floor(v[i]) && v[i] >= INT32_MIN && v[i] <= INT32_MAX))
-      st = m3_fail(M3_ERR_FORMAT, "checkpoint trainer options: \"%s\" = %g: expected an integer", keys[i], v[i]);
+      st = m3_fail(M3_ERR_FORMAT, "checkpoint trainer options: \"%s\" = %g: expected an integer", keys[i],
+                   m3_shown(v[i]));
   }
   const cJSON *seed = cJSON_GetObjectItemCaseSensitive(o, "seed");
   if (st == M3_OK && !(cJSON_IsString(seed) && parse_seed(seed->valuestring, &c->seed)))

@@ -57,8 +57,8 @@ static m3_status check_fields(const m3_config *c) {
   RULE(nheads % c->ngroups == 0, "ngroups = %d: must divide nheads = d_inner / headdim = %lld",
        c->ngroups, (long long)nheads);
   RULE(c->rope_fraction == 0.0 || c->rope_fraction == 0.5 || c->rope_fraction == 1.0,
-       "rope_fraction = %g: must be one of 0, 0.5, 1.0", c->rope_fraction);
-  RULE(isfinite(c->a_floor) && c->a_floor > 0, "a_floor = %g: must be a finite number > 0", c->a_floor);
+       "rope_fraction = %g: must be one of 0, 0.5, 1.0", m3_shown(c->rope_fraction));
+  RULE(isfinite(c->a_floor) && c->a_floor > 0, "a_floor = %g: must be a finite number > 0", m3_shown(c->a_floor));
   RULE(c->outproj_norm == 0 || c->outproj_norm == 1, "outproj_norm = %d: must be a boolean", c->outproj_norm);
   RULE(c->tie_embeddings == 0 || c->tie_embeddings == 1, "tie_embeddings = %d: must be a boolean", c->tie_embeddings);
   RULE(c->input >= M3_INPUT_FEATURES && c->input <= M3_INPUT_TOKENS,

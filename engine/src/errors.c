@@ -84,7 +84,6 @@ m3_status m3_check_finite_at(m3_status status, const char *file, int line, const
   va_start(ap, fmt);
   vsnprintf(subject, sizeof subject, fmt, ap);
   va_end(ap);
-  const double v = isnan(x[i]) ? NAN : x[i]; /* glibc prints a NaN whose sign bit is set as "-nan" */
-  return m3_fail_at(status, file, line, "%s [%lld] = %g: expected a finite%s value", subject, (long long)i, v,
-                    nonneg ? ", nonnegative" : "");
+  return m3_fail_at(status, file, line, "%s [%lld] = %g: expected a finite%s value", subject, (long long)i,
+                    m3_shown(x[i]), nonneg ? ", nonnegative" : "");
 }

@@ -185,10 +185,11 @@ m3_status m3_sample(const float *logits, int32_t rows, int32_t vocab, const m3_s
   if (!logits || !o || !rng || !out) return m3_fail(M3_ERR_ARGUMENT, "m3_sample: NULL argument");
   if (rows < 1 || vocab < 1) return m3_fail(M3_ERR_ARGUMENT, "m3_sample: %d rows x %d logits", rows, vocab);
   if (!(o->temperature >= 0 && isfinite(o->temperature)))
-    return m3_fail(M3_ERR_ARGUMENT, "temperature = %g: must be a finite number >= 0 (0 = greedy)", o->temperature);
+    return m3_fail(M3_ERR_ARGUMENT, "temperature = %g: must be a finite number >= 0 (0 = greedy)",
+                   m3_shown(o->temperature));
   if (o->top_k < 0) return m3_fail(M3_ERR_ARGUMENT, "top_k = %d: must be >= 0 (0 = off)", o->top_k);
   if (!(o->top_p > 0 && o->top_p <= 1))
-    return m3_fail(M3_ERR_ARGUMENT, "top_p = %g: must be in (0, 1] (1 = off)", o->top_p);
+    return m3_fail(M3_ERR_ARGUMENT, "top_p = %g: must be in (0, 1] (1 = off)", m3_shown(o->top_p));
   int32_t bad_row = rows; /* the first row holding a non-finite logit */
 #pragma omp parallel for schedule(static) reduction(min : bad_row)
   for (int32_t r = 0; r < rows; r++)

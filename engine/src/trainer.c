@@ -60,14 +60,18 @@ static m3_status check_cfg(const m3_trainer_cfg *c) {
   if (c->seq_len < 1) return m3_fail(M3_ERR_CONFIG, "seq_len = %d: must be an integer >= 1", c->seq_len);
   if ((int64_t)c->batch * c->seq_len > INT32_MAX) /* positions are counted in int (BLAS) */
     return m3_fail(M3_ERR_CONFIG, "batch * seq_len = %lld: must be < 2^31", (long long)c->batch * c->seq_len);
-  if (!(isfinite(c->lr) && c->lr > 0)) return m3_fail(M3_ERR_CONFIG, "lr = %g: must be a finite number > 0", c->lr);
+  if (!(isfinite(c->lr) && c->lr > 0))
+    return m3_fail(M3_ERR_CONFIG, "lr = %g: must be a finite number > 0", m3_shown(c->lr));
   if (!(isfinite(c->weight_decay) && c->weight_decay >= 0))
-    return m3_fail(M3_ERR_CONFIG, "weight_decay = %g: must be a finite number >= 0", c->weight_decay);
-  if (!(c->beta1 >= 0 && c->beta1 < 1)) return m3_fail(M3_ERR_CONFIG, "betas[1] = %g: must be in [0, 1)", c->beta1);
-  if (!(c->beta2 >= 0 && c->beta2 < 1)) return m3_fail(M3_ERR_CONFIG, "betas[2] = %g: must be in [0, 1)", c->beta2);
-  if (!(isfinite(c->eps) && c->eps > 0)) return m3_fail(M3_ERR_CONFIG, "eps = %g: must be a finite number > 0", c->eps);
+    return m3_fail(M3_ERR_CONFIG, "weight_decay = %g: must be a finite number >= 0", m3_shown(c->weight_decay));
+  if (!(c->beta1 >= 0 && c->beta1 < 1))
+    return m3_fail(M3_ERR_CONFIG, "betas[1] = %g: must be in [0, 1)", m3_shown(c->beta1));
+  if (!(c->beta2 >= 0 && c->beta2 < 1))
+    return m3_fail(M3_ERR_CONFIG, "betas[2] = %g: must be in [0, 1)", m3_shown(c->beta2));
+  if (!(isfinite(c->eps) && c->eps > 0))
+    return m3_fail(M3_ERR_CONFIG, "eps = %g: must be a finite number > 0", m3_shown(c->eps));
   if (!(isfinite(c->clip) && c->clip >= 0))
-    return m3_fail(M3_ERR_CONFIG, "clip = %g: must be a finite number >= 0 (0 = off)", c->clip);
+    return m3_fail(M3_ERR_CONFIG, "clip = %g: must be a finite number >= 0 (0 = off)", m3_shown(c->clip));
   TRY(check_float_range(c->lr, c->weight_decay, c->beta1, c->eps, M3_ERR_CONFIG, ""));
   return m3_check_placement(c->precision, c->device, c->device_index);
 }
@@ -249,7 +253,7 @@ static m3_status finish_update(m3_trainer *tr, const update_result *u, double cl
     return m3_fail(M3_ERR_NONFINITE,
                    "non-finite gradient (global norm %g): the update was skipped; weights, Adam moments%s and the "
                    "step count are unchanged",
-                   u->grad_norm, state_rewound ? ", the carried state" : "");
+                   m3_shown(u->grad_norm), state_rewound ? ", the carried state" : "");
   }
   tr->step++;
   m->optimizer_stepped = 1;
@@ -324,9 +328,9 @@ m3_status m3_trainer_backward_step(m3_trainer *tr, const m3_batch *b, const m3_b
     return m3_fail(M3_ERR_ORDER, "backward_step: no pending forward; call forward(batch) first (each forward "
                                  "allows one backward_step)");
   if (!isfinite(o.scale) || o.scale == 0)
-    return m3_fail(M3_ERR_ARGUMENT, "backward_step: scale = %g must be a finite nonzero number", o.scale);
+    return m3_fail(M3_ERR_ARGUMENT, "backward_step: scale = %g must be a finite nonzero number", m3_shown(o.scale));
   if (isnan(o.clip) || isinf(o.clip))
-    return m3_fail(M3_ERR_ARGUMENT, "backward_step: clip = %g must be finite (0 = off)", o.clip);
+    return m3_fail(M3_ERR_ARGUMENT, "backward_step: clip = %g must be finite (0 = off)", m3_shown(o.clip));
   if (o.accumulate && o.clip > 0)
     return m3_fail(M3_ERR_ARGUMENT, "backward_step: clip with accumulate; clipping applies when the window "
                                     "closes, so pass clip to the closing backward_step");
@@ -417,7 +421,8 @@ m3_status m3_trainer_profile(const m3_trainer *tr, m3_phase_time *out, int32_t c
 
 m3_status m3_trainer_set_lr(m3_trainer *tr, double lr) {
   TRY(usable(tr));
-  if (!(isfinite(lr) && lr > 0)) return m3_fail(M3_ERR_ARGUMENT, "set_lr: lr = %g must be a finite number > 0", lr);
+  if (!(isfinite(lr) && lr > 0))
+    return m3_fail(M3_ERR_ARGUMENT, "set_lr: lr = %g must be a finite number > 0", m3_shown(lr));
   TRY(check_float_range(lr, tr->cfg.weight_decay, tr->cfg.beta1, tr->cfg.eps, M3_ERR_ARGUMENT, "set_lr: "));
   tr->lr = lr;
   return M3_OK;
@@ -434,7 +439,8 @@ m3_status m3_trainer_set_no_decay(m3_trainer *tr, int32_t reference) {
 m3_status m3_trainer_set_clip(m3_trainer *tr, double max_norm) {
   TRY(usable(tr));
   if (!(isfinite(max_norm) && max_norm >= 0))
-    return m3_fail(M3_ERR_ARGUMENT, "set_clip: max_norm = %g must be a finite number >= 0 (0 = off)", max_norm);
+    return m3_fail(M3_ERR_ARGUMENT, "set_clip: max_norm = %g must be a finite number >= 0 (0 = off)",
+                   m3_shown(max_norm));
   tr->clip = max_norm;
   return M3_OK;
 }
@@ -508,7 +514,7 @@ m3_status m3_trainer_load_scaler_state(m3_trainer *tr, double scale, int64_t tra
   if (tr->cfg.precision != M3_PRECISION_F16)
     return m3_fail(M3_ERR_UNSUPPORTED, "load_scaler_state: only f16 trainers have a loss scaler");
   if (!(isfinite(scale) && scale >= 1 && scale <= SCALER_MAX))
-    return m3_fail(M3_ERR_ARGUMENT, "load_scaler_state: scale = %g must be in [1, 2^24]", scale);
+    return m3_fail(M3_ERR_ARGUMENT, "load_scaler_state: scale = %g must be in [1, 2^24]", m3_shown(scale));
   if (tracker < 0 || tracker >= SCALER_GROWTH_INTERVAL)
     return m3_fail(M3_ERR_ARGUMENT, "load_scaler_state: tracker = %lld must be in [0, %d)", (long long)tracker,
                    SCALER_GROWTH_INTERVAL);
