@@ -1315,18 +1315,23 @@ static bool bwd_chunked(int prec, const m3k_scan_plan *plan, const m3k_scan_args
   return takes_chunked(prec, plan, a) && a->chunk_states;
 }
 
+/* The small states' chunked backward runs the window (it reads the chunk states the small-state forward kept) */
+static bool bwd_small(int prec, const m3k_scan_plan *plan, const m3k_scan_args *a) {
+  return !bwd_chunked(prec, plan, a) && takes_small_bwd(plan, a->len) && a->chunk_states;
+}
+
 extern "C" int m3k_scan_bwd_sums_heads(int prec, const m3k_scan_plan *plan, const m3k_scan_args *a) {
   return bwd_chunked(prec, plan, a) && m3k_chunked_sums_heads(plan, a);
 }
 
 extern "C" int m3k_scan_bwd_fills_device(int prec, const m3k_scan_plan *plan, const m3k_scan_args *a) {
-  const int64_t slots = takes_small_bwd(plan, a->len) && a->chunk_states ? plan->small_bwd_slots : plan->simt_bwd_slots;
+  const int64_t slots = bwd_small(prec, plan, a) ? plan->small_bwd_slots : plan->simt_bwd_slots;
   return !bwd_chunked(prec, plan, a) && slots > 0 && 10 * (int64_t)a->d.H * a->rows >= 9 * slots;
 }
 
 extern "C" cudaError_t m3k_scan_bwd(cudaStream_t s, int prec, const m3k_scan_plan *plan, const m3k_scan_args *a) {
   if (bwd_chunked(prec, plan, a)) return m3k_chunked_bwd(s, prec, plan, a);
-  if (takes_small_bwd(plan, a->len) && a->chunk_states) return m3k_small_bwd(s, prec, a);
+  if (bwd_small(prec, plan, a)) return m3k_small_bwd(s, prec, a);
   M3K_DISPATCH(prec, simt_bwd<T>(s, plan, *a));
   return cudaGetLastError();
 }

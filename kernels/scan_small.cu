@@ -77,8 +77,6 @@ struct small_smem {
   float red[NT];             /* reductions */
 };
 
-constexpr size_t small_smem_bytes() { return sizeof(small_smem); }
-
 /* The raw global values of a chunk that phase A turns into shared-memory rows (issue_loads puts every load in
  * flight before any arithmetic): per thread, the gate's inputs of four (token i, column p) items (thread 16 i + p
  * modulo the CTA), the biased-to-be B/C values and angle of four units (token i's unit u on thread 16 i + u), two
@@ -639,7 +637,7 @@ template <typename T> __global__ void __launch_bounds__(NT, 2) scan_bwd_small_ke
 
 template <typename T> static cudaError_t small_prepare() {
   return cudaFuncSetAttribute(scan_bwd_small_kernel<T>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                              (int)small_smem_bytes());
+                              (int)sizeof(small_smem));
 }
 
 cudaError_t m3k_small_bwd_prepare(int prec, int32_t *per_sm) {
@@ -647,13 +645,13 @@ cudaError_t m3k_small_bwd_prepare(int prec, int32_t *per_sm) {
   M3K_DISPATCH(prec, {
     e = small_prepare<T>();
     if (e == cudaSuccess)
-      e = cudaOccupancyMaxActiveBlocksPerMultiprocessor(per_sm, scan_bwd_small_kernel<T>, NT, small_smem_bytes());
+      e = cudaOccupancyMaxActiveBlocksPerMultiprocessor(per_sm, scan_bwd_small_kernel<T>, NT, sizeof(small_smem));
   });
   return e;
 }
 
 cudaError_t m3k_small_bwd(cudaStream_t s, int prec, const m3k_scan_args *a) {
   const dim3 grid(a->d.H, a->rows);
-  M3K_DISPATCH(prec, (scan_bwd_small_kernel<T><<<grid, NT, small_smem_bytes(), s>>>(*a)));
+  M3K_DISPATCH(prec, (scan_bwd_small_kernel<T><<<grid, NT, sizeof(small_smem), s>>>(*a)));
   return cudaGetLastError();
 }

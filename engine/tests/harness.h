@@ -105,6 +105,17 @@ static inline void fill_normal_f(m3_rng *r, float *x, long n, double scale) {
 
 /* A two-layer test model: d_model = P H / 2, expand 2, headdim P, d_state N, ngroups G; a
  * "features" input 12 wide, 50 tokens where there is a vocabulary, an "mse" head of 3 outputs. */
+/* A trainer config for weights w on device (the defaults but for batch rows of seq_len positions). */
+static inline m3_trainer_cfg test_trainer_cfg(const m3_weights *w, int device, int batch, int seq_len) {
+  m3_trainer_cfg tc;
+  m3_trainer_cfg_defaults(&tc);
+  tc.weights = w;
+  tc.device = device;
+  tc.batch = batch;
+  tc.seq_len = seq_len;
+  return tc;
+}
+
 static inline m3_config test_config(int P, int N, int H, int G, double rope, int outnorm, int input, int head,
                                     int tied) {
   m3_config c;

@@ -93,13 +93,8 @@ static void batch_free(batch *bt) {
 }
 
 static m3_trainer *trainer(const m3_weights *w, int device, int prec, int B, int T, int carry) {
-  m3_trainer_cfg tc;
-  m3_trainer_cfg_defaults(&tc);
-  tc.weights = w;
-  tc.device = device;
+  m3_trainer_cfg tc = test_trainer_cfg(w, device, B, T);
   tc.precision = prec;
-  tc.batch = B;
-  tc.seq_len = T;
   tc.carry_state = carry;
   m3_trainer *t = NULL;
   CHECK_OK(m3_trainer_create(&tc, &t));
@@ -512,12 +507,7 @@ static void rows_limit(void) {
   CHECK(st == M3_ERR_UNSUPPORTED && strstr(m3_last_error(), "65535"), "infer batch 65536: status %d, message '%s'", st,
         m3_last_error());
   m3_infer_destroy(inf);
-  m3_trainer_cfg tc;
-  m3_trainer_cfg_defaults(&tc);
-  tc.weights = w;
-  tc.device = M3_DEVICE_CUDA;
-  tc.batch = s.B + 1;
-  tc.seq_len = s.T;
+  const m3_trainer_cfg tc = test_trainer_cfg(w, M3_DEVICE_CUDA, s.B + 1, s.T);
   t = NULL;
   st = m3_trainer_create(&tc, &t);
   CHECK(st == M3_ERR_UNSUPPORTED && strstr(m3_last_error(), "65535"), "batch 65536: status %d, message '%s'", st,
@@ -534,12 +524,7 @@ static void limits(void) {
   const m3_config c = config_of(&s);
   m3_weights *w = NULL;
   CHECK_OK(m3_weights_create(&c, &w));
-  m3_trainer_cfg tc;
-  m3_trainer_cfg_defaults(&tc);
-  tc.weights = w;
-  tc.device = M3_DEVICE_CUDA;
-  tc.batch = 1;
-  tc.seq_len = 4;
+  const m3_trainer_cfg tc = test_trainer_cfg(w, M3_DEVICE_CUDA, 1, 4);
   m3_trainer *t = NULL;
   const m3_status st = m3_trainer_create(&tc, &t);
   CHECK(st == M3_ERR_UNSUPPORTED && strstr(m3_last_error(), "headdim"), "headdim 256: status %d, message '%s'", st,

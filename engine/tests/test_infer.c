@@ -217,16 +217,6 @@ static void check_logits_refused(m3_rng *r) {
 
 /* ---- 4. non-finite weights ------------------------------------------------------------------ */
 
-static m3_trainer_cfg cpu_trainer_cfg(const m3_weights *w) {
-  m3_trainer_cfg tc;
-  m3_trainer_cfg_defaults(&tc);
-  tc.weights = w;
-  tc.device = M3_DEVICE_CPU;
-  tc.batch = 1;
-  tc.seq_len = 4;
-  return tc;
-}
-
 /* The trainer's weights equal w, bit for bit. */
 static int holds(const m3_trainer *tr, const m3_weights *w) {
   m3_weights *snap = NULL;
@@ -244,7 +234,7 @@ static void check_nonfinite_weights(void) {
   m3_tensor_info D;
   CHECK_OK(m3_weights_tensor(bad, m3_weights_find(bad, "layers.1.mixer.D"), &D));
   m3_trainer *tr = NULL;
-  const m3_trainer_cfg good_tc = cpu_trainer_cfg(good);
+  const m3_trainer_cfg good_tc = test_trainer_cfg(good, M3_DEVICE_CPU, 1, 4);
   CHECK_OK(m3_trainer_create(&good_tc, &tr));
   /* a NaN with its sign bit set (what 0.0 / 0.0 gives on x86) still reads "nan" */
   const struct {
@@ -255,7 +245,7 @@ static void check_nonfinite_weights(void) {
     D.data[3] = cases[c].value;
     char want[128];
     snprintf(want, sizeof want, "weights: layers.1.mixer.D [3] = %s: expected a finite value", cases[c].text);
-    const m3_trainer_cfg tc = cpu_trainer_cfg(bad);
+    const m3_trainer_cfg tc = test_trainer_cfg(bad, M3_DEVICE_CPU, 1, 4);
     m3_trainer *t = NULL;
     m3_status st = m3_trainer_create(&tc, &t);
     CHECK(st == M3_ERR_ARGUMENT && !t && strstr(m3_last_error(), want), "trainer from weights with %s: %s: %s",
@@ -274,7 +264,7 @@ static void check_nonfinite_weights(void) {
   }
   /* finite again (and different from the trainer's): every entry takes them */
   D.data[3] = 0.25f;
-  const m3_trainer_cfg tc = cpu_trainer_cfg(bad);
+  const m3_trainer_cfg tc = test_trainer_cfg(bad, M3_DEVICE_CPU, 1, 4);
   const m3_infer_cfg ic = cpu_infer_cfg(bad, 1);
   m3_trainer *t = NULL;
   m3_infer *inf = NULL;

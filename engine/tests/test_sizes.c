@@ -31,12 +31,7 @@ static void trainer_create(void) {
   tiny_config(&c);
   m3_weights *w = NULL;
   CHECK_OK(m3_weights_create(&c, &w));
-  m3_trainer_cfg tc;
-  m3_trainer_cfg_defaults(&tc);
-  tc.weights = w;
-  tc.device = M3_DEVICE_CPU;
-  tc.batch = INT32_MAX;
-  tc.seq_len = 1;
+  const m3_trainer_cfg tc = test_trainer_cfg(w, M3_DEVICE_CPU, INT32_MAX, 1);
   m3_trainer *tr = NULL;
   m3_status st = m3_trainer_create(&tc, &tr);
   CHECK(too_large(st) && tr == NULL, "m3_trainer_create, batch 2^31 - 1: %s", m3_last_error());
@@ -48,12 +43,7 @@ static void trainer_load(void) {
   tiny_config(&c);
   m3_weights *w = NULL;
   CHECK_OK(m3_weights_create(&c, &w));
-  m3_trainer_cfg tc;
-  m3_trainer_cfg_defaults(&tc);
-  tc.weights = w;
-  tc.device = M3_DEVICE_CPU;
-  tc.batch = 1;
-  tc.seq_len = 1;
+  const m3_trainer_cfg tc = test_trainer_cfg(w, M3_DEVICE_CPU, 1, 1);
   m3_trainer *tr = NULL;
   CHECK_OK(m3_trainer_create(&tc, &tr));
   char dir[] = "/tmp/m3_test_sizes_XXXXXX";
@@ -104,12 +94,7 @@ static void positions_fit_int(void) {
   c.d_state = 8;
   m3_weights *w = NULL;
   CHECK_OK(m3_weights_create(&c, &w));
-  m3_trainer_cfg tc;
-  m3_trainer_cfg_defaults(&tc);
-  tc.weights = w;
-  tc.device = M3_DEVICE_CPU;
-  tc.batch = 1 << 16;
-  tc.seq_len = 1 << 15;
+  const m3_trainer_cfg tc = test_trainer_cfg(w, M3_DEVICE_CPU, 1 << 16, 1 << 15);
   m3_trainer *tr = NULL;
   CHECK(m3_trainer_create(&tc, &tr) == M3_ERR_CONFIG && tr == NULL &&
             strstr(m3_last_error(), "batch * seq_len = 2147483648: must be < 2^31"),
