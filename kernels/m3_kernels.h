@@ -22,9 +22,6 @@ extern "C" {
 
 enum { M3K_F32 = 0, M3K_BF16 = 1, M3K_F16 = 2 };
 
-/* Rows of a window the kernels take at most: the scan kernels put the rows in a grid's y or z dimension. */
-enum { M3K_MAX_ROWS = 65535 };
-
 /* Model sizes the kernels need (mirrors m3_dims; dipp = in_proj row stride, dip rounded up to 8). */
 typedef struct m3k_dims {
   int32_t dm, E, P, H, G, N, S, dip, dipp, hpg;
@@ -182,6 +179,9 @@ typedef struct m3k_scan_plan {
   int32_t small_bwd, small_bwd_slots;
 } m3k_scan_plan;
 
+/* Rows of a window the scan kernels take at most for H heads and windows up to len tokens: a launch grid holds at
+ * most 2^31 - 1 CTAs in grid.x, where their largest launch has one per (64-token chunk, head, row). */
+int64_t m3k_scan_max_rows(int32_t H, int32_t len);
 /* Chooses the thread tile and token block for (P, N, S) on a device of max_smem bytes of shared memory a
  * block and sms multiprocessors; returns 0 when the sizes are beyond the kernels (P > 128, N > 256, or
  * shared memory), with a message in why[256]. */

@@ -275,7 +275,7 @@ __global__ void __launch_bounds__(512) scan_fwd_kernel(const m3k_scan_args a, co
   extern __shared__ float sm[];
   const m3k_dims &d = a.d;
   const geo gm = kernel_geo<RP, RN, PK, NK>(run_gm);
-  const int h = blockIdx.x, b = blockIdx.y, g = h / d.hpg;
+  const int h = grid_x(d.H), b = grid_row(d.H), g = h / d.hpg;
   const int P = PK ? PK : d.P, N = NK ? NK : d.N, S = d.S, H = d.H, E = d.E;
   const int pth = gm.pth, nth = gm.nth, TB = gm.TB;
   const int Pp = pth * RP, Np = nth * RN;
@@ -663,7 +663,7 @@ __global__ void __launch_bounds__(512) scan_bwd_kernel(const m3k_scan_args a, co
   extern __shared__ float sm[];
   const m3k_dims &d = a.d;
   const geo gm = kernel_geo<RP, RN, PK, NK>(run_gm);
-  const int h = blockIdx.x, b = blockIdx.y, g = h / d.hpg;
+  const int h = grid_x(d.H), b = grid_row(d.H), g = h / d.hpg;
   const int P = PK ? PK : d.P, N = NK ? NK : d.N, S = d.S, H = d.H, E = d.E;
   const int pth = gm.pth, nth = gm.nth, TB = gm.TB, SB = gm.SB;
   const int Pp = pth * RP, Np = nth * RN;
@@ -1209,6 +1209,10 @@ __host__ __device__ constexpr bool tile_serves(int PK, int NK, int RP, int RN) {
 #define SIMT_DISPATCH(plan, body) \
   SHAPE_DISPATCH((plan)->P, (plan)->N, SCAN_TILE_DISPATCH(plan, if constexpr (tile_serves(PK, NK, RP, RN)) body))
 
+extern "C" int64_t m3k_scan_max_rows(int32_t H, int32_t len) {
+  return (int64_t)INT32_MAX / ((int64_t)H * ((len + M3K_CHUNK - 1) / M3K_CHUNK));
+}
+
 extern "C" int64_t m3k_scan_chunk_scratch(const m3k_scan_plan *plan, int prec, int32_t rows, int32_t len, int32_t H,
                                           int32_t P, int32_t N, int backward) {
   if (prec == M3K_F32 || !plan->chunked) return 0;
@@ -1237,7 +1241,7 @@ template <typename T> static cudaError_t simt_prepare(const m3k_scan_plan *plan)
 }
 
 template <typename T> static void simt_fwd(cudaStream_t s, const m3k_scan_plan *plan, const m3k_scan_args &a) {
-  const dim3 grid(a.d.H, a.rows);
+  const dim3 grid = rows_grid(a.d.H, a.rows);
   const geo gm = make_geo(plan->pth, plan->nth, plan->tb_fwd, 1);
   SIMT_DISPATCH(plan, {
     if constexpr (!warp_fwd_shape(PK, NK))
@@ -1246,7 +1250,7 @@ template <typename T> static void simt_fwd(cudaStream_t s, const m3k_scan_plan *
 }
 
 template <typename T> static void simt_bwd(cudaStream_t s, const m3k_scan_plan *plan, const m3k_scan_args &a) {
-  const dim3 grid(a.d.H, a.rows);
+  const dim3 grid = rows_grid(a.d.H, a.rows);
   const geo gm = make_geo(plan->pth, plan->nth, plan->tb_bwd, plan->sb);
   SIMT_DISPATCH(plan, (scan_bwd_kernel<RP, RN, PK, NK, T><<<grid, plan->threads, plan->smem_bwd, s>>>(a, gm)));
 }

@@ -917,7 +917,7 @@ template <typename T>
 __global__ void __launch_bounds__(CTHREADS) scan_angles_chunked(const m3k_scan_args a) {
   extern __shared__ __align__(128) unsigned char smraw[];
   const m3k_dims &d = a.d;
-  const int h = blockIdx.x, b = blockIdx.y, SA = d.S, S = SA / gridDim.z, j0 = blockIdx.z * S, H = d.H;
+  const int h = grid_x(d.H), b = grid_row(d.H), SA = d.S, S = SA / gridDim.z, j0 = blockIdx.z * S, H = d.H;
   const int tid = threadIdx.x; /* 1 <= S <= 128 */
   const T *proj = (const T *)a.proj;
   const int G = walk_segs(S), AB = G * ANG_SEG, j = tid % S, g = tid / S;
@@ -997,14 +997,15 @@ template <typename T, int UPL, int PK, int NK>
 __global__ void __launch_bounds__(CTHREADS, UPL <= 4 ? 4 : 1) scan_prep_chunked(const m3k_scan_args a) {
   extern __shared__ __align__(128) unsigned char smraw[];
   const m3k_dims &d = a.d;
-  const int ch = blockIdx.x, h = blockIdx.y, b = blockIdx.z, g = h / d.hpg;
+  const int nch = (a.len + CQ - 1) / CQ, ch = grid_x(nch * d.H) % nch, h = grid_x(nch * d.H) / nch;
+  const int b = grid_row(nch * d.H), g = h / d.hpg;
   const int P = PK ? PK : d.P, N = NK ? NK : d.N, H = d.H, tid = threadIdx.x, wid = tid >> 5;
   const cdims cd = make_cdims(P, N);
   csmem s;
   carve_p(smraw, P, N, &s);
   cviews cv;
   chunk_views(a.chunk_scratch, a.chunk_states, a.rows, a.len, H, P, N, false, &cv);
-  const int nch = (a.len + CQ - 1) / CQ, t0 = ch * CQ, nb = min(CQ, a.len - t0);
+  const int t0 = ch * CQ, nb = min(CQ, a.len - t0);
   const int64_t m0 = (int64_t)b * a.len + t0, bh = (int64_t)b * H + h, u = bh * nch + ch;
   float *misc = s.misc;
   const bool want_kl = a.fin_k && t0 + nb == a.len;
@@ -1035,14 +1036,15 @@ __global__ void __launch_bounds__(CTHREADS, UPL <= 4 ? 4 : 1) scan_prep_chunked(
 template <typename T, int PK, int NK>
 __global__ void __launch_bounds__(CTHREADS) scan_gate_bwd_chunked(const m3k_scan_args a) {
   extern __shared__ __align__(128) unsigned char smraw[];
-  const int ch = blockIdx.x, h = blockIdx.y, b = blockIdx.z;
+  const int nch = (a.len + CQ - 1) / CQ, ch = grid_x(nch * a.d.H) % nch, h = grid_x(nch * a.d.H) / nch;
+  const int b = grid_row(nch * a.d.H);
   const int P = PK ? PK : a.d.P, N = NK ? NK : a.d.N, H = a.d.H, tid = threadIdx.x;
   const cdims cd = make_cdims(P, N);
   csmem s;
   carve_g(smraw, P, &s);
   cviews cv;
   chunk_views(a.chunk_scratch, a.chunk_states, a.rows, a.len, H, P, N, true, &cv);
-  const int nch = (a.len + CQ - 1) / CQ, t0 = ch * CQ, nb = min(CQ, a.len - t0);
+  const int t0 = ch * CQ, nb = min(CQ, a.len - t0);
   const int64_t m0 = (int64_t)b * a.len + t0, u = ((int64_t)b * H + h) * nch + ch;
   for (int k = tid; k < CWARPS * cd.Pp; k += CTHREADS) s.pOn[k] = 0;
   __syncthreads();
@@ -1072,7 +1074,7 @@ __global__ void __launch_bounds__(CTHREADS, PARTS == 1 ? 2 : 3) scan_fwd_chunked
   static_assert(PARTS >= 1 && PARTS <= WALK_PARTS_MAX && PK % (16 * PARTS) == 0, "whole 16-row tiles a part");
   extern __shared__ __align__(128) unsigned char smraw[];
   const m3k_dims &d = a.d;
-  const int h = blockIdx.x, b = blockIdx.y, part = blockIdx.z;
+  const int h = grid_x(d.H), b = grid_row(d.H), part = blockIdx.z;
   const int Pf = PK ? PK : d.P, P = Pf / PARTS, N = NK ? NK : d.N, H = d.H, E = d.E, p0 = part * P;
   const int tid = threadIdx.x, lane = tid & 31, wid = tid >> 5;
   const cdims cd = make_cdims(P, N), cf = make_cdims(Pf, N); /* the part's tiles; the kept states' layout */
@@ -1276,7 +1278,7 @@ __global__ void __launch_bounds__(CTHREADS, PARTS == 1 ? 2 : 3) scan_dstate_chun
   static_assert(PARTS >= 1 && PARTS <= WALK_PARTS_MAX && PK % (16 * PARTS) == 0, "whole 16-row tiles a part");
   extern __shared__ __align__(128) unsigned char smraw[];
   const m3k_dims &d = a.d;
-  const int h = blockIdx.x, b = blockIdx.y, part = blockIdx.z;
+  const int h = grid_x(d.H), b = grid_row(d.H), part = blockIdx.z;
   const int Pf = PK ? PK : d.P, P = Pf / PARTS, N = NK ? NK : d.N, H = d.H, p0 = part * P;
   const int tid = threadIdx.x, lane = tid & 31, wid = tid >> 5;
   const cdims cd = make_cdims(P, N), cf = make_cdims(Pf, N); /* the part's tiles; the scratch's layout */
@@ -1411,7 +1413,8 @@ template <typename T, int MINB, int PK, int NK>
 __global__ void __launch_bounds__(CTHREADS, MINB) scan_bwd_chunked(const m3k_scan_args a) {
   extern __shared__ __align__(128) unsigned char smraw[];
   const m3k_dims &d = a.d;
-  const int ch = blockIdx.x, h = blockIdx.y, b = blockIdx.z;
+  const int nch = (a.len + CQ - 1) / CQ, ch = grid_x(nch * d.H) % nch, h = grid_x(nch * d.H) / nch;
+  const int b = grid_row(nch * d.H);
   const int P = PK ? PK : d.P, N = NK ? NK : d.N, H = d.H;
   const int tid = threadIdx.x, lane = tid & 31, wid = tid >> 5;
   const cdims cd = make_cdims(P, N);
@@ -1421,7 +1424,6 @@ __global__ void __launch_bounds__(CTHREADS, MINB) scan_bwd_chunked(const m3k_sca
   const int64_t bh = (int64_t)b * H + h;
   const float Dh = a.D[h];
   float *misc = s.misc;
-  const int nch = (a.len + CQ - 1) / CQ;
   const bool vec = act_vec(d);
   cviews cv;
   chunk_views(a.chunk_scratch, a.chunk_states, a.rows, a.len, H, P, N, true, &cv);
@@ -1619,15 +1621,16 @@ __global__ void __launch_bounds__(CTHREADS, SUM ? 2 : UPL <= 3 ? 3 : UPL == 4 ? 
     scan_post_chunked(const m3k_scan_args a) {
   extern __shared__ __align__(128) unsigned char smraw[];
   const m3k_dims &d = a.d;
-  const int ch = blockIdx.x, b = blockIdx.z, g = SUM ? blockIdx.y : blockIdx.y / d.hpg;
-  const int h0 = SUM ? g * d.hpg : blockIdx.y, nh = SUM ? d.hpg : 1;
+  const int nch = (a.len + CQ - 1) / CQ, Y = SUM ? d.G : d.H, ch = grid_x(nch * Y) % nch, y = grid_x(nch * Y) / nch;
+  const int b = grid_row(nch * Y), g = SUM ? y : y / d.hpg;
+  const int h0 = SUM ? g * d.hpg : y, nh = SUM ? d.hpg : 1;
   const int P = PK ? PK : d.P, N = NK ? NK : d.N, S = d.S, H = d.H, GN = d.G * N, Np = make_cdims(P, N).Np;
   const int tid = threadIdx.x, lane = tid & 31, wid = tid >> 5;
   csmem s;
   carve_q(smraw, N, SUM, &s);
   cviews cv;
   chunk_views(a.chunk_scratch, a.chunk_states, a.rows, a.len, H, P, N, true, &cv);
-  const int nch = (a.len + CQ - 1) / CQ, t0 = ch * CQ, nb = min(CQ, a.len - t0);
+  const int t0 = ch * CQ, nb = min(CQ, a.len - t0);
   const int64_t m0 = (int64_t)b * a.len + t0;
   const auto tab_of = [&](int h) { return cv.tab + (((int64_t)b * H + h) * nch + ch) * CQ * TW; };
   const auto sc_of = [&](int k) { return s.sc + (k & 1) * (CQ + 1) * FW; };
@@ -1782,7 +1785,7 @@ template <typename T>
 __global__ void __launch_bounds__(CTHREADS) scan_post_seq_chunked(const m3k_scan_args a) {
   extern __shared__ __align__(128) unsigned char smraw[];
   const m3k_dims &d = a.d;
-  const int h = blockIdx.x, b = blockIdx.y;
+  const int h = grid_x(d.H), b = grid_row(d.H);
   const int P = d.P, N = d.N, S = d.S, H = d.H, tid = threadIdx.x, lane = tid & 31, wid = tid >> 5;
   const cdims cd = make_cdims(P, N);
   const T *proj = (const T *)a.proj;
@@ -1951,10 +1954,10 @@ static void fwd_launch(cudaStream_t s, const m3k_scan_plan *plan, const m3k_scan
   if constexpr (PK > 0 && PK % 64 == 0)
     if (walks_split(plan, a) && !a.d.outproj_norm && !(a.in_k && a.in_k == a.fin_k)) {
       scan_fwd_chunked_r<T, PK, NK, 2>
-          <<<dim3(a.d.H, a.rows, 2), CTHREADS, carve_r(NULL, a.d.P / 2, a.d.N, NULL), s>>>(a);
+          <<<rows_grid(a.d.H, a.rows, 2), CTHREADS, carve_r(NULL, a.d.P / 2, a.d.N, NULL), s>>>(a);
       return;
     }
-  scan_fwd_chunked_r<T, PK, NK, 1><<<dim3(a.d.H, a.rows), CTHREADS, plan->smem_cfwd, s>>>(a);
+  scan_fwd_chunked_r<T, PK, NK, 1><<<rows_grid(a.d.H, a.rows), CTHREADS, plan->smem_cfwd, s>>>(a);
 }
 
 /* The dE walk, its state rows in two parts where that fits and the launch has fewer (head, row) CTAs
@@ -1964,10 +1967,10 @@ static void dstate_launch(cudaStream_t s, const m3k_scan_plan *plan, const m3k_s
   const int P = a.d.P, N = a.d.N;
   if constexpr (PK % 64 == 0)
     if (walks_split(plan, a)) {
-      scan_dstate_chunked<T, PK, NK, 2><<<dim3(a.d.H, a.rows, 2), CTHREADS, carve_d(NULL, P / 2, N, NULL), s>>>(a);
+      scan_dstate_chunked<T, PK, NK, 2><<<rows_grid(a.d.H, a.rows, 2), CTHREADS, carve_d(NULL, P / 2, N, NULL), s>>>(a);
       return;
     }
-  scan_dstate_chunked<T, PK, NK, 1><<<dim3(a.d.H, a.rows), CTHREADS, carve_d(NULL, P, N, NULL), s>>>(a);
+  scan_dstate_chunked<T, PK, NK, 1><<<rows_grid(a.d.H, a.rows), CTHREADS, carve_d(NULL, P, N, NULL), s>>>(a);
 }
 
 int64_t m3k_chunked_smem(int which, int32_t P, int32_t N, int32_t S) {
@@ -2058,12 +2061,12 @@ template <typename T> static void chunked_fwd(cudaStream_t s, const m3k_scan_pla
   const int nch = (a.len + CQ - 1) / CQ;
   if (a.d.S > 0) {
     const int parts = angle_parts(plan, a);
-    scan_angles_chunked<T><<<dim3(a.d.H, a.rows, parts), CTHREADS,
+    scan_angles_chunked<T><<<rows_grid(a.d.H, a.rows, parts), CTHREADS,
                              (size_t)angles_smem_floats(a.d.S / parts) * sizeof(float), s>>>(a);
   }
   SHAPE_UNITS_DISPATCH(a.d.P, a.d.N, a.d.N - a.d.S,
                        (scan_prep_chunked<T, UPL, PK, NK>
-                        <<<dim3(nch, a.d.H, a.rows), CTHREADS, plan->smem_cprep, s>>>(a)));
+                        <<<rows_grid((int64_t)nch * a.d.H, a.rows), CTHREADS, plan->smem_cprep, s>>>(a)));
   SHAPE_DISPATCH(a.d.P, a.d.N, (fwd_launch<T, PK, NK>(s, plan, a)));
 }
 
@@ -2084,7 +2087,8 @@ bool m3k_chunked_sums_heads(const m3k_scan_plan *plan, const m3k_scan_args *a) {
 /* Backward (after a training forward: a.chunk_states): the gate backward, the reverse walk of dE,
  * the per-chunk products, the per-token finish, then the scalars along the sequence. */
 template <typename T> static void chunked_bwd(cudaStream_t s, const m3k_scan_plan *plan, const m3k_scan_args &a) {
-  const dim3 chunks((a.len + CQ - 1) / CQ, a.d.H, a.rows), walks(a.d.H, a.rows);
+  const int64_t nch = (a.len + CQ - 1) / CQ;
+  const dim3 chunks = rows_grid(nch * a.d.H, a.rows), walks = rows_grid(a.d.H, a.rows);
   const int P = a.d.P, N = a.d.N;
   SHAPE_DISPATCH(P, N, (scan_gate_bwd_chunked<T, PK, NK><<<chunks, CTHREADS, carve_g(NULL, P, NULL), s>>>(a)));
   /* each takes its own shared memory size, within the limits m3k_chunked_prepare set */
@@ -2095,7 +2099,7 @@ template <typename T> static void chunked_bwd(cudaStream_t s, const m3k_scan_pla
                  (two ? scan_bwd_chunked<T, 2, PK, NK><<<chunks, CTHREADS, per_chunk, s>>>(a)
                       : scan_bwd_chunked<T, 1, PK, NK><<<chunks, CTHREADS, per_chunk, s>>>(a)));
   if (m3k_chunked_sums_heads(plan, &a)) {
-    const dim3 groups(chunks.x, a.d.G, a.rows);
+    const dim3 groups = rows_grid(nch * a.d.G, a.rows);
     SHAPE_UNITS_DISPATCH(P, N, a.d.N - a.d.S,
                          (scan_post_chunked<T, UPL, PK, NK, true><<<groups, CTHREADS, plan->smem_cpost_sum, s>>>(a)));
   } else {

@@ -284,6 +284,16 @@ static inline step_tile step_tile_for(int N, bool aligned) {
   return t;
 }
 
+/* ---- launch grids: a CTA per (x, row) ----------------------------------------------------------- */
+
+/* The scan kernels put a window's rows in grid.x after the X CTAs of a row (its heads, or its chunks x heads or
+ * groups), so that any row count launches (grid.y and grid.z stop at 65535) and the CTAs keep the order of an
+ * (X, rows) grid: rows_grid launches X x rows CTAs (z parts in grid.z); grid_x and grid_row give a CTA its x and its
+ * row back. */
+static inline dim3 rows_grid(int64_t X, int32_t rows, unsigned z = 1) { return dim3((unsigned)(X * rows), 1, z); }
+__device__ __forceinline__ int grid_x(int X) { return (int)(blockIdx.x % (unsigned)X); }
+__device__ __forceinline__ int grid_row(int X) { return (int)(blockIdx.x / (unsigned)X); }
+
 /* ---- shapes compiled as constants (scan.cu, scan_chunked.cu) ------------------------------------ */
 
 /* Binds PK, NK (P, N as compile-time constants; 0: read at run time) for the shapes that the scan

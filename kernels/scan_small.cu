@@ -277,7 +277,7 @@ template <typename T> __global__ void __launch_bounds__(NT, 2) scan_bwd_small_ke
   extern __shared__ __align__(16) unsigned char small_raw[];
   small_smem &s = *(small_smem *)small_raw;
   const m3k_dims &d = a.d;
-  const int h = blockIdx.x, b = blockIdx.y, tid = threadIdx.x, lane = tid & 31, wid = tid >> 5;
+  const int h = grid_x(a.d.H), b = grid_row(a.d.H), tid = threadIdx.x, lane = tid & 31, wid = tid >> 5;
   const int S = d.S, H = d.H, g = h / d.hpg, nch = (a.len + CH - 1) / CH;
   const int pp = tid / SN, nn = tid % SN; /* this thread's state element */
   const int64_t bh = (int64_t)b * H + h, row0 = (int64_t)b * a.len;
@@ -651,7 +651,7 @@ cudaError_t m3k_small_bwd_prepare(int prec, int32_t *per_sm) {
 }
 
 cudaError_t m3k_small_bwd(cudaStream_t s, int prec, const m3k_scan_args *a) {
-  const dim3 grid(a->d.H, a->rows);
+  const dim3 grid = rows_grid(a->d.H, a->rows);
   M3K_DISPATCH(prec, (scan_bwd_small_kernel<T><<<grid, NT, sizeof(small_smem), s>>>(*a)));
   return cudaGetLastError();
 }

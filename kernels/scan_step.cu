@@ -52,7 +52,7 @@ __global__ void __launch_bounds__(STEP_THREADS, V == 4 ? 4 : 3) scan_step_kernel
   __shared__ float s_rbc[2];                                        /* inline B/C norm: 1 / RMS of B, C */
   __shared__ uint64_t s_bar;                                        /* BULK: the copy in has landed */
   const m3k_dims &d = a.d;
-  const int h = blockIdx.x, b = blockIdx.y, g = h / d.hpg;
+  const int h = grid_x(d.H), b = grid_row(d.H), g = h / d.hpg;
   const int P = d.P, N = d.N, S = d.S, H = d.H, E = d.E, nv = N / V;
   const int tid = threadIdx.x, lane = tid & 31, wid = tid >> 5;
   const int rw = 32 / lw, lj = lane & (lw - 1);
@@ -252,7 +252,7 @@ __global__ void __launch_bounds__(STEP_THREADS, V == 4 ? 4 : 3) scan_step_kernel
 
 template <typename T> static void launch_step(cudaStream_t s, const m3k_scan_args &a) {
   const step_tile t = step_tile_for(a.d.N, ((uintptr_t)a.in_ssm | (uintptr_t)a.fin_ssm) % 16 == 0);
-  const dim3 grid(a.d.H, a.rows);
+  const dim3 grid = rows_grid(a.d.H, a.rows);
   const size_t smem = m3k_step_smem(a.d.P, a.d.N);
   if (t.V == 1) scan_step_kernel<1, 8, false, T><<<grid, STEP_THREADS, 0, s>>>(a, t.lw);
   else if (t.NJ == 1) scan_step_kernel<4, 1, true, T><<<grid, STEP_THREADS, smem, s>>>(a, t.lw);

@@ -51,7 +51,7 @@ __global__ void __launch_bounds__(WARP_THREADS) scan_fwd_warp_kernel(const m3k_s
                 "a shape the lane layouts cover");
   __shared__ __align__(16) warp_slot<P, N, WCH> ring[NSLOT];
   const m3k_dims &d = a.d;
-  const int h = blockIdx.x, b = blockIdx.y, tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+  const int h = grid_x(a.d.H), b = grid_row(a.d.H), tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
   const int S = d.S, H = d.H, E = d.E, g = h / d.hpg, nch = (a.len + WCH - 1) / WCH;
   const int nch64 = (a.len + M3K_CHUNK - 1) / M3K_CHUNK;
   if (nch == 0) return;
@@ -264,7 +264,7 @@ __global__ void __launch_bounds__(WARP_THREADS) scan_fwd_warp_kernel(const m3k_s
 }
 
 template <typename T> static void warp_fwd(cudaStream_t s, const m3k_scan_args &a) {
-  const dim3 grid(a.d.H, a.rows);
+  const dim3 grid = rows_grid(a.d.H, a.rows);
   if (a.len <= 64) scan_fwd_warp_kernel<16, 16, 16, T><<<grid, WARP_THREADS, 0, s>>>(a);
   else scan_fwd_warp_kernel<16, 16, 32, T><<<grid, WARP_THREADS, 0, s>>>(a);
 }

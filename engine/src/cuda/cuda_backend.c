@@ -1567,11 +1567,12 @@ static m3_status init_device(backend *be, const backend_args *a) {
   int max_smem = 0;
   CK(cudaDeviceGetAttribute(&max_smem, cudaDevAttrMaxSharedMemoryPerBlockOptin, be->dev));
   CK(cudaDeviceGetAttribute(&be->sms, cudaDevAttrMultiProcessorCount, be->dev));
-  if (be->B > M3K_MAX_ROWS)
+  const int64_t max_rows = m3k_scan_max_rows(be->d->H, be->T);
+  if (be->B > max_rows)
     return m3_fail(M3_ERR_UNSUPPORTED,
-                   "batch %d: the CUDA backend runs at most %d rows at once (its scan kernels' launch grid); use "
-                   "several trainers or inference objects of at most %d rows each",
-                   be->B, M3K_MAX_ROWS, M3K_MAX_ROWS);
+                   "batch %d: with %d heads and %d-token windows the CUDA backend runs at most %lld rows at once "
+                   "(its scan kernels' launch grid)",
+                   be->B, be->d->H, be->T, (long long)max_rows);
   char why[256];
   if (!m3k_scan_make_plan(be->d->P, be->d->N, be->d->S, max_smem, be->sms, &be->scan, why))
     return m3_fail(M3_ERR_UNSUPPORTED, "%s", why);
