@@ -1,5 +1,6 @@
 -- m3.fs: listing a folder whose names hold newlines, quotes, spaces and leading dashes or dots;
--- a folder that does not exist and a file list as empty.
+-- a folder that does not exist and a file list as empty; realpath; write's atomic replace, which
+-- an error on the way (an interrupt) leaves without a temporary file.
 
 local fs = require "m3.fs"
 local helper = require "spec.helper"
@@ -42,5 +43,30 @@ describe("m3.fs.realpath", function()
     assert.equal(real, dotted)
     assert.equal(real, linked)
     assert.is_nil(missing)
+  end)
+end)
+
+describe("m3.fs.write", function()
+  it("replaces a file; an error on the way (an interrupt) leaves the old file and no temporary one", function()
+    local dir = helper.tmpdir()
+    local path = dir .. "/file"
+    fs.write(path, "old")
+    fs.write(path, "new")
+    assert.equal("new", fs.read(path))
+    local real_open = io.open
+    io.open = function(name, mode)
+      local f = assert(real_open(name, mode))
+      return setmetatable({}, { __index = function(_, k)
+        if k == "write" then return function() error("interrupted!", 0) end end
+        return function(_, ...) return f[k](f, ...) end
+      end })
+    end
+    local ok, err = pcall(fs.write, path, "newer")
+    io.open = real_open
+    local names = fs.list(dir)
+    os.execute("rm -rf '" .. dir .. "'")
+    assert.is_false(ok)
+    assert.equal("interrupted!", err)
+    assert.same({ "file" }, names)
   end)
 end)

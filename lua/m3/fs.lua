@@ -101,24 +101,28 @@ end
 -- Writes text to a temporary file beside path and renames it over path, so a reader
 -- never sees a half-written file and a failed write (a full disk) leaves path as it was.
 -- The temporary name keeps at most 200 bytes of path's own, so that a name the file
--- system takes does not grow past its limit.
+-- system takes does not grow past its limit. An error on the way (the interrupt that
+-- m3lua raises for Ctrl-C or SIGTERM) removes the temporary file before it goes on.
 function fs.write(path, text)
   local dir, base = path:match("^(.*/)([^/]*)$")
   local tmp = (dir or "") .. (base or path):sub(1, 200) .. ".tmp." .. ffi.C.getpid()
   local f, err = io.open(tmp, "wb")
   if not f then lib.raise("m3.fs: cannot write " .. tostring(err)) end
-  local wrote, werr = f:write(text)
-  local flushed, ferr = f:flush()
-  local closed, cerr = f:close()
-  if not (wrote and flushed and closed) then
-    os.remove(tmp)
-    lib.raise("m3.fs: cannot write " .. path .. ": " .. tostring(werr or ferr or cerr))
-  end
-  local ok, rerr = os.rename(tmp, path)
-  if not ok then
-    os.remove(tmp)
-    lib.raise("m3.fs: cannot rename onto " .. path .. ": " .. tostring(rerr))
-  end
+  local ok, failure = pcall(function()
+    local wrote, werr = f:write(text)
+    local flushed, ferr = f:flush()
+    local closed, cerr = f:close()
+    if not (wrote and flushed and closed) then
+      return "m3.fs: cannot write " .. path .. ": " .. tostring(werr or ferr or cerr)
+    end
+    local renamed, rerr = os.rename(tmp, path)
+    if not renamed then return "m3.fs: cannot rename onto " .. path .. ": " .. tostring(rerr) end
+  end)
+  if ok and not failure then return end
+  if io.type(f) == "file" then f:close() end
+  os.remove(tmp)
+  if ok then lib.raise(failure) end
+  error(failure, 0)
 end
 
 return fs
