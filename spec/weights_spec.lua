@@ -158,6 +158,18 @@ describe("m3.weights", function()
       helper.error_of(m3.weights.load, path))
   end)
 
+  it("refuses a file that lacks the tensors of its config's model before allocating that model", function()
+    -- a few bytes whose config names a model of about 2^47 parameters: more than any address space holds
+    local big = { d_model = 2 ^ 22, n_layers = 1, d_state = 16, headdim = 64, input = "tokens",
+                  vocab_size = 2 ^ 24, head = "lm" }
+    local path = helper.tmpname(".safetensors")
+    m3.save_tensors(path, {}, { config = require("m3.json").encode(big) })
+    local want = "missing tensor embedding.weight %(shape %[16777216, 4194304%]%)"
+    assert.matches(want, helper.error_of(m3.weights.load, path))
+    assert.matches(want, helper.error_of(m3.weights.load, path, m3.config(big)))
+    assert.matches(want, helper.error_of(m3.infer, path))
+  end)
+
   it("names a weights object passed for a config, and a seed given as a string", function()
     local w = m3.weights.init(cfg)
     assert.matches("m3.weights: expected a config, got weights", helper.error_of(m3.weights.init, w))

@@ -6,7 +6,8 @@
  * from the file's "config" metadata (which states every member in a file of that format), then
  * fills each layout tensor from the file tensor of the same name, bare or under the "backbone."
  * prefix, converting F64, F16 and BF16 to float32.
- * Missing, extra, mis-shaped or doubly present tensors are errors; the one tolerated extra is
+ * Missing, mis-shaped or doubly present tensors are refused before the weights are allocated,
+ * extra ones after; the one tolerated extra is
  * a lm_head.weight equal to the embedding it is tied to. A NaN or an infinity among the loaded
  * values is refused (M3_ERR_FORMAT), naming the tensor, the element and the value.
  */
@@ -122,6 +123,25 @@ static m3_status find_param(const char *path, const m3_tensor_file *f, const par
   return M3_OK;
 }
 
+/* Every parameter of a validated config's layout is in the file with its shape: checked before the weights are
+ * allocated, so that a small file (or a caller's config) naming a huge model is refused without first zeroing
+ * that model's memory (the arena is then in proportion to the tensor data the file holds). */
+static m3_status check_params(const char *path, const m3_tensor_file *f, const m3_config *cfg) {
+  m3_layout l;
+  TRY(m3_layout_build(cfg, &l));
+  m3_status rc = M3_OK;
+  for (int32_t i = 0; rc == M3_OK && i < l.n; i++) {
+    int32_t index = -1;
+    m3_file_tensor t;
+    rc = find_param(path, f, &l.t[i], &index);
+    if (rc == M3_OK) rc = m3_tensor_file_get(f, index, &t);
+    if (rc == M3_OK) rc = check_shape(path, &t, &l.t[i]);
+  }
+  m3_layout_free(&l);
+  return rc;
+}
+
+/* Fills the weights from the file's tensors, whose presence and shapes check_params has checked. */
 static m3_status fill_params(const char *path, const m3_tensor_file *f, m3_weights *w, uint8_t *used) {
   for (int32_t i = 0; i < w->layout.n; i++) {
     const param_desc *p = &w->layout.t[i];
@@ -129,7 +149,6 @@ static m3_status fill_params(const char *path, const m3_tensor_file *f, m3_weigh
     m3_file_tensor t;
     TRY(find_param(path, f, p, &index));
     TRY(m3_tensor_file_get(f, index, &t));
-    TRY(check_shape(path, &t, p));
     TRY(to_float(path, &t, w->arena + p->offset));
     used[index] = 1;
   }
@@ -207,7 +226,10 @@ static m3_status load_into(const char *path, const m3_tensor_file *f, const m3_c
                    path, M3_CHECKPOINT_FORMAT);
   m3_config c;
   TRY(load_config(path, f, format, cfg, &c));
-  m3_status rc = m3_weights_create(&c, w);
+  m3_status rc = m3_config_validate(&c);
+  if (rc != M3_OK) return m3_fail_context(rc, "loading %s", path);
+  TRY(check_params(path, f, &c));
+  rc = m3_weights_create(&c, w);
   if (rc != M3_OK) return m3_fail_context(rc, "loading %s", path);
   uint8_t *used = calloc((size_t)m3_tensor_file_count(f) + 1, 1);
   if (!used) return m3_fail(M3_ERR_MEMORY, "%s: out of memory", path);
