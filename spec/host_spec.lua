@@ -185,9 +185,13 @@ describe("m3lua", function()
 
   it("train.lua refuses bad flag values before making its run folder", function()
     local function try(...) refuses("train.lua", ...) end
-    try({ "--eval_batches", "0" }, 2, '^%-%-eval_batches expects an integer >= 1, got "0"$')
-    try({ "--batch", "0" }, 2, '^%-%-batch expects an integer >= 1, got "0"$')
-    try({ "--steps", "2.5" }, 2, '^%-%-steps expects an integer >= 1, got "2.5"$')
+    try({ "--eval_batches", "0" }, 2, '^%-%-eval_batches expects an integer from 1 to 2147483647, got "0"$')
+    try({ "--batch", "0" }, 2, '^%-%-batch expects an integer from 1 to 2147483647, got "0"$')
+    try({ "--steps", "2.5" }, 2, '^%-%-steps expects an integer from 1 to 2147483647, got "2.5"$')
+    -- counts the library holds in an int32, which fit.run and fit.evaluate would refuse only once the run had begun
+    for _, flag in ipairs { "steps", "batch", "eval_every", "eval_batches" } do
+      try({ "--" .. flag, "1e10" }, 2, '^%-%-' .. flag .. ' expects an integer from 1 to 2147483647, got "1e10"$')
+    end
     try({ "--lr", "nan" }, 2, '^%-%-lr expects a number >= 0, got "nan"$')
     try({ "--task", "sorting" }, 2, '^%-%-task expects one of parity | arithmetic | brackets | mqar, got "sorting"$')
     -- values that only the library refuses: its message after the script's name, status 2
@@ -220,11 +224,15 @@ describe("m3lua", function()
       "^lm%.lua: %-%-carry reads %-%-batch streams, one per state row of the trainer: %-%-micro_batch %(16%) must equal "
       .. "%-%-batch %(8%)$")
     try({ "--micro_batch", "0" }, 2, '^%-%-micro_batch expects an integer >= 1, got "0"$')
-    try({ "--steps", "-5" }, 2, '^%-%-steps expects an integer >= 1, got "%-5"$')
+    try({ "--steps", "-5" }, 2, '^%-%-steps expects an integer from 1 to 2147483647, got "%-5"$')
     try({ "--keep", "-1" }, 2, '^%-%-keep expects an integer >= 0, got "%-1"$')
     try({ "--temperature", "-1" }, 2, '^%-%-temperature expects a number >= 0, got "%-1"$')
-    try({ "--sample_len", "0" }, 2, '^%-%-sample_len expects an integer >= 1, got "0"$')
-    try({ "--eval_batches", "0" }, 2, '^%-%-eval_batches expects an integer >= 1, got "0"$')
+    try({ "--sample_len", "0" }, 2, '^%-%-sample_len expects an integer from 1 to 2147483647, got "0"$')
+    try({ "--eval_batches", "0" }, 2, '^%-%-eval_batches expects an integer from 1 to 2147483647, got "0"$')
+    -- counts the library holds in an int32, refused otherwise once the run had begun (--sample_len: after it)
+    for _, flag in ipairs { "steps", "batch", "eval_every", "eval_batches", "sample_len" } do
+      try({ "--" .. flag, "1e10" }, 2, '^%-%-' .. flag .. ' expects an integer from 1 to 2147483647, got "1e10"$')
+    end
     try({ "--warmup", "-3" }, 2, '^%-%-warmup expects a number >= 0, got "%-3"$')
     try({ "--dtype", "f64" }, 2, '^%-%-dtype expects one of f32 | bf16 | f16, got "f64"$')
     try({ "--lr", "0" }, 2, "^lm%.lua: m3%.schedule%.warmup_cosine: expected peak > 0, got 0$")

@@ -51,6 +51,14 @@ describe("m3.flags", function()
     assert.equal('--tasks expects a comma-separated list of a | b, got "a,A"', err("--tasks", "a,A"))
   end)
 
+  it("bounds a number flag by max", function()
+    local spec = { { "steps", 600, "", int = true, min = 1, max = flags.INT32 }, { "scale", 1, "", max = 2 } }
+    assert.same({ steps = 2147483647, scale = -3 }, (flags.values({ "--steps", "2147483647", "--scale", "-3" }, spec)))
+    local function err(...) return helper.error_of(flags.values, { ... }, spec) end
+    assert.equal('--steps expects an integer from 1 to 2147483647, got "1e10"', err("--steps", "1e10"))
+    assert.equal('--scale expects a number <= 2, got "3"', err("--scale", "3"))
+  end)
+
   it("says which flags were given, also at their default value", function()
     local spec = { { "steps", 600, "" }, { "lr", 1e-3, "" }, { "resume", false, "" } }
     local o, changed, given = flags.values({ "--steps=600", "--lr", "2e-3" }, spec)

@@ -8,8 +8,9 @@
 --
 -- A flag's type is its default's: numbers must parse to a finite number, booleans are
 -- switches (`--resume`, or `--resume=false`), strings take any value. Optional fields of a
--- flag narrow its values: int = true (whole numbers), min = x (numbers >= x), choices =
--- {...} (strings from the list), e.g. {"batch", 32, "rows per step", int = true, min = 1}.
+-- flag narrow its values: int = true (whole numbers), min = x (numbers >= x), max = x
+-- (numbers <= x: flags.INT32 for a count the library holds in an int32), choices = {...}
+-- (strings from the list), e.g. {"batch", 32, "rows per step", int = true, min = 1}.
 -- list = true: the value is a comma-separated list (a text, read with flags.list) whose
 -- items are checked the same way, numbers when int or min is given, e.g.
 -- {"widths", "64,128", "d_model values", list = true, int = true, min = 1}.
@@ -32,6 +33,8 @@
 
 local flags = {}
 
+flags.INT32 = 2147483647 -- the largest value of the library's int32 options (steps, rows, ...)
+
 local function usage(spec, banner)
   local lines = { banner or "flags:" }
   for _, f in ipairs(spec) do
@@ -44,18 +47,20 @@ local function usage(spec, banner)
 end
 flags.usage = usage
 
--- "an integer >= 1", "a number >= 0", "a finite number": what a number flag takes (plural:
--- "integers >= 1", ..., for the items of a list).
+-- "an integer >= 1", "an integer from 1 to 2147483647", "a number >= 0", "a finite number": what a number
+-- flag takes (plural: "integers >= 1", ..., for the items of a list).
 local function number_kind(f, plural)
-  local noun = plural and (f.int and "integers" or f.min and "numbers" or "finite numbers")
-    or (f.int and "an integer" or f.min and "a number" or "a finite number")
-  return noun .. (f.min and " >= " .. f.min or "")
+  local noun = plural and (f.int and "integers" or (f.min or f.max) and "numbers" or "finite numbers")
+    or (f.int and "an integer" or (f.min or f.max) and "a number" or "a finite number")
+  if f.min and f.max then return noun .. " from " .. f.min .. " to " .. f.max end
+  return noun .. (f.min and " >= " .. f.min or f.max and " <= " .. f.max or "")
 end
 
 -- The number text stands for, when it is one that f takes.
 local function flag_number(f, text)
   local v = tonumber(text)
-  if v and v == v and math.abs(v) ~= math.huge and not (f.int and v ~= math.floor(v)) and not (f.min and v < f.min) then
+  if v and v == v and math.abs(v) ~= math.huge and not (f.int and v ~= math.floor(v)) and not (f.min and v < f.min)
+    and not (f.max and v > f.max) then
     return v
   end
 end
@@ -71,7 +76,7 @@ end
 
 -- A list flag's text, once it holds items and f takes every one.
 local function convert_list(f, text)
-  local numbers = f.int or f.min
+  local numbers = f.int or f.min or f.max
   local items = flags.list(text)
   local ok = #items > 0
   for _, item in ipairs(items) do
