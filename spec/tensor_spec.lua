@@ -96,6 +96,9 @@ describe("m3.tensor", function()
     assert.matches("element %[1%]%[2%] is a string", helper.error_of(m3.tensor.from, { { 1, "x" } }))
     assert.matches("element %[2%] is a number, expected a table",
       helper.error_of(m3.tensor.from, { { 1, 2 }, 3 }))
+    local loop = {}
+    loop[1] = loop -- nested without end: refused at the ninth level, not followed forever
+    assert.matches("m3.tensor.from: at most 8 dims, got 9", helper.error_of(m3.tensor.from, loop))
   end)
 
   it("clones into independent memory and converts dtypes", function()

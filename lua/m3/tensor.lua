@@ -369,7 +369,7 @@ function tensor.from(v, dtype, what)
     raise(what .. ": expected a (nested) table of numbers or a tensor, got " .. type(v))
   end
   local shape, x = {}, v
-  while type(x) == "table" do
+  while type(x) == "table" and #shape <= MAXDIM do -- a table nested in itself stops here (check_shape names it)
     shape[#shape + 1] = #x
     if #x == 0 then
       if next(x) ~= nil then -- keys but no list: not an empty tensor
