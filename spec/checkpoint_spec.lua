@@ -292,6 +292,21 @@ describe("m3.checkpoint", function()
     assert.equal(fit.evaluate(tr, val, { batches = 2, length = 8 }).loss, carried.loss)
   end)
 
+  it("refuses to average an evaluation whose batches count no position (every target -1)", function()
+    local tr = new_trainer("accumulate")
+    local masked = {
+      cursor = function() return { seed = 0, index = 0 } end,
+      seek = function() end,
+      next = function(_, rows)
+        local targets = m3.tensor({ rows, 4 }, "i32")
+        for i = 0, rows * 4 - 1 do targets[i] = -1 end
+        return { tokens = m3.tensor({ rows, 4 }, "i32"), targets = targets }
+      end,
+    }
+    assert.equal("m3.fit.evaluate: no position counts (every target is -1 in the 2 batches): there is no loss to average",
+      helper.error_of(fit.evaluate, tr, masked, { batches = 2 }))
+  end)
+
   it("refuses accumulated steps on a trainer that carries its state", function()
     local src = data.text(path, { order = "stream" })
     local function refusal(o)

@@ -43,7 +43,8 @@
 --
 --   fit.evaluate(tr, src, {batches = 4, rows =, ...data options}) -> {loss, accuracy}
 --       over the first batches of src (from index 0: the same set every time), each window from a
---       zero state (a reset at position 0) when the trainer carries its state
+--       zero state (a reset at position 0) when the trainer carries its state; an error when no position
+--       of them counts (every target -1), which leaves no loss to average
 
 local accumulate = require "m3.accumulate"
 local checkpoint = require "m3.checkpoint"
@@ -103,6 +104,10 @@ function fit.evaluate(tr, src, o)
     if m.accuracy then acc = acc + m.accuracy * c end
   end
   src:seek(saved)
+  if counted == 0 then
+    lib.raise(string.format("m3.fit.evaluate: no position counts (every target is -1 in the %d batches): there is no "
+      .. "loss to average", batches))
+  end
   return { loss = loss / counted, accuracy = acc / counted }
 end
 
