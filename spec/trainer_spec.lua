@@ -672,6 +672,8 @@ describe("m3.trainer", function()
       refused('step "abc": expected an integer in %[0, ', function(_, m) m.step = "abc" end)
       refused('step "%-5": expected an integer', function(_, m) m.step = "-5" end)
       refused('step "3x": expected an integer', function(_, m) m.step = "3x" end)
+      refused('step "9223372036854775807": expected an integer in %[0, 9007199254740992%]',
+        function(_, m) m.step = "9223372036854775807" end)
       refused('loss_scale "nan": expected a finite number', function(_, m) m.loss_scale = "nan" end)
       refused("loss_scale 2, tracker 0: a trainer without f16 has 1 and 0", function(_, m) m.loss_scale = "2" end)
       refused('tracker "%-1": expected an integer', function(_, m) m.tracker = "-1" end)

@@ -287,7 +287,9 @@ static m3_status verify_checksum(const m3_tensor_file *f) {
 
 static m3_status restore(m3_trainer *tr, const m3_tensor_file *f, int same_precision, int same_batch, float *buf) {
   const char *text;
-  TRY(meta_int(f, "step", 0, INT64_MAX, &tr->step));
+  /* at most 2^53: the steps a double counts exactly (Adam's bias correction takes step + 1 as one), and far from
+   * INT64_MAX, which the next step's count would overflow */
+  TRY(meta_int(f, "step", 0, (int64_t)1 << 53, &tr->step));
   if (same_precision) { /* a changed precision starts its own scaler */
     double scale = 1;
     int64_t tracker = 0;
