@@ -68,6 +68,10 @@ describe("m3.trainer", function()
         helper.error_of(m3.trainer, cfg, { device = "cpu", lr = 1e3, weight_decay = 1e36 }))
       assert.matches("eps = 1e%-50: must be at least 1.4013e%-45 %(float32%)",
         helper.error_of(m3.trainer, cfg, { device = "cpu", eps = 1e-50 }))
+      -- a table option is shown by its items, not by its address
+      assert.matches("betas = {0.9}: expected a table of two numbers", helper.error_of(m3.trainer, cfg, { betas = { 0.9 } }),
+        1, true)
+      assert.matches('betas = {0.9, "x"}: expected', helper.error_of(m3.trainer, cfg, { betas = { 0.9, "x" } }), 1, true)
       assert.matches("carry_state = 1", helper.error_of(m3.trainer, cfg, { carry_state = 1 }))
       assert.matches("expected weights", helper.error_of(m3.trainer, "rl"))
     end)

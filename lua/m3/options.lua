@@ -19,7 +19,13 @@ options.PRECISION_NAME = { [0] = "f32", "bf16", "f16" }
 
 function options.show(v)
   if type(v) == "string" then return string.format("%q", v) end
-  return tostring(v)
+  if type(v) ~= "table" or getmetatable(v) ~= nil then return tostring(v) end
+  -- a plain table by its first items ({0.9}, {1, "x", {...}}), never by its address
+  local items, n = {}, 0
+  for _ in pairs(v) do n = n + 1 end
+  for i = 1, math.min(#v, 4) do items[i] = type(v[i]) == "table" and "{...}" or options.show(v[i]) end
+  if n > #items then items[#items + 1] = "..." end
+  return "{" .. table.concat(items, ", ") .. "}"
 end
 local show = options.show
 
