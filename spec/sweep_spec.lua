@@ -73,7 +73,7 @@ describe("m3.sweep", function()
     assert.matches("^[^:]*sweep_spec%.lua:%d+: m3%.sweep: betas%[2%] = function: .*: a function value cannot name a "
       .. "run folder; use numbers, text, booleans or lists of them$",
       select(2, pcall(function() sweep { grid = { betas = { { 1, print } } }, dir = never, run = print } end)))
-    assert.matches('m3.sweep: opt = table: .*: a table with the key "a" cannot name a run folder',
+    assert.matches('m3.sweep: opt = {...}: a table with the key "a" cannot name a run folder',
       helper.error_of(sweep, { random = { opt = { { a = 1 } } }, trials = 1, dir = never, run = print }))
     assert.is_nil(io.open(never))
 
@@ -465,7 +465,7 @@ true']], M3LUA, script, dir, out, out, out))
     local gpu_list = 'expected a non-empty list of GPU indices or names, e.g. {0, 1} or {"GPU-<uuid>"}'
     assert.equal("m3.sweep: gpus = 7: " .. gpu_list, err { gpus = 7, parallel = 2 })
     assert.equal('m3.sweep: gpus = "0,1": ' .. gpu_list, err { gpus = "0,1", parallel = 2 })
-    assert.matches("m3.sweep: gpus = table: .*: " .. gpu_list:gsub("%p", "%%%0"), err { gpus = {}, parallel = 2 })
+    assert.equal("m3.sweep: gpus = {}: " .. gpu_list, err { gpus = {}, parallel = 2 })
     assert.equal("m3.sweep: gpus has the key \"x\": " .. gpu_list, err { gpus = { 0, x = 1 }, parallel = 2 })
     assert.equal("m3.sweep: gpus[1] = true: expected a GPU index (an integer >= 0) or a device name",
       err { gpus = { true }, parallel = 2 })
