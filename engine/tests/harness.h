@@ -103,8 +103,6 @@ static inline void fill_normal_f(m3_rng *r, float *x, long n, double scale) {
   for (long i = 0; i < n; i++) x[i] = (float)(m3_rng_normal(r) * scale);
 }
 
-/* A two-layer test model: d_model = P H / 2, expand 2, headdim P, d_state N, ngroups G; a
- * "features" input 12 wide, 50 tokens where there is a vocabulary, an "mse" head of 3 outputs. */
 /* A trainer config for weights w on device (the defaults but for batch rows of seq_len positions). */
 static inline m3_trainer_cfg test_trainer_cfg(const m3_weights *w, int device, int batch, int seq_len) {
   m3_trainer_cfg tc;
@@ -116,6 +114,18 @@ static inline m3_trainer_cfg test_trainer_cfg(const m3_weights *w, int device, i
   return tc;
 }
 
+/* An inference config for weights w on device (the defaults but for batch rows). */
+static inline m3_infer_cfg test_infer_cfg(const m3_weights *w, int device, int batch) {
+  m3_infer_cfg ic;
+  m3_infer_cfg_defaults(&ic);
+  ic.weights = w;
+  ic.device = device;
+  ic.batch = batch;
+  return ic;
+}
+
+/* A two-layer test model: d_model = P H / 2, expand 2, headdim P, d_state N, ngroups G; a
+ * "features" input 12 wide, 50 tokens where there is a vocabulary, an "mse" head of 3 outputs. */
 static inline m3_config test_config(int P, int N, int H, int G, double rope, int outnorm, int input, int head,
                                     int tied) {
   m3_config c;

@@ -32,12 +32,8 @@ static m3_config config_of(const spec *s) {
 }
 
 static m3_infer *infer(const m3_weights *w, int device, int prec, int B, int graph) {
-  m3_infer_cfg ic;
-  m3_infer_cfg_defaults(&ic);
-  ic.weights = w;
-  ic.device = device;
+  m3_infer_cfg ic = test_infer_cfg(w, device, B);
   ic.precision = prec;
-  ic.batch = B;
   ic.graph = graph;
   m3_infer *inf = NULL;
   CHECK_OK(m3_infer_create(&ic, &inf));

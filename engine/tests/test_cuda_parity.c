@@ -482,11 +482,7 @@ static void infer_rows_past_grid(const spec *s) {
   CHECK_OK(m3_weights_init(w, 31));
   m3_infer *inf[2] = {NULL, NULL};
   for (int k = 0; k < 2; k++) {
-    m3_infer_cfg ic;
-    m3_infer_cfg_defaults(&ic);
-    ic.weights = w;
-    ic.device = k == 0 ? M3_DEVICE_CUDA : M3_DEVICE_CPU;
-    ic.batch = s->B;
+    m3_infer_cfg ic = test_infer_cfg(w, k == 0 ? M3_DEVICE_CUDA : M3_DEVICE_CPU, s->B);
     ic.max_len = s->T;
     CHECK_OK(m3_infer_create(&ic, &inf[k]));
   }
@@ -532,11 +528,7 @@ static void rows_past_grid(int idx) {
   c.expand = 32;
   m3_weights *w = NULL;
   CHECK_OK(m3_weights_create(&c, &w));
-  m3_infer_cfg ic;
-  m3_infer_cfg_defaults(&ic);
-  ic.weights = w;
-  ic.device = M3_DEVICE_CUDA;
-  ic.batch = heads.B;
+  m3_infer_cfg ic = test_infer_cfg(w, M3_DEVICE_CUDA, heads.B);
   ic.max_len = heads.T;
   m3_infer *inf = NULL;
   const m3_status st = m3_infer_create(&ic, &inf);

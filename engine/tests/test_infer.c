@@ -105,19 +105,10 @@ static m3_weights *small_weights(int32_t n_layers, int32_t input, int32_t head, 
   return w;
 }
 
-static m3_infer_cfg cpu_infer_cfg(m3_weights *w, int32_t batch) {
-  m3_infer_cfg ic;
-  m3_infer_cfg_defaults(&ic);
-  ic.weights = w;
-  ic.device = M3_DEVICE_CPU;
-  ic.batch = batch;
-  return ic;
-}
-
 static void check_api(m3_rng *r) {
   m3_dims d;
   m3_weights *w = small_weights(2, M3_INPUT_TOKENS, M3_HEAD_LM, 29, 7, &d);
-  m3_infer_cfg ic = cpu_infer_cfg(w, B);
+  m3_infer_cfg ic = test_infer_cfg(w, M3_DEVICE_CPU, B);
   ic.max_len = 7;
   m3_infer *whole = NULL, *stepped = NULL;
   CHECK_OK(m3_infer_create(&ic, &whole));
@@ -193,7 +184,7 @@ static void check_api(m3_rng *r) {
 static void check_logits_refused(m3_rng *r) {
   m3_dims d;
   m3_weights *w = small_weights(1, M3_INPUT_IDENTITY, M3_HEAD_NONE, 0, 3, &d);
-  const m3_infer_cfg ic = cpu_infer_cfg(w, 1);
+  const m3_infer_cfg ic = test_infer_cfg(w, M3_DEVICE_CPU, 1);
   m3_infer *inf = NULL;
   CHECK_OK(m3_infer_create(&ic, &inf));
   float input[16], out[16], logits[16];
@@ -251,7 +242,7 @@ static void check_nonfinite_weights(void) {
     CHECK(st == M3_ERR_ARGUMENT && !t && strstr(m3_last_error(), want), "trainer from weights with %s: %s: %s",
           cases[c].text, m3_status_name(st), m3_last_error());
     m3_trainer_destroy(t);
-    const m3_infer_cfg ic = cpu_infer_cfg(bad, 1);
+    const m3_infer_cfg ic = test_infer_cfg(bad, M3_DEVICE_CPU, 1);
     m3_infer *inf = NULL;
     st = m3_infer_create(&ic, &inf);
     CHECK(st == M3_ERR_ARGUMENT && !inf && strstr(m3_last_error(), want), "infer from weights with %s: %s: %s",
@@ -265,7 +256,7 @@ static void check_nonfinite_weights(void) {
   /* finite again (and different from the trainer's): every entry takes them */
   D.data[3] = 0.25f;
   const m3_trainer_cfg tc = test_trainer_cfg(bad, M3_DEVICE_CPU, 1, 4);
-  const m3_infer_cfg ic = cpu_infer_cfg(bad, 1);
+  const m3_infer_cfg ic = test_infer_cfg(bad, M3_DEVICE_CPU, 1);
   m3_trainer *t = NULL;
   m3_infer *inf = NULL;
   CHECK_OK(m3_trainer_create(&tc, &t));

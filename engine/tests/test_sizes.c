@@ -99,11 +99,7 @@ static void positions_fit_int(void) {
   CHECK(m3_trainer_create(&tc, &tr) == M3_ERR_CONFIG && tr == NULL &&
             strstr(m3_last_error(), "batch * seq_len = 2147483648: must be < 2^31"),
         "m3_trainer_create, 2^31 positions: %s", m3_last_error());
-  m3_infer_cfg ic;
-  m3_infer_cfg_defaults(&ic);
-  ic.weights = w;
-  ic.device = M3_DEVICE_CPU;
-  ic.batch = 1 << 16;
+  m3_infer_cfg ic = test_infer_cfg(w, M3_DEVICE_CPU, 1 << 16);
   ic.max_len = 1 << 15;
   m3_infer *inf = NULL;
   CHECK(m3_infer_create(&ic, &inf) == M3_ERR_CONFIG && inf == NULL &&
