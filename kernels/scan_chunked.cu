@@ -517,7 +517,7 @@ __device__ __forceinline__ void c_prep(float *sc, int nb, float *misc) {
   if (lane == 0) misc[0] = seglast < 0 ? expf(clast) : 0.0f;
 }
 
-/* ---- the per-token unit loops of scan_prep_chunked and scan_post_chunked: each warp walks the chunk's
+/* ---- the per-token unit loop of scan_post_chunked: each warp walks the chunk's
  * tokens i = wid, wid + 8, ... and lane l owns the units u = l + 32 j (j < UPL, N - S <= 32 UPL) at every
  * token (a compile-time count: no loop over units, no idle unit slots beyond UPL), so a unit's column and
  * the head's B/C biases are set up once per CTA, and a token's loads (B_hat / C_hat, theta) are all
@@ -597,67 +597,117 @@ __device__ __forceinline__ unit_kq lane_unit(const lane_units<UPL> &L, const lan
                            r.w[j].q1 + L.bq1[j], r.th[j]);
 }
 
+/* ---- scan_prep_chunked's q and ktil: a token's columns in groups of four on a few lanes ---------------- */
+
+/* A token's Np columns are Np / 4 groups of four (each pair (2a, 2a + 1) inside one group) on LPT lanes, a
+ * power of two, with GPL groups a lane (1 up to Np = 128, else 2): 32 / LPT tokens a warp at once. Lane l
+ * takes token slot l / LPT and groups l % LPT + LPT r (r < GPL): its columns are the same at every token,
+ * so a token costs it two 16-byte loads (B_hat, C_hat), its angles and two 8-byte stores (q, ktil), with
+ * no per-unit index arithmetic (NOTES.md run 290: the per-unit form spent ~300 instructions a token). */
+__host__ __device__ constexpr int groups_per_lane(int Np) { return Np > 128 ? 2 : 1; }
+__device__ __forceinline__ int group_lanes(int Np) {
+  int l = 4;
+  while (l < 32 && 4 * l < Np) l <<= 1;
+  return l;
+}
+/* Binds GPL = groups_per_lane(Np) (only the one a fixed NK allows). */
+#define GROUPS_DISPATCH(N_, body)                                              \
+  do {                                                                         \
+    if (groups_per_lane(((N_) + 15) / 16 * 16) == 1) {                         \
+      enum { GPL = 1 };                                                        \
+      if constexpr (NK == 0 || NK <= 128) body;                                \
+    } else {                                                                   \
+      enum { GPL = 2 };                                                        \
+      if constexpr (NK == 0 || NK > 128) body;                                 \
+    }                                                                          \
+  } while (0)
+
+/* A token's raw values at one lane: B_hat, C_hat of its groups' columns, the angles of their two pairs. */
+template <int GPL> struct group_raw {
+  float4 k[GPL], q[GPL];
+  float th[GPL][2];
+};
+
+/* Four columns from c0 of a float row of N values: one 16-byte load where the rows are 16-byte aligned
+ * (vec: bc_hat's, N % 4 == 0), else one at a time; zero from column N on. */
+__device__ __forceinline__ float4 ld_group(const float *row, int c0, int N, bool vec) {
+  if (vec) return c0 < N ? __ldg((const float4 *)(row + c0)) : make_float4(0, 0, 0, 0);
+  float v[4];
+#pragma unroll
+  for (int e = 0; e < 4; e++) v[e] = c0 + e < N ? __ldg(row + c0 + e) : 0.0f;
+  return make_float4(v[0], v[1], v[2], v[3]);
+}
+
+/* A biased pair (k0, k1) of k and (q0, q1) of q rotated in place by theta (unit_rotate's FAST formulas, as
+ * the post kernel's). */
+__device__ __forceinline__ void group_pair(float &k0, float &k1, float &q0, float &q1, float theta) {
+  const unit_kq r = unit_rotate<true>(0, true, k0, k1, q0, q1, theta);
+  k0 = r.k0;
+  k1 = r.k1;
+  q0 = r.q0;
+  q1 = r.q1;
+}
+
 /* q, ktil (bf16) and q.k (float32) of the chunk; rows >= nb and columns >= N are zero. kl: the window's
- * last k (or NULL). */
-template <int UPL>
+ * last k (or NULL). Each round a warp takes 32 / LPT tokens, and loads the next round's while it finishes
+ * this one's. */
+template <int GPL>
 __device__ __forceinline__ void c_build(const m3k_scan_args &a, const csmem &s, const cdims &cd, int N, int64_t m0,
                                         int t0, int nb, int h, int g, float *kl) {
-  const int lane = threadIdx.x & 31, wid = threadIdx.x >> 5;
-  const int S = a.d.S, GN = a.d.G * N;
-  const lane_units<UPL> L = lane_units_of<UPL>(a, h);
-  const float *bc0 = a.bc_hat + (m0 * 2 * a.d.G + g) * N, *th0 = a.theta + (m0 * a.d.H + h) * S;
-  const auto token = [&](int i, const lane_raw<UPL> &r) {
-    OT *q = s.sq + i * cd.lqn, *k = s.sk + i * cd.lqn;
-    if (i >= nb) {
-      for (int n = lane; n < cd.Np; n += 32) {
-        q[n] = __float2bfloat16_rn(0.0f);
-        k[n] = __float2bfloat16_rn(0.0f);
-      }
-      return;
+  const int lane = threadIdx.x & 31, wid = threadIdx.x >> 5, S = a.d.S, GN = a.d.G * N, H = a.d.H;
+  const int LPT = group_lanes(cd.Np), TPW = 32 / LPT, slot = lane / LPT, per_round = CWARPS * TPW;
+  int c0[GPL];
+  float4 bk[GPL], bq[GPL];
+#pragma unroll
+  for (int r = 0; r < GPL; r++) {
+    c0[r] = 4 * (lane % LPT + LPT * r);
+    bk[r] = ld_group(a.B_bias + (int64_t)h * N, c0[r], N, false);
+    bq[r] = ld_group(a.C_bias + (int64_t)h * N, c0[r], N, false);
+  }
+  const auto load = [&](int i, group_raw<GPL> &t) {
+    if (i >= nb) return;
+    const float *rk = a.bc_hat + ((m0 + i) * 2 * a.d.G + g) * N, *th = a.theta + ((m0 + i) * H + h) * S;
+#pragma unroll
+    for (int r = 0; r < GPL; r++) {
+      t.k[r] = ld_group(rk, c0[r], N, N % 4 == 0);
+      t.q[r] = ld_group(rk + GN, c0[r], N, N % 4 == 0);
+      const int p = c0[r] / 2; /* the group's first pair */
+      t.th[r][0] = p < S ? __ldg(th + p) : 0.0f;
+      t.th[r][1] = p + 1 < S ? __ldg(th + p + 1) : 0.0f;
     }
-    const float sc = s.sc[i * FW + F_SCALE];
-    const bool last = kl && (t0 + i == a.len - 1);
+  };
+  group_raw<GPL> cur = {}, nxt = {};
+  load(wid * TPW + slot, cur);
+  for (int i = wid * TPW + slot; i < CQ; i += per_round) { /* every lane the same rounds: the shuffles */
+    nxt = group_raw<GPL>{};
+    load(i + per_round, nxt);
+    const bool live = i < nb, last = kl && live && t0 + i == a.len - 1;
+    const float sc = live ? s.sc[i * FW + F_SCALE] : 0.0f;
+    OT *q = s.sq + i * cd.lqn, *k = s.sk + i * cd.lqn;
     float qk = 0;
 #pragma unroll
-    for (int j = 0; j < UPL; j++) {
-      if (L.n0[j] < 0) continue;
-      const unit_kq u = lane_unit(L, r, j);
-      qk += u.q0 * u.k0 + u.q1 * u.k1;
-      if (u.pair) { /* n0 even, rows of even length: 4-byte aligned pairs */
-        *(__nv_bfloat162 *)(k + u.n0) = __floats2bfloat162_rn(sc * u.k0, sc * u.k1);
-        *(__nv_bfloat162 *)(q + u.n0) = __floats2bfloat162_rn(u.q0, u.q1);
-        if (last) {
-          kl[u.n0] = u.k0;
-          kl[u.n0 + 1] = u.k1;
-        }
-      } else {
-        k[u.n0] = __float2bfloat16_rn(sc * u.k0);
-        q[u.n0] = __float2bfloat16_rn(u.q0);
-        if (last) kl[u.n0] = u.k0;
-      }
-    }
-    for (int n = N + lane; n < cd.Np; n += 32) {
-      q[n] = __float2bfloat16_rn(0.0f);
-      k[n] = __float2bfloat16_rn(0.0f);
-    }
-    qk = warp_sum(qk);
-    if (lane == 0) s.sc[i * FW + F_QK] = qk;
-  };
-  /* the warp's tokens TOK at a time, their loads in flight together (TOK_UNITS) */
-  constexpr int TOK = UPL < TOK_UNITS ? TOK_UNITS / UPL : 1;
-  for (int i = wid; i < CQ; i += TOK * CWARPS) {
-    lane_raw<UPL> r[TOK];
+    for (int r = 0; r < GPL; r++) {
+      if (c0[r] >= cd.Np) continue;
+      float kv[4] = {cur.k[r].x + bk[r].x, cur.k[r].y + bk[r].y, cur.k[r].z + bk[r].z, cur.k[r].w + bk[r].w};
+      float qv[4] = {cur.q[r].x + bq[r].x, cur.q[r].y + bq[r].y, cur.q[r].z + bq[r].z, cur.q[r].w + bq[r].w};
+      if (!live) kv[0] = kv[1] = kv[2] = kv[3] = qv[0] = qv[1] = qv[2] = qv[3] = 0;
+      const int p = c0[r] / 2;
+      if (p < S) group_pair(kv[0], kv[1], qv[0], qv[1], cur.th[r][0]);
+      if (p + 1 < S) group_pair(kv[2], kv[3], qv[2], qv[3], cur.th[r][1]);
 #pragma unroll
-    for (int t = 0; t < TOK; t++) {
-      const int it = i + t * CWARPS;
-      if (it < nb) {
-        const float *bk = bc0 + (int64_t)it * 2 * GN;
-        lane_load(L, bk, bk + GN, th0 + (int64_t)it * a.d.H * S, S, r[t]);
-      }
-    }
+      for (int e = 0; e < 4; e++) qk = __fmaf_rn(qv[e], kv[e], qk);
+      __nv_bfloat162 qs[2] = {__floats2bfloat162_rn(qv[0], qv[1]), __floats2bfloat162_rn(qv[2], qv[3])};
+      __nv_bfloat162 ks[2] = {__floats2bfloat162_rn(sc * kv[0], sc * kv[1]), __floats2bfloat162_rn(sc * kv[2], sc * kv[3])};
+      *(uint2 *)(q + c0[r]) = *(const uint2 *)qs;
+      *(uint2 *)(k + c0[r]) = *(const uint2 *)ks;
+      if (last)
 #pragma unroll
-    for (int t = 0; t < TOK; t++)
-      if (i + t * CWARPS < CQ) token(i + t * CWARPS, r[t]);
+        for (int e = 0; e < 4; e++)
+          if (c0[r] + e < N) kl[c0[r] + e] = kv[e];
+    }
+    for (int o = LPT / 2; o > 0; o >>= 1) qk += __shfl_xor_sync(0xffffffffu, qk, o);
+    if (live && lane % LPT == 0) s.sc[i * FW + F_QK] = qk;
+    cur = nxt;
   }
 }
 
@@ -993,8 +1043,8 @@ __global__ void __launch_bounds__(CTHREADS) scan_angles_chunked(const m3k_scan_a
  * keeps (see chunk_views). Four CTAs a multiprocessor up to four units a lane (64 registers; lm130
  * 208.8 -> 197.6 us a launch against three CTAs with two tokens in flight at three units, NOTES.md
  * run 220). */
-template <typename T, int UPL, int PK, int NK>
-__global__ void __launch_bounds__(CTHREADS, UPL <= 4 ? 4 : 1) scan_prep_chunked(const m3k_scan_args a) {
+template <typename T, int GPL, int PK, int NK>
+__global__ void __launch_bounds__(CTHREADS, GPL == 1 ? 4 : 2) scan_prep_chunked(const m3k_scan_args a) {
   extern __shared__ __align__(128) unsigned char smraw[];
   const m3k_dims &d = a.d;
   const int nch = (a.len + CQ - 1) / CQ, ch = grid_x(nch * d.H) % nch, h = grid_x(nch * d.H) / nch;
@@ -1014,7 +1064,7 @@ __global__ void __launch_bounds__(CTHREADS, UPL <= 4 ? 4 : 1) scan_prep_chunked(
   __syncthreads();
   if (wid == 0) c_prep(s.sc, nb, misc);
   __syncthreads();
-  c_build<UPL>(a, s, cd, N, m0, t0, nb, h, g, want_kl ? s.kl : NULL);
+  c_build<GPL>(a, s, cd, N, m0, t0, nb, h, g, want_kl ? s.kl : NULL);
   __syncthreads();
   tile_store(cv.q + u * CQ * cd.Np, s.sq, cd.lqn, cd.Np);
   tile_store(cv.k + u * CQ * cd.Np, s.sk, cd.lqn, cd.Np);
@@ -1999,11 +2049,8 @@ int64_t m3k_chunked_kept(int32_t rows, int32_t len, int32_t H, int32_t P, int32_
 }
 
 template <typename T, int UPL, int PK, int NK> static cudaError_t unit_kernels_prepare(const m3k_scan_plan *plan) {
-  cudaError_t e = cudaFuncSetAttribute(scan_prep_chunked<T, UPL, PK, NK>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                       plan->smem_cprep);
-  if (e == cudaSuccess)
-    e = cudaFuncSetAttribute(scan_post_chunked<T, UPL, PK, NK, false>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                             plan->smem_cpost);
+  cudaError_t e = cudaFuncSetAttribute(scan_post_chunked<T, UPL, PK, NK, false>,
+                                       cudaFuncAttributeMaxDynamicSharedMemorySize, plan->smem_cpost);
   if (e == cudaSuccess && plan->smem_cpost_sum)
     e = cudaFuncSetAttribute(scan_post_chunked<T, UPL, PK, NK, true>, cudaFuncAttributeMaxDynamicSharedMemorySize,
                              plan->smem_cpost_sum);
@@ -2046,6 +2093,11 @@ template <typename T> static cudaError_t chunked_prepare(const m3k_scan_plan *pl
   if (e == cudaSuccess)
     SHAPE_UNITS_DISPATCH(plan->P, plan->N, plan->N - plan->S, (e = unit_kernels_prepare<T, UPL, PK, NK>(plan)));
   if (e == cudaSuccess)
+    SHAPE_DISPATCH(plan->P, plan->N,
+                   GROUPS_DISPATCH(plan->N, (e = cudaFuncSetAttribute(scan_prep_chunked<T, GPL, PK, NK>,
+                                                                      cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                                                      plan->smem_cprep))));
+  if (e == cudaSuccess)
     e = cudaFuncSetAttribute(scan_post_seq_chunked<T>, cudaFuncAttributeMaxDynamicSharedMemorySize,
                              plan->smem_cpost);
   return e;
@@ -2064,9 +2116,9 @@ template <typename T> static void chunked_fwd(cudaStream_t s, const m3k_scan_pla
     scan_angles_chunked<T><<<rows_grid(a.d.H, a.rows, parts), CTHREADS,
                              (size_t)angles_smem_floats(a.d.S / parts) * sizeof(float), s>>>(a);
   }
-  SHAPE_UNITS_DISPATCH(a.d.P, a.d.N, a.d.N - a.d.S,
-                       (scan_prep_chunked<T, UPL, PK, NK>
-                        <<<rows_grid((int64_t)nch * a.d.H, a.rows), CTHREADS, plan->smem_cprep, s>>>(a)));
+  SHAPE_DISPATCH(a.d.P, a.d.N,
+                 GROUPS_DISPATCH(a.d.N, (scan_prep_chunked<T, GPL, PK, NK>
+                                         <<<rows_grid((int64_t)nch * a.d.H, a.rows), CTHREADS, plan->smem_cprep, s>>>(a))));
   SHAPE_DISPATCH(a.d.P, a.d.N, (fwd_launch<T, PK, NK>(s, plan, a)));
 }
 
