@@ -517,87 +517,7 @@ __device__ __forceinline__ void c_prep(float *sc, int nb, float *misc) {
   if (lane == 0) misc[0] = seglast < 0 ? expf(clast) : 0.0f;
 }
 
-/* ---- the per-token unit loop of scan_post_chunked: each warp walks the chunk's
- * tokens i = wid, wid + 8, ... and lane l owns the units u = l + 32 j (j < UPL, N - S <= 32 UPL) at every
- * token (a compile-time count: no loop over units, no idle unit slots beyond UPL), so a unit's column and
- * the head's B/C biases are set up once per CTA, and a token's loads (B_hat / C_hat, theta) are all
- * issued before any is used. */
-
-/* Units per lane for N - S <= 256 units (UNITS_DISPATCH binds it as a compile-time constant). The unit
- * loops take a warp's tokens TOK_UNITS / UPL at a time (at least one) with their loads in flight together:
- * at small N a token alone leaves the warp waiting on its loads (NOTES.md run 152). */
-enum { TOK_UNITS = 4 };
-__host__ __device__ constexpr int upl_of(int units) {
-  return units <= 32 ? 1 : units <= 64 ? 2 : units <= 96 ? 3 : units <= 128 ? 4 : 8;
-}
-#define UNITS_DISPATCH(U, body)                                                     \
-  do {                                                                              \
-    const int upl_ = upl_of(U);                                                     \
-    if (upl_ == 1) { enum { UPL = 1 }; body; }                                      \
-    else if (upl_ == 2) { enum { UPL = 2 }; body; }                                 \
-    else if (upl_ == 3) { enum { UPL = 3 }; body; }                                 \
-    else if (upl_ == 4) { enum { UPL = 4 }; body; }                                 \
-    else { enum { UPL = 8 }; body; }                                                \
-  } while (0)
-
-/* SHAPE_DISPATCH, then UNITS_DISPATCH: for a fixed d_state NK only the UPL that N - S (NK / 2 ... NK)
- * can take are instantiated. */
-__host__ __device__ constexpr bool upl_serves(int NK, int UPL) {
-  return NK == 0 || (UPL >= upl_of(NK / 2) && UPL <= upl_of(NK));
-}
-#define SHAPE_UNITS_DISPATCH(P_, N_, U_, body) \
-  SHAPE_DISPATCH(P_, N_, UNITS_DISPATCH(U_, if constexpr (upl_serves(NK, UPL)) body))
-
-template <int UPL> struct lane_units {
-  int n0[UPL];    /* first column of unit j (-1: the lane has no unit j) */
-  bool pair[UPL]; /* a rotated pair (n0, n0 + 1), else a passing column */
-  float bk0[UPL], bk1[UPL], bq0[UPL], bq1[UPL]; /* B_bias[h], C_bias[h] at the unit's columns */
-};
-template <int UPL> __device__ __forceinline__ lane_units<UPL> lane_units_of(const m3k_scan_args &a, int h) {
-  const int lane = threadIdx.x & 31, N = a.d.N, S = a.d.S;
-  const float *bb = a.B_bias + (int64_t)h * N, *cb = a.C_bias + (int64_t)h * N;
-  lane_units<UPL> L;
-#pragma unroll
-  for (int j = 0; j < UPL; j++) {
-    const int u = lane + 32 * j;
-    const bool live = u < N - S;
-    L.n0[j] = live ? unit_col(u, S) : -1;
-    L.pair[j] = u < S;
-    const unit_raw b = live ? unit_load(bb, cb, u, S) : unit_raw{0, 0, 0, 0};
-    L.bk0[j] = b.k0;
-    L.bk1[j] = b.k1;
-    L.bq0[j] = b.q0;
-    L.bq1[j] = b.q1;
-  }
-  return L;
-}
-
-/* The lane's units at one position: raw B_hat / C_hat values (bk, bq: the position's [N] rows of
- * group g) and theta (th: the position's [S] angles of head h). */
-template <int UPL> struct lane_raw {
-  unit_raw w[UPL];
-  float th[UPL];
-};
-template <int UPL>
-__device__ __forceinline__ void lane_load(const lane_units<UPL> &L, const float *bk, const float *bq, const float *th,
-                                          int S, lane_raw<UPL> &r) {
-  const int lane = threadIdx.x & 31;
-#pragma unroll
-  for (int j = 0; j < UPL; j++)
-    if (L.n0[j] >= 0) {
-      r.w[j] = unit_load(bk, bq, lane + 32 * j, S);
-      r.th[j] = L.pair[j] ? __ldg(th + lane + 32 * j) : 0.0f;
-    }
-}
-/* Unit j (L.n0[j] >= 0) biased and rotated, as unit_make but with the hardware's sine and cosine
- * (unit_rotate's FAST: the preparation and the post kernel alike). */
-template <int UPL>
-__device__ __forceinline__ unit_kq lane_unit(const lane_units<UPL> &L, const lane_raw<UPL> &r, int j) {
-  return unit_rotate<true>(L.n0[j], L.pair[j], r.w[j].k0 + L.bk0[j], r.w[j].k1 + L.bk1[j], r.w[j].q0 + L.bq0[j],
-                           r.w[j].q1 + L.bq1[j], r.th[j]);
-}
-
-/* ---- scan_prep_chunked's q and ktil: a token's columns in groups of four on a few lanes ---------------- */
+/* ---- q and k of a token in groups of four columns on a few lanes (scan_prep_chunked, scan_post_chunked) - */
 
 /* A token's Np columns are Np / 4 groups of four (each pair (2a, 2a + 1) inside one group) on LPT lanes, a
  * power of two, with GPL groups a lane (1 up to Np = 128, else 2): 32 / LPT tokens a warp at once. Lane l
@@ -638,14 +558,58 @@ __device__ __forceinline__ float4 ld_group(const float *row, int c0, int N, bool
   return make_float4(v[0], v[1], v[2], v[3]);
 }
 
-/* A biased pair (k0, k1) of k and (q0, q1) of q rotated in place by theta (unit_rotate's FAST formulas, as
- * the post kernel's). */
-__device__ __forceinline__ void group_pair(float &k0, float &k1, float &q0, float &q1, float theta) {
-  const unit_kq r = unit_rotate<true>(0, true, k0, k1, q0, q1, theta);
-  k0 = r.k0;
-  k1 = r.k1;
-  q0 = r.q0;
-  q1 = r.q1;
+/* A token's raw values at the lane's groups (c0): B_hat, C_hat of bc_hat's row rk (C_hat GN further), the
+ * angles of the groups' pairs (row th of theta). */
+template <int GPL>
+__device__ __forceinline__ void group_load(const float *rk, int GN, const float *th, int S, const int (&c0)[GPL], int N,
+                                           group_raw<GPL> &t) {
+#pragma unroll
+  for (int r = 0; r < GPL; r++) {
+    t.k[r] = ld_group(rk, c0[r], N, N % 4 == 0);
+    t.q[r] = ld_group(rk + GN, c0[r], N, N % 4 == 0);
+    const int p = c0[r] / 2; /* the group's first pair */
+    t.th[r][0] = p < S ? __ldg(th + p) : 0.0f;
+    t.th[r][1] = p + 1 < S ? __ldg(th + p + 1) : 0.0f;
+  }
+}
+
+/* Group r of a token biased (bk, bq: the head's B_bias, C_bias at the group) and its pairs rotated by their
+ * angles (unit_rotate's FAST formulas): k, q of the four columns; cs, sn of each pair (1, 0 where the two
+ * columns pass unrotated). */
+template <int GPL>
+__device__ __forceinline__ void group_rotated(const group_raw<GPL> &t, float4 bk, float4 bq, int r, int c0, int S,
+                                              float (&k)[4], float (&q)[4], float (&cs)[2], float (&sn)[2]) {
+  k[0] = t.k[r].x + bk.x, k[1] = t.k[r].y + bk.y, k[2] = t.k[r].z + bk.z, k[3] = t.k[r].w + bk.w;
+  q[0] = t.q[r].x + bq.x, q[1] = t.q[r].y + bq.y, q[2] = t.q[r].z + bq.z, q[3] = t.q[r].w + bq.w;
+#pragma unroll
+  for (int e = 0; e < 2; e++) {
+    cs[e] = 1;
+    sn[e] = 0;
+    if (c0 / 2 + e < S) {
+      const unit_kq u = unit_rotate<true>(0, true, k[2 * e], k[2 * e + 1], q[2 * e], q[2 * e + 1], t.th[r][e]);
+      k[2 * e] = u.k0, k[2 * e + 1] = u.k1, q[2 * e] = u.q0, q[2 * e + 1] = u.q1;
+      cs[e] = u.cs;
+      sn[e] = u.sn;
+    }
+  }
+}
+
+/* The head's B_bias, C_bias at the lane's groups. */
+template <int GPL>
+__device__ __forceinline__ void group_biases(const m3k_scan_args &a, int h, const int (&c0)[GPL], float4 (&bk)[GPL],
+                                             float4 (&bq)[GPL]) {
+  const int N = a.d.N;
+#pragma unroll
+  for (int r = 0; r < GPL; r++) {
+    bk[r] = ld_group(a.B_bias + (int64_t)h * N, c0[r], N, false);
+    bq[r] = ld_group(a.C_bias + (int64_t)h * N, c0[r], N, false);
+  }
+}
+
+/* The lane's groups: column c0[r] = 4 (lane % LPT + LPT r). */
+template <int GPL> __device__ __forceinline__ void group_cols(int LPT, int (&c0)[GPL]) {
+#pragma unroll
+  for (int r = 0; r < GPL; r++) c0[r] = 4 * ((int)(threadIdx.x & 31) % LPT + LPT * r);
 }
 
 /* q, ktil (bf16) and q.k (float32) of the chunk; rows >= nb and columns >= N are zero. kl: the window's
@@ -658,23 +622,11 @@ __device__ __forceinline__ void c_build(const m3k_scan_args &a, const csmem &s, 
   const int LPT = group_lanes(cd.Np), TPW = 32 / LPT, slot = lane / LPT, per_round = CWARPS * TPW;
   int c0[GPL];
   float4 bk[GPL], bq[GPL];
-#pragma unroll
-  for (int r = 0; r < GPL; r++) {
-    c0[r] = 4 * (lane % LPT + LPT * r);
-    bk[r] = ld_group(a.B_bias + (int64_t)h * N, c0[r], N, false);
-    bq[r] = ld_group(a.C_bias + (int64_t)h * N, c0[r], N, false);
-  }
+  group_cols(LPT, c0);
+  group_biases(a, h, c0, bk, bq);
   const auto load = [&](int i, group_raw<GPL> &t) {
-    if (i >= nb) return;
-    const float *rk = a.bc_hat + ((m0 + i) * 2 * a.d.G + g) * N, *th = a.theta + ((m0 + i) * H + h) * S;
-#pragma unroll
-    for (int r = 0; r < GPL; r++) {
-      t.k[r] = ld_group(rk, c0[r], N, N % 4 == 0);
-      t.q[r] = ld_group(rk + GN, c0[r], N, N % 4 == 0);
-      const int p = c0[r] / 2; /* the group's first pair */
-      t.th[r][0] = p < S ? __ldg(th + p) : 0.0f;
-      t.th[r][1] = p + 1 < S ? __ldg(th + p + 1) : 0.0f;
-    }
+    if (i < nb)
+      group_load(a.bc_hat + ((m0 + i) * 2 * a.d.G + g) * N, GN, a.theta + ((m0 + i) * H + h) * S, S, c0, N, t);
   };
   group_raw<GPL> cur = {}, nxt = {};
   load(wid * TPW + slot, cur);
@@ -688,12 +640,9 @@ __device__ __forceinline__ void c_build(const m3k_scan_args &a, const csmem &s, 
 #pragma unroll
     for (int r = 0; r < GPL; r++) {
       if (c0[r] >= cd.Np) continue;
-      float kv[4] = {cur.k[r].x + bk[r].x, cur.k[r].y + bk[r].y, cur.k[r].z + bk[r].z, cur.k[r].w + bk[r].w};
-      float qv[4] = {cur.q[r].x + bq[r].x, cur.q[r].y + bq[r].y, cur.q[r].z + bq[r].z, cur.q[r].w + bq[r].w};
+      float kv[4], qv[4], cs[2], sn[2];
+      group_rotated(cur, bk[r], bq[r], r, c0[r], S, kv, qv, cs, sn);
       if (!live) kv[0] = kv[1] = kv[2] = kv[3] = qv[0] = qv[1] = qv[2] = qv[3] = 0;
-      const int p = c0[r] / 2;
-      if (p < S) group_pair(kv[0], kv[1], qv[0], qv[1], cur.th[r][0]);
-      if (p + 1 < S) group_pair(kv[2], kv[3], qv[2], qv[3], cur.th[r][1]);
 #pragma unroll
       for (int e = 0; e < 4; e++) qk = __fmaf_rn(qv[e], kv[e], qk);
       __nv_bfloat162 qs[2] = {__floats2bfloat162_rn(qv[0], qv[1]), __floats2bfloat162_rn(qv[2], qv[3])};
@@ -1040,9 +989,8 @@ __global__ void __launch_bounds__(CTHREADS) scan_angles_chunked(const m3k_scan_a
 
 /* One CTA per (chunk, head, row): the chunk's token scalars, cumsums and masks, q and ktil (and the
  * window's last k into the scratch's kl); into the chunk scratch or, in training, what the forward
- * keeps (see chunk_views). Four CTAs a multiprocessor up to four units a lane (64 registers; lm130
- * 208.8 -> 197.6 us a launch against three CTAs with two tokens in flight at three units, NOTES.md
- * run 220). */
+ * keeps (see chunk_views). At least four CTAs a multiprocessor with one group a lane (c_build: 48
+ * registers at the compiled shapes), two with two. */
 template <typename T, int GPL, int PK, int NK>
 __global__ void __launch_bounds__(CTHREADS, GPL == 1 ? 4 : 2) scan_prep_chunked(const m3k_scan_args a) {
   extern __shared__ __align__(128) unsigned char smraw[];
@@ -1659,16 +1607,33 @@ __global__ void __launch_bounds__(CTHREADS, MINB) scan_bwd_chunked(const m3k_sca
 /* ---- after the backward walk: the per-token finish, in parallel, then along the sequence ------------------ */
 
 
-/* One CTA per (chunk, head, row), warp per token: from the per-chunk kernel's raw dq and dktil (bf16, in
- * a.chunk_states where q and ktil were): the diagonal term, dscale = dktil.k, dk = scale dktil + gamma
- * (dY.x) q, the rotation backward of both, the angle gradient shares (a.dthq), dscale and dgamma
- * (table), and the chunk's B_bias / C_bias partials (pbc). dk, dq go to dbc_head, or with SUM one CTA
- * per (chunk, group, row) walks the group's heads in order and writes only their sums (a.dbc_group, in
- * the order and rounding of bcnorm_bwd's sum over dbc_head), which saves writing and reading back the
- * per-head values. */
-template <typename T, int UPL, int PK, int NK, bool SUM>
-__global__ void __launch_bounds__(CTHREADS, SUM ? 2 : UPL <= 3 ? 3 : UPL == 4 ? 2 : 1)
-    scan_post_chunked(const m3k_scan_args a) {
+/* Four values to columns c0 .. c0 + 3 of a float row (p: the row at c0), those below N only: with ADD added
+ * to what is there (the group's running sums), else written; one 16-byte access where N % 4 == 0. */
+template <bool ADD> __device__ __forceinline__ void put_group(float *p, const float (&v)[4], int c0, int N) {
+  if (N % 4 == 0) {
+    if (c0 >= N) return;
+    float4 o = make_float4(v[0], v[1], v[2], v[3]);
+    if (ADD) {
+      const float4 w = *(const float4 *)p;
+      o = make_float4(w.x + v[0], w.y + v[1], w.z + v[2], w.w + v[3]);
+    }
+    *(float4 *)p = o;
+    return;
+  }
+#pragma unroll
+  for (int e = 0; e < 4; e++)
+    if (c0 + e < N) p[e] = ADD ? p[e] + v[e] : v[e];
+}
+
+/* One CTA per (chunk, head, row), the tokens in c_build's layout (groups of four columns on LPT lanes):
+ * from the per-chunk kernel's raw dq and dktil (bf16, in a.chunk_states where q and ktil were): the
+ * diagonal term, dscale = dktil.k, dk = scale dktil + gamma (dY.x) q, the rotation backward of both, the
+ * angle gradient shares (a.dthq), dscale and dgamma (table), and the chunk's B_bias / C_bias partials
+ * (pbc). dk, dq go to dbc_head, or with SUM one CTA per (chunk, group, row) walks the group's heads in
+ * order and writes only their sums (a.dbc_group, in the order and rounding of bcnorm_bwd's sum over
+ * dbc_head), which saves writing and reading back the per-head values. */
+template <typename T, int GPL, int PK, int NK, bool SUM>
+__global__ void __launch_bounds__(CTHREADS, SUM || GPL == 2 ? 2 : 3) scan_post_chunked(const m3k_scan_args a) {
   extern __shared__ __align__(128) unsigned char smraw[];
   const m3k_dims &d = a.d;
   const int nch = (a.len + CQ - 1) / CQ, Y = SUM ? d.G : d.H, ch = grid_x(nch * Y) % nch, y = grid_x(nch * Y) / nch;
@@ -1676,6 +1641,7 @@ __global__ void __launch_bounds__(CTHREADS, SUM ? 2 : UPL <= 3 ? 3 : UPL == 4 ? 
   const int h0 = SUM ? g * d.hpg : y, nh = SUM ? d.hpg : 1;
   const int P = PK ? PK : d.P, N = NK ? NK : d.N, S = d.S, H = d.H, GN = d.G * N, Np = make_cdims(P, N).Np;
   const int tid = threadIdx.x, lane = tid & 31, wid = tid >> 5;
+  const int LPT = group_lanes(Np), TPW = 32 / LPT, slot = lane / LPT, per_round = CWARPS * TPW;
   csmem s;
   carve_q(smraw, N, SUM, &s);
   cviews cv;
@@ -1688,19 +1654,9 @@ __global__ void __launch_bounds__(CTHREADS, SUM ? 2 : UPL <= 3 ? 3 : UPL == 4 ? 
     for (int c = tid; c < CQ * 2 * N; c += CTHREADS) s.gsum[c] = 0;
   tab_load(tab_of(h0), sc_of(0), TAB_FIELDS, s.misc);
   cp_commit();
-  const float *bc0 = a.bc_hat + (m0 * 2 * d.G + g) * N;
-  /* The warp's B_bias / C_bias gradient partials of the lane's units, summed over its tokens in order: in
-   * registers for one or two units per lane, else in the warp's row of pbw (registers would cost a CTA
-   * per SM); each column is one lane's. */
-  constexpr bool REG = UPL <= 2;
-  float *pw = s.pbw + wid * 2 * N; /* [B_bias | C_bias]; without REG zero here, then again by its reader */
-  if (!REG)
-    for (int c = lane; c < 2 * N; c += 32) pw[c] = 0;
-  /* dk, dq of a token to dbc_head, or added to the group's running sums */
-  const auto put = [&](float *p, float v) {
-    if (SUM) *p += v;
-    else *p = v;
-  };
+  int c0[GPL];
+  group_cols(LPT, c0);
+  float *pw = s.pbw + wid * 2 * N; /* the warp's B_bias | C_bias partials */
   for (int k = 0; k < nh; k++) {
     const int h = h0 + k;
     const int64_t u = ((int64_t)b * H + h) * nch + ch;
@@ -1713,108 +1669,106 @@ __global__ void __launch_bounds__(CTHREADS, SUM ? 2 : UPL <= 3 ? 3 : UPL == 4 ? 
     } else {
       cp_wait_all();
     }
-    const lane_units<UPL> L = lane_units_of<UPL>(a, h);
-    const float *th0 = a.theta + (m0 * H + h) * S;
-    float pk0[UPL] = {}, pk1[UPL] = {}, pq0[UPL] = {}, pq1[UPL] = {};
-    const auto add = [&](float &reg, int col, float v) {
-      if (REG) reg += v;
-      else pw[col] += v;
-    };
+    float4 bk[GPL], bq[GPL];
+    group_biases(a, h, c0, bk, bq);
+    /* the lane's column partials of dk and dq, its slot's tokens in order */
+    float pk[GPL][4] = {}, pq[GPL][4] = {};
     __syncthreads();
-    /* token i's inputs: its B_hat / C_hat units and angles (r), the raw dq, dktil (bf16 pairs at the
-     * unit's even column: converted where used, so that nothing waits for them before every load is out) */
+    /* token i's inputs: B_hat / C_hat and angles (r), the raw dq, dktil (four bf16 a group) */
     struct tok_in {
-      lane_raw<UPL> r;
-      __nv_bfloat162 q[UPL], k[UPL];
+      group_raw<GPL> r;
+      uint2 q[GPL], k[GPL];
     };
     const auto load = [&](int i, tok_in &in) {
+      if (i >= nb) return;
+      group_load(a.bc_hat + ((m0 + i) * 2 * d.G + g) * N, GN, a.theta + ((m0 + i) * H + h) * S, S, c0, N, in.r);
       const OT *fq = cv.q + (u * CQ + i) * Np, *fk = cv.k + (u * CQ + i) * Np;
-      const float *bk = bc0 + (int64_t)i * 2 * GN;
-      lane_load(L, bk, bk + GN, th0 + (int64_t)i * H * S, S, in.r);
 #pragma unroll
-      for (int j = 0; j < UPL; j++)
-        if (L.n0[j] >= 0) {
-          in.q[j] = *(const __nv_bfloat162 *)(fq + (L.n0[j] & ~1));
-          in.k[j] = *(const __nv_bfloat162 *)(fk + (L.n0[j] & ~1));
+      for (int r = 0; r < GPL; r++)
+        if (c0[r] < N) {
+          in.q[r] = *(const uint2 *)(fq + c0[r]);
+          in.k[r] = *(const uint2 *)(fk + c0[r]);
         }
     };
-    const auto finish = [&](int i, const tok_in &in) {
-      const int64_t mi = m0 + i;
-      float *ok = SUM ? s.gsum + i * 2 * N : a.dbc_head + ((mi * H + h) * 2 + 0) * N, *oq = ok + N;
-      const float scale = sc[i * FW + F_SCALE], gd = sc[i * FW + F_GAM] * sc[i * FW + F_DYX];
+    tok_in cur = {}, nxt = {};
+    load(wid * TPW + slot, cur);
+    const int rounds_end = (nb + per_round - 1) / per_round * per_round; /* the rounds with live tokens */
+    for (int i = wid * TPW + slot; i < rounds_end; i += per_round) { /* every lane the same rounds: the shuffles */
+      nxt = tok_in{};
+      load(i + per_round, nxt);
+      const bool live = i < nb;
       float ds = 0;
+      if (live) {
+        const int64_t mi = m0 + i;
+        float *ok = SUM ? s.gsum + i * 2 * N : a.dbc_head + (mi * H + h) * 2 * N, *oq = ok + N;
+        const float scale = sc[i * FW + F_SCALE], gd = sc[i * FW + F_GAM] * sc[i * FW + F_DYX];
 #pragma unroll
-      for (int j = 0; j < UPL; j++) {
-        if (L.n0[j] < 0) continue;
-        const unit_kq r_ = lane_unit(L, in.r, j);
-        const float2 rq = __bfloat1622float2(in.q[j]), rk = __bfloat1622float2(in.k[j]);
-        const bool hi = L.n0[j] & 1; /* a passing column's value in the pair's second half */
-        const float4 f = make_float4(hi ? rq.y : rq.x, rq.y, hi ? rk.y : rk.x, rk.y);
-        if (r_.pair) { /* fused multiply-adds spelled out (dot2): both variants round alike */
-          const float q0 = __fmaf_rn(gd, r_.k0, f.x), q1 = __fmaf_rn(gd, r_.k1, f.y);
-          const float e0 = f.z, e1 = f.w;
-          ds += dot2(e0, r_.k0, e1, r_.k1);
-          const float k0 = dot2(scale, e0, gd, r_.q0), k1 = dot2(scale, e1, gd, r_.q1);
-          const float oq0 = dot2(r_.cs, q0, r_.sn, q1), oq1 = dot2(-r_.sn, q0, r_.cs, q1);
-          const float ok0 = dot2(r_.cs, k0, r_.sn, k1), ok1 = dot2(-r_.sn, k0, r_.cs, k1);
-          put(oq + r_.n0, oq0);
-          put(oq + r_.n0 + 1, oq1);
-          put(ok + r_.n0, ok0);
-          put(ok + r_.n0 + 1, ok1);
-          add(pk0[j], r_.n0, ok0);
-          add(pk1[j], r_.n0 + 1, ok1);
-          add(pq0[j], N + r_.n0, oq0);
-          add(pq1[j], N + r_.n0 + 1, oq1);
-          a.dthq[(mi * H + h) * S + lane + 32 * j] = dot2(-q0, r_.q1, q1, r_.q0) + dot2(-k0, r_.k1, k1, r_.k0);
-        } else {
-          const float oq0 = __fmaf_rn(gd, r_.k0, f.x);
-          const float e0 = f.z;
-          ds = __fmaf_rn(e0, r_.k0, ds);
-          const float ok0 = dot2(scale, e0, gd, r_.q0);
-          put(oq + r_.n0, oq0);
-          put(ok + r_.n0, ok0);
-          add(pk0[j], r_.n0, ok0);
-          add(pq0[j], N + r_.n0, oq0);
+        for (int r = 0; r < GPL; r++) {
+          if (c0[r] >= N) continue;
+          float kr[4], qr[4], cs[2], sn[2], fq[4], fk[4], oqv[4], okv[4];
+          group_rotated(cur.r, bk[r], bq[r], r, c0[r], S, kr, qr, cs, sn);
+          const __nv_bfloat162 *rq = (const __nv_bfloat162 *)&cur.q[r], *rk = (const __nv_bfloat162 *)&cur.k[r];
+#pragma unroll
+          for (int e = 0; e < 2; e++) {
+            const float2 vq = __bfloat1622float2(rq[e]), vk = __bfloat1622float2(rk[e]);
+            fq[2 * e] = vq.x, fq[2 * e + 1] = vq.y, fk[2 * e] = vk.x, fk[2 * e + 1] = vk.y;
+          }
+#pragma unroll
+          for (int e = 0; e < 2; e++) {
+            const int j = 2 * e, p = c0[r] / 2 + e;
+            if (p < S) { /* fused multiply-adds spelled out (dot2): both variants round alike */
+              const float q0 = __fmaf_rn(gd, kr[j], fq[j]), q1 = __fmaf_rn(gd, kr[j + 1], fq[j + 1]);
+              const float e0 = fk[j], e1 = fk[j + 1];
+              ds += dot2(e0, kr[j], e1, kr[j + 1]);
+              const float k0 = dot2(scale, e0, gd, qr[j]), k1 = dot2(scale, e1, gd, qr[j + 1]);
+              oqv[j] = dot2(cs[e], q0, sn[e], q1);
+              oqv[j + 1] = dot2(-sn[e], q0, cs[e], q1);
+              okv[j] = dot2(cs[e], k0, sn[e], k1);
+              okv[j + 1] = dot2(-sn[e], k0, cs[e], k1);
+              a.dthq[(mi * H + h) * S + p] = dot2(-q0, qr[j + 1], q1, qr[j]) + dot2(-k0, kr[j + 1], k1, kr[j]);
+            } else {
+#pragma unroll
+              for (int c = j; c < j + 2; c++) {
+                oqv[c] = __fmaf_rn(gd, kr[c], fq[c]);
+                ds = __fmaf_rn(fk[c], kr[c], ds);
+                okv[c] = dot2(scale, fk[c], gd, qr[c]);
+              }
+            }
+          }
+          put_group<SUM>(ok + c0[r], okv, c0[r], N);
+          put_group<SUM>(oq + c0[r], oqv, c0[r], N);
+#pragma unroll
+          for (int e = 0; e < 4; e++) {
+            pk[r][e] += okv[e];
+            pq[r][e] += oqv[e];
+          }
         }
       }
-      ds = warp_sum(ds);
-      if (lane == 0) {
+      for (int o = LPT / 2; o > 0; o >>= 1) ds += __shfl_xor_sync(0xffffffffu, ds, o);
+      if (live && lane % LPT == 0) {
         tab[i * TW + T_DSCALE] = ds;
         tab[i * TW + T_DGAM] = __fmaf_rn(sc[i * FW + F_DYX], sc[i * FW + F_QK], ds);
       }
-    };
-    /* the warp's tokens in order, TOK at a time with their loads in flight together: TOK_UNITS at one
-     * unit a lane; two where the summing kernel has the registers (up to three units a lane: its shared
-     * memory allows two CTAs per SM at most) */
-    constexpr int TOK = UPL == 1 ? TOK_UNITS : SUM && UPL <= 3 ? 2 : 1;
-    for (int i = wid; i < nb; i += TOK * CWARPS) {
-      tok_in in[TOK];
-#pragma unroll
-      for (int t = 0; t < TOK; t++)
-        if (i + t * CWARPS < nb) load(i + t * CWARPS, in[t]);
-#pragma unroll
-      for (int t = 0; t < TOK; t++)
-        if (i + t * CWARPS < nb) finish(i + t * CWARPS, in[t]);
+      cur = nxt;
     }
-    if (REG)
+    /* the slots' partials summed (the same butterfly on every lane of a column), into the warp's row */
 #pragma unroll
-      for (int j = 0; j < UPL; j++) {
-        const int n0 = L.n0[j];
-        if (n0 < 0) continue;
-        pw[n0] = pk0[j];
-        pw[N + n0] = pq0[j];
-        if (L.pair[j]) {
-          pw[n0 + 1] = pk1[j];
-          pw[N + n0 + 1] = pq1[j];
+    for (int r = 0; r < GPL; r++)
+#pragma unroll
+      for (int e = 0; e < 4; e++) {
+        for (int o = LPT; o < 32; o <<= 1) {
+          pk[r][e] += __shfl_xor_sync(0xffffffffu, pk[r][e], o);
+          pq[r][e] += __shfl_xor_sync(0xffffffffu, pq[r][e], o);
+        }
+        if (slot == 0 && c0[r] + e < N) {
+          pw[c0[r] + e] = pk[r][e];
+          pw[N + c0[r] + e] = pq[r][e];
         }
       }
     __syncthreads();
     for (int c = tid; c < 2 * N; c += CTHREADS) { /* c < N: B_bias, else C_bias; the warps in order */
       float acc = 0;
-      for (int w = 0; w < CWARPS; w++) {
-        acc += s.pbw[w * 2 * N + c];
-        if (!REG) s.pbw[w * 2 * N + c] = 0;
-      }
+      for (int w = 0; w < CWARPS; w++) acc += s.pbw[w * 2 * N + c];
       cv.pbc[u * 2 * N + c] = acc;
     }
   }
@@ -2048,11 +2002,15 @@ int64_t m3k_chunked_kept(int32_t rows, int32_t len, int32_t H, int32_t P, int32_
   return kept_views(NULL, rows, len, H, P, N, NULL);
 }
 
-template <typename T, int UPL, int PK, int NK> static cudaError_t unit_kernels_prepare(const m3k_scan_plan *plan) {
-  cudaError_t e = cudaFuncSetAttribute(scan_post_chunked<T, UPL, PK, NK, false>,
-                                       cudaFuncAttributeMaxDynamicSharedMemorySize, plan->smem_cpost);
+/* The kernels of c_build's layout: the preparation and the post kernel (both variants). */
+template <typename T, int GPL, int PK, int NK> static cudaError_t group_kernels_prepare(const m3k_scan_plan *plan) {
+  cudaError_t e = cudaFuncSetAttribute(scan_prep_chunked<T, GPL, PK, NK>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                       plan->smem_cprep);
+  if (e == cudaSuccess)
+    e = cudaFuncSetAttribute(scan_post_chunked<T, GPL, PK, NK, false>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                             plan->smem_cpost);
   if (e == cudaSuccess && plan->smem_cpost_sum)
-    e = cudaFuncSetAttribute(scan_post_chunked<T, UPL, PK, NK, true>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+    e = cudaFuncSetAttribute(scan_post_chunked<T, GPL, PK, NK, true>, cudaFuncAttributeMaxDynamicSharedMemorySize,
                              plan->smem_cpost_sum);
   return e;
 }
@@ -2091,12 +2049,7 @@ template <typename T> static cudaError_t chunked_prepare(const m3k_scan_plan *pl
   cudaError_t e = cudaSuccess;
   SHAPE_DISPATCH(plan->P, plan->N, (e = shape_kernels_prepare<T, PK, NK>(plan)));
   if (e == cudaSuccess)
-    SHAPE_UNITS_DISPATCH(plan->P, plan->N, plan->N - plan->S, (e = unit_kernels_prepare<T, UPL, PK, NK>(plan)));
-  if (e == cudaSuccess)
-    SHAPE_DISPATCH(plan->P, plan->N,
-                   GROUPS_DISPATCH(plan->N, (e = cudaFuncSetAttribute(scan_prep_chunked<T, GPL, PK, NK>,
-                                                                      cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                                                      plan->smem_cprep))));
+    SHAPE_DISPATCH(plan->P, plan->N, GROUPS_DISPATCH(plan->N, (e = group_kernels_prepare<T, GPL, PK, NK>(plan))));
   if (e == cudaSuccess)
     e = cudaFuncSetAttribute(scan_post_seq_chunked<T>, cudaFuncAttributeMaxDynamicSharedMemorySize,
                              plan->smem_cpost);
@@ -2152,12 +2105,13 @@ template <typename T> static void chunked_bwd(cudaStream_t s, const m3k_scan_pla
                       : scan_bwd_chunked<T, 1, PK, NK><<<chunks, CTHREADS, per_chunk, s>>>(a)));
   if (m3k_chunked_sums_heads(plan, &a)) {
     const dim3 groups = rows_grid(nch * a.d.G, a.rows);
-    SHAPE_UNITS_DISPATCH(P, N, a.d.N - a.d.S,
-                         (scan_post_chunked<T, UPL, PK, NK, true><<<groups, CTHREADS, plan->smem_cpost_sum, s>>>(a)));
+    SHAPE_DISPATCH(P, N,
+                   GROUPS_DISPATCH(N, (scan_post_chunked<T, GPL, PK, NK, true>
+                                       <<<groups, CTHREADS, plan->smem_cpost_sum, s>>>(a))));
   } else {
-    SHAPE_UNITS_DISPATCH(P, N, a.d.N - a.d.S,
-                         (scan_post_chunked<T, UPL, PK, NK, false>
-                          <<<chunks, CTHREADS, carve_q(NULL, N, false, NULL), s>>>(a)));
+    SHAPE_DISPATCH(P, N,
+                   GROUPS_DISPATCH(N, (scan_post_chunked<T, GPL, PK, NK, false>
+                                       <<<chunks, CTHREADS, carve_q(NULL, N, false, NULL), s>>>(a))));
   }
   scan_post_seq_chunked<T><<<walks, CTHREADS, carve_post(NULL, a.d.S, seq_block(a.d.S), NULL), s>>>(a);
 }

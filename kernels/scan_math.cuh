@@ -74,8 +74,8 @@ __device__ __forceinline__ float wrap_sum(float v, float inc) {
 /* The rotated k and q (float32) of unit u of a position (u < S: pair (2u, 2u+1) rotated by theta;
  * else the passing column 2S + u - S): the raw B_hat, C_hat values are loaded first (unit_load,
  * read-only path, several units in flight), then biased and rotated (unit_rotate; unit_make adds the
- * head's B_bias, C_bias from shared memory first, scan_step's way; the chunked kernels keep them in
- * registers: scan_chunked.cu's lane_unit; rot_unit loads them with unit_load too). */
+ * head's B_bias, C_bias from shared memory first, scan_step's way; rot_unit loads them with unit_load
+ * too; scan_chunked.cu's group_rotated takes four columns at a time). */
 struct unit_kq {
   int n0, pair;
   float k0, k1, q0, q1, cs, sn;
