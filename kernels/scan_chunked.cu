@@ -645,8 +645,9 @@ __device__ __forceinline__ void c_build(const m3k_scan_args &a, const csmem &s, 
       if (!live) kv[0] = kv[1] = kv[2] = kv[3] = qv[0] = qv[1] = qv[2] = qv[3] = 0;
 #pragma unroll
       for (int e = 0; e < 4; e++) qk = __fmaf_rn(qv[e], kv[e], qk);
-      __nv_bfloat162 qs[2] = {__floats2bfloat162_rn(qv[0], qv[1]), __floats2bfloat162_rn(qv[2], qv[3])};
-      __nv_bfloat162 ks[2] = {__floats2bfloat162_rn(sc * kv[0], sc * kv[1]), __floats2bfloat162_rn(sc * kv[2], sc * kv[3])};
+      const __nv_bfloat162 qs[2] = {__floats2bfloat162_rn(qv[0], qv[1]), __floats2bfloat162_rn(qv[2], qv[3])};
+      const __nv_bfloat162 ks[2] = {__floats2bfloat162_rn(sc * kv[0], sc * kv[1]),
+                                    __floats2bfloat162_rn(sc * kv[2], sc * kv[3])};
       *(uint2 *)(q + c0[r]) = *(const uint2 *)qs;
       *(uint2 *)(k + c0[r]) = *(const uint2 *)ks;
       if (last)
@@ -2069,9 +2070,10 @@ template <typename T> static void chunked_fwd(cudaStream_t s, const m3k_scan_pla
     scan_angles_chunked<T><<<rows_grid(a.d.H, a.rows, parts), CTHREADS,
                              (size_t)angles_smem_floats(a.d.S / parts) * sizeof(float), s>>>(a);
   }
+  const dim3 chunks = rows_grid((int64_t)nch * a.d.H, a.rows);
   SHAPE_DISPATCH(a.d.P, a.d.N,
-                 GROUPS_DISPATCH(a.d.N, (scan_prep_chunked<T, GPL, PK, NK>
-                                         <<<rows_grid((int64_t)nch * a.d.H, a.rows), CTHREADS, plan->smem_cprep, s>>>(a))));
+                 GROUPS_DISPATCH(a.d.N,
+                                 (scan_prep_chunked<T, GPL, PK, NK><<<chunks, CTHREADS, plan->smem_cprep, s>>>(a))));
   SHAPE_DISPATCH(a.d.P, a.d.N, (fwd_launch<T, PK, NK>(s, plan, a)));
 }
 
