@@ -7,9 +7,9 @@
  * fills each layout tensor from the file tensor of the same name, bare or under the "backbone."
  * prefix, converting F64, F16 and BF16 to float32.
  * Missing, mis-shaped or doubly present tensors are refused before the weights are allocated,
- * extra ones after; the one tolerated extra is
- * a lm_head.weight equal to the embedding it is tied to. A NaN or an infinity among the loaded
- * values is refused (M3_ERR_FORMAT), naming the tensor, the element and the value.
+ * extra ones after; the one tolerated extra is a lm_head.weight equal to the embedding it is
+ * tied to. A NaN or an infinity among the loaded values is refused (M3_ERR_FORMAT), naming the
+ * tensor, the element and the value.
  */
 #include <cjson/cJSON.h>
 #include <math.h>
@@ -125,32 +125,33 @@ static m3_status find_param(const char *path, const m3_tensor_file *f, const par
 
 /* Every parameter of a validated config's layout is in the file with its shape: checked before the weights are
  * allocated, so that a small file (or a caller's config) naming a huge model is refused without first zeroing
- * that model's memory (the arena is then in proportion to the tensor data the file holds). */
-static m3_status check_params(const char *path, const m3_tensor_file *f, const m3_config *cfg) {
+ * that model's memory (the arena is then in proportion to the tensor data the file holds). On success *index
+ * (the caller frees it) holds each parameter's file index, in layout order. */
+static m3_status check_params(const char *path, const m3_tensor_file *f, const m3_config *cfg, int32_t **index) {
   m3_layout l;
   TRY(m3_layout_build(cfg, &l));
-  m3_status rc = M3_OK;
+  int32_t *at = malloc((size_t)l.n * sizeof *at);
+  m3_status rc = at ? M3_OK : m3_fail(M3_ERR_MEMORY, "%s: out of memory", path);
   for (int32_t i = 0; rc == M3_OK && i < l.n; i++) {
-    int32_t index = -1;
     m3_file_tensor t;
-    rc = find_param(path, f, &l.t[i], &index);
-    if (rc == M3_OK) rc = m3_tensor_file_get(f, index, &t);
+    rc = find_param(path, f, &l.t[i], &at[i]);
+    if (rc == M3_OK) rc = m3_tensor_file_get(f, at[i], &t);
     if (rc == M3_OK) rc = check_shape(path, &t, &l.t[i]);
   }
   m3_layout_free(&l);
+  if (rc != M3_OK) free(at);
+  else *index = at;
   return rc;
 }
 
-/* Fills the weights from the file's tensors, whose presence and shapes check_params has checked. */
-static m3_status fill_params(const char *path, const m3_tensor_file *f, m3_weights *w, uint8_t *used) {
+/* Fills the weights (whose layout is check_params' for the same config) from the file tensors at index. */
+static m3_status fill_params(const char *path, const m3_tensor_file *f, m3_weights *w, const int32_t *index,
+                             uint8_t *used) {
   for (int32_t i = 0; i < w->layout.n; i++) {
-    const param_desc *p = &w->layout.t[i];
-    int32_t index = -1;
     m3_file_tensor t;
-    TRY(find_param(path, f, p, &index));
-    TRY(m3_tensor_file_get(f, index, &t));
-    TRY(to_float(path, &t, w->arena + p->offset));
-    used[index] = 1;
+    TRY(m3_tensor_file_get(f, index[i], &t));
+    TRY(to_float(path, &t, w->arena + w->layout.t[i].offset));
+    used[index[i]] = 1;
   }
   return M3_OK;
 }
@@ -228,14 +229,16 @@ static m3_status load_into(const char *path, const m3_tensor_file *f, const m3_c
   TRY(load_config(path, f, format, cfg, &c));
   m3_status rc = m3_config_validate(&c);
   if (rc != M3_OK) return m3_fail_context(rc, "loading %s", path);
-  TRY(check_params(path, f, &c));
+  int32_t *index = NULL;
+  TRY(check_params(path, f, &c, &index));
   rc = m3_weights_create(&c, w);
-  if (rc != M3_OK) return m3_fail_context(rc, "loading %s", path);
-  uint8_t *used = calloc((size_t)m3_tensor_file_count(f) + 1, 1);
-  if (!used) return m3_fail(M3_ERR_MEMORY, "%s: out of memory", path);
-  rc = fill_params(path, f, *w, used);
+  if (rc != M3_OK) rc = m3_fail_context(rc, "loading %s", path);
+  uint8_t *used = rc == M3_OK ? calloc((size_t)m3_tensor_file_count(f) + 1, 1) : NULL;
+  if (rc == M3_OK && !used) rc = m3_fail(M3_ERR_MEMORY, "%s: out of memory", path);
+  if (rc == M3_OK) rc = fill_params(path, f, *w, index, used);
   if (rc == M3_OK) rc = check_extras(path, f, *w, used);
   free(used);
+  free(index);
   if (rc != M3_OK) return rc;
   rc = m3_weights_check_finite(*w, M3_ERR_FORMAT);
   return rc == M3_OK ? M3_OK : m3_fail_context(rc, "%s", path);
