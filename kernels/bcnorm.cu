@@ -18,11 +18,13 @@
  *   partials, summed over rows in row order, to the small-parameter gradients ("+="): dt_bias, D,
  *   B_bias, C_bias (and out_norm); a thread per gradient. Then the riders (riders.cuh: the layer's
  *   out_proj weight gradient). The B_norm / C_norm column sums of wcontrib are the caller's (a rider
- *   of the layer norm's backward).
+ *   of the layer norm's backward). Without dbc the scan's chunked post kernel has done the B/C part
+ *   (bcnorm_row.cuh, the same bits) and only the angle sums, partials and riders run here.
  */
+#include "bcnorm_row.cuh"
 #include "riders.cuh"
 
-enum { BC_MAX_PER_LANE = 8, BC_BWD_THREADS = RIDER_THREADS, BC_BWD_POSITIONS = BC_BWD_THREADS / 64 }; /* N <= 256 */
+enum { BC_BWD_THREADS = RIDER_THREADS, BC_BWD_POSITIONS = BC_BWD_THREADS / 64 };
 
 /* The small-parameter gradients from the scan's partials: [dt_bias, D, B_bias, C_bias] of each head,
  * then out_norm's; add_row_partial adds item k < row_partial_items. */
@@ -83,44 +85,30 @@ __global__ void __launch_bounds__(BC_BWD_THREADS, 4)
   const int64_t m = (int64_t)blockIdx.x * BC_BWD_POSITIONS + (threadIdx.x >> 6);
   const int which = (threadIdx.x >> 5) & 1, lane = threadIdx.x & 31;
   if (m >= M) return;
-  const float *w = which ? wC : wB;
-  float wc[BC_MAX_PER_LANE];
+  if (dbc) { /* (NULL: the scan did this part: m3k_scan_bwd_bc_stage) */
+    float wc[BC_MAX_PER_LANE];
 #pragma unroll
-  for (int k = 0; k < BC_MAX_PER_LANE; k++) wc[k] = 0;
-  for (int g = 0; g < d.G; g++) {
-    const int64_t col = (which ? d.C_off : d.B_off) + (int64_t)g * d.N;
-    const T *x = proj + m * d.dipp + col; // [N]
-    const float r = bc_rstd[(m * 2 + which) * d.G + g];
-    float ds[BC_MAX_PER_LANE];
-    float dot = 0;
+    for (int k = 0; k < BC_MAX_PER_LANE; k++) wc[k] = 0;
+    for (int g = 0; g < d.G; g++) {
+      const int64_t col = (which ? d.C_off : d.B_off) + (int64_t)g * d.N;
+      float ds[BC_MAX_PER_LANE];
 #pragma unroll
-    for (int k = 0; k < BC_MAX_PER_LANE; k++) {
-      const int n = lane + 32 * k;
-      ds[k] = 0;
-      if (n < d.N) {
+      for (int k = 0; k < BC_MAX_PER_LANE; k++) {
+        const int n = lane + 32 * k;
         float acc = 0;
+        if (n < d.N)
 #pragma unroll 8 /* the heads' loads in flight together */
-        for (int h = g * slots; h < (g + 1) * slots; h++) acc += dbc[((m * d.G * slots + h) * 2 + which) * d.N + n];
+          for (int h = g * slots; h < (g + 1) * slots; h++) acc += dbc[((m * d.G * slots + h) * 2 + which) * d.N + n];
         ds[k] = acc;
-        dot += to_f(x[n]) * w[n] * acc;
       }
+      bcnorm_bwd_row(proj + m * d.dipp + col, which ? wC : wB, bc_rstd[(m * 2 + which) * d.G + g], ds, d.N,
+                     dproj + m * d.dipp + col, wc);
     }
-    dot = warp_sum(dot);
-    const float c = dot / (float)d.N * r * r * r;
 #pragma unroll
     for (int k = 0; k < BC_MAX_PER_LANE; k++) {
       const int n = lane + 32 * k;
-      if (n < d.N) {
-        const float xv = to_f(x[n]);
-        wc[k] += xv * r * ds[k];
-        dproj[m * d.dipp + col + n] = from_f<T>(r * w[n] * ds[k] - xv * c);
-      }
+      if (n < d.N) wcontrib[m * 2 * d.N + which * d.N + n] = wc[k];
     }
-  }
-#pragma unroll
-  for (int k = 0; k < BC_MAX_PER_LANE; k++) {
-    const int n = lane + 32 * k;
-    if (n < d.N) wcontrib[m * 2 * d.N + which * d.N + n] = wc[k];
   }
   for (int a = threadIdx.x & 63; a < d.S; a += 64) {
     float acc = 0;

@@ -139,8 +139,9 @@ typedef struct m3k_scan_partials {
  * (dbc [M, G, slots, 2, N]: slots = hpg for m3k_scan_args.dbc_head, 1 for dbc_group, already summed),
  * RMSNorm backward into dproj's B and C columns (=), angle shares summed over heads into dproj's
  * angle columns (=); wcontrib [M, 2N] = the B_norm | C_norm weight-gradient terms (summed over groups,
- * column sums left to the caller). In the same launch, sp's gradients and the riders (may be NULL; a
- * column sum rides only over rows that fit one chunk). */
+ * column sums left to the caller). dbc NULL: the scan did the B/C part (M3K_BC_NORMED), only the angle
+ * columns here. In the same launch, sp's gradients and the riders (may be NULL; a column sum rides only
+ * over rows that fit one chunk). */
 cudaError_t m3k_bcnorm_bwd(cudaStream_t s, int prec, const m3k_dims *d, const void *proj, const float *wB,
                            const float *wC, const float *bc_rstd, const float *dbc, int32_t slots,
                            const void *dang_head, void *dproj, float *wcontrib, const m3k_scan_partials *sp,
@@ -230,7 +231,9 @@ typedef struct m3k_scan_args {
   float *psi;                  /* [M, H] scratch: dq . q */
   float *dbc_head;             /* [M, H, 2, N] per-head dL/d (B_hat + bias), dL/d (C_hat + bias) (=) */
   float *dbc_group;            /* [M, G, 2, N] the same summed over each group's heads (=), written instead of
-                                  the final dbc_head where m3k_scan_bwd_sums_heads says so; may be NULL */
+                                  the final dbc_head where m3k_scan_bwd_bc_stage says so; may be NULL */
+  float *wcontrib;             /* [M, 2N] as m3k_bcnorm_bwd's, where the scan does the B/C norm backward itself
+                                  (M3K_BC_NORMED); may be NULL */
   void *dang_head;             /* [M, H, S] act: per-head share of dL/d ang (=) */
   float *part;                 /* [rows, H, 2 + 2N]: dt_bias, D, B_bias[N], C_bias[N] partials (=) */
   float *part_norm;            /* [rows, H, P]: mixer norm weight partials (=), outproj_norm only */
@@ -245,9 +248,12 @@ typedef struct m3k_scan_args {
 
 cudaError_t m3k_scan_fwd(cudaStream_t s, int prec, const m3k_scan_plan *plan, const m3k_scan_args *a);
 cudaError_t m3k_scan_bwd(cudaStream_t s, int prec, const m3k_scan_plan *plan, const m3k_scan_args *a);
-/* 1 when m3k_scan_bwd leaves the B/C gradients summed over each group's heads in a->dbc_group (the
- * chunked backward of large windows), 0 when it leaves them per head in a->dbc_head. */
-int m3k_scan_bwd_sums_heads(int prec, const m3k_scan_plan *plan, const m3k_scan_args *a);
+/* Where m3k_scan_bwd leaves the B/C gradients: per head in a->dbc_head (M3K_BC_PER_HEAD), summed over each
+ * group's heads in a->dbc_group (M3K_BC_SUMMED: the chunked backward of large windows), or already through the
+ * B/C RMSNorm backward (M3K_BC_NORMED: the same with one group and a->wcontrib: dproj's B and C columns and
+ * wcontrib written, the rest of m3k_bcnorm_bwd's work left to it, called with dbc NULL). */
+enum { M3K_BC_PER_HEAD = 0, M3K_BC_SUMMED = 1, M3K_BC_NORMED = 2 };
+int m3k_scan_bwd_bc_stage(int prec, const m3k_scan_plan *plan, const m3k_scan_args *a);
 /* 1 when m3k_scan_bwd is one launch of a CTA per (row, head) (the SIMT kernel, or the small states' chunked one)
  * and its CTAs take at least 90 % of what the device holds at once (plan->simt_bwd_slots, small_bwd_slots): a
  * kernel launched beside it then delays some of them by its whole length. */

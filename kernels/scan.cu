@@ -1324,8 +1324,9 @@ static bool bwd_small(int prec, const m3k_scan_plan *plan, const m3k_scan_args *
   return !bwd_chunked(prec, plan, a) && takes_small_bwd(plan, a->len) && a->chunk_states;
 }
 
-extern "C" int m3k_scan_bwd_sums_heads(int prec, const m3k_scan_plan *plan, const m3k_scan_args *a) {
-  return bwd_chunked(prec, plan, a) && m3k_chunked_sums_heads(plan, a);
+extern "C" int m3k_scan_bwd_bc_stage(int prec, const m3k_scan_plan *plan, const m3k_scan_args *a) {
+  if (!bwd_chunked(prec, plan, a) || !m3k_chunked_sums_heads(plan, a)) return M3K_BC_PER_HEAD;
+  return m3k_chunked_norms_bc(a) ? M3K_BC_NORMED : M3K_BC_SUMMED;
 }
 
 extern "C" int m3k_scan_bwd_fills_device(int prec, const m3k_scan_plan *plan, const m3k_scan_args *a) {

@@ -56,6 +56,7 @@
  * do not fit in shared memory, keep the SIMT kernels (m3k_chunked_smem answers INT64_MAX / a size above
  * the limit).
  */
+#include "bcnorm_row.cuh"
 #include "mma_tile.cuh"
 #include "scan_math.cuh"
 
@@ -1773,7 +1774,26 @@ __global__ void __launch_bounds__(CTHREADS, SUM || GPL == 2 ? 2 : 3) scan_post_c
       cv.pbc[u * 2 * N + c] = acc;
     }
   }
-  if (SUM) { /* the group's sums (the last head's barrier published them) */
+  if (SUM && m3k_chunked_norms_bc(&a)) { /* the sums through the B/C norm backward: a warp per (token, B|C) */
+    for (int it = wid; it < 2 * nb; it += CWARPS) {
+      const int i = it >> 1, which = it & 1;
+      const int64_t m = m0 + i, col = m * d.dipp + (which ? d.C_off : d.B_off);
+      float ds[BC_MAX_PER_LANE], wc[BC_MAX_PER_LANE];
+#pragma unroll
+      for (int k = 0; k < BC_MAX_PER_LANE; k++) {
+        const int n = lane + 32 * k;
+        ds[k] = n < N ? s.gsum[i * 2 * N + which * N + n] : 0.0f;
+        wc[k] = 0;
+      }
+      bcnorm_bwd_row((const T *)a.proj + col, which ? a.C_norm : a.B_norm, a.bc_rstd[m * 2 + which], ds, N,
+                     (T *)a.dproj + col, wc);
+#pragma unroll
+      for (int k = 0; k < BC_MAX_PER_LANE; k++) {
+        const int n = lane + 32 * k;
+        if (n < N) a.wcontrib[m * 2 * N + which * N + n] = wc[k];
+      }
+    }
+  } else if (SUM) { /* the group's sums (the last head's barrier published them) */
     float *out = a.dbc_group + (m0 * d.G + g) * 2 * N;
     for (int i = wid; i < nb; i += CWARPS)
       for (int c = lane; c < 2 * N; c += 32) out[(int64_t)i * d.G * 2 * N + c] = s.gsum[i * 2 * N + c];

@@ -323,8 +323,12 @@ int64_t m3k_chunked_kept(int32_t rows, int32_t len, int32_t H, int32_t P, int32_
 cudaError_t m3k_chunked_prepare(int prec, const m3k_scan_plan *plan);
 cudaError_t m3k_chunked_fwd(cudaStream_t s, int prec, const m3k_scan_plan *plan, const m3k_scan_args *a);
 cudaError_t m3k_chunked_bwd(cudaStream_t s, int prec, const m3k_scan_plan *plan, const m3k_scan_args *a);
-/* Whether m3k_chunked_bwd writes the B/C gradients summed over each group's heads (a->dbc_group). */
+/* Whether m3k_chunked_bwd sums the B/C gradients over each group's heads (into a->dbc_group, or through the
+ * B/C norm backward where m3k_chunked_norms_bc). */
 bool m3k_chunked_sums_heads(const m3k_scan_plan *plan, const m3k_scan_args *a);
+/* Whether the post kernel that sums a group's heads also runs the B/C norm backward on the sums (one group and
+ * a->wcontrib given): dproj's B and C columns and a->wcontrib instead of a->dbc_group. */
+__host__ __device__ inline bool m3k_chunked_norms_bc(const m3k_scan_args *a) { return a->d.G == 1 && a->wcontrib; }
 
 /* ---- the forward of small states (scan_warp.cu): a pipeline of warps per (row, head) ---------------- */
 

@@ -594,6 +594,7 @@ static m3k_scan_args scan_args(const backend *be, int l, int32_t rows, int32_t l
   a.psi = be->psi;
   a.dbc_head = be->dbc_head;
   a.dbc_group = be->dbc_group;
+  a.wcontrib = be->wcontrib;
   a.dang_head = be->dang_head;
   a.part = be->part;
   a.part_norm = be->part_norm;
@@ -806,10 +807,11 @@ static m3_status enq_backward(backend *be, int32_t rows, int32_t len, int zero_g
     mark(be, PH_BCNORM_B);
     const m3k_scan_partials sp = {be->part, be->part_norm, rows, g + lo->dt_bias, g + lo->D, g + lo->B_bias,
                                   g + lo->C_bias, d->outproj_norm ? g + lo->out_norm : NULL};
-    const int summed = m3k_scan_bwd_sums_heads(be->prec, &be->scan, &a);
+    const int bc = m3k_scan_bwd_bc_stage(be->prec, &be->scan, &a);
+    const float *dbc = bc == M3K_BC_NORMED ? NULL : bc == M3K_BC_SUMMED ? be->dbc_group : be->dbc_head;
     CK(m3k_bcnorm_bwd(be->st, be->prec, &be->kd, proj_l(be, l), be->params + lo->B_norm, be->params + lo->C_norm,
-                      bc_rstd_l(be, l), summed ? be->dbc_group : be->dbc_head, summed ? 1 : be->kd.hpg,
-                      be->dang_head, be->dproj, be->wcontrib, &sp, &with_bcnorm, M));
+                      bc_rstd_l(be, l), dbc, bc == M3K_BC_SUMMED ? 1 : be->kd.hpg, be->dang_head, be->dproj,
+                      be->wcontrib, &sp, &with_bcnorm, M));
     /* the B_norm | C_norm weight gradients (wcontrib's column sums) ride with the layer norm's backward */
     with_norm.colsum = bc_norm_job(be, l, M);
     /* in_proj: dxn = dproj W_in, dW_in += dproj^T xn (riding with the layer norm's backward, or beside) */
