@@ -55,15 +55,7 @@ __global__ void bcnorm_fwd_kernel(m3k_dims d, const T *__restrict__ proj, const 
                                   const float *__restrict__ wC, float *__restrict__ bc_hat,
                                   float *__restrict__ bc_rstd, int64_t M) {
   const int64_t item = (int64_t)blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5); /* (m, which, g) */
-  const int lane = threadIdx.x & 31;
-  if (item >= M * 2 * d.G) return;
-  const int g = (int)(item % d.G), which = (int)((item / d.G) % 2);
-  const int64_t m = item / (2 * d.G);
-  const T *x = proj + m * d.dipp + (which ? d.C_off : d.B_off) + (int64_t)g * d.N; // [N]
-  const float *w = which ? wC : wB;
-  const float r = warp_rstd(x, d.N);
-  if (lane == 0) bc_rstd[item] = r;
-  for (int n = lane; n < d.N; n += 32) bc_hat[item * d.N + n] = to_f(x[n]) * r * w[n];
+  if (item < M * 2 * d.G) bcnorm_fwd_row(d, proj, wB, wC, bc_hat, bc_rstd, item);
 }
 
 /* four CTAs a multiprocessor (64 registers, was 71-76: three): rl-batch 11.1 -> 9.7 us a launch (NOTES.md run 221) */

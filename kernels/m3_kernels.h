@@ -123,7 +123,7 @@ cudaError_t m3k_rmsnorm_bwd(cudaStream_t s, int prec, const float *x, const floa
 /* ---- B/C RMSNorm per (position, B|C, group) ------------------------------------------------------ */
 
 /* bc_hat [M, 2, G, N] = RMSNorm_N(B or C of group g; B_norm | C_norm), bc_rstd [M, 2, G] (m3k_scan_fwd runs it
- * for the scan kernels that read bc_hat). */
+ * for the scan kernels that read bc_hat and do not normalise B and C in a launch of their own). */
 cudaError_t m3k_bcnorm_fwd(cudaStream_t s, int prec, const m3k_dims *d, const void *proj, const float *wB,
                            const float *wC, float *bc_hat, float *bc_rstd, int64_t M);
 /* A layer's small-parameter gradients from the scan's per-(row, head) partials, added (+=) with row sums

@@ -1302,14 +1302,17 @@ extern "C" int64_t m3k_scan_dy_floats(const m3k_scan_plan *plan, int prec, int32
   return simt_len > plan->tb_bwd ? (int64_t)rows * len * E : 0;
 }
 
-/* scan_step and scan_fwd_warp normalise B and C themselves; the chunked and SIMT forwards read bc_hat */
+/* scan_step and scan_fwd_warp normalise B and C themselves, the chunked forward in its angle walk's launch where
+ * m3k_chunked_bc_rides; the others read bc_hat from m3k_bcnorm_fwd */
 extern "C" cudaError_t m3k_scan_fwd(cudaStream_t s, int prec, const m3k_scan_plan *plan, const m3k_scan_args *a) {
   if (a->len == 1) return m3k_scan_step(s, prec, a);
   const bool chunked = takes_chunked(prec, plan, a);
   if (!chunked && warp_fwd_shape(a->d.P, a->d.N)) return m3k_warp_fwd(s, prec, a);
-  const cudaError_t e =
-      m3k_bcnorm_fwd(s, prec, &a->d, a->proj, a->B_norm, a->C_norm, a->bc_hat, a->bc_rstd, (int64_t)a->rows * a->len);
-  if (e != cudaSuccess) return e;
+  if (!chunked || !m3k_chunked_bc_rides(plan, a)) {
+    const cudaError_t e = m3k_bcnorm_fwd(s, prec, &a->d, a->proj, a->B_norm, a->C_norm, a->bc_hat, a->bc_rstd,
+                                         (int64_t)a->rows * a->len);
+    if (e != cudaSuccess) return e;
+  }
   if (chunked) return m3k_chunked_fwd(s, prec, plan, a);
   M3K_DISPATCH(prec, simt_fwd<T>(s, plan, *a));
   return cudaGetLastError();

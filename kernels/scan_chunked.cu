@@ -905,7 +905,10 @@ enum { SEQ_LOADS = 4 };
  * angle entering its segment to its tokens before the segment's first reset. wrap(theta_in + local) equals
  * the sequential walk mod 2 pi; its float32 roundings differ (a chain of ANG_SEG + G wrapped sums per block
  * instead of one per token; within SPEC.md §8, like the tensor-core sums). H200 (kernels/NOTES.md run 58):
- * lm130 168 -> 108 us, mid 78 -> 34 us a launch. Shared memory: angles_smem_floats(S). */
+ * lm130 168 -> 108 us, mid 78 -> 34 us a launch. Shared memory: angles_smem_floats(S).
+ * Where m3k_chunked_bc_rides, the launch's CTAs past the walks' (x >= H rows) normalise B and C meanwhile, a
+ * warp per (position, B|C, group) row (bcnorm_row.cuh: bcnorm_fwd's bits): the walks leave most of the GPU
+ * idle, and the B/C norm needs no launch of its own. */
 enum { ANG_SEG = 16 };
 __host__ __device__ inline int angles_smem_floats(int S) {
   const int G = walk_segs(S), AB = G * ANG_SEG;
@@ -918,6 +921,14 @@ template <typename T>
 __global__ void __launch_bounds__(CTHREADS) scan_angles_chunked(const m3k_scan_args a) {
   extern __shared__ __align__(128) unsigned char smraw[];
   const m3k_dims &d = a.d;
+  const int64_t walks = (int64_t)d.H * a.rows;
+  if (blockIdx.x >= walks) { /* B/C norm rows, CWARPS a CTA, the CTAs numbered across gridDim.z */
+    const int64_t c = ((int64_t)blockIdx.x - walks) * gridDim.z + blockIdx.z;
+    const int64_t item = c * CWARPS + (threadIdx.x >> 5);
+    if (item < (int64_t)a.rows * a.len * 2 * d.G)
+      bcnorm_fwd_row(d, (const T *)a.proj, a.B_norm, a.C_norm, a.bc_hat, a.bc_rstd, item);
+    return;
+  }
   const int h = grid_x(d.H), b = grid_row(d.H), SA = d.S, S = SA / gridDim.z, j0 = blockIdx.z * S, H = d.H;
   const int tid = threadIdx.x; /* 1 <= S <= 128 */
   const T *proj = (const T *)a.proj;
@@ -2082,13 +2093,27 @@ cudaError_t m3k_chunked_prepare(int prec, const m3k_scan_plan *plan) {
   return prec == M3K_BF16 ? chunked_prepare<bf16>(plan) : chunked_prepare<f16>(plan);
 }
 
-/* Forward: the angles (with rope), the per-chunk preparation, then the walk. */
+/* The CTAs of the B/C norm's rows in the angle walk's launch (a warp a row). */
+static int64_t bc_rider_ctas(const m3k_scan_args &a) {
+  return ((int64_t)a.rows * a.len * 2 * a.d.G + CWARPS - 1) / CWARPS;
+}
+
+/* With rope, where the B/C norm's CTAs all fit on the device at once beside the walks (8 of 256 threads a
+ * multiprocessor): rl-batch's 1024, 4.6 us launches saved at +0.3 us a walk; lm130's 4096 made its walks 66 ->
+ * 86 us against a 13.6 us launch (kernels/NOTES.md run 296). */
+bool m3k_chunked_bc_rides(const m3k_scan_plan *plan, const m3k_scan_args *a) {
+  return a->d.S > 0 && bc_rider_ctas(*a) <= (int64_t)plan->sms * (2048 / CTHREADS);
+}
+
+/* Forward: the angles (with rope; with the B/C norm where m3k_chunked_bc_rides, else m3k_scan_fwd ran it), the
+ * per-chunk preparation, then the walk. */
 template <typename T> static void chunked_fwd(cudaStream_t s, const m3k_scan_plan *plan, const m3k_scan_args &a) {
   const int nch = (a.len + CQ - 1) / CQ;
   if (a.d.S > 0) {
     const int parts = angle_parts(plan, a);
-    scan_angles_chunked<T><<<rows_grid(a.d.H, a.rows, parts), CTHREADS,
-                             (size_t)angles_smem_floats(a.d.S / parts) * sizeof(float), s>>>(a);
+    dim3 grid = rows_grid(a.d.H, a.rows, parts);
+    if (m3k_chunked_bc_rides(plan, &a)) grid.x += (unsigned)((bc_rider_ctas(a) + parts - 1) / parts);
+    scan_angles_chunked<T><<<grid, CTHREADS, (size_t)angles_smem_floats(a.d.S / parts) * sizeof(float), s>>>(a);
   }
   const dim3 chunks = rows_grid((int64_t)nch * a.d.H, a.rows);
   SHAPE_DISPATCH(a.d.P, a.d.N,

@@ -326,6 +326,9 @@ cudaError_t m3k_chunked_bwd(cudaStream_t s, int prec, const m3k_scan_plan *plan,
 /* Whether m3k_chunked_bwd sums the B/C gradients over each group's heads (into a->dbc_group, or through the
  * B/C norm backward where m3k_chunked_norms_bc). */
 bool m3k_chunked_sums_heads(const m3k_scan_plan *plan, const m3k_scan_args *a);
+/* Whether the chunked forward normalises B and C in extra CTAs of its angle walk's launch (else m3k_scan_fwd runs
+ * m3k_bcnorm_fwd first). */
+bool m3k_chunked_bc_rides(const m3k_scan_plan *plan, const m3k_scan_args *a);
 /* Whether the post kernel that sums a group's heads also runs the B/C norm backward on the sums (one group and
  * a->wcontrib given): dproj's B and C columns and a->wcontrib instead of a->dbc_group. */
 __host__ __device__ inline bool m3k_chunked_norms_bc(const m3k_scan_args *a) { return a->d.G == 1 && a->wcontrib; }
