@@ -908,7 +908,7 @@ enum { SEQ_LOADS = 4 };
  * lm130 168 -> 108 us, mid 78 -> 34 us a launch. Shared memory: angles_smem_floats(S).
  * Where m3k_chunked_bc_rides, the launch's CTAs past the walks' (x >= H rows) normalise B and C meanwhile, a
  * warp per (position, B|C, group) row (bcnorm_row.cuh: bcnorm_fwd's bits): the walks leave most of the GPU
- * idle, and the B/C norm needs no launch of its own. */
+ * idle, and the B/C norm needs no launch of its own (48 -> 64 registers: ptxas -v). */
 enum { ANG_SEG = 16 };
 __host__ __device__ inline int angles_smem_floats(int S) {
   const int G = walk_segs(S), AB = G * ANG_SEG;
@@ -2098,9 +2098,9 @@ static int64_t bc_rider_ctas(const m3k_scan_args &a) {
   return ((int64_t)a.rows * a.len * 2 * a.d.G + CWARPS - 1) / CWARPS;
 }
 
-/* With rope, where the B/C norm's CTAs all fit on the device at once beside the walks (8 of 256 threads a
- * multiprocessor): rl-batch's 1024, 4.6 us launches saved at +0.3 us a walk; lm130's 4096 made its walks 66 ->
- * 86 us against a 13.6 us launch (kernels/NOTES.md run 296). */
+/* With rope, where the B/C norm's CTAs are at most 8 a multiprocessor (rl-batch's 1024: 4.6 us launches saved at
+ * +0.3 us a walk, though at the kernel's 64 registers four CTAs share a multiprocessor and the launch takes ~2.4
+ * waves; lm130's 4096 made its walks 66 -> 86 us against a 13.6 us launch: kernels/NOTES.md run 296). */
 bool m3k_chunked_bc_rides(const m3k_scan_plan *plan, const m3k_scan_args *a) {
   return a->d.S > 0 && bc_rider_ctas(*a) <= (int64_t)plan->sms * (2048 / CTHREADS);
 }
