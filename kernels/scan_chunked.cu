@@ -36,25 +36,23 @@
  *   Then the rotation backward, the angle gradient (reverse cumulative sum along the sequence,
  *   stopped at resets) and the scalar chain to dd_dt, dd_A, trap as scan.cu.
  *
- * Pipeline (launchers at the end). Forward: scan_angles_chunked (theta, a two-level walk per pair),
- * scan_prep_chunked (per chunk, in parallel: token scalars, cumsums, masks, q, ktil), scan_fwd_chunked_r
- * (the walk; in training it keeps the state entering each chunk: with q, ktil and the scalars, what
- * the forward keeps in a.chunk_states). Backward: scan_gate_bwd_chunked (per chunk, in parallel: the
- * gate backward), scan_dstate_chunked (the reverse walk of dE alone: dE leaving each chunk, dbp_0),
- * scan_bwd_chunked (per chunk, in parallel: the products, raw dq / dktil in bf16 over the kept q /
- * ktil, da into the table), scan_post_chunked (per chunk, in parallel: the diagonal terms, rotation
- * backward, dscale, the angle shares, B/C bias partials; on large launches it also sums each group's
- * heads, so that the per-head B/C gradients are never written back), scan_post_seq_chunked (per (head,
- * row): the angle gradient along the sequence, the scalar chain, the per-(row, head) partials). All but the angle walks
- * and post_seq are also compiled for a few fixed (P, N) (SHAPE_DISPATCH). The walks keep only the
- * work that is sequential over the chunks: one CTA (8 warps) per (head, row) (either walk may split a
- * state's rows over two: fwd_launch, dstate_launch); operand tiles in shared memory (bf16, padded rows: +8
- * elements); each product's 16 x 16 output tiles spread over the warps. Every sum has a fixed order
- * (no atomics): bitwise repeatable. The walks keep the float32 state E / dE in the warps' accumulator
- * registers (no float32 S tile, W x in place; NOTES.md run 8); they hold at most CWARPS x FR_MAXT
- * 16 x 16 tiles of it (Pp x Np <= 8192, e.g. lm130's 64 x 128): larger states, and shapes whose tiles
- * do not fit in shared memory, keep the SIMT kernels (m3k_chunked_smem answers INT64_MAX / a size above
- * the limit).
+ * Pipeline (launchers at the end). Forward: scan_angles_chunked (theta, a two-level walk per pair; on small launches
+ * its extra CTAs run the B/C norm), scan_prep_chunked (per chunk, in parallel: token scalars, cumsums, masks, q, ktil),
+ * scan_fwd_chunked_r (the walk; in training it keeps the state entering each chunk: with q, ktil and the scalars, what
+ * the forward keeps in a.chunk_states). Backward: scan_gate_bwd_chunked (per chunk, in parallel: the gate backward),
+ * scan_dstate_chunked (the reverse walk of dE alone: dE leaving each chunk, dbp_0), scan_bwd_chunked (per chunk, in
+ * parallel: the products, raw dq / dktil in bf16 over the kept q / ktil, da into the table), scan_post_chunked (per
+ * chunk, in parallel: the diagonal terms, rotation backward, dscale, the angle shares, B/C bias partials; on large
+ * launches it also sums each group's heads, so that the per-head B/C gradients are never written back, and with one
+ * group runs the B/C norm backward on the sums), scan_post_seq_chunked (per (head, row): the angle gradient along the
+ * sequence, the scalar chain, the per-(row, head) partials). All but the angle walks and post_seq are also compiled for
+ * a few fixed (P, N) (SHAPE_DISPATCH). The walks keep only the work that is sequential over the chunks: one CTA (8
+ * warps) per (head, row) (either walk may split a state's rows over two: fwd_launch, dstate_launch); operand tiles in
+ * shared memory (bf16, padded rows: +8 elements); each product's 16 x 16 output tiles spread over the warps. Every sum
+ * has a fixed order (no atomics): bitwise repeatable. The walks keep the float32 state E / dE in the warps' accumulator
+ * registers (no float32 S tile, W x in place; NOTES.md run 8); they hold at most CWARPS x FR_MAXT 16 x 16 tiles of it
+ * (Pp x Np <= 8192, e.g. lm130's 64 x 128): larger states, and shapes whose tiles do not fit in shared memory, keep the
+ * SIMT kernels (m3k_chunked_smem answers INT64_MAX / a size above the limit).
  */
 #include "bcnorm_row.cuh"
 #include "mma_tile.cuh"
