@@ -1,6 +1,6 @@
 -- spec/helper.lua — shared utilities of the m3 busted specs: error measures, raw-byte
 -- comparisons, small configs, a seeded generator and random batches, temporary paths and
--- the location of ../shared, the m3lua binary and running it.
+-- the location of ../shared, the m3lua binary and running it, checks through the C API.
 
 local ffi = require "ffi"
 local m3 = require "m3"
@@ -269,7 +269,6 @@ function helper.shared_dir()
   return os.getenv("M3_SHARED") or helper.repo_dir() .. "/../shared"
 end
 
--- Calls fn and returns its error message (fails the caller's test when it does not raise).
 -- In a #gpu spec: true when a CUDA device is there, else marks the test pending (CI has none).
 -- Pass busted's `pending` (a global of spec files only).
 function helper.need_gpu(pending)
@@ -280,10 +279,32 @@ function helper.need_gpu(pending)
   return true
 end
 
+-- Calls fn and returns its error message (fails the caller's test when it does not raise).
 function helper.error_of(fn, ...)
   local ok, err = pcall(fn, ...)
   assert(not ok, "expected an error, got none")
   return tostring(err)
+end
+
+-- ---- the C API -----------------------------------------------------------------------------------
+
+-- m3_<kind>_create ("trainer" | "infer") from the defaults plus fill(cfg) refuses 2 in each of the on /
+-- off `fields` (M3_ERR_CONFIG, the field named, no object) and takes 0.
+function helper.c_flags_checked(kind, fields, fill)
+  local C, check = require("m3.lib").C, require "luassert"
+  local out = ffi.new("m3_" .. kind .. " *[1]")
+  for _, field in ipairs(fields) do
+    local c = ffi.new("m3_" .. kind .. "_cfg")
+    C["m3_" .. kind .. "_cfg_defaults"](c)
+    fill(c)
+    c[field] = 2
+    check.equal(2, tonumber(C["m3_" .. kind .. "_create"](c, out)), field) -- M3_ERR_CONFIG
+    check.matches("^" .. field .. " = 2: must be 0 or 1", ffi.string(C.m3_last_error()))
+    check.is_true(out[0] == nil)
+    c[field] = 0
+    check.equal(0, tonumber(C["m3_" .. kind .. "_create"](c, out)), field)
+    C["m3_" .. kind .. "_destroy"](out[0])
+  end
 end
 
 return helper

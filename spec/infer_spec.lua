@@ -64,6 +64,13 @@ describe("m3.infer", function()
     assert.matches("expected weights", helper.error_of(m3.infer, 42))
   end)
 
+  it("refuses flags other than 0 and 1 in the C API's options", function()
+    local w = m3.weights.init(helper.tokens_lm(), { seed = 1 })
+    helper.c_flags_checked("infer", { "graph", "allow_tf32" }, function(c)
+      c.weights, c.device = m3.weights.ptr(w), 1 -- M3_DEVICE_CPU
+    end)
+  end)
+
   it("refuses weights holding a NaN, from a weights object or a weights file, naming the tensor", function()
     local w = m3.weights.init(helper.tokens_lm(), { seed = 1 })
     w:get("embedding.weight")[5] = 0 / 0

@@ -696,6 +696,9 @@ describe("m3.trainer", function()
       end
       refused('"batch" = 4.7: expected an integer', trainer_option("batch", 4.7))
       refused('"carry_state" = 0.5: expected an integer', trainer_option("carry_state", 0.5))
+      refused('"carry_state" = 2: expected 0 or 1', trainer_option("carry_state", 2))
+      refused('"no_decay" = %-1: expected 0 or 1', trainer_option("no_decay", -1))
+      refused('"allow_tf32" = 7: expected 0 or 1', trainer_option("allow_tf32", 7))
       refused('"seed" must be a decimal string', trainer_option("seed", "zz"))
       refused('"seed" must be a decimal string', trainer_option("seed", "-1"))
       refused('rng "0 0 0 0": expected four hex words, not all 0', function(_, m) m.rng = "0 0 0 0" end)
@@ -710,6 +713,13 @@ describe("m3.trainer", function()
           m.ghecksum = select(2, m3.load_tensors(f32)).checksum
           t["param.norm_f.weight"][0] = t["param.norm_f.weight"][0] + 1
         end)
+    end)
+
+    it("refuses flags other than 0 and 1 in the C API's trainer options", function()
+      local w = m3.weights.init(helper.tokens_lm(), { seed = 1 })
+      helper.c_flags_checked("trainer", { "no_decay", "carry_state", "allow_tf32" }, function(c)
+        c.weights, c.device, c.batch, c.seq_len = m3.weights.ptr(w), 1, 2, 4 -- M3_DEVICE_CPU
+      end)
     end)
 
     it("takes -1 in the C API's load options as the saved value and refuses other negative values", function()

@@ -226,6 +226,7 @@ typedef enum m3_precision {
 
 typedef struct m3_trainer m3_trainer;
 
+/* Creation options (m3_trainer_cfg_defaults fills the defaults); the on / off fields take 0 or 1. */
 typedef struct m3_trainer_cfg {
   const m3_weights *weights; /* initial weights (copied; the caller keeps ownership); every value finite */
   int32_t device;         /* m3_device_kind */
@@ -238,9 +239,9 @@ typedef struct m3_trainer_cfg {
   double beta1, beta2;    /* 0.9, 0.999 */
   double eps;             /* 1e-8 */
   int32_t no_decay;       /* 1: the reference no-decay group (default); 0: decay all */
-  int32_t carry_state;    /* 1: windows continue the previous window's state */
+  int32_t carry_state;    /* 1: windows continue the previous window's state; 0: they start from zero */
   double clip;            /* max global grad norm for m3_trainer_step; 0 = off */
-  int32_t allow_tf32;     /* f32 GEMMs may use TF32 on the GPU */
+  int32_t allow_tf32;     /* 1: f32 GEMMs may use TF32 on the GPU; 0: they may not */
   uint64_t seed;          /* the trainer's RNG (saved in checkpoints) */
 } m3_trainer_cfg;
 
@@ -395,6 +396,7 @@ uint64_t m3_trainer_rng_next(m3_trainer *tr);
  * in pieces or token by token gives the same outputs (bitwise on the CPU). */
 typedef struct m3_infer m3_infer;
 
+/* Creation options (m3_infer_cfg_defaults fills the defaults); the on / off fields take 0 or 1. */
 typedef struct m3_infer_cfg {
   const m3_weights *weights; /* copied; the caller keeps ownership; every value finite */
   int32_t device;         /* m3_device_kind */
@@ -402,8 +404,8 @@ typedef struct m3_infer_cfg {
   int32_t precision;      /* m3_precision */
   int32_t batch;          /* rows: 1 */
   int32_t max_len;        /* positions per engine window: 256; longer steps run in pieces */
-  int32_t graph;          /* 1 (default): CUDA graphs replay one-token steps (one per row count) */
-  int32_t allow_tf32;     /* f32 GEMMs may use TF32 on the GPU */
+  int32_t graph;          /* 1 (default): CUDA graphs replay one-token steps (one per row count); 0: eager */
+  int32_t allow_tf32;     /* 1: f32 GEMMs may use TF32 on the GPU; 0: they may not */
 } m3_infer_cfg;
 
 typedef struct m3_infer_info {

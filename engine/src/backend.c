@@ -1,7 +1,7 @@
 /*
  * backend.c — what the trainer (trainer.c) and the inference object (infer.c) share in
- * front of a backend: the placement fields of a creation config, the device choice, the
- * checks of a window's inputs, of row lists, layer indices and of a state handed to
+ * front of a backend: the placement and on / off fields of a creation config, the device
+ * choice, the checks of a window's inputs, of row lists, layer indices and of a state handed to
  * set_state. Both callers validate here, so a bad call changes nothing.
  */
 #include "backend.h"
@@ -14,6 +14,11 @@ m3_status m3_check_placement(int32_t precision, int32_t device, int32_t device_i
   if (device < M3_DEVICE_AUTO || device > M3_DEVICE_CUDA)
     return m3_fail(M3_ERR_CONFIG, "device = %d: must be auto, cpu or cuda", device);
   if (device_index < 0) return m3_fail(M3_ERR_CONFIG, "device index = %d: must be >= 0", device_index);
+  return M3_OK;
+}
+
+m3_status m3_check_flag(const char *name, int32_t value) {
+  if (value != 0 && value != 1) return m3_fail(M3_ERR_CONFIG, "%s = %d: must be 0 or 1", name, value);
   return M3_OK;
 }
 

@@ -115,6 +115,8 @@ m3_status m3_backend_open(const backend_args *a, int32_t device, int32_t *chosen
                           const backend_ops **ops);
 /* A creation config's precision (m3_precision), device (m3_device_kind) and device index (>= 0). */
 m3_status m3_check_placement(int32_t precision, int32_t device, int32_t device_index);
+/* A creation config's on / off field `name`: 0 or 1. */
+m3_status m3_check_flag(const char *name, int32_t value);
 /* The input fields of a window: rows in [1, max_rows], len in [1, max_len] (max_len <= 0:
  * any), tokens in [0, vocab) or the input present. Errors name the field and the rule. */
 m3_status m3_check_batch_inputs(const m3_dims *d, const m3_batch *b, int32_t max_rows, int32_t max_len);

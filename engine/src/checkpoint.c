@@ -168,12 +168,15 @@ static m3_status parse_trainer(const char *json, m3_trainer_cfg *c, double *lr, 
   double v[14];
   static const char *const keys[14] = {"device", "device_index", "precision", "batch", "seq_len", "lr", "weight_decay",
                                        "beta1", "beta2", "eps", "no_decay", "carry_state", "clip", "allow_tf32"};
-  static const int whole[14] = {1, 1, 1, 1, 1, 0, 0, 0, 0, 0, 1, 1, 0, 1}; /* int32 fields */
+  static const int whole[14] = {1, 1, 1, 1, 1, 0, 0, 0, 0, 0, 2, 2, 0, 2}; /* int32 fields; 2: flags, 0 or 1 */
   m3_status st = M3_OK;
   for (int i = 0; i < 14 && st == M3_OK; i++) {
     st = json_number(o, keys[i], &v[i]);
     if (st == M3_OK && whole[i] && !(v[i] == floor(v[i]) && v[i] >= INT32_MIN && v[i] <= INT32_MAX))
       st = m3_fail(M3_ERR_FORMAT, "checkpoint trainer options: \"%s\" = %g: expected an integer", keys[i],
+                   m3_shown(v[i]));
+    else if (st == M3_OK && whole[i] == 2 && v[i] != 0 && v[i] != 1)
+      st = m3_fail(M3_ERR_FORMAT, "checkpoint trainer options: \"%s\" = %g: expected 0 or 1", keys[i],
                    m3_shown(v[i]));
   }
   const cJSON *seed = cJSON_GetObjectItemCaseSensitive(o, "seed");

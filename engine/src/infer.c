@@ -48,6 +48,8 @@ static m3_status check_cfg(const m3_infer_cfg *c) {
   if (c->max_len < 1) return m3_fail(M3_ERR_CONFIG, "max_len = %d: must be an integer >= 1", c->max_len);
   if ((int64_t)c->batch * c->max_len > INT32_MAX) /* positions are counted in int (BLAS) */
     return m3_fail(M3_ERR_CONFIG, "batch * max_len = %lld: must be < 2^31", (long long)c->batch * c->max_len);
+  TRY(m3_check_flag("graph", c->graph));
+  TRY(m3_check_flag("allow_tf32", c->allow_tf32));
   return m3_check_placement(c->precision, c->device, c->device_index);
 }
 

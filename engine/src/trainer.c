@@ -72,6 +72,9 @@ static m3_status check_cfg(const m3_trainer_cfg *c) {
     return m3_fail(M3_ERR_CONFIG, "eps = %g: must be a finite number > 0", m3_shown(c->eps));
   if (!(isfinite(c->clip) && c->clip >= 0))
     return m3_fail(M3_ERR_CONFIG, "clip = %g: must be a finite number >= 0 (0 = off)", m3_shown(c->clip));
+  TRY(m3_check_flag("no_decay", c->no_decay));
+  TRY(m3_check_flag("carry_state", c->carry_state));
+  TRY(m3_check_flag("allow_tf32", c->allow_tf32));
   TRY(check_float_range(c->lr, c->weight_decay, c->beta1, c->eps, M3_ERR_CONFIG, ""));
   return m3_check_placement(c->precision, c->device, c->device_index);
 }
