@@ -96,11 +96,7 @@ __global__ void __launch_bounds__(BC_BWD_THREADS, 4)
       bcnorm_bwd_row(proj + m * d.dipp + col, which ? wC : wB, bc_rstd[(m * 2 + which) * d.G + g], ds, d.N,
                      dproj + m * d.dipp + col, wc);
     }
-#pragma unroll
-    for (int k = 0; k < BC_MAX_PER_LANE; k++) {
-      const int n = lane + 32 * k;
-      if (n < d.N) wcontrib[m * 2 * d.N + which * d.N + n] = wc[k];
-    }
+    bcnorm_store_wc(wcontrib + (m * 2 + which) * d.N, wc, d.N);
   }
   for (int a = threadIdx.x & 63; a < d.S; a += 64) {
     float acc = 0;

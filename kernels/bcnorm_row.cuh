@@ -52,4 +52,12 @@ __device__ __forceinline__ void bcnorm_bwd_row(const T *x, const float *w, float
   }
 }
 
+/* Lane l's weight terms wc[k] (column l + 32 k < N, bcnorm_bwd_row) to wc_row [N]. */
+__device__ __forceinline__ void bcnorm_store_wc(float *wc_row, const float (&wc)[BC_MAX_PER_LANE], int N) {
+  const int lane = threadIdx.x & 31;
+#pragma unroll
+  for (int k = 0; k < BC_MAX_PER_LANE; k++)
+    if (lane + 32 * k < N) wc_row[lane + 32 * k] = wc[k];
+}
+
 #endif

@@ -1796,11 +1796,7 @@ __global__ void __launch_bounds__(CTHREADS, SUM || GPL == 2 ? 2 : 3) scan_post_c
       }
       bcnorm_bwd_row((const T *)a.proj + col, which ? a.C_norm : a.B_norm, a.bc_rstd[m * 2 + which], ds, N,
                      (T *)a.dproj + col, wc);
-#pragma unroll
-      for (int k = 0; k < BC_MAX_PER_LANE; k++) {
-        const int n = lane + 32 * k;
-        if (n < N) a.wcontrib[m * 2 * N + which * N + n] = wc[k];
-      }
+      bcnorm_store_wc(a.wcontrib + (m * 2 + which) * N, wc, N);
     }
   } else if (SUM) { /* the group's sums (the last head's barrier published them) */
     float *out = a.dbc_group + (m0 * d.G + g) * 2 * N;
