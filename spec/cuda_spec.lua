@@ -1,9 +1,9 @@
 -- CUDA trainers through the Lua binding (#gpu: pending without a CUDA device). The numeric
 -- parity suites are C tests (engine/tests/test_cuda_parity.c, test_cuda_golden.c); these check
--- what a Lua user sees: training makes progress in every dtype, graphs and set_lr, checkpoint
--- resume bit-identical on the GPU, the carried state put back after a refused step, state
--- tensors, the arena size and the size limit message, a trainer too large for the device's
--- memory, batches in pinned tensors.
+-- what a Lua user sees: training makes progress in every dtype, graphs and set_lr, m3.fit under
+-- graphs, checkpoint resume bit-identical on the GPU, the carried state put back after a refused
+-- step, state tensors, the arena size and the size limit message, a trainer too large for the
+-- device's memory, batches in pinned tensors.
 
 local ffi = require "ffi"
 local m3 = require "m3"
@@ -162,6 +162,19 @@ describe("CUDA trainer #gpu", function()
     assert.is_true(helper.same_weights(g:snapshot(), e:snapshot()))
     g:close()
     e:close()
+  end)
+
+  it("runs m3.fit with graph = true: the step captured after its first run, replayed after it", function()
+    if not helper.need_gpu(pending) then return end
+    local tr = m3.trainer(helper.tokens_lm({ d_model = 32, d_state = 16, headdim = 16 }),
+      { device = "cuda", dtype = "bf16", batch = 4, seq_len = 16, seed = 2 })
+    local src = m3.data.parity { seed = 1, length = 16, min_length = 16 }
+    local result = m3.fit.run { trainer = tr, data = src, steps = 3, graph = true }
+    assert.equal(3, result.step)
+    assert.equal(3, tr:step_count())
+    assert.is_true(tr:has_graph())
+    assert.is_true(tr:step(src:next(4)).graph_replayed)
+    tr:close()
   end)
 
   it("reports the device arena and batch-first states", function()

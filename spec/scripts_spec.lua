@@ -101,6 +101,15 @@ describe("scripts/train.lua", function()
     os.execute("rm -rf " .. dir)
   end)
 
+  it("trains on the GPU, its steps under captured graphs #gpu", function()
+    if not helper.need_gpu(pending) then return end
+    local dir = tmpdir()
+    local out, code = script_in(dir, "train.lua", "--run g --steps 4 --dtype bf16 " .. TINY:gsub("cpu$", "cuda"))
+    assert.equal(0, code, out)
+    assert.matches("runs/g: parity, %d+ parameters, cuda:0 bf16", out)
+    os.execute("rm -rf " .. dir)
+  end)
+
   it("numbers an automatic run name past earlier runs' checkpoints; --resume takes the newest", function()
     local dir = tmpdir()
     local args = TINY .. " --steps 3 --save_every 3"

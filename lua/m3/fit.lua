@@ -143,7 +143,7 @@ local function check(o)
   options.want_int(o.steps, "m3.fit.run: steps", 1)
   if o.batch ~= nil then options.want_int(o.batch, "m3.fit.run: batch", 1) end
   if o.eval_every ~= nil then options.want_int(o.eval_every, "m3.fit.run: eval_every", 1) end
-  if o.graph and o.trainer.device and o.trainer:device() ~= "cuda" then -- refused before the first step
+  if o.graph and o.trainer.device and o.trainer:device() == "cpu" then -- refused before the first step
     lib.raise("m3.fit.run: graph = true needs a CUDA trainer (this one runs on " .. o.trainer:device() .. ")")
   end
   local earlier = o.checkpoint and not o.start and o.checkpoint:list() or {}
