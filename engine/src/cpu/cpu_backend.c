@@ -12,12 +12,14 @@
  * buffer [batch, vocab] until read_logits.
  */
 #include <math.h>
+#include <omp.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "../backend.h"
 #include "../weights.h"
 #include "model.h"
+#include "threads.h"
 
 enum { NORM_BLOCK = 1 << 14 };
 
@@ -78,7 +80,7 @@ static double global_norm_sq(const float *g, int64_t n) {
     for (int64_t i = 0; i < n; i++) s += (double)g[i] * g[i];
     return s;
   }
-#pragma omp parallel for schedule(static)
+#pragma omp parallel for schedule(static) num_threads(loop_threads(blocks, 2 * n, omp_get_max_threads()))
   for (int64_t bl = 0; bl < blocks; bl++) {
     const int64_t e = (bl + 1) * NORM_BLOCK < n ? (bl + 1) * NORM_BLOCK : n;
     double s = 0;
@@ -96,7 +98,7 @@ static m3_status update(backend *be, const step_params *p, update_result *res) {
   float *g = be->grads;
   if (p->grad_unscale != 1.0) {
     const float u = (float)p->grad_unscale;
-#pragma omp parallel for schedule(static)
+#pragma omp parallel for schedule(static) num_threads(loop_threads(n, n, omp_get_max_threads()))
     for (int64_t i = 0; i < n; i++) g[i] *= u;
   }
   const double norm = sqrt(global_norm_sq(g, n));
@@ -112,7 +114,7 @@ static m3_status update(backend *be, const step_params *p, update_result *res) {
     const float decay = 1 - lr * ((p->no_decay && pd->no_decay) ? 0.0f : (float)p->weight_decay);
     float *w = be->params + pd->offset, *gm = be->adam_m + pd->offset, *gv = be->adam_v + pd->offset;
     const float *gr = g + pd->offset;
-#pragma omp parallel for schedule(static)
+#pragma omp parallel for schedule(static) num_threads(loop_threads(pd->numel, 16 * pd->numel, omp_get_max_threads()))
     for (int64_t i = 0; i < pd->numel; i++) {
       const float gi = gr[i] * clip_scale;
       gm[i] = b1 * gm[i] + (1 - b1) * gi;

@@ -15,6 +15,7 @@
 #include <omp.h>
 
 #include "real.h"
+#include "threads.h"
 
 enum { ROWS_PER_CALL = 64, MIN_COLS_PER_CALL = 32, TILES_WANTED = 32 };
 
@@ -35,7 +36,7 @@ void NAME(cpu_gemm)(cpu_model *m, CBLAS_TRANSPOSE ta, CBLAS_TRANSPOSE tb, int M,
     if (panels > most) panels = most;
   }
   const int cols = (N + panels - 1) / panels, tiles = row_blocks * panels;
-#pragma omp parallel for schedule(static) num_threads(tiles < m->threads ? tiles : m->threads)
+#pragma omp parallel for schedule(static) num_threads(loop_threads(tiles, (int64_t)M * N * K, m->threads))
   for (int i = 0; i < tiles; i++) {
     const int r0 = (i / panels) * ROWS_PER_CALL, c0 = (i % panels) * cols;
     const int rows = M - r0 < ROWS_PER_CALL ? M - r0 : ROWS_PER_CALL, n = N - c0 < cols ? N - c0 : cols;

@@ -13,6 +13,7 @@
 #include <string.h>
 
 #include "real.h"
+#include "threads.h"
 
 enum { HEAD_BLOCK = 64 };
 
@@ -41,7 +42,7 @@ static void head_lm(cpu_model *m, const cpu_batch *b, real weight, int want_grad
     const int32_t nb = (int32_t)(M - i0 < HEAD_BLOCK ? M - i0 : HEAD_BLOCK);
     const real *outb = m->out + i0 * dm;
     NAME(cpu_gemm)(m, CblasNoTrans, CblasTrans, nb, V, dm, 1, outb, dm, W, dm, 0, m->logits, V);
-#pragma omp parallel for schedule(static)
+#pragma omp parallel for schedule(static) num_threads(loop_threads(nb, (int64_t)nb * V * 8, m->threads))
     for (int32_t r = 0; r < nb; r++) {
       real *lg = m->logits + (int64_t)r * V;
       const int32_t tgt = b->targets[i0 + r];

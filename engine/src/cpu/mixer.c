@@ -10,6 +10,7 @@
 
 #include "parts.h"
 #include "real.h"
+#include "threads.h"
 
 static int64_t cap_m(const cpu_model *m) { return m->cap; }
 
@@ -34,7 +35,7 @@ m3_status NAME(cpu_layer_forward)(cpu_model *m, int32_t l, const uint8_t *resets
   NAME(cpu_gemm)(m, CblasNoTrans, CblasTrans, (int)M, d->dip, dm, 1, xn, dm, W + lo->in_proj, dm, 0, proj, d->dip);
 
   real *ang_tanh = m->ang_tanh + sl * M0 * d->S;
-#pragma omp parallel for schedule(static)
+#pragma omp parallel for schedule(static) num_threads(loop_threads(M, M * (2 * G * N + d->S) * 8, m->threads))
   for (int64_t mi = 0; mi < M; mi++) {
     for (int32_t which = 0; which < 2; which++)
       for (int32_t g = 0; g < G; g++)
@@ -46,7 +47,7 @@ m3_status NAME(cpu_layer_forward)(cpu_model *m, int32_t l, const uint8_t *resets
 
   NAME(cpu_scan_forward)(m, l, resets, in, fin);
 
-#pragma omp parallel for schedule(static)
+#pragma omp parallel for schedule(static) num_threads(loop_threads(M, M * E * 8, m->threads))
   for (int64_t mi = 0; mi < M; mi++)
     for (int32_t h = 0; h < H; h++) {
       const real *yh = y + mi * E + (int64_t)h * P, *z = proj + mi * d->dip + d->z_off + (int64_t)h * P;
@@ -91,7 +92,7 @@ m3_status NAME(cpu_layer_backward)(cpu_model *m, int32_t l, const uint8_t *reset
   memset(m->part, 0, (size_t)(m->rows * m->part_width) * sizeof(real));
 
   /* gate: dy and dz */
-#pragma omp parallel for schedule(static)
+#pragma omp parallel for schedule(static) num_threads(loop_threads(m->rows, M * E * 16, m->threads))
   for (int32_t b = 0; b < m->rows; b++) {
     real *part = m->part + (int64_t)b * m->part_width;
     for (int64_t mi = (int64_t)b * m->len; mi < (int64_t)(b + 1) * m->len; mi++)
@@ -114,7 +115,7 @@ m3_status NAME(cpu_layer_backward)(cpu_model *m, int32_t l, const uint8_t *reset
   NAME(cpu_scan_backward)(m, l, resets);
 
   /* per token: heads -> groups, B/C RMSNorm backward, angle shares */
-#pragma omp parallel for schedule(static)
+#pragma omp parallel for schedule(static) num_threads(loop_threads(m->rows, M * H * (2 * N + S) * 2, m->threads))
   for (int32_t b = 0; b < m->rows; b++) {
     real *part = m->part + (int64_t)b * m->part_width;
     real *sum = m->row_scratch + (int64_t)b * N;
@@ -155,7 +156,7 @@ m3_status NAME(cpu_layer_backward)(cpu_model *m, int32_t l, const uint8_t *reset
              dm);
 
   /* RMSNorm: dresid (= dL/d resid_out, the identity path) += norm path */
-#pragma omp parallel for schedule(static)
+#pragma omp parallel for schedule(static) num_threads(loop_threads(m->rows, M * dm * 8, m->threads))
   for (int32_t b = 0; b < m->rows; b++) {
     real *part = m->part + (int64_t)b * m->part_width + part_rowvec(d);
     for (int32_t i = 0; i < dm; i++) part[i] = 0;

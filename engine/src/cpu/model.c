@@ -16,6 +16,7 @@
 
 #include "parts.h"
 #include "real.h"
+#include "threads.h"
 
 enum { SCAN_CHUNK = 16 };
 
@@ -288,7 +289,7 @@ m3_status NAME(cpu_model_backward)(cpu_model *m) {
   real *gnf = m->grads + m->lay->norm_f;
   real *part = m->part;
   memset(part, 0, (size_t)d->dm * sizeof(real) * (size_t)rows);
-#pragma omp parallel for schedule(static)
+#pragma omp parallel for schedule(static) num_threads(loop_threads(rows, (int64_t)rows * len * d->dm * 8, m->threads))
   for (int32_t r = 0; r < rows; r++)
     for (int64_t i = (int64_t)r * len; i < (int64_t)(r + 1) * len; i++)
       NAME(rmsnorm_backward_row)(hL + i * d->dm, m->params + m->lay->norm_f, m->out_rstd[i], m->dout + i * d->dm,

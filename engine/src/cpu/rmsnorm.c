@@ -5,7 +5,10 @@
  *   r = 1 / sqrt(mean(x^2) + eps),  y = x * r * w
  *   dx = r * (w * dy) - x * r^3 * mean(x * w * dy),  dw += x * r * dy
  */
+#include <omp.h>
+
 #include "real.h"
+#include "threads.h"
 
 #define EPS 1e-5
 
@@ -21,7 +24,7 @@ void NAME(rmsnorm_row)(const real *x, const real *w, real *y, real *rstd, int32_
 }
 
 void NAME(rmsnorm_forward)(const real *x, const real *w, real *y, real *rstd, int64_t rows, int32_t n) {
-#pragma omp parallel for schedule(static)
+#pragma omp parallel for schedule(static) num_threads(loop_threads(rows, rows * n * 4, omp_get_max_threads()))
   for (int64_t r = 0; r < rows; r++) NAME(rmsnorm_row)(x + r * n, w, y + r * n, rstd + r, n);
 }
 

@@ -19,8 +19,9 @@
 #include <omp.h>
 
 #include "real.h"
+#include "threads.h"
 
-enum { ROW_BLOCK = 4, COL_BLOCK = 64, MIN_WORK_PER_THREAD = 1 << 16 };
+enum { ROW_BLOCK = 4, COL_BLOCK = 64 };
 
 /* A 64-byte vector of reals (GCC vector extension: registers on every ISA the clones target). */
 typedef real vec __attribute__((vector_size(64)));
@@ -81,10 +82,7 @@ void NAME(cpu_rowdot)(cpu_model *m, int M, int N, int K, const real *A, int lda,
                       int ldc) {
   const double t0 = omp_get_wtime();
   const int blocks = (N + COL_BLOCK - 1) / COL_BLOCK;
-  int parts = (int)((int64_t)M * N * K / MIN_WORK_PER_THREAD);
-  if (parts > m->threads) parts = m->threads;
-  if (parts > blocks) parts = blocks;
-  if (parts < 1) parts = 1;
+  const int parts = loop_threads(blocks, (int64_t)M * N * K, m->threads);
 #pragma omp parallel for schedule(static) num_threads(parts)
   for (int i = 0; i < parts; i++) {
     const int j0 = (int)((int64_t)blocks * i / parts) * COL_BLOCK;
@@ -103,7 +101,8 @@ void NAME(cpu_model_transpose_weights)(cpu_model *m) {
     const int64_t rows = p->shape[0], cols = p->shape[1];
     const real *src = m->params + p->offset;
     real *dst = m->params_t + p->offset;
-#pragma omp parallel for schedule(static)
+    const int64_t panels = (rows + COL_BLOCK - 1) / COL_BLOCK;
+#pragma omp parallel for schedule(static) num_threads(loop_threads(panels, rows * cols, m->threads))
     for (int64_t j0 = 0; j0 < rows; j0 += COL_BLOCK) { /* panel of outputs [j0, j0 + w) */
       const int64_t w = rows - j0 < COL_BLOCK ? rows - j0 : COL_BLOCK;
       real *panel = dst + j0 * cols;

@@ -22,6 +22,7 @@
 #include <string.h>
 
 #include "real.h"
+#include "threads.h"
 #include "parts.h"
 
 #define PI_R ((real)3.14159265358979323846)
@@ -84,6 +85,11 @@ static void rotate(const real *base, const real *bias, const real *cs, int32_t N
 /* Strides of the per-layer saved buffers (capacity based, so layer offsets are fixed). */
 static int64_t cap_m(const cpu_model *m) { return m->cap; }
 static int32_t n_chunks(const cpu_model *m) { return (m->T + m->chunk - 1) / m->chunk; }
+/* Threads of the (row, head) walks: each token updates the P x N state a few times over. */
+static int scan_threads(const cpu_model *m) {
+  const int64_t walks = (int64_t)m->rows * m->d->H;
+  return loop_threads(walks, walks * m->len * m->d->P * m->d->N * 8, m->threads);
+}
 
 /* Per-thread scratch of the backward (the forward needs less): chunk states, dH, and per
  * token k, q, cos/sin and scalars for the whole window, plus a few vectors. */
@@ -120,7 +126,7 @@ void NAME(cpu_scan_forward)(cpu_model *m, int32_t layer, const uint8_t *resets, 
   const real *Bb = m->params + lo->B_bias, *Cb = m->params + lo->C_bias;
   const int32_t nch = n_chunks(m);
 
-#pragma omp parallel for schedule(static) num_threads(m->threads)
+#pragma omp parallel for schedule(static) num_threads(scan_threads(m))
   for (int32_t bh = 0; bh < rows * H; bh++) {
     const int32_t b = bh / H, h = bh % H, g = h / d->heads_per_group;
     real *sc = m->scratch + (int64_t)omp_get_thread_num() * m->scratch_per_thread;
@@ -194,7 +200,7 @@ void NAME(cpu_scan_backward)(cpu_model *m, int32_t layer, const uint8_t *resets)
   const real *Bb = m->params + lo->B_bias, *Cb = m->params + lo->C_bias;
   const int32_t nch = n_chunks(m);
 
-#pragma omp parallel for schedule(static) num_threads(m->threads)
+#pragma omp parallel for schedule(static) num_threads(scan_threads(m))
   for (int32_t bh = 0; bh < rows * H; bh++) {
     const int32_t b = bh / H, h = bh % H, g = h / d->heads_per_group;
     real *sc = m->scratch + (int64_t)omp_get_thread_num() * m->scratch_per_thread;
