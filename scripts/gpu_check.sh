@@ -47,7 +47,7 @@ fi
 cuda_failed=0
 if has test; then
   t=$(stamp)
-  timeout 200 meson test -C $build --print-errorlogs --num-processes 4 >"$OUT/tests.log" 2>&1
+  timeout 400 meson test -C $build --print-errorlogs --num-processes 4 >"$OUT/tests.log" 2>&1
   cp $build/meson-logs/testlog.txt "$OUT/testlog.txt" 2>/dev/null
   say "meson test [$(($(stamp) - t)) s]: $(grep -E '^(Ok|Fail|Skipped|Timeout):' "$OUT/tests.log" | tr -s ' ' | tr '\n' ' ')"
   grep -E "^ *[0-9]+/[0-9]+ " "$OUT/tests.log" | grep -v " OK " | tee -a "$summary"
@@ -68,7 +68,8 @@ if has spec; then
   t=$(stamp)
   {
     echo "== busted -t gpu (f32)"
-    M3_TEST_DEVICE=cuda M3_TEST_DTYPE=f32 LUA_PATH="$build/lua/?.lua;;" timeout 90 busted --lua=luajit -t gpu spec/
+    M3_TEST_DEVICE=cuda M3_TEST_DTYPE=f32 M3LUA=$build/m3lua LUA_PATH="$build/lua/?.lua;;" timeout 90 busted \
+      --lua=luajit -t gpu spec/
     for dt in bf16 f16; do
       echo "== busted golden_spec ($dt)"
       M3_TEST_DEVICE=cuda M3_TEST_DTYPE=$dt LUA_PATH="$build/lua/?.lua;;" timeout 40 busted --lua=luajit -t gpu \
