@@ -59,7 +59,8 @@ local spec = {
   { "prompt", "", "text to continue; empty: the start of the validation text" },
   { "seed", 0, "seed of the weights, the data and the sampler", int = true, min = 0, fixed = true },
   { "device", "auto", "auto | cpu | cuda | cuda:N" },
-  { "dtype", "f32", "f32 | bf16 | f16", choices = { "f32", "bf16", "f16" } },
+  { "dtype", "f32", "f32 | bf16 | f16 (f16 cannot accumulate: --batch <= --micro_batch)",
+    choices = { "f32", "bf16", "f16" } },
   { "run", "", "run name: one folder name under runs/ (no /); empty: lm-<data file name> and the flags\n"
     .. "    that differ, then -2, -3, ... past folders holding an earlier run's checkpoints (--resume: the newest)" },
   { "resume", false, "continue the run from its latest checkpoint with its own flag values; flags given "
@@ -118,6 +119,7 @@ flags.check("lm.lua", function()
     tr = m3.trainer(cfg, { device = o.device, dtype = o.dtype, batch = o.micro_batch, seq_len = o.seq_len,
       lr = o.lr, weight_decay = o.weight_decay, carry_state = o.carry, seed = o.seed })
   end
+  fit.check_rows { trainer = tr, batch = o.batch } -- accumulation in f16, say
   rundir.create(dir, o)
 end)
 print(string.format("%s: %s (%d KB, %d KB for validation), %d parameters, %s %s",

@@ -65,7 +65,8 @@ local spec = {
   { "keep", 3, "checkpoints kept (0: all)", int = true, min = 0 },
   { "seed", 0, "seed of the weights and the data", int = true, min = 0, fixed = true },
   { "device", "auto", "auto | cpu | cuda | cuda:N" },
-  { "dtype", "f32", "f32 | bf16 | f16", choices = { "f32", "bf16", "f16" } },
+  { "dtype", "f32", "f32 | bf16 | f16 (f16 cannot accumulate: --batch <= --micro_batch)",
+    choices = { "f32", "bf16", "f16" } },
   { "run", "", "run name: one folder name under runs/ (no /); empty: the task and the flags that differ,\n"
     .. "    then -2, -3, ... past folders holding an earlier run's checkpoints (--resume: the newest of them)" },
   { "resume", false, "continue the run from its latest checkpoint with its own flag values; flags given "
@@ -119,6 +120,7 @@ flags.check("train.lua", function()
       seq_len = math.max(cur:max("length"), o.eval_length), lr = o.lr,
       weight_decay = o.weight_decay, seed = o.seed })
   end
+  fit.check_rows { trainer = tr, batch = o.batch, curriculum = cur } -- accumulation in f16, say
   rundir.create(dir, o)
 end)
 print(string.format("%s: %s, %d parameters, %s %s; lengths %d..%d -> eval at %d; %d steps of %d sequences",

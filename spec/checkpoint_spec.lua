@@ -307,7 +307,7 @@ describe("m3.checkpoint", function()
       helper.error_of(fit.evaluate, tr, masked, { batches = 2 }))
   end)
 
-  it("refuses accumulated steps on a trainer that carries its state", function()
+  it("refuses accumulated steps on a trainer that carries its state or computes in f16", function()
     local src = data.text(path, { order = "stream" })
     local function refusal(o)
       local ok, err = pcall(function() fit.run(o) end)
@@ -320,6 +320,15 @@ describe("m3.checkpoint", function()
         dir = dir .. "/refused" })
     assert.matches("m3%.fit%.run: phase 2: batch = 3 rows a step", refusal { trainer = new_trainer("carry"),
       data = src, steps = 2, curriculum = curriculum.new { { steps = 1, batch = 2 }, { batch = 3 } } })
+    -- f16 cannot accumulate (the engine refuses it; CUDA only, so a stand-in trainer here)
+    local f16 = { batch = function() return 2 end, info = function() return { carry_state = false } end,
+      dtype = function() return "f16" end }
+    assert.matches("^m3%.fit%.run: batch = 4 rows a step, but the trainer computes "
+      .. "in f16 with 2 rows; an overflow skips a whole update, so it cannot accumulate micro%-batches %(bf16 and "
+      .. "f32 can%): use a batch <= 2$", helper.error_of(fit.check_rows, { trainer = f16, batch = 4 }))
+    assert.matches("m3%.fit%.run: phase 2: batch = 3 rows a step, but the trainer computes in f16",
+      helper.error_of(fit.check_rows, { trainer = f16, curriculum = curriculum.new { { steps = 1 }, { batch = 3 } } }))
+    fit.check_rows { trainer = f16, batch = 2 }
     local cpu = new_trainer("carry")
     assert.matches("m3%.fit%.run: graph = true needs a CUDA trainer %(this one runs on cpu%)",
       refusal { trainer = cpu, data = src, steps = 2, graph = true, dir = dir .. "/refused" })

@@ -101,12 +101,20 @@ describe("scripts/train.lua", function()
     os.execute("rm -rf " .. dir)
   end)
 
-  it("trains on the GPU, its steps under captured graphs #gpu", function()
+  it("trains on the GPU under captured graphs; refuses f16 accumulation before writing anything #gpu", function()
     if not helper.need_gpu(pending) then return end
     local dir = tmpdir()
-    local out, code = script_in(dir, "train.lua", "--run g --steps 4 --dtype bf16 " .. TINY:gsub("cpu$", "cuda"))
+    local on_gpu = TINY:gsub("cpu$", "cuda")
+    local out, code = script_in(dir, "train.lua", "--run g --steps 4 --dtype bf16 " .. on_gpu)
     assert.equal(0, code, out)
     assert.matches("runs/g: parity, %d+ parameters, cuda:0 bf16", out)
+    -- f16 cannot accumulate: --batch 8 over --micro_batch 4 stops before anything is written
+    out, code = script_in(dir, "train.lua", "--run h --steps 4 --dtype f16 " .. on_gpu .. " --batch 8")
+    assert.equal(2, code, out)
+    assert.matches("^train.lua: m3.fit.run: batch = 8 rows a step, but the trainer computes in f16 with 4 rows", out)
+    assert.is_false(m3.fs.exists(dir .. "/runs/h"))
+    out, code = script_in(dir, "train.lua", "--run h --steps 4 --dtype f16 " .. on_gpu)
+    assert.equal(0, code, out)
     os.execute("rm -rf " .. dir)
   end)
 

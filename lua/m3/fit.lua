@@ -12,7 +12,8 @@
 --     batch = 64,            -- rows per optimizer step (a phase's `batch` wins); more rows
 --                            -- than the trainer's batch run as accumulated micro-batches
 --                            -- (an error for a trainer with carry_state: its state rows are
---                            -- the trainer's batch rows, one stream each)
+--                            -- the trainer's batch rows, one stream each; and in f16, which
+--                            -- cannot accumulate: fit.check_rows(o) tells beforehand)
 --     clip = 1.0, checkpoint = ck, start = start, dir = run_dir,
 --     eval = function(tr, step) return {val_loss =, val_acc =} end, eval_every = 200,
 --     extra = function() return my_state end,   -- saved too (start.extra.user on resume)
@@ -153,28 +154,46 @@ local function check(o)
   end
 end
 
--- The rows of a step in phase (nil without a curriculum). A trainer that carries its state
--- holds one state row per row of its batch, so its steps take no more rows than that: the
--- micro-batches of an accumulated step would run other windows through the same state rows.
-local function rows_of(o, phase, micro, carry)
-  local rows = (phase and phase.batch) or o.batch or micro
-  if carry and rows > micro then
-    lib.raise(string.format("m3.fit.run: %sbatch = %d rows a step, but the trainer carries its state "
-      .. "(carry_state) in %d rows; accumulated micro-batches would mix the rows' streams: use a batch <= %d",
-      phase and phase.index and "phase " .. phase.index .. ": " or "", rows, micro, micro))
+-- What limits a step's rows: a trainer that carries its state holds one state row per row of
+-- its batch, so its steps take no more rows than that (the micro-batches of an accumulated step
+-- would run other windows through the same state rows); one in f16 cannot accumulate either (an
+-- overflow skips a whole update, so the engine refuses accumulation windows in f16).
+local function limits_of(tr)
+  return { micro = tr:batch(), carry = tr:info().carry_state, f16 = tr.dtype ~= nil and tr:dtype() == "f16" }
+end
+
+-- The rows of a step in phase (nil without a curriculum) under the trainer's limits.
+local function rows_of(o, phase, lim)
+  local rows = (phase and phase.batch) or o.batch or lim.micro
+  if rows > lim.micro and (lim.carry or lim.f16) then
+    local where = phase and phase.index and "phase " .. phase.index .. ": " or ""
+    local why = lim.carry and "carries its state (carry_state) in %d rows; accumulated micro-batches would mix the "
+      .. "rows' streams" or "computes in f16 with %d rows; an overflow skips a whole update, so it cannot accumulate "
+      .. "micro-batches (bf16 and f32 can)"
+    lib.raise(string.format("m3.fit.run: %sbatch = %d rows a step, but the trainer " .. why .. ": use a batch <= %d",
+      where, rows, lim.micro, lim.micro))
   end
   return rows
 end
 
+-- Raises what fit.run(o) would for rows a step that o.trainer cannot take (o.batch, each phase
+-- of o.curriculum). fit.run checks it before anything is written; a script can call it before
+-- it writes anything of its own.
+function fit.check_rows(o)
+  local lim = limits_of(o.trainer)
+  if not o.curriculum then
+    rows_of(o, nil, lim)
+  elseif o.curriculum.phases then -- the steps check each phase again
+    for _, phase in ipairs(o.curriculum:phases()) do rows_of(o, phase, lim) end
+  end
+end
+
 function fit.run(o)
   check(o)
+  fit.check_rows(o)
   local tr, src, total = o.trainer, o.data, o.steps
-  local micro, carry = tr:batch(), tr:info().carry_state
-  if not o.curriculum then
-    rows_of(o, nil, micro, carry)
-  elseif o.curriculum.phases then -- before anything is written; the steps check each phase again
-    for _, phase in ipairs(o.curriculum:phases()) do rows_of(o, phase, micro, carry) end
-  end
+  local lim = limits_of(tr)
+  local micro = lim.micro
   if o.clip then tr:set_clip(o.clip) end
   local step = 0
   if o.start then
@@ -236,7 +255,7 @@ function fit.run(o)
       phase = o.curriculum and o.curriculum:phase(s) or nil
       if o.schedule then lr = schedule.apply(tr, o.schedule, s) end
       local opts = source.overlay(o.data_opts, phase)
-      local rows = rows_of(o, phase, micro, carry)
+      local rows = rows_of(o, phase, lim)
       local batches, left = {}, rows
       while left > 0 do
         local n = math.min(micro, left)
