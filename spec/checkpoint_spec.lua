@@ -328,6 +328,8 @@ describe("m3.checkpoint", function()
       .. "f32 can%): use a batch <= 2$", helper.error_of(fit.check_rows, { trainer = f16, batch = 4 }))
     assert.matches("m3%.fit%.run: phase 2: batch = 3 rows a step, but the trainer computes in f16",
       helper.error_of(fit.check_rows, { trainer = f16, curriculum = curriculum.new { { steps = 1 }, { batch = 3 } } }))
+    assert.matches("^m3%.fit%.run: batch = 4 rows a step, but", helper.error_of(fit.check_rows, { trainer = f16,
+      batch = 4, curriculum = curriculum.lengths { from = 2, to = 8, steps = 4 } })) -- its phases leave the rows
     fit.check_rows { trainer = f16, batch = 2 }
     local cpu = new_trainer("carry")
     assert.matches("m3%.fit%.run: graph = true needs a CUDA trainer %(this one runs on cpu%)",
