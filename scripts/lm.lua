@@ -119,7 +119,7 @@ flags.check("lm.lua", function()
     tr = m3.trainer(cfg, { device = o.device, dtype = o.dtype, batch = o.micro_batch, seq_len = o.seq_len,
       lr = o.lr, weight_decay = o.weight_decay, carry_state = o.carry, seed = o.seed })
   end
-  fit.check_rows { trainer = tr, batch = o.batch } -- accumulation in f16, say
+  fit.check_rows { trainer = tr, batch = o.batch } -- f16 and carry_state cannot accumulate
   rundir.create(dir, o)
 end)
 print(string.format("%s: %s (%d KB, %d KB for validation), %d parameters, %s %s",

@@ -120,7 +120,7 @@ flags.check("train.lua", function()
       seq_len = math.max(cur:max("length"), o.eval_length), lr = o.lr,
       weight_decay = o.weight_decay, seed = o.seed })
   end
-  fit.check_rows { trainer = tr, batch = o.batch, curriculum = cur } -- accumulation in f16, say
+  fit.check_rows { trainer = tr, batch = o.batch, curriculum = cur } -- f16 and carry_state cannot accumulate
   rundir.create(dir, o)
 end)
 print(string.format("%s: %s, %d parameters, %s %s; lengths %d..%d -> eval at %d; %d steps of %d sequences",

@@ -166,7 +166,7 @@ end
 local function rows_of(o, phase, lim)
   local rows = (phase and phase.batch) or o.batch or lim.micro
   if rows > lim.micro and (lim.carry or lim.f16) then
-    local where = phase and phase.batch and phase.index and "phase " .. phase.index .. ": " or "" -- its batch
+    local where = phase and phase.batch and phase.index and "phase " .. phase.index .. ": " or "" -- it set the rows
     local why = lim.carry and "carries its state (carry_state) in %d rows; accumulated micro-batches would mix the "
       .. "rows' streams" or "computes in f16 with %d rows; an overflow skips a whole update, so it cannot accumulate "
       .. "micro-batches (bf16 and f32 can)"
