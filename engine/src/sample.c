@@ -13,12 +13,14 @@
  * thread count or on the other rows.
  */
 #include <math.h>
+#include <omp.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "errors.h"
 #include "m3.h"
 #include "rng.h"
+#include "threads.h"
 
 typedef struct cand {
   float v;
@@ -73,22 +75,23 @@ typedef struct scratch {
 
 enum { NBINS = 2048 };
 
-/* A draw among the ids whose keep(i) holds, walked in id order, weights w. */
-#define DRAW_IN_ID_ORDER(keep)                                  \
-  do {                                                          \
-    double total_ = 0, acc_ = 0;                                \
-    int32_t last_ = best;                                       \
-    for (int32_t i = 0; i < V; i++)                             \
-      if (keep) total_ += w[i];                                 \
-    const double u_ = m3_rng_uniform(r) * total_;               \
-    for (int32_t i = 0; i < V; i++)                             \
-      if (keep) {                                               \
-        acc_ += w[i];                                           \
-        last_ = i;                                              \
-        if (u_ < acc_) return i;                                \
-      }                                                         \
-    return last_;                                               \
-  } while (0)
+/* Whether id i (logit v) is kept: every id, or (end != NULL) those up to *end in sampling order. */
+static int kept(float v, int32_t i, const cand *end) { return !end || before(&(cand){v, i}, end) || i == end->id; }
+
+/* A draw among the ids that kept() keeps, walked in id order, weights w; total: their weights' sum in id order. */
+static int32_t draw_in_id_order(const float *lg, const float *w, int32_t V, const cand *end, double total,
+                                int32_t best, m3_rng *r) {
+  const double u = m3_rng_uniform(r) * total;
+  double acc = 0;
+  int32_t last = best;
+  for (int32_t i = 0; i < V; i++)
+    if (kept(lg[i], i, end)) {
+      acc += w[i];
+      last = i;
+      if (u < acc) return i;
+    }
+  return last;
+}
 
 /* The bin of logit v below the row's max m: the distance in double, which neither overflows (finite logits
  * spread wider than FLT_MAX) nor gives a NaN index. */
@@ -139,12 +142,14 @@ static int32_t sample_row(const float *lg, int32_t V, const m3_sample_opts *o, m
   const float inv_t = (float)(1.0 / o->temperature), m = lg[best];
   float *w = sc->w;
   if (o->top_k == 0) {
-    for (int32_t i = 0; i < V; i++) w[i] = weight_of(lg[i], m, inv_t);
-    if (o->top_p >= 1) DRAW_IN_ID_ORDER(1);
-    double mass = 0;
-    for (int32_t i = 0; i < V; i++) mass += w[i];
+    double mass = 0; /* summed as the weights are made: the expf calls hide the chain of adds */
+    for (int32_t i = 0; i < V; i++) mass += w[i] = weight_of(lg[i], m, inv_t);
+    if (o->top_p >= 1) return draw_in_id_order(lg, w, V, NULL, mass, best, r);
     const cand end = nucleus_end(lg, w, V, m, o->top_p * mass, sc);
-    DRAW_IN_ID_ORDER(before(&(cand){lg[i], i}, &end) || i == end.id);
+    double total = 0;
+    for (int32_t i = 0; i < V; i++)
+      if (kept(lg[i], i, &end)) total += w[i];
+    return draw_in_id_order(lg, w, V, &end, total, best, r);
   }
   /* top_k candidates in sampling order (w[j]: the j-th one's weight), then the top_p prefix */
   cand *c = sc->c;
@@ -191,7 +196,8 @@ m3_status m3_sample(const float *logits, int32_t rows, int32_t vocab, const m3_s
   if (!(o->top_p > 0 && o->top_p <= 1))
     return m3_fail(M3_ERR_ARGUMENT, "top_p = %g: must be in (0, 1] (1 = off)", m3_shown(o->top_p));
   int32_t bad_row = rows; /* the first row holding a non-finite logit */
-#pragma omp parallel for schedule(static) reduction(min : bad_row)
+#pragma omp parallel for schedule(static) reduction(min : bad_row) \
+    num_threads(loop_threads(rows, (int64_t)rows * vocab, omp_get_max_threads()))
   for (int32_t r = 0; r < rows; r++)
     for (int64_t i = (int64_t)r * vocab; i < (int64_t)(r + 1) * vocab; i++)
       if (!isfinite(logits[i])) {
@@ -202,7 +208,7 @@ m3_status m3_sample(const float *logits, int32_t rows, int32_t vocab, const m3_s
     return m3_fail(M3_ERR_NONFINITE, "m3_sample: row %d of the logits holds a non-finite value; nothing was drawn",
                    bad_row);
   int failed = 0;
-#pragma omp parallel
+#pragma omp parallel num_threads(loop_threads(rows, (int64_t)rows * vocab * 16, omp_get_max_threads()))
   {
     scratch sc = {NULL, NULL, NULL, NULL};
     if (o->temperature > 0) {

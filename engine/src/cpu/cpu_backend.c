@@ -19,7 +19,7 @@
 #include "../backend.h"
 #include "../weights.h"
 #include "model.h"
-#include "threads.h"
+#include "../threads.h"
 
 enum { NORM_BLOCK = 1 << 14 };
 

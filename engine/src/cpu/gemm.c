@@ -15,7 +15,7 @@
 #include <omp.h>
 
 #include "real.h"
-#include "threads.h"
+#include "../threads.h"
 
 enum { ROWS_PER_CALL = 64, MIN_COLS_PER_CALL = 32, TILES_WANTED = 32 };
 

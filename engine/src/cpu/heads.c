@@ -13,7 +13,7 @@
 #include <string.h>
 
 #include "real.h"
-#include "threads.h"
+#include "../threads.h"
 
 enum { HEAD_BLOCK = 64 };
 

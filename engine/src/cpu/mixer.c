@@ -10,7 +10,7 @@
 
 #include "parts.h"
 #include "real.h"
-#include "threads.h"
+#include "../threads.h"
 
 static int64_t cap_m(const cpu_model *m) { return m->cap; }
 

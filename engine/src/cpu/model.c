@@ -16,7 +16,7 @@
 
 #include "parts.h"
 #include "real.h"
-#include "threads.h"
+#include "../threads.h"
 
 enum { SCAN_CHUNK = 16 };
 

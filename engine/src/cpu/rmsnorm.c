@@ -8,7 +8,7 @@
 #include <omp.h>
 
 #include "real.h"
-#include "threads.h"
+#include "../threads.h"
 
 #define EPS 1e-5
 

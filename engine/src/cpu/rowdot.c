@@ -19,7 +19,7 @@
 #include <omp.h>
 
 #include "real.h"
-#include "threads.h"
+#include "../threads.h"
 
 enum { ROW_BLOCK = 4, COL_BLOCK = 64 };
 

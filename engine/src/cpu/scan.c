@@ -22,7 +22,7 @@
 #include <string.h>
 
 #include "real.h"
-#include "threads.h"
+#include "../threads.h"
 #include "parts.h"
 
 #define PI_R ((real)3.14159265358979323846)
