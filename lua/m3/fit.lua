@@ -176,23 +176,28 @@ local function rows_of(o, phase, lim)
   return rows
 end
 
--- Raises what fit.run(o) would for rows a step that o.trainer cannot take (o.batch, each phase
--- of o.curriculum). fit.run checks it before anything is written; a script can call it before
--- it writes anything of its own.
-function fit.check_rows(o)
+-- The trainer's limits, once every step's rows (o.batch, each phase of o.curriculum) are
+-- within them; else raises what fit.run would.
+local function checked_limits(o)
   local lim = limits_of(o.trainer)
   if not o.curriculum then
     rows_of(o, nil, lim)
   elseif o.curriculum.phases then -- the steps check each phase again
     for _, phase in ipairs(o.curriculum:phases()) do rows_of(o, phase, lim) end
   end
+  return lim
+end
+
+-- Raises what fit.run(o) would for rows a step that o.trainer cannot take. fit.run checks it
+-- before anything is written; a script can call it before it writes anything of its own.
+function fit.check_rows(o)
+  checked_limits(o)
 end
 
 function fit.run(o)
   check(o)
-  fit.check_rows(o)
+  local lim = checked_limits(o)
   local tr, src, total = o.trainer, o.data, o.steps
-  local lim = limits_of(tr)
   local micro = lim.micro
   if o.clip then tr:set_clip(o.clip) end
   local step = 0
