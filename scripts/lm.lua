@@ -18,8 +18,9 @@
 -- afresh, deleting its checkpoints). A folder named with --run that holds checkpoints needs
 -- --resume or --overwrite. --resume takes the run's own flag values from options.json; flags
 -- given with it change them, except those --help marks "fixed for a run" (the model, the text
--- and how it is read), which are refused when they differ. A flag that is part of <name>
--- names another folder, so resume with --run to change one. Bad flag values, and a file too
+-- and how it is read), which are refused when they differ. Where such a change makes <name>
+-- a folder without checkpoints, --resume takes the run it changes (its other flags agree;
+-- several such runs: name one with --run). Bad flag values, and a file too
 -- short for the windows, are refused before that folder is made ("lm.lua: <why>", exit
 -- status 2). Ctrl-C or SIGTERM saves a checkpoint
 -- and ends the script with its path on stderr and exit status 130 / 143.
@@ -68,7 +69,7 @@ local spec = {
   { "overwrite", false, "start afresh in a run folder that holds checkpoints (deletes them)" },
 }
 
-local o, changed, given = flags.parse(arg, spec, "m3lua scripts/lm.lua [flags]")
+local o, _, given = flags.parse(arg, spec, "m3lua scripts/lm.lua [flags]")
 
 -- the run's name: the file and the options that shape the result
 local not_in_name = { data = true, run = true, resume = true, overwrite = true, device = true,
@@ -84,7 +85,7 @@ flags.check("lm.lua", function()
     error(string.format("--carry reads --batch streams, one per state row of the trainer: --micro_batch "
       .. "(%d) must equal --batch (%d)", o.micro_batch, o.batch), 0)
   end
-  dir = rundir.path(o, changed, base, not_in_name)
+  dir = rundir.path(o, given, spec, base, not_in_name)
   rundir.open(dir, o, given, spec)
   train = m3.data.text(o.data, { split = "train", order = o.carry and "stream" or "random",
     rows = o.carry and o.batch or nil, seed = o.seed, length = o.seq_len })

@@ -27,8 +27,9 @@
 -- its checkpoints). A folder named with --run that holds checkpoints needs --resume or
 -- --overwrite. --resume takes the run's own flag values from options.json; flags
 -- given with it change them (--steps: train on to another end), except those --help marks
--- "fixed for a run" (the model, the data), which are refused when they differ. A flag that
--- is part of <name> names another folder, so resume with --run to change one. Bad flag
+-- "fixed for a run" (the model, the data), which are refused when they differ. Where such a
+-- change makes <name> a folder without checkpoints, --resume takes the run it changes (its
+-- other flags agree; several such runs: name one with --run). Bad flag
 -- values (also those only the library refuses, e.g. --d_model 30 with --headdim 16) stop the
 -- script before that folder is made ("train.lua: <why>", exit status 2).
 
@@ -74,7 +75,7 @@ local spec = {
   { "overwrite", false, "start afresh in a run folder that holds checkpoints (deletes them)" },
 }
 
-local o, changed, given = flags.parse(arg, spec, "m3lua scripts/train.lua [flags]")
+local o, _, given = flags.parse(arg, spec, "m3lua scripts/train.lua [flags]")
 
 -- the run's name: the task and the options that shape the result
 local not_in_name = { task = true, run = true, resume = true, overwrite = true, device = true,
@@ -90,7 +91,7 @@ local tasks = {
 -- and the folder is made only once all of it has been built, so nothing is left behind
 local dir, train, evalset, eval_opts, cur, sched, ck, tr, start
 flags.check("train.lua", function()
-  dir = rundir.path(o, changed, o.task, not_in_name)
+  dir = rundir.path(o, given, spec, o.task, not_in_name)
   rundir.open(dir, o, given, spec)
   train = tasks[o.task](o.seed)
   -- evaluation: a fixed set (its own seed), final-position targets, the longer length

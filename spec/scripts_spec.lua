@@ -150,6 +150,37 @@ describe("scripts/train.lua", function()
     os.execute("rm -rf " .. dir)
   end)
 
+  it("--resume with flags that change an automatically named run continues that run; several are an error", function()
+    local dir = tmpdir()
+    local function run(args) return script_in(dir, "train.lua", TINY .. " --save_every 100 " .. args) end
+    local out, code = run("--steps 3")
+    assert.equal(0, code, out)
+    local first = out:match("(runs/[^:\n]+): parity")
+    assert.truthy(first, out)
+    -- --steps 5 names another folder, which holds no checkpoints: the run that --steps changes goes on
+    out, code = run("--steps 5 --resume")
+    assert.equal(0, code, out)
+    assert.matches("resuming " .. first:gsub("%p", "%%%0") .. " at step 3\n", out)
+    out, code = run("--steps 3 --lr 0.001")
+    assert.equal(0, code, out)
+    local second = out:match("(runs/[^:\n]+): parity")
+    assert.matches("lr=0.001", second, 1, true)
+    -- --lr not given keeps the first run's; given, it could change either run
+    out, code = run("--steps 7 --resume")
+    assert.equal(0, code, out)
+    assert.matches("resuming " .. first:gsub("%p", "%%%0") .. " at step 5\n", out)
+    out, code = run("--steps 9 --lr 0.002 --resume")
+    assert.equal(2, code, out)
+    assert.matches("^train%.lua: %-%-resume: runs/[^\n]+lr=0%.002[^\n]+ holds no checkpoints, and the flags given could "
+      .. "change any of " .. first:gsub("%p", "%%%0") .. ", " .. second:gsub("%p", "%%%0") .. ": name the run to "
+      .. "resume with %-%-run\n$", out)
+    -- a fixed flag that differs matches no run: a new one
+    out, code = run("--steps 9 --d_model 16 --headdim 16 --resume")
+    assert.equal(0, code, out)
+    assert.matches("no checkpoint in runs/[^\n]+; starting from scratch\n", out)
+    os.execute("rm -rf " .. dir)
+  end)
+
   it("resumes with the run's own flag values, refuses a fixed one that differs, records only those used", function()
     local dir = tmpdir()
     local options = dir .. "/runs/r/options.json"

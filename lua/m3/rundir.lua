@@ -3,11 +3,11 @@
 -- checkpoints in checkpoints/; o holds the script's flags, among them --run, --resume
 -- (continue the run from its newest checkpoint) and --overwrite (start it afresh).
 --
---   local o, changed, given = flags.parse(arg, spec, banner)
---   local dir = rundir.path(o, changed, base, skip)   -- "runs/<name>"
---   rundir.open(dir, o, given, spec)                  -- before anything is built from o
+--   local o, _, given = flags.parse(arg, spec, banner)
+--   local dir = rundir.path(o, given, spec, base, skip) -- "runs/<name>"
+--   rundir.open(dir, o, given, spec)                    -- before anything is built from o
 --   ... build everything from o (nothing written yet) ...
---   rundir.create(dir, o)                             -- the folder, o in options.json
+--   rundir.create(dir, o)                               -- the folder, o in options.json
 --
 -- open refuses a folder that holds checkpoints (one named by --run: an automatic name
 -- numbers itself past them, below) unless o.resume or o.overwrite says what to do with
@@ -19,14 +19,20 @@
 -- run's value is an error listing each of them (a path = true flag differs when it names
 -- another file: fs.realpath). options.json leaves out resume and overwrite, which say what
 -- to do with the folder, not how the run trains.
--- <name> is o.run when it is not "", else base and the flags in `changed` (flags.parse's
--- second value) that are not in `skip`, named as m3.sweep names a point
+-- <name> is o.run when it is not "", else base and the flags of `spec` whose value differs
+-- from their default and that are not in `skip`, named as m3.sweep names a point
 -- ("parity-d_model=64,lr=0.01"; just base when there are none), numbered so that running the
 -- same command again keeps the earlier run: a new run takes the first of <name>, <name>-2,
 -- <name>-3, ... that holds no checkpoints, --resume the last before it that holds some,
 -- --overwrite <name> itself. o.run must be a single folder name: one with a "/", only
 -- blanks, or "." or ".." (blanks around them aside) is an error (a path would put the run
 -- outside runs/, or into runs/ itself).
+-- A flag given with --resume to change the run (in `given`, not fixed = true) also changes
+-- the automatic name. Where <name> holds no checkpoints, --resume takes the run in
+-- runs/<base> or runs/<base>-* that holds checkpoints and whose options.json agrees with o on
+-- every other flag of the name (`--resume --steps 4000` continues runs/parity, `--resume
+-- --steps 5` runs/parity-steps=3; of numbered folders the newest); several such runs are an
+-- error that lists them (name one with --run); none, <name> (a run from scratch).
 
 local checkpoint = require "m3.checkpoint"
 local fs = require "m3.fs"
@@ -52,24 +58,6 @@ local function numbered(dir)
   return i > 1 and at(i - 1) or nil, at(i)
 end
 
-function rundir.path(o, changed, base, skip)
-  local name = o.run:match("^%s*(.-)%s*$")
-  if o.run ~= "" and (name == "" or name == "." or name == ".." or name:find("/", 1, true)) then
-    lib.raise(string.format('--run %s: a run name is a single folder name under runs/ (no "/", not "." or "..", '
-      .. "not blank)", options.show(o.run)))
-  end
-  if o.run ~= "" then return "runs/" .. o.run end
-  local named = {}
-  for _, k in ipairs(changed) do
-    if not skip[k] then named[#named + 1] = k end
-  end
-  local dir = "runs/" .. base .. (#named > 0 and "-" .. sweep.name(o, {}, named) or "")
-  if o.overwrite then return dir end
-  local newest, free = numbered(dir)
-  if o.resume then return newest or dir end
-  return free
-end
-
 -- The flags that say what to do with the folder: never taken from options.json.
 local ACTIONS = { resume = true, overwrite = true }
 
@@ -79,6 +67,73 @@ local function same(f, v, w)
   if not f.path then return false end
   local rv = fs.realpath(v)
   return rv ~= nil and rv == fs.realpath(w)
+end
+
+-- The automatic name of a run with flag values o: base and the flags of spec whose value
+-- differs from their default, those in skip aside.
+local function auto_name(o, spec, base, skip)
+  local keys = {}
+  for _, f in ipairs(spec) do
+    if not skip[f[1]] and o[f[1]] ~= f[2] then keys[#keys + 1] = f[1] end
+  end
+  return "runs/" .. base .. (#keys > 0 and "-" .. sweep.name(o, {}, keys) or "")
+end
+
+-- Whether the run whose saved flag values are `saved` is one that o's flags given to change a
+-- run (not fixed for a run) change: every other flag of the name agrees.
+local function changed_by(o, given, spec, skip, saved)
+  for _, f in ipairs(spec) do
+    local k = f[1]
+    if not skip[k] and not ACTIONS[k] and not (given[k] and not f.fixed) and not same(f, saved[k], o[k]) then
+      return false
+    end
+  end
+  return true
+end
+
+-- The runs --resume may mean where o's automatic name holds no checkpoints: the folders
+-- runs/<base> and runs/<base>-* that hold checkpoints and that the flags given change
+-- (changed_by, on their options.json); of numbered folders (<name>, <name>-2, ...), the newest.
+local function changed_runs(o, given, spec, base, skip)
+  local found, runs = {}, {}
+  for _, entry in ipairs(fs.list("runs")) do
+    local folder = "runs/" .. entry
+    local saved = (entry == base or entry:sub(1, #base + 1) == base .. "-") and #checkpoints(folder) > 0
+      and json.read(folder .. "/options.json")
+    if type(saved) == "table" then
+      for _, f in ipairs(spec) do
+        if saved[f[1]] == nil then saved[f[1]] = f[2] end -- a flag newer than the run: its default
+      end
+      if changed_by(o, given, spec, skip, saved) then found[folder] = true end
+    end
+  end
+  for folder in pairs(found) do
+    local first = folder:match("^(.*)%-%d+$")
+    local name = found[first] and first or folder
+    if name == folder then runs[#runs + 1] = numbered(name) end
+  end
+  table.sort(runs)
+  return runs
+end
+
+function rundir.path(o, given, spec, base, skip)
+  local name = o.run:match("^%s*(.-)%s*$")
+  if o.run ~= "" and (name == "" or name == "." or name == ".." or name:find("/", 1, true)) then
+    lib.raise(string.format('--run %s: a run name is a single folder name under runs/ (no "/", not "." or "..", '
+      .. "not blank)", options.show(o.run)))
+  end
+  if o.run ~= "" then return "runs/" .. o.run end
+  local dir = auto_name(o, spec, base, skip)
+  if o.overwrite then return dir end
+  local newest, free = numbered(dir)
+  if not o.resume then return free end
+  if newest then return newest end
+  local runs = changed_runs(o, given, spec, base, skip)
+  if #runs > 1 then
+    lib.raise(string.format("--resume: %s holds no checkpoints, and the flags given could change any of %s: name the "
+      .. "run to resume with --run", dir, table.concat(runs, ", ")))
+  end
+  return runs[1] or dir
 end
 
 -- o with the saved options of the run it resumes (see the header).
