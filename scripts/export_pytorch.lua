@@ -11,11 +11,7 @@
 local m3 = require "m3"
 local flags = require "m3.flags"
 
-local src, dir = ...
-if not src or not dir then
-  io.stderr:write("usage: m3lua scripts/export_pytorch.lua <weights or checkpoint> <out_dir>\n")
-  os.exit(2)
-end
+local src, dir = flags.positional({ ... }, 2, "usage: m3lua scripts/export_pytorch.lua <weights or checkpoint> <out_dir>")
 
 local w = flags.check("export_pytorch.lua", function()
   local ok, w = pcall(m3.weights.load, src)

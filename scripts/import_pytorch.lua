@@ -11,11 +11,7 @@
 local m3 = require "m3"
 local flags = require "m3.flags"
 
-local dir, out = ...
-if not dir or not out then
-  io.stderr:write("usage: m3lua scripts/import_pytorch.lua <dir> <weights.safetensors>\n")
-  os.exit(2)
-end
+local dir, out = flags.positional({ ... }, 2, "usage: m3lua scripts/import_pytorch.lua <dir> <weights.safetensors>")
 local w = flags.check("import_pytorch.lua", m3.pytorch.import, dir)
 flags.check("import_pytorch.lua", w.save, w, out)
 print(string.format("%s: %d parameters (d_model %d, %d layers, vocab %d, tie_embeddings %s)", out,

@@ -470,7 +470,8 @@ describe("m3.infer", function()
       end
     end)
 
-    it("scripts report a bad input or output by its message alone (no file:line, no traceback), status 2", function()
+    it("scripts report a bad input or output by its message alone (no file:line, no traceback), status 2; --help: 0",
+      function()
       local m3lua = os.getenv("M3LUA") or helper.repo_dir() .. "/build/m3lua"
       local errfile = helper.tmpname("-stderr")
       -- m3lua's stderr (one line) and its status for a script and its arguments
@@ -496,6 +497,11 @@ describe("m3.infer", function()
       err, rc = run("import_pytorch.lua", file, helper.tmpname())
       assert.equal("import_pytorch.lua: m3.pytorch.import: there is no folder " .. file, err)
       assert.equal(2, rc)
+      err, rc = run("import_pytorch.lua", file)
+      assert.equal("expected 2 arguments, got 1\nusage: m3lua scripts/import_pytorch.lua <dir> <weights.safetensors>", err)
+      assert.equal(2, rc)
+      err, rc = run("export_pytorch.lua", "--help")
+      assert.same({ "", 0 }, { err, rc })
     end)
   end)
 end)

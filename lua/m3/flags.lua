@@ -17,7 +17,8 @@
 -- fixed = true marks a flag that defines a training run (its model, its data): --help says
 -- so, and m3.rundir keeps the run's own value when it resumes. path = true: the value names a
 -- file, which m3.rundir compares by the file it resolves to (./data/x.txt is data/x.txt).
--- `--help` prints the flags and exits.
+-- `--help` prints the flags and exits. flags.positional(arg, n, usage) takes a script's n
+-- positional arguments (no flags), with the same --help and exit statuses.
 -- Unknown flags and stray arguments are errors that list the valid flags. Returns the
 -- values, the list of names set to something other than their default (in the order of
 -- the spec), for run names, and the set of names given on the command line (given[name] =
@@ -148,6 +149,21 @@ function flags.list(text, convert)
   local out = {}
   for item in tostring(text):gmatch("[^,%s]+") do out[#out + 1] = convert and convert(item) or item end
   return out
+end
+
+-- The n arguments of a script that takes n positional ones and no flags (usage: its usage
+-- line): --help or -h first prints the usage and exits (0); another count of arguments
+-- prints it on stderr with what was wrong and exits (2).
+function flags.positional(args, n, usage_line)
+  if args[1] == "--help" or args[1] == "-h" then
+    print(usage_line)
+    os.exit(0)
+  end
+  if #args ~= n then
+    io.stderr:write(string.format("expected %d arguments, got %d\n%s\n", n, #args, usage_line))
+    os.exit(2)
+  end
+  return unpack(args, 1, n)
 end
 
 -- values, changed, given; prints the usage and exits on --help (0) or a bad flag (2).
