@@ -48,6 +48,48 @@ describe("m3.accumulate", function()
       "m3.accumulate.split: k must divide the batch's 8 rows, got 3")
     assert.has_error(function() accumulate.split(big, 1.6) end,
       "m3.accumulate.split: k must divide the batch's 8 rows, got 1.6")
+    assert.has_error(function() accumulate.split(big, "2") end,
+      "m3.accumulate.split: k must divide the batch's 8 rows, got \"2\"")
+  end)
+
+  -- the short field visited first or last by pairs(): views past its end, or rows of the others
+  -- dropped; fields are checked in name order, so tokens is compared with targets either way
+  for _, short in ipairs { "tokens", "targets" } do
+    it("refuses fields with different rows (batch." .. short .. " short) before making any view", function()
+      local b = { tokens = big.tokens, targets = big.targets }
+      b[short] = m3.tensor({ 2, 12 }, "i32")
+      local rows = { tokens = 8, targets = 8 }
+      rows[short] = 2
+      assert.has_error(function() accumulate.split(b, 2) end, string.format("m3.accumulate.split: batch.tokens"
+        .. " (int32 [%d, 12]) has %d rows, batch.targets (int32 [%d, 12]) %d: every field needs the same rows",
+        rows.tokens, rows.tokens, rows.targets, rows.targets))
+    end)
+  end
+
+  it("refuses fields with different lengths, comparing dimension 2 only", function()
+    local b = { tokens = big.tokens, targets = m3.tensor({ 8, 6 }, "i32") }
+    assert.has_error(function() accumulate.split(b, 2) end, "m3.accumulate.split: batch.tokens (int32 [8, 12])"
+      .. " has length 12, batch.targets (int32 [8, 6]) 6: every field needs the same length (dimension 2)")
+    -- mse: input [B,T,in] and targets [B,T,out] may differ in dimension 3
+    local mse = { input = m3.tensor({ 4, 12, 3 }), targets = m3.tensor({ 4, 12, 5 }),
+      mask = m3.tensor({ 4, 12 }, "u8") }
+    assert.same({ 2, 12, 5 }, accumulate.split(mse, 2)[2].targets:shape())
+    mse.mask = m3.tensor({ 4, 11 }, "u8")
+    assert.has_error(function() accumulate.split(mse, 2) end, "m3.accumulate.split: batch.mask (uint8 [4, 11])"
+      .. " has length 11, batch.input (f32 [4, 12, 3]) 12: every field needs the same length (dimension 2)")
+  end)
+
+  it("says what a batch or field is when it is not a table of m3 tensors", function()
+    assert.has_error(function() accumulate.split(nil, 2) end,
+      "m3.accumulate.split: expected a batch (a table of m3 tensors), got nil")
+    assert.has_error(function() accumulate.split(big.tokens, 2) end,
+      "m3.accumulate.split: expected a batch (a table of m3 tensors), got int32 [8, 12]")
+    assert.has_error(function() accumulate.split({ tokens = big.tokens:to_table(), targets = big.targets }, 2) end,
+      "m3.accumulate.split: batch.tokens is a table: expected an m3 tensor with the rows first"
+      .. " (split makes views of its rows)")
+    assert.has_error(function() accumulate.split({ tokens = big.tokens, targets = m3.tensor({}, "i32") }, 2) end,
+      "m3.accumulate.split: batch.targets is int32 []: expected an m3 tensor with the rows first"
+      .. " (split makes views of its rows)")
   end)
 
   it("checks every micro-batch and option before the first forward, leaving no window open", function()
@@ -61,6 +103,10 @@ describe("m3.accumulate", function()
       tostring(select(2, pcall(accumulate.step, tr, parts, { clip = -1 }))))
     assert.matches("micro%-batch 1: batch.targets: missing",
       tostring(select(2, pcall(accumulate.step, tr, { { tokens = parts[1].tokens }, parts[2] }))))
+    -- a micro-batch whose fields disagree on rows (not made by split) is refused by the trainer's check
+    local short = { tokens = parts[2].tokens, targets = accumulate.split(parts[2], 2)[1].targets }
+    assert.matches("micro%-batch 2: batch.targets: expected int32 %[4, 12%], got int32 %[2, 12%]",
+      tostring(select(2, pcall(accumulate.step, tr, { parts[1], short }))))
     assert.is_false(tr:info().pending_forward)
     assert.equal(0, tr:step_count())
     assert.is_number(tr:step(parts[1]).loss) -- nothing was left open
@@ -155,6 +201,16 @@ describe("m3.accumulate", function()
   it("refuses an empty list", function()
     assert.has_error(function() accumulate.step(new_trainer(8), {}) end,
       "m3.accumulate.step: expected a list of micro-batches")
+  end)
+
+  it("refuses a missing trainer and options that are not a table", function()
+    local parts = accumulate.split(big, 2)
+    assert.has_error(function() accumulate.step(nil, parts) end,
+      "m3.accumulate.step: expected a trainer (m3.trainer), got nil")
+    local tr = new_trainer(4)
+    assert.has_error(function() accumulate.step(tr, parts, "x") end,
+      'm3.accumulate.step: expected an options table, got "x"')
+    assert.equal(0, tr:step_count())
   end)
 
   it("refuses unknown options", function()

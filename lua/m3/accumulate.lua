@@ -20,7 +20,9 @@
 -- its metrics from the trainer's last call) and then the interrupt is raised again as an
 -- error whose tostring contains "interrupted" and whose .metrics are the completed step's.
 --
---   accumulate.split(batch, k) -> k batches of consecutive rows (views, no copies)
+--   accumulate.split(batch, k) -> k batches of consecutive rows (views, no copies); every
+--     field must be an m3 tensor, all with the same rows (dimension 1) and, where they have
+--     one, the same length (dimension 2); k must divide the rows
 --   accumulate.counted(tr, batch) -> c for one micro-batch (checked as a step would check it)
 --
 -- Every micro-batch and option is checked before the first forward, so a bad one raises
@@ -33,16 +35,6 @@ local tensor = require "m3.tensor"
 lib.internal_file(debug.getinfo(1, "S").source)
 
 local accumulate = {}
-
-local function rows_len(b)
-  for _, v in pairs(b) do
-    if tensor.is(v) then
-      local s = v:shape()
-      return s[1], s[2]
-    end
-  end
-  lib.raise("m3.accumulate: a batch needs at least one m3 tensor field to give its shape")
-end
 
 -- The positions b's loss counts, once the trainer has checked b as a step would.
 function accumulate.counted(tr, b)
@@ -60,11 +52,14 @@ local Deferred = { __tostring = function(e) return e.message end }
 local STEP_OPTS = { clip = true }
 
 function accumulate.step(tr, batches, opts)
+  if type(tr) ~= "table" or type(tr.check_batch) ~= "function" then
+    lib.raise("m3.accumulate.step: expected a trainer (m3.trainer), got " .. options.describe(tr))
+  end
   if type(batches) ~= "table" or #batches == 0 then
     lib.raise("m3.accumulate.step: expected a list of micro-batches")
   end
-  opts = opts or {}
-  options.check_keys(opts, STEP_OPTS, "m3.accumulate.step")
+  if opts == nil then opts = {} end
+  options.check_table(opts, STEP_OPTS, "m3.accumulate.step")
   if opts.clip ~= nil and not (type(opts.clip) == "number" and opts.clip >= 0) then
     lib.raise("m3.accumulate.step: clip = " .. options.show(opts.clip) .. ": expected a number >= 0 (0 = off)")
   end
@@ -132,6 +127,43 @@ function accumulate.step(tr, batches, opts)
   return m
 end
 
+-- Raises unless field v (named what) agrees with ref = {what, v}, the first field with a
+-- dimension d, on that dimension (d = 1: the rows, d = 2: the length); returns the reference.
+local function agree(ref, what, v, d, measure)
+  if not ref then return { what = what, v = v } end
+  local n, n_ref = v:shape()[d], ref.v:shape()[d]
+  if n ~= n_ref then
+    lib.raise(string.format("m3.accumulate.split: %s (%s) has %s, %s (%s) %d: every field needs the same %s",
+      what, options.describe(v), string.format(measure, n), ref.what, options.describe(ref.v), n_ref,
+      d == 1 and "rows" or "length (dimension 2)"))
+  end
+  return ref
+end
+
+-- The rows that every field of batch shares, once each field is an m3 tensor with the rows
+-- first and all agree on the rows and on the length where they have one. Fields are checked
+-- in name order, so a message names the same fields on every run.
+local function batch_rows(batch)
+  if type(batch) ~= "table" then
+    lib.raise("m3.accumulate.split: expected a batch (a table of m3 tensors), got " .. options.describe(batch))
+  end
+  local names = {}
+  for name in pairs(batch) do names[#names + 1] = name end
+  if #names == 0 then lib.raise("m3.accumulate.split: a batch needs at least one m3 tensor field to give its shape") end
+  table.sort(names, function(x, y) return tostring(x) < tostring(y) end)
+  local rows, len
+  for _, name in ipairs(names) do
+    local v, what = batch[name], "batch." .. tostring(name)
+    if not tensor.is(v) or #v:shape() == 0 then
+      lib.raise(string.format("m3.accumulate.split: %s is %s: expected an m3 tensor with the rows first"
+        .. " (split makes views of its rows)", what, options.describe(v)))
+    end
+    rows = agree(rows, what, v, 1, "%d rows")
+    if #v:shape() >= 2 then len = agree(len, what, v, 2, "length %d") end
+  end
+  return rows.v:shape()[1]
+end
+
 -- A view of rows [r0, r0 + n) of tensor t (first dim = rows).
 local function row_view(t, r0, n)
   local s = t:shape()
@@ -141,9 +173,9 @@ local function row_view(t, r0, n)
 end
 
 function accumulate.split(batch, k)
-  local rows = rows_len(batch)
+  local rows = batch_rows(batch)
   if type(k) ~= "number" or k ~= math.floor(k) or k < 1 or k > rows or rows % k ~= 0 then
-    lib.raise(string.format("m3.accumulate.split: k must divide the batch's %d rows, got %s", rows, tostring(k)))
+    lib.raise(string.format("m3.accumulate.split: k must divide the batch's %d rows, got %s", rows, options.show(k)))
   end
   local n, out = rows / k, {}
   for i = 1, k do
