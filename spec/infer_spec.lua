@@ -292,6 +292,8 @@ describe("m3.infer", function()
         helper.error_of(inf.generate, inf, { 1 }, 2, { stop = 13 }))
       assert.matches("generate: stop%[2%] = 99: expected a token id",
         helper.error_of(inf.generate, inf, { 1 }, 2, { stop = { 1, 99 } }))
+      assert.matches("generate: stop = {...}: expected a token id or a list of token ids",
+        helper.error_of(inf.generate, inf, { 1 }, 2, { stop = { a = 1 } }))
       assert.matches('unknown option "sed"', helper.error_of(inf.generate, inf, { 1 }, 2, { sed = 1 }))
       assert.matches("batch.input: not an input", helper.error_of(inf.step, inf, { input = m3.tensor({ 1, 1, 16 }) }))
       assert.is_true(helper.same_states(inf:states(), before))

@@ -70,6 +70,10 @@ describe("m3.tensor", function()
     assert.matches("index %-1 out of range", helper.error_of(function() t[-1] = 1 end))
     assert.matches("not an integer", helper.error_of(function() return t[0.5] end))
     assert.matches("cannot set field", helper.error_of(function() t.foo = 1 end))
+    -- 64-bit integer cdata index like the numbers they hold
+    t[2LL] = 1.5
+    assert.same({ 1.5, 4.5 }, { t[2ULL], t[3LL] })
+    assert.matches("index 4 out of range %[0, 4%)", helper.error_of(function() return t[4LL] end))
   end)
 
   it("points errors at the caller's line", function()
@@ -96,6 +100,13 @@ describe("m3.tensor", function()
     assert.matches("element %[1%]%[2%] is a string", helper.error_of(m3.tensor.from, { { 1, "x" } }))
     assert.matches("element %[2%] is a number, expected a table",
       helper.error_of(m3.tensor.from, { { 1, 2 }, 3 }))
+    -- a nil inside a list, where # may stop at it: refused, not a shorter tensor
+    assert.matches("m3.tensor.from: the table has a nil among its entries %(entries up to %[3%]%)",
+      helper.error_of(m3.tensor.from, { 1, nil, 3 }))
+    local row = { 1 }
+    row[3] = 3 -- # is 1 here
+    assert.matches("element %[2%] has a nil among its entries",
+      helper.error_of(m3.tensor.from, { { 1, 2, 3 }, row }))
     local loop = {}
     loop[1] = loop -- nested without end: refused at the ninth level, not followed forever
     assert.matches("m3.tensor.from: at most 8 dims, got 9", helper.error_of(m3.tensor.from, loop))

@@ -54,6 +54,8 @@ describe("m3.trainer", function()
       assert.matches('unknown option "bach" %(did you mean "batch"%?%)', err)
       assert.matches("trainer_spec.lua:%d+:", err)
       assert.matches('device = "gpu"', helper.error_of(m3.trainer, cfg, { device = "gpu" }))
+      assert.matches('device = "cuda:4294967297": the index must be below 2%^31',
+        helper.error_of(m3.trainer, cfg, { device = "cuda:4294967297" }))
       assert.matches('dtype = "fp32"', helper.error_of(m3.trainer, cfg, { dtype = "fp32" }))
       assert.matches("batch = 0", helper.error_of(m3.trainer, cfg, { device = "cpu", batch = 0 }))
       assert.matches("betas", helper.error_of(m3.trainer, cfg, { device = "cpu", betas = { 0.9 } }))

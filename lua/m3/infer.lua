@@ -224,6 +224,11 @@ local function gen_options(self, opts)
     raise("generate: stop = " .. show(stop) .. ": expected a token id or a list of token ids")
   end
   local ids = type(stop) == "number" and { stop } or stop or {}
+  local keys = 0
+  for _ in pairs(ids) do keys = keys + 1 end
+  if keys ~= #ids then
+    raise("generate: stop = " .. show(stop) .. ": expected a token id or a list of token ids (keys 1 .. n, no holes)")
+  end
   for i, id in ipairs(ids) do
     if type(id) ~= "number" or id ~= math.floor(id) or id < 0 or id >= V then
       local name = type(stop) == "number" and "stop" or string.format("stop[%d]", i)

@@ -94,7 +94,8 @@ function options.parse_device(s, what)
   if s == "cpu" then return options.DEVICE_CPU, 0 end
   if s == "cuda" then return options.DEVICE_CUDA, nil end
   local n = type(s) == "string" and s:match("^cuda:(%d+)$")
-  if n then return options.DEVICE_CUDA, tonumber(n) end
+  if n and tonumber(n) <= 2147483647 then return options.DEVICE_CUDA, tonumber(n) end
+  if n then raise(string.format("%s: device = %s: the index must be below 2^31", what, show(s))) end
   raise(string.format("%s: device = %s: expected \"auto\", \"cpu\", \"cuda\" or \"cuda:N\"", what, show(s)))
 end
 

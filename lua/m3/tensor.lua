@@ -98,15 +98,23 @@ local function bad_index(t, k)
   raise("tensor: no method or field " .. tostring(k))
 end
 
+-- An index given as a 64-bit integer cdata (0LL) as the number it holds; other keys unchanged.
+local function as_number(k)
+  if type(k) == "cdata" and (ffi.istype("int64_t", k) or ffi.istype("uint64_t", k)) then return tonumber(k) end
+  return k
+end
+
 local mt = {
   __index = function(t, k)
-    if type(k) == "number" then
-      if k >= 0 and k < t.n_ and k == floor(k) then return t.data[k] end
-      bad_index(t, k)
+    if type(k) ~= "number" then
+      k = as_number(k)
+      if type(k) ~= "number" then return methods[k] end
     end
-    return methods[k]
+    if k >= 0 and k < t.n_ and k == floor(k) then return t.data[k] end
+    bad_index(t, k)
   end,
   __newindex = function(t, k, v)
+    k = as_number(k)
     if type(k) == "number" and k >= 0 and k < t.n_ and k == floor(k) then
       local n, why = storable(DTYPES[t.code_], v)
       if not n then raise(string.format("tensor[%d] = %s: %s", k, show(v), why)) end
@@ -302,6 +310,10 @@ local function fill_from(dst, dtype, v, shape, depth, pos, path, what)
   if type(v) ~= "table" or tensor.is(v) then
     raise(string.format("%s: element %s is %s, expected a table of %d entries "
       .. "(nested tables must be rectangular)", what, path, type_name(v), want))
+  end
+  if table.maxn(v) ~= #v then -- a nil inside the list: # may stop at it
+    raise(string.format("%s: %s has a nil among its entries (entries up to [%d]): expected a list without holes",
+      what, path == "" and "the table" or "element " .. path, table.maxn(v)))
   end
   if #v ~= want then
     raise(string.format("%s: element %s has %d entries, expected %d (nested tables "
