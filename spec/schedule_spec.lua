@@ -1,5 +1,7 @@
--- m3.schedule: values at known steps, composition, validation, apply.
+-- m3.schedule: values at known steps, composition, validation (steps up to 2^53, values that
+-- are finite and >= 0), apply.
 
+local m3 = require "m3"
 local schedule = require "m3.schedule"
 local helper = require "spec.helper"
 
@@ -23,6 +25,35 @@ describe("m3.schedule", function()
     near(0.75, f(6))
     near(0.5, f(11))
     near(0.5, f(100))
+  end)
+
+  it("linear from 0 is a warmup: its first lr is > 0, as warmup_cosine's", function()
+    local f = schedule.linear { from = 0, to = 1e-3, steps = 4 }
+    near(2.5e-4, f(1))
+    near(1e-3, f(4))
+    near(1e-3, f(5))
+    local warmup = schedule.linear_warmup { peak = 1e-3, warmup = 4 }
+    for s = 1, 10 do near(warmup(s), f(s)) end
+    local rise = schedule.linear { from = 0.5, to = 1, steps = 10 }
+    near(0.55, rise(1))
+    near(1, rise(10))
+    -- a warmup piece then a cosine is warmup_cosine; a fall to 0 is wsd's linear decay
+    local wc = schedule.warmup_cosine { peak = 1, warmup = 5, total = 20 }
+    local seq = schedule.sequence { { schedule.linear { from = 0, to = 1, steps = 5 }, steps = 5 },
+      { schedule.cosine { peak = 1, total = 15 } } }
+    for s = 1, 22 do near(wc(s), seq(s)) end
+    local fall, wsd = schedule.linear { from = 1, to = 0, steps = 10 }, schedule.wsd { peak = 1, total = 10, decay = 10 }
+    for s = 1, 12 do near(wsd(s), fall(s)) end
+    -- every step of the ramp is one the trainer takes
+    local tr = m3.trainer(helper.tokens_lm(), { device = "cpu", batch = 1, seq_len = 4 })
+    for s = 1, 5 do
+      assert.equal(f(s), schedule.apply(tr, f, s))
+      assert.equal(f(s), tr:lr())
+    end
+    for s = 1, 10 do schedule.apply(tr, fall, s) end
+    tr:close()
+    assert.equal("m3.schedule.linear: expected from > 0 or to > 0, got both 0",
+      helper.error_of(schedule.linear, { from = 0, to = 0, steps = 3 }))
   end)
 
   it("linear warmup", function()
@@ -105,6 +136,11 @@ describe("m3.schedule", function()
     near(0.25, f(14))
     near(0, f(19))
     assert.has_error(function() schedule.sequence { { schedule.constant(1) }, { schedule.constant(1) } } end)
+    for _, n in ipairs { math.huge, 0 / 0, 0, 2.5 } do
+      assert.matches("^[^:]*schedule_spec%.lua:%d+: m3%.schedule%.sequence: piece 1 needs steps = an integer >= 1, got "
+        .. tostring(n):gsub("%p", "%%%0") .. "$",
+        helper.error_of(function() schedule.sequence { { schedule.constant(1), steps = n }, { schedule.constant(2) } } end))
+    end
   end)
 
   it("scale", function()
@@ -195,6 +231,57 @@ describe("m3.schedule", function()
     assert.matches("schedule_spec%.lua:%d+: m3%.schedule%.values: n = 2%.5",
       helper.error_of(function() schedule.values(c, 2.5) end))
     assert.same({}, schedule.values(c, 0))
+  end)
+
+  it("takes steps up to 2^53, the trainer's step count", function()
+    local big = 2 ^ 53
+    assert.equal(1, schedule.constant(1)(big))
+    near(0.1, schedule.warmup_cosine { peak = 1, warmup = 2, total = 10, floor = 0.1 }(2 ^ 31))
+    near(2, schedule.sequence { { schedule.constant(1), steps = 2 ^ 40 }, { schedule.constant(2) } }(big))
+    local seen
+    assert.equal(3, schedule.apply({ set_lr = function(_, x) seen = x end }, schedule.constant(3), big))
+    assert.equal(3, seen)
+    assert.matches("schedule_spec%.lua:%d+: m3%.schedule%.constant: step = 9007199254740994: "
+      .. "expected an integer from 1 to 2%^53$", helper.error_of(function() local lr = schedule.constant(1)(big + 2); return lr end))
+    assert.matches("schedule_spec%.lua:%d+: m3%.schedule%.apply: step = 1%.152921504606847e%+18: "
+      .. "expected an integer from 1 to 2%^53$", helper.error_of(function() schedule.apply({ set_lr = print }, schedule.constant(1), 2 ^ 60) end))
+  end)
+
+  it("raises at the caller's line for a value that is not a finite lr", function()
+    local f = schedule.step_decay { lr = 1, gamma = 1e300, every = 1 }
+    assert.equal(1e300, f(2))
+    assert.matches("^[^:]*schedule_spec%.lua:%d+: m3%.schedule%.step_decay: lr = inf at step 3: "
+      .. "expected a finite number >= 0$", helper.error_of(function() local lr = f(3); return lr end))
+    assert.matches("^[^:]*schedule_spec%.lua:%d+: m3%.schedule%.scale: lr = inf at step 1: expected a finite number >= 0$",
+      helper.error_of(function() local lr = schedule.scale(schedule.constant(1e300), 1e300)(1); return lr end))
+    assert.matches('^[^:]*schedule_spec%.lua:%d+: m3%.schedule%.sequence: lr = "x" at step 1: expected a finite',
+      helper.error_of(function() local lr = schedule.sequence { { function() return "x" end } }(1); return lr end))
+    assert.matches("m3%.schedule%.scale: lr = nil at step 2: expected a finite number >= 0$",
+      helper.error_of(function() local lr = schedule.scale(function() end, 2)(2); return lr end))
+    assert.matches("m3%.schedule%.sequence: lr = nan at step 1", helper.error_of(function()
+      local lr = schedule.sequence { { function() return 0 / 0 end } }(1); return lr end))
+    -- an lr of 0 is a value (a floor reached after the last step) but not one the trainer takes
+    local called = false
+    local tr = { set_lr = function() called = true end }
+    local cosine = schedule.cosine { peak = 1, total = 10 }
+    assert.equal(0, cosine(11))
+    assert.matches("^[^:]*schedule_spec%.lua:%d+: m3%.schedule%.apply: lr = 0 at step 11: "
+      .. "expected a finite number > 0 %(the trainer's lr%)$", helper.error_of(function() schedule.apply(tr, cosine, 11) end))
+    assert.matches("m3%.schedule%.apply: lr = %-1 at step 1: expected a finite number > 0",
+      helper.error_of(schedule.apply, tr, function() return -1 end, 1))
+    assert.matches("m3%.schedule%.apply: lr = inf at step 1: expected a finite number > 0",
+      helper.error_of(schedule.apply, tr, function() return math.huge end, 1))
+    assert.is_false(called)
+  end)
+
+  it("apply refuses what is not a trainer at the caller's line", function()
+    local f = schedule.constant(1)
+    for _, tr in ipairs { {}, 5, "tr", { set_lr = 1 } } do
+      assert.matches("^[^:]*schedule_spec%.lua:%d+: m3%.schedule%.apply: expected a trainer %(m3%.trainer%), got a ",
+        helper.error_of(function() schedule.apply(tr, f, 1) end))
+    end
+    assert.matches("m3%.schedule%.apply: expected a trainer %(m3%.trainer%), got nil$",
+      helper.error_of(schedule.apply, nil, f, 1))
   end)
 
   it("apply calls set_lr with the schedule's value and returns it", function()

@@ -174,9 +174,10 @@ m3.schedule — pure functions step -> lr (1-based: f(s) is the lr of the s-th s
   sequence{{f1, steps = n1}, {f2, steps = n2}, {f3}}  scale(f, k)
   apply(tr, f, step) -> tr:set_lr(f(step))   values(f, n) -> {f(1), ..., f(n)}
 Warmup reaches peak at s = warmup; a decay over total steps ends at floor at s = total + 1.
-A step that is not an integer >= 1 is an error.]]
+A step that is not an integer from 1 to 2^53 is an error.]]
 T["schedule.constant"] = "schedule.constant(lr)  the same lr at every step"
-T["schedule.linear"] = "schedule.linear{from =, to =, steps =}  from at step 1, to from step steps + 1 on"
+T["schedule.linear"] = "schedule.linear{from =, to =, steps =}  a rise is a warmup (to at step steps; from = 0 works), "
+  .. "a fall a decay (from at step 1, to at step steps + 1); then to"
 T["schedule.linear_warmup"] = "schedule.linear_warmup{peak =, warmup =}  peak * s / warmup, then peak"
 T["schedule.cosine"] = "schedule.cosine{peak =, total =, floor = 0}\n  floor + (peak - floor) * (1 + cos(pi * (s - 1) / total)) / 2, floor after total"
 T["schedule.warmup_cosine"] = "schedule.warmup_cosine{peak =, warmup =, total =, floor = 0}\n  linear warmup to peak at s = warmup, then a half cosine reaching floor at s = total + 1"

@@ -6,10 +6,17 @@
 -- decay over `total` steps starts at peak right after the warmup and reaches `floor` at
 -- s = total + 1: every lr of steps 1..total stays above the floor (and > 0 with the
 -- default floor 0, which the trainer requires). Every schedule, composed ones included,
--- raises an error for a step that is not an integer >= 1 (0, a negative step, NaN, 2.5).
+-- raises an error for a step that is not an integer from 1 to 2^53 (0, a negative step,
+-- NaN, 2.5; the trainer counts steps exactly up to 2^53) and for a value that is not a
+-- finite number >= 0 (a step_decay whose gamma^k overflows, a piece of a sequence that
+-- returns something else).
 --
 --   constant(lr)                                  lr
---   linear{from =, to =, steps =}                 from -> to over steps, then to
+--   linear{from =, to =, steps =}                 from -> to over steps, then to; a rise
+--                                                 is a warmup (to at s = steps: from = 0
+--                                                 gives to / steps at s = 1), a fall a
+--                                                 decay (from at s = 1, to at s = steps + 1);
+--                                                 from and to not both 0
 --   linear_warmup{peak =, warmup =}               peak * s / warmup, then peak
 --   cosine{peak =, total =, floor = 0}            half cosine from peak to floor
 --   warmup_cosine{peak =, warmup =, total =, floor = 0}
@@ -25,19 +32,23 @@
 --                                                 when < 1) with shape "linear", "cosine"
 --                                                 or "sqrt" (1 - sqrt(p))
 --   sequence{{f1, steps = n1}, {f2, steps = n2}, ..., {fk}}
---                                                 f1 for n1 steps, then f2 from its own
---                                                 step 1, ...; the last piece runs on
+--                                                 f1 for n1 steps (a finite count), then f2
+--                                                 from its own step 1, ...; the last piece
+--                                                 runs on
 --   scale(f, k)                                   k * f(s), k > 0
---   apply(tr, f, step)                            tr:set_lr(f(step)); returns the lr
+--   apply(tr, f, step)                            tr:set_lr(f(step)); returns the lr; an lr
+--                                                 that is not > 0 (a floor of 0 reached after
+--                                                 the last step) is an error naming the step
 --   values(f, n)                                  {f(1), ..., f(n)} (plots, tests)
 
 local lib = require "m3.lib"
 local options = require "m3.options"
+local exact = require("m3.number_text").exact
 
 lib.internal_file(debug.getinfo(1, "S").source)
 
 local pi, cos, sqrt, floor, min, max = math.pi, math.cos, math.sqrt, math.floor, math.min, math.max
-local raise, check_keys, want_int = lib.raise, options.check_keys, options.want_int
+local raise, check_keys, want_int, show = lib.raise, options.check_keys, options.want_int, options.show
 
 local schedule = {}
 
@@ -78,12 +89,31 @@ local function positive(o, field, what)
   return v
 end
 
--- The schedule f with its step checked: an integer >= 1, else an error at the caller's line.
+-- s, once it is a step: an integer from 1 to 2^53 (the trainer's step count, exact up to 2^53).
+local function want_step(s, name)
+  if type(s) ~= "number" or s ~= floor(s) or s < 1 or s == math.huge then
+    raise(string.format("%s = %s: expected an integer >= 1", name, show(s)))
+  end
+  if s > 2 ^ 53 then raise(string.format("%s = %s: expected an integer from 1 to 2^53", name, exact(s))) end
+  return s
+end
+
+-- lr, once it is a schedule's value at step s (what: the schedule): a finite number >= 0, or
+-- > 0 for_trainer (what tr:set_lr takes).
+local function want_value(lr, what, s, for_trainer)
+  if type(lr) ~= "number" or not (lr > 0 or lr == 0 and not for_trainer) or lr == math.huge then
+    raise(string.format("m3.schedule.%s: lr = %s at step %s: expected a finite number %s", what, show(lr), exact(s),
+      for_trainer and "> 0 (the trainer's lr)" or ">= 0"))
+  end
+  return lr
+end
+
+-- The schedule f with its step and its value checked, else an error at the caller's line.
 local function checked(what, f)
   local name = "m3.schedule." .. what .. ": step"
   return function(s)
-    want_int(s, name, 1)
-    return f(s)
+    want_step(s, name)
+    return want_value(f(s), what, s)
   end
 end
 
@@ -102,8 +132,12 @@ function schedule.linear(o)
   opts(o, "linear", LINEAR)
   local from, to = num(o, "from", "linear", 0), num(o, "to", "linear", 0)
   local steps = int(o, "steps", "linear", 1)
+  if from == 0 and to == 0 then raise("m3.schedule.linear: expected from > 0 or to > 0, got both 0") end
+  -- a rise is a warmup (from at step 0, never applied), a fall a decay (to at step steps + 1),
+  -- as in warmup_cosine: an end at 0 is never the lr of a step of the ramp
+  local t0 = to > from and 0 or 1
   return checked("linear", function(s)
-    return from + (to - from) * min((s - 1) / steps, 1)
+    return from + (to - from) * min((s - t0) / steps, 1)
   end)
 end
 
@@ -221,8 +255,8 @@ function schedule.sequence(pieces)
     starts[i], fns[i] = at, p[1]
     if i < #pieces then
       local n = p.steps
-      if type(n) ~= "number" or n < 1 or n ~= floor(n) then
-        raise(string.format("m3.schedule.sequence: piece %d needs steps = an integer >= 1", i))
+      if type(n) ~= "number" or n < 1 or n ~= floor(n) or n == math.huge then
+        raise(string.format("m3.schedule.sequence: piece %d needs steps = an integer >= 1, got %s", i, show(n)))
       end
       at = at + n
     end
@@ -241,15 +275,18 @@ function schedule.scale(f, k)
   if type(k) ~= "number" or not (k > 0) or k == math.huge then
     raise("m3.schedule.scale: expected k > 0, got " .. tostring(k))
   end
-  return checked("scale", function(s) return k * f(s) end)
+  return checked("scale", function(s) return k * want_value(f(s), "scale", s) end)
 end
 
 function schedule.apply(tr, f, step)
+  if type(tr) ~= "table" or type(tr.set_lr) ~= "function" then
+    raise("m3.schedule.apply: expected a trainer (m3.trainer), got " .. options.describe(tr))
+  end
   if type(f) ~= "function" then
     raise("m3.schedule.apply: expected a schedule (a function), got " .. type(f))
   end
-  want_int(step, "m3.schedule.apply: step", 1)
-  local lr = f(step)
+  want_step(step, "m3.schedule.apply: step")
+  local lr = want_value(f(step), "apply", step, true)
   tr:set_lr(lr)
   return lr
 end
