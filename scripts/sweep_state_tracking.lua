@@ -60,7 +60,7 @@ local spec = {
   { "device", "auto", "auto | cpu | cuda", choices = { "auto", "cpu", "cuda" } },
   { "dtype", "f32", "f32 | bf16 (bf16 needs a GPU)", choices = { "f32", "bf16" } },
   { "parallel", 1, "points run at once as separate processes (one per GPU)", int = true, min = 1 },
-  { "dir", "runs/state_tracking", "sweep folder" },
+  { "dir", "runs/state_tracking", "sweep folder (--quick: runs/state_tracking_quick)" },
   { "quick", false, "a small CPU version (lengths to 48, eval at 64, one d_model and lr); flags given win" },
 }
 
@@ -169,6 +169,7 @@ local grid = {
 -- memory (on the CPU, or where CUDA is missing and asking for it fails at once). The sweep folder is
 -- made last: a bad flag leaves none behind, a folder that cannot be made stops the script too.
 flags.check("sweep_state_tracking.lua", function()
+  if not o.dir:find("%S") then error(string.format("--dir must name the sweep folder, got %q", o.dir), 0) end
   parity_density(o.parity_density)
   for _, task in ipairs(grid[1][2]) do
     for _, d_model in ipairs(grid[3][2]) do

@@ -1,5 +1,6 @@
--- m3.sweep: folder naming, grid and random points, results sorted by the metric,
--- skip-on-rerun, failed points, parallel child processes.
+-- m3.sweep: folder naming, grid and random points, results sorted by the metric (results.csv
+-- quoted as RFC 4180, header and data), skip-on-rerun, failed points, parallel child processes.
+-- Also scripts/sweep_state_tracking.lua's check of its sweep folder (its other flags: scripts_spec).
 
 local sweep = require "m3.sweep"
 local json = require "m3.json"
@@ -156,6 +157,17 @@ print("rows", #rows, rows[1].run, calls)
     assert.equal(2, #calls)
     assert.equal(8, #more)
     assert.equal("d_model=40,lr=2", more[1].run)
+    os.execute("rm -rf " .. dir)
+  end)
+
+  it("quotes header and data cells of results.csv that hold a comma, a quote or a line break", function()
+    local dir = tmpdir() .. "/csv"
+    sweep { grid = { name = { "a,b", 'q"x', "cr\rx" }, ["k,ey"] = { 1 } }, dir = dir, metric = "lo,ss",
+      run = function() return { ["lo,ss"] = 1, ['sc"ore'] = 2, ["line\nbreak"] = 3 } end }
+    assert.equal('run,"k,ey",name,"line\nbreak","lo,ss","sc""ore"\n'
+      .. '"k%2Cey=1,name=a%2Cb",1,"a,b",3,1,2\n'
+      .. '"k%2Cey=1,name=cr%0Dx",1,"cr\rx",3,1,2\n'
+      .. '"k%2Cey=1,name=q""x",1,"q""x",3,1,2\n', read(dir .. "/results.csv"))
     os.execute("rm -rf " .. dir)
   end)
 
@@ -479,5 +491,23 @@ true']], M3LUA, script, dir, out, out, out))
     assert.matches("^[^:]*sweep_spec%.lua:%d+: m3%.sweep: give exactly one of grid and random$", e)
     ok, e = pcall(function() sweep { grid = { a = { 1 } }, dir = never, run = print, gpus = { true } } end)
     assert.matches("^[^:]*sweep_spec%.lua:%d+: m3%.sweep: gpus%[1%] = true: expected a GPU index", e)
+  end)
+end)
+
+describe("scripts/sweep_state_tracking.lua", function()
+  it("stops on an empty or blank --dir before any point runs", function()
+    local pwd = io.popen("cd " .. helper.repo_dir() .. " && pwd")
+    local script = pwd:read("*l") .. "/scripts/sweep_state_tracking.lua"
+    pwd:close()
+    local dir = tmpdir() -- the script runs here: a blank --dir would be a folder in it
+    for _, value in ipairs { "", " ", "\t" } do
+      local out, code = helper.run(string.format("sh -c 'cd %s && %s %s --dir \"%s\" --quick --tasks parity "
+        .. "--models rope --steps 2 --from_length 16 --max_length 16 --eval_length 16 --eval_every 2 "
+        .. "--eval_batches 1 --batch 4 --micro_batch 4'", dir, M3LUA, script, value))
+      assert.equal(2, code, out)
+      assert.equal(string.format("sweep_state_tracking.lua: --dir must name the sweep folder, got %q\n", value), out)
+      assert.equal("", helper.run("ls -A " .. dir))
+    end
+    os.execute("rm -rf " .. dir)
   end)
 end)

@@ -31,10 +31,11 @@
 -- A finished point leaves <run_dir>/done.json ({name, point, metrics}); a re-run reads it
 -- instead of running the point again. After every point dir/results.csv and
 -- dir/results.json (rows: run, the swept keys, the metrics; sorted by the metric) and
--- dir/summary.svg (the metric per run) are rewritten. A point whose run raises an error
--- is reported on stderr and left unfinished (a re-run tries it again) while the others
--- go on; once they are done, m3.sweep raises an error naming the failed points. An
--- interrupt ("interrupted" in the message) stops the sweep.
+-- dir/summary.svg (the metric per run) are rewritten; results.csv is RFC 4180 (a cell,
+-- header or data, that holds a comma, a quote or a line break is quoted). A point whose
+-- run raises an error is reported on stderr and left unfinished (a re-run tries it again)
+-- while the others go on; once they are done, m3.sweep raises an error naming the failed
+-- points. An interrupt ("interrupted" in the message) stops the sweep.
 -- parallel = N > 1: each point runs as `<m3lua> <script> <args>` (the running script
 -- again, found through arg) with M3_SWEEP_DIR / M3_SWEEP_POINT naming the point and
 -- CUDA_VISIBLE_DEVICES = one of `gpus` (a list of GPU indices or device names; default: the
@@ -275,16 +276,23 @@ local function csv_number(v)
   return string.format("%.10g", v)
 end
 
--- v in a results.csv column named key.
-local function csv_field(v, key)
-  if v == nil or v == json.null then return "" end
-  local s = type(v) == "number" and csv_number(v) or type(v) == "table" and format_value(v, key) or tostring(v)
-  if s:find('[,"\n]') then s = '"' .. s:gsub('"', '""') .. '"' end
+-- Text as one results.csv cell, header or data (RFC 4180): in quotes, its quotes doubled, when
+-- it holds a comma, a quote or a line break (\n or \r).
+local function csv_cell(s)
+  if s:find('[,"\r\n]') then return '"' .. s:gsub('"', '""') .. '"' end
   return s
 end
 
+-- v in a results.csv column named key.
+local function csv_field(v, key)
+  if v == nil or v == json.null then return "" end
+  return csv_cell(type(v) == "number" and csv_number(v) or type(v) == "table" and format_value(v, key) or tostring(v))
+end
+
 local function write_results(dir, rows, columns, metric, mode)
-  local lines = { table.concat(columns, ",") }
+  local header = {}
+  for i, c in ipairs(columns) do header[i] = csv_cell(tostring(c)) end
+  local lines = { table.concat(header, ",") }
   for _, r in ipairs(rows) do
     local fields = {}
     for i, c in ipairs(columns) do fields[i] = csv_field(r[c], c) end
