@@ -2,7 +2,10 @@
 -- temporary files of interrupted writes, and resume bit-identically
 -- (CPU: 10 steps against 5 + save + load + 5, with carried state or with accumulation; also
 -- after interrupts, each metrics record once); fit.run's refusals (also of an earlier run's
--- checkpoints without start).
+-- checkpoints without start). Saving: an extra nested 100 tables deep loads back, a deeper one
+-- is refused before anything is written; a FIFO or a dangling link is refused and left as it is
+-- (and loading a FIFO is refused, not waited on), a link to a file is saved through; a path
+-- holding a NUL byte is refused to save and to load.
 
 local ffi = require "ffi"
 local m3 = require "m3"
@@ -443,4 +446,82 @@ describe("m3.checkpoint", function()
       end)
     end
   end
+end)
+
+describe("saving a checkpoint", function()
+  local REPLACED = "; only a regular file, or a symbolic link to one, is replaced"
+
+  local function quoted(s)
+    return (s:gsub("%p", "%%%0"))
+  end
+
+  -- depth levels of tables, {x = {x = ... innermost}}.
+  local function nested(depth, innermost)
+    local t = innermost or {}
+    for _ = 2, depth do t = { x = t } end
+    return t
+  end
+
+  it("loads back an extra of 100 levels of tables, and refuses a deeper one before writing anything", function()
+    local dir = tmpdir()
+    local tr = new_trainer()
+    local deepest = nested(100, { [-1 / 0] = -1 / 0, n = -5, s = "s" }) -- what takes the parser the most levels
+    tr:save(dir .. "/100.ckpt", deepest)
+    local _, extra = m3.trainer.load(dir .. "/100.ckpt")
+    assert.same(deepest, extra)
+    local err = helper.error_of(function() tr:save(dir .. "/101.ckpt", nested(101)) end)
+    assert.matches("^[^:]*checkpoint_spec%.lua:%d+: serialize: extra" .. ("%.x"):rep(100) .. " is a table nested "
+      .. "101 deep %(at most 100 levels of tables can be saved and loaded back%)$", err)
+    -- m3.checkpoint keeps the caller's extra one level down, under {step =, extra =}
+    local ck = checkpoint.new { dir = dir .. "/ck" }
+    assert.matches("serialize: extra%.extra" .. ("%.x"):rep(99) .. " is a table nested 101 deep",
+      helper.error_of(function() ck:save(tr, 1, nested(100)) end))
+    assert.same({}, fs.list(ck.dir))
+    ck:save(tr, 2, nested(99))
+    local _, saved, step = ck:resume()
+    local names = fs.list(dir)
+    os.execute("rm -rf '" .. dir .. "'")
+    assert.same(nested(99), saved)
+    assert.equal(2, step)
+    assert.same({ "100.ckpt", "ck" }, names)
+  end)
+
+  it("refuses a FIFO or a link to nothing, leaving them as they are, and saves through a link into its file", function()
+    local dir = tmpdir()
+    local q = "'" .. dir .. "'"
+    local tr = new_trainer()
+    os.execute("cd " .. q .. " && mkfifo fifo && ln -s real.ckpt link")
+    local onto_fifo = helper.error_of(function() tr:save(dir .. "/fifo") end)
+    local from_fifo = helper.error_of(function() m3.trainer.load(dir .. "/fifo") end) -- not waiting for a writer
+    local onto_dangling = helper.error_of(function() tr:save(dir .. "/link", { a = 1 }) end)
+    fs.write(dir .. "/real.ckpt", "an older file")
+    tr:save(dir .. "/link", { a = 2 })
+    local kept = os.execute("cd " .. q .. " && test -p fifo && test -L link && test -f real.ckpt")
+    local _, extra = m3.trainer.load(dir .. "/real.ckpt")
+    local names = fs.list(dir)
+    os.execute("rm -rf " .. q)
+    assert.matches("^[^:]*checkpoint_spec%.lua:%d+: m3: writing " .. quoted(dir) .. "/fifo: it exists and is a FIFO "
+      .. "%(named pipe%)" .. quoted(REPLACED), onto_fifo)
+    assert.matches("m3: " .. quoted(dir) .. "/fifo: not a regular file", from_fifo)
+    assert.matches("m3: writing " .. quoted(dir) .. "/link: it is a symbolic link to real%.ckpt, which does not "
+      .. "resolve %(No such file or directory%)" .. quoted(REPLACED), onto_dangling)
+    assert.equal(0, kept)
+    assert.same({ a = 2 }, extra)
+    assert.same({ "fifo", "link", "real.ckpt" }, names) -- and no temporary file
+  end)
+
+  it("refuses a path holding a NUL byte, to save and to load (C would take the name before it)", function()
+    local dir = tmpdir()
+    local tr = new_trainer()
+    local path = dir .. "/with\0nul.ckpt"
+    local saving = helper.error_of(function() tr:save(path) end)
+    local names = fs.list(dir)
+    tr:save(dir .. "/with") -- the file the cut name reaches
+    local loading = helper.error_of(function() m3.trainer.load(path) end)
+    os.execute("rm -rf '" .. dir .. "'")
+    local says = '"' .. quoted(dir) .. '/with\\0nul%.ckpt" holds a NUL byte, which no file name can hold$'
+    assert.matches("^[^:]*checkpoint_spec%.lua:%d+: save: path " .. says, saving)
+    assert.matches("^[^:]*checkpoint_spec%.lua:%d+: m3%.trainer%.load: path " .. says, loading)
+    assert.same({}, names)
+  end)
 end)

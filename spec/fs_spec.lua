@@ -1,6 +1,8 @@
 -- m3.fs: listing a folder whose names hold newlines, quotes, spaces and leading dashes or dots;
 -- a folder that does not exist and a file list as empty; realpath; write's atomic replace, which
--- an error on the way (an interrupt) leaves without a temporary file.
+-- an error on the way (an interrupt) leaves without a temporary file; write refusing a FIFO, a
+-- folder and a link to one or to nothing, and writing through a link into its file; every helper
+-- refusing a path that holds a NUL byte.
 
 local fs = require "m3.fs"
 local helper = require "spec.helper"
@@ -68,5 +70,69 @@ describe("m3.fs.write", function()
     assert.is_false(ok)
     assert.equal("interrupted!", err)
     assert.same({ "file" }, names)
+  end)
+end)
+
+describe("m3.fs.write onto what is not a regular file", function()
+  local REPLACED = "; only a regular file, or a symbolic link to one, is replaced$"
+
+  it("refuses a FIFO, a folder and a link to one of them or to nothing, leaving each as it was", function()
+    local dir = helper.tmpdir()
+    local q = "'" .. dir .. "'"
+    os.execute("cd " .. q .. " && mkfifo fifo && mkdir folder && ln -s missing dangling && ln -s fifo to_fifo")
+    local says = {
+      fifo = "it exists and is a FIFO %(named pipe%)",
+      folder = "it exists and is a folder",
+      dangling = "it is a symbolic link to missing, which does not resolve %(No such file or directory%)",
+      to_fifo = "it is a symbolic link to [^,]*/fifo, which is a FIFO %(named pipe%)",
+    }
+    local errors = {}
+    for name in pairs(says) do errors[name] = helper.error_of(function() fs.write(dir .. "/" .. name, "text") end) end
+    local kept = os.execute("cd " .. q .. " && test -p fifo && test -d folder && test -L dangling && test ! -e missing"
+      .. " && test -L to_fifo")
+    local names = fs.list(dir)
+    os.execute("rm -rf " .. q)
+    for name, want in pairs(says) do
+      assert.matches("^[^:]*fs_spec%.lua:%d+: m3%.fs: cannot write " .. (dir .. "/" .. name):gsub("%p", "%%%0")
+        .. ": " .. want .. REPLACED, errors[name])
+    end
+    assert.equal(0, kept)
+    assert.same({ "dangling", "fifo", "folder", "to_fifo" }, names) -- no temporary file either
+  end)
+
+  it("writes through a symbolic link (a chain of them) into the file it resolves to, keeping the links", function()
+    local dir = helper.tmpdir()
+    local q = "'" .. dir .. "'"
+    fs.mkdir(dir .. "/real")
+    fs.write(dir .. "/real/file", "old")
+    os.execute("cd " .. q .. " && ln -s real/file link && ln -s link chain")
+    fs.write(dir .. "/chain", "new")
+    local links = os.execute("cd " .. q .. " && test -L chain && test -L link && test -f real/file")
+    local text, names, real_names = fs.read(dir .. "/real/file"), fs.list(dir), fs.list(dir .. "/real")
+    os.execute("rm -rf " .. q)
+    assert.equal(0, links)
+    assert.equal("new", text)
+    assert.same({ "chain", "link", "real" }, names)
+    assert.same({ "file" }, real_names) -- the temporary file went beside the file, and is gone
+  end)
+end)
+
+describe("m3.fs paths", function()
+  it("refuses a path that holds a NUL byte (C would take a shorter name) before touching any file", function()
+    local dir = helper.tmpdir()
+    local path = dir .. "/with\0nul"
+    for name, call in pairs {
+      write = function() fs.write(path, "x") end, mkdir = function() fs.mkdir(path) end,
+      read = function() fs.read(path) end, list = function() fs.list(path) end,
+      exists = function() fs.exists(path) end, is_dir = function() fs.is_dir(path) end,
+      realpath = function() fs.realpath(path) end,
+    } do
+      assert.matches("^[^:]*fs_spec%.lua:%d+: m3%.fs%." .. name .. ": path \"[^\"]*/with\\0nul\" holds a NUL byte, "
+        .. "which no file name can hold$", helper.error_of(call))
+    end
+    assert.equal("m3.fs.write: path must be a string, got nil", helper.error_of(fs.write, nil, "x"))
+    local names = fs.list(dir)
+    os.execute("rm -rf '" .. dir .. "'")
+    assert.same({}, names)
   end)
 end)

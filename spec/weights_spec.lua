@@ -1,5 +1,6 @@
 -- m3.weights: deterministic init, views that share memory, set with checks, names in
--- layout order, bit-exact save/load, clone, close.
+-- layout order, bit-exact save/load, save refusing what load refuses (NaN, infinities), paths
+-- holding a NUL byte refused, clone, close.
 
 local ffi = require "ffi"
 local m3 = require "m3"
@@ -193,6 +194,31 @@ describe("m3.weights", function()
     assert.matches("norm_f.weight: element 0 is 1e%+300, outside float32's range", helper.error_of(m3.weights.load, path))
     assert.matches("element 0 = 1e%+300 is outside float32's range",
       helper.error_of(function() w:set("norm_f.weight", wide) end))
+  end)
+
+  it("refuses to save a NaN or an infinity, in the words load refuses them in, writing nothing", function()
+    local w = m3.weights.init(cfg, { seed = 3 })
+    local path = helper.tmpname(".safetensors")
+    for _, case in ipairs { { 0 / 0, "nan" }, { 1 / 0, "inf" }, { -1 / 0, "%-inf" } } do
+      w:get("norm_f.weight")[2] = case[1]
+      assert.matches("^[^:]*weights_spec%.lua:%d+: m3: saving " .. path:gsub("%p", "%%%0") .. ": weights: "
+        .. "norm_f%.weight %[2%] = " .. case[2] .. ": expected a finite value",
+        helper.error_of(function() w:save(path) end))
+      assert.is_nil(io.open(path))
+    end
+  end)
+
+  it("refuses a path holding a NUL byte, to save and to load (C would take the name before it)", function()
+    local w = m3.weights.init(cfg)
+    local path = helper.tmpname()
+    w:save(path) -- the file the cut name reaches
+    local cut = path .. "\0.safetensors"
+    for what, call in pairs { ["weights:save"] = function() w:save(cut) end,
+                              ["m3.weights.load"] = function() m3.weights.load(cut) end } do
+      assert.matches("^[^:]*weights_spec%.lua:%d+: " .. what:gsub("%p", "%%%0") .. ': path "'
+        .. path:gsub("%p", "%%%0") .. '\\0%.safetensors" holds a NUL byte, which no file name can hold$',
+        helper.error_of(call))
+    end
   end)
 
   it("loads the backbone. prefix", function()

@@ -156,7 +156,9 @@ m3_status m3_weights_init(m3_weights *w, uint64_t seed);
  * the tied embedding; missing, extra or mis-shaped tensors are errors, and so is a NaN or an
  * infinity among the values (M3_ERR_FORMAT, naming the tensor, the element and the value). */
 m3_status m3_weights_load(const char *path, const m3_config *cfg, m3_weights **out);
-/* Atomic write (temporary file, flush, rename) with the config as metadata. */
+/* Atomic write (temporary file, flush, rename) with the config as metadata. Weights holding a NaN or an
+ * infinity are refused first (M3_ERR_ARGUMENT, in m3_weights_load's words); the target as for
+ * m3_tensor_writer_write. */
 m3_status m3_weights_save(const m3_weights *w, const char *path);
 const m3_config *m3_weights_config(const m3_weights *w);
 int32_t m3_weights_count(const m3_weights *w);
@@ -207,7 +209,10 @@ m3_status m3_tensor_writer_add(m3_tensor_writer *w, const char *name, int32_t dt
                                int32_t ndim, const int64_t *shape, const void *data);
 m3_status m3_tensor_writer_add_metadata(m3_tensor_writer *w, const char *key, const char *value);
 /* Writes path atomically: a temporary file beside it, flushed and fsynced, then renamed. A header
- * (names, shapes, metadata) over the reader's 100 MB limit is M3_ERR_ARGUMENT and writes nothing. */
+ * (names, shapes, metadata) over the reader's 100 MB limit is M3_ERR_ARGUMENT and writes nothing.
+ * A symbolic link is written through (the file it resolves to is replaced, the link stays); a
+ * target that is neither a regular file nor a link to one (a folder, a FIFO, a device) is
+ * M3_ERR_IO before anything is written. */
 m3_status m3_tensor_writer_write(m3_tensor_writer *w, const char *path);
 
 /* ---- trainer ----------------------------------------------------------------------------- */

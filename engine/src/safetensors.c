@@ -3,13 +3,19 @@
  *
  * Layout: an 8-byte little-endian header length, a JSON header mapping tensor names to
  * {dtype, shape, data_offsets} (plus an optional "__metadata__" object of strings), then the
- * data section. The reader validates everything before handing anything out: header size,
- * JSON (no string holding an escaped NUL), dtypes, shapes (overflow-checked), offsets, and that
- * the tensors tile the data section exactly (no overlap, gap or trailing bytes). Each tensor is
- * then read into its own 64-byte aligned slot of one buffer, so `data` can be cast to the
- * element type. The writer builds the header with cJSON (integers as raw text so offsets stay
- * exact), refuses one over the reader's size limit, pads it with spaces to a multiple of 8, and
- * writes a temporary file beside the target that it fsyncs and renames.
+ * data section. The reader takes regular files only (a FIFO is refused, not waited on) and
+ * validates everything before handing anything out: header size, JSON (no string holding an
+ * escaped NUL), dtypes, shapes (overflow-checked), offsets, and that the tensors tile the data
+ * section exactly (no overlap, gap or trailing bytes). Each tensor is then read into its own
+ * 64-byte aligned slot of one buffer, so `data` can be cast to the element type. The writer
+ * builds the header with cJSON (integers as raw text so offsets stay exact), refuses one over the
+ * reader's size limit, pads it with spaces to a multiple of 8, and writes a temporary file beside
+ * the target that it fsyncs and renames. The target is the path
+ * when nothing or a regular file is there, and the regular file it resolves to when it is a
+ * symbolic link (the link stays a link, as when a program opens it for writing); anything else
+ * (a folder, a FIFO, a device node, a socket, a link to one of those or to nothing) is refused
+ * before a byte is written: the rename would put a regular file in its place, and the reader
+ * takes regular files only. m3.fs.write (Lua) does the same.
  * Values are stored as the host's bytes: libm3 supports little-endian hosts only.
  */
 #include <cjson/cJSON.h>
@@ -346,8 +352,15 @@ m3_status m3_tensor_file_open(const char *path, m3_tensor_file **out) {
   if (!out) return m3_fail(M3_ERR_ARGUMENT, "m3_tensor_file_open: out is NULL");
   *out = NULL;
   if (!path) return m3_fail(M3_ERR_ARGUMENT, "m3_tensor_file_open: path is NULL");
-  FILE *fp = fopen(path, "rb");
-  if (!fp) return m3_fail(M3_ERR_IO, "%s: cannot open: %s", path, strerror(errno));
+  /* O_NONBLOCK: a FIFO opens without waiting for a writer, and is then refused as not a regular file; a regular
+   * file reads as without it */
+  const int fd = open(path, O_RDONLY | O_NONBLOCK | O_CLOEXEC);
+  FILE *fp = fd >= 0 ? fdopen(fd, "rb") : NULL;
+  if (!fp) {
+    const int err = errno;
+    if (fd >= 0) close(fd);
+    return m3_fail(M3_ERR_IO, "%s: cannot open: %s", path, strerror(err));
+  }
   m3_tensor_file *f = calloc(1, sizeof *f);
   m3_status rc = f ? open_file(path, fp, f) : m3_fail(M3_ERR_MEMORY, "%s: out of memory", path);
   fclose(fp);
@@ -586,6 +599,44 @@ static void sync_parent_dir(const char *path) {
   free(dir);
 }
 
+/* What a file of mode m is, for a message. */
+static const char *file_kind(mode_t m) {
+  return S_ISDIR(m)    ? "a folder"
+         : S_ISFIFO(m) ? "a FIFO (named pipe)"
+         : S_ISCHR(m)  ? "a character device"
+         : S_ISBLK(m)  ? "a block device"
+         : S_ISSOCK(m) ? "a socket"
+                       : "not a regular file";
+}
+
+/* The file that a write to path replaces (*target, malloc'd): path when nothing is there or a regular file is,
+ * else the regular file a symbolic link resolves to. Anything else is refused, saying what is there. */
+static m3_status write_target(const char *path, char **target) {
+  static const char replaced[] = "only a regular file, or a symbolic link to one, is replaced";
+  struct stat st;
+  if (lstat(path, &st) != 0 || S_ISREG(st.st_mode)) {
+    *target = strdup(path);
+    return *target ? M3_OK : m3_fail(M3_ERR_MEMORY, "writing %s: out of memory", path);
+  }
+  if (!S_ISLNK(st.st_mode))
+    return m3_fail(M3_ERR_IO, "writing %s: it exists and is %s; %s", path, file_kind(st.st_mode), replaced);
+  *target = realpath(path, NULL);
+  if (!*target) {
+    const int err = errno;
+    char link[4096];
+    const ssize_t n = readlink(path, link, sizeof link - 1);
+    link[n > 0 ? n : 0] = 0;
+    return m3_fail(M3_ERR_IO, "writing %s: it is a symbolic link to %s, which does not resolve (%s); %s", path,
+                   n > 0 ? link : "?", strerror(err), replaced);
+  }
+  if (stat(*target, &st) == 0 && S_ISREG(st.st_mode)) return M3_OK;
+  m3_status rc = m3_fail(M3_ERR_IO, "writing %s: it is a symbolic link to %s, which is %s; %s", path, *target,
+                         file_kind(st.st_mode), replaced);
+  free(*target);
+  *target = NULL;
+  return rc;
+}
+
 /* Creates tmp and writes, fsyncs and closes it; NULL on success, else the failed step (errno
  * kept). *created tells whether tmp now exists. */
 static const char *write_temp(const char *tmp, const m3_tensor_writer *w, const char *header, int *created) {
@@ -608,26 +659,31 @@ static const char *write_temp(const char *tmp, const m3_tensor_writer *w, const 
 
 static m3_status write_file(const m3_tensor_writer *w, const char *path, const char *header) {
   static atomic_uint counter;
-  /* beside path, named after at most its first 200 bytes: the suffix must not push a name the file system
+  char *target = NULL;
+  TRY(write_target(path, &target));
+  /* beside the target, named after at most its first 200 bytes: the suffix must not push a name the file system
    * takes (up to 255 bytes) past its limit */
-  const char *slash = strrchr(path, '/');
-  const int dir_len = slash ? (int)(slash - path + 1) : 0;
-  const size_t base_len = strlen(path + dir_len);
+  const char *slash = strrchr(target, '/');
+  const int dir_len = slash ? (int)(slash - target + 1) : 0;
+  const size_t base_len = strlen(target + dir_len);
   char *tmp = NULL;
-  if (asprintf(&tmp, "%.*s%.*s.tmp.%ld.%u", dir_len, path, base_len > 200 ? 200 : (int)base_len, path + dir_len,
-               (long)getpid(), atomic_fetch_add(&counter, 1)) < 0)
+  if (asprintf(&tmp, "%.*s%.*s.tmp.%ld.%u", dir_len, target, base_len > 200 ? 200 : (int)base_len,
+               target + dir_len, (long)getpid(), atomic_fetch_add(&counter, 1)) < 0) {
+    free(target);
     return m3_fail(M3_ERR_MEMORY, "writing %s: out of memory", path);
+  }
   int created = 0;
   const char *fail = write_temp(tmp, w, header, &created);
-  if (!fail && rename(tmp, path) != 0) fail = "rename onto the target failed";
+  if (!fail && rename(tmp, target) != 0) fail = "rename onto the target failed";
   m3_status rc = M3_OK;
   if (fail) {
     rc = m3_fail(M3_ERR_IO, "writing %s: temporary file %s: %s: %s", path, tmp, fail, strerror(errno));
     if (created) unlink(tmp);
   } else {
-    sync_parent_dir(path);
+    sync_parent_dir(target);
   }
   free(tmp);
+  free(target);
   return rc;
 }
 

@@ -2,10 +2,12 @@
  * weights_io.c — m3_weights_save and m3_weights_load: host weights to and from safetensors.
  *
  * Save writes every parameter as F32 under its SPEC.md §2 name, with the config JSON and a
- * format tag as metadata, atomically (safetensors.c). Load takes the config from the caller or
- * from the file's "config" metadata (which states every member in a file of that format), then
- * fills each layout tensor from the file tensor of the same name, bare or under the "backbone."
- * prefix, converting F64, F16 and BF16 to float32.
+ * format tag as metadata, atomically (safetensors.c); weights holding a NaN or an infinity are
+ * refused first (M3_ERR_ARGUMENT, in the words load refuses them in), so a file saved always
+ * loads. Load takes the config from the caller or from the file's "config" metadata (which
+ * states every member in a file of that format), then fills each layout tensor from the file
+ * tensor of the same name, bare or under the "backbone." prefix, converting F64, F16 and BF16
+ * to float32.
  * Missing, mis-shaped or doubly present tensors are refused before the weights are allocated,
  * extra ones after; the one tolerated extra is a lm_head.weight equal to the embedding it is
  * tied to. A NaN or an infinity among the loaded values is refused (M3_ERR_FORMAT), naming the
@@ -24,6 +26,7 @@ static const char backbone_prefix[] = "backbone.";
 
 m3_status m3_weights_save(const m3_weights *w, const char *path) {
   if (!w || !path) return m3_fail(M3_ERR_ARGUMENT, "m3_weights_save: NULL weights or path");
+  if (m3_weights_check_finite(w, M3_ERR_ARGUMENT) != M3_OK) return m3_fail_context(M3_ERR_ARGUMENT, "saving %s", path);
   m3_tensor_writer *tw = NULL;
   TRY(m3_tensor_writer_create(&tw));
   m3_status rc = m3_tensor_writer_add_metadata(tw, "config", m3_config_to_json(&w->cfg));

@@ -4,7 +4,9 @@
  * Round trips of every dtype (0-d and 0-sized shapes included) and of metadata; a catalogue
  * of malformed files, each of which must be rejected with M3_ERR_FORMAT, plus byte-level
  * mutations of a valid file that must never crash; atomic writes that fail and must leave
- * the old file and no temporary behind; weights save/load (bit-exact, "backbone." prefix,
+ * the old file and no temporary behind; targets that are not regular files (a FIFO, a folder, a
+ * symbolic link to one or to nothing: refused, left as they are; a link to a regular file: written
+ * through, the link kept; a FIFO read: refused, not waited on); weights save/load (bit-exact, "backbone." prefix,
  * F64/F16/BF16 sources, tied lm_head, missing/extra/mis-shaped tensors, NaN and infinite values
  * refused with the tensor's name, element and value); and every golden
  * file of ../shared. Prints one line per check; exits nonzero when any check fails.
@@ -447,7 +449,7 @@ static void test_atomic(void) {
     printf("skipped: read-only directory check (running as root)\n");
   }
 
-  /* the rename fails: the target is a non-empty directory */
+  /* the target is a non-empty directory: refused */
   char sub[800], inner[900];
   snprintf(sub, sizeof sub, "%s/adir", dir);
   snprintf(inner, sizeof inner, "%s/keep", sub);
@@ -483,6 +485,62 @@ static void test_atomic(void) {
   m3_tensor_file_close(f);
   m3_tensor_writer_destroy(w);
   free(data);
+}
+
+static int is_type(const char *path, mode_t type) {
+  struct stat st;
+  return lstat(path, &st) == 0 && (st.st_mode & S_IFMT) == type;
+}
+
+/* Only a regular file, or a symbolic link to one, is replaced; anything else is refused before a byte is
+ * written (no device nodes here: a test must not make them). */
+static void test_special_targets(void) {
+  char dir[600];
+  snprintf(dir, sizeof dir, "%s/special", tmpdir);
+  mkdir(dir, 0777);
+  char fifo[700], folder[700], dangling[700], to_fifo[700], file[700], link[700], chain[700];
+  snprintf(fifo, sizeof fifo, "%s/fifo", dir);
+  snprintf(folder, sizeof folder, "%s/folder", dir);
+  snprintf(dangling, sizeof dangling, "%s/dangling", dir);
+  snprintf(to_fifo, sizeof to_fifo, "%s/to_fifo", dir);
+  snprintf(file, sizeof file, "%s/file", dir);
+  snprintf(link, sizeof link, "%s/link", dir);
+  snprintf(chain, sizeof chain, "%s/chain", dir);
+  mkfifo(fifo, 0666);
+  mkdir(folder, 0777);
+  write_bytes(file, "old", 3);
+  if (symlink("missing", dangling) || symlink("fifo", to_fifo) || symlink("file", link) || symlink("link", chain)) {
+    fprintf(stderr, "cannot make the symbolic links in %s: %s\n", dir, strerror(errno));
+    exit(2);
+  }
+  float x = 1;
+  m3_tensor_writer *w = big_writer(&x, 1);
+  const struct {
+    const char *path, *says;
+  } refused[] = {
+      {fifo, "it exists and is a FIFO (named pipe); only a regular file, or a symbolic link to one, is replaced"},
+      {folder, "it exists and is a folder; only a regular file"},
+      {dangling, "it is a symbolic link to missing, which does not resolve (No such file or directory); only"},
+      {to_fifo, "/special/fifo, which is a FIFO (named pipe); only a regular file"},
+  };
+  for (size_t i = 0; i < sizeof refused / sizeof *refused; i++) {
+    m3_status st = m3_tensor_writer_write(w, refused[i].path);
+    check(st == M3_ERR_IO && strstr(m3_last_error(), refused[i].says), "writing onto %s refused: %s",
+          refused[i].path + strlen(dir) + 1, m3_last_error());
+  }
+  check(is_type(fifo, S_IFIFO) && is_type(folder, S_IFDIR) && is_type(dangling, S_IFLNK) && is_type(to_fifo, S_IFLNK) &&
+            access(dangling, F_OK) != 0 && count_entries(dir) == 7,
+        "the refused targets are left as they were, and no temporary file is left");
+  m3_tensor_file *f = (m3_tensor_file *)&n_pass;
+  check(m3_tensor_file_open(to_fifo, &f) == M3_ERR_IO && f == NULL && strstr(m3_last_error(), "not a regular file"),
+        "reading a FIFO (through a link) is refused without waiting for a writer: %s", m3_last_error());
+  m3_status st = m3_tensor_writer_write(w, chain);
+  check(st == M3_OK && is_type(chain, S_IFLNK) && is_type(link, S_IFLNK) && is_type(file, S_IFREG) &&
+            m3_tensor_file_open(file, &f) == M3_OK && m3_tensor_file_count(f) == 1 && count_entries(dir) == 7,
+        "a write through links (chain -> link -> file) replaces the file and keeps the links: %s",
+        st == M3_OK ? "ok" : m3_last_error());
+  m3_tensor_file_close(f);
+  m3_tensor_writer_destroy(w);
 }
 
 /* ---- weights ------------------------------------------------------------------------ */
@@ -698,18 +756,20 @@ static void test_weights(void) {
     m3_weights_destroy(big);
   }
   {
-    /* a NaN (sign bit set, as 0.0 / 0.0 on x86) in a file the engine wrote, infinities from F64 and BF16 */
+    /* a NaN (sign bit set, as 0.0 / 0.0 on x86): save refuses it in the words load does, which refuses it in a
+     * file written here, and infinities from F64 and BF16 */
     m3_weights *bad = NULL;
     m3_weights_clone(w, &bad);
     m3_tensor_info D;
     m3_weights_tensor(bad, m3_weights_find(bad, "layers.1.mixer.D"), &D);
     D.data[3] = copysignf(NAN, -1.0f);
     const char *p = tmp_path("nan.safetensors");
-    check(m3_weights_save(bad, p) == M3_OK, "weights holding a NaN save");
-    got = (m3_weights *)&n_pass;
-    check(m3_weights_load(p, NULL, &got) == M3_ERR_FORMAT && got == NULL &&
+    check(m3_weights_save(bad, p) == M3_ERR_ARGUMENT && access(p, F_OK) != 0 &&
+              strstr(m3_last_error(), "saving ") &&
               strstr(m3_last_error(), "nan.safetensors: weights: layers.1.mixer.D [3] = nan: expected a finite value"),
-          "NaN in a weights file rejected: %s", m3_last_error());
+          "weights holding a NaN: save refuses them, writing nothing: %s", m3_last_error());
+    v = (variant){0};
+    expect_load("F32 nan", bad, &v, NULL, M3_ERR_FORMAT, "weights: layers.1.mixer.D [3] = nan: expected a finite");
     D.data[3] = -INFINITY;
     v = (variant){.dtype = M3_DTYPE_F64};
     expect_load("F64 -inf", bad, &v, NULL, M3_ERR_FORMAT, "weights: layers.1.mixer.D [3] = -inf: expected a finite");
@@ -837,6 +897,7 @@ int main(void) {
   test_malformed();
   test_mutations();
   test_atomic();
+  test_special_targets();
   test_weights();
   test_golden();
   nftw(tmpdir, remove_entry, 16, FTW_DEPTH | FTW_PHYS);

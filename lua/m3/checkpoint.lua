@@ -22,7 +22,9 @@
 -- to a temporary file, fsynced and renamed, so a crash never leaves a half-written
 -- step-N.ckpt) plus the Lua table {step = step, extra = extra}: the loop's step and the
 -- caller's state (data cursor, schedule position, curriculum phase, RNG states). Restoring
--- all of them continues the run bit-identically on the same device and dtype.
+-- all of them continues the run bit-identically on the same device and dtype. Held one level
+-- down, extra may nest tables 99 deep (m3.serialize takes 100); a deeper one is refused
+-- before anything is written.
 --
 -- A process killed while it writes leaves its temporary file behind (libm3 names it
 -- step-N.ckpt.tmp.<pid>.<count>). list() never takes one for a checkpoint, and save()

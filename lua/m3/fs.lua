@@ -1,6 +1,16 @@
 -- m3.fs — the few file-system helpers the training library needs (POSIX, via the FFI):
--- make folders, list a folder, read a file, replace a file atomically, resolve a path.
+-- make folders, list a folder, read a file, replace a file atomically, resolve a path, and
+-- check a path before it reaches C (check_path: a string without a NUL byte, which C would cut
+-- the name at, reaching another file).
+--
+-- write replaces a regular file, or, through a symbolic link, the regular file the link resolves
+-- to (the link stays a link, as when a program opens it for writing). Anything else there is
+-- refused before a byte is written, saying what it is: a folder, a FIFO, a device, a socket, or
+-- a link to one of those or to nothing (the rename would put a regular file in place of a FIFO
+-- or a device node, and the engine's readers take regular files only). libm3's writer
+-- (safetensors.c: checkpoints, weights, m3.save_tensors) does the same.
 
+local bit = require "bit"
 local ffi = require "ffi"
 local lib = require "m3.lib"
 
@@ -11,6 +21,19 @@ pcall(ffi.cdef, "char *strerror(int errnum);")
 pcall(ffi.cdef, "int getpid(void);")
 pcall(ffi.cdef, "char *realpath(const char *path, char *resolved);")
 pcall(ffi.cdef, "void free(void *p);")
+pcall(ffi.cdef, "ssize_t readlink(const char *path, char *buf, size_t size);")
+-- statx under a private name: unlike struct stat, struct statx is laid out alike on every Linux
+-- architecture (its first 32 bytes here, the rest padding to its 256).
+pcall(ffi.cdef, [[
+typedef struct {
+  uint32_t mask, blksize;
+  uint64_t attributes;
+  uint32_t nlink, uid, gid;
+  uint16_t mode, spare;
+  uint8_t rest[224];
+} m3fs_statx_buf;
+int m3fs_statx(int dirfd, const char *path, int flags, unsigned int mask, m3fs_statx_buf *out) __asm__("statx");
+]])
 -- opendir/readdir/closedir under private names (asm labels), with struct dirent as glibc
 -- lays it out on 64-bit Linux (x86_64, aarch64).
 pcall(ffi.cdef, [[
@@ -29,19 +52,31 @@ int m3fs_closedir(m3fs_dir *dir) __asm__("closedir");
 
 local fs = {}
 
+-- Raises "<what>: path must be a string, got <type>", or that path holds a NUL byte: C (the engine,
+-- the C library's file calls) would take the name to end there, another file.
+function fs.check_path(path, what)
+  if type(path) ~= "string" then lib.raise(what .. ": path must be a string, got " .. type(path)) end
+  if path:find("\0", 1, true) then
+    lib.raise(string.format("%s: path %q holds a NUL byte, which no file name can hold", what, path))
+  end
+end
+
 function fs.exists(path)
+  fs.check_path(path, "m3.fs.exists")
   local f = io.open(path, "r")
   if f then f:close() end
   return f ~= nil
 end
 
 function fs.is_dir(path)
+  fs.check_path(path, "m3.fs.is_dir")
   return fs.exists(path .. "/.")
 end
 
 -- The absolute path of an existing file or folder, without symbolic links, "." or ".." (nil when it
 -- does not exist or cannot be resolved).
 function fs.realpath(path)
+  fs.check_path(path, "m3.fs.realpath")
   local p = ffi.C.realpath(path, nil)
   if p == nil then return nil end
   local s = ffi.string(p)
@@ -52,6 +87,7 @@ end
 -- mkdir -p: creates path and its missing parents (existing ones are fine); an error says
 -- why not (e.g. path is a file).
 function fs.mkdir(path)
+  fs.check_path(path, "m3.fs.mkdir")
   for i in path:gmatch("()/") do
     if i > 1 then ffi.C.mkdir(path:sub(1, i - 1), 493) end -- 0755
   end
@@ -66,6 +102,7 @@ end
 -- The names in a folder but . and .., sorted (an empty list when it does not exist or
 -- cannot be opened); an error when reading it fails part way.
 function fs.list(dir)
+  fs.check_path(dir, "m3.fs.list")
   local out = {}
   local d = ffi.C.m3fs_opendir(dir)
   if d == nil then return out end
@@ -91,6 +128,7 @@ end
 
 -- The whole file, or nil and a message.
 function fs.read(path)
+  fs.check_path(path, "m3.fs.read")
   local f, err = io.open(path, "rb")
   if not f then return nil, err end
   local s = f:read("*a")
@@ -98,14 +136,56 @@ function fs.read(path)
   return s
 end
 
+local AT_FDCWD, AT_SYMLINK_NOFOLLOW, STATX_TYPE = -100, 0x100, 1
+local S_IFMT, S_IFREG, S_IFLNK = 0xF000, 0x8000, 0xA000
+local KIND = { [0x4000] = "a folder", [0x1000] = "a FIFO (named pipe)", [0x2000] = "a character device",
+               [0x6000] = "a block device", [0xC000] = "a socket" }
+
+-- The type bits (S_IFMT) of path's mode, of a symbolic link itself with nofollow; nil when path cannot be
+-- looked at (it does not exist).
+local function file_type(path, nofollow)
+  local st = ffi.new("m3fs_statx_buf")
+  if ffi.C.m3fs_statx(AT_FDCWD, path, nofollow and AT_SYMLINK_NOFOLLOW or 0, STATX_TYPE, st) ~= 0 then return nil end
+  return bit.band(st.mode, S_IFMT)
+end
+
+-- The file that write(path) replaces: path when nothing is there or a regular file is, else the regular
+-- file a symbolic link resolves to. Anything else is an error that says what is there.
+local function write_target(path)
+  local t = file_type(path, true)
+  if t == nil or t == S_IFREG then return path end
+  local why
+  if t ~= S_IFLNK then
+    why = "it exists and is " .. (KIND[t] or "not a regular file")
+  else
+    local real = fs.realpath(path)
+    local errno = ffi.errno()
+    local rt = real and file_type(real)
+    if rt == S_IFREG then return real end
+    if real then
+      why = "it is a symbolic link to " .. real .. ", which is " .. (KIND[rt] or "not a regular file")
+    else
+      local buf = ffi.new("char[4096]")
+      local n = tonumber(ffi.C.readlink(path, buf, 4096))
+      why = "it is a symbolic link to " .. (n > 0 and ffi.string(buf, n) or "?") .. ", which does not resolve ("
+        .. ffi.string(ffi.C.strerror(errno)) .. ")"
+    end
+  end
+  lib.raise("m3.fs: cannot write " .. path .. ": " .. why .. "; only a regular file, or a symbolic link to one, "
+    .. "is replaced")
+end
+
 -- Writes text to a temporary file beside path and renames it over path, so a reader
--- never sees a half-written file and a failed write (a full disk) leaves path as it was.
+-- never sees a half-written file and a failed write (a full disk) leaves path as it was
+-- (path a symbolic link: beside and over the file it resolves to; see the header).
 -- The temporary name keeps at most 200 bytes of path's own, so that a name the file
 -- system takes does not grow past its limit. An error on the way (the interrupt that
 -- m3lua raises for Ctrl-C or SIGTERM) removes the temporary file before it goes on.
 function fs.write(path, text)
-  local dir, base = path:match("^(.*/)([^/]*)$")
-  local tmp = (dir or "") .. (base or path):sub(1, 200) .. ".tmp." .. ffi.C.getpid()
+  fs.check_path(path, "m3.fs.write")
+  local target = write_target(path)
+  local dir, base = target:match("^(.*/)([^/]*)$")
+  local tmp = (dir or "") .. (base or target):sub(1, 200) .. ".tmp." .. ffi.C.getpid()
   local f, err = io.open(tmp, "wb")
   if not f then lib.raise("m3.fs: cannot write " .. tostring(err)) end
   local ok, failure = pcall(function()
@@ -115,7 +195,7 @@ function fs.write(path, text)
     if not (wrote and flushed and closed) then
       return "m3.fs: cannot write " .. path .. ": " .. tostring(werr or ferr or cerr)
     end
-    local renamed, rerr = os.rename(tmp, path)
+    local renamed, rerr = os.rename(tmp, target)
     if not renamed then return "m3.fs: cannot rename onto " .. path .. ": " .. tostring(rerr) end
   end)
   if ok and not failure then return end

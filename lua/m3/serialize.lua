@@ -2,8 +2,10 @@
 --
 -- dump(value, name) writes `return <literal>`: nil, booleans, numbers (m3.number_text.exact,
 -- so every double round-trips; 1/0, -1/0, 0/0 for inf, -inf, nan), strings (%q) and nested
--- tables whose keys are strings or numbers. Cycles, functions, userdata, cdata and threads are
--- errors that name the path (`extra.data.fn`). Tables reached twice are written twice.
+-- tables whose keys are strings or numbers. Cycles, functions, userdata, cdata, threads and
+-- tables nested more than MAX_DEPTH (100) deep are errors that name the path (`extra.data.fn`),
+-- raised before any text is returned: load() cannot read back what LuaJIT's parser refuses
+-- (about 196 levels of tables), so dump never writes it. Tables reached twice are written twice.
 -- load(text) accepts only that literal form (checked lexically: no names other than
 -- return/true/false/nil, no calls) and evaluates it with load() in an empty environment.
 
@@ -36,6 +38,10 @@ local function sub_path(path, k)
   return path .. "[" .. number(k) .. "]"
 end
 
+-- The most levels of nested tables dump writes (the value itself is level 1): half of what LuaJIT's
+-- parser takes ("chunk has too many syntax levels"), whatever the keys and leaves.
+local MAX_DEPTH = 100
+
 local function key_order(a, b)
   local ta, tb = type(a), type(b)
   if ta ~= tb then return ta == "number" end
@@ -43,7 +49,7 @@ local function key_order(a, b)
   return a < b
 end
 
-local function write(out, v, path, open)
+local function write(out, v, path, open, depth)
   local t = type(v)
   if t == "nil" then
     out[#out + 1] = "nil"
@@ -55,6 +61,10 @@ local function write(out, v, path, open)
     out[#out + 1] = string.format("%q", v)
   elseif t == "table" then
     if open[v] then fail(path .. " is a cycle (a table that contains itself)") end
+    if depth > MAX_DEPTH then
+      fail(string.format("%s is a table nested %d deep (at most %d levels of tables can be saved and loaded back)",
+        path, depth, MAX_DEPTH))
+    end
     if getmetatable(v) ~= nil then fail(path .. " has a metatable (only plain tables can be saved)") end
     open[v] = true
     local keys = {}
@@ -73,7 +83,7 @@ local function write(out, v, path, open)
       out[#out + 1] = "["
       out[#out + 1] = type(k) == "string" and string.format("%q", k) or number(k)
       out[#out + 1] = "] = "
-      write(out, v[k], sub_path(path, k), open)
+      write(out, v[k], sub_path(path, k), open, depth + 1)
     end
     out[#out + 1] = "}"
     open[v] = nil
@@ -85,7 +95,7 @@ end
 -- The text `return <value>`. name (default "value") starts the paths in error messages.
 function serialize.dump(value, name)
   local out = { "return " }
-  local ok, err = pcall(write, out, value, name or "value", {})
+  local ok, err = pcall(write, out, value, name or "value", {}, 1)
   if not ok then
     if type(err) == "table" and err.serialize_error then error("serialize: " .. err.serialize_error, 2) end
     error(err, 0)

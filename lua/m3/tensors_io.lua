@@ -10,6 +10,7 @@ local ffi = require "ffi"
 local lib = require "m3.lib"
 local tensor = require "m3.tensor"
 local exact = require("m3.number_text").exact
+local fs = require "m3.fs"
 
 lib.internal_file(debug.getinfo(1, "S").source)
 
@@ -90,7 +91,7 @@ end
 
 -- m3.load_tensors(path) → name → tensor, metadata (key → string)
 function io_.load(path)
-  if type(path) ~= "string" then raise("m3.load_tensors: path must be a string, got " .. type(path)) end
+  fs.check_path(path, "m3.load_tensors")
   local fp = ffi.new("m3_tensor_file *[1]")
   check(C.m3_tensor_file_open(path, fp))
   local f = ffi.gc(fp[0], C.m3_tensor_file_close)
@@ -118,7 +119,7 @@ end
 
 -- m3.save_tensors(path, name → tensor, metadata?) — atomic (temporary file + rename).
 function io_.save(path, tensors, metadata)
-  if type(path) ~= "string" then raise("m3.save_tensors: path must be a string, got " .. type(path)) end
+  fs.check_path(path, "m3.save_tensors")
   if type(tensors) ~= "table" then raise("m3.save_tensors: tensors must be a table name → tensor") end
   if metadata ~= nil and type(metadata) ~= "table" then raise("m3.save_tensors: metadata must be a table") end
   local names = {}

@@ -16,6 +16,7 @@ local tensor = require "m3.tensor"
 local config = require "m3.config"
 local weights = require "m3.weights"
 local serialize = require "m3.serialize"
+local fs = require "m3.fs"
 local options = require "m3.options"
 local states = require "m3.states"
 
@@ -511,7 +512,7 @@ end
 -- Full checkpoint plus `extra`, a plain Lua value (serialized exactly; see m3.serialize).
 function T:save(path, extra)
   local p = live(self)
-  if type(path) ~= "string" then raise("save: path must be a string, got " .. type(path)) end
+  fs.check_path(path, "save")
   local text = ""
   if extra ~= nil then
     local ok, s = pcall(serialize.dump, extra, "extra")
@@ -527,7 +528,7 @@ local LOAD_OPTS = { device = true, dtype = true, batch = true, seq_len = true }
 -- m3.trainer.load(path, {device=, dtype=, batch=, seq_len=}) → trainer, extra
 -- (another batch: the saved recurrent state is not loaded, every row starts from zero)
 local function load(path, opts)
-  if type(path) ~= "string" then raise("m3.trainer.load: path must be a string, got " .. type(path)) end
+  fs.check_path(path, "m3.trainer.load")
   if opts ~= nil and type(opts) ~= "table" then raise("m3.trainer.load: opts must be a table, got " .. type(opts)) end
   opts = opts or {}
   check_keys(opts, LOAD_OPTS, "m3.trainer.load")

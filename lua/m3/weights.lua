@@ -11,6 +11,7 @@ local lib = require "m3.lib"
 local tensor = require "m3.tensor"
 local config = require "m3.config"
 local options = require "m3.options"
+local fs = require "m3.fs"
 
 lib.internal_file(debug.getinfo(1, "S").source)
 
@@ -73,7 +74,7 @@ end
 
 -- m3.weights.load(path, cfg?): a safetensors file (config from its metadata when cfg is nil).
 function weights.load(path, cfg)
-  if type(path) ~= "string" then raise("m3.weights.load: path must be a string, got " .. type(path)) end
+  fs.check_path(path, "m3.weights.load")
   local c = cfg ~= nil and config.to_c(cfg) or nil
   local out = ffi.new("m3_weights *[1]")
   check(C.m3_weights_load(path, c, out))
@@ -84,7 +85,7 @@ end
 
 function W:save(path)
   local p = ptr(self)
-  if type(path) ~= "string" then raise("weights:save: path must be a string, got " .. type(path)) end
+  fs.check_path(path, "weights:save")
   check(C.m3_weights_save(p, path))
   return path
 end
