@@ -101,6 +101,11 @@ describe("m3.schedule", function()
     near(0.01, g(8))
     assert.has_error(function() schedule.step_decay { lr = 1 } end)
     assert.has_error(function() schedule.step_decay { lr = 1, every = 2, milestones = { 3 } } end)
+    -- milestones are steps: >= 1, increasing, a list without holes (ipairs would stop at one)
+    assert.matches("milestones must be a list of increasing steps %(integers >= 1%), got milestones%[1%] = %-5",
+      helper.error_of(schedule.step_decay, { lr = 1, milestones = { -5, 2 } }))
+    assert.matches("milestones must be a list of increasing steps %(integers >= 1%), got {",
+      helper.error_of(schedule.step_decay, { lr = 1, milestones = { 1, nil, 4 } }))
   end)
 
   it("WSD: warmup, stable, decay", function()

@@ -222,10 +222,13 @@ function schedule.step_decay(o)
     every = int(o, "every", "step_decay", 1)
     return checked("step_decay", function(s) return lr * gamma ^ floor((s - 1) / every) end)
   end
-  if type(milestones) ~= "table" then raise("m3.schedule.step_decay: milestones must be increasing integers") end
+  local want = "m3.schedule.step_decay: milestones must be a list of increasing steps (integers >= 1)"
+  local entries = 0
+  for _ in pairs(type(milestones) == "table" and milestones or {}) do entries = entries + 1 end
+  if type(milestones) ~= "table" or entries ~= #milestones then raise(want .. ", got " .. show(milestones)) end
   for i, m in ipairs(milestones) do
-    if type(m) ~= "number" or m ~= floor(m) or (i > 1 and m <= milestones[i - 1]) then
-      raise("m3.schedule.step_decay: milestones must be increasing integers")
+    if type(m) ~= "number" or m ~= floor(m) or m < 1 or (i > 1 and m <= milestones[i - 1]) then
+      raise(string.format("%s, got milestones[%d] = %s", want, i, show(m)))
     end
   end
   return checked("step_decay", function(s)
