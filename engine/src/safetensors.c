@@ -10,12 +10,12 @@
  * 64-byte aligned slot of one buffer, so `data` can be cast to the element type. The writer
  * builds the header with cJSON (integers as raw text so offsets stay exact), refuses one over the
  * reader's size limit, pads it with spaces to a multiple of 8, and writes a temporary file beside
- * the target that it fsyncs and renames. The target is the path
- * when nothing or a regular file is there, and the regular file it resolves to when it is a
- * symbolic link (the link stays a link, as when a program opens it for writing); anything else
- * (a folder, a FIFO, a device node, a socket, a link to one of those or to nothing) is refused
- * before a byte is written: the rename would put a regular file in its place, and the reader
- * takes regular files only. m3.fs.write (Lua) does the same.
+ * the target that it fsyncs and renames. The target is the path when nothing or a regular file is
+ * there, and the regular file it resolves to when it is a symbolic link (the link stays a link,
+ * as when a program opens it for writing); anything else (a folder, a FIFO, a device node, a
+ * socket, a link to one of those or to nothing) is refused before a byte is written: the rename
+ * would put a regular file in its place, and the reader takes regular files only. m3.fs.write
+ * (Lua) does the same.
  * Values are stored as the host's bytes: libm3 supports little-endian hosts only.
  */
 #include <cjson/cJSON.h>

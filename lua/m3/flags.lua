@@ -22,7 +22,8 @@
 -- Unknown flags and stray arguments are errors that list the valid flags. Returns the
 -- values, the list of names set to something other than their default (in the order of
 -- the spec), for run names, and the set of names given on the command line (given[name] =
--- true, also when the value given is the default). flags.list splits a comma-separated value.
+-- true, also when the value given is the default; flags.changed(values, spec) gives the
+-- second list for any values). flags.list splits a comma-separated value.
 -- flags.check(script, fn, ...) runs the part of a script that builds things from the
 -- values (data, model, trainer): a value the parser let through but the library refuses
 -- (`--lr 0`, `--d_model 30`) stops the script like a bad flag, with "<script>: <message>"
@@ -136,11 +137,16 @@ function flags.values(args, spec)
     end
     i = i + 1
   end
+  return values, flags.changed(values, spec), given
+end
+
+-- The names of spec's flags whose value in values differs from their default, in spec order.
+function flags.changed(values, spec)
   local changed = {}
   for _, f in ipairs(spec) do
     if values[f[1]] ~= f[2] then changed[#changed + 1] = f[1] end
   end
-  return values, changed, given
+  return changed
 end
 
 -- The items of a comma-separated value ("64,128" -> {"64", "128"}; convert, e.g. tonumber,

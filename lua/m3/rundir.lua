@@ -35,6 +35,7 @@
 -- error that lists them (name one with --run); none, <name> (a run from scratch).
 
 local checkpoint = require "m3.checkpoint"
+local flags = require "m3.flags"
 local fs = require "m3.fs"
 local json = require "m3.json"
 local lib = require "m3.lib"
@@ -70,11 +71,11 @@ local function same(f, v, w)
 end
 
 -- The automatic name of a run with flag values o: base and the flags of spec whose value
--- differs from their default, those in skip aside.
+-- differs from their default (flags.changed), those in skip aside.
 local function auto_name(o, spec, base, skip)
   local keys = {}
-  for _, f in ipairs(spec) do
-    if not skip[f[1]] and o[f[1]] ~= f[2] then keys[#keys + 1] = f[1] end
+  for _, k in ipairs(flags.changed(o, spec)) do
+    if not skip[k] then keys[#keys + 1] = k end
   end
   return "runs/" .. base .. (#keys > 0 and "-" .. sweep.name(o, {}, keys) or "")
 end
