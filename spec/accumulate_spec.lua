@@ -126,6 +126,23 @@ describe("m3.accumulate", function()
     assert.is_number(accumulate.step(a, { parts[1], nested }).loss)
   end)
 
+  it("refuses micro-batches that all count nothing, before the first forward", function()
+    local parts = accumulate.split(big, 2)
+    local none = {}
+    for i = 1, 2 do
+      none[i] = { tokens = parts[i].tokens, targets = m3.tensor({ 4, 12 }, "i32") }
+      for j = 0, none[i].targets:numel() - 1 do none[i].targets[j] = -1 end
+    end
+    local tr = new_trainer(4)
+    local w0 = tr:snapshot()
+    assert.equal("m3.accumulate.step: the 2 micro-batches count no position (every target is -1 in each): there is "
+      .. "no loss to take the gradient of; nothing was run", tostring(select(2, pcall(accumulate.step, tr, none))))
+    assert.is_false(tr:info().pending_forward)
+    assert.is_false(tr:info().window_open)
+    assert.equal(0, tr:step_count())
+    assert.equal(0, max_rel_diff(w0, tr:snapshot()))
+  end)
+
   for _, k in ipairs { 2, 4 } do
     it("gives the big batch's update with k = " .. k .. " (clipped)", function()
       local a, b = new_trainer(8), new_trainer(8 / k)

@@ -555,6 +555,62 @@ describe("m3.trainer", function()
     assert.equal(10, mse:check_batch({ input = mb.input, targets = mb.targets }))
   end)
 
+  describe("a batch that counts no position", function()
+    -- an "lm" batch whose targets are all -1 (ignore = 1), or an "mse" batch whose mask is all 0
+    local function counting_none(tr, seed)
+      local b = helper.batch(tr.config, 3, 7, helper.rng(seed), { ignore = 1 })
+      if tr.config.head == "mse" then b.mask = m3.tensor({ 3, 7 }, "u8") end
+      return b
+    end
+
+    for _, kind in ipairs { "tokens_lm", "identity_mse" } do
+      it("is refused by step before anything runs (" .. kind .. ")", function()
+        local tr, ref = pair(KINDS[kind](), opts({ carry_state = true }))
+        local b = counting_none(tr, 41)
+        local s0 = tr:states()
+        assert.equal(0, tr:check_batch(b))
+        local why = kind == "tokens_lm" and "every target is %-1" or "every mask entry is 0"
+        assert.matches("step: the batch counts no position %(" .. why .. "%), so there is no loss .* nothing was run",
+          helper.error_of(tr.step, tr, b))
+        assert.equal(0, tr:step_count())
+        assert.is_true(helper.same_weights(ref:snapshot(), tr:snapshot()))
+        assert.is_true(helper.same_states(s0, tr:states()))
+        -- evaluate has no loss to report, only the count
+        local m = tr:evaluate(b)
+        assert.is_nil(m.loss)
+        assert.is_nil(m.accuracy)
+        assert.equal(0, m.counted)
+      end)
+    end
+
+    it("closes no window: backward_step refuses it with the forward kept pending", function()
+      local tr, ref = pair(helper.tokens_lm(), opts())
+      local none = counting_none(tr, 42)
+      local real = { tokens = none.tokens, targets = helper.batch(tr.config, 3, 7, helper.rng(43)).targets }
+      tr:forward(none)
+      assert.matches("backward_step: the batch counts no position %(every target is %-1%).* %(the forward is still "
+        .. "pending%)", helper.error_of(tr.backward_step, tr, none))
+      assert.is_true(tr:info().pending_forward)
+      -- a micro-batch that counts none may sit in a window (a zero gradient), but cannot close one alone
+      local m = tr:backward_step(none, { accumulate = true })
+      assert.is_nil(m.loss)
+      assert.equal(0, m.counted)
+      tr:forward(none)
+      assert.matches("backward_step: the accumulation window counts no position %(every target is %-1 in each of "
+        .. "its micro%-batches%).* %(the forward is still pending and the window open%)",
+        helper.error_of(tr.backward_step, tr, none))
+      assert.is_true(tr:info().window_open)
+      assert.equal(0, tr:step_count())
+      -- closed by a batch that counts: the update of that batch alone
+      local closed = tr:backward_step(real)
+      assert.is_true(closed.optimizer_stepped)
+      ref:forward(none)
+      local plain = ref:backward_step(real)
+      assert.equal(plain.loss, closed.loss)
+      assert.is_true(helper.same_weights(ref:snapshot(), tr:snapshot()))
+    end)
+  end)
+
   it("gives the same bits for any CPU thread count", function()
     -- 8 x 64 = 512 rows: the products of several blocks of rows, whatever the threads
     local cfg = helper.tokens_lm({ d_model = 32, d_state = 16, headdim = 16 })

@@ -270,7 +270,7 @@ typedef struct m3_backward_opts {
 
 typedef struct m3_metrics {
   int64_t step;           /* optimizer steps taken after this call */
-  double loss;            /* valid when has_loss */
+  double loss;            /* valid when has_loss (not where the batch counts no position) */
   double accuracy;        /* "lm" evaluate: share of counted targets predicted (argmax) */
   double grad_norm;       /* pre-clip global norm, valid when has_grad_norm */
   double loss_scale;      /* f16: the scale used for this step */
@@ -308,7 +308,10 @@ void m3_trainer_get_info(const m3_trainer *tr, m3_trainer_info *out);
  * (may be NULL) receives the positions its loss counts: "lm" targets other than -1, "mse" positions whose
  * mask is set (all without a mask), every position for "none". */
 m3_status m3_trainer_check_batch(const m3_trainer *tr, const m3_batch *b, int64_t *counted);
-/* Fused forward + backward + optimizer (graph-replayed when captured). An f32 / bf16 step whose gradient
+/* Fused forward + backward + optimizer (graph-replayed when captured). A batch that counts no position
+ * ("lm": every target -1; "mse": every mask entry 0) has no loss and is refused before anything runs
+ * (M3_ERR_ARGUMENT); so is a backward_step that would close a window whose micro-batches all count none
+ * (the forward stays pending, the window open). An f32 / bf16 step whose gradient
  * is not finite (M3_ERR_NONFINITE) changes nothing, the carried state included (carry_state). An f16
  * overflow skips only the update. In the split API the state is the forward's, a call of its own that
  * succeeded: a backward_step refused as non-finite leaves it advanced (reset_state or set_states put it

@@ -212,6 +212,22 @@ static int64_t counted_positions(const m3_trainer *tr, const m3_batch *b) {
   return c;
 }
 
+/* A loss is a mean over the counted positions: with none it does not exist, and an update from it would
+ * only apply the weight decay and the moments' decay to data that taught nothing. counted: what the call's
+ * batch counts, with window (backward_step) plus what the open window's micro-batches counted before it. */
+static m3_status check_counts_some(const m3_trainer *tr, int64_t counted, const char *what, int window) {
+  if (tr->dims.head == M3_HEAD_NONE || counted > 0) return M3_OK;
+  const int split = strcmp(what, "step") != 0;
+  return m3_fail(M3_ERR_ARGUMENT,
+                 "%s: the %s counts no position (%s%s), so there is no loss to take the gradient of and no update "
+                 "to apply; nothing was run%s",
+                 what, window ? "accumulation window" : "batch",
+                 tr->dims.head == M3_HEAD_LM ? "every target is -1" : "every mask entry is 0",
+                 window ? " in each of its micro-batches" : "",
+                 window ? " (the forward is still pending and the window open)"
+                        : split ? " (the forward is still pending)" : "");
+}
+
 m3_status m3_trainer_check_batch(const m3_trainer *tr, const m3_batch *b, int64_t *counted) {
   TRY(usable(tr));
   TRY(check_batch_inputs(tr, b));
@@ -228,8 +244,8 @@ static step_params make_params(const m3_trainer *tr, double clip) {
 }
 
 static void fill_head(const m3_trainer *tr, m3_metrics *m, const head_result *h) {
-  m->has_loss = h->has_loss;
-  m->loss = h->loss;
+  m->has_loss = h->has_loss && h->counted > 0; /* a mean over no positions is no loss */
+  m->loss = m->has_loss ? h->loss : 0;
   m->counted = h->counted;
   if (tr->dims.head == M3_HEAD_LM && h->counted > 0) {
     m->has_accuracy = 1;
@@ -285,6 +301,7 @@ m3_status m3_trainer_step(m3_trainer *tr, const m3_batch *b, m3_metrics *out) {
     return m3_fail(M3_ERR_ORDER, "step: a forward is pending; finish it with backward_step first");
   TRY(check_batch_inputs(tr, b));
   TRY(check_batch_targets(tr, b));
+  TRY(check_counts_some(tr, counted_positions(tr, b), "step", 0));
   if (m3_interrupted()) return m3_fail(M3_ERR_INTERRUPTED, "interrupted before the step");
   m3_metrics m;
   begin_metrics(b, &m);
@@ -345,6 +362,8 @@ m3_status m3_trainer_backward_step(m3_trainer *tr, const m3_batch *b, const m3_b
     return m3_fail(M3_ERR_ARGUMENT, "backward_step: batch is %d x %d but the pending forward was %d x %d", b->rows,
                    b->len, tr->pending_rows, tr->pending_len);
   TRY(check_batch_targets(tr, b));
+  const int64_t counted = counted_positions(tr, b), window_counted = tr->window_open ? tr->window_counted : 0;
+  if (!o.accumulate) TRY(check_counts_some(tr, window_counted + counted, "backward_step", tr->window_open));
   const double clip = o.clip < 0 ? tr->clip : o.clip;
   m3_metrics m;
   begin_metrics(b, &m);
@@ -354,6 +373,7 @@ m3_status m3_trainer_backward_step(m3_trainer *tr, const m3_batch *b, const m3_b
   fill_head(tr, &m, &h);
   m3_status st = M3_OK;
   if (o.accumulate) {
+    tr->window_counted = window_counted + counted;
     tr->window_open = 1;
     m.step = tr->step;
   } else {

@@ -23,6 +23,7 @@ struct m3_trainer {
   int64_t step;         /* optimizer steps taken */
   int32_t pending_forward, pending_rows, pending_len;
   int32_t window_open;
+  int64_t window_counted; /* positions the open window's micro-batches counted so far */
   double loss_scale;    /* f16 dynamic loss scale */
   int64_t tracker;      /* f16: consecutive clean steps */
   m3_rng rng;

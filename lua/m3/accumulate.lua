@@ -72,9 +72,14 @@ function accumulate.step(tr, batches, opts)
     counts[i] = c
     total = total + c
   end
+  if total == 0 then
+    lib.raise(string.format("m3.accumulate.step: the %d micro-batches count no position (%s in each): there is "
+      .. "no loss to take the gradient of; nothing was run", k,
+      tr.config.head == "lm" and "every target is -1" or "every mask entry is 0"))
+  end
   -- a micro-batch's loss weighs its share of the counted positions; one that counts none adds a zero
-  -- gradient at any scale (the engine takes no zero scale), and all counting none share equally
-  local function share(i) return total > 0 and counts[i] / total or 1 / k end
+  -- gradient at any scale (the engine takes no zero scale)
+  local function share(i) return counts[i] / total end
   local results = {}
   -- next action: forward or backward of micro-batch i; set before each call so that after
   -- an interrupt the trainer's pending forward tells whether that call took effect

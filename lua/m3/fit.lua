@@ -101,8 +101,10 @@ function fit.evaluate(tr, src, o)
     local b = src:next(o.rows or tr:batch(), o)
     local m = tr:evaluate(carry and from_zero_state(b) or b)
     local c = m.counted or 1
-    loss, counted = loss + m.loss * c, counted + c
-    if m.accuracy then acc = acc + m.accuracy * c end
+    if c > 0 then
+      loss, counted = loss + m.loss * c, counted + c
+      if m.accuracy then acc = acc + m.accuracy * c end
+    end
   end
   src:seek(saved)
   if counted == 0 then

@@ -263,7 +263,8 @@ local function metrics(self, m)
     tokens = tonumber(m.tokens),
     ms = m.ms,
   }
-  if m.has_loss ~= 0 then r.loss, r.counted = m.loss, tonumber(m.counted) end
+  if self.config.head ~= "none" then r.counted = tonumber(m.counted) end
+  if m.has_loss ~= 0 then r.loss = m.loss end -- none where nothing counted: a mean over no positions
   if m.has_accuracy ~= 0 then r.accuracy = m.accuracy end
   if m.has_grad_norm ~= 0 then r.grad_norm = m.grad_norm end
   if self._precision == "f16" then
