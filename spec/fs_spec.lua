@@ -2,7 +2,7 @@
 -- a folder that does not exist and a file list as empty; realpath; write's atomic replace, which
 -- an error on the way (an interrupt) leaves without a temporary file; write refusing a FIFO, a
 -- folder and a link to one or to nothing, and writing through a link into its file; every helper
--- refusing a path that holds a NUL byte.
+-- refusing a path that holds a NUL byte; exists / is_dir / is_file by metadata (a FIFO is not opened).
 
 local fs = require "m3.fs"
 local helper = require "spec.helper"
@@ -70,6 +70,24 @@ describe("m3.fs.write", function()
     assert.is_false(ok)
     assert.equal("interrupted!", err)
     assert.same({ "file" }, names)
+  end)
+end)
+
+describe("m3.fs.exists, is_dir and is_file", function()
+  it("tell a FIFO, a folder, a file and links apart without opening them (a FIFO would wait)", function()
+    local dir = helper.tmpdir()
+    local q = "'" .. dir .. "'"
+    os.execute("cd " .. q .. " && mkfifo fifo && mkdir folder && touch file && ln -s file to_file && ln -s missing "
+      .. "dangling && ln -s folder to_folder")
+    -- in a child under a time limit: a probe that opened the FIFO would wait for a writer for ever
+    local probe = "local fs = require 'm3.fs' for _, n in ipairs { 'fifo', 'folder', 'file', 'to_file', 'dangling', "
+      .. "'to_folder', 'none' } do local p = '" .. dir .. "/' .. n io.write(n, ' ', tostring(fs.exists(p)), ' ', "
+      .. "tostring(fs.is_dir(p)), ' ', tostring(fs.is_file(p)), ';') end"
+    local out, code = helper.run("timeout 20 " .. helper.m3lua() .. " -e \"" .. probe .. "\"")
+    os.execute("rm -rf " .. q)
+    assert.equal(0, code, out)
+    assert.equal("fifo true false false;folder true true false;file true false true;to_file true false true;"
+      .. "dangling false false false;to_folder true true false;none false false false;", out)
   end)
 end)
 

@@ -152,6 +152,20 @@ describe("m3.log.jsonl and plots", function()
     os.execute("rm -rf " .. dir)
   end)
 
+  it("appends to a FIFO that another process reads, without probing it first", function()
+    local dir = tmpdir()
+    local f = io.open(dir .. "/run.sh", "w")
+    f:write("cd '", dir, "' && mkfifo fifo || exit 1\n",
+      "timeout 20 cat fifo > got &\n",
+      "timeout 20 '", helper.m3lua(), "' -e \"require('m3.log').jsonl('fifo'):write { step = 1 }\" || exit 1\n",
+      "wait && cat got\n")
+    f:close()
+    local out, code = helper.run("sh '" .. dir .. "/run.sh'")
+    os.execute("rm -rf '" .. dir .. "'")
+    assert.equal(0, code, out)
+    assert.equal('{"step":1}\n', out)
+  end)
+
   it("keeps the records after a line cut short by a crash, and a resumed writer ends that line first", function()
     local dir = tmpdir()
     local path = dir .. "/metrics.jsonl"

@@ -118,7 +118,7 @@ end
 -- evaluation at step is written after it); a resumed run writes the rest again. Returns
 -- whether an evaluation record at step was dropped.
 local function truncate_metrics(path, step)
-  if not fs.exists(path) then return false end
+  if not fs.is_file(path) then return false end -- nothing yet, or a FIFO another process reads
   local keep, seen_step, dropped_eval = {}, false, false
   for _, r in ipairs(log.read_jsonl(path)) do
     if type(r.step) == "number" and r.step < step or (r.step == step and not seen_step) then

@@ -1,6 +1,7 @@
 -- m3.fs — the few file-system helpers the training library needs (POSIX, via the FFI):
--- make folders, list a folder, read a file, replace a file atomically, resolve a path, and
--- check a path before it reaches C (check_path: a string without a NUL byte, which C would cut
+-- make folders, list a folder, read a file, replace a file atomically, resolve a path, tell what
+-- is at a path from its metadata (exists, is_dir, is_file: nothing is opened, so a FIFO does not
+-- wait for a writer), and check a path before it reaches C (check_path: a string without a NUL byte, which C would cut
 -- the name at, reaching another file).
 --
 -- write replaces a regular file, or, through a symbolic link, the regular file the link resolves
@@ -61,16 +62,35 @@ function fs.check_path(path, what)
   end
 end
 
+local AT_FDCWD, AT_SYMLINK_NOFOLLOW, STATX_TYPE = -100, 0x100, 1
+local S_IFMT, S_IFREG, S_IFLNK, S_IFDIR = 0xF000, 0x8000, 0xA000, 0x4000
+local KIND = { [S_IFDIR] = "a folder", [0x1000] = "a FIFO (named pipe)", [0x2000] = "a character device",
+               [0x6000] = "a block device", [0xC000] = "a socket" }
+
+-- The type bits (S_IFMT) of path's mode, of a symbolic link itself with nofollow; nil when path cannot be
+-- looked at (it does not exist).
+local function file_type(path, nofollow)
+  local st = ffi.new("m3fs_statx_buf")
+  if ffi.C.m3fs_statx(AT_FDCWD, path, nofollow and AT_SYMLINK_NOFOLLOW or 0, STATX_TYPE, st) ~= 0 then return nil end
+  return bit.band(st.mode, S_IFMT)
+end
+
+-- Whether something is at path (through symbolic links), by its metadata: nothing is opened, so a FIFO
+-- there does not wait for a writer.
 function fs.exists(path)
   fs.check_path(path, "m3.fs.exists")
-  local f = io.open(path, "r")
-  if f then f:close() end
-  return f ~= nil
+  return file_type(path) ~= nil
 end
 
 function fs.is_dir(path)
   fs.check_path(path, "m3.fs.is_dir")
-  return fs.exists(path .. "/.")
+  return file_type(path) == S_IFDIR
+end
+
+-- Whether path is a regular file (through symbolic links).
+function fs.is_file(path)
+  fs.check_path(path, "m3.fs.is_file")
+  return file_type(path) == S_IFREG
 end
 
 -- The absolute path of an existing file or folder, without symbolic links, "." or ".." (nil when it
@@ -134,19 +154,6 @@ function fs.read(path)
   local s = f:read("*a")
   f:close()
   return s
-end
-
-local AT_FDCWD, AT_SYMLINK_NOFOLLOW, STATX_TYPE = -100, 0x100, 1
-local S_IFMT, S_IFREG, S_IFLNK = 0xF000, 0x8000, 0xA000
-local KIND = { [0x4000] = "a folder", [0x1000] = "a FIFO (named pipe)", [0x2000] = "a character device",
-               [0x6000] = "a block device", [0xC000] = "a socket" }
-
--- The type bits (S_IFMT) of path's mode, of a symbolic link itself with nofollow; nil when path cannot be
--- looked at (it does not exist).
-local function file_type(path, nofollow)
-  local st = ffi.new("m3fs_statx_buf")
-  if ffi.C.m3fs_statx(AT_FDCWD, path, nofollow and AT_SYMLINK_NOFOLLOW or 0, STATX_TYPE, st) ~= 0 then return nil end
-  return bit.band(st.mode, S_IFMT)
 end
 
 -- The file that write(path) replaces: path when nothing is there or a regular file is, else the regular

@@ -19,6 +19,7 @@
 --
 -- Bad arguments raise at the caller's line, naming the function and what was expected.
 
+local fs = require "m3.fs"
 local json = require "m3.json"
 local lib = require "m3.lib"
 local options = require "m3.options"
@@ -48,8 +49,10 @@ end
 local W = {}
 W.__index = W
 
--- True when the file at path exists and does not end with a newline.
+-- True when path is a regular file that does not end with a newline (a FIFO is not probed: opening it to
+-- read would wait for a writer, and the records it takes are another process's to read).
 local function ends_mid_line(path)
+  if not fs.is_file(path) then return false end
   local f = io.open(path, "rb")
   if not f then return false end
   local size = f:seek("end")
