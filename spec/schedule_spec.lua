@@ -161,6 +161,11 @@ describe("m3.schedule", function()
     assert.is_false(ok)
     assert.truthy(err:find("m3.schedule.cosine: expected peak > 0, got nil", 1, true))
     assert.has_error(function() schedule.cosine(5) end)
+    -- a string where a number belongs is shown quoted: "1", not 1
+    assert.matches('constant: expected a learning rate > 0, got "1"$', helper.error_of(schedule.constant, "1"))
+    assert.matches('linear: expected from >= 0, got "1"$',
+      helper.error_of(schedule.linear, { from = "1", to = 1, steps = 3 }))
+    assert.matches('scale: expected k > 0, got "2"$', helper.error_of(schedule.scale, schedule.constant(1), "2"))
   end)
 
   it("rejects unknown options with the closest valid name", function()

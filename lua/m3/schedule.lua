@@ -57,7 +57,7 @@ local function num(o, field, what, lo, optional_default)
   if v == nil and optional_default ~= nil then return optional_default end
   if type(v) ~= "number" or v ~= v or v < lo or v == math.huge then
     raise(string.format("m3.schedule.%s: expected %s >= %s, got %s", what, field, tostring(lo),
-      tostring(v)))
+      show(v)))
   end
   return v
 end
@@ -84,7 +84,7 @@ local PIECE = { steps = true }
 local function positive(o, field, what)
   local v = o[field]
   if type(v) ~= "number" or not (v > 0) or v == math.huge then
-    raise(string.format("m3.schedule.%s: expected %s > 0, got %s", what, field, tostring(v)))
+    raise(string.format("m3.schedule.%s: expected %s > 0, got %s", what, field, show(v)))
   end
   return v
 end
@@ -123,7 +123,7 @@ local function half_cosine(p) return 0.5 * (1 + cos(pi * p)) end
 function schedule.constant(lr)
   if type(lr) == "table" then lr = opts(lr, "constant", CONSTANT).lr end
   if type(lr) ~= "number" or not (lr > 0) or lr == math.huge then
-    raise("m3.schedule.constant: expected a learning rate > 0, got " .. tostring(lr))
+    raise("m3.schedule.constant: expected a learning rate > 0, got " .. show(lr))
   end
   return checked("constant", function() return lr end)
 end
@@ -195,11 +195,11 @@ function schedule.wsd(o)
   if decay < 1 then decay = floor(decay * total + 0.5) end
   if decay ~= floor(decay) or decay < 1 or decay > total - warmup then
     raise(string.format("m3.schedule.wsd: expected decay (steps, or a fraction of total) in "
-      .. "[1, total - warmup = %d] steps, got %s", total - warmup, tostring(o.decay)))
+      .. "[1, total - warmup = %d] steps, got %s", total - warmup, show(o.decay)))
   end
   local shape = decay_shapes[o.shape or "linear"]
   if not shape then
-    raise('m3.schedule.wsd: shape must be "linear", "cosine" or "sqrt", got ' .. tostring(o.shape))
+    raise('m3.schedule.wsd: shape must be "linear", "cosine" or "sqrt", got ' .. show(o.shape))
   end
   local start = total - decay
   return checked("wsd", function(s)
@@ -276,7 +276,7 @@ function schedule.scale(f, k)
     raise("m3.schedule.scale: expected a schedule (a function), got " .. type(f))
   end
   if type(k) ~= "number" or not (k > 0) or k == math.huge then
-    raise("m3.schedule.scale: expected k > 0, got " .. tostring(k))
+    raise("m3.schedule.scale: expected k > 0, got " .. show(k))
   end
   return checked("scale", function(s) return k * want_value(f(s), "scale", s) end)
 end
