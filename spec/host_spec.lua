@@ -286,6 +286,15 @@ describe("m3lua", function()
     assert.equal(4, rc)
   end)
 
+  it("REPL: an expression cut after an operator continues; input ending inside a chunk says why it never ran",
+    function()
+    local out, err, rc = run({ "-i" }, "1 +\n2\nx = 1 + + 2\nfor i = 1, 2 do\nprint(i)\n")
+    assert.equal("3\n", out)
+    assert.equal("stdin:1: unexpected symbol near '+'\nstdin:2: 'end' expected (to close 'for' at line 1) near "
+      .. "'<eof>'\n", err)
+    assert.equal(0, rc)
+  end)
+
   it("REPL: `...` is empty in expressions and statements", function()
     local out, err, rc = run({ "-i" }, table.concat({
       "...",

@@ -5,7 +5,7 @@
 -- of the fields and methods after `.` or `:`. Otherwise lines are read plainly from stdin,
 -- without prompts. A chunk is first tried as an expression list (its values are shown),
 -- then as a statement; an incomplete chunk (its load error ends in <eof>) continues on the
--- next line.
+-- next line, and if the input ends first its error is shown.
 -- Results print with a shallow pretty printer unless the chunk ends with `;`; commands
 -- taking 0.1 s or more show their wall time; errors print with a traceback and the session
 -- goes on. `?topic` asks m3.help. The global `m3` requires the m3 module on first use.
@@ -360,10 +360,14 @@ local function execute(f, quiet, packed)
   io.stdout:flush()
 end
 
+local function at_eof(err) return err:match("<eof>'?$") ~= nil end
+
 -- The chunk as an expression list (it returns its values packed: no tail call, so errors
 -- keep their position), else as a statement; the second result says which. The expression
 -- list runs in a vararg function of its own, called without arguments: `...` in it is
--- empty, as in a statement chunk, and pack reaches it as an upvalue.
+-- empty, as in a statement chunk, and pack reaches it as an upvalue. Where neither compiles:
+-- an error, and whether the chunk is unfinished, i.e. that error ends at <eof> (the
+-- statement's, or the expression's where only it does: `1 +`, cut after an operator).
 local function compile(src)
   local expr = src:gsub(";%s*$", "")
   local f = loadstring("local m3repl_pack = ...; return function(...) return m3repl_pack(" .. expr
@@ -371,7 +375,10 @@ local function compile(src)
   if f then return f(pack), true end
   local err
   f, err = loadstring(src, "=stdin")
-  return f or err, false
+  if f then return f, false end
+  local _, expr_err = loadstring("return " .. expr, "=stdin")
+  if not at_eof(err) and at_eof(expr_err) then return expr_err, false, true end
+  return err, false, at_eof(err)
 end
 
 local function help(topic)
@@ -396,10 +403,10 @@ local function feed(pending, line)
     end
   end
   local src = pending and pending .. "\n" .. line or line
-  local f, expression = compile(src)
+  local f, expression, unfinished = compile(src)
   if type(f) == "function" then
     execute(f, src:match(";%s*$") ~= nil, expression)
-  elseif f:match("<eof>'?$") then
+  elseif unfinished then
     return src
   else
     io.stdout:flush()
@@ -456,6 +463,10 @@ function M.run()
       pending = nil -- the line being edited is dropped
     elseif line == nil then
       if tty then io.stdout:write("\n") end
+      if pending then -- input ended inside a chunk: say why it never ran
+        io.stdout:flush()
+        io.stderr:write((compile(pending)), "\n")
+      end
       return 0
     else
       remember(line)
