@@ -36,6 +36,7 @@ typedef struct m3k_step {
   float weight;       /* backward seed scale (f16 loss scale, micro-batch scale) */
   float grad_unscale; /* 1 / loss scale */
   float lr, weight_decay, beta1, beta2, eps;
+  float one_minus_beta1, one_minus_beta2; /* from the double betas: 1 - a float beta near 1 loses its digits */
   float step_size;    /* lr / (1 - beta1^t) */
   float bc2_sqrt;     /* sqrt(1 - beta2^t) */
   int32_t no_decay;   /* the reference no-decay group is on */

@@ -9,7 +9,7 @@
  *      most FOLD_BLOCKS blocks every AdamW block adds them itself instead (the same order, so
  *      the same bits; block 0 writes the metrics): a launch fewer.
  *   3. adamw: when finite, per element (PyTorch order, float32 as the CPU backend):
- *      g' = g clip;  m = b1 m + (1 - b1) g';  v = b2 v + (1 - b2) g'^2;
+ *      g' = g clip;  m = b1 m + (1 - b1) g';  v = b2 v + (1 - b2) g'^2  (1 - b rounded from double);
  *      w = w (1 - lr wd) - step_size m / (sqrt(v) / sqrt(1 - b2^t) + eps)
  *      then the 16-bit weight shadow is refreshed from the new master weight.
  *      A non-finite norm leaves weights, moments and shadows untouched (the step is skipped).
@@ -112,11 +112,12 @@ __global__ void __launch_bounds__(NORM_THREADS)
   }
   if (i >= n) return;
   const float lr = step->lr, b1 = step->beta1, b2 = step->beta2, eps = step->eps;
+  const float c1 = step->one_minus_beta1, c2 = step->one_minus_beta2;
   const float wd = (step->no_decay && !decay_flags[i >> 6]) ? 0.0f : step->weight_decay;
   const float decay = 1 - lr * wd;
   const float gi = g[i] * clip_scale;
-  const float mi = b1 * m[i] + (1 - b1) * gi;
-  const float vi = b2 * v[i] + (1 - b2) * gi * gi;
+  const float mi = b1 * m[i] + c1 * gi;
+  const float vi = b2 * v[i] + c2 * gi * gi;
   const float wi = w[i] * decay - step->step_size * mi / (sqrtf(vi) / step->bc2_sqrt + eps);
   m[i] = mi;
   v[i] = vi;

@@ -24,6 +24,26 @@ local function row_window(t, r, t0, n)
   return helper.window(helper.rows({ x = t }, r, 1), t0, n).x
 end
 
+-- At step 1 Adam moves every weight with a gradient by about lr (m / sqrt(v) = +-1 after the bias corrections),
+-- also for betas within float32's rounding of 1: 1 - beta formed in float32 was 0 for beta2 = 1 - 1e-9 (steps
+-- of size lr / eps) and for beta1 = 1 - 1e-9 (no step at all).
+local function first_adam_steps_by_lr(device)
+  local cfg = helper.tokens_lm()
+  local batch = helper.batch(cfg, 3, 7, helper.rng(9))
+  for _, betas in ipairs { { 0.9, 0.999 }, { 0.9, 1 - 1e-9 }, { 1 - 1e-9, 0.999 } } do
+    local tr = m3.trainer(m3.weights.init(cfg, { seed = 11 }), opts({ device = device, betas = betas,
+      weight_decay = 0 }))
+    local w0 = tr:snapshot()
+    tr:step(batch)
+    local w1, most = tr:snapshot(), 0
+    for _, name in ipairs(w0:names()) do
+      local p0, p1 = w0:get(name), w1:get(name)
+      for i = 0, p0:numel() - 1 do most = math.max(most, math.abs(p1[i] - p0[i])) end
+    end
+    assert.near(1e-3, most, 1e-5, string.format("%s, betas %.10g, %.10g", device, betas[1], betas[2]))
+  end
+end
+
 local KINDS = { features_none = helper.features_none, tokens_lm = helper.tokens_lm, identity_mse = helper.identity_mse }
 
 describe("m3.trainer", function()
@@ -364,6 +384,8 @@ describe("m3.trainer", function()
     assert.matches("set_clip: max_norm = nan must be a finite number >= 0", helper.error_of(a.set_clip, a, 0 / 0), 1,
       true)
     assert.matches("set_lr: lr = 1e%+39: lr / %(1 %- beta1%) = 1e%+40 must be at most", helper.error_of(a.set_lr, a, 1e39))
+    -- an lr that rounds to 0 in float32, where the update runs, would move nothing while the step counts
+    assert.matches("set_lr: lr = 1e%-50: must be at least 1%.4013e%-45 %(float32%)", helper.error_of(a.set_lr, a, 1e-50))
     assert.equal(1e-3, a:lr())
     b2:set_lr(2e-3)
     assert.equal(2e-3, b2:lr())
@@ -379,6 +401,10 @@ describe("m3.trainer", function()
       end
     end
     assert.near(2, math.sqrt(db / da), 1e-3)
+  end)
+
+  it("takes Adam's 1 - beta from the double: a beta within float32's rounding of 1 still updates", function()
+    first_adam_steps_by_lr("cpu")
   end)
 
   it("reports the grad norm when clipping", function()
@@ -778,6 +804,13 @@ describe("m3.trainer", function()
       helper.c_flags_checked("trainer", { "no_decay", "carry_state", "allow_tf32" }, function(c)
         c.weights, c.device, c.batch, c.seq_len = m3.weights.ptr(w), 1, 2, 4 -- M3_DEVICE_CPU
       end)
+      -- and in m3_trainer_set_no_decay, as its trainer option
+      local C, tr = require("m3.lib").C, m3.trainer(w, opts())
+      assert.equal(2, tonumber(C.m3_trainer_set_no_decay(tr._box.p, 5))) -- M3_ERR_CONFIG
+      assert.matches("^reference = 5: must be 0 or 1", require("ffi").string(C.m3_last_error()))
+      assert.equal("reference", tr:info().no_decay)
+      tr:set_reference_no_decay(false)
+      assert.equal("none", tr:info().no_decay)
     end)
 
     it("takes -1 in the C API's load options as the saved value and refuses other negative values", function()
@@ -920,6 +953,11 @@ describe("m3.trainer on CUDA #gpu", function()
     end
     assert.is_true(helper.same_weights(s:snapshot(), f:snapshot()))
     assert.matches("^cuda:%d+$", a:device())
+  end)
+
+  it("takes Adam's 1 - beta from the double, as the CPU does", function()
+    if not helper.need_gpu(pending) then return end
+    first_adam_steps_by_lr("cuda")
   end)
 
   it("applies set_lr under a captured graph from the next replay", function()

@@ -306,7 +306,8 @@ void m3_trainer_get_info(const m3_trainer *tr, m3_trainer_info *out);
 
 /* Checks a window as m3_trainer_step would (its inputs and the head's fields) and runs nothing; *counted
  * (may be NULL) receives the positions its loss counts: "lm" targets other than -1, "mse" positions whose
- * mask is set (all without a mask), every position for "none". */
+ * mask is set (all without a mask), every position for "none". A batch that counts none passes (it may sit in an
+ * accumulation window), though m3_trainer_step refuses it. */
 m3_status m3_trainer_check_batch(const m3_trainer *tr, const m3_batch *b, int64_t *counted);
 /* Fused forward + backward + optimizer (graph-replayed when captured). A batch that counts no position
  * ("lm": every target -1; "mse": every mask entry 0) has no loss and is refused before anything runs

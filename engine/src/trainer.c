@@ -42,8 +42,9 @@ void m3_trainer_cfg_defaults(m3_trainer_cfg *c) {
 /* ---- creation ----------------------------------------------------------------------------- */
 
 /* The update computes in float32: its largest step size lr / (1 - beta1) (Adam's bias correction at step 1),
- * weight_decay and lr * weight_decay must stay finite there, and eps must not round to 0 (0 / (0 + 0) where a
- * gradient is 0). code: the status of a failure; call: its message prefix. */
+ * weight_decay and lr * weight_decay must stay finite there, and neither lr (no step would move a weight) nor
+ * eps (0 / (0 + 0) where a gradient is 0) may round to 0. code: the status of a failure; call: its message
+ * prefix. */
 static m3_status check_float_range(double lr, double wd, double beta1, double eps, m3_status code, const char *call) {
   if (lr / (1 - beta1) > FLT_MAX)
     return m3_fail(code, "%slr = %g: lr / (1 - beta1) = %g must be at most %g (float32)", call, lr, lr / (1 - beta1),
@@ -51,6 +52,7 @@ static m3_status check_float_range(double lr, double wd, double beta1, double ep
   if (wd > FLT_MAX || lr * wd > FLT_MAX)
     return m3_fail(code, "%sweight_decay = %g with lr = %g: their product must be at most %g (float32)", call, wd, lr,
                    FLT_MAX);
+  if (!((float)lr > 0)) return m3_fail(code, "%slr = %g: must be at least %g (float32)", call, lr, FLT_TRUE_MIN);
   if (!((float)eps > 0)) return m3_fail(code, "%seps = %g: must be at least %g (float32)", call, eps, FLT_TRUE_MIN);
   return M3_OK;
 }
@@ -455,7 +457,8 @@ double m3_trainer_lr(const m3_trainer *tr) { return tr ? tr->lr : 0; }
 
 m3_status m3_trainer_set_no_decay(m3_trainer *tr, int32_t reference) {
   TRY(usable(tr));
-  tr->no_decay = reference != 0;
+  TRY(m3_check_flag("reference", reference));
+  tr->no_decay = reference;
   return M3_OK;
 }
 

@@ -108,6 +108,8 @@ static m3_status update(backend *be, const step_params *p, update_result *res) {
   float clip_scale = 1;
   if (p->clip > 0 && p->clip / (norm + 1e-6) < 1) clip_scale = (float)(p->clip / (norm + 1e-6));
   const float lr = (float)p->lr, b1 = (float)p->beta1, b2 = (float)p->beta2, eps = (float)p->eps;
+  /* 1 - beta from the double: in float32 a beta within 6e-8 of 1 rounds to 1 and 1 - b would be 0 */
+  const float c1 = (float)(1 - p->beta1), c2 = (float)(1 - p->beta2);
   const float step_size = (float)(p->lr / p->bias_correction1), bc2_sqrt = (float)sqrt(p->bias_correction2);
   for (int32_t t = 0; t < be->lay->n; t++) {
     const param_desc *pd = &be->lay->t[t];
@@ -117,8 +119,8 @@ static m3_status update(backend *be, const step_params *p, update_result *res) {
 #pragma omp parallel for schedule(static) num_threads(loop_threads(pd->numel, 16 * pd->numel, omp_get_max_threads()))
     for (int64_t i = 0; i < pd->numel; i++) {
       const float gi = gr[i] * clip_scale;
-      gm[i] = b1 * gm[i] + (1 - b1) * gi;
-      gv[i] = b2 * gv[i] + (1 - b2) * gi * gi;
+      gm[i] = b1 * gm[i] + c1 * gi;
+      gv[i] = b2 * gv[i] + c2 * gi * gi;
       w[i] = w[i] * decay - step_size * gm[i] / (sqrtf(gv[i]) / bc2_sqrt + eps);
     }
   }

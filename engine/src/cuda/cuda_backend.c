@@ -873,6 +873,8 @@ static void stage_step(backend *be, const step_params *p, double weight) {
   h->weight_decay = (float)p->weight_decay;
   h->beta1 = (float)p->beta1;
   h->beta2 = (float)p->beta2;
+  h->one_minus_beta1 = (float)(1 - p->beta1);
+  h->one_minus_beta2 = (float)(1 - p->beta2);
   h->eps = (float)p->eps;
   h->step_size = (float)(p->lr / p->bias_correction1);
   h->bc2_sqrt = (float)sqrt(p->bias_correction2);
