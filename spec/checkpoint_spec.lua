@@ -325,7 +325,7 @@ describe("m3.checkpoint", function()
       data = src, steps = 2, curriculum = curriculum.new { { steps = 1, batch = 2 }, { batch = 3 } } })
     -- f16 cannot accumulate (the engine refuses it; CUDA only, so a stand-in trainer here)
     local f16 = { batch = function() return 2 end, info = function() return { carry_state = false } end,
-      dtype = function() return "f16" end }
+      dtype = function() return "f16" end, seq_len = function() return 16 end }
     assert.matches("^m3%.fit%.run: batch = 4 rows a step, but the trainer computes "
       .. "in f16 with 2 rows; an overflow skips a whole update, so it cannot accumulate micro%-batches %(bf16 and "
       .. "f32 can%): use a batch <= 2$", helper.error_of(fit.check_rows, { trainer = f16, batch = 4 }))
@@ -340,6 +340,50 @@ describe("m3.checkpoint", function()
     assert.equal(0, cpu:step_count())
     assert.is_false(fs.exists(dir .. "/refused"))
     assert.equal(0, src:cursor().index)
+  end)
+
+  it("refuses before step 1 a phase whose length or pad_to is not an integer the trainer's seq_len holds", function()
+    local src = data.text(path, { order = "random" })
+    local function refusal(o)
+      local tr = new_trainer("accumulate") -- seq_len 16
+      o.trainer, o.data, o.steps, o.progress = tr, src, 4, false
+      o.dir, o.checkpoint = dir .. "/too-long", checkpoint.new { dir = dir .. "/too-long/ck", every = 1 }
+      local err = helper.error_of(function() fit.run(o) end)
+      assert.equal(0, tr:step_count())
+      assert.is_false(fs.exists(dir .. "/too-long/metrics.jsonl"))
+      assert.equal(0, src:cursor().index)
+      return err
+    end
+    -- phase 2's length was found too long at step 3, once steps 1-2 had trained (and no checkpoint was saved)
+    assert.matches("^[^:]*checkpoint_spec%.lua:%d+: m3%.fit%.run: phase 2: length = 20: expected an integer from 1 "
+      .. "to the trainer's seq_len 16$",
+      refusal { curriculum = curriculum.new { { steps = 2, length = 8 }, { length = 20 } } })
+    assert.matches("m3%.fit%.run: phase 1: pad_to = 17: expected an integer from 1 to the trainer's seq_len 16$",
+      refusal { curriculum = curriculum.new { { steps = 2, length = 8, pad_to = 17 }, { length = 16 } } })
+    assert.matches('m3%.fit%.run: phase 2: length = "8": expected an integer from 1 to the trainer\'s seq_len 16$',
+      refusal { curriculum = curriculum.new { { steps = 2, length = 8 }, { length = "8" } } })
+    assert.matches("m3%.fit%.run: length = 32: expected an integer from 1 to the trainer's seq_len 16$",
+      refusal { data_opts = { length = 32 } })
+    assert.matches("m3%.fit%.run: length = 32: expected", refusal { data_opts = { length = 32 },
+      curriculum = curriculum.new { { steps = 2, batch = 4 }, { batch = 2 } } }) -- no phase sets it
+    assert.matches("m3%.fit%.run: phase 3: length = 24: expected an integer from 1 to the trainer's seq_len 16$",
+      helper.error_of(fit.check_rows, { trainer = new_trainer(), curriculum = curriculum.lengths { from = 6, to = 24,
+        steps = 9 } }))
+    fit.check_rows { trainer = new_trainer(), curriculum = curriculum.lengths { from = 4, to = 16, steps = 9 } }
+  end)
+
+  it("refuses an eval that returns no table of metrics, at the first evaluation", function()
+    for _, case in ipairs { { false, "false" }, { 5, "5" }, { "loss", '"loss"' } } do
+      local tr, steps = new_trainer("accumulate"), 0
+      local err = helper.error_of(fit.run, { trainer = tr, data = data.parity { length = 4 }, steps = 3,
+        progress = false, eval_every = 2, eval = function() steps = tr:step_count() return case[1] end })
+      -- it was "bad argument #1 to 'pairs' (table expected, got number)"
+      assert.matches("^m3%.fit%.run: eval must return a table of metrics, got " .. case[2] .. "\n", err)
+      assert.equal(2, steps)
+    end
+    local err = helper.error_of(fit.run, { trainer = new_trainer("accumulate"), data = data.parity { length = 4 },
+      steps = 1, progress = false, eval = function() end })
+    assert.matches("^m3%.fit%.run: eval must return a table of metrics, got nil\n", err)
   end)
 
   it("writes each record once, however often a run is resumed (at its end, or cut in an evaluation)", function()

@@ -84,6 +84,20 @@ describe("m3.curriculum", function()
     assert.matches("3 stages %(lengths 12, 24, 48%) do not fit in 2 steps", err { from = 12, to = 48, steps = 2 })
   end)
 
+  it("passes a phase to a source as is, which refuses a name it does not take", function()
+    local src = require("m3.data").parity { seed = 1 }
+    local typo = curriculum.new { { steps = 1, length = 4 }, { lenght = 8 } }
+    assert.same({ 2, 4 }, src:next(2, typo:phase(1)).tokens:shape())
+    -- the misspelled length was ignored: phase 2 drew length 4 too
+    assert.matches('m3.data: next: unknown option "lenght" %(did you mean "length"%?%)',
+      helper.error_of(src.next, src, 2, typo:phase(2)))
+    assert.equal(2, src:cursor().index)
+    -- every name of a phase of curriculum.lengths passes
+    for _, p in ipairs(curriculum.lengths { from = 2, to = 8, steps = 3, min_length = 1, batch = 2 }:phases()) do
+      assert.is_true(src:next(2, p).tokens:shape()[2] <= p.length)
+    end
+  end)
+
   it("explains bad input", function()
     assert.has_error(function() curriculum.new {} end)
     assert.has_error(function() curriculum.new { { length = 8 }, { length = 16 } } end)

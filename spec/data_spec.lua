@@ -327,6 +327,71 @@ describe("m3.data sources", function()
     assert.equal(0, mix:cursor().index)
     assert.same({ 2, 8 }, mix:next(2, { weights = { 1, 0 } }).tokens:shape())
   end)
+
+  it("refuse NaN and other numbers out of range (density, modulus, keys, values, offset, pad_to), made and per call",
+    function()
+      local p = data.parity { seed = 1, length = 4 }
+      -- density NaN made every bit 0
+      for _, d in ipairs { 0 / 0, -0.5, 1.5, "0.5" } do
+        local want = 'm3.data.parity: density must be a probability in [0, 1] or "random", got '
+          .. (d == "0.5" and '"0.5"' or tostring(d))
+        assert.equal(want, message_of(function() p:next(2, { density = d }) end))
+        assert.equal(want, message_of(function() data.parity { density = d }:sample(0) end))
+      end
+      -- the vocab of a task made with them was NaN
+      assert.equal("m3.data.arithmetic: modulus must be an integer >= 2, got nan",
+        message_of(function() data.arithmetic { modulus = 0 / 0 } end))
+      assert.equal("m3.data.mqar: keys must be an integer >= 1, got nan",
+        message_of(function() data.mqar { keys = 0 / 0 } end))
+      assert.equal("m3.data.mqar: values must be an integer >= 1, got 1.5",
+        message_of(function() data.mqar { values = 1.5 } end))
+      -- an offset of NaN gave ids of -2^31, one of 1.5 was cut to an integer
+      for _, off in ipairs { 0 / 0, 1.5, -1, "2" } do
+        local shown = off == "2" and '"2"' or tostring(off)
+        assert.equal("m3.data.parity: offset = " .. shown .. ": expected an integer >= 0",
+          message_of(function() data.parity { offset = off } end))
+        assert.equal("m3.data.parity: offset = " .. shown .. ": expected an integer >= 0",
+          message_of(function() p:next(2, { offset = off }) end))
+      end
+      -- a pad_to of "6" gave a raw comparison error, NaN the tensor's
+      for _, pad in ipairs { 0 / 0, 5.5, math.huge, 0, "6" } do
+        assert.equal("m3.data: pad_to = " .. (pad == "6" and '"6"' or tostring(pad)) .. ": expected an integer >= 1",
+          message_of(function() p:next(2, { pad_to = pad }) end))
+      end
+      assert.equal(0, p:cursor().index)
+      assert.same({ 2, 6 }, p:next(2, { pad_to = 6, offset = 2 }).tokens:shape())
+      assert.equal(4, data.parity { offset = 2 }.vocab)
+    end)
+
+  it("check a call's option names: the task's, pad_to, offset and those m3.fit passes along; a mixture's too",
+    function()
+      local p = data.parity { seed = 1, length = 4 }
+      -- a misspelled name was ignored: the batch had the default length
+      assert.equal('m3.data: next: unknown option "lenght" (did you mean "length"?); valid options: batch, batches, '
+        .. "density, first, index, last, length, min_length, offset, pad_to, rows, steps, targets",
+        message_of(function() p:next(1, { lenght = 3 }) end))
+      assert.matches('^m3.data: next: unknown option "weights"; valid options: ',
+        message_of(function() p:next(1, { weights = { 1 } }) end)) -- a mixture's, not this source's
+      assert.matches('^m3.data: next: expected an options table, got 3$', message_of(function() p:next(1, 3) end))
+      assert.equal(0, p:cursor().index)
+      -- a curriculum phase as is, fit.evaluate's options, and min_length for mqar (curriculum.lengths sets it)
+      assert.same({ 2, 3 }, p:next(2, { steps = 10, length = 3, batch = 2, index = 1, first = 1, last = 10 })
+        .tokens:shape())
+      assert.same({ 2, 3 }, p:next(2, { batches = 4, rows = 2, length = 3, min_length = 3, targets = "final" })
+        .tokens:shape())
+      assert.same({ 1, 9 }, data.mqar {}:next(1, { length = 9, min_length = 1, pairs = 3, queries = 3 }).tokens:shape())
+      assert.matches('unknown option "modulo" %(did you mean "modulus"%?%)',
+        message_of(function() data.arithmetic {}:next(1, { modulo = 7 }) end))
+      -- a mixture takes weights, pad_to and its sources' names, nothing else
+      local path = counting_u16_file(100)
+      local mix = data.mixture { p, data.tokens(path, { vocab = 100, length = 4 }) }
+      assert.equal('m3.data: next: unknown option "densty" (did you mean "density"?); valid options: batch, batches, '
+        .. "density, first, index, last, length, min_length, offset, pad_to, rows, steps, targets, weights",
+        message_of(function() mix:next(2, { densty = 0.2 }) end))
+      assert.equal(0, mix:cursor().index)
+      assert.same({ 2, 5 }, mix:next(2, { length = 3, density = 0.2, weights = { 1, 1 }, pad_to = 5 }).tokens:shape())
+      os.remove(path)
+    end)
 end)
 
 describe("m3.data batches and files", function()
@@ -394,6 +459,23 @@ describe("m3.data batches and files", function()
       'm3.data.tokens: dtype = "u64": expected "u8", "u16" or "u32"')
     assert.has_error(function() data.text(path, { val_fraction = "a" }) end,
       'm3.data.text: val_fraction = "a": expected a number in [0, 1)')
+    os.remove(path)
+  end)
+
+  it("name the split and its val_fraction when the split is too short for a window", function()
+    local path = tmpfile("0123456789")
+    -- the message said "ten ids in this split" without which split, or what sizes it
+    assert.equal('m3.data: ' .. path .. ' has 1 ids in this split, a window of 4 needs 5 (split = "val": the last '
+      .. "val_fraction = 0.1 of the file's 10 ids)",
+      message_of(function() data.text(path, { split = "val", length = 4 }):next(1) end))
+    assert.equal('m3.data: ' .. path .. ' has 9 ids in this split, a window of 9 needs 10 (split = "train": all but '
+      .. "the last val_fraction = 0.1 of the file's 10 ids)",
+      message_of(function() data.text(path, { order = "sequential" }):next(1, { length = 9 }) end))
+    assert.equal('m3.data: ' .. path .. ' has 10 ids in this split, a window of 10 needs 11 (split = "all": the '
+      .. "whole file)", message_of(function() data.text(path, { split = "all" }):sample(0, { length = 10 }) end))
+    assert.equal('m3.data: 2 rows of windows of 4 do not fit in the 5 ids of this split (split = "train": all but the '
+      .. "last val_fraction = 0.5 of the file's 10 ids)",
+      message_of(function() data.text(path, { order = "stream", val_fraction = 0.5 }):next(2, { length = 4 }) end))
     os.remove(path)
   end)
 

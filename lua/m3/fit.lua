@@ -27,6 +27,8 @@
 -- dir/metrics.jsonl (one record per step, one per evaluation) and the progress display
 -- (m3.log.progress); a checkpoint every `every` steps and at the end, with extra =
 -- {data = cursor, phase = index, lr = lr, user = extra()}. At the end dir/plot.svg.
+-- A length or pad_to of a phase (or of data_opts) that is not an integer from 1 to the
+-- trainer's seq_len is refused before step 1, as are rows a step the trainer cannot take.
 -- A run without start whose checkpoint folder already holds checkpoints (an earlier run's) is
 -- refused before anything is written: its saves would mix with theirs, and keep would prune
 -- them or its own; continue them (start) or remove them first.
@@ -159,9 +161,11 @@ end
 -- What limits a step's rows: a trainer that carries its state holds one state row per row of
 -- its batch, so its steps take no more rows than that (the micro-batches of an accumulated step
 -- would run other windows through the same state rows); one in f16 cannot accumulate either (an
--- overflow skips a whole update, so the engine refuses accumulation windows in f16).
+-- overflow skips a whole update, so the engine refuses accumulation windows in f16). And what
+-- limits its windows: the trainer's seq_len.
 local function limits_of(tr)
-  return { micro = tr:batch(), carry = tr:info().carry_state, f16 = tr.dtype ~= nil and tr:dtype() == "f16" }
+  return { micro = tr:batch(), carry = tr:info().carry_state, f16 = tr.dtype ~= nil and tr:dtype() == "f16",
+    seq_len = tr:seq_len() }
 end
 
 -- The rows of a step in phase (nil without a curriculum) under the trainer's limits.
@@ -178,20 +182,39 @@ local function rows_of(o, phase, lim)
   return rows
 end
 
--- The trainer's limits, once every step's rows (o.batch, each phase of o.curriculum) are
--- within them; else raises what fit.run would.
+-- Raises unless the windows of a step in phase (nil without a curriculum) fit the trainer: their
+-- length and pad_to (the phase's over o.data_opts), when given, are integers from 1 to its seq_len.
+local function check_length(o, phase, lim)
+  local opts = source.overlay(o.data_opts, phase)
+  for _, field in ipairs { "length", "pad_to" } do
+    local n = opts[field]
+    if n ~= nil and not (type(n) == "number" and n >= 1 and n <= lim.seq_len and n == math.floor(n)) then
+      local where = phase and phase[field] ~= nil and phase.index and "phase " .. phase.index .. ": " or ""
+      lib.raise(string.format("m3.fit.run: %s%s = %s: expected an integer from 1 to the trainer's seq_len %d", where,
+        field, options.show(n), lim.seq_len))
+    end
+  end
+end
+
+-- The trainer's limits, once every step's rows (o.batch, each phase of o.curriculum) and
+-- window lengths are within them; else raises what fit.run would.
 local function checked_limits(o)
   local lim = limits_of(o.trainer)
   if not o.curriculum then
     rows_of(o, nil, lim)
-  elseif o.curriculum.phases then -- the steps check each phase again
-    for _, phase in ipairs(o.curriculum:phases()) do rows_of(o, phase, lim) end
+    check_length(o, nil, lim)
+  elseif o.curriculum.phases then -- the steps check each phase's rows again
+    for _, phase in ipairs(o.curriculum:phases()) do
+      rows_of(o, phase, lim)
+      check_length(o, phase, lim)
+    end
   end
   return lim
 end
 
--- Raises what fit.run(o) would for rows a step that o.trainer cannot take. fit.run checks it
--- before anything is written; a script can call it before it writes anything of its own.
+-- Raises what fit.run(o) would for rows a step, or windows longer than its seq_len, that
+-- o.trainer cannot take. fit.run checks it before anything is written; a script can call it
+-- before it writes anything of its own.
 function fit.check_rows(o)
   checked_limits(o)
 end
@@ -230,6 +253,9 @@ function fit.run(o)
 
   local function evaluate(s)
     local e = o.eval(tr, s)
+    if type(e) ~= "table" then
+      lib.raise("m3.fit.run: eval must return a table of metrics, got " .. options.show(e))
+    end
     local rec = { step = s }
     local parts = { string.format("eval step %d:", s) }
     local keys = {}

@@ -257,8 +257,9 @@ m3.fit.run{trainer =, data =, steps =, schedule =, curriculum =, batch =, clip =
   local tr, start = m3.fit.resume(ck, opts)
 m3.fit.evaluate(tr, src, {batches = 4, rows =, length =}) -> {loss =, accuracy =}]]
 T["fit.run"] = "fit.run{trainer =, data =, steps =, ...}  the training loop; see ?m3.fit"
-T["fit.check_rows"] = "fit.check_rows{trainer =, batch =, curriculum =}  raises what fit.run would for rows a step\n"
-  .. "  the trainer cannot take (accumulation with carry_state or in f16), before anything is written"
+T["fit.check_rows"] = "fit.check_rows{trainer =, batch =, curriculum =, data_opts =}  raises what fit.run would for\n"
+  .. "  rows a step the trainer cannot take (accumulation with carry_state or in f16) and for a phase's length or\n"
+  .. "  pad_to past its seq_len, before anything is written"
 T["fit.resume"] = "fit.resume(ck, opts) -> tr, start  from ck's newest checkpoint that loads (start for fit.run); nil\n"
   .. "  without one, an error when none of them loads (fit.run without start refuses a folder that holds some)"
 T["fit.evaluate"] = "fit.evaluate(tr, src, {batches = 4, rows =, ...data options}) -> {loss =, accuracy =}\n"

@@ -100,10 +100,8 @@ local TEXT_OPTS = { split = true, val_fraction = true, order = true, length = tr
                     cursor = true }
 local TOKEN_OPTS = { dtype = true, vocab = true, split = true, val_fraction = true, order = true, length = true,
                      rows = true, seed = true, cursor = true }
--- next's options: length, and the names m3.fit passes along (a curriculum phase as is: steps,
--- batch, index, first, last; fit.evaluate's own: batches, rows).
-local NEXT_OPTS = { length = true, steps = true, batch = true, index = true, first = true, last = true,
-                    batches = true, rows = true }
+-- next's options: length, and the names m3.fit passes along (source.FIT).
+F.next_options = source.overlay(source.FIT, { length = true })
 
 -- A window source over path. kind "tokens": opts are dtype ("u8", "u16", "u32"), vocab,
 -- split, val_fraction (0.1), order, length (default window length), rows (order "stream":
@@ -152,7 +150,7 @@ function file.open(path, opts, kind)
   end
   local self = setmetatable({
     path = path, ids = ids, mapping = mapping, n = n, lo = lo, span = hi - lo,
-    order = order, vocab = vocab,
+    split = split, val_fraction = frac, order = order, vocab = vocab,
     seed = seed, index = 0, length = length, rows = opts.rows, position = order == "stream" and 0 or nil,
   }, F)
   self.classes = self.vocab
@@ -165,11 +163,19 @@ function file.open(path, opts, kind)
   return self
 end
 
+-- '(split = "val": the last val_fraction = 0.1 of the file's 10 ids)': which ids the source
+-- reads, and the knob that sizes them.
+local function split_of(self)
+  if self.split == "all" then return '(split = "all": the whole file)' end
+  return string.format("(split = %s: %s val_fraction = %s of the file's %d ids)", show(self.split),
+    self.split == "val" and "the last" or "all but the last", show(self.val_fraction), self.n)
+end
+
 -- Raises unless the split holds a window of length L (and its last target).
 local function check_fits(self, L)
   if self.span < L + 1 then
-    raise(string.format("m3.data: %s has %d ids in this split, a window of %d needs %d",
-      self.path, self.span, L, L + 1))
+    raise(string.format("m3.data: %s has %d ids in this split, a window of %d needs %d %s",
+      self.path, self.span, L, L + 1, split_of(self)))
   end
 end
 
@@ -188,7 +194,8 @@ local function stream_position(self, L, rows)
   check_fits(self, L)
   local per = math.floor(self.span / rows)
   if per < L + 1 then
-    raise(string.format("m3.data: %d rows of windows of %d do not fit in %d ids", rows, L, self.span))
+    raise(string.format("m3.data: %d rows of windows of %d do not fit in the %d ids of this split %s", rows, L,
+      self.span, split_of(self)))
   end
   local pos = self.position or (math.floor(self.index / rows) % math.floor((per - 1) / L)) * L
   if pos + L + 1 > per then pos = 0 end
@@ -222,7 +229,7 @@ end
 -- rows windows of length o.length (default: the source's) as int32 tensors [rows, L].
 function F:next(rows, o)
   want_int(rows, "m3.data: next: rows", 1)
-  if o ~= nil then options.check_table(o, NEXT_OPTS, "m3.data: next") end
+  if o ~= nil then options.check_table(o, self.next_options, "m3.data: next") end
   local L = window_length(self, o, "m3.data: next")
   if self.order == "stream" then
     if self.rows and rows ~= self.rows then

@@ -13,15 +13,18 @@
 --   src:cursor(), src:seek(cursor)   (source.check_cursor: what every source's seek takes)
 --
 -- Options (o, per call over the source's defaults): the task's options (length,
--- min_length, targets, ...), pad_to, and offset (added to every token and target id,
--- to give several tasks of a mixture disjoint vocabularies).
+-- min_length, targets, ...), pad_to (an integer >= 1), and offset (an integer >= 0, added
+-- to every token and target id, to give several tasks of a mixture disjoint vocabularies).
+-- A call also takes the names m3.fit passes along (source.FIT) and min_length (a phase of
+-- curriculum.lengths may hold it whatever the task; mqar draws no lengths); any other name
+-- is an error, as in the constructor. src.next_options is the set of the names next takes.
 --
 -- source.mixture(sources, {seed =, weights =}) picks the source of each row with the
 -- given weights (a list, one finite number >= 0 per source, not all 0; per call as
 -- o.weights; both checked when given) from its own stream. Sources: task sources, file
 -- sources of order "random" or "sequential" and mixtures (a stream's rows continue their
 -- own text, which a mixture's rows cannot: refused); row `index` is the chosen source's
--- sample `index`.
+-- sample `index`. Its next takes weights, pad_to and the names any of its sources' next takes.
 
 local lib = require "m3.lib"
 local options = require "m3.options"
@@ -36,6 +39,9 @@ local source = {}
 
 -- The options every source takes besides its task's, at construction and per call.
 source.OPTIONS = { pad_to = true, offset = true }
+-- The names m3.fit passes to a source's next besides the data options: a curriculum phase's
+-- own (steps, batch, index, first, last) and fit.evaluate's (batches, rows).
+source.FIT = { steps = true, batch = true, index = true, first = true, last = true, batches = true, rows = true }
 
 local function overlay(...)
   local out = {}
@@ -61,11 +67,17 @@ function source.check_cursor(c, what)
   end
 end
 
+-- opts.offset (0 when not given), once it is an integer >= 0 (what: for the message).
+local function offset_of(opts, what)
+  if opts.offset == nil then return 0 end
+  return want_int(opts.offset, what .. ": offset", 0)
+end
+
 -- Sample `index` of src for the full options opts, token and target ids shifted by
 -- opts.offset.
 local function draw(src, index, opts)
+  local off = offset_of(opts, "m3.data." .. src.task.name)
   local toks, tgts = src.task.sample(rng.new(src.seed, index), opts)
-  local off = opts.offset or 0
   if off ~= 0 then
     for t = 1, #toks do
       toks[t] = toks[t] + off
@@ -80,6 +92,7 @@ function source.pack(samples, pad_to)
   local width = 0
   for _, s in ipairs(samples) do width = math.max(width, #s[1]) end
   if pad_to then
+    want_int(pad_to, "m3.data: pad_to", 1)
     if pad_to < width then
       lib.raise(string.format("m3.data: pad_to = %d is shorter than the longest sample (%d)", pad_to, width))
     end
@@ -112,7 +125,8 @@ function source.new(task, opts)
   opts = opts or {}
   local valid = overlay(task.options, source.OPTIONS, { seed = true, cursor = true })
   check_keys(opts, valid, "m3.data." .. task.name)
-  local self = setmetatable({ task = task }, S)
+  local self = setmetatable({ task = task, next_options = overlay(task.options, source.OPTIONS, source.FIT,
+    { min_length = true }) }, S)
   self.defaults = overlay(task.defaults, opts)
   self.defaults.seed, self.defaults.cursor = nil, nil
   self.seed = options.check_seed(opts.seed, "m3.data." .. task.name)
@@ -123,7 +137,7 @@ function source.new(task, opts)
   else
     self.vocab, self.classes = task.vocab, task.classes
   end
-  if self.defaults.offset then self.vocab = self.vocab + self.defaults.offset end
+  self.vocab = self.vocab + offset_of(self.defaults, "m3.data." .. task.name)
   return self
 end
 
@@ -134,6 +148,7 @@ end
 
 function S:next(rows, o)
   want_int(rows, "m3.data: next: rows", 1)
+  if o ~= nil then options.check_table(o, self.next_options, "m3.data: next") end
   local opts = overlay(self.defaults, o)
   local samples = {}
   for r = 1, rows do
@@ -200,7 +215,8 @@ function source.mixture(sources, opts)
     lib.raise("m3.data.mixture: expected a list of sources")
   end
   for i, s in ipairs(sources) do
-    if type(s) ~= "table" or type(s.sample) ~= "function" or type(s.vocab) ~= "number" then
+    if type(s) ~= "table" or type(s.sample) ~= "function" or type(s.vocab) ~= "number"
+      or type(s.next_options) ~= "table" then
       lib.raise(string.format("m3.data.mixture: sources[%d] = %s: expected an m3.data source", i, show(s)))
     end
     if s.order == "stream" then
@@ -216,10 +232,11 @@ function source.mixture(sources, opts)
     self.weights = {}
     for i = 1, #sources do self.weights[i] = 1 end
   end
-  self.vocab, self.classes = 0, 0
+  self.vocab, self.classes, self.next_options = 0, 0, { weights = true, pad_to = true }
   for _, s in ipairs(sources) do
     self.vocab = math.max(self.vocab, s.vocab)
     self.classes = math.max(self.classes, s.classes)
+    for k in pairs(s.next_options) do self.next_options[k] = true end
   end
   if opts.cursor then self:seek(opts.cursor) end
   return self
@@ -243,6 +260,7 @@ end
 
 function M:next(rows, o)
   want_int(rows, "m3.data: next: rows", 1)
+  if o ~= nil then options.check_table(o, self.next_options, "m3.data: next") end
   local samples = {}
   for r = 1, rows do
     local toks, tgts = self:sample(self.index + r - 1, o)

@@ -3,7 +3,8 @@
 -- A task is a table {name, vocab, classes, defaults, options, sample} where options is
 -- the set of its option names and sample(r, o) -> tokens, targets draws one sequence from the generator r (m3.data.rng)
 -- for options o (the task's defaults overlaid with the caller's). Both results are Lua
--- arrays of the same length; targets hold a class id or -1 where nothing is scored.
+-- arrays of the same length; targets hold a class id or -1 where nothing is scored. A task
+-- whose vocab depends on its options has shape(o) -> vocab, classes (those options checked).
 -- The models read tokens and predict targets with an "lm" head (vocab = task.vocab).
 --
 -- parity       tokens 0/1 (bits), each 1 with probability `density` (default 0.5; "random":
@@ -33,11 +34,12 @@
 -- phase trains on all lengths up to its maximum.
 
 local lib = require "m3.lib"
+local options = require "m3.options"
 
 lib.internal_file(debug.getinfo(1, "S").source)
 
 local floor = math.floor
-local raise = lib.raise
+local raise, show = lib.raise, options.show
 
 local tasks = {}
 
@@ -90,8 +92,8 @@ function tasks.parity.sample(r, o)
   local density = o.density
   if density == "random" then
     density = r:uniform()
-  elseif type(density) ~= "number" or density < 0 or density > 1 then
-    raise('m3.data.parity: density must be a probability in [0, 1] or "random", got ' .. tostring(density))
+  elseif type(density) ~= "number" or not (density >= 0 and density <= 1) then -- NaN too
+    raise('m3.data.parity: density must be a probability in [0, 1] or "random", got ' .. show(density))
   end
   local tokens, targets, p = {}, {}, 0
   for i = 1, n do
@@ -264,9 +266,10 @@ function tasks.arithmetic.sample(r, o)
   return sample_flat(r, o, m, sym, ops)
 end
 
--- Vocabulary and class count of the arithmetic task for options o.
+-- Vocabulary and class count of the arithmetic task for options o (its modulus checked).
 function tasks.arithmetic.shape(o)
-  return o.modulus + 6, o.modulus
+  local m = check_int(o, "modulus", 2, "arithmetic")
+  return m + 6, m
 end
 
 -- ---- multi-query associative recall ------------------------------------------------------
@@ -305,8 +308,9 @@ function tasks.mqar.sample(r, o)
   return tokens, targets
 end
 
+-- Vocabulary and class count of the mqar task for options o (its keys and values checked).
 function tasks.mqar.shape(o)
-  return o.keys + o.values, o.values
+  return check_int(o, "keys", 1, "mqar") + check_int(o, "values", 1, "mqar"), o.values
 end
 
 return tasks
