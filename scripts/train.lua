@@ -47,7 +47,8 @@ local spec = {
   { "d_state", 16, "state size N", int = true, min = 1, fixed = true },
   { "headdim", 16, "head dimension P", int = true, min = 1, fixed = true },
   { "rope_fraction", 0.5, "share of the state rotated (0: no RoPE)", min = 0, fixed = true },
-  { "min_length", 1, "shortest training sequence", int = true, min = 1, fixed = true },
+  { "min_length", 1, "shortest training sequence (not given: at least the task's shortest, 2 for arithmetic\n"
+    .. "    and brackets)", int = true, min = 1, fixed = true },
   { "from_length", 12, "longest training sequence of the first curriculum phase", int = true, min = 1,
     fixed = true },
   { "max_length", 48, "longest training sequence of the last phase", int = true, min = 1, fixed = true },
@@ -89,7 +90,7 @@ local tasks = {
 }
 -- everything the flags build; a value the library refuses stops the script here (exit 2),
 -- and the folder is made only once all of it has been built, so nothing is left behind
-local dir, train, evalset, eval_opts, cur, sched, ck, tr, start
+local dir, train, evalset, eval_opts, min_length, cur, sched, ck, tr, start
 flags.check("train.lua", function()
   dir = rundir.path(o, given, spec, o.task, not_in_name)
   rundir.open(dir, o, given, spec)
@@ -98,8 +99,13 @@ flags.check("train.lua", function()
   evalset = tasks[o.task](o.seed + 1000003)
   eval_opts = { length = o.eval_length, min_length = o.eval_length, batches = o.eval_batches,
     targets = o.task ~= "mqar" and "final" or nil }
+  -- the flag's value is what the run records; not given, the task may need longer sequences
+  min_length = given.min_length and o.min_length or math.max(o.min_length, train.shortest)
   cur = m3.curriculum.lengths { from = o.from_length, to = o.max_length, steps = o.steps,
-    min_length = o.min_length }
+    min_length = min_length }
+  -- a sample of every phase and of the evaluation: what the task refuses stops here
+  for _, phase in ipairs(cur:phases()) do train:sample(0, phase) end
+  evalset:sample(0, eval_opts)
   local warmup = o.warmup < 1 and math.floor(o.warmup * o.steps + 0.5) or o.warmup
   sched = m3.schedule.warmup_cosine { peak = o.lr, warmup = warmup, total = o.steps,
     floor = o.lr * o.floor }
@@ -125,7 +131,7 @@ flags.check("train.lua", function()
   rundir.create(dir, o)
 end)
 print(string.format("%s: %s, %d parameters, %s %s; lengths %d..%d -> eval at %d; %d steps of %d sequences",
-  dir, o.task, tr.config.n_params, tr:device(), tr:dtype(), o.min_length, o.max_length,
+  dir, o.task, tr.config.n_params, tr:device(), tr:dtype(), min_length, o.max_length,
   o.eval_length, o.steps, o.batch))
 
 local function evaluate(t)

@@ -101,6 +101,22 @@ describe("scripts/train.lua", function()
     os.execute("rm -rf " .. dir)
   end)
 
+  it("trains every task with its default lengths; refuses lengths a task cannot draw before writing anything",
+    function()
+    local dir = tmpdir()
+    for _, task in ipairs { "parity", "arithmetic", "brackets", "mqar" } do
+      -- arithmetic and brackets draw no sequence shorter than 2: the default --min_length 1 failed at step 1
+      local out, code = script_in(dir, "train.lua", "--run " .. task .. " --task " .. task .. " --steps 3 " .. TINY)
+      assert.equal(0, code, out)
+      assert.matches("accuracy at length 64", out)
+    end
+    local out, code = script_in(dir, "train.lua", "--run a1 --task arithmetic --min_length 1 --steps 3 " .. TINY)
+    assert.equal(2, code, out)
+    assert.equal("train.lua: m3.data.arithmetic: min_length must be an integer in [2, length = 12], got 1\n", out)
+    assert.is_false(m3.fs.exists(dir .. "/runs/a1"))
+    os.execute("rm -rf " .. dir)
+  end)
+
   it("trains on the GPU under captured graphs; refuses f16 accumulation before writing anything #gpu", function()
     if not helper.need_gpu(pending) then return end
     local dir = tmpdir()

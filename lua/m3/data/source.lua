@@ -11,6 +11,8 @@
 --                                 and target -1 after their end (causal models never see
 --                                 the padding from the scored positions)
 --   src:cursor(), src:seek(cursor)   (source.check_cursor: what every source's seek takes)
+--   src.shortest                     the least length its task draws (tasks: shortest), the
+--                                    least min_length a call may give
 --
 -- Options (o, per call over the source's defaults): the task's options (length,
 -- min_length, targets, ...), pad_to (an integer >= 1), and offset (an integer >= 0, added
@@ -125,8 +127,8 @@ function source.new(task, opts)
   opts = opts or {}
   local valid = overlay(task.options, source.OPTIONS, { seed = true, cursor = true })
   check_keys(opts, valid, "m3.data." .. task.name)
-  local self = setmetatable({ task = task, next_options = overlay(task.options, source.OPTIONS, source.FIT,
-    { min_length = true }) }, S)
+  local self = setmetatable({ task = task, shortest = task.shortest, next_options = overlay(task.options,
+    source.OPTIONS, source.FIT, { min_length = true }) }, S)
   self.defaults = overlay(task.defaults, opts)
   self.defaults.seed, self.defaults.cursor = nil, nil
   self.seed = options.check_seed(opts.seed, "m3.data." .. task.name)

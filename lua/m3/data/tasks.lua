@@ -1,11 +1,12 @@
 -- m3.data.tasks — exact generators for the synthetic sequence tasks.
 --
--- A task is a table {name, vocab, classes, defaults, options, sample} where options is
+-- A task is a table {name, vocab, classes, shortest, defaults, options, sample} where options is
 -- the set of its option names and sample(r, o) -> tokens, targets draws one sequence from the generator r (m3.data.rng)
 -- for options o (the task's defaults overlaid with the caller's). Both results are Lua
 -- arrays of the same length; targets hold a class id or -1 where nothing is scored. A task
 -- whose vocab depends on its options has shape(o) -> vocab, classes (those options checked).
--- The models read tokens and predict targets with an "lm" head (vocab = task.vocab).
+-- The models read tokens and predict targets with an "lm" head (vocab = task.vocab). shortest
+-- is the least length a sample can have (the least min_length, or mqar's least length).
 --
 -- parity       tokens 0/1 (bits), each 1 with probability `density` (default 0.5; "random":
 --              a density drawn per sample, so that long runs of 0s and of 1s both occur).
@@ -81,14 +82,14 @@ end
 -- ---- parity ------------------------------------------------------------------------------
 
 tasks.parity = {
-  name = "parity", vocab = 2, classes = 2,
+  name = "parity", vocab = 2, classes = 2, shortest = 1,
   defaults = { length = 32, targets = "running", density = 0.5 },
   options = { length = true, min_length = true, targets = true, density = true },
 }
 
 function tasks.parity.sample(r, o)
   local targets_kind = check_targets(o, "parity", { running = true, final = true })
-  local n = draw_length(r, o, 1, "parity")
+  local n = draw_length(r, o, tasks.parity.shortest, "parity")
   local density = o.density
   if density == "random" then
     density = r:uniform()
@@ -181,7 +182,7 @@ end
 -- digits and binary operators; value tracked as sum + sign * product of the open term.
 local function sample_flat(r, o, m, sym, ops)
   local targets_kind = check_targets(o, "arithmetic", { running = true, final = true })
-  local n = draw_length(r, o, 2, "arithmetic")
+  local n = draw_length(r, o, tasks.arithmetic.shortest, "arithmetic")
   local e = n - 1
   if e % 2 == 0 then e = e - 1 end
   local tokens, targets = {}, {}
@@ -243,7 +244,7 @@ end
 
 local function sample_bracketed(r, o, m, sym, ops)
   check_targets(o, "arithmetic", { final = true })
-  local n = draw_length(r, o, 2, "arithmetic")
+  local n = draw_length(r, o, tasks.arithmetic.shortest, "arithmetic")
   local tokens = {}
   local v = gen_bracketed(r, n - 1, m, sym, ops, tokens)
   local targets = {}
@@ -253,7 +254,7 @@ local function sample_bracketed(r, o, m, sym, ops)
 end
 
 tasks.arithmetic = {
-  name = "arithmetic", classes = 5, vocab = 11,
+  name = "arithmetic", classes = 5, vocab = 11, shortest = 2,
   defaults = { length = 32, modulus = 5, ops = "+-*", brackets = false, targets = "final" },
   options = { length = true, min_length = true, modulus = true, ops = true, brackets = true, targets = true },
 }
@@ -275,7 +276,7 @@ end
 -- ---- multi-query associative recall ------------------------------------------------------
 
 tasks.mqar = {
-  name = "mqar", vocab = 64, classes = 32,
+  name = "mqar", vocab = 64, classes = 32, shortest = 3,
   defaults = { length = 24, keys = 32, values = 32 },
   options = { length = true, keys = true, values = true, pairs = true, queries = true },
 }
@@ -283,7 +284,7 @@ tasks.mqar = {
 function tasks.mqar.sample(r, o)
   local keys = check_int(o, "keys", 1, "mqar")
   check_int(o, "values", 1, "mqar")
-  local pairs_n = o.pairs and check_int(o, "pairs", 1, "mqar") or floor(check_int(o, "length", 3, "mqar") / 3)
+  local pairs_n = o.pairs and check_int(o, "pairs", 1, "mqar") or floor(check_int(o, "length", tasks.mqar.shortest, "mqar") / 3)
   local queries = o.queries and check_int(o, "queries", 1, "mqar") or (o.length - 2 * pairs_n)
   if pairs_n < 1 or pairs_n > keys then
     raise(string.format("m3.data.mqar: pairs must be in [1, keys = %d], got %s", keys, tostring(pairs_n)))
