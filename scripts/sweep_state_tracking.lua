@@ -25,6 +25,9 @@
 -- One run folder per point under --dir (m3.sweep): results.csv / results.json sorted by the
 -- score, summary.svg, and each run's metrics.jsonl and plot.svg; finished points are
 -- skipped when the script runs again, so an interrupted sweep continues where it stopped.
+-- Each point records the flags that change its results (all but the swept lists, --dir and
+-- --parallel; --quick's values as set): a re-run in the same --dir with other values stops
+-- (exit 2) before any point runs instead of showing the old scores.
 -- Flags, the model, data and device each point would build from them, and the sweep folder are
 -- checked before any point runs ("sweep_state_tracking.lua: <why>", exit 2 when one is wrong); a
 -- point that fails leaves the others going, and the script exits 1 after the table (a re-run tries
@@ -81,7 +84,7 @@ end
 local function parity_density(v)
   if v == "random" then return v end
   local p = tonumber(v)
-  if not p or p < 0 or p > 1 then
+  if not (p and p >= 0 and p <= 1) then -- refuses NaN too
     error("--parity_density must be a probability in [0, 1] or random, got " .. tostring(v), 0)
   end
   return p
@@ -185,16 +188,32 @@ flags.check("sweep_state_tracking.lua", function()
   fs.mkdir(o.dir)
 end)
 
+-- The flags that change a point's results, recorded in its done.json (m3.sweep's defaults): a re-run
+-- in the same --dir with other values is refused instead of showing the old scores. Not recorded:
+-- the swept lists, the folder and how many points run at once.
+local NOT_RECORDED = { tasks = true, models = true, d_models = true, lrs = true, dir = true, parallel = true,
+  quick = true }
+local settings = {}
+for _, flag in ipairs(spec) do
+  if not NOT_RECORDED[flag[1]] then settings[flag[1]] = o[flag[1]] end
+end
+settings.parity_density = parity_density(o.parity_density)
+if o.device == "auto" then settings.device = m3.cuda_device_count() > 0 and "cuda" or "cpu" end -- as m3.trainer
+
 print(string.format("state tracking: %d points, %d steps each, lengths up to %d, evaluated at %d -> %s",
   #grid[1][2] * #grid[2][2] * #grid[3][2] * #grid[4][2], o.steps, o.max_length, o.eval_length, o.dir))
 
 -- an interrupt ends the script (exit status 130 or 143); a failed point makes m3.sweep raise once
 -- the others are done: the table still shows them
 local swept, rows = pcall(flags.interruptible, "sweep_state_tracking.lua", m3.sweep, {
-  grid = grid, dir = o.dir, run = run, metric = "best_scaled", mode = "max",
+  grid = grid, defaults = settings, dir = o.dir, run = run, metric = "best_scaled", mode = "max",
   parallel = o.parallel,
 })
 local failure = not swept and rows
+-- refused before any point ran (e.g. --dir holds results of other settings): no table of old scores
+if failure and not tostring(failure):find(" points failed (", 1, true) then
+  flags.check("sweep_state_tracking.lua", error, failure, 0)
+end
 if failure then rows = json.read(o.dir .. "/results.json") or {} end
 
 -- the best point per task and model (rows come sorted by best_scaled, unscored ones last)

@@ -1,6 +1,8 @@
 -- m3.sweep: folder naming, grid and random points, results sorted by the metric (results.csv
--- quoted as RFC 4180, header and data), skip-on-rerun, failed points, parallel child processes.
--- Also scripts/sweep_state_tracking.lua's check of its sweep folder (its other flags: scripts_spec).
+-- quoted as RFC 4180, header and data), skip-on-rerun and its check of the recorded settings,
+-- metrics that cannot be kept, failed points, parallel child processes and sweeps inside them.
+-- Also scripts/sweep_state_tracking.lua's checks of its sweep folder, --parity_density nan and a
+-- re-run with other settings (its other flags: scripts_spec).
 
 local sweep = require "m3.sweep"
 local json = require "m3.json"
@@ -157,6 +159,100 @@ print("rows", #rows, rows[1].run, calls)
     assert.equal(2, #calls)
     assert.equal(8, #more)
     assert.equal("d_model=40,lr=2", more[1].run)
+    os.execute("rm -rf " .. dir)
+  end)
+
+  it("refuses finished points run with other settings before running any, and keeps their results", function()
+    local dir = tmpdir() .. "/settings"
+    local calls = 0
+    local function run(p) calls = calls + 1; return { loss = p.lr * 10 + p.steps } end
+    sweep { grid = { lr = { 1, 3 } }, defaults = { lr = 1, steps = 100 }, dir = dir, run = run }
+    local csv, done = read(dir .. "/results.csv"), read(dir .. "/defaults/done.json")
+    calls = 0
+    -- a changed default: the folder "defaults" holds lr = 1's results, lr = 3 would be read as them
+    local err = helper.error_of(sweep, { grid = { lr = { 1, 3 } }, defaults = { lr = 3, steps = 100 }, dir = dir,
+      run = run })
+    assert.equal("m3.sweep: " .. dir .. "/defaults holds results of other settings than this sweep's (lr: 1 -> 3); "
+      .. "nothing ran: use another dir, or remove that folder to run the point again", err)
+    -- a changed setting that is not swept: every finished point
+    err = helper.error_of(sweep, { grid = { lr = { 1, 3 } }, defaults = { lr = 1, steps = 5, note = "a b" },
+      dir = dir, run = run })
+    assert.matches(dir .. "/defaults holds results of other settings than this sweep's (note: (none) -> \"a b\", "
+      .. "steps: 100 -> 5); so does lr=3; nothing ran: use another dir, or remove those folders to run those points "
+      .. "again", err, 1, true)
+    assert.equal(0, calls)
+    assert.equal(csv, read(dir .. "/results.csv"))
+    assert.equal(done, read(dir .. "/defaults/done.json"))
+    -- the same settings again, a NaN default (null in done.json) alike: nothing runs
+    sweep { grid = { lr = { 1, 3 } }, defaults = { lr = 1, steps = 100 }, dir = dir, run = run }
+    assert.equal(0, calls)
+    sweep { grid = { x = { 1 } }, defaults = { y = 0 / 0 }, dir = dir .. "-nan", run = function() return {} end }
+    assert.equal(1, #sweep { grid = { x = { 1 } }, defaults = { y = 0 / 0 }, dir = dir .. "-nan", run = run })
+    assert.equal(0, calls)
+    -- a done.json that records no settings: a setting it lacks counts as changed
+    local f = assert(io.open(dir .. "/lr=3/done.json", "w"))
+    f:write('{"name": "lr=3", "metrics": {"loss": 130}}')
+    f:close()
+    assert.matches("/lr=3 holds results of other settings than this sweep's (lr: (none) -> 3, steps: (none) -> 100)",
+      helper.error_of(sweep, { grid = { lr = { 1, 3 } }, defaults = { lr = 1, steps = 100 }, dir = dir, run = run }),
+      1, true)
+    assert.equal(0, calls)
+    -- settings done.json cannot record are refused before anything runs
+    local never = tmpdir() .. "/never-made"
+    assert.matches("^m3%.sweep: defaults%.f = function: .*: done%.json cannot record it %(json%.encode: cannot encode "
+      .. "a function%); expected numbers, text, booleans or tables of them$",
+      helper.error_of(sweep, { grid = { x = { 1 } }, defaults = { f = print }, dir = never, run = run }))
+    assert.equal("m3.sweep: defaults has the key 1: expected names (text) as keys",
+      helper.error_of(sweep, { grid = { x = { 1 } }, defaults = { 5 }, dir = never, run = run }))
+    assert.equal("m3.sweep: defaults = 5: expected a table of settings by name",
+      helper.error_of(sweep, { grid = { x = { 1 } }, defaults = 5, dir = never, run = run }))
+    assert.is_nil(io.open(never))
+    assert.equal(0, calls)
+    os.execute("rm -rf " .. dir .. " " .. dir .. "-nan")
+  end)
+
+  it("fails a point whose metric would change a column or cannot be recorded, and runs the others", function()
+    local dir = tmpdir() .. "/metrics"
+    local real_stderr = io.stderr
+    local messages = {}
+    io.stderr = { write = function(_, ...) messages[#messages + 1] = table.concat({ ... }) end }
+    local cycle = {}
+    cycle.self = cycle
+    local returns = {
+      { run = "X", loss = 1 }, { x = 99, loss = 2 }, { f = print, loss = 3 }, { c = cycle, loss = 4 },
+      { x = 5, run = "x=5", loss = 5, hist = { 1, 2 } }, -- the column's own values: fine
+      { [1] = 0.5, loss = 6 },
+    }
+    local ok, err = pcall(sweep, { grid = { x = { 1, 2, 3, 4, 5, 6 } }, dir = dir,
+      run = function(p) return returns[p.x] end })
+    io.stderr = real_stderr
+    assert.is_false(ok)
+    assert.matches("m3.sweep: 5 of 6 points failed (x=1, x=2, x=3, x=4, x=6;", err, 1, true)
+    local all = table.concat(messages, "\n")
+    assert.matches('x=1 failed: run returned the metric run = "X", but the column run of the results holds "x=1"; '
+      .. "give the metric another name", all, 1, true)
+    assert.matches("x=2 failed: run returned the metric x = 99, but the column x of the results holds 2", all, 1, true)
+    assert.matches("x=3 failed: run returned the metric f = function: [^\n]*, which done.json cannot record "
+      .. "%(json.encode: cannot encode a function%); expected numbers, text, booleans or tables of them", all)
+    assert.matches("x=4 failed: run returned the metric c = {...}, which done.json cannot record (json.encode: "
+      .. "cannot encode a table that contains itself)", all, 1, true)
+    assert.matches("x=6 failed: run returned a metric named 1, expected names (text)", all, 1, true)
+    assert.equal("run,x,loss\nx=5,5,5\n", read(dir .. "/results.csv"))
+    assert.is_nil(read(dir .. "/x=2/done.json"))
+    os.execute("rm -rf " .. dir)
+  end)
+
+  it("keeps a NaN metric's column on a re-run, where done.json holds null", function()
+    local dir = tmpdir() .. "/nan-metric"
+    local o = { grid = { lr = { 1, 2 } }, dir = dir, metric = "acc",
+      run = function(p) return { acc = p.lr == 1 and 0 / 0 or 0.5, loss = p.lr } end }
+    local first = sweep(o)
+    local csv = read(dir .. "/results.csv")
+    assert.equal("run,lr,acc,loss\nlr=2,2,0.5,2\nlr=1,1,nan,1\n", csv)
+    local again = sweep(o) -- from done.json
+    assert.equal(csv, read(dir .. "/results.csv"))
+    assert.equal("lr=1", again[2].run)
+    assert.is_true(again[2].acc ~= again[2].acc and first[2].acc ~= first[2].acc)
     os.execute("rm -rf " .. dir)
   end)
 
@@ -397,6 +493,51 @@ print("best", rows[1].run, rows[1].b)
     os.execute("rm -rf " .. dir)
   end)
 
+  it("runs a sweep inside a child's point as a sweep of its own, and refuses a stray environment", function()
+    local dir = tmpdir()
+    local script = write_script(dir, [[
+local sweep = require "m3.sweep"
+-- a sweep of another dir before the parallel one: the children only read it (x = 2 is not retried there)
+pcall(sweep, { grid = { x = { 1, 2 } }, dir = DIR .. "-before", run = function(p)
+  local f = io.open(DIR .. "-tries", "a")
+  f:write(p.x, "\n")
+  f:close()
+  if p.x == 2 then error("boom") end
+  return { loss = p.x }
+end })
+local rows = sweep {
+  grid = { outer = { 1, 2 } }, dir = DIR, parallel = 2,
+  run = function(p, run_dir)
+    local inner = sweep { grid = { x = { 1, 2, 3 } }, dir = run_dir .. "/inner",
+      run = function(q) return { loss = q.x * p.outer } end }
+    return { loss = inner[1].loss, n_inner = #inner }
+  end,
+}
+print("rows", rows[1].run, rows[1].n_inner, rows[2].run, rows[2].n_inner)
+]])
+    local out, code = helper.run("luajit " .. script)
+    assert.equal(0, code, out)
+    assert.equal("rows\touter=1\t3\touter=2\t3", out:match("([^\n]*)\n$"))
+    assert.equal("1\n2\n", read(dir .. "/out-tries"))
+    os.execute("rm -rf " .. dir .. "/out*")
+    local unset = "a parallel sweep sets M3_SWEEP_DIR and M3_SWEEP_POINT for the child that runs a point; "
+      .. "unset them to run the sweep"
+    for env, message in pairs {
+      ["M3_SWEEP_POINT=foo"] = 'm3.sweep: M3_SWEEP_POINT = "foo" is set without M3_SWEEP_DIR: ' .. unset,
+      ["M3_SWEEP_DIR=" .. dir .. "/out M3_SWEEP_POINT=foo"] = 'm3.sweep: M3_SWEEP_POINT = "foo" names no point of the '
+        .. "sweep in " .. dir .. "/out: " .. unset,
+      ["M3_SWEEP_DIR=" .. dir .. "/elsewhere M3_SWEEP_POINT=outer=1"] = 'm3.sweep: M3_SWEEP_DIR = "' .. dir
+        .. '/elsewhere" and M3_SWEEP_POINT = "outer=1" name no run folder: ' .. unset,
+    } do
+      out, code = helper.run(env .. " luajit " .. script)
+      assert.equal(1, code, out)
+      assert.matches(message, out, 1, true)
+      assert.is_nil(read(dir .. "/out-tries"))
+      assert.is_nil(io.open(dir .. "/out"))
+    end
+    os.execute("rm -rf " .. dir)
+  end)
+
   it("says which signal killed a child", function()
     local dir = tmpdir()
     local script = write_script(dir, [[
@@ -489,12 +630,62 @@ true']], M3LUA, script, dir, out, out, out))
     assert.matches('^[^:]*sweep_spec%.lua:%d+: m3%.sweep: grid%.lr is an empty list; give it at least one value$', e)
     ok, e = pcall(function() sweep { dir = never, run = print } end)
     assert.matches("^[^:]*sweep_spec%.lua:%d+: m3%.sweep: give exactly one of grid and random$", e)
+    -- malformed grids: a hole in a list, a key given twice, a key that is not a name, a map for a list
+    assert.matches("^m3%.sweep: grid%.lr = {1, .*}: expected a list of values, found nil at %[2%]$",
+      err { grid = { lr = { 1, nil, 3 } } })
+    assert.equal("m3.sweep: grid.lr = {1, ...}: expected a list of values, found nil at [2]",
+      err { grid = { lr = { 1, [3] = 3 } } })
+    assert.equal('m3.sweep: grid[2] names "lr" again; give each name once', err { grid = { { "lr", { 1, 2 } },
+      { "lr", { 3 } } } })
+    assert.equal('m3.sweep: grid is a list of {name, {values...}} but has the key "x"',
+      err { grid = { { "lr", { 1 } }, x = { 2 } } })
+    assert.equal("m3.sweep: grid has the key 5: expected names (text) as keys",
+      err { grid = { x = { 1 }, [5] = { 2 } } })
+    assert.equal('m3.sweep: grid.x = {...}: expected a list of values, found the key "a"',
+      err { grid = { x = { a = 1 } } })
+    assert.equal("m3.sweep: grid.x = 5: expected a list of values, found a number", err { grid = { x = 5 } })
+    assert.equal("m3.sweep: random has the key 2: expected names (text) as keys",
+      err { random = { x = { 1 }, [2] = { 1 } }, trials = 1 })
+    assert.matches("m3.sweep: random.x must be a list of choices", err { random = { x = { 1, nil, 3 } }, trials = 1 },
+      1, true)
+    assert.equal("m3.sweep: gpus has nil at [2]: " .. gpu_list, err { gpus = { 0, nil, 1 }, parallel = 2 })
+    assert.is_nil(io.open(never))
     ok, e = pcall(function() sweep { grid = { a = { 1 } }, dir = never, run = print, gpus = { true } } end)
     assert.matches("^[^:]*sweep_spec%.lua:%d+: m3%.sweep: gpus%[1%] = true: expected a GPU index", e)
   end)
 end)
 
 describe("scripts/sweep_state_tracking.lua", function()
+  local script = helper.repo_dir() .. "/scripts/sweep_state_tracking.lua"
+  local SMALL = " --quick --tasks parity --models rope --from_length 16 --max_length 16 --eval_every 2 "
+    .. "--eval_batches 1 --batch 4 --micro_batch 4 --dir "
+
+  it("refuses --parity_density nan before any point runs", function()
+    local dir = tmpdir() .. "/never"
+    local out, code = helper.run(M3LUA .. " " .. script .. SMALL .. dir .. " --steps 2 --parity_density nan")
+    assert.equal(2, code, out)
+    assert.equal("sweep_state_tracking.lua: --parity_density must be a probability in [0, 1] or random, got nan\n", out)
+    assert.is_nil(io.open(dir))
+  end)
+
+  it("refuses a re-run in the same --dir with other settings instead of showing the old scores", function()
+    local dir = tmpdir() .. "/st"
+    local out, code = helper.run(M3LUA .. " " .. script .. SMALL .. dir .. " --steps 2 --eval_length 16")
+    assert.equal(0, code, out)
+    local csv = read(dir .. "/results.csv")
+    out, code = helper.run(M3LUA .. " " .. script .. SMALL .. dir .. " --steps 3 --eval_length 20")
+    assert.equal(2, code, out)
+    assert.matches("sweep_state_tracking.lua: m3.sweep: " .. dir .. "/task=parity,model=rope,d_model=32,lr=0.005 "
+      .. "holds results of other settings than this sweep's (eval_length: 16 -> 20, steps: 2 -> 3); nothing ran: "
+      .. "use another dir, or remove that folder to run the point again\n", out, 1, true)
+    assert.is_nil(out:find("Scaled accuracy", 1, true))
+    assert.equal(csv, read(dir .. "/results.csv"))
+    out, code = helper.run(M3LUA .. " " .. script .. SMALL .. dir .. " --steps 2 --eval_length 16")
+    assert.equal(0, code, out)
+    assert.matches("Scaled accuracy", out, 1, true)
+    os.execute("rm -rf " .. dir)
+  end)
+
   it("stops on an empty or blank --dir before any point runs", function()
     local pwd = io.popen("cd " .. helper.repo_dir() .. " && pwd")
     local script = pwd:read("*l") .. "/scripts/sweep_state_tracking.lua"

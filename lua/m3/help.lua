@@ -303,7 +303,8 @@ m3.sweep{grid = {lr = {1e-3, 3e-3}, d_model = {32, 64}} | random = {lr = {"log",
   metric =, mode = "max" | "min", parallel = N, gpus = {...}} -> rows
   one folder per point named after the options that differ from defaults (exact names:
   "a/b" -> "a%2Fb", {0.9, 0.99} -> "[0.9,0.99]"; points that would share one are an error); done.json marks finished
-  points (skipped on re-run); results.csv, results.json, summary.svg. Rows rank by metric (NaN
+  points with all their settings (skipped on re-run; one run with other settings, a changed default,
+  is an error before anything runs); results.csv, results.json, summary.svg. Rows rank by metric (NaN
   and missing last). Points that failed are retried on the next run; once the others are done
   the sweep raises, naming them. An interrupt stops parallel children before the sweep ends.]]
 

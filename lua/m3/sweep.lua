@@ -13,13 +13,15 @@
 --   }
 --
 -- Points: grid = the cartesian product (keys in sorted order, or in the given order when
--- grid is a list {{"lr", {...}}, {"d_model", {...}}}); random = `trials` points drawn with
+-- grid is a list {{"lr", {...}}, {"d_model", {...}}}; keys are text, each given once, and
+-- value lists have no holes: {1, nil, 3} is an error); random = `trials` points drawn with
 -- m3.data.rng from `seed` (default 0): a key's spec is a list of choices, or
 -- {"log", lo, hi} (log-uniform), {"uniform", lo, hi} (finite lo <= hi), {"int", lo, hi}
 -- (integers lo <= hi, hi - lo < 2^53, each equally likely); drawn reals keep 3 significant
 -- digits and stay inside [lo, hi].
--- Rows whose metric is missing or not finite (NaN, +-inf: done.json keeps them as null)
--- come last, by name; a metric that no run returned is an error once the runs are done.
+-- Rows whose metric is missing or not finite (NaN, +-inf: done.json keeps them as null, the
+-- rows as NaN, on a re-run too) come last, by name; a metric that no run returned is an error
+-- once the runs are done.
 -- Folders: dir/<name>, name = the swept options whose value differs from `defaults`,
 -- "key=value" joined by "," (e.g. "d_model=64,lr=0.003"; "defaults" when none differs).
 -- Names are exact, so distinct points never share a folder: numbers have the digits that
@@ -28,14 +30,20 @@
 -- control characters in text are written %XX ("a/b" -> "a%2Fb"). Other values (functions,
 -- tables with other keys than 1..n) are an error. A point listed twice runs once; points
 -- that still would share a name (1 and "1") are an error before anything runs.
--- A finished point leaves <run_dir>/done.json ({name, point, metrics}); a re-run reads it
--- instead of running the point again. After every point dir/results.csv and
--- dir/results.json (rows: run, the swept keys, the metrics; sorted by the metric) and
--- dir/summary.svg (the metric per run) are rewritten; results.csv is RFC 4180 (a cell,
--- header or data, that holds a comma, a quote or a line break is quoted). A point whose
--- run raises an error is reported on stderr and left unfinished (a re-run tries it again)
--- while the others go on; once they are done, m3.sweep raises an error naming the failed
--- points. An interrupt ("interrupted" in the message) stops the sweep.
+-- A finished point leaves <run_dir>/done.json ({name, point, metrics}; point: all its settings,
+-- defaults included, so defaults must be values json can write); a re-run reads it instead of
+-- running the point again. Where a done.json's point differs from the point the sweep would run
+-- now (a changed default; a setting it lacks counts as changed), the sweep raises before anything
+-- runs, naming the folders and the settings (old -> new): use another dir or remove them.
+-- Metrics are named by text; a metric named like a column of the results (run, a swept key; the
+-- defaults are no columns) must hold that column's value, and adds no column; one that does
+-- not, or whose value json cannot write (a function, a cycle), makes its point fail. After every point dir/results.csv and dir/results.json (rows: run, the swept
+-- keys, the metrics; sorted by the metric) and dir/summary.svg (the metric per run) are
+-- rewritten; results.csv is RFC 4180 (a cell, header or data, that holds a comma, a quote or
+-- a line break is quoted). A point whose run raises an error is reported on stderr and left
+-- unfinished (a re-run tries it again) while the others go on; once they are done, m3.sweep
+-- raises an error naming the failed points. An interrupt ("interrupted" in the message)
+-- stops the sweep.
 -- parallel = N > 1: each point runs as `<m3lua> <script> <args>` (the running script
 -- again, found through arg) with M3_SWEEP_DIR / M3_SWEEP_POINT naming the point and
 -- CUDA_VISIBLE_DEVICES = one of `gpus` (a list of GPU indices or device names; default: the
@@ -43,9 +51,12 @@
 -- them, output in <run_dir>/log.txt. An interrupt (SIGINT, SIGTERM) or an error in the
 -- sweep passes the signal (SIGTERM after an error) to the running children, each in a
 -- process group of its own, and waits for them before it ends the sweep.
--- In that child the same m3.sweep call runs only its point and exits. The executable is
--- opts.command, else $M3LUA, else the interpreter that runs the script (arg's lowest
--- index); the host's options before the script (-joff, -l mod, -e chunk, --) go along.
+-- In that child the same m3.sweep call runs only its point and exits; a sweep inside that
+-- point's run is a sweep of its own, one of another dir that the script runs before it reads
+-- only its finished points; the two variables set alone or naming no point are an error.
+-- The executable is opts.command, else $M3LUA, else the interpreter that runs the script
+-- (arg's lowest index); the host's options before the script (-joff, -l mod, -e chunk, --)
+-- go along.
 
 local ffi = require "ffi"
 local bit = require "bit"
@@ -77,6 +88,20 @@ local sweep = {}
 
 -- ---- points and names ------------------------------------------------------------------
 
+-- What keeps t from being a list (keys 1..n, no holes): "the key k" or "nil at [i]"; nil for a list.
+local function not_a_list(t)
+  local n, max = 0, 0
+  for k in pairs(t) do
+    if type(k) ~= "number" or k ~= math.floor(k) or k < 1 then return "the key " .. show(k) end
+    n, max = n + 1, math.max(max, k)
+  end
+  if max > n then -- n keys, one of them above n: a hole at or below n + 1
+    for i = 1, n + 1 do
+      if t[i] == nil then return "nil at [" .. i .. "]" end
+    end
+  end
+end
+
 -- A key or value in a folder name: numbers exactly; lists as "[a,b]", their values named
 -- alike; text and booleans with "%", "/", ",", "=", "\\", "[", "]", blanks and control
 -- characters written as %XX (reversible, so distinct values never share a name). Other
@@ -89,9 +114,8 @@ local function format_value(v, key)
   end
   local why = t ~= "table" and "a " .. t .. " value"
   if not why then
-    for k in pairs(v) do
-      if type(k) ~= "number" or k ~= math.floor(k) or k < 1 or k > #v then why = "a table with the key " .. show(k) end
-    end
+    local problem = not_a_list(v)
+    why = problem and "a table with " .. problem
   end
   if why then
     raise(string.format("m3.sweep: %s = %s: %s cannot name a run folder; use numbers, text, booleans or lists of them",
@@ -175,9 +199,15 @@ local function jobs_of(points, keys, defaults, dir)
   return jobs
 end
 
-local function sorted_keys(t)
+-- The keys of t (what: its name in the error), sorted; they must be names (text).
+local function sorted_keys(t, what)
   local keys = {}
-  for k in pairs(t) do keys[#keys + 1] = k end
+  for k in pairs(t) do
+    if type(k) ~= "string" then
+      raise(string.format("m3.sweep: %s has the key %s: expected names (text) as keys", what, show(k)))
+    end
+    keys[#keys + 1] = k
+  end
   table.sort(keys)
   return keys
 end
@@ -186,21 +216,28 @@ end
 local function grid_axes(grid)
   local keys, values = {}, {}
   if grid[1] ~= nil then
+    local problem = not_a_list(grid)
+    if problem then raise(string.format("m3.sweep: grid is a list of {name, {values...}} but has %s", problem)) end
     for i, kv in ipairs(grid) do
       if type(kv) ~= "table" or type(kv[1]) ~= "string" or type(kv[2]) ~= "table" then
         raise(string.format("m3.sweep: grid[%d] must be {name, {values...}}", i))
       end
+      if values[kv[1]] then
+        raise(string.format("m3.sweep: grid[%d] names %s again; give each name once", i, show(kv[1])))
+      end
       keys[i], values[kv[1]] = kv[1], kv[2]
     end
   else
-    keys = sorted_keys(grid)
+    keys = sorted_keys(grid, "grid")
     for _, k in ipairs(keys) do values[k] = grid[k] end
   end
   for _, k in ipairs(keys) do
-    if type(values[k]) ~= "table" then
-      raise(string.format("m3.sweep: grid.%s = %s: expected a list of values", k, show(values[k])))
+    local v = values[k]
+    local problem = type(v) ~= "table" and "a " .. type(v) or not_a_list(v)
+    if problem then
+      raise(string.format("m3.sweep: grid.%s = %s: expected a list of values, found %s", k, show(v), problem))
     end
-    if #values[k] == 0 then raise(string.format("m3.sweep: grid.%s is an empty list; give it at least one value", k)) end
+    if #v == 0 then raise(string.format("m3.sweep: grid.%s is an empty list; give it at least one value", k)) end
   end
   return keys, values
 end
@@ -231,7 +268,7 @@ end
 local function is_finite(x) return type(x) == "number" and x == x and math.abs(x) < math.huge end
 
 local function draw(r, spec, key)
-  if type(spec) ~= "table" or #spec == 0 then
+  if type(spec) ~= "table" or #spec == 0 or not_a_list(spec) then
     raise(string.format('m3.sweep: random.%s must be a list of choices or {"log"|"uniform"|"int", lo, hi}, got %s',
       key, show(spec)))
   end
@@ -256,7 +293,7 @@ local function draw(r, spec, key)
 end
 
 local function random_points(space, trials, seed)
-  local keys = sorted_keys(space)
+  local keys = sorted_keys(space, "random")
   local points, seen = {}, {}
   for j = 0, trials - 1 do
     local r, p = rng.new(seed, j), {}
@@ -319,20 +356,40 @@ local function is_interrupt(err)
   return tostring(err):find("interrupted", 1, true) ~= nil
 end
 
--- Runs point in this process; returns metrics or nil and the error.
-local function run_here(o, name, point, run_dir)
+-- Why metrics (what job's run returned) cannot be kept: not a table, a name that is not text,
+-- another value than the column of that name holds (run, the swept keys), a value done.json
+-- cannot record.
+local function metrics_problem(metrics, job, keys)
+  if type(metrics) ~= "table" then return "run returned " .. type(metrics) .. ", expected a table of metrics" end
+  local columns = { run = job.name }
+  for _, k in ipairs(keys) do columns[k] = job.swept[k] end
+  for k, v in pairs(metrics) do
+    if type(k) ~= "string" then return "run returned a metric named " .. show(k) .. ", expected names (text)" end
+    if columns[k] ~= nil and not same_value(v, columns[k]) then
+      return string.format("run returned the metric %s = %s, but the column %s of the results holds %s; "
+        .. "give the metric another name", k, show_value(v), k, show_value(columns[k]))
+    end
+    local ok, err = pcall(json.encode, v)
+    if not ok then
+      return string.format("run returned the metric %s = %s, which done.json cannot record (%s); expected numbers, "
+        .. "text, booleans or tables of them", k, show(v), err)
+    end
+  end
+end
+
+-- Runs job's point in this process and records it in done.json; returns metrics or nil and the error.
+local function run_here(o, job, keys)
   local ok, metrics = xpcall(function()
-    fs.mkdir(run_dir)
-    return o.run(point, run_dir)
+    fs.mkdir(job.run_dir)
+    return o.run(job.point, job.run_dir)
   end, debug.traceback)
   if not ok then
     if is_interrupt(metrics) then error(metrics, 0) end
     return nil, metrics
   end
-  if type(metrics) ~= "table" then
-    return nil, "run returned " .. type(metrics) .. ", expected a table of metrics"
-  end
-  json.write(run_dir .. "/done.json", { name = name, point = point, metrics = metrics })
+  local problem = metrics_problem(metrics, job, keys)
+  if problem then return nil, problem end
+  json.write(job.run_dir .. "/done.json", { name = job.name, point = job.point, metrics = metrics })
   return metrics
 end
 
@@ -457,11 +514,8 @@ local MODES = { min = true, max = true }
 local function check_gpus(gpus)
   local expected = 'expected a non-empty list of GPU indices or names, e.g. {0, 1} or {"GPU-<uuid>"}'
   if type(gpus) ~= "table" or #gpus == 0 then raise(string.format("m3.sweep: gpus = %s: %s", show(gpus), expected)) end
-  for k in pairs(gpus) do
-    if type(k) ~= "number" or k ~= math.floor(k) or k < 1 or k > #gpus then
-      raise(string.format("m3.sweep: gpus has the key %s: %s", show(k), expected))
-    end
-  end
+  local problem = not_a_list(gpus)
+  if problem then raise(string.format("m3.sweep: gpus has %s: %s", problem, expected)) end
   for i, gpu in ipairs(gpus) do
     local index = type(gpu) == "number" and gpu == math.floor(gpu) and gpu >= 0
     if not (index or (type(gpu) == "string" and gpu ~= "")) then
@@ -469,6 +523,35 @@ local function check_gpus(gpus)
         show(gpu)))
     end
   end
+end
+
+-- defaults: settings by name that done.json can record (it keeps the settings of each point).
+local function check_defaults(defaults)
+  if type(defaults) ~= "table" then
+    raise(string.format("m3.sweep: defaults = %s: expected a table of settings by name", show(defaults)))
+  end
+  for _, k in ipairs(sorted_keys(defaults, "defaults")) do
+    local ok, err = pcall(json.encode, defaults[k])
+    if not ok then
+      raise(string.format("m3.sweep: defaults.%s = %s: done.json cannot record it (%s); expected numbers, text, "
+        .. "booleans or tables of them", k, show(defaults[k]), err))
+    end
+  end
+end
+
+-- Where point (a job's settings) differs from recorded (those in a finished point's done.json):
+-- "k: old -> new, ..." as done.json writes the values, "(none)" for a missing one; nil when none.
+local function changed_settings(recorded, point)
+  local names = {}
+  for k in pairs(recorded) do names[k] = true end
+  for k in pairs(point) do names[k] = true end
+  local parts = {}
+  for _, k in ipairs(sorted_keys(names, "done.json's point")) do
+    local old = recorded[k] == nil and "(none)" or json.encode(recorded[k])
+    local new = point[k] == nil and "(none)" or json.encode(point[k])
+    if old ~= new then parts[#parts + 1] = k .. ": " .. old .. " -> " .. new end
+  end
+  return parts[1] and table.concat(parts, ", ")
 end
 
 local function check_opts(o)
@@ -489,7 +572,12 @@ local function check_opts(o)
     raise(string.format("m3.sweep: metric = %s: expected the name of a metric", show(o.metric)))
   end
   if o.gpus ~= nil then check_gpus(o.gpus) end
+  if o.defaults ~= nil then check_defaults(o.defaults) end
 end
+
+-- Whether this process is the child of a parallel sweep running its point (sweeps inside that
+-- point's run are sweeps of their own).
+local running_point = false
 
 function sweep.run(o)
   check_opts(o)
@@ -501,45 +589,61 @@ function sweep.run(o)
   end
   local jobs = jobs_of(points, keys, o.defaults or {}, o.dir)
 
-  -- a child started by a parallel sweep runs only its own point
+  -- a child started by a parallel sweep runs only its own point; a sweep of another dir that
+  -- the script runs before that one only reads its finished points
   local child_dir, child_point = os.getenv("M3_SWEEP_DIR"), os.getenv("M3_SWEEP_POINT")
-  if child_dir == o.dir and child_point then
-    for _, job in ipairs(jobs) do
-      if job.name == child_point then
-        local _, err = run_here(o, job.name, job.point, job.run_dir)
-        if err then
-          io.stderr:write("m3.sweep: ", job.name, ": ", tostring(err), "\n")
-          os.exit(1)
-        end
-        os.exit(0)
-      end
+  local in_child = not running_point and (child_dir or child_point) ~= nil
+  if in_child then
+    local unset = "a parallel sweep sets M3_SWEEP_DIR and M3_SWEEP_POINT for the child that runs a point; "
+      .. "unset them to run the sweep"
+    if not (child_dir and child_point) then
+      raise(string.format("m3.sweep: %s = %s is set without %s: %s", child_dir and "M3_SWEEP_DIR" or "M3_SWEEP_POINT",
+        show(child_dir or child_point), child_dir and "M3_SWEEP_POINT" or "M3_SWEEP_DIR", unset))
     end
-    io.stderr:write("m3.sweep: no point named ", child_point, " in ", o.dir, "\n")
-    os.exit(1)
+    if child_dir == o.dir then
+      for _, job in ipairs(jobs) do
+        if job.name == child_point then
+          running_point = true
+          local _, err = run_here(o, job, keys)
+          if err then
+            io.stderr:write("m3.sweep: ", job.name, ": ", tostring(err), "\n")
+            os.exit(1)
+          end
+          os.exit(0)
+        end
+      end
+      raise(string.format("m3.sweep: M3_SWEEP_POINT = %s names no point of the sweep in %s: %s", show(child_point),
+        o.dir, unset))
+    end
+    if not fs.is_dir(child_dir .. "/" .. child_point) then
+      raise(string.format("m3.sweep: M3_SWEEP_DIR = %s and M3_SWEEP_POINT = %s name no run folder: %s",
+        show(child_dir), show(child_point), unset))
+    end
   end
-  local in_child = child_point ~= nil
 
-  fs.mkdir(o.dir)
   local rows, metric_keys, pending = {}, {}, {}
   local function add_row(job, metrics)
-    local row = { run = job.name }
-    for _, k in ipairs(keys) do row[k] = job.swept[k] end
+    local row = {}
     for k, v in pairs(metrics) do
+      -- not finite: NaN, as a re-run reads it from done.json (null)
+      if v == json.null or type(v) == "number" and not is_finite(v) then v = 0 / 0 end
       if type(v) == "number" or type(v) == "string" or type(v) == "boolean" then
         row[k] = v
         metric_keys[k] = true
       end
     end
+    row.run = job.name -- the columns of the point, which a metric of the same name never changes
+    for _, k in ipairs(keys) do row[k] = job.swept[k] end
     rows[#rows + 1] = row
   end
   local function finish_table()
     -- the default metric from every row so far, so that the end result does not depend on
     -- which point finished first (a re-run reads them all at once)
-    local mkeys = sorted_keys(metric_keys)
+    local mkeys = sorted_keys(metric_keys, "the metrics")
     local metric = o.metric or (metric_keys.loss and "loss") or mkeys[1] or "run"
     local mode = o.mode or (metric:find("loss", 1, true) and "min" or "max")
-    -- only finite values rank: NaN and +-inf read back from done.json as null, so they go last
-    -- with the missing ones (by run name) in both modes, the same on every re-run
+    -- only finite values rank: the others (NaN in the rows, null in done.json) go last with the
+    -- missing ones (by run name) in both modes, the same on every re-run
     table.sort(rows, function(a, b)
       local x, y = a[metric], b[metric]
       x, y = is_finite(x) and x or nil, is_finite(y) and y or nil
@@ -550,9 +654,11 @@ function sweep.run(o)
       if (x == nil) ~= (y == nil) then return x ~= nil end
       return a.run < b.run
     end)
-    local columns = { "run" }
-    for _, k in ipairs(keys) do columns[#columns + 1] = k end
-    for _, k in ipairs(mkeys) do columns[#columns + 1] = k end
+    local columns, is_column = { "run" }, { run = true }
+    for _, k in ipairs(keys) do columns[#columns + 1], is_column[k] = k, true end
+    for _, k in ipairs(mkeys) do
+      if not is_column[k] then columns[#columns + 1] = k end -- a metric equal to a column adds none
+    end
     write_results(o.dir, rows, columns, metric, mode)
   end
   local failed = {}
@@ -566,21 +672,33 @@ function sweep.run(o)
     end
   end
 
+  -- finished points, unless done.json records other settings: nothing runs then, nothing is lost
+  local stale, changed = {}, nil
   for _, job in ipairs(jobs) do
     local done = json.read(job.run_dir .. "/done.json")
     if done and type(done.metrics) == "table" then
+      local differ = changed_settings(type(done.point) == "table" and done.point or {}, job.point)
+      if differ then stale[#stale + 1], changed = job.name, changed or differ end
       add_row(job, done.metrics)
     else
       pending[#pending + 1] = job
     end
   end
+  if #stale > 0 then
+    local more = #stale > 1
+    raise(string.format("m3.sweep: %s/%s holds results of other settings than this sweep's (%s)%s; nothing ran: "
+      .. "use another dir, or remove %s to run %s again", o.dir, stale[1], changed,
+      more and string.format("; so do%s %s", #stale > 2 and "" or "es", table.concat(stale, ", ", 2)) or "",
+      more and "those folders" or "that folder", more and "those points" or "the point"))
+  end
+  fs.mkdir(o.dir)
   if in_child then pending = {} end
   local n = o.parallel or 1
   if n > 1 and #pending > 0 then
     run_parallel(o, pending, math.min(n, #pending), report)
   else
     for _, job in ipairs(pending) do
-      report(job, run_here(o, job.name, job.point, job.run_dir))
+      report(job, run_here(o, job, keys))
     end
   end
   finish_table()
@@ -590,7 +708,7 @@ function sweep.run(o)
   end
   if o.metric and #rows > 0 and not metric_keys[o.metric] then -- a metric asked for by name
     raise(string.format("m3.sweep: no run returned the metric %s (they returned: %s); %s/results.csv is unsorted",
-      show(o.metric), table.concat(sorted_keys(metric_keys), ", "), o.dir))
+      show(o.metric), table.concat(sorted_keys(metric_keys, "the metrics"), ", "), o.dir))
   end
   return rows
 end
