@@ -376,6 +376,23 @@ describe("m3.infer", function()
       end
     end)
 
+    it("draws about evenly at temperatures so high that their inverse rounds to 0 in float, logits spread wider "
+      .. "than the largest float included", function()
+      local FLT_MAX = 3.4028234663852886e38
+      local wide = ffi.new("float[?]", 2 * R)
+      for r = 0, R - 1 do wide[2 * r], wide[2 * r + 1] = FLT_MAX, -FLT_MAX end
+      local out = ffi.new("int32_t[?]", R)
+      for _, opts in ipairs({ { temperature = 1e300, seed = 8 }, { temperature = 1e300, top_k = 2, seed = 8 },
+                              { temperature = 1e46, top_p = 0.9, seed = 8 } }) do
+        m3.sampling.new(R, opts, "test"):draw(wide, 2, out)
+        local ones = 0
+        for r = 0, R - 1 do ones = ones + out[r] end
+        assert.is_true(math.abs(ones - R / 2) < 4 * math.sqrt(R / 4),
+          string.format("temperature %g, top_k %d: id 1 drawn %d times of %d", opts.temperature, opts.top_k or 0,
+            ones, R))
+      end
+    end)
+
     it("refuses non-finite logits and leaves the generators as they were", function()
       local s = m3.sampling.new(2, { seed = 1 }, "test")
       local bad = ffi.new("float[10]")

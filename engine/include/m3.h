@@ -204,7 +204,8 @@ typedef struct m3_tensor_writer m3_tensor_writer;
 
 m3_status m3_tensor_writer_create(m3_tensor_writer **out);
 void m3_tensor_writer_destroy(m3_tensor_writer *w);
-/* The data pointer must stay valid until m3_tensor_writer_write returns. */
+/* The data pointer must stay valid until m3_tensor_writer_write returns. Shape dims and the data section's
+ * running byte offset may be at most 2^53 (what a reader takes); more is M3_ERR_ARGUMENT. */
 m3_status m3_tensor_writer_add(m3_tensor_writer *w, const char *name, int32_t dtype,
                                int32_t ndim, const int64_t *shape, const void *data);
 m3_status m3_tensor_writer_add_metadata(m3_tensor_writer *w, const char *key, const char *value);
@@ -390,6 +391,7 @@ typedef struct m3_load_opts {
   int32_t seq_len;        /* -1: as saved */
 } m3_load_opts;
 
+/* opts NULL: every field -1 (as saved). */
 m3_status m3_trainer_load(const char *path, const m3_load_opts *opts, m3_trainer **out);
 /* The `extra` string of the checkpoint this trainer was loaded from ("" otherwise). */
 const char *m3_trainer_extra(const m3_trainer *tr);
@@ -437,7 +439,8 @@ void m3_infer_get_info(const m3_infer *inf, m3_infer_info *out);
 /* Runs rows x len positions (b->tokens or b->input, optional b->resets; other fields are
  * ignored) of rows [0, rows) from their carried state and advances it. out [rows, len, d_model]
  * and, for "lm" models, logits [rows, vocab] of the last position may be NULL (the logits
- * then stay on the device; m3_infer_logits reads them later). Bad input changes nothing; a
+ * then stay on the device; m3_infer_logits reads them later). Bad input (a token out of range, a NaN or
+ * infinite input feature) changes nothing; a
  * step longer than max_len interrupted between pieces keeps the pieces already run. */
 m3_status m3_infer_step(m3_infer *inf, const m3_batch *b, float *out, float *logits);
 /* The last step's last-position logits [logit_rows, vocab] ("lm" models). */

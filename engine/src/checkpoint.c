@@ -4,13 +4,14 @@
  * Tensors (F32): param.<name>, adam_m.<name>, adam_v.<name> for every parameter (SPEC.md
  * §2 names), state.<layer>.<angle|ssm|k|v> (batch-first, all rows). Metadata (strings):
  * format = "m3lua-checkpoint-1", config (model JSON), trainer (trainer options JSON with
- * the live lr / clip / no-decay values), step, loss_scale, tracker, rng (four hex words),
+ * the live lr / clip / no-decay values), step, loss_scale, tracker, rng (four words of 16 hex digits),
  * extra (the caller's opaque string), checksum (checksum.h over every tensor and every other
  * metadata value, 16 hex digits). Numbers are written with 17 significant digits so a
  * resumed run continues bit-identically on the same device and precision. Loading takes
  * nothing it has not checked: the checksum (files written before it existed have none, and no
- * metadata keys but theirs), numbers written whole and in range, finite tensors, second
- * moments >= 0.
+ * metadata keys but theirs), numbers written whole and in range, the rng words exactly as saved,
+ * finite tensors, second moments >= 0. Options NULL are all -1 (as saved); the trainer's checks
+ * judge the options before any buffer sized by them is allocated.
  */
 #include <cjson/cJSON.h>
 #include <errno.h>
@@ -288,6 +289,54 @@ static m3_status verify_checksum(const m3_tensor_file *f) {
   return M3_OK;
 }
 
+/* The generator's four words, each written as the saver writes it: 16 lowercase hex digits (no sign, no prefix),
+ * one space between words; not all 0. */
+static m3_status parse_rng(const char *text, uint64_t s[4]) {
+  static const char digits[] = "0123456789abcdef";
+  const char *p = text;
+  int ok = 1;
+  for (int i = 0; i < 4 && ok; i++) {
+    ok = strspn(p, digits) == 16 && p[16] == (i < 3 ? ' ' : '\0');
+    if (ok) {
+      s[i] = strtoull(p, NULL, 16); /* exactly 16 hex digits: no sign, no prefix, no overflow */
+      p += 17;
+    }
+  }
+  if (!ok || !(s[0] | s[1] | s[2] | s[3]))
+    return m3_fail(M3_ERR_FORMAT, "checkpoint rng \"%.80s\": expected four hex words, not all 0, as saved: 16 "
+                   "lowercase digits each (no sign, no prefix), one space apart", text);
+  return M3_OK;
+}
+
+/* The saved recurrent state of every layer into the backend (the saved batch only): one layer's worth of buffer,
+ * allocated here, after the trainer's checks accepted the batch and its backend holds every layer's state. */
+static m3_status restore_state(m3_trainer *tr, const m3_tensor_file *f) {
+  int64_t shapes[4][4], per_layer = 0;
+  int32_t ndims[4];
+  for (int k = 0; k < 4; k++) {
+    ndims[k] = state_shape(tr, k, shapes[k]);
+    per_layer += numel_of(shapes[k], ndims[k]);
+  }
+  float *buf = m3_alloc_floats(per_layer);
+  if (!buf) return m3_fail(M3_ERR_MEMORY, "out of memory loading a checkpoint's recurrent state");
+  char name[M3_NAME_CAP + 32];
+  m3_status st = M3_OK;
+  for (int32_t l = 0; l < tr->dims.L && st == M3_OK; l++) {
+    float *ptr[4];
+    float *s = buf;
+    for (int k = 0; k < 4 && st == M3_OK; k++) {
+      snprintf(name, sizeof name, "state.%d.%s", l, STATE_KINDS[k]);
+      ptr[k] = s;
+      st = take(f, name, ndims[k], shapes[k], 0, s);
+      s += numel_of(shapes[k], ndims[k]);
+    }
+    if (st == M3_OK) st = tr->ops->set_state(tr->be, l, ptr[0], ptr[1], ptr[2], ptr[3]);
+  }
+  free(buf);
+  return st;
+}
+
+/* Everything but the parameters into a created trainer; buf holds layout.total floats. */
 static m3_status restore(m3_trainer *tr, const m3_tensor_file *f, int same_precision, int same_batch, float *buf) {
   const char *text;
   /* at most 2^53: the steps a double counts exactly (Adam's bias correction takes step + 1 as one), and far from
@@ -304,11 +353,7 @@ static m3_status restore(m3_trainer *tr, const m3_tensor_file *f, int same_preci
                      scale, (long long)tracker);
   }
   TRY(meta(f, "rng", &text));
-  int used = 0;
-  if (sscanf(text, "%" SCNx64 " %" SCNx64 " %" SCNx64 " %" SCNx64 "%n", &tr->rng.s[0], &tr->rng.s[1], &tr->rng.s[2],
-             &tr->rng.s[3], &used) != 4 ||
-      text[used] || !(tr->rng.s[0] | tr->rng.s[1] | tr->rng.s[2] | tr->rng.s[3]))
-    return m3_fail(M3_ERR_FORMAT, "checkpoint rng \"%s\": expected four hex words, not all 0", text);
+  TRY(parse_rng(text, tr->rng.s));
   TRY(meta(f, "extra", &text));
   tr->extra = strdup(text);
   if (!tr->extra) return m3_fail(M3_ERR_MEMORY, "out of memory");
@@ -324,20 +369,7 @@ static m3_status restore(m3_trainer *tr, const m3_tensor_file *f, int same_preci
     }
     TRY(tr->ops->write_arena(tr->be, kinds[a], buf));
   }
-  for (int32_t l = 0; same_batch && l < tr->dims.L; l++) { /* another batch: zero state */
-    float *ptr[4];
-    float *s = buf;
-    for (int k = 0; k < 4; k++) {
-      int64_t shape[4];
-      int32_t nd = state_shape(tr, k, shape);
-      snprintf(name, sizeof name, "state.%d.%s", l, STATE_KINDS[k]);
-      ptr[k] = s;
-      TRY(take(f, name, nd, shape, 0, s));
-      s += numel_of(shape, nd);
-    }
-    TRY(tr->ops->set_state(tr->be, l, ptr[0], ptr[1], ptr[2], ptr[3]));
-  }
-  return M3_OK;
+  return same_batch ? restore_state(tr, f) : M3_OK; /* another batch: zero state */
 }
 
 m3_status m3_trainer_load(const char *path, const m3_load_opts *opts, m3_trainer **out) {
@@ -359,7 +391,9 @@ m3_status m3_trainer_load(const char *path, const m3_load_opts *opts, m3_trainer
   if (st == M3_OK) st = meta(f, "trainer", &text);
   if (st == M3_OK) st = parse_trainer(text, &cfg, &lr, &clip, &no_decay);
   const int32_t saved_precision = cfg.precision, saved_batch = cfg.batch;
-  if (st == M3_OK && opts) {
+  static const m3_load_opts as_saved = {-1, -1, -1, -1, -1};
+  if (!opts) opts = &as_saved;
+  if (st == M3_OK) {
     /* -1 keeps the saved value; the trainer's checks judge any other */
     if (opts->device != -1) cfg.device = opts->device;
     else if (cfg.device == M3_DEVICE_CUDA && m3_cuda_device_count() == 0) cfg.device = M3_DEVICE_CPU;
@@ -371,16 +405,9 @@ m3_status m3_trainer_load(const char *path, const m3_load_opts *opts, m3_trainer
   m3_layout layout = {0};
   float *buf = NULL;
   if (st == M3_OK) st = m3_layout_build(&model, &layout);
-  if (st == M3_OK) {
-    m3_dims d;
-    m3_dims_from_config(&model, &d);
-    /* a batch < 1 is left to the trainer's checks below, which name it */
-    const int64_t state_per_layer = M3_SIZE(cfg.batch, d.H, d.S + (int64_t)d.P * d.N + d.N + d.P);
-    if (cfg.batch >= 1 && state_per_layer < 0)
-      st = m3_fail(M3_ERR_CONFIG, "batch %d is too large for this model: a layer's state would hold more than 2^53 "
-                   "elements (d_inner = %d, d_state = %d)", cfg.batch, d.E, d.N);
-    else buf = m3_alloc_floats(layout.total > state_per_layer ? layout.total : state_per_layer);
-    if (st == M3_OK && !buf) st = m3_fail(M3_ERR_MEMORY, "out of memory loading a checkpoint");
+  if (st == M3_OK) { /* the parameters, sized by the model; the state, sized by the batch, waits for the trainer */
+    buf = m3_alloc_floats(layout.total);
+    if (!buf) st = m3_fail(M3_ERR_MEMORY, "out of memory loading a checkpoint");
   }
   char name[M3_NAME_CAP + 32];
   for (int32_t i = 0; st == M3_OK && i < layout.n; i++) {

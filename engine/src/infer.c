@@ -6,7 +6,9 @@
  * [t0, t0 + n) are gathered into staging buffers, run, and their outputs scattered back
  * into out [rows, len, d_model]. Because every window starts where the previous one ended,
  * the pieces compute the same recurrence as one long window. Inputs are checked before
- * anything runs, so a bad prompt leaves the state as it was.
+ * anything runs, so a bad prompt leaves the state as it was; that includes a NaN or an infinite
+ * input feature, which would otherwise run into the row's carried state for good (the state that
+ * m3_infer_set_state refuses).
  */
 #include <stdlib.h>
 #include <string.h>
@@ -163,6 +165,17 @@ static void scatter(const m3_infer *inf, const m3_batch *b, int32_t t0, int32_t 
     memcpy(out + ((int64_t)r * b->len + t0) * dm, inf->out + (int64_t)r * n * dm, (size_t)(n * dm) * sizeof(float));
 }
 
+/* Every input feature of b is finite ("features" and "identity" models; b->input is there). */
+static m3_status check_input_finite(const m3_infer *inf, const m3_batch *b) {
+  if (inf->dims.input == M3_INPUT_TOKENS) return M3_OK;
+  const int64_t w = inf->dims.input_dim;
+  for (int64_t i = 0; i < (int64_t)b->rows * b->len; i++)
+    TRY(m3_check_finite(M3_ERR_ARGUMENT, b->input + i * w, w, 0,
+                        "batch.input (row %lld, position %lld) feature", (long long)(i / b->len),
+                        (long long)(i % b->len)));
+  return M3_OK;
+}
+
 static m3_status has_logits(const m3_infer *inf) {
   if (inf->dims.head != M3_HEAD_LM)
     return m3_fail(M3_ERR_UNSUPPORTED, "logits: the model's head is not \"lm\" (it has no logits)");
@@ -172,6 +185,7 @@ static m3_status has_logits(const m3_infer *inf) {
 m3_status m3_infer_step(m3_infer *inf, const m3_batch *b, float *out, float *logits) {
   TRY(usable(inf));
   TRY(m3_check_batch_inputs(&inf->dims, b, inf->cfg.batch, 0));
+  TRY(check_input_finite(inf, b));
   if (logits) TRY(has_logits(inf)); /* refused before the state moves */
   m3_batch in;
   memset(&in, 0, sizeof in);

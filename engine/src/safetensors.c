@@ -8,9 +8,10 @@
  * escaped NUL), dtypes, shapes (overflow-checked), offsets, and that the tensors tile the data
  * section exactly (no overlap, gap or trailing bytes). Each tensor is then read into its own
  * 64-byte aligned slot of one buffer, so `data` can be cast to the element type. The writer
- * builds the header with cJSON (integers as raw text so offsets stay exact), refuses one over the
- * reader's size limit, pads it with spaces to a multiple of 8, and writes a temporary file beside
- * the target that it fsyncs and renames. The target is the path when nothing or a regular file is
+ * builds the header with cJSON (integers as raw text so offsets stay exact), refuses what the reader
+ * would (a shape dim or data offset over 2^53 as the tensor is added, a header over the reader's
+ * size limit), pads it with spaces to a multiple of 8, and writes a temporary file beside the
+ * target that it fsyncs and renames. The target is the path when nothing or a regular file is
  * there, and the regular file it resolves to when it is a symbolic link (the link stays a link,
  * as when a program opens it for writing); anything else (a folder, a FIFO, a device node, a
  * socket, a link to one of those or to nothing) is refused before a byte is written: the rename
@@ -34,7 +35,7 @@ _Static_assert(__BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__, "safetensors I/O assum
 
 enum { MAX_DIMS = 8, SLOT_ALIGN = 64 };
 #define MAX_HEADER_BYTES ((uint64_t)100 * 1000 * 1000) /* the reader's limit, which the writer keeps */
-#define MAX_EXACT_INT 9007199254740992.0 /* 2^53: larger JSON numbers are not exact */
+#define MAX_EXACT_INT ((int64_t)1 << 53) /* larger JSON numbers are not exact: the reader's limit, the writer's */
 
 static const struct {
   const char *name;
@@ -433,6 +434,7 @@ typedef struct kv {
 
 struct m3_tensor_writer {
   int32_t n, cap, n_meta, meta_cap;
+  int64_t nbytes; /* the data section so far: the next tensor's begin offset */
   wentry *t;
   kv *meta;
 };
@@ -477,11 +479,16 @@ static m3_status check_tensor_args(const m3_tensor_writer *w, const char *name, 
   if (ndim < 0 || ndim > MAX_DIMS || (ndim > 0 && !shape))
     return m3_fail(M3_ERR_ARGUMENT, "tensor \"%s\": ndim %d must be in [0, %d] with a shape", name, ndim, MAX_DIMS);
   for (int32_t i = 0; i < ndim; i++)
-    if (shape[i] < 0)
-      return m3_fail(M3_ERR_ARGUMENT, "tensor \"%s\": dim %d is %lld < 0", name, i, (long long)shape[i]);
+    if (shape[i] < 0 || shape[i] > MAX_EXACT_INT)
+      return m3_fail(M3_ERR_ARGUMENT, "tensor \"%s\": dim %d is %lld: must be in [0, 2^53] (a reader takes JSON "
+                     "integers up to 2^53 only)", name, i, (long long)shape[i]);
   int64_t numel;
   if (!shape_size(ndim, shape, dtype, &numel, nbytes))
     return m3_fail(M3_ERR_ARGUMENT, "tensor \"%s\": shape is too large (size overflows)", name);
+  if (*nbytes > MAX_EXACT_INT - w->nbytes)
+    return m3_fail(M3_ERR_ARGUMENT, "tensor \"%s\": %lld bytes after the %lld before it would end the data section "
+                   "past byte 2^53 (a reader takes data offsets up to 2^53 only)", name, (long long)*nbytes,
+                   (long long)w->nbytes);
   if (*nbytes > 0 && !data) return m3_fail(M3_ERR_ARGUMENT, "tensor \"%s\": data is NULL", name);
   for (int32_t i = 0; i < w->n; i++)
     if (strcmp(w->t[i].name, name) == 0) return m3_fail(M3_ERR_ARGUMENT, "tensor \"%s\" was already added", name);
@@ -502,6 +509,7 @@ m3_status m3_tensor_writer_add(m3_tensor_writer *w, const char *name, int32_t dt
   t->nbytes = nbytes;
   t->data = data;
   w->n++;
+  w->nbytes += nbytes;
   return M3_OK;
 }
 

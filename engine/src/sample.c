@@ -130,9 +130,16 @@ static cand nucleus_end(const float *lg, const float *w, int32_t V, float m, dou
   return sc->c[n - 1];
 }
 
-/* The weight of logit v below the row's max m: expf((v - m) / temperature). A temperature so small that
- * inv_t overflows to inf still gives the max's ties weight 1 (not 0 inf = NaN) and every other logit 0. */
-static float weight_of(float v, float m, float inv_t) { return v == m ? 1.0f : expf((v - m) * inv_t); }
+/* The weight of logit v below the row's max m: expf((v - m) / temperature), never NaN. A temperature so small
+ * that inv_t overflows to inf still gives the max's ties weight 1 (not 0 inf = NaN) and every other logit 0.
+ * Logits spread wider than FLT_MAX make v - m overflow float to -inf; that difference is scaled in double
+ * instead, so an inv_t that rounds to 0 (a temperature above about 1.4e45) gives it weight 1, as every closer
+ * logit gets (not -inf 0 = NaN). */
+static float weight_of(float v, float m, float inv_t) {
+  if (v == m) return 1.0f;
+  const float d = v - m;
+  return expf(isinf(d) ? (float)(((double)v - m) * inv_t) : d * inv_t);
+}
 
 static int32_t sample_row(const float *lg, int32_t V, const m3_sample_opts *o, m3_rng *r, scratch *sc) {
   int32_t best = 0;

@@ -8,7 +8,10 @@
  *    run whole, bit for bit (outputs, logits, states); m3_infer_logits reads the last step's
  *    logits; bad input (token out of range, no rows, empty) fails with M3_ERR_ARGUMENT and
  *    leaves the state as it was; logits before any step is M3_ERR_ORDER; config errors.
- * 3. A step asking a model without an "lm" head for logits is refused and leaves the state as it was.
+ * 3. A step asking a model without an "lm" head for logits is refused and leaves the state as it was; so is
+ *    a step of a "features" or "identity" model whose input holds a NaN or an infinity (named by row,
+ *    position and feature), in one window and in pieces of max_len: the next steps equal those of an
+ *    object that never saw it.
  * 4. Weights holding a NaN or an infinity are refused where they enter the engine (trainer and inference
  *    creation, m3_trainer_load_weights, which leaves the trainer's weights as they were), naming the
  *    tensor, the element and the value; finite weights still go in.
@@ -206,6 +209,75 @@ static void check_logits_refused(m3_rng *r) {
   free(after);
 }
 
+/* A NaN or an infinite input feature is refused before anything runs, for either input kind that takes
+ * features: the state and the later steps are those of an object that never saw the bad step. */
+static void check_nonfinite_input(m3_rng *r) {
+  for (int kind = 0; kind < 2; kind++) {
+    m3_config cfg;
+    m3_config_defaults(&cfg);
+    cfg.d_model = 16;
+    cfg.n_layers = 2;
+    cfg.d_state = 16;
+    cfg.headdim = 8;
+    cfg.input = kind ? M3_INPUT_IDENTITY : M3_INPUT_FEATURES;
+    cfg.input_dim = 5;
+    m3_dims d;
+    m3_dims_from_config(&cfg, &d);
+    m3_weights *w = NULL;
+    CHECK_OK(m3_weights_create(&cfg, &w));
+    CHECK_OK(m3_weights_init(w, 4));
+    m3_infer_cfg ic = test_infer_cfg(w, M3_DEVICE_CPU, B);
+    ic.max_len = 3; /* a step of 4 runs in two pieces */
+    m3_infer *seen = NULL, *fresh = NULL;
+    CHECK_OK(m3_infer_create(&ic, &seen));
+    CHECK_OK(m3_infer_create(&ic, &fresh));
+    enum { LEN = 4 };
+    const long n_in = (long)B * LEN * d.input_dim, n_out = (long)B * LEN * d.dm;
+    const long n_ssm = (long)d.L * B * d.H * d.P * d.N;
+    float *in = calloc((size_t)n_in, sizeof(float)), *out = calloc((size_t)n_out, sizeof(float));
+    float *out2 = calloc((size_t)n_out, sizeof(float));
+    float *before = calloc((size_t)n_ssm, sizeof(float)), *after = calloc((size_t)n_ssm, sizeof(float));
+    for (long i = 0; i < n_in; i++) in[i] = (float)m3_rng_uniform(r) - 0.5f;
+    m3_batch b = {0};
+    b.rows = B;
+    b.input = in;
+    for (int len = 1; len <= LEN; len += LEN - 1) { /* one window, then two pieces */
+      b.len = len;
+      CHECK_OK(m3_infer_step(seen, &b, out, NULL));
+      CHECK_OK(m3_infer_step(fresh, &b, out2, NULL));
+      ssm_of(seen, &d, before);
+      const long at = ((long)(B - 1) * len + len - 1) * d.input_dim + 3; /* last row, last position, feature 3 */
+      const float good = in[at];
+      const float bad[] = {NAN, INFINITY, -INFINITY};
+      for (int c = 0; c < 3; c++) {
+        in[at] = bad[c];
+        char want[96];
+        snprintf(want, sizeof want, "batch.input (row %d, position %d) feature [3] = %g: expected a finite value",
+                 B - 1, len - 1, (double)bad[c]);
+        m3_status st = m3_infer_step(seen, &b, out, NULL);
+        CHECK(st == M3_ERR_ARGUMENT && strstr(m3_last_error(), want), "%s input, len %d, feature %g: %s: %s",
+              kind ? "identity" : "features", len, (double)bad[c], m3_status_name(st), m3_last_error());
+      }
+      in[at] = good;
+      ssm_of(seen, &d, after);
+      CHECK(memcmp(before, after, (size_t)n_ssm * sizeof(float)) == 0,
+            "%s input, len %d: a refused step changed the state", kind ? "identity" : "features", len);
+      CHECK_OK(m3_infer_step(seen, &b, out, NULL));
+      CHECK_OK(m3_infer_step(fresh, &b, out2, NULL));
+      CHECK(same_f(out, out2, (long)B * len * d.dm), "%s input, len %d: the step after a refused one differs",
+            kind ? "identity" : "features", len);
+    }
+    m3_infer_destroy(seen);
+    m3_infer_destroy(fresh);
+    m3_weights_destroy(w);
+    free(in);
+    free(out);
+    free(out2);
+    free(before);
+    free(after);
+  }
+}
+
 /* ---- 4. non-finite weights ------------------------------------------------------------------ */
 
 /* The trainer's weights equal w, bit for bit. */
@@ -276,6 +348,7 @@ int main(void) {
   check_forward_only(&r);
   check_api(&r);
   check_logits_refused(&r);
+  check_nonfinite_input(&r);
   check_nonfinite_weights();
   return harness_finish("infer");
 }

@@ -8,7 +8,10 @@
  * symbolic link to one or to nothing: refused, left as they are; a link to a regular file: written
  * through, the link kept; a FIFO read: refused, not waited on); weights save/load (bit-exact, "backbone." prefix,
  * F64/F16/BF16 sources, tied lm_head, missing/extra/mis-shaped tensors, NaN and infinite values
- * refused with the tensor's name, element and value); and every golden
+ * refused with the tensor's name, element and value); the writer refusing a shape dim or data offset past 2^53,
+ * which the reader would refuse; trainer checkpoints forged without their checksum (a file written before
+ * checksums): the rng words taken only as saved (16 lowercase hex digits each), a checkpoint saved on CUDA
+ * loading on the CPU without a GPU when opts are NULL, as with every opt -1; and every golden
  * file of ../shared. Prints one line per check; exits nonzero when any check fails.
  */
 #ifndef _GNU_SOURCE
@@ -229,6 +232,41 @@ static void test_writer_arguments(void) {
   check(m3_tensor_writer_write(w, NULL) == M3_ERR_ARGUMENT, "NULL path rejected");
   m3_tensor_writer_destroy(w);
   m3_tensor_writer_destroy(NULL);
+
+  /* the reader takes shape dims and data offsets up to 2^53 (the integers a JSON number holds exactly) */
+  const int64_t e53 = (int64_t)1 << 53;
+  int64_t wide[2] = {0, INT64_MAX}, over[2] = {0, e53 + 1}, edge[2] = {0, e53}, half[1] = {e53 / 2}, one[1] = {1};
+  w = NULL;
+  m3_tensor_writer_create(&w);
+  m3_status st = m3_tensor_writer_add(w, "wide", M3_DTYPE_F32, 2, wide, NULL);
+  check(st == M3_ERR_ARGUMENT && strstr(m3_last_error(), "dim 1 is 9223372036854775807: must be in [0, 2^53]"),
+        "an empty tensor of dim INT64_MAX rejected (the reader would refuse the file)");
+  st = m3_tensor_writer_add(w, "over", M3_DTYPE_F32, 2, over, NULL);
+  check(st == M3_ERR_ARGUMENT && strstr(m3_last_error(), "dim 1 is 9007199254740993: must be in [0, 2^53]"),
+        "an empty tensor of dim 2^53 + 1 rejected");
+  check(m3_tensor_writer_add(w, "edge", M3_DTYPE_F32, 2, edge, NULL) == M3_OK, "an empty tensor of dim 2^53 added");
+  check(m3_tensor_writer_write(w, tmp_path("edge.safetensors")) == M3_OK, "... and written");
+  m3_tensor_writer_destroy(w);
+  m3_tensor_file *f = NULL;
+  m3_file_tensor t = {0};
+  check(m3_tensor_file_open(tmp_path("edge.safetensors"), &f) == M3_OK && m3_tensor_file_count(f) == 1 &&
+            m3_tensor_file_get(f, 0, &t) == M3_OK && t.ndim == 2 && t.shape[1] == e53 && t.numel == 0,
+        "... and read back");
+  m3_tensor_file_close(f);
+  /* data offsets: added only, never written (x is not that long) */
+  w = NULL;
+  m3_tensor_writer_create(&w);
+  check(m3_tensor_writer_add(w, "h1", M3_DTYPE_U8, 1, half, x) == M3_OK &&
+            m3_tensor_writer_add(w, "h2", M3_DTYPE_U8, 1, half, x) == M3_OK,
+        "tensors of 2^52 bytes each, ending the data section at byte 2^53, added");
+  st = m3_tensor_writer_add(w, "h3", M3_DTYPE_U8, 1, one, x);
+  check(st == M3_ERR_ARGUMENT && strstr(m3_last_error(), "tensor \"h3\": 1 bytes after the 9007199254740992 before it "
+                                                         "would end the data section past byte 2^53"),
+        "a tensor ending past data byte 2^53 rejected");
+  half[0] = e53 / 4;
+  st = m3_tensor_writer_add(w, "h4", M3_DTYPE_F64, 1, half, x);
+  check(st == M3_ERR_ARGUMENT, "a tensor of 2^54 bytes (each dim within 2^53) rejected");
+  m3_tensor_writer_destroy(w);
   m3_tensor_file_close(NULL);
   check(m3_tensor_file_count(NULL) == 0 && m3_tensor_file_find(NULL, "a") == -1, "NULL file accessors are safe");
 }
@@ -834,6 +872,102 @@ static void test_weights(void) {
   m3_weights_destroy(w);
 }
 
+/* ---- forged checkpoints ------------------------------------------------------------- */
+
+/* A copy of the checkpoint src at dst with the metadata key set to value, without its checksum: a file written
+ * before checksums, whose values are each checked on their own. */
+static void forge_checkpoint(const char *src, const char *dst, const char *key, const char *value) {
+  m3_tensor_file *f = NULL;
+  m3_tensor_writer *w = NULL;
+  m3_status st = m3_tensor_file_open(src, &f);
+  if (st == M3_OK) st = m3_tensor_writer_create(&w);
+  for (int32_t i = 0; st == M3_OK && i < m3_tensor_file_count(f); i++) {
+    m3_file_tensor t;
+    st = m3_tensor_file_get(f, i, &t);
+    if (st == M3_OK) st = m3_tensor_writer_add(w, t.name, t.dtype, t.ndim, t.shape, t.data);
+  }
+  for (int32_t i = 0; st == M3_OK && i < m3_tensor_file_metadata_count(f); i++) {
+    const char *k = m3_tensor_file_metadata_key(f, i);
+    if (strcmp(k, "checksum") != 0)
+      st = m3_tensor_writer_add_metadata(w, k, strcmp(k, key) == 0 ? value : m3_tensor_file_metadata(f, k));
+  }
+  if (st == M3_OK) st = m3_tensor_writer_write(w, dst);
+  check(st == M3_OK, "forge a checkpoint with %s = %s", key, value);
+  m3_tensor_writer_destroy(w);
+  m3_tensor_file_close(f);
+}
+
+static void test_checkpoints(void) {
+  m3_config c = small_config();
+  m3_weights *w = NULL;
+  check(m3_weights_create(&c, &w) == M3_OK && m3_weights_init(w, 9) == M3_OK, "create + init weights");
+  m3_trainer_cfg tc;
+  m3_trainer_cfg_defaults(&tc);
+  tc.weights = w;
+  tc.device = M3_DEVICE_CPU;
+  tc.batch = 2;
+  tc.seq_len = 4;
+  m3_trainer *tr = NULL;
+  const char *path = tmp_path("ck.safetensors"), *forged = tmp_path("forged.safetensors");
+  check(m3_trainer_create(&tc, &tr) == M3_OK && m3_trainer_save(tr, path, "x") == M3_OK, "save a checkpoint");
+  m3_trainer_destroy(tr);
+  m3_weights_destroy(w);
+
+  /* the rng: four words exactly as the saver writes them */
+  forge_checkpoint(path, forged, "rng", "0000000000000001 0000000000000002 0000000000000003 0000000000000004");
+  tr = NULL;
+  check(m3_trainer_load(forged, NULL, &tr) == M3_OK && m3_trainer_rng_next(tr) == 11520,
+        "rng words as saved load (the next draw of {1, 2, 3, 4} is 11520)");
+  m3_trainer_destroy(tr);
+  static const char *const bad_rng[] = {
+      "ffffffffffffffffff 0000000000000001 0000000000000001 0000000000000001", /* 18 digits: past 64 bits */
+      "-000000000000001 0000000000000001 0000000000000001 0000000000000001",   /* a sign */
+      "+000000000000001 0000000000000001 0000000000000001 0000000000000001",
+      " 000000000000001 0000000000000001 0000000000000001 0000000000000001",   /* leading space */
+      "0x00000000000001 0000000000000001 0000000000000001 0000000000000001",   /* a prefix */
+      "000000000000000A 0000000000000001 0000000000000001 0000000000000001",   /* not as saved: upper case */
+      "1 2 3 4",                                                               /* not as saved: short words */
+      "0000000000000001  0000000000000002 0000000000000003 0000000000000004",  /* two spaces */
+      "0000000000000001 0000000000000002 0000000000000003 0000000000000004 ",  /* trailing space */
+      "0000000000000001 0000000000000002 0000000000000003",                    /* three words */
+      "0000000000000001 0000000000000002 0000000000000003 0000000000000004 0000000000000005",
+      "0000000000000000 0000000000000000 0000000000000000 0000000000000000",   /* all 0 */
+      "",
+  };
+  for (size_t i = 0; i < sizeof bad_rng / sizeof *bad_rng; i++) {
+    forge_checkpoint(path, forged, "rng", bad_rng[i]);
+    tr = NULL;
+    m3_status st = m3_trainer_load(forged, NULL, &tr);
+    check(st == M3_ERR_FORMAT && !tr && strstr(m3_last_error(), "expected four hex words, not all 0, as saved"),
+          "checkpoint rng \"%s\" refused: %s", bad_rng[i], m3_status_name(st));
+    m3_trainer_destroy(tr);
+  }
+
+  /* saved on CUDA: NULL opts load it as every opt -1 does, on the CPU without a GPU */
+  m3_tensor_file *f = NULL;
+  check(m3_tensor_file_open(path, &f) == M3_OK, "open the checkpoint");
+  const char *json = f ? m3_tensor_file_metadata(f, "trainer") : NULL;
+  char from[32], to[32], cuda[2048] = "";
+  snprintf(from, sizeof from, "\"device\": %d,", M3_DEVICE_CPU);
+  snprintf(to, sizeof to, "\"device\": %d,", M3_DEVICE_CUDA);
+  const char *at = json ? strstr(json, from) : NULL;
+  check(at != NULL, "the trainer options name the device: %s", json ? json : "(none)");
+  if (at) snprintf(cuda, sizeof cuda, "%.*s%s%s", (int)(at - json), json, to, at + strlen(from));
+  m3_tensor_file_close(f);
+  forge_checkpoint(path, forged, "trainer", cuda);
+  const int32_t want = m3_cuda_device_count() > 0 ? M3_DEVICE_CUDA : M3_DEVICE_CPU;
+  const m3_load_opts as_saved = {-1, -1, -1, -1, -1};
+  for (int null_opts = 1; null_opts >= 0; null_opts--) {
+    tr = NULL;
+    m3_status st = m3_trainer_load(forged, null_opts ? NULL : &as_saved, &tr);
+    m3_trainer_info info = {0};
+    m3_trainer_get_info(tr, &info);
+    check(st == M3_OK && info.device == want, "a checkpoint saved on CUDA loads on device %d with %s: %s", want,
+          null_opts ? "opts NULL" : "every opt -1", m3_status_name(st));
+    m3_trainer_destroy(tr);
+  }
+}
+
 /* ---- golden files ------------------------------------------------------------------- */
 
 static void test_golden(void) {
@@ -899,6 +1033,7 @@ int main(void) {
   test_atomic();
   test_special_targets();
   test_weights();
+  test_checkpoints();
   test_golden();
   nftw(tmpdir, remove_entry, 16, FTW_DEPTH | FTW_PHYS);
   printf("%d passed, %d failed\n", n_pass, n_fail);

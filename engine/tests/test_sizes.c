@@ -3,7 +3,9 @@
  * refused as "too large" before any size is allocated or wraps: a tiny model with batch 2^31 - 1
  * through the public API (m3_trainer_create, and m3_trainer_load with a new batch), and the CPU
  * model itself with sizes whose int64 products would overflow (batch x d_inner x d_state = 2^79).
- * A window of 2^31 positions (one more than an int counts) is refused.
+ * A window of 2^31 positions (one more than an int counts) is refused, by m3_trainer_load too: there
+ * with the trainer's own error, before the recurrent state of the new batch is allocated (10 TB for
+ * a checkpoint of seq_len 4 loaded with batch 2^31 - 1).
  */
 #include <stdint.h>
 #include <stdlib.h>
@@ -38,25 +40,45 @@ static void trainer_create(void) {
   m3_weights_destroy(w);
 }
 
-static void trainer_load(void) {
+/* Saves a checkpoint of tiny_config (with d_state) at batch 1 and seq_len into a new folder: its path in path. */
+static void save_tiny(int32_t d_state, int32_t seq_len, char dir[static 26], char path[static 64]) {
   m3_config c;
   tiny_config(&c);
+  c.d_state = d_state;
   m3_weights *w = NULL;
   CHECK_OK(m3_weights_create(&c, &w));
-  const m3_trainer_cfg tc = test_trainer_cfg(w, M3_DEVICE_CPU, 1, 1);
+  const m3_trainer_cfg tc = test_trainer_cfg(w, M3_DEVICE_CPU, 1, seq_len);
   m3_trainer *tr = NULL;
   CHECK_OK(m3_trainer_create(&tc, &tr));
-  char dir[] = "/tmp/m3_test_sizes_XXXXXX";
+  strcpy(dir, "/tmp/m3_test_sizes_XXXXXX");
   CHECK(mkdtemp(dir) != NULL, "mkdtemp");
-  char path[64];
-  snprintf(path, sizeof path, "%s/tiny.safetensors", dir);
+  snprintf(path, 64, "%s/tiny.safetensors", dir);
   CHECK_OK(m3_trainer_save(tr, path, ""));
   m3_trainer_destroy(tr);
   m3_weights_destroy(w);
+}
+
+static void trainer_load(void) {
+  char dir[26], path[64];
+  save_tiny(40000, 1, dir, path);
   m3_load_opts o = {M3_DEVICE_CPU, -1, -1, INT32_MAX, 1};
-  tr = NULL;
+  m3_trainer *tr = NULL;
   m3_status st = m3_trainer_load(path, &o, &tr);
   CHECK(too_large(st) && tr == NULL, "m3_trainer_load, batch 2^31 - 1: %s", m3_last_error());
+  unlink(path);
+  rmdir(dir);
+}
+
+/* A new batch whose window passes 2^31 positions gets the trainer's error, not an out of memory allocating the
+ * state of that batch first (1.2 K floats a row here). */
+static void trainer_load_checks_first(void) {
+  char dir[26], path[64];
+  save_tiny(8, 4, dir, path);
+  m3_load_opts o = {-1, -1, -1, INT32_MAX, -1};
+  m3_trainer *tr = NULL;
+  m3_status st = m3_trainer_load(path, &o, &tr);
+  CHECK(st == M3_ERR_CONFIG && tr == NULL && strstr(m3_last_error(), "batch * seq_len = 8589934588: must be < 2^31"),
+        "m3_trainer_load, batch 2^31 - 1 of seq_len 4: %s: %s", m3_status_name(st), m3_last_error());
   unlink(path);
   rmdir(dir);
 }
@@ -112,6 +134,7 @@ int main(void) {
   positions_fit_int();
   trainer_create();
   trainer_load();
+  trainer_load_checks_first();
   wrapping_sizes();
   return harness_finish("sizes");
 }
