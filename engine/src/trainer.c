@@ -216,18 +216,18 @@ static int64_t counted_positions(const m3_trainer *tr, const m3_batch *b) {
 
 /* A loss is a mean over the counted positions: with none it does not exist, and an update from it would
  * only apply the weight decay and the moments' decay to data that taught nothing. counted: what the call's
- * batch counts, with window (backward_step) plus what the open window's micro-batches counted before it. */
-static m3_status check_counts_some(const m3_trainer *tr, int64_t counted, const char *what, int window) {
+ * batch counts; split: the call is backward_step (its forward stays pending), window: one whose open window
+ * counted nothing before it either. */
+static m3_status check_counts_some(const m3_trainer *tr, int64_t counted, int split, int window) {
   if (tr->dims.head == M3_HEAD_NONE || counted > 0) return M3_OK;
-  const int split = strcmp(what, "step") != 0;
   return m3_fail(M3_ERR_ARGUMENT,
                  "%s: the %s counts no position (%s%s), so there is no loss to take the gradient of and no update "
                  "to apply; nothing was run%s",
-                 what, window ? "accumulation window" : "batch",
+                 split ? "backward_step" : "step", window ? "accumulation window" : "batch",
                  tr->dims.head == M3_HEAD_LM ? "every target is -1" : "every mask entry is 0",
                  window ? " in each of its micro-batches" : "",
-                 window ? " (the forward is still pending and the window open)"
-                        : split ? " (the forward is still pending)" : "");
+                 !split ? "" : window ? " (the forward is still pending and the window open)"
+                                      : " (the forward is still pending)");
 }
 
 m3_status m3_trainer_check_batch(const m3_trainer *tr, const m3_batch *b, int64_t *counted) {
@@ -303,7 +303,7 @@ m3_status m3_trainer_step(m3_trainer *tr, const m3_batch *b, m3_metrics *out) {
     return m3_fail(M3_ERR_ORDER, "step: a forward is pending; finish it with backward_step first");
   TRY(check_batch_inputs(tr, b));
   TRY(check_batch_targets(tr, b));
-  TRY(check_counts_some(tr, counted_positions(tr, b), "step", 0));
+  TRY(check_counts_some(tr, counted_positions(tr, b), 0, 0));
   if (m3_interrupted()) return m3_fail(M3_ERR_INTERRUPTED, "interrupted before the step");
   m3_metrics m;
   begin_metrics(b, &m);
@@ -365,7 +365,7 @@ m3_status m3_trainer_backward_step(m3_trainer *tr, const m3_batch *b, const m3_b
                    b->len, tr->pending_rows, tr->pending_len);
   TRY(check_batch_targets(tr, b));
   const int64_t counted = counted_positions(tr, b), window_counted = tr->window_open ? tr->window_counted : 0;
-  if (!o.accumulate) TRY(check_counts_some(tr, window_counted + counted, "backward_step", tr->window_open));
+  if (!o.accumulate) TRY(check_counts_some(tr, window_counted + counted, 1, tr->window_open));
   const double clip = o.clip < 0 ? tr->clip : o.clip;
   m3_metrics m;
   begin_metrics(b, &m);
