@@ -530,6 +530,29 @@ describe("saving a checkpoint", function()
     assert.same({ "100.ckpt", "ck" }, names)
   end)
 
+  it("refuses an extra too large for the parser to load back, keeping the checkpoints it has", function()
+    local dir = tmpdir()
+    local tr = new_trainer()
+    local ck = checkpoint.new { dir = dir .. "/ck", keep = 1 }
+    ck:save(tr, 1, { cursor = 1 })
+    -- 66000 small tables: more constants than one chunk may hold; it saved, and the load failed, so the
+    -- run resumed from nothing (keep = 1 had already pruned step 1)
+    local history = {}
+    for i = 1, 66000 do history[i] = { i } end
+    assert.matches("serialize: extra is too large to load back %(LuaJIT: main function has more than 65536 "
+      .. "constants%); keep fewer tables in it", helper.error_of(function() ck:save(tr, 2, { history = history }) end))
+    local _, extra, step = ck:resume()
+    -- 66000 numbers in one flat list are fine
+    for i = 1, 66000 do history[i] = i end
+    ck:save(tr, 3, { history = history })
+    local _, flat, step3 = ck:resume()
+    os.execute("rm -rf '" .. dir .. "'")
+    assert.same({ cursor = 1 }, extra)
+    assert.equal(1, step)
+    assert.equal(3, step3)
+    assert.equal(66000, #flat.history)
+  end)
+
   it("refuses a FIFO or a link to nothing, leaving them as they are, and saves through a link into its file", function()
     local dir = tmpdir()
     local q = "'" .. dir .. "'"

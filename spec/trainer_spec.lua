@@ -894,7 +894,21 @@ describe("m3.trainer", function()
       local b = helper.batch(tr.config, 3, 7, helper.rng(21))
       tr:forward(b)
       tr:backward_step(b, { accumulate = true })
-      assert.matches("m3: ", helper.error_of(tr.save, tr, helper.tmpname()))
+      assert.matches("m3: save: an accumulation window is open", helper.error_of(tr.save, tr, helper.tmpname()))
+    end)
+
+    it("refuses to save while a forward is pending (a file that could not resume the run)", function()
+      -- its carried state would be the window's end, and the loaded trainer could not run the backward
+      local tr = m3.trainer(helper.features_none(), opts({ carry_state = true }))
+      local b = helper.batch(tr.config, 3, 7, helper.rng(22))
+      tr:forward(b)
+      local path = helper.tmpname()
+      assert.matches("m3: save: a forward is pending; finish it with backward_step before saving",
+        helper.error_of(tr.save, tr, path))
+      assert.is_nil(io.open(path))
+      tr:backward_step(b)
+      tr:save(path)
+      assert.equal(1, m3.trainer.load(path):step_count())
     end)
   end)
 

@@ -377,7 +377,8 @@ m3_status m3_trainer_load_scaler_state(m3_trainer *tr, double scale, int64_t tra
 
 /* Full checkpoint: weights, Adam moments, step, lr, loss scale, RNG, recurrent state, model
  * and trainer config, plus an opaque caller string (the Lua layer's `extra`), under a checksum
- * that loading verifies (a damaged file is refused). Refused while an accumulation window is open. */
+ * that loading verifies (a damaged file is refused). Refused while an accumulation window is open or a
+ * forward is pending. */
 m3_status m3_trainer_save(const m3_trainer *tr, const char *path, const char *extra);
 
 /* Loading may change the device, the precision (a new f16 scaler starts), the window length

@@ -75,6 +75,8 @@ m3_status m3_trainer_save(const m3_trainer *tr, const char *path, const char *ex
   if (tr->window_open)
     return m3_fail(M3_ERR_ORDER, "save: an accumulation window is open; close it (backward_step without "
                                  "accumulate) before saving");
+  if (tr->pending_forward) /* its carried state is the window's end, and a loaded trainer has no forward pending */
+    return m3_fail(M3_ERR_ORDER, "save: a forward is pending; finish it with backward_step before saving");
   const int64_t total = tr->layout.total;
   const int64_t state_per_layer = (int64_t)tr->cfg.batch * tr->dims.H *
                                   (tr->dims.S + (int64_t)tr->dims.P * tr->dims.N + tr->dims.N + tr->dims.P);

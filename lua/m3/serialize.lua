@@ -5,7 +5,8 @@
 -- tables whose keys are strings or numbers. Cycles, functions, userdata, cdata, threads and
 -- tables nested more than MAX_DEPTH (100) deep are errors that name the path (`extra.data.fn`),
 -- raised before any text is returned: load() cannot read back what LuaJIT's parser refuses
--- (about 196 levels of tables), so dump never writes it. Tables reached twice are written twice.
+-- (about 196 levels of tables), so dump never writes it; nor a literal past the parser's 65536 constants
+-- (about 65000 tables), which dump compiles to find. Tables reached twice are written twice.
 -- load(text) accepts only that literal form (checked lexically: no names other than
 -- return/true/false/nil, no calls) and evaluates it with load() in an empty environment.
 
@@ -100,7 +101,16 @@ function serialize.dump(value, name)
     if type(err) == "table" and err.serialize_error then error("serialize: " .. err.serialize_error, 2) end
     error(err, 0)
   end
-  return table.concat(out)
+  local text = table.concat(out)
+  -- LuaJIT's parser also caps a chunk's constants at 65536 (each non-empty table, each key of a table that
+  -- holds tables, ...: about 65000 tables in all): compiled here as load compiles it, so that what is
+  -- written always loads
+  local compiled, perr = load(text, "=serialized", "t", {})
+  if not compiled then
+    error(string.format("serialize: %s is too large to load back (LuaJIT: %s); keep fewer tables in it, e.g. "
+      .. "flat lists of numbers or strings", name or "value", (perr:gsub("^serialized:%d+: ", ""))), 2)
+  end
+  return text
 end
 
 local allowed_words = { ["return"] = true, ["true"] = true, ["false"] = true, ["nil"] = true }
