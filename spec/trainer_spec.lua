@@ -545,6 +545,10 @@ describe("m3.trainer", function()
       bad[2].k[3] = math.huge
       assert.matches("states%[2%].k%[3%] = inf: not finite", helper.error_of(tr.set_states, tr, bad))
       assert.is_true(helper.same_states(kept, tr:states()))
+      -- a trainer that does not carry its state would take one and never use it
+      local fresh = m3.trainer(cfg, opts({ batch = 2, seq_len = 8 }))
+      assert.matches("set_state: this trainer does not carry its state %(carry_state = false%)",
+        helper.error_of(fresh.set_states, fresh, kept))
     end)
   end)
 

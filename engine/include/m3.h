@@ -355,7 +355,8 @@ m3_status m3_trainer_set_clip(m3_trainer *tr, double max_norm);
 
 /* Recurrent state (SPEC.md §4). rows NULL: all rows. Per layer, batch first:
  * angle [batch, H, S], ssm [batch, H, P, N], k [batch, H, N], v [batch, H, P]; any pointer
- * may be NULL to skip that tensor. */
+ * may be NULL to skip that tensor. set_state needs a trainer that carries its state (carry_state = 1; without
+ * it every window starts from zero, and the call is M3_ERR_UNSUPPORTED). */
 m3_status m3_trainer_reset_state(m3_trainer *tr, const int32_t *rows, int32_t n_rows);
 m3_status m3_trainer_get_state(const m3_trainer *tr, int32_t layer, float *angle, float *ssm,
                                float *k, float *v);

@@ -488,6 +488,10 @@ m3_status m3_trainer_get_state(const m3_trainer *tr, int32_t layer, float *angle
 m3_status m3_trainer_set_state(m3_trainer *tr, int32_t layer, const float *angle, const float *ssm, const float *k,
                                const float *v) {
   TRY(usable(tr));
+  if (!tr->cfg.carry_state) /* it would be taken and never read */
+    return m3_fail(M3_ERR_UNSUPPORTED, "set_state: this trainer does not carry its state (carry_state = false): every "
+                                       "window starts from zero state, so a state set here would never be used; "
+                                       "create the trainer with carry_state = true");
   TRY(m3_check_layer(&tr->dims, layer));
   TRY(m3_check_state_values(&tr->dims, tr->cfg.batch, angle, ssm, k, v));
   return track(tr, tr->ops->set_state(tr->be, layer, angle, ssm, k, v));
