@@ -922,7 +922,11 @@ describe("m3.trainer", function()
     tr:load_weights(w)
     assert.is_true(helper.same_weights(w, tr:snapshot()))
     assert.equal(tr.config.n_params, tr:grads():numel())
-    assert.matches("m3: ", helper.error_of(tr.load_weights, tr, m3.weights.init(helper.features_none({ d_state = 4 }))))
+    -- the message names the first field that differs, the weights' value first
+    assert.matches("m3: load_weights: the weights' config differs from the trainer's %(d_state: 4 vs %d+%)",
+      helper.error_of(tr.load_weights, tr, m3.weights.init(helper.features_none({ d_state = 4 }))))
+    assert.matches("the weights' config differs from the trainer's %(a_floor: 0%.5 vs ",
+      helper.error_of(tr.load_weights, tr, m3.weights.init(helper.features_none({ a_floor = 0.5 }))))
   end)
 
   it("refuses capture_graph on the CPU, naming CUDA; drop_graph has nothing to drop", function()

@@ -8,6 +8,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "config.h"
 #include "errors.h"
 #include "layout.h"
 
@@ -241,4 +242,36 @@ const char *m3_config_to_json(const m3_config *c) {
            input_names[c->input], head_names[c->head], c->tie_embeddings ? "true" : "false",
            c->input_dim, c->vocab_size, c->out_dim);
   return buf;
+}
+
+/* The value of the item `"key": value` at p (len bytes), after its key. */
+static const char *item_value(const char *p, size_t len, int *vlen) {
+  const char *sep = strstr(p, "\": ");
+  const size_t at = sep && (size_t)(sep - p) < len ? (size_t)(sep - p) + 3 : 0;
+  *vlen = (int)(len - at);
+  return p + at;
+}
+
+int m3_config_same(const m3_config *a, const m3_config *b, char *why, size_t n) {
+  char ja[1024], jb[1024];
+  snprintf(ja, sizeof ja, "%s", m3_config_to_json(a));
+  snprintf(jb, sizeof jb, "%s", m3_config_to_json(b));
+  if (strcmp(ja, jb) == 0) return 1;
+  /* both {"key": value, ...} with the same keys in the same order: the first item that differs */
+  const char *pa = ja + 1, *pb = jb + 1;
+  for (;;) {
+    const size_t la = strcspn(pa, ",}"), lb = strcspn(pb, ",}");
+    if (la != lb || strncmp(pa, pb, la) != 0) {
+      int va_len, vb_len;
+      const char *va = item_value(pa, la, &va_len), *vb = item_value(pb, lb, &vb_len);
+      const int key_len = (int)(va - pa) - 4; /* between the quotes of `"key": ` */
+      snprintf(why, n, "%.*s: %.*s vs %.*s", key_len > 0 ? key_len : 0, pa + 1, va_len, va, vb_len, vb);
+      return 0;
+    }
+    if (pa[la] != ',') break;
+    pa += la + 2;
+    pb += lb + 2;
+  }
+  snprintf(why, n, "%s vs %s", ja, jb); /* not reached for valid configs: some item differs */
+  return 0;
 }

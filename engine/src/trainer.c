@@ -12,6 +12,7 @@
 #include <string.h>
 #include <time.h>
 
+#include "config.h"
 #include "errors.h"
 #include "weights.h"
 
@@ -497,19 +498,17 @@ m3_status m3_trainer_set_state(m3_trainer *tr, int32_t layer, const float *angle
   return track(tr, tr->ops->set_state(tr->be, layer, angle, ssm, k, v));
 }
 
-static int same_config(const m3_config *a, const m3_config *b) {
-  return a->d_model == b->d_model && a->n_layers == b->n_layers && a->d_state == b->d_state &&
-         a->expand == b->expand && a->headdim == b->headdim && a->ngroups == b->ngroups &&
-         a->rope_fraction == b->rope_fraction && a->a_floor == b->a_floor && a->outproj_norm == b->outproj_norm &&
-         a->input == b->input && a->head == b->head && a->tie_embeddings == b->tie_embeddings &&
-         a->input_dim == b->input_dim && a->vocab_size == b->vocab_size && a->out_dim == b->out_dim;
+/* M3_OK when the weights' config w is the trainer's model; else an error naming the first field that differs. */
+static m3_status check_same_model(const m3_trainer *tr, const m3_config *w, const char *call) {
+  char why[256];
+  if (m3_config_same(w, &tr->model, why, sizeof why)) return M3_OK;
+  return m3_fail(M3_ERR_ARGUMENT, "%sthe weights' config differs from the trainer's (%s)", call, why);
 }
 
 static m3_status read_into(const m3_trainer *tr, arena_kind kind, m3_weights *out) {
   TRY(usable(tr));
   if (!out) return m3_fail(M3_ERR_ARGUMENT, "weights are NULL");
-  if (!same_config(&out->cfg, &tr->model))
-    return m3_fail(M3_ERR_ARGUMENT, "the weights' config differs from the trainer's");
+  TRY(check_same_model(tr, &out->cfg, ""));
   return tr->ops->read_arena(tr->be, kind, out->arena);
 }
 
@@ -520,8 +519,7 @@ m3_status m3_trainer_grads(const m3_trainer *tr, m3_weights *out) { return read_
 m3_status m3_trainer_load_weights(m3_trainer *tr, const m3_weights *w) {
   TRY(usable(tr));
   if (!w) return m3_fail(M3_ERR_ARGUMENT, "weights are NULL");
-  if (!same_config(&w->cfg, &tr->model))
-    return m3_fail(M3_ERR_ARGUMENT, "load_weights: the weights' config differs from the trainer's");
+  TRY(check_same_model(tr, &w->cfg, "load_weights: "));
   if (tr->window_open || tr->pending_forward)
     return m3_fail(M3_ERR_ORDER, "load_weights: finish the pending forward / accumulation window first");
   TRY(m3_weights_check_finite(w, M3_ERR_ARGUMENT));
