@@ -51,7 +51,8 @@ end
 
 -- Runs m3lua args... (which end in an endless loop) in the background, with SIGINT back at its
 -- default (sh starts background jobs with it ignored), sends it signal sig 0.2 s after its first
--- chunk has run, and returns stdout, stderr, exit status (SIGKILL after 5 s more).
+-- chunk has run (sig: names 0.3 s apart, e.g. "INT TERM"), and returns stdout, stderr, exit status
+-- (SIGKILL after 5 s more).
 local function run_signalled(args, sig)
   local ready = base .. ".ready"
   os.remove(ready)
@@ -63,7 +64,7 @@ pid=$!
 n=0
 while [ ! -e %s ] && [ $n -lt 600 ]; do sleep 0.05; n=$((n + 1)); done
 sleep 0.2
-kill -s %s $pid
+for s in %s; do kill -s $s $pid 2> /dev/null; sleep 0.3; done
 ( sleep 5; kill -s KILL $pid 2> /dev/null ) &
 guard=$!
 wait $pid
@@ -86,6 +87,24 @@ describe("m3lua", function()
     assert.equal("", err)
     assert.equal(0, rc)
     assert.equal(base .. ".lua\ta\tb c\ttrue\t2\ta\tb c\n", out)
+  end)
+
+  it("gives a script more arguments than Lua's stack holds in arg alone", function()
+    spit(base .. ".lua", "print(select('#', ...), #arg, arg[9000])")
+    local args = { base .. ".lua" }
+    for i = 1, 9000 do args[#args + 1] = tostring(i) end
+    local out, err, rc = run(args) -- was "stack overflow (too many arguments to script)"
+    assert.equal("", err)
+    assert.equal(0, rc)
+    assert.equal("0\t9000\t9000\n", out)
+  end)
+
+  it("fails when its standard output cannot be written (a full disk)", function()
+    if not io.open("/dev/full", "w") then return pending("no /dev/full here") end
+    os.execute(("%s -e 'print(1)' > /dev/full 2> %s; echo $? > %s"):format(quote(M3LUA), quote(base .. ".err"),
+      quote(base .. ".rc")))
+    assert.equal("m3lua: writing the standard output failed: No space left on device\n", slurp(base .. ".err"))
+    assert.equal(1, tonumber(slurp(base .. ".rc")))
   end)
 
   it("runs -e chunks in order, and stdin with -", function()
@@ -311,6 +330,15 @@ describe("m3lua", function()
     local _, err, rc = run_signalled({ "-joff", "-e", "while true do end" }, "INT")
     assert.equal(130, rc)
     assert.matches("interrupted!\nstack traceback:", err, 1, true)
+  end)
+
+  it("ends a program that caught the first interrupt on a second signal of either kind", function()
+    -- the first signal's error is caught and the loop goes on; the second (the other kind) used to be caught too
+    local swallow = { "-joff", "-e", "while true do pcall(function() for _ = 1, 1e6 do end end) end" }
+    local _, _, rc = run_signalled(swallow, "INT TERM")
+    assert.equal(143, rc)
+    _, _, rc = run_signalled(swallow, "TERM INT")
+    assert.equal(130, rc)
   end)
 
   it("reports an interrupt inside the library's calls without a library line", function()

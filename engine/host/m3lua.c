@@ -12,7 +12,8 @@
  * Interrupts: SIGINT and SIGTERM set the engine's flag (m3_interrupt: a running step
  * stops between layers with M3_ERR_INTERRUPTED) and, while Lua code runs under the
  * host's protection, set a Lua hook that raises "interrupted!" in interpreted code. The
- * handler resets itself to the default action, so a second signal kills a hung program.
+ * handler puts back the default action of both signals, so a second one of either kind kills
+ * a hung program (one that caught the first error and went on).
  * JIT-compiled loops never look at hooks: a watchdog timer checks, after a grace period
  * without the hook having run, whether the main thread is executing machine code that
  * belongs to no loaded object (code made by the JIT); if so it ends the process with the
@@ -106,10 +107,16 @@ static void drop_hook(void)
   }
 }
 
-/* SA_RESETHAND has already put back the default action: a second signal kills. */
+/* SA_RESETHAND has already put back this signal's default action; the other's goes back too, so that a
+ * second signal of either kind kills (sigaction is async-signal-safe). */
 static void on_signal(int sig)
 {
   int saved_errno = errno;
+  struct sigaction dfl = { .sa_handler = SIG_DFL };
+  sigemptyset(&dfl.sa_mask);
+  for (int i = 0; i < N_CAUGHT; i++)
+    if (caught[i] != sig && !(ignored_at_start & (1 << i)))
+      sigaction(caught[i], &dfl, NULL);
   if (!pending_sig)
     pending_sig = sig;
   sig_count++;
@@ -563,7 +570,8 @@ static void create_arg_table(lua_State *L, char **argv, int argc, int script)
   lua_setglobal(L, "arg");
 }
 
-/* Runs argv[script] ("-" is stdin unless after "--") with arg[1..n] as its `...`. */
+/* Runs argv[script] ("-" is stdin unless after "--") with arg[1..n] as its `...`; past what Lua's stack
+ * holds (about 8000), the arguments are in `arg` only. */
 static int run_script(lua_State *L, char **argv, int script)
 {
   const char *name = argv[script];
@@ -575,7 +583,8 @@ static int run_script(lua_State *L, char **argv, int script)
   lua_getglobal(L, "arg");
   if (lua_istable(L, -1)) {
     int n = (int)lua_objlen(L, -1);
-    luaL_checkstack(L, n + 1, "too many arguments to script");
+    if (!lua_checkstack(L, n + 1))
+      n = 0;
     for (narg = 1; narg <= n; narg++)
       lua_rawgeti(L, -narg, narg);
     narg = n;
@@ -718,5 +727,12 @@ int main(int argc, char **argv)
     r.code = 1;
   }
   lua_close(L);
+  /* output lost to a full disk or a closed pipe is a failure, not a clean exit */
+  const int flushed = fflush(stdout) == 0, flush_errno = errno;
+  if ((!flushed || ferror(stdout)) && r.code == 0) {
+    fprintf(stderr, "m3lua: writing the standard output failed%s%s\n", flushed ? "" : ": ",
+            flushed ? "" : strerror(flush_errno));
+    r.code = 1;
+  }
   return r.code;
 }
