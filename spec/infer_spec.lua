@@ -468,6 +468,48 @@ describe("m3.infer", function()
       assert.equal(good.d_model, m3.pytorch.config_from_json(good).d_model)
     end)
 
+    it("names <dir>/config.json and the field in import's errors, and the defaults taken when the weights do not fit",
+      function()
+      local dir = helper.tmpname("-fields")
+      local w = m3.weights.init(m3.config(helper.tokens_lm()), { seed = 3 })
+      m3.pytorch.export(w, dir)
+      local good = m3.fs.read(dir .. "/config.json")
+      local file = dir .. "/config.json"
+      for _, case in ipairs {
+        { function(t) t.vocab_size = nil end, file .. ": vocab_size is required" },
+        { function(t) t.n_layer = nil end, file .. ": n_layer is required" },
+        { function(t) t.d_model = nil end, file .. ": d_model is required" },
+        { function(t) t.d_model = "16" end, file .. ': m3.config: d_model = "16": expected an integer' },
+        { function(t) t.vocab_size = 1 end, file .. ": m3: vocab_size = 1: " },
+        { function(t) t.tie_embeddings = m3.json.null end,
+          file .. ": m3.config: tie_embeddings = null: expected a boolean" },
+        { function(t) t.pad_vocab_size_multiple = nil end,
+          "m3.pytorch.import: m3: " .. dir .. "/model.safetensors: tensor backbone.embedding.weight: expected shape "
+          .. "[16, 16], got [13, 16] (weights_io.c:109); " .. file
+          .. " leaves out pad_vocab_size_multiple (the public default 8 pads vocab_size 13 to 16)" },
+        { function(t) t.ssm_cfg.d_state, t.ssm_cfg.expand = nil, nil end,
+          "; " .. file .. " leaves out ssm_cfg.d_state (the public default 128), "
+          .. "ssm_cfg.expand (the public default 2)" },
+        { function(t) t.ssm_cfg.headdim = nil end, file .. ": m3: headdim = 64: must divide d_inner = expand * d_model "
+          .. "= 32 (config.c:54); it leaves out ssm_cfg.headdim (the public default 64)" },
+      } do
+        local t = m3.json.decode(good)
+        case[1](t)
+        m3.fs.write(file, m3.json.encode(t))
+        local ok, err = pcall(function() m3.pytorch.import(dir) end)
+        assert.is_false(ok)
+        assert.matches("^[^:]*infer_spec%.lua:%d+: ", err)
+        assert.truthy(err:find(case[2], 1, true), err)
+      end
+      local t = m3.json.decode(good)
+      t.ssm_cfg.d_state = 8.5
+      assert.matches("^[^:]*infer_spec%.lua:%d+: m3%.pytorch%.config_from_json: m3%.config: d_state = 8%.5",
+        helper.error_of(function() m3.pytorch.config_from_json(t) end))
+      m3.fs.write(file, good)
+      assert.is_true(helper.same_weights(m3.pytorch.import(dir), w))
+      os.execute("rm -rf '" .. dir .. "'")
+    end)
+
     it("names bad arguments at the caller's line", function()
       local w = m3.weights.init(m3.config(helper.tokens_lm()), { seed = 1 })
       local file = helper.tmpname("-file")

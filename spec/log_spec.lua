@@ -90,6 +90,27 @@ describe("m3.log.progress", function()
     assert.truthy(lines[2]:match("^step 2/3  loss %-inf  elapsed"))
     assert.truthy(lines[3]:match("^step 3/3  loss 2%.0000e%-06  elapsed"))
   end)
+
+  it("refuses a step that is not an integer in [0, 2^53) and metrics that are not numbers, at the caller's line",
+    function()
+    local out = sink()
+    local p = log.progress { total = 3, every = 1, out = out }
+    for _, case in ipairs {
+      { 0 / 0, nil, "update expects a step (an integer in [0, 2^53)), got nan" },
+      { 1 / 0, nil, "got inf" }, { -1, nil, "got -1" }, { 1.5, nil, "got 1.5" }, { "1", nil, 'got "1"' },
+      { 1, { loss = "x" }, 'm3.log.progress: update: loss = "x": expected a number' },
+      { 1, { lr = true }, "m3.log.progress: update: lr = true: expected a number" },
+      { 1, { tokens = {} }, "m3.log.progress: update: tokens = {}: expected a number" },
+    } do
+      local ok, err = pcall(function() p:update(case[1], case[2]) end)
+      assert.is_false(ok)
+      assert.matches("^[^:]*log_spec%.lua:%d+: ", err)
+      assert.truthy(err:find(case[3], 1, true), err)
+    end
+    assert.same({}, out:lines())
+    p:update(3, { loss = 0 / 0, lr = 1 / 0, tokens = 0 })
+    assert.truthy(out:lines()[1]:match("^step 3/3  loss %-?nan  lr inf  elapsed"), out:lines()[1])
+  end)
 end)
 
 describe("m3.json", function()
@@ -198,6 +219,21 @@ describe("m3.log.jsonl and plots", function()
     os.execute("rm -rf " .. dir)
   end)
 
+  it("breaks a curve at the steps whose loss metrics.jsonl holds as null (NaN, +-inf), on a log axis still", function()
+    local dir = tmpdir()
+    local w = log.jsonl(dir .. "/metrics.jsonl")
+    local loss = { 100, 50, 0 / 0, 1 / 0, 1, 0.5 }
+    for i = 1, 6 do w:write { step = i, loss = loss[i] } end
+    w:close()
+    assert.equal(json.null, log.read_jsonl(dir .. "/metrics.jsonl")[3].loss)
+    local text = io.open(log.plot_run(dir)):read("*a")
+    assert.equal(2, select(2, text:gsub("<polyline", ""))) -- steps 1-2 and 5-6
+    local labels = {}
+    for t in text:gmatch('text%-anchor="end" font%-size="11">([^<]*)<') do labels[#labels + 1] = t end
+    assert.same({ "0.1", "1", "10", "100" }, labels) -- 0.5 to 100: a log axis, whatever the gap holds
+    os.execute("rm -rf " .. dir)
+  end)
+
   it("picks nice ticks", function()
     local t, a, b = log.svg.nice_ticks(0.13, 0.92, 5)
     assert.same({ 0, 0.2, 0.4, 0.6, 0.8, 1 }, (function()
@@ -265,6 +301,35 @@ describe("m3.log.jsonl and plots", function()
     assert.same({ "1e-400", "1e-300", "1e-200", "1e-100", "1", "1e100", "1e200", "1e300", "1e400" },
       y_labels(5e-324, 1.7976931348623157e308))
     assert.equal(8, #y_labels(1e-3, 1e9)) -- 12 decades: every second one, 1e-4 to 1e10
+  end)
+
+  it("writes well-formed XML for any title or key: control characters and bytes that are not UTF-8 become U+FFFD",
+    function()
+    local dir = tmpdir()
+    -- controls, then Latin-1 bytes, an overlong NUL, a surrogate, U+FFFE and a torn sequence
+    local bad = "loss\0\27\8\31x\255\254\192\128\237\160\128\239\191\190\226\130"
+    log.plot({ { step = 1, [bad] = 3 }, { step = 2, [bad] = 2 } }, dir .. "/odd.svg", { title = "caf\233 <&>" })
+    local text = io.open(dir .. "/odd.svg"):read("*a")
+    local r = "\239\191\189"
+    assert.truthy(text:find(">loss" .. r:rep(4) .. "x" .. r:rep(4 + 3 + 1 + 2) .. "<", 1, true), text)
+    assert.truthy(text:find(">caf" .. r .. " &lt;&amp;&gt;: loss<", 1, true))
+    local ok = "h\195\169 \226\130\172 \240\159\152\128 \244\143\191\189 \t" -- valid UTF-8 passes through
+    local doc = log.svg.document { log.svg.bars { title = ok, labels = {}, values = {} } }
+    assert.truthy(doc:find(">" .. ok .. "<", 1, true))
+    local out, code = helper.run("python3 -c 'import xml.dom.minidom,sys; xml.dom.minidom.parse(sys.argv[1])' "
+      .. dir .. "/odd.svg")
+    if code ~= 127 then assert.equal(0, code, out) end -- 127: no python3 to parse it with
+    os.execute("rm -rf " .. dir)
+  end)
+
+  it("takes a series color only as a name or #hex (it is written into attributes as it is)", function()
+    local doc = log.svg.document { log.svg.lines { series = { { x = { 1, 2 }, y = { 1, 2 }, color = "#1f77b4" },
+      { x = { 1, 2 }, y = { 2, 1 }, color = "teal" } } } }
+    assert.truthy(doc:find('stroke="#1f77b4"', 1, true) and doc:find('stroke="teal"', 1, true))
+    for _, bad in ipairs { '"/><script/>', "red blue", 5 } do
+      assert.matches('m3%.log%.svg%.lines: series%[1%]: color = .*: expected a color name or "#rrggbb"',
+        helper.error_of(log.svg.lines, { series = { { x = { 1 }, y = { 1 }, color = bad } } }))
+    end
   end)
 
   it("draws bars and escapes labels", function()

@@ -12,7 +12,8 @@
 --   log.plot(records, path, opts)  an SVG of the curves in records: a panel of the keys
 --                                  with "loss" in their name (not loss_scale) and one of
 --                                  the keys with "acc" (x = opts.x or "step"; title =
---                                  opts.title)
+--                                  opts.title); a null value (NaN or +-inf written by
+--                                  m3.json) breaks the curve at its step
 --   log.plot_run(dir)              dir/metrics.jsonl -> dir/plot.svg
 --   log.svg                        the chart writer (m3.log.svg)
 --   log.now(), log.duration(s)     a monotonic clock in seconds, "3m05s"
@@ -109,7 +110,8 @@ function log.read_jsonl(path)
   return out, skipped
 end
 
--- Series {name, x, y} for the keys of records that pass keep(key), in sorted key order.
+-- Series {name, x, y} for the keys of records that pass keep(key), in sorted key order. A JSON null
+-- (how m3.json writes NaN and +-inf) becomes a NaN point, which breaks the line there.
 local function series_of(records, xkey, keep)
   local keys, seen = {}, {}
   for _, r in ipairs(records) do
@@ -125,8 +127,9 @@ local function series_of(records, xkey, keep)
   for _, k in ipairs(keys) do
     local xs, ys = {}, {}
     for _, r in ipairs(records) do
-      if type(r[k]) == "number" and type(r[xkey]) == "number" then
-        xs[#xs + 1], ys[#ys + 1] = r[xkey], r[k]
+      local y = r[k] == json.null and 0 / 0 or r[k]
+      if type(y) == "number" and type(r[xkey]) == "number" then
+        xs[#xs + 1], ys[#ys + 1] = r[xkey], y
       end
     end
     out[#out + 1] = { name = k, x = xs, y = ys }
@@ -134,13 +137,16 @@ local function series_of(records, xkey, keep)
   return out
 end
 
--- Log scale when every value is positive and they span more than a factor of 20.
+-- Log scale when every finite value is positive and they span more than a factor of 20 (NaN and
+-- +-inf are not drawn, so they have no say).
 local function wants_log(series)
   local lo, hi = math.huge, 0
   for _, s in ipairs(series) do
     for _, y in ipairs(s.y) do
-      if y <= 0 then return false end
-      lo, hi = math.min(lo, y), math.max(hi, y)
+      if y - y == 0 then -- finite
+        if y <= 0 then return false end
+        lo, hi = math.min(lo, y), math.max(hi, y)
+      end
     end
   end
   return hi > 20 * lo

@@ -7,7 +7,10 @@
 --   m3.pytorch.config_json(cfg)       → the config.json table of an m3 config
 --   m3.pytorch.config_from_json(t, dir) → the m3 config of a config.json table
 -- Bad arguments (a dir that is a file, a missing folder, a model the public LM cannot hold)
--- raise at the caller's line, naming the function and what is wrong.
+-- raise at the caller's line, naming the function and what is wrong. import names
+-- <dir>/config.json in the errors of its fields: d_model, n_layer and vocab_size are
+-- required; a field left out takes the public model's default, and an error about the
+-- config or model.safetensors lists the defaults taken.
 --
 -- model.safetensors holds float32 tensors under the public names: SPEC.md §2 names with the
 -- "backbone." prefix (backbone.embedding.weight, backbone.layers.{i}.norm.weight,
@@ -81,8 +84,18 @@ end
 -- v is absent: nil, or JSON's null.
 local function absent(v) return v == nil or v == json.null end
 
--- The m3 config of a config.json table (fields the LM loader needs; the rest must agree).
-function pytorch.config_from_json(t, dir)
+-- The config.json fields without a default that fits a given file (the public ones are a 2.8B model's).
+local REQUIRED = { "d_model", "n_layer", "vocab_size" }
+
+-- "; <whose> leaves out <fields>" for the fields that took the public model's defaults, "" when none did.
+local function left_out(defaulted, whose)
+  if #defaulted == 0 then return "" end
+  return string.format("; %s leaves out %s", whose, table.concat(defaulted, ", "))
+end
+
+-- The m3 config of a config.json table (fields the LM loader needs; the rest must agree), and the fields the
+-- table leaves out with the public model's default each took (for the message when the weights do not fit).
+local function from_json(t, dir)
   if dir ~= nil and type(dir) ~= "string" then
     raise("m3.pytorch.config_from_json: dir = " .. show(dir) .. ": expected the folder's path (for messages)")
   end
@@ -99,6 +112,8 @@ function pytorch.config_from_json(t, dir)
     "attn_layer_idx = " .. (type(attn) == "table" and "a non-empty table" or show(attn))
     .. ": must be an empty list (no attention layers)")
   want(absent(t.rms_norm) or t.rms_norm == true, where, "rms_norm = " .. show(t.rms_norm) .. ": must be true")
+  for _, key in ipairs(REQUIRED) do want(t[key] ~= nil, where, key .. " is required") end
+  local defaulted = {}
   local mult = t.pad_vocab_size_multiple
   if absent(mult) then mult = 8 end
   want(type(mult) == "number" and mult >= 1 and mult == math.floor(mult) and mult < 2 ^ 31, where,
@@ -106,18 +121,30 @@ function pytorch.config_from_json(t, dir)
   local vocab = t.vocab_size
   if type(vocab) == "number" and vocab % mult ~= 0 then
     vocab = vocab + mult - vocab % mult -- the public model pads the vocabulary the same way
+    if absent(t.pad_vocab_size_multiple) then
+      defaulted[#defaulted + 1] = string.format(
+        "pad_vocab_size_multiple (the public default 8 pads vocab_size %s to %s)", show(t.vocab_size), show(vocab))
+    end
   end
-  local function opt(v, default)
-    if v == nil then return default end
-    return v
+  local function opt(owner, key, default)
+    if owner[key] ~= nil then return owner[key] end
+    defaulted[#defaulted + 1] = string.format("%s%s (the public default %s)", owner == s and "ssm_cfg." or "", key,
+      show(default))
+    return default
   end
-  return config.validate {
+  local ok, cfg = pcall(config.validate, {
     d_model = t.d_model, n_layers = t.n_layer, vocab_size = vocab, input = "tokens", head = "lm",
-    tie_embeddings = opt(t.tie_embeddings, true),
-    d_state = opt(s.d_state, 128), expand = opt(s.expand, 2), headdim = opt(s.headdim, 64),
-    ngroups = opt(s.ngroups, 1), rope_fraction = opt(s.rope_fraction, 0.5), a_floor = opt(s.A_floor, 1e-4),
-    outproj_norm = opt(s.is_outproj_norm, false),
-  }
+    tie_embeddings = opt(t, "tie_embeddings", true),
+    d_state = opt(s, "d_state", 128), expand = opt(s, "expand", 2), headdim = opt(s, "headdim", 64),
+    ngroups = opt(s, "ngroups", 1), rope_fraction = opt(s, "rope_fraction", 0.5), a_floor = opt(s, "A_floor", 1e-4),
+    outproj_norm = opt(s, "is_outproj_norm", false),
+  })
+  if not ok then raise(where .. ": " .. cfg .. left_out(defaulted, dir and "it" or "the table")) end
+  return cfg, defaulted
+end
+
+function pytorch.config_from_json(t, dir)
+  return (from_json(t, dir))
 end
 
 function pytorch.export(w, dir)
@@ -145,7 +172,15 @@ function pytorch.import(dir)
   if not text then raise("m3.pytorch.import: cannot read " .. dir .. "/config.json: " .. tostring(err)) end
   local ok, t = pcall(json.decode, text)
   if not ok then raise("m3.pytorch.import: " .. dir .. "/config.json: " .. tostring(t)) end
-  return weights.load(dir .. "/model.safetensors", pytorch.config_from_json(t, dir))
+  local cfg, defaulted = from_json(t, dir)
+  lib.last_status = nil
+  local loaded, w = pcall(weights.load, dir .. "/model.safetensors", cfg)
+  if loaded then return w end
+  if lib.last_status == lib.C.M3_ERR_INTERRUPTED then error(w, 0) end -- as lib.check raises it: no position
+  if lib.last_status == lib.C.M3_ERR_FORMAT then
+    raise("m3.pytorch.import: " .. w .. left_out(defaulted, dir .. "/config.json"))
+  end
+  raise(w)
 end
 
 return pytorch

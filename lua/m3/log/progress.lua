@@ -10,7 +10,8 @@
 -- Otherwise (a file, a pipe, a test) a plain line is written at every step that is a
 -- multiple of `every` (default: total/20) and at the last step. `first` is the step the run starts after (a
 -- resumed run), so the rates and the ETA count only this session's steps.
--- Bad options or arguments raise at the caller's line.
+-- The step is an integer in [0, 2^53); loss, lr and tokens are numbers when given (a NaN or inf loss is
+-- shown as it is). Bad options or arguments raise at the caller's line.
 
 local ffi = require "ffi"
 local lib = require "m3.lib"
@@ -19,6 +20,7 @@ local options = require "m3.options"
 lib.internal_file(debug.getinfo(1, "S").source)
 
 local raise, show, want_int, want_bool = lib.raise, options.show, options.want_int, options.want_bool
+local want_number = options.want_number
 
 pcall(ffi.cdef, "int isatty(int fd);")
 pcall(ffi.cdef, [[
@@ -72,6 +74,8 @@ end
 local P = {}
 P.__index = P
 
+local METRICS = { "loss", "lr", "tokens" } -- update's fields that must be numbers when given
+
 function progress.new(o)
   if type(o) ~= "table" then raise("m3.log.progress: expected {total = <steps>, ...}, got " .. show(o)) end
   local total = want_int(o.total, "m3.log.progress: total", 1)
@@ -105,11 +109,16 @@ function P:fields(step, m)
 end
 
 function P:update(step, m)
-  if type(step) ~= "number" then raise("m3.log.progress: update expects a step number, got " .. show(step)) end
+  if type(step) ~= "number" or step < 0 or step >= 2 ^ 53 or step ~= math.floor(step) then
+    raise("m3.log.progress: update expects a step (an integer in [0, 2^53)), got " .. show(step))
+  end
   if m ~= nil and type(m) ~= "table" then
     raise("m3.log.progress: update expects {loss =, lr =, tokens =} after the step, got " .. show(m))
   end
   m = m or {}
+  for _, k in ipairs(METRICS) do
+    if m[k] ~= nil then want_number(m[k], "m3.log.progress: update: " .. k) end
+  end
   self.tokens = self.tokens + (m.tokens or 0)
   self.step, self.last = step, m
   local final = step >= self.total

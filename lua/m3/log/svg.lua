@@ -10,7 +10,9 @@
 -- Axes get "nice" ticks (1, 2, 5 times a power of ten; powers of ten on a log axis, every
 -- decade up to ten of them, else at a step of 2, 5, 10, ... decades);
 -- series longer than 1500 points are averaged in buckets; non-finite points break a line.
--- Any finite values give finite coordinates (an axis stops at the largest float).
+-- Any finite values give finite coordinates (an axis stops at the largest float). Text (titles,
+-- labels, names) is escaped; the control characters XML forbids and bytes that are not UTF-8
+-- become U+FFFD, so the document stays well-formed.
 -- Bad arguments raise at the caller's line, naming the function and what was expected.
 
 local fs = require "m3.fs"
@@ -35,8 +37,39 @@ local LOG_DECADES = 10 -- a log axis over more decades ticks at a nice step of d
 local TINY = 1e-280
 local HUGE = 1.7976931348623157e308 -- the largest float
 
+local REPLACEMENT = "\239\191\189" -- U+FFFD in UTF-8
+-- The UTF-8 sequences of the code points above U+007F, surrogates excluded (RFC 3629).
+local UTF8 = {
+  "^[\194-\223][\128-\191]",
+  "^\224[\160-\191][\128-\191]", "^[\225-\236\238\239][\128-\191][\128-\191]", "^\237[\128-\159][\128-\191]",
+  "^\240[\144-\191][\128-\191][\128-\191]", "^[\241-\243][\128-\191][\128-\191][\128-\191]",
+  "^\244[\128-\143][\128-\191][\128-\191]",
+}
+local NONCHARACTER = { ["\239\191\190"] = true, ["\239\191\191"] = true } -- U+FFFE, U+FFFF: not XML
+
+-- s with each byte that starts no valid UTF-8 sequence (Latin-1 text, a torn sequence), and each
+-- U+FFFE or U+FFFF, as U+FFFD.
+local function valid_utf8(s)
+  local out, i = {}, 1
+  while true do
+    local j = s:find("[\128-\255]", i)
+    out[#out + 1] = s:sub(i, (j or 0) - 1)
+    if not j then return table.concat(out) end
+    local seq
+    for _, p in ipairs(UTF8) do
+      seq = s:match(p, j)
+      if seq then break end
+    end
+    out[#out + 1] = (seq == nil or NONCHARACTER[seq]) and REPLACEMENT or seq
+    i = j + (seq and #seq or 1)
+  end
+end
+
+-- tostring(s) as XML 1.0 text or attribute value: markup characters escaped, the control characters
+-- XML forbids and bytes that are not UTF-8 as U+FFFD (valid UTF-8 passes through).
 local function esc(s)
-  return (tostring(s):gsub("&", "&amp;"):gsub("<", "&lt;"):gsub(">", "&gt;"):gsub('"', "&quot;"))
+  s = valid_utf8((tostring(s):gsub("[%z\1-\8\11\12\14-\31]", REPLACEMENT)))
+  return (s:gsub("&", "&amp;"):gsub("<", "&lt;"):gsub(">", "&gt;"):gsub('"', "&quot;"))
 end
 
 local function finite(v)
@@ -158,6 +191,10 @@ function svg.lines(o)
     options.check_table(s, SERIES_OPTS, what)
     if type(s.x) ~= "table" or type(s.y) ~= "table" then
       raise(string.format("%s: expected lists x and y, got %s and %s", what, show(s.x), show(s.y)))
+    end
+    -- written into attributes as it is: a name or #hex only, never markup
+    if s.color ~= nil and not (type(s.color) == "string" and s.color:match("^#?[%w]+$")) then
+      raise(string.format('%s: color = %s: expected a color name or "#rrggbb"', what, show(s.color)))
     end
   end
   local x0, x1, y0, y1 = math.huge, -math.huge, math.huge, -math.huge
