@@ -3,12 +3,14 @@
 -- device memory of the trainer, and the public PyTorch + Triton Mamba-3 numbers for scale; on CUDA the
 -- bf16 speed bars, and for rl and rl-batch the f32 / bf16 step-time ratio against its bar (1.5).
 --
---   m3lua scripts/bench.lua [--configs rl,rl-batch,mid,lm130] [--dtypes bf16,f32]
+--   m3lua scripts/bench.lua [--configs rl,rl-batch,mid,lm130,lm130-b16] [--dtypes bf16,f32]
 --                           [--device cuda|cpu] [--steps N] [--no-graph] [--profile]
 --   m3lua scripts/bench.lua --decode [flags]   inference decode speed (scripts/bench_decode.lua)
 --
 -- Exit status: 2 for a bad flag or a device / dtype that cannot run here (--device cuda without
--- a GPU; bf16 or f16 on the CPU, which computes in f32 only), 1 when a config FAILED, else 0.
+-- a GPU; bf16 or f16 on the CPU, which computes in f32 only; --profile on the CPU), or when no
+-- listed config runs in a listed dtype (lm130-b16 runs in bf16 only: a line says when it is left
+-- out); 130 / 143 on Ctrl-C / SIGTERM, which stop it at once; 1 when a config FAILED, else 0.
 --
 -- On CUDA every config is timed with a captured graph (after eager warm-up steps). The
 -- timer is the trainer's own wall time of each step call, which returns after the step's
@@ -19,9 +21,10 @@
 -- --pageable times ordinary host memory instead.
 -- --profile (CUDA) times eagerly instead and prints each config's phases (tr:profile()):
 -- device ms per step in upload, norms, in_proj, scan, out_proj, head, update, ...
--- `lm130-b16` only checks that lm130 at B 16 x T 2048 fits (two steps, memory).
--- On the CPU (the default without a GPU) it times the rl model at B 16 x T 256 in f32 and
--- reports the share of the step spent in matrix products (trainer info gemm_seconds).
+-- `lm130-b16` only checks that lm130 at B 16 x T 2048 fits in bf16 (two steps, memory).
+-- On the CPU (the default without a GPU) it times each config (default rl-batch) at B 16 x T 256
+-- in f32 and reports each one's share of the step spent in matrix products (trainer info
+-- gemm_seconds); the CPU trainer reports no device memory ("-" in the mem column).
 
 local ffi = require "ffi"
 io.stdout:setvbuf("line")
@@ -38,7 +41,8 @@ local CONFIGS = {
   ["lm130"] = { model = { d_model = 768, n_layers = 24, d_state = 128, headdim = 64, input = "tokens",
                           vocab_size = 50280, head = "lm" }, B = 8, T = 2048, public = { 119, 174 } },
   ["lm130-b16"] = { model = { d_model = 768, n_layers = 24, d_state = 128, headdim = 64, input = "tokens",
-                              vocab_size = 50280, head = "lm" }, B = 16, T = 2048, fit_only = true },
+                              vocab_size = 50280, head = "lm" }, B = 16, T = 2048, fit_only = true,
+                    only_dtype = "bf16" },
 }
 local BAR_BF16 = { ["rl"] = 0.25, ["rl-batch"] = 0.6, ["mid"] = 10, ["lm130"] = 45 }
 local BAR_F32_RATIO = { ["rl"] = 1.5, ["rl-batch"] = 1.5 } -- f32 ms within this factor of bf16's
@@ -83,6 +87,29 @@ else
   opt.configs = opt.configs or { "rl", "rl-batch", "mid", "lm130", "lm130-b16" }
   opt.dtypes = opt.dtypes or { "bf16", "f32" }
 end
+
+-- The runs, {name, dtype} for each listed config and dtype, and left_out: a line saying why for
+-- each config that runs in one dtype only (lm130-b16: bf16) when that one is not listed. Raises
+-- an error (flags.check: exit 2) when nothing would run, or for --profile on the CPU.
+local function plan()
+  if opt.profile and opt.device == "cpu" then
+    error("--profile: the phase timing needs the CUDA backend (this run is on the CPU)", 0)
+  end
+  local runs, left_out = {}, {}
+  for _, name in ipairs(opt.configs) do
+    local only, n = CONFIGS[name].only_dtype, #runs
+    for _, dtype in ipairs(opt.dtypes) do
+      if not only or dtype == only then runs[#runs + 1] = { name, dtype } end
+    end
+    if #runs == n then
+      left_out[#left_out + 1] = string.format("%s runs in %s only (%s)", name, only,
+        opt.device == "cpu" and "the CPU computes in f32 only" or "--dtypes " .. o.dtypes)
+    end
+  end
+  if #runs == 0 then error("nothing to run: " .. table.concat(left_out, "; "), 0) end
+  return runs, left_out
+end
+local runs, left_out = flags.check("bench.lua", plan)
 
 -- ---- helpers ------------------------------------------------------------------------------------
 
@@ -149,7 +176,7 @@ local function run(name, dtype)
   if opt.device == "cpu" then B, T = 16, 256 end
   io.write(string.format("== %s %s B %d x T %d (%.1f M params) ... ", name, dtype, B, T, cfg.n_params / 1e6))
   io.flush()
-  local ok, err = pcall(function()
+  local ok, err = pcall(flags.interruptible, "bench.lua", function() -- an interrupt ends the script
     local tr = m3.trainer(cfg, { device = opt.device, dtype = dtype, batch = B, seq_len = T, seed = 1 })
     local batch = make_batch(cfg, B, T)
     local warm = c.fit_only and 2 or 3
@@ -173,7 +200,8 @@ local function run(name, dtype)
     end
     local g1 = gemm_seconds(tr)
     local info = tr:info()
-    local r = { name = name, dtype = dtype, B = B, T = T, mem = info.device_bytes / 2 ^ 30, graph = graphed,
+    local r = { name = name, dtype = dtype, B = B, T = T, graph = graphed,
+                mem = opt.device == "cuda" and string.format("%.2f", info.device_bytes / 2 ^ 30) or nil,
                 fit_only = c.fit_only, public = c.public, profile = profiled and tr:profile() or nil }
     if n > 0 then
       r.ms = median(times)
@@ -191,10 +219,11 @@ local function run(name, dtype)
   else
     local r = rows[#rows]
     if r.ms then
-      print(string.format("%.3f ms/step, %.0f tokens/s, %.2f TFLOP/s, %.2f GiB%s", r.ms, r.tok_s, r.tflops, r.mem,
+      print(string.format("%.3f ms/step, %.0f tokens/s, %.2f TFLOP/s%s%s", r.ms, r.tok_s, r.tflops,
+        r.mem and ", " .. r.mem .. " GiB" or "",
         r.gemm_share and string.format(", GEMM share %.0f%%", 100 * r.gemm_share) or ""))
     else
-      print(string.format("fits: %.2f GiB of device memory", r.mem))
+      print(string.format("fits: %s GiB of device memory", r.mem))
     end
     if r.profile then
       local total = 0
@@ -209,14 +238,11 @@ local function run(name, dtype)
 end
 
 print(string.format("m3lua %s bench on %s (%s)", m3.version, opt.device, os.date("!%Y-%m-%d %H:%M UTC")))
-if opt.device == "cpu" then
-  print("CPU: the rl model at B 16 x T 256, f32, input identity / head none with a fixed random d_out")
-end
-for _, name in ipairs(opt.configs) do
-  for _, dtype in ipairs(opt.dtypes) do
-    if not (CONFIGS[name].fit_only and dtype ~= "bf16") then run(name, dtype) end
-  end
-end
+if opt.device == "cpu" then print("CPU: every config at B 16 x T 256 (not its CUDA shape), f32") end
+for _, why in ipairs(left_out) do print("left out: " .. why) end
+flags.interruptible("bench.lua", function()
+  for _, r in ipairs(runs) do run(r[1], r[2]) end
+end)
 
 -- ---- the table ------------------------------------------------------------------------------------------
 
@@ -228,7 +254,7 @@ for _, r in ipairs(rows) do
   if r.failed then
     print(string.format("%-10s %-5s %-11s FAILED: %s", r.name, r.dtype, shape, r.failed:sub(1, 80)))
   elseif not r.ms then
-    print(string.format("%-10s %-5s %-11s %5s %10s %12s %8s %8.2f %12s %8s %6s", r.name, r.dtype, shape, "-", "-",
+    print(string.format("%-10s %-5s %-11s %5s %10s %12s %8s %8s %12s %8s %6s", r.name, r.dtype, shape, "-", "-",
       "-", "-", r.mem, "-", "-", "fits"))
   else
     local pub, speed, bar = "-", "-", "-"
@@ -239,8 +265,8 @@ for _, r in ipairs(rows) do
     end
     local b = BAR_BF16[r.name]
     if b and r.dtype == "bf16" and opt.device == "cuda" then bar = r.ms <= b and "ok" or string.format(">%g", b) end
-    print(string.format("%-10s %-5s %-11s %5s %10.3f %12.0f %8.2f %8.2f %12s %8s %6s", r.name, r.dtype, shape,
-      r.graph and "yes" or "no", r.ms, r.tok_s, r.tflops, r.mem, pub, speed, bar))
+    print(string.format("%-10s %-5s %-11s %5s %10.3f %12.0f %8.2f %8s %12s %8s %6s", r.name, r.dtype, shape,
+      r.graph and "yes" or "no", r.ms, r.tok_s, r.tflops, r.mem or "-", pub, speed, bar))
   end
 end
 if opt.device == "cuda" then
@@ -258,10 +284,15 @@ if opt.device == "cuda" then
   if #ratios > 0 then print("f32 / bf16: " .. table.concat(ratios, ", ")) end
 end
 if opt.device == "cpu" then
-  local r = rows[1]
-  if r and r.ms then
-    print(r.gemm_share and string.format("CPU: %.0f%% of the step in matrix products", 100 * r.gemm_share)
-      or "CPU: the share of time in matrix products is unavailable (the library does not measure it)")
+  local shares, timed = {}, 0
+  for _, r in ipairs(rows) do
+    if r.ms then timed = timed + 1 end
+    if r.gemm_share then shares[#shares + 1] = string.format("%s %.0f%%", r.name, 100 * r.gemm_share) end
+  end
+  if #shares > 0 then
+    print("CPU: share of the step in matrix products: " .. table.concat(shares, ", "))
+  elseif timed > 0 then
+    print("CPU: the share of time in matrix products is unavailable (the library does not measure it)")
   end
 end
 for _, r in ipairs(rows) do

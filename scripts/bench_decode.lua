@@ -15,9 +15,11 @@
 -- few tokens. The rl model has input "identity" and head "none" (d_model 128, 4 layers,
 -- d_state 16, headdim 16); lm130 is the preset (tokens, tied "lm" head over 50280 tokens).
 -- Bars (bf16, GPU): rl B 1 <= 30 µs per step, lm130 B 128 <= 1000 µs per step.
--- On the CPU (the default without a GPU) it times f32 only, with fewer steps, lm130 at B 1 only.
+-- On the CPU (the default without a GPU) it times f32 only, with fewer steps, lm130 at B 1 only;
+-- the CPU reports no device memory ("-" in the mem column).
 -- Exit status: 2 for a bad flag or a device / dtype that cannot run here (--device cuda without
--- a GPU; bf16 or f16 on the CPU, which computes in f32 only), 1 when a row FAILED, else 0.
+-- a GPU; bf16 or f16 on the CPU, which computes in f32 only), 130 / 143 on Ctrl-C / SIGTERM,
+-- which stop it at once, 1 when a row FAILED, else 0.
 
 local ffi = require "ffi"
 io.stdout:setvbuf("line")
@@ -89,7 +91,8 @@ local function run(name, dtype, B)
   local c = CONFIGS[name]
   local cfg = c.model
   io.write(string.format("== %s %s B %d ... ", name, dtype, B))
-  local ok, err = pcall(function()
+  io.flush()
+  local ok, err = pcall(flags.interruptible, "bench_decode.lua", function() -- an interrupt ends the script
     local w = m3.weights.init(cfg, { seed = 1 })
     local inf = m3.infer(w, { device = opt.device, dtype = dtype, batch = B, max_len = 64 })
     w:close()
@@ -98,7 +101,8 @@ local function run(name, dtype, B)
     local no_copy = { out = false, logits = false }
     local n = (name == "lm130" and opt.device == "cpu") and 3 or opt.steps
     local info = inf:info()
-    local r = { name = name, dtype = dtype, B = B, mem = info.device_bytes / 2 ^ 30, fused = info.fused_decode }
+    local r = { name = name, dtype = dtype, B = B, fused = info.fused_decode,
+                mem = opt.device == "cuda" and string.format("%.2f", info.device_bytes / 2 ^ 30) or "-" }
     r.us = time_us(function() inf:step(tok, no_copy) end, n)
     if cfg.head == "lm" then
       local with_logits = { out = false, logits = m3.tensor({ B, cfg.vocab_size }) } -- one buffer, reused
@@ -128,11 +132,13 @@ local function run(name, dtype, B)
 end
 
 print(string.format("m3lua %s decode bench on %s (%s)", m3.version, opt.device, os.date("!%Y-%m-%d %H:%M UTC")))
-for _, name in ipairs(opt.configs) do
-  for _, dtype in ipairs(opt.dtypes) do
-    for _, B in ipairs(CONFIGS[name].batches) do run(name, dtype, B) end
+flags.interruptible("bench_decode.lua", function()
+  for _, name in ipairs(opt.configs) do
+    for _, dtype in ipairs(opt.dtypes) do
+      for _, B in ipairs(CONFIGS[name].batches) do run(name, dtype, B) end
+    end
   end
-end
+end)
 
 print("")
 print(string.format("%-7s %-5s %5s %12s %12s %14s %14s %8s %6s %6s", "decode", "dtype", "B", "µs/step", "tokens/s",
@@ -143,7 +149,7 @@ for _, r in ipairs(rows) do
   else
     local bar = "-"
     if r.bar and r.dtype == "bf16" and opt.device == "cuda" then bar = r.us <= r.bar and "ok" or ">" .. r.bar end
-    print(string.format("%-7s %-5s %5d %12.1f %12.0f %14s %14s %8.2f %6s %6s", r.name, r.dtype, r.B, r.us, r.tok_s,
+    print(string.format("%-7s %-5s %5d %12.1f %12.0f %14s %14s %8s %6s %6s", r.name, r.dtype, r.B, r.us, r.tok_s,
       r.us_logits and string.format("%.1f", r.us_logits) or "-",
       r.gen_tok_s and string.format("%.0f", r.gen_tok_s) or "-", r.mem, r.fused and "yes" or "no", bar))
   end

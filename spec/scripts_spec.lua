@@ -26,11 +26,12 @@ end
 
 -- Runs scripts/<name> with args in folder dir, in the background with SIGINT at its default (sh
 -- starts background jobs with it ignored), and sends it signal sig (INT, TERM) once the file ready
--- (relative to dir) holds a training step's record; returns its output and exit status.
-local function signalled(name, args, dir, ready, sig)
+-- (relative to dir) holds a training step's record (or the word mark, when given); returns its
+-- output and exit status.
+local function signalled(name, args, dir, ready, sig, mark)
   local line = ("cd %s && { env --default-signal=INT %s %s%s %s & pid=$!; n=0; "
-    .. "while ! grep -qs loss %s && [ $n -lt 600 ]; do sleep 0.05; n=$((n + 1)); done; kill -s %s $pid; wait $pid; }")
-    :format(dir, M3LUA, SCRIPTS, name, args, ready, sig)
+    .. "while ! grep -qs %s %s && [ $n -lt 600 ]; do sleep 0.05; n=$((n + 1)); done; kill -s %s $pid; wait $pid; }")
+    :format(dir, M3LUA, SCRIPTS, name, args, mark or "loss", ready, sig)
   return helper.run("sh -c '" .. line .. "'")
 end
 
@@ -345,6 +346,60 @@ describe("scripts/bench.lua and bench_decode.lua", function()
         assert.matches(message, out, 1, true)
         assert.is_nil(out:find("FAILED", 1, true))
       end
+    end
+  end)
+
+  it("stop at once on SIGINT or SIGTERM, with the interrupt and 128 + the signal, no FAILED rows", function()
+    local dir = tmpdir()
+    local cases = {
+      ["bench.lua"] = { "--device cpu --configs rl-batch,rl --steps 100000",
+        "== rl%-batch f32 B 16 x T 256 %([%d.]+ M params%) %.%.%. " },
+      ["bench_decode.lua"] = { "--device cpu --configs lm130,rl", "== lm130 f32 B 1 %.%.%. " },
+    }
+    for name, case in pairs(cases) do
+      for sig, status in pairs { INT = 130, TERM = 143 } do
+        os.remove(dir .. "/out") -- the last run's, which would be taken as ready
+        local _, code = signalled(name, case[1] .. " >out 2>&1", dir, "out", sig, "==")
+        local f = assert(io.open(dir .. "/out"))
+        local out = f:read("*a")
+        f:close()
+        assert.equal(status, code, name .. " " .. sig .. ": " .. out)
+        assert.matches("\n" .. case[2] .. name:gsub("%.", "%%.") .. ": interrupted[^\n]*\n$", out)
+        assert.is_nil(out:find("FAILED", 1, true), out)
+      end
+    end
+    os.execute("rm -rf " .. dir)
+  end)
+
+  it("bench.lua names a config left out for its dtype, and refuses when nothing or --profile would run", function()
+    for args, message in pairs {
+      ["--device cpu --configs lm130-b16"] = "bench.lua: nothing to run: lm130-b16 runs in bf16 only "
+        .. "(the CPU computes in f32 only)\n",
+      ["--device cpu --profile"] = "bench.lua: --profile: the phase timing needs the CUDA backend",
+    } do
+      local out, code = script("bench.lua", args)
+      assert.equal(2, code, args .. ": " .. out)
+      assert.matches(message, out, 1, true)
+      assert.is_nil(out:find("==", 1, true), out)
+    end
+    local out, code = script("bench.lua", "--device cpu --configs lm130-b16,rl --steps 1")
+    assert.equal(0, code, out)
+    assert.matches("\nleft out: lm130-b16 runs in bf16 only (the CPU computes in f32 only)\n== rl f32 ", out, 1, true)
+  end)
+
+  it("on the CPU describe what ran: each config's matrix-product share, no device memory", function()
+    local out, code = script("bench.lua", "--device cpu --configs rl,rl-batch --steps 1")
+    assert.equal(0, code, out)
+    assert.matches("\nCPU: every config at B 16 x T 256 (not its CUDA shape), f32\n", out, 1, true)
+    assert.matches("\nCPU: share of the step in matrix products: rl %d+%%, rl%-batch %d+%%\n$", out)
+    assert.is_nil(out:find("%d GiB"), out)
+    for _, name in ipairs { "rl", "rl%-batch" } do
+      assert.matches("\n" .. name .. " +f32 +16x256 +no +[%d.]+ +%d+ +[%d.]+ +%- +%- +%- +%-\n", out)
+    end
+    out, code = script("bench.lua", "--decode --device cpu --configs rl --steps 1")
+    assert.equal(0, code, out)
+    for _, B in ipairs { 1, 64 } do
+      assert.matches("\nrl +f32 +" .. B .. " +[%d.]+ +%d+ +%- +%- +%- +no +%-\n", out)
     end
   end)
 end)
