@@ -10,6 +10,16 @@ local helper = require "spec.helper"
 
 local tmpdir = helper.tmpdir
 
+-- The lines fn(...) writes to io.stderr, then fn's results (io.stderr is put back even if fn raises).
+local function with_stderr(fn, ...)
+  local real, messages = io.stderr, {}
+  io.stderr = { write = function(_, ...) messages[#messages + 1] = table.concat({ ... }) end }
+  local results = { pcall(fn, ...) }
+  io.stderr = real
+  if not results[1] then error(results[2], 0) end
+  return messages, unpack(results, 2, table.maxn(results))
+end
+
 local function read(path)
   local f = io.open(path)
   if not f then return nil end
@@ -213,9 +223,6 @@ print("rows", #rows, rows[1].run, calls)
 
   it("fails a point whose metric would change a column or cannot be recorded, and runs the others", function()
     local dir = tmpdir() .. "/metrics"
-    local real_stderr = io.stderr
-    local messages = {}
-    io.stderr = { write = function(_, ...) messages[#messages + 1] = table.concat({ ... }) end }
     local cycle = {}
     cycle.self = cycle
     local returns = {
@@ -223,9 +230,8 @@ print("rows", #rows, rows[1].run, calls)
       { x = 5, run = "x=5", loss = 5, hist = { 1, 2 } }, -- the column's own values: fine
       { [1] = 0.5, loss = 6 },
     }
-    local ok, err = pcall(sweep, { grid = { x = { 1, 2, 3, 4, 5, 6 } }, dir = dir,
+    local messages, ok, err = with_stderr(pcall, sweep, { grid = { x = { 1, 2, 3, 4, 5, 6 } }, dir = dir,
       run = function(p) return returns[p.x] end })
-    io.stderr = real_stderr
     assert.is_false(ok)
     assert.matches("m3.sweep: 5 of 6 points failed (x=1, x=2, x=3, x=4, x=6;", err, 1, true)
     local all = table.concat(messages, "\n")
@@ -323,11 +329,8 @@ print("rows", #rows, rows[1].run, calls)
 
   it("keeps a failed point unfinished, the others going, and raises at the end", function()
     local dir = tmpdir() .. "/fail"
-    local real_stderr = io.stderr
-    local messages = {}
-    io.stderr = { write = function(_, ...) messages[#messages + 1] = table.concat({ ... }) end }
     assert(os.execute("mkdir -p " .. dir .. " && touch " .. dir .. "/x=4") == 0) -- a folder it cannot make
-    local ok, err = pcall(function()
+    local messages, ok, err = with_stderr(pcall, function()
       sweep {
         grid = { { "x", { 1, 2, 3, 4 } } }, dir = dir, metric = "y", mode = "min",
         run = function(p)
@@ -336,7 +339,6 @@ print("rows", #rows, rows[1].run, calls)
         end,
       }
     end)
-    io.stderr = real_stderr
     assert.is_false(ok)
     assert.matches("^[^:]*sweep_spec%.lua:%d+: m3%.sweep: 2 of 4 points failed %(x=2, x=4; ", err)
     assert.matches("the results of the others are in " .. dir .. "/results.csv", err, 1, true)
