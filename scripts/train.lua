@@ -17,7 +17,8 @@
 -- Defaults (2 layers, lr 5e-3, 3000 steps, lengths to 48, eval at 64) reached 100% at
 -- length 64 for 8 of 8 seeds in a CPU trial (2026-11-30); the result at 64 hangs on
 -- rounding (seed 0 lost its 100% when the CPU GEMMs changed their row blocks, 2026-12-01),
--- and on 2 CPU threads seeds 0-3 now reach 98.8, 87.5, 98.0 and 98.8% (2026-12-02).
+-- on 2 CPU threads seeds 0-3 reached 98.8, 87.5, 98.0 and 98.8% (2026-12-02), and after AdamW
+-- took 1 - beta from the double betas (a last-bit change of every update) 87.5, 98.4, 100 and 99.6%.
 -- With 2x extrapolation (32 -> 64) or lr 1e-2 some seeds stopped short (55-95%): the
 -- rotation must be exact to carry farther.
 -- Output: runs/<name>/ under the current folder (metrics.jsonl, plot.svg, checkpoints/,
