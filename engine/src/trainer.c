@@ -179,40 +179,38 @@ static m3_status check_batch_inputs(const m3_trainer *tr, const m3_batch *b) {
   return m3_check_batch_inputs(&tr->dims, b, tr->cfg.batch, tr->cfg.seq_len);
 }
 
-static m3_status check_batch_targets(const m3_trainer *tr, const m3_batch *b) {
+/* Checks the head's fields of b; *counted (may be NULL) receives the positions its loss counts, found in the same
+ * pass: "lm" targets other than -1, "mse" positions whose mask is set (all without a mask), every position for
+ * "none". */
+static m3_status check_batch_targets(const m3_trainer *tr, const m3_batch *b, int64_t *counted) {
   const m3_dims *d = &tr->dims;
   const int64_t n = (int64_t)b->rows * b->len;
+  int64_t c = n;
   switch (d->head) {
     case M3_HEAD_NONE:
       if (!b->d_out) return m3_fail(M3_ERR_ARGUMENT, "batch.d_out is missing: the model's head is \"none\"");
       break;
     case M3_HEAD_LM:
       if (!b->targets) return m3_fail(M3_ERR_ARGUMENT, "batch.targets is missing: the model's head is \"lm\"");
-      for (int64_t i = 0; i < n; i++)
+      c = 0;
+      for (int64_t i = 0; i < n; i++) {
         if (b->targets[i] < -1 || b->targets[i] >= d->vocab)
           return m3_fail(M3_ERR_ARGUMENT,
                          "batch.targets[%lld] (row %lld, position %lld) = %d: must be in [0, %d) or -1 (ignored)",
                          (long long)i, (long long)(i / b->len), (long long)(i % b->len), b->targets[i], d->vocab);
+        c += b->targets[i] != -1;
+      }
       break;
     case M3_HEAD_MSE:
       if (!b->target_values) return m3_fail(M3_ERR_ARGUMENT, "batch.targets is missing: the model's head is \"mse\"");
+      if (b->mask) {
+        c = 0;
+        for (int64_t i = 0; i < n; i++) c += b->mask[i] != 0;
+      }
       break;
   }
+  if (counted) *counted = c;
   return M3_OK;
-}
-
-/* The positions the head's loss counts: "lm" targets other than -1, "mse" positions whose mask is set (all
- * without a mask), every position for "none". */
-static int64_t counted_positions(const m3_trainer *tr, const m3_batch *b) {
-  const int64_t n = (int64_t)b->rows * b->len;
-  int64_t c = 0;
-  if (tr->dims.head == M3_HEAD_LM)
-    for (int64_t i = 0; i < n; i++) c += b->targets[i] != -1;
-  else if (tr->dims.head == M3_HEAD_MSE && b->mask)
-    for (int64_t i = 0; i < n; i++) c += b->mask[i] != 0;
-  else
-    c = n;
-  return c;
 }
 
 /* A loss is a mean over the counted positions: with none it does not exist, and an update from it would
@@ -234,8 +232,7 @@ static m3_status check_counts_some(const m3_trainer *tr, int64_t counted, int sp
 m3_status m3_trainer_check_batch(const m3_trainer *tr, const m3_batch *b, int64_t *counted) {
   TRY(usable(tr));
   TRY(check_batch_inputs(tr, b));
-  TRY(check_batch_targets(tr, b));
-  if (counted) *counted = counted_positions(tr, b);
+  TRY(check_batch_targets(tr, b, counted));
   return M3_OK;
 }
 
@@ -303,8 +300,9 @@ m3_status m3_trainer_step(m3_trainer *tr, const m3_batch *b, m3_metrics *out) {
   if (tr->pending_forward)
     return m3_fail(M3_ERR_ORDER, "step: a forward is pending; finish it with backward_step first");
   TRY(check_batch_inputs(tr, b));
-  TRY(check_batch_targets(tr, b));
-  TRY(check_counts_some(tr, counted_positions(tr, b), 0, 0));
+  int64_t counted;
+  TRY(check_batch_targets(tr, b, &counted));
+  TRY(check_counts_some(tr, counted, 0, 0));
   if (m3_interrupted()) return m3_fail(M3_ERR_INTERRUPTED, "interrupted before the step");
   m3_metrics m;
   begin_metrics(b, &m);
@@ -364,8 +362,9 @@ m3_status m3_trainer_backward_step(m3_trainer *tr, const m3_batch *b, const m3_b
   if (b->rows != tr->pending_rows || b->len != tr->pending_len)
     return m3_fail(M3_ERR_ARGUMENT, "backward_step: batch is %d x %d but the pending forward was %d x %d", b->rows,
                    b->len, tr->pending_rows, tr->pending_len);
-  TRY(check_batch_targets(tr, b));
-  const int64_t counted = counted_positions(tr, b), window_counted = tr->window_open ? tr->window_counted : 0;
+  int64_t counted;
+  TRY(check_batch_targets(tr, b, &counted));
+  const int64_t window_counted = tr->window_open ? tr->window_counted : 0;
   if (!o.accumulate) TRY(check_counts_some(tr, window_counted + counted, 1, tr->window_open));
   const double clip = o.clip < 0 ? tr->clip : o.clip;
   m3_metrics m;
@@ -398,7 +397,7 @@ m3_status m3_trainer_evaluate(m3_trainer *tr, const m3_batch *b, m3_metrics *met
     return m3_fail(M3_ERR_ORDER, "evaluate: a forward is pending and evaluate would overwrite its activations; "
                                  "call backward_step first");
   TRY(check_batch_inputs(tr, b));
-  if (tr->dims.head != M3_HEAD_NONE) TRY(check_batch_targets(tr, b));
+  if (tr->dims.head != M3_HEAD_NONE) TRY(check_batch_targets(tr, b, NULL));
   m3_metrics m;
   begin_metrics(b, &m);
   head_result h = {0};
