@@ -50,6 +50,10 @@ describe("m3.flags", function()
     assert.equal('--widths expects a comma-separated list of integers >= 1, got ""', err("--widths="))
     assert.equal('--rates expects a comma-separated list of numbers >= 1e-09, got "-1"', err("--rates", "-1"))
     assert.equal('--tasks expects a comma-separated list of a | b, got "a,A"', err("--tasks", "a,A"))
+    -- an item given twice would run (or sweep) the same thing twice under one name
+    assert.equal('--tasks repeats an item ("a" and "a") in "a,b,a": give each once', err("--tasks", "a,b,a"))
+    assert.equal('--rates repeats an item ("1e-3" and "0.001") in "1e-3,0.001": give each once',
+      err("--rates", "1e-3,0.001"))
   end)
 
   it("bounds a number flag by max", function()

@@ -12,7 +12,7 @@
 -- (numbers <= x: flags.INT32 for a count the library holds in an int32), choices = {...}
 -- (strings from the list), e.g. {"batch", 32, "rows per step", int = true, min = 1}.
 -- list = true: the value is a comma-separated list (a text, read with flags.list) whose
--- items are checked the same way, numbers when int or min is given, e.g.
+-- items are checked the same way, numbers when int or min is given, each item once, e.g.
 -- {"widths", "64,128", "d_model values", list = true, int = true, min = 1}.
 -- fixed = true marks a flag that defines a training run (its model, its data): --help says
 -- so, and m3.rundir keeps the run's own value when it resumes. path = true: the value names a
@@ -80,9 +80,14 @@ end
 local function convert_list(f, text)
   local numbers = f.int or f.min or f.max
   local items = flags.list(text)
-  local ok = #items > 0
+  local ok, seen = #items > 0, {}
   for _, item in ipairs(items) do
-    if numbers and not flag_number(f, item) or not numbers and not chosen(f, item) then ok = false end
+    local value = numbers and flag_number(f, item) or not numbers and chosen(f, item) and item
+    if not value then ok = false end
+    if value and seen[value] then
+      error(string.format("--%s repeats an item (%q and %q) in %q: give each once", f[1], seen[value], item, text), 0)
+    end
+    if value then seen[value] = item end
   end
   if not ok then
     local kind = numbers and number_kind(f, true) or f.choices and table.concat(f.choices, " | ") or "items"
