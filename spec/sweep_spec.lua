@@ -522,14 +522,18 @@ print("rows", rows[1].run, rows[1].n_inner, rows[2].run, rows[2].n_inner)
     assert.equal("rows\touter=1\t3\touter=2\t3", out:match("([^\n]*)\n$"))
     assert.equal("1\n2\n", read(dir .. "/out-tries"))
     os.execute("rm -rf " .. dir .. "/out*")
-    local unset = "a parallel sweep sets M3_SWEEP_DIR and M3_SWEEP_POINT for the child that runs a point; "
-      .. "unset them to run the sweep"
+    local unset = "a parallel sweep sets M3_SWEEP_DIR and M3_SWEEP_POINT (and M3_SWEEP_OUTER) for the child that "
+      .. "runs a point; unset them to run the sweep"
     for env, message in pairs {
       ["M3_SWEEP_POINT=foo"] = 'm3.sweep: M3_SWEEP_POINT = "foo" is set without M3_SWEEP_DIR: ' .. unset,
       ["M3_SWEEP_DIR=" .. dir .. "/out M3_SWEEP_POINT=foo"] = 'm3.sweep: M3_SWEEP_POINT = "foo" names no point of the '
         .. "sweep in " .. dir .. "/out: " .. unset,
       ["M3_SWEEP_DIR=" .. dir .. "/elsewhere M3_SWEEP_POINT=outer=1"] = 'm3.sweep: M3_SWEEP_DIR = "' .. dir
         .. '/elsewhere" and M3_SWEEP_POINT = "outer=1" name no run folder: ' .. unset,
+      ["M3_SWEEP_OUTER=x"] = 'm3.sweep: M3_SWEEP_OUTER = "x" is set without M3_SWEEP_DIR and M3_SWEEP_POINT: '
+        .. unset,
+      ["M3_SWEEP_DIR=" .. dir .. "/out M3_SWEEP_POINT=outer=1 M3_SWEEP_OUTER='[1]'"] = 'm3.sweep: M3_SWEEP_OUTER = '
+        .. '"[1]" is not a json list of {dir, point}: ' .. unset,
     } do
       out, code = helper.run(env .. " luajit " .. script)
       assert.equal(1, code, out)
@@ -537,6 +541,38 @@ print("rows", rows[1].run, rows[1].n_inner, rows[2].run, rows[2].n_inner)
       assert.is_nil(read(dir .. "/out-tries"))
       assert.is_nil(io.open(dir .. "/out"))
     end
+    os.execute("rm -rf " .. dir)
+  end)
+
+  it("runs a parallel sweep inside a parallel sweep's point", function()
+    local dir = tmpdir()
+    local script = write_script(dir, [[
+local sweep = require "m3.sweep"
+local rows = sweep {
+  grid = { outer = { 1, 2 } }, dir = DIR, parallel = 2,
+  run = function(p, run_dir)
+    local inner = sweep { grid = { x = { 1, 2, 3 } }, dir = run_dir .. "/inner", parallel = 2,
+      run = function(q)
+        if q.x == 3 and p.outer == 2 and os.getenv("FAIL_ONE") then error("boom") end
+        return { loss = q.x * p.outer }
+      end }
+    return { loss = inner[1].loss, n_inner = #inner }
+  end,
+}
+print("rows", rows[1].run, rows[1].loss, rows[1].n_inner, rows[2].run, rows[2].loss, rows[2].n_inner)
+]])
+    local out, code = helper.run("FAIL_ONE=1 luajit " .. script)
+    assert.equal(1, code, out)
+    assert.matches("m3.sweep: outer=2 failed: exit status 1", out, 1, true)
+    assert.matches("m3.sweep: x=3 failed: exit status 1; see " .. dir .. "/out/outer=2/inner/x=3/log.txt",
+      read(dir .. "/out/outer=2/log.txt"), 1, true)
+    assert.matches("boom", read(dir .. "/out/outer=2/inner/x=3/log.txt"), 1, true)
+    out, code = helper.run("luajit " .. script)
+    assert.equal(0, code, out)
+    assert.equal("rows\touter=1\t1\t3\touter=2\t2\t3", out:match("([^\n]*)\n$"))
+    local inner = json.read(dir .. "/out/outer=2/inner/results.json")
+    assert.equal(3, #inner)
+    for _, r in ipairs(inner) do assert.equal(r.x * 2, r.loss) end
     os.execute("rm -rf " .. dir)
   end)
 

@@ -53,7 +53,9 @@
 -- process group of its own, and waits for them before it ends the sweep.
 -- In that child the same m3.sweep call runs only its point and exits; a sweep inside that
 -- point's run is a sweep of its own, one of another dir that the script runs before it reads
--- only its finished points; the two variables set alone or naming no point are an error.
+-- only its finished points; the two variables set alone or naming no point are an error. A
+-- parallel sweep inside such a point's run gives its children M3_SWEEP_OUTER too (json, the
+-- enclosing {dir, point} pairs): the script runs there through those points' runs to its point.
 -- The executable is opts.command, else $M3LUA, else the interpreter that runs the script
 -- (arg's lowest index); the host's options before the script (-joff, -l mod, -e chunk, --)
 -- go along.
@@ -449,6 +451,52 @@ local function describe_status(status)
   return string.format("killed by signal %d (%s)", signal, ffi.string(ffi.C.strsignal(signal)))
 end
 
+-- A child of a parallel sweep runs one point: M3_SWEEP_DIR / M3_SWEEP_POINT name it, and
+-- M3_SWEEP_OUTER (json: {{dir, point}, ...}, outermost first) the points of enclosing sweeps whose
+-- runs lead to it (set where a parallel sweep runs inside another one's point). chain: those
+-- points, the target last (false: not a child); depth: how many of them this process runs now
+-- (sweeps inside the target's run are sweeps of their own).
+local chain, depth = nil, 0
+
+local CHILD_ENV = "a parallel sweep sets M3_SWEEP_DIR and M3_SWEEP_POINT (and M3_SWEEP_OUTER) for the child that "
+  .. "runs a point; unset them to run the sweep"
+
+local function child_chain()
+  local dir, point, outer = os.getenv("M3_SWEEP_DIR"), os.getenv("M3_SWEEP_POINT"), os.getenv("M3_SWEEP_OUTER")
+  if not (dir or point or outer) then return false end
+  if not (dir and point) then
+    local set = dir and "M3_SWEEP_DIR" or point and "M3_SWEEP_POINT" or "M3_SWEEP_OUTER"
+    raise(string.format("m3.sweep: %s = %s is set without %s: %s", set, show(dir or point or outer),
+      dir and "M3_SWEEP_POINT" or point and "M3_SWEEP_DIR" or "M3_SWEEP_DIR and M3_SWEEP_POINT", CHILD_ENV))
+  end
+  local c = {}
+  if outer then
+    local ok, list = pcall(json.decode, outer)
+    if not ok or type(list) ~= "table" then list = { false } end
+    for _, e in ipairs(list) do
+      if not (type(e) == "table" and type(e[1]) == "string" and type(e[2]) == "string" and #e == 2) then
+        raise(string.format("m3.sweep: M3_SWEEP_OUTER = %s is not a json list of {dir, point}: %s", show(outer),
+          CHILD_ENV))
+      end
+      c[#c + 1] = { dir = e[1], point = e[2] }
+    end
+  end
+  c[#c + 1] = { dir = dir, point = point }
+  return c
+end
+
+-- The environment of a child that runs `job` of the sweep in `dir`: the points this process runs
+-- now come first, so that the child's script reaches this sweep again.
+local function child_env(dir, job)
+  local env = string.format("M3_SWEEP_DIR=%s M3_SWEEP_POINT=%s", shell_quote(dir), shell_quote(job.name))
+  if chain and #chain > 0 then
+    local outer = {}
+    for i, e in ipairs(chain) do outer[i] = json.array { e.dir, e.point } end
+    env = env .. " M3_SWEEP_OUTER=" .. shell_quote(json.encode(json.array(outer)))
+  end
+  return env
+end
+
 -- Runs the pending points as child processes, at most n at once. An interrupt (SIGINT or
 -- SIGTERM to m3lua: the engine's interrupt flag, or the host's "interrupted!" error) or any
 -- other error stops the running children before it ends the sweep.
@@ -472,8 +520,8 @@ local function run_parallel(o, pending, n, report)
         fs.mkdir(job.run_dir)
         local gpu = table.remove(free)
         local device = gpu and "CUDA_VISIBLE_DEVICES=" .. shell_quote(gpu) .. " " or ""
-        local cmd = string.format("%sM3_SWEEP_DIR=%s M3_SWEEP_POINT=%s exec %s > %s 2>&1", device,
-          shell_quote(o.dir), shell_quote(job.name), base, shell_quote(job.run_dir .. "/log.txt"))
+        local cmd = string.format("%s%s exec %s > %s 2>&1", device, child_env(o.dir, job), base,
+          shell_quote(job.run_dir .. "/log.txt"))
         running[spawn(cmd)] = { job = job, gpu = gpu }
         io.write(string.format("m3.sweep: %s started (%slog in %s/log.txt)\n", job.name,
           gpu and "CUDA_VISIBLE_DEVICES=" .. gpu .. ", " or "", job.run_dir))
@@ -575,9 +623,45 @@ local function check_opts(o)
   if o.defaults ~= nil then check_defaults(o.defaults) end
 end
 
--- Whether this process is the child of a parallel sweep running its point (sweeps inside that
--- point's run are sweeps of their own).
-local running_point = false
+-- In a child, a sweep whose dir is the next one of the chain runs that point here: the target's
+-- result to done.json and the process ends; an enclosing point's run goes on to the next sweep of
+-- the chain, which ends the process in its turn. Any other sweep there only reads its finished
+-- points (true: run nothing).
+local function child_part(o, jobs, keys)
+  if chain == nil then chain = child_chain() end
+  if not chain or depth >= #chain then return false end
+  local want = chain[depth + 1]
+  if want.dir == o.dir then
+    local job
+    for _, j in ipairs(jobs) do
+      if j.name == want.point then job = j end
+    end
+    if not job then
+      raise(string.format("m3.sweep: M3_SWEEP_POINT = %s names no point of the sweep in %s: %s", show(want.point),
+        o.dir, CHILD_ENV))
+    end
+    depth = depth + 1
+    if depth == #chain then
+      local _, err = run_here(o, job, keys)
+      if err then
+        io.stderr:write("m3.sweep: ", job.name, ": ", tostring(err), "\n")
+        os.exit(1)
+      end
+      os.exit(0)
+    end
+    local ok, err = xpcall(function() return o.run(job.point, job.run_dir) end, debug.traceback)
+    local next_sweep = chain[depth + 1]
+    io.stderr:write(string.format("m3.sweep: %s: %s\n", job.name, ok
+      and string.format("its run returned without running the sweep in %s (point %s) that this child was started for",
+        next_sweep.dir, next_sweep.point) or tostring(err)))
+    os.exit(1)
+  end
+  if not fs.is_dir(want.dir .. "/" .. want.point) then
+    raise(string.format("m3.sweep: M3_SWEEP_DIR = %s and M3_SWEEP_POINT = %s name no run folder: %s",
+      show(want.dir), show(want.point), CHILD_ENV))
+  end
+  return true
+end
 
 function sweep.run(o)
   check_opts(o)
@@ -588,38 +672,7 @@ function sweep.run(o)
     points, keys = random_points(o.random, o.trials, options.check_seed(o.seed, "m3.sweep"))
   end
   local jobs = jobs_of(points, keys, o.defaults or {}, o.dir)
-
-  -- a child started by a parallel sweep runs only its own point; a sweep of another dir that
-  -- the script runs before that one only reads its finished points
-  local child_dir, child_point = os.getenv("M3_SWEEP_DIR"), os.getenv("M3_SWEEP_POINT")
-  local in_child = not running_point and (child_dir or child_point) ~= nil
-  if in_child then
-    local unset = "a parallel sweep sets M3_SWEEP_DIR and M3_SWEEP_POINT for the child that runs a point; "
-      .. "unset them to run the sweep"
-    if not (child_dir and child_point) then
-      raise(string.format("m3.sweep: %s = %s is set without %s: %s", child_dir and "M3_SWEEP_DIR" or "M3_SWEEP_POINT",
-        show(child_dir or child_point), child_dir and "M3_SWEEP_POINT" or "M3_SWEEP_DIR", unset))
-    end
-    if child_dir == o.dir then
-      for _, job in ipairs(jobs) do
-        if job.name == child_point then
-          running_point = true
-          local _, err = run_here(o, job, keys)
-          if err then
-            io.stderr:write("m3.sweep: ", job.name, ": ", tostring(err), "\n")
-            os.exit(1)
-          end
-          os.exit(0)
-        end
-      end
-      raise(string.format("m3.sweep: M3_SWEEP_POINT = %s names no point of the sweep in %s: %s", show(child_point),
-        o.dir, unset))
-    end
-    if not fs.is_dir(child_dir .. "/" .. child_point) then
-      raise(string.format("m3.sweep: M3_SWEEP_DIR = %s and M3_SWEEP_POINT = %s name no run folder: %s",
-        show(child_dir), show(child_point), unset))
-    end
-  end
+  local in_child = child_part(o, jobs, keys)
 
   local rows, metric_keys, pending = {}, {}, {}
   local function add_row(job, metrics)
