@@ -80,6 +80,9 @@ describe("CUDA trainer #gpu", function()
         assert.is_true(helper.same_states(twin:states(), tr:states()))
         assert.is_true(helper.same_weights(twin:snapshot(), tr:snapshot()))
       end
+      tr:forward(bad) -- the split calls alike, for a window of one forward
+      assert.matches("the carried state and the step count are unchanged", helper.error_of(tr.backward_step, tr, bad))
+      assert.is_true(helper.same_states(twin:states(), tr:states()))
       tr:close()
       twin:close()
     end)

@@ -342,6 +342,16 @@ describe("m3.trainer", function()
     assert.equal(m.loss, twin:step(c).loss)
     assert.is_true(helper.same_states(twin:states(), tr:states()))
     assert.is_true(helper.same_weights(twin:snapshot(), tr:snapshot()))
+    -- the split calls alike, for a window of one forward
+    tr:forward(bad)
+    assert.matches("Adam moments, the carried state and the step count are unchanged",
+      helper.error_of(tr.backward_step, tr, bad))
+    assert.is_true(helper.same_states(twin:states(), tr:states()))
+    tr:forward(c)
+    tr:backward_step(c)
+    twin:step(c)
+    assert.is_true(helper.same_states(twin:states(), tr:states()))
+    assert.is_true(helper.same_weights(twin:snapshot(), tr:snapshot()))
   end)
 
   it("raises an error starting with \"interrupted\" after m3_interrupt, applying nothing", function()

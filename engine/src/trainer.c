@@ -254,7 +254,7 @@ static void fill_head(const m3_trainer *tr, m3_metrics *m, const head_result *h)
 }
 
 /* Applies the outcome of an update to the counters (SPEC.md §7); state_rewound: a refused update's step also
- * put the carried state back (m3_trainer_step). */
+ * put the carried state back (m3_trainer_step, m3_trainer_backward_step). */
 static m3_status finish_update(m3_trainer *tr, const update_result *u, double clip, int state_rewound,
                                m3_metrics *m) {
   m->has_grad_norm = clip > 0;
@@ -282,6 +282,14 @@ static m3_status finish_update(m3_trainer *tr, const update_result *u, double cl
     tr->tracker = 0;
   }
   return M3_OK;
+}
+
+/* An f32 / bf16 update that is refused leaves everything as it was, the carried state too: the state of rows [0,
+ * rows) goes back to where the last training forward began (SPEC.md §7; an f16 overflow skips only the update, as a
+ * skipped optimizer step does elsewhere). *rewound: whether it did. */
+static m3_status rewind_refused(m3_trainer *tr, const update_result *u, int32_t rows, int *rewound) {
+  *rewound = !u->finite && tr->cfg.precision != M3_PRECISION_F16 && tr->cfg.carry_state && tr->ops->rewind_state;
+  return *rewound ? track(tr, tr->ops->rewind_state(tr->be, rows)) : M3_OK;
 }
 
 static void begin_metrics(const m3_batch *b, m3_metrics *m) {
@@ -317,11 +325,9 @@ m3_status m3_trainer_step(m3_trainer *tr, const m3_batch *b, m3_metrics *out) {
     TRY(track(tr, tr->ops->update(tr->be, &p, &u)));
   }
   fill_head(tr, &m, &h);
-  /* an f32 / bf16 step whose update is refused leaves everything as it was, the carried state too (SPEC.md §7;
-   * an f16 overflow skips only the update, as a skipped optimizer step does elsewhere) */
-  const int rewind = !u.finite && tr->cfg.precision != M3_PRECISION_F16 && tr->cfg.carry_state && tr->ops->rewind_state;
-  if (rewind) TRY(track(tr, tr->ops->rewind_state(tr->be, b->rows)));
-  m3_status st = finish_update(tr, &u, p.clip, rewind, &m);
+  int rewound;
+  TRY(rewind_refused(tr, &u, b->rows, &rewound));
+  m3_status st = finish_update(tr, &u, p.clip, rewound, &m);
   m.ms = now_ms() - t0;
   if (out) *out = m;
   return st;
@@ -370,7 +376,8 @@ m3_status m3_trainer_backward_step(m3_trainer *tr, const m3_batch *b, const m3_b
   m3_metrics m;
   begin_metrics(b, &m);
   head_result h = {0};
-  TRY(track(tr, tr->ops->backward(tr->be, b, o.scale * tr->loss_scale, !tr->window_open, &h)));
+  const int one_forward = !tr->window_open; /* the window this call closes holds only the pending forward */
+  TRY(track(tr, tr->ops->backward(tr->be, b, o.scale * tr->loss_scale, one_forward, &h)));
   tr->pending_forward = 0;
   fill_head(tr, &m, &h);
   m3_status st = M3_OK;
@@ -383,7 +390,11 @@ m3_status m3_trainer_backward_step(m3_trainer *tr, const m3_batch *b, const m3_b
     const step_params p = make_params(tr, clip);
     update_result u = {0};
     TRY(track(tr, tr->ops->update(tr->be, &p, &u)));
-    st = finish_update(tr, &u, clip, 0, &m);
+    /* the carried state goes back where the window was that forward alone (the forwards of a longer window
+     * moved it one after another; it keeps them) */
+    int rewound = 0;
+    if (one_forward) TRY(rewind_refused(tr, &u, b->rows, &rewound));
+    st = finish_update(tr, &u, clip, rewound, &m);
   }
   m.ms = now_ms() - t0;
   if (out) *out = m;
