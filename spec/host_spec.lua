@@ -51,9 +51,9 @@ end
 
 -- Runs m3lua args... (which end in an endless loop) in the background, with SIGINT back at its
 -- default (sh starts background jobs with it ignored), sends it signal sig 0.2 s after its first
--- chunk has run (sig: names 0.3 s apart, e.g. "INT TERM"), and returns stdout, stderr, exit status
--- (SIGKILL after 5 s more).
-local function run_signalled(args, sig)
+-- chunk has run (sig: names gap seconds apart, default 0.3, e.g. "INT TERM"), and returns stdout,
+-- stderr, exit status (SIGKILL after 5 s more).
+local function run_signalled(args, sig, gap)
   local ready = base .. ".ready"
   os.remove(ready)
   local all = { "-e", ("io.open(%q, 'w'):close()"):format(ready) }
@@ -64,13 +64,13 @@ pid=$!
 n=0
 while [ ! -e %s ] && [ $n -lt 600 ]; do sleep 0.05; n=$((n + 1)); done
 sleep 0.2
-for s in %s; do kill -s $s $pid 2> /dev/null; sleep 0.3; done
+for s in %s; do kill -s $s $pid 2> /dev/null; sleep %s; done
 ( sleep 5; kill -s KILL $pid 2> /dev/null ) &
 guard=$!
 wait $pid
 echo $? > %s
 kill $guard 2> /dev/null
-]]):format(command(all), quote(ready), sig, quote(base .. ".rc")))
+]]):format(command(all), quote(ready), sig, gap or 0.3, quote(base .. ".rc")))
   os.remove(ready)
   return results()
 end
@@ -339,6 +339,28 @@ describe("m3lua", function()
     assert.equal(143, rc)
     _, _, rc = run_signalled(swallow, "TERM INT")
     assert.equal(130, rc)
+  end)
+
+  it("takes the same signal twice within milliseconds as one (GNU timeout signals the child, then its group)",
+    function()
+      -- the program catches the interrupt and takes 0.5 s to finish (a checkpoint); a duplicate used to kill it
+      local finish = { "-joff", "-e", "pcall(function() while true do end end) io.write('caught\\n') "
+        .. "local t = os.clock() while os.clock() - t < 0.5 do end os.exit(3)" }
+      local out, _, rc = run_signalled(finish, "TERM TERM", 0)
+      assert.equal(3, rc)
+      assert.equal("caught\n", out)
+    end)
+
+  it("takes SIGPIPE as an interrupt, so that a run piped into head can save its work", function()
+    spit(base .. ".lua", [[
+      local ok, err = pcall(function() while true do io.write("line\n") end end)
+      io.stderr:write("caught: ", tostring(err), "\n")
+      io.write("more\n") -- later writes fail with EPIPE; they do not kill
+      io.stderr:write("saved\n")]])
+    os.execute(("{ %s -joff %s 2> %s; echo $? > %s; } | head -c 5 > /dev/null"):format(quote(M3LUA),
+      quote(base .. ".lua"), quote(base .. ".err"), quote(base .. ".rc")))
+    assert.equal("caught: interrupted!\nsaved\n", slurp(base .. ".err"))
+    assert.equal("141\n", slurp(base .. ".rc"))
   end)
 
   it("reports an interrupt inside the library's calls without a library line", function()

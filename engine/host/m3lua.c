@@ -9,11 +9,14 @@
  * installed binary looks in the install location first. package.loaded["m3.host"]
  * describes the host and offers the interrupt controls used by the REPL.
  *
- * Interrupts: SIGINT and SIGTERM set the engine's flag (m3_interrupt: a running step
- * stops between layers with M3_ERR_INTERRUPTED) and, while Lua code runs under the
- * host's protection, set a Lua hook that raises "interrupted!" in interpreted code. The
- * handler puts back the default action of both signals, so a second one of either kind kills
- * a hung program (one that caught the first error and went on).
+ * Interrupts: SIGINT, SIGTERM and SIGPIPE (the reader of our output went away: a run piped
+ * into `head` saves its checkpoint as on SIGTERM) set the engine's flag (m3_interrupt: a
+ * running step stops between layers with M3_ERR_INTERRUPTED) and, while Lua code runs under
+ * the host's protection, set a Lua hook that raises "interrupted!" in interpreted code. A
+ * second signal kills a hung program (one that caught the first error and went on), except
+ * the same signal again within DUPLICATE_MS (one event delivered twice: GNU timeout signals
+ * the child, then its process group) and SIGPIPE again (the writes after the first fail
+ * with EPIPE instead).
  * JIT-compiled loops never look at hooks: a watchdog timer checks, after a grace period
  * without the hook having run, whether the main thread is executing machine code that
  * belongs to no loaded object (code made by the JIT); if so it ends the process with the
@@ -43,7 +46,7 @@
 #define sigev_notify_thread_id _sigev_un._tid
 #endif
 
-enum { WATCHDOG_MS = 500 };
+enum { WATCHDOG_MS = 500, DUPLICATE_MS = 100 };
 
 static const char usage_text[] =
   "usage: m3lua [options]... [script [args]...]\n"
@@ -66,6 +69,7 @@ static const char usage_text[] =
 
 static lua_State *main_state;
 static volatile sig_atomic_t pending_sig; /* first interrupting signal since the last clear */
+static volatile long pending_ms;          /* when it came (monotonic_ms) */
 static volatile sig_atomic_t sig_count;   /* interrupting signals ever received */
 static volatile sig_atomic_t hook_armed;  /* a signal should raise an error in Lua code */
 static volatile sig_atomic_t hook_set;    /* the Lua hook is set and has not run yet */
@@ -75,7 +79,7 @@ static int ignored_at_start;              /* bit i: caught[i] was ignored, leave
 static timer_t watchdog;
 static int have_watchdog;
 
-static const int caught[] = { SIGINT, SIGTERM };
+static const int caught[] = { SIGINT, SIGTERM, SIGPIPE };
 #define N_CAUGHT ((int)(sizeof caught / sizeof caught[0]))
 
 static void watchdog_set(long ms)
@@ -107,18 +111,38 @@ static void drop_hook(void)
   }
 }
 
-/* SA_RESETHAND has already put back this signal's default action; the other's goes back too, so that a
- * second signal of either kind kills (sigaction is async-signal-safe). */
-static void on_signal(int sig)
+/* Milliseconds of CLOCK_MONOTONIC (async-signal-safe). */
+static long monotonic_ms(void)
 {
-  int saved_errno = errno;
+  struct timespec t;
+  clock_gettime(CLOCK_MONOTONIC, &t);
+  return (long)t.tv_sec * 1000 + t.tv_nsec / 1000000;
+}
+
+/* Puts back the default action of every caught signal, so that sig (blocked while its handler runs) kills as
+ * the handler returns (sigaction is async-signal-safe). */
+static void die_of(int sig)
+{
   struct sigaction dfl = { .sa_handler = SIG_DFL };
   sigemptyset(&dfl.sa_mask);
   for (int i = 0; i < N_CAUGHT; i++)
-    if (caught[i] != sig && !(ignored_at_start & (1 << i)))
+    if (!(ignored_at_start & (1 << i)))
       sigaction(caught[i], &dfl, NULL);
-  if (!pending_sig)
-    pending_sig = sig;
+  raise(sig);
+}
+
+static void on_signal(int sig)
+{
+  int saved_errno = errno;
+  const long now = monotonic_ms();
+  if (pending_sig) { /* a second signal since the last clear (see the header) */
+    if (sig != SIGPIPE && !(sig == pending_sig && now - pending_ms < DUPLICATE_MS))
+      die_of(sig);
+    errno = saved_errno;
+    return;
+  }
+  pending_sig = sig;
+  pending_ms = now;
   sig_count++;
   m3_interrupt();
   if (hook_armed && !hook_set) {
@@ -129,10 +153,10 @@ static void on_signal(int sig)
   errno = saved_errno;
 }
 
-/* (Re)installs the handlers. No SA_RESTART: a blocking read ends with EINTR. */
+/* Installs the handlers. No SA_RESTART: a blocking read ends with EINTR. */
 static void catch_signals(void)
 {
-  struct sigaction sa = { .sa_handler = on_signal, .sa_flags = SA_RESETHAND };
+  struct sigaction sa = { .sa_handler = on_signal };
   sigemptyset(&sa.sa_mask);
   for (int i = 0; i < N_CAUGHT; i++)
     sigaddset(&sa.sa_mask, caught[i]);
@@ -286,8 +310,8 @@ static int report(lua_State *L, int status)
 
 /* ---- the m3.host table --------------------------------------------------------------- */
 
-/* host.pcall(f, handler, ...): like xpcall with arguments; SIGINT and SIGTERM raise
- * "interrupted!" inside f. */
+/* host.pcall(f, handler, ...): like xpcall with arguments; an interrupting signal (SIGINT,
+ * SIGTERM, SIGPIPE) raises "interrupted!" inside f. */
 static int host_pcall(lua_State *L)
 {
   int status;
@@ -301,8 +325,8 @@ static int host_pcall(lua_State *L)
   return lua_gettop(L);
 }
 
-/* host.clear_interrupt(): forgets a pending signal (also the engine's flag) and catches
- * SIGINT and SIGTERM again. */
+/* host.clear_interrupt(): forgets a pending signal (also the engine's flag): the next one
+ * interrupts again instead of killing. */
 static int host_clear_interrupt(lua_State *L)
 {
   (void)L;
@@ -310,7 +334,6 @@ static int host_clear_interrupt(lua_State *L)
   pending_sig = 0;
   line_ended_at = sig_count;
   m3_interrupt_clear();
-  catch_signals();
   return 0;
 }
 
@@ -727,9 +750,12 @@ int main(int argc, char **argv)
     r.code = 1;
   }
   lua_close(L);
-  /* output lost to a full disk or a closed pipe is a failure, not a clean exit */
+  /* output lost to a full disk or a closed pipe is a failure, not a clean exit; after SIGPIPE (the reader
+   * went away) the status its default action would have given, and no message */
   const int flushed = fflush(stdout) == 0, flush_errno = errno;
-  if ((!flushed || ferror(stdout)) && r.code == 0) {
+  if ((!flushed || ferror(stdout)) && r.code == 0 && pending_sig == SIGPIPE) {
+    r.code = 128 + SIGPIPE;
+  } else if ((!flushed || ferror(stdout)) && r.code == 0) {
     fprintf(stderr, "m3lua: writing the standard output failed%s%s\n", flushed ? "" : ": ",
             flushed ? "" : strerror(flush_errno));
     r.code = 1;
