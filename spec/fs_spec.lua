@@ -1,5 +1,6 @@
 -- m3.fs: listing a folder whose names hold newlines, quotes, spaces and leading dashes or dots;
--- a folder that does not exist and a file list as empty; realpath; write's atomic replace, which
+-- a folder that does not exist and a file list as empty; realpath; read saying what is there when
+-- it is no regular file (a FIFO not opened); write's atomic replace, which
 -- an error on the way (an interrupt) leaves without a temporary file; write refusing a FIFO, a
 -- folder and a link to one or to nothing, and writing through a link into its file; every helper
 -- refusing a path that holds a NUL byte; exists / is_dir / is_file by metadata (a FIFO is not opened).
@@ -88,6 +89,24 @@ describe("m3.fs.exists, is_dir and is_file", function()
     assert.equal(0, code, out)
     assert.equal("fifo true false false;folder true true false;file true false true;to_file true false true;"
       .. "dangling false false false;to_folder true true false;none false false false;", out)
+  end)
+end)
+
+describe("m3.fs.read", function()
+  it("reads a file, and says what is there instead for a folder, a FIFO (not opened), a device or nothing", function()
+    local dir = helper.tmpdir()
+    local q = "'" .. dir .. "'"
+    os.execute("cd " .. q .. " && mkfifo fifo && mkdir folder && printf 'x\\0y' > file && ln -s folder to_folder")
+    -- in a child under a time limit: a read that opened the FIFO would wait for a writer for ever
+    local probe = "local fs = require 'm3.fs' for _, p in ipairs { 'fifo', 'folder', 'to_folder', 'file', 'none', "
+      .. "'/dev/null' } do p = p:sub(1, 1) == '/' and p or '" .. dir .. "/' .. p local s, err = fs.read(p) "
+      .. "io.write(string.format('%q %s;', tostring(s), tostring(err):gsub('^' .. p:gsub('%p', '%%%0'), '<p>'))) end"
+    local out, code = helper.run("timeout 20 " .. helper.m3lua() .. " -e \"" .. probe .. "\"")
+    os.execute("rm -rf " .. q)
+    assert.equal(0, code, out)
+    assert.equal('"nil" <p> is a FIFO (named pipe), not a regular file;"nil" <p> is a folder, not a regular file;'
+      .. '"nil" <p> is a folder, not a regular file;"x\\0y" nil;"nil" <p>: No such file or directory;'
+      .. '"nil" <p> is a character device, not a regular file;', out)
   end)
 end)
 

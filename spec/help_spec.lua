@@ -1,5 +1,6 @@
--- m3.help: topic lookup under the spellings the REPL passes, completion, values, and a topic
--- for every public name (walked from the live module tables and objects' methods).
+-- m3.help: topic lookup under the spellings the REPL passes (a qualified name as a whole, the
+-- candidates of an ambiguous short one), completion, values, and a topic for every public name
+-- (walked from the live module tables and objects' methods: data sources and generators too).
 
 local help = require "m3.help"
 local schedule = require "m3.schedule"
@@ -54,7 +55,8 @@ describe("m3.help", function()
     -- m3's exports as init.lua builds them (the live table also holds modules loaded on first use)
     local exports = dofile((debug.getinfo(m3.cpu_threads, "S").source:gsub("^@", "")))
     for k in pairs(exports) do need("m3." .. k, k) end
-    local modules = { "log", "log.svg", "pytorch", "schedule", "accumulate", "checkpoint", "fit", "curriculum" }
+    local modules = { "log", "log.svg", "pytorch", "schedule", "accumulate", "checkpoint", "fit", "curriculum", "data",
+      "data.rng" }
     for _, name in ipairs(modules) do
       local mod = m3
       for part in name:gmatch("[^.]+") do mod = mod[part] end
@@ -68,25 +70,73 @@ describe("m3.help", function()
     -- m3.weights' functions for users (its others, wrap, ptr, ..., serve the binding)
     need("weights.init", "m3.weights.init", "weights.load", "m3.weights.load", "weights.is")
     local w = m3.weights.init(m3.config(helper.tokens_lm()), { seed = 1 })
-    local objects = {
-      trainer = { "tr", m3.trainer(w, { device = "cpu", batch = 1, seq_len = 4 }) },
-      infer = { "inf", m3.infer(w, { device = "cpu" }) },
-      weights = { "w", w },
+    local text = helper.tmpname(".txt")
+    local f = assert(io.open(text, "wb"))
+    f:write(string.rep("fables ", 20))
+    f:close()
+    local objects = { -- kind, the usual variable name, an object
+      { "trainer", "tr", m3.trainer(w, { device = "cpu", batch = 1, seq_len = 4 }) },
+      { "infer", "inf", m3.infer(w, { device = "cpu" }) },
+      { "weights", "w", w },
+      { "source", "src", m3.data.parity {} },
+      { "source", "src", m3.data.mixture { m3.data.parity {}, m3.data.mqar {} } },
+      { "source", "src", m3.data.text(text, { length = 8 }) },
+      { "rng", "r", m3.data.rng.new(1) },
     }
-    for kind, o in pairs(objects) do
-      local listed = help.text(kind):match("methods: (.-)\n%S") or help.text(kind):match("methods: (.*)")
-      for k, v in pairs(getmetatable(o[2]).__index) do
+    for _, o in ipairs(objects) do
+      local kind = o[1]
+      need(kind)
+      local about = help.text(kind) or ""
+      local listed = about:match("methods: (.-)\n%S") or about:match("methods: (.*)") or ""
+      for k, v in pairs(getmetatable(o[3]).__index) do
         if type(v) == "function" and not k:match("^_") then
-          need(kind .. ":" .. k, o[1] .. ":" .. k, kind .. "." .. k)
+          need(kind .. ":" .. k, o[2] .. ":" .. k, kind .. "." .. k)
           if not (" " .. listed:gsub("%s+", " ") .. " "):find(" " .. k .. " ", 1, true) then
             missing[#missing + 1] = "?" .. kind .. " lists no " .. k
           end
         end
       end
-      if o[2].close then o[2]:close() end
+      if o[3].close then o[3]:close() end
     end
+    helper.cleanup()
     table.sort(missing)
     assert.same({}, missing)
+  end)
+
+  it("matches a qualified name as a whole, and lists the topics a short name could mean", function()
+    -- the last name alone would find another module's function: log.svg.write, m3.trainer.load
+    for _, q in ipairs { "fs.write", "json.write", "m3.fs.write", "?fs.write", "serialize.load", "data.next" } do
+      local text, near = help.text(q)
+      assert.is_nil(text, q)
+      assert.same({}, near, q)
+    end
+    assert.equal(help.text("log.svg.write"), help.text("svg.write"))
+    assert.equal(help.text("log.svg.write"), help.text("m3.log.svg.write"))
+    assert.equal(help.text("trainer:load"), help.text("trainer.load"))
+    assert.equal(help.text("trainer:load"), help.text("m3.trainer.load"))
+    assert.equal(help.text("data.rng.new"), help.text("rng.new"))
+    local text, near = help.text("new")
+    assert.is_nil(text)
+    assert.same({ "checkpoint.new", "curriculum.new", "data.rng.new" }, near)
+    assert.same({ "checkpoint.resume", "fit.resume" }, select(2, help.text("resume")))
+    assert.equal(help.text("trainer:step"), help.text("step")) -- a trainer method's name: the trainer's
+  end)
+
+  it("describes data sources and their generator: topics, methods and values", function()
+    local src, r = m3.data.parity {}, m3.data.rng.new(1)
+    assert.truthy(help.text("src:next"):find("src:next(rows, opts)", 1, true))
+    for _, q in ipairs { "source:next", "source.next", "next", "?src:next()" } do
+      assert.equal(help.text("src:next"), help.text(q), q)
+    end
+    assert.equal(help.text("source:count"), help.text("count"))
+    assert.equal(help.text("source:slice"), help.text("slice"))
+    assert.equal(help.text("rng:below"), help.text("r:below"))
+    assert.equal(help.text("data.rng"), help.text("rng"))
+    assert.equal(help.text("data.rng"), help.text("m3.data.rng"))
+    assert.equal(help.text("source"), help.text(src))
+    assert.equal(help.text("data.rng"), help.text(r))
+    assert.equal(help.text("data.rng"), help.text(m3.data.rng))
+    assert.equal(help.text("data.rng.new"), help.text(m3.data.rng.new))
   end)
 
   it("finds no topic for a function a known module lacks", function()

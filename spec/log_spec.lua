@@ -1,4 +1,5 @@
--- m3.log and m3.json: progress output when not a terminal, JSONL round trips, SVG plots.
+-- m3.log and m3.json: progress output when not a terminal, JSONL round trips, SVG plots;
+-- JSON's exact number keys, strict decoding, bounded nesting and json.read's reasons for nil.
 
 local log = require "m3.log"
 local json = require "m3.json"
@@ -144,6 +145,86 @@ describe("m3.json", function()
     local ok, err = pcall(json.decode, '{"a": }')
     assert.is_false(ok)
     assert.truthy(err:find("expected a JSON value at position 7", 1, true))
+  end)
+
+  it("writes number keys exactly, as number values", function()
+    assert.equal('{"9007199254740992":1}', json.encode { [2 ^ 53] = 1 })
+    assert.equal('{"0.3":2,"0.30000000000000004":1}', json.encode { [0.1 + 0.2] = 1, [0.3] = 2 })
+    assert.equal('{"0.3333333333333333":1,"1000000000000000":2}', json.encode { [1 / 3] = 1, [1e15] = 2 })
+    local ok, err = pcall(json.encode, { [0.1 + 0.2] = 1, ["0.30000000000000004"] = 2 })
+    assert.is_false(ok)
+    assert.truthy(err:find('0.30000000000000004 and "0.30000000000000004" are both the object name', 1, true)
+      or err:find('"0.30000000000000004" and 0.30000000000000004 are both the object name', 1, true), err)
+  end)
+
+  it("decodes strictly (RFC 8259), naming the position of what it refuses", function()
+    local refused = {
+      ["01"] = "expected a number without leading zeros at position 1",
+      ["[-00]"] = "expected a number without leading zeros at position 2",
+      ["1."] = "expected a digit after the point at position 3",
+      ["[2.e1]"] = "expected a digit after the point at position 4",
+      [".5"] = "expected a JSON value at position 1",
+      ["1e"] = "expected the exponent's digits at position 3",
+      ["1e+"] = "expected the exponent's digits at position 3",
+      ["-"] = "expected a JSON value at position 1",
+      ["+1"] = "expected a JSON value at position 1",
+      ["0x10"] = "expected the end of the input at position 2",
+      ["1e400"] = "expected a number within a double's range (below 1.8e308) at position 1",
+      ["[0, -1e400]"] = "expected a number within a double's range (below 1.8e308) at position 5",
+      ['"a\nb"'] = "expected an escape (\\u000a) for the control character 10 in a string at position 3",
+      ['{"k\t":1}'] = "expected an escape (\\u0009) for the control character 9 in a string at position 4",
+      ['"\0"'] = "expected an escape (\\u0000) for the control character 0 in a string at position 2",
+      ['"x\\ud800"'] = "a high surrogate \\ud800 without a low one (\\udc00 to \\udfff) after it at position 3",
+      ['"\\ud800\\u0041"'] = "a high surrogate \\ud800 without a low one (\\udc00 to \\udfff) after it at position 2",
+      ['"\\udc00\\ud800"'] = "a low surrogate \\udc00 without a high one (\\ud800 to \\udbff) before it at position 2",
+    }
+    for text, want in pairs(refused) do
+      local ok, err = pcall(json.decode, text)
+      assert.is_false(ok, text)
+      assert.equal("json.decode: " .. want, err:match("^(.-) %(near"), text)
+    end
+    assert.same({ 0, 100, -0.5, 1e-3, 10 }, json.decode("[0, 1E+2, -0.5, 1e-3, 1.0e1]"))
+    assert.equal(-math.huge, 1 / json.decode("-0"))
+    assert.equal(0, json.decode("1e-400")) -- below a double's range: rounds to 0, as any decimal does
+    assert.equal("\240\157\132\158\0\127/", json.decode('"\\ud834\\udd1e\\u0000\127\\/"'))
+  end)
+
+  it("bounds the nesting of arrays and objects at 1000, with a message instead of a stack overflow", function()
+    local function nested(n) return string.rep('[{"a":', n / 2) .. "1" .. string.rep("}]", n / 2) end
+    local deep = json.decode(nested(1000))
+    assert.equal(nested(1000), json.encode(deep))
+    for _, n in ipairs { 1002, 200000 } do -- the 1001st opens at 3001: each pair [{"a": takes 6 bytes
+      local ok, err = pcall(json.decode, nested(n))
+      assert.is_false(ok)
+      assert.equal("json.decode: expected at most 1000 arrays and objects inside one another at position 3001",
+        err:match("^(.-) %(near"))
+    end
+    local t = json.decode("[1]")
+    for _ = 1, 99999 do t = { t } end
+    local ok, err = pcall(json.encode, t)
+    assert.is_false(ok)
+    assert.equal("json.encode: tables nested more than 1000 deep; a JSON text here holds at most 1000 arrays and "
+      .. "objects inside one another", err)
+  end)
+
+  it("reads a file, or says why not: missing, unreadable (a folder) or invalid", function()
+    local dir = tmpdir()
+    json.write(dir .. "/good.json", { a = { 1 } })
+    local f = io.open(dir .. "/bad.json", "w")
+    f:write('{"a": 01}')
+    f:close()
+    os.execute("mkdir '" .. dir .. "/folder.json'")
+    local good = json.read(dir .. "/good.json")
+    local results = {}
+    for _, name in ipairs { "none.json", "folder.json", "bad.json" } do
+      results[name] = { json.read(dir .. "/" .. name) }
+    end
+    os.execute("rm -rf '" .. dir .. "'")
+    assert.same({ a = { 1 } }, good)
+    assert.same({ nil, dir .. "/none.json: No such file or directory", "missing" }, results["none.json"])
+    assert.same({ nil, dir .. "/folder.json is a folder, not a regular file", "unreadable" }, results["folder.json"])
+    assert.same({ nil, dir .. '/bad.json: json.decode: expected a number without leading zeros at position 7 '
+      .. '(near "01}")', "invalid" }, results["bad.json"])
   end)
 end)
 

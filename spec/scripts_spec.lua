@@ -64,6 +64,35 @@ describe("m3.flags", function()
     assert.equal('--scale expects a number <= 2, got "3"', err("--scale", "3"))
   end)
 
+  it("takes decimal numbers only, also in lists", function()
+    local spec = { { "shift", 0, "" }, { "steps", 10, "", int = true, min = 1 },
+      { "lrs", "1", "", list = true, min = 0 } }
+    local o = flags.values({ "--shift", "-1.5e+2", "--steps", "1E1", "--lrs", ".5,5.,+2,3e-4" }, spec)
+    assert.same({ shift = -150, steps = 10, lrs = ".5,5.,+2,3e-4" }, o)
+    assert.equal(-0.5, (flags.values({ "--shift=-.5" }, spec)).shift)
+    local function err(...) return helper.error_of(flags.values, { ... }, spec) end
+    for _, text in ipairs { "0x10", "inf", "-inf", "nan", " 5", "5 ", "1e", "0b1", "0x1p4", ".", "-", "1e+", "1.2.3",
+      "e5", "5e1.5", "" } do
+      assert.equal(string.format("--shift expects a finite number, got %q", text), err("--shift", text))
+    end
+    assert.equal('--steps expects an integer >= 1, got "0x10"', err("--steps", "0x10"))
+    assert.equal('--lrs expects a comma-separated list of numbers >= 0, got "1,0x10"', err("--lrs", "1,0x10"))
+  end)
+
+  it("takes no flag for the value of the flag before it, except in the --name=value form", function()
+    local spec = { { "run", "", "" }, { "resume", false, "" }, { "shift", 0, "" } }
+    local function err(...) return helper.error_of(flags.values, { ... }, spec) end
+    assert.equal("--run expects a value; got the flag --resume: use --run=--resume for a value that starts with --",
+      err("--run", "--resume"))
+    assert.equal("--shift expects a value; got the flag --run=x: use --shift=--run=x for a value that starts with --",
+      err("--shift", "--run=x"))
+    assert.equal("--run expects a value; got the flag --: use --run=-- for a value that starts with --",
+      err("--run", "--"))
+    assert.same({ run = "--resume", resume = false, shift = -1 },
+      (flags.values({ "--run=--resume", "--shift", "-1" }, spec)))
+    assert.same({ run = "-h", resume = true, shift = 0 }, (flags.values({ "--run", "-h", "--resume" }, spec)))
+  end)
+
   it("says which flags were given, also at their default value", function()
     local spec = { { "steps", 600, "" }, { "lr", 1e-3, "" }, { "resume", false, "" } }
     local o, changed, given = flags.values({ "--steps=600", "--lr", "2e-3" }, spec)

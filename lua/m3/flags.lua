@@ -6,8 +6,11 @@
 --     {"resume", false, "continue from the latest checkpoint"},
 --   }, "m3lua scripts/train.lua [flags]")
 --
--- A flag's type is its default's: numbers must parse to a finite number, booleans are
--- switches (`--resume`, or `--resume=false`), strings take any value. Optional fields of a
+-- A flag's type is its default's: numbers are decimal and finite (an optional sign, digits
+-- with an optional fraction, an optional exponent: "-1", "0.5", ".5", "3e-4"; not "0x10",
+-- "inf", " 5"), booleans are switches (`--resume`, or `--resume=false`), strings take any
+-- value. `--name value` takes no value that starts with "--" (`--run --resume` is a missing
+-- value, not the run "--resume"): `--name=value` takes any. Optional fields of a
 -- flag narrow its values: int = true (whole numbers), min = x (numbers >= x), max = x
 -- (numbers <= x: flags.INT32 for a count the library holds in an int32), choices = {...}
 -- (strings from the list), e.g. {"batch", 32, "rows per step", int = true, min = 1}.
@@ -58,10 +61,18 @@ local function number_kind(f, plural)
   return noun .. (f.min and " >= " .. f.min or f.max and " <= " .. f.max or "")
 end
 
+-- Whether text is a decimal number: an optional sign, digits with an optional fraction ("5",
+-- "5.25", ".5", "5."), an optional exponent ("e-4", "E+2"); tonumber also reads hex, "inf",
+-- "nan" and blanks around the digits, which a flag does not take.
+local function is_decimal(text)
+  local mantissa = text:match("^[-+]?([%d.]+)[eE][-+]?%d+$") or text:match("^[-+]?([%d.]+)$")
+  return mantissa ~= nil and mantissa:find("^%d*%.?%d*$") ~= nil and mantissa:find("%d") ~= nil
+end
+
 -- The number text stands for, when it is one that f takes.
 local function flag_number(f, text)
-  local v = tonumber(text)
-  if v and v == v and math.abs(v) ~= math.huge and not (f.int and v ~= math.floor(v)) and not (f.min and v < f.min)
+  local v = is_decimal(text) and tonumber(text)
+  if v and math.abs(v) ~= math.huge and not (f.int and v ~= math.floor(v)) and not (f.min and v < f.min)
     and not (f.max and v > f.max) then
     return v
   end
@@ -138,6 +149,10 @@ function flags.values(args, spec)
     else
       i = i + 1
       if args[i] == nil then error(string.format("--%s needs a value", name), 0) end
+      if args[i]:sub(1, 2) == "--" then
+        error(string.format("--%s expects a value; got the flag %s: use --%s=%s for a value that starts with --",
+          name, args[i], name, args[i]), 0)
+      end
       values[name] = convert(f, args[i])
     end
     i = i + 1

@@ -1,8 +1,9 @@
 -- m3.fs — the few file-system helpers the training library needs (POSIX, via the FFI):
--- make folders, list a folder, read a file, replace a file atomically, resolve a path, tell what
--- is at a path from its metadata (exists, is_dir, is_file: nothing is opened, so a FIFO does not
--- wait for a writer), and check a path before it reaches C (check_path: a string without a NUL byte, which C would cut
--- the name at, reaching another file).
+-- make folders, list a folder, read a regular file (anything else there, a folder or a FIFO, is
+-- nil and a message that says what it is, and is not opened), replace a file atomically, resolve
+-- a path, tell what is at a path from its metadata (exists, is_dir, is_file: nothing is opened, so
+-- a FIFO does not wait for a writer), and check a path before it reaches C (check_path: a string
+-- without a NUL byte, which C would cut the name at, reaching another file).
 --
 -- write replaces a regular file, or, through a symbolic link, the regular file the link resolves
 -- to (the link stays a link, as when a program opens it for writing). Anything else there is
@@ -146,13 +147,20 @@ function fs.list(dir)
   return out
 end
 
--- The whole file, or nil and a message.
+-- The whole file (through symbolic links), or nil and a message: "<path>: No such file or
+-- directory" (io.open's), "<path> is a folder, not a regular file" (a FIFO, a device, a socket
+-- alike: told from the metadata, so a FIFO is not opened and does not wait for a writer).
 function fs.read(path)
   fs.check_path(path, "m3.fs.read")
+  local t = file_type(path)
+  if t and t ~= S_IFREG then
+    return nil, path .. " is " .. (KIND[t] and KIND[t] .. ", not" or "not") .. " a regular file"
+  end
   local f, err = io.open(path, "rb")
   if not f then return nil, err end
-  local s = f:read("*a")
+  local s, rerr = f:read("*a")
   f:close()
+  if not s then return nil, path .. ": " .. tostring(rerr) end
   return s
 end
 

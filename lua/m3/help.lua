@@ -7,12 +7,17 @@
 --   help.topics() -> sorted topic names;  help.complete(prefix) -> topics starting with it
 --
 -- Topic names: "m3", "m3.cpu_threads" (every m3.* function), "trainer", "trainer:step" (any
--- method; also "infer:step", "weights:get"), "tensor", "config", "weights", "weights.init",
--- "infer", "m3.schedule", "schedule.cosine", "m3.log", "log.jsonl", "log.svg.lines",
--- "pytorch.export", "m3.data", "data.parity", ... Every public function and method has one.
+-- method; also "infer:step", "weights:get", "source:next" for data sources, "rng:u32"),
+-- "tensor", "config", "weights", "weights.init", "infer", "m3.schedule", "schedule.cosine",
+-- "m3.log", "log.jsonl", "log.svg.lines", "pytorch.export", "m3.data", "data.parity",
+-- "data.rng", ... Every public function and method has one.
 -- Lookups are forgiving: "tr:step", "trainer.step", "step", "inf:generate", "w:get",
--- "m3.schedule.cosine", "m3.log.jsonl", "schedule" and "?cosine" all find their topic; a
--- module's name with a function it lacks ("checkpoint.nope") finds nothing.
+-- "src:next", "m3.schedule.cosine", "m3.log.jsonl", "svg.write", "schedule" and "?cosine"
+-- all find their topic. A qualified name finds only a topic of that name or one that ends in
+-- it ("svg.write" is log.svg.write): "fs.write" and "checkpoint.nope" find nothing, not a
+-- topic that merely shares the last name. A short name that several topics end in ("new")
+-- finds none of them: help.text gives them as the suggestions; of a trainer method's name
+-- ("step", "close") the trainer's topic is taken.
 
 local help = {}
 
@@ -200,7 +205,7 @@ T["curriculum.lengths"] = "curriculum.lengths{from =, to =, steps =, factor = 2,
 
 T["m3.data"] = [[
 m3.data — deterministic, resumable sources: src:next(rows, opts) -> {tokens =, targets =}
-  src:cursor() -> {seed =, index =}; src:seek(cursor); src.vocab, src.classes
+  src:cursor() -> {seed =, index =}; src:seek(cursor); src.vocab, src.classes   (?source)
   data.parity{length =, min_length =, targets = "running" | "final", seed =}
   data.arithmetic{length =, brackets = false, ops = "+-*", modulus = 5, targets = "final"}
   data.mqar{keys = 32, values = 32, pairs =, queries = | length =}
@@ -223,6 +228,46 @@ T["data.evaluate"] = "data.evaluate(ids, modulus = 5, first = 1, last = #ids) ->
 T["data.scaled_accuracy"] = "data.scaled_accuracy(acc, classes) -> (acc - 1/classes) / (1 - 1/classes)\n"
   .. "  0 at chance, 1 when every answer is right"
 T["data.mixture"] = "data.mixture({src1, src2, ...}, {weights =, seed =})  each row from a source drawn by weight"
+
+T["source"] = [[
+a data source (data.parity{...}, data.arithmetic, data.mqar, data.mixture, data.text, data.tokens):
+  deterministic given its seed; a cursor (plain numbers) resumes it. src.vocab, src.classes
+methods: next cursor seek sample (every source), slice count offset (data.text, data.tokens)
+  see ?m3.data]]
+local source_methods = {
+  next = "src:next(rows, opts) -> {tokens =, targets =}  int32 [rows, T]: the rows samples after the cursor,\n"
+    .. "  which moves past them; opts: this call's options over the source's (length =, pad_to =, ...;\n"
+    .. "  a mixture's also weights =). Shorter samples are padded: token 0, target -1",
+  cursor = "src:cursor() -> {seed =, index =}  the seed and the samples drawn so far (an order = \"stream\"\n"
+    .. "  file source's also rows =, position =); plain numbers, for a checkpoint's extra or JSON",
+  seek = "src:seek(cursor)  continue from a cursor of src:cursor(): the next batches are the ones that followed it",
+  sample = "src:sample(index, opts) -> tokens, targets  sample `index` as Lua lists; the cursor stays\n"
+    .. "  (not for an order = \"stream\" file source)",
+  slice = "src:slice(first, count) -> {ids}  data.text, data.tokens: the ids [first, first + count) of the whole\n"
+    .. "  file (0-based) as a Lua list; ids past its end are an error",
+  count = "src:count(L = length) -> the number of non-overlapping windows of length L in the split\n"
+    .. "  (data.text, data.tokens: what order = \"sequential\" goes through before it wraps around)",
+  offset = "src:offset(index, L) -> the file position (0-based) of window `index` of length L\n"
+    .. "  (data.text, data.tokens of order \"random\" or \"sequential\")",
+}
+for name, text in pairs(source_methods) do T["source:" .. name] = text end
+
+T["data.rng"] = [[
+m3.data.rng — the generator behind the sources and sweeps: xoshiro128** in pure Lua, the same
+  draws on every machine; its state is four integers that serialize exactly.
+  rng.new(seed, index, stream) -> r   rng.from_state(s) -> r
+methods: u32 uniform below state]]
+T["data.rng.new"] = "m3.data.rng.new(seed = 0, index = 0, stream = nil) -> r  sample `index`'s own generator\n"
+  .. "  (seed, index: integers in [0, 2^53)); stream (an integer in [0, 2^32)) gives independent draws\n"
+  .. "  for the same sample; nil, what the sources draw from, is a stream of its own (not 0)"
+T["data.rng.from_state"] = "m3.data.rng.from_state({a, b, c, d}) -> r  the generator whose r:state() that was"
+local rng_methods = {
+  u32 = "r:u32() -> an integer in [0, 2^32)",
+  uniform = "r:uniform() -> a number in [0, 1) with 53 random bits",
+  below = "r:below(n) -> an integer in [0, n)",
+  state = "r:state() -> {a, b, c, d}  plain integers; m3.data.rng.from_state makes the generator again",
+}
+for name, text in pairs(rng_methods) do T["rng:" .. name] = text end
 
 T["m3.accumulate"] = [[
 m3.accumulate.step(tr, {b1, ..., bk}, {clip =}) -> metrics
@@ -334,10 +379,10 @@ function help.complete(prefix)
   return out
 end
 
--- The usual variable names of objects: "?tr:step", "?inf:generate", "?w:get".
-local OBJECT_NAMES = { tr = "trainer", inf = "infer", w = "weights" }
+-- The usual variable names of objects: "?tr:step", "?inf:generate", "?w:get", "?src:next", "?r:u32".
+local OBJECT_NAMES = { tr = "trainer", inf = "infer", w = "weights", src = "source", r = "rng" }
 
--- The topic a user's spelling means, or nil.
+-- The topic a user's spelling means, or nil and the topics it could mean (a short name several end in).
 local function resolve(q)
   q = q:gsub("^%s*%?*%s*", ""):gsub("%s+$", ""):gsub("%(%)$", "")
   if T[q] then return q end
@@ -345,23 +390,23 @@ local function resolve(q)
   if T[bare] then return bare end
   if T["m3." .. bare] then return "m3." .. bare end
   local mod, fn = bare:match("^([%w_.]+)[.:]([%w_]+)$")
+  local tail -- a pattern for the end of a topic's name that the spelling means
   if mod then
     mod = OBJECT_NAMES[mod] or mod
     for _, t in ipairs { mod .. ":" .. fn, mod .. "." .. fn } do
       if T[t] then return t end
     end
-    if T[mod] or T["m3." .. mod] then return nil end -- a known module or object without that function
-    bare = fn
+    tail = mod:gsub("%p", "%%%0") .. "[.:]" .. fn
+  else
+    if T["trainer:" .. bare] then return "trainer:" .. bare end
+    tail = bare:gsub("%p", "%%%0")
   end
-  if T["trainer:" .. bare] then return "trainer:" .. bare end
-  local found
+  local found = {}
   for _, n in ipairs(all_names()) do
-    if n:match("[.:]" .. bare:gsub("%p", "%%%0") .. "$") then
-      if found then return nil end -- ambiguous
-      found = n
-    end
+    if n:match("[.:]" .. tail .. "$") then found[#found + 1] = n end
   end
-  return found
+  if #found == 1 then return found[1] end
+  return nil, found
 end
 
 local function suggestions(q)
@@ -392,6 +437,8 @@ local function topic_of_value(v)
   if mt and type(v.step) == "function" and type(v.backward_step) == "function" then return "trainer" end
   if mt and type(v.step) == "function" and type(v.generate) == "function" then return "infer" end
   if mt and type(v.get) == "function" and type(v.names) == "function" then return "weights" end
+  if mt and type(v.next) == "function" and type(v.cursor) == "function" then return "source" end
+  if mt and type(v.u32) == "function" and type(v.state) == "function" then return "data.rng" end
 end
 
 -- The value a dotted global name refers to (`tr`, `m3.schedule.cosine`), or nil.
@@ -404,10 +451,12 @@ local function global_value(q)
   if v ~= _G then return v end
 end
 
+-- The text of topic (a spelling or a value), or nil and suggestions: the topics an ambiguous
+-- short name could mean, else the topics whose names hold the spelling.
 function help.text(topic)
-  local t
+  local t, candidates
   if type(topic) == "string" then
-    t = resolve(topic)
+    t, candidates = resolve(topic)
     if not t then
       local ok, v = pcall(global_value, topic)
       if ok and v ~= nil then t = topic_of_value(v) end
@@ -416,6 +465,7 @@ function help.text(topic)
     t = topic_of_value(topic)
   end
   if t then return T[t] end
+  if candidates and #candidates > 1 then return nil, candidates end
   return nil, type(topic) == "string" and suggestions(topic) or {}
 end
 
