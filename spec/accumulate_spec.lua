@@ -1,9 +1,11 @@
 -- m3.accumulate: k micro-batches with backward_step{accumulate} and a clipped closing call
--- give the update of one big batch (ragged target counts included).
+-- give the update of one big batch (ragged target counts included, every head) and its
+-- metrics; a trainer mid-window or f16 with k >= 2 is refused before anything runs.
 
 local m3 = require "m3"
 local data = require "m3.data"
 local accumulate = require "m3.accumulate"
+local helper = require "spec.helper"
 
 local cfg = m3.config { d_model = 16, n_layers = 1, d_state = 8, headdim = 8, input = "tokens",
   head = "lm", vocab_size = 2 }
@@ -163,6 +165,81 @@ describe("m3.accumulate", function()
     end)
   end
 
+  -- d_out is dL/dout of the big batch: its rows' slices at scale 1 sum to the big batch's gradient (scaled
+  -- by 1/k, the gradient was 1/k of it: grad_norm exactly half for k = 2)
+  it("gives the big batch's update and grad_norm for head \"none\" (to float rounding)", function()
+    local ncfg = m3.config(helper.features_none())
+    local b = helper.batch(ncfg, 4, 6, helper.rng(5))
+    for i = 0, b.d_out:numel() - 1 do b.d_out[i] = b.d_out[i] * 10 end
+    local a = m3.trainer(ncfg, { device = "cpu", batch = 4, seq_len = 6, seed = 1, clip = 0.05 })
+    local c = m3.trainer(ncfg, { device = "cpu", batch = 2, seq_len = 6, seed = 1 })
+    c.config.head = "mse" -- the user's copy: accumulate goes by the trainer's own
+    for _ = 1, 3 do
+      local ma = a:step(b)
+      local mc = accumulate.step(c, accumulate.split(b, 2), { clip = 0.05 })
+      assert.is_true(ma.grad_norm > 0.05) -- clipping was active
+      assert.is_true(math.abs(ma.grad_norm - mc.grad_norm) <= 1e-5 * ma.grad_norm,
+        string.format("grad_norm %.9g vs %.9g", ma.grad_norm, mc.grad_norm))
+      assert.is_nil(ma.counted)
+      assert.is_nil(mc.counted)
+      assert.equal(ma.tokens, mc.tokens)
+    end
+    assert.is_true(max_rel_diff(c:snapshot(), a:snapshot()) < 1e-5)
+  end)
+
+  it("reports the counted of a step on the whole batch (\"mse\": elements, as the engine counts them)", function()
+    local mcfg = m3.config(helper.identity_mse())
+    local b = helper.batch(mcfg, 4, 4, helper.rng(6))
+    b.mask = m3.tensor({ 4, 4 }, "u8")
+    for i = 0, 9 do b.mask[i] = 1 end
+    local a = m3.trainer(mcfg, { device = "cpu", batch = 4, seq_len = 4, seed = 1 })
+    local c = m3.trainer(mcfg, { device = "cpu", batch = 4, seq_len = 4, seed = 1 })
+    local ma = a:step(b)
+    assert.equal(30, ma.counted) -- 10 masked-in positions x out_dim 3
+    assert.equal(30, accumulate.step(c, accumulate.split(b, 2)).counted)
+    assert.equal(30, accumulate.step(c, { b }).counted)
+    assert.equal(ma.counted, c:evaluate(b).counted)
+  end)
+
+  -- its loss and counted would describe its own micro-batches only, and a pending forward would be replaced
+  it("refuses a trainer with a forward pending or a window open, running nothing", function()
+    local parts = accumulate.split(big, 2)
+    local tr = new_trainer(4)
+    tr:forward(parts[1])
+    assert.has_error(function() accumulate.step(tr, parts) end, "m3.accumulate.step: the trainer has a forward "
+      .. "pending (tr:forward was called); finish it with tr:backward_step first; nothing was run")
+    assert.is_true(tr:info().pending_forward)
+    tr:backward_step(parts[1], { accumulate = true })
+    local g = tr:grads()
+    assert.has_error(function() accumulate.step(tr, parts) end, "m3.accumulate.step: the trainer has an "
+      .. "accumulation window open (backward_step with accumulate = true); close it with tr:forward and a "
+      .. "tr:backward_step without accumulate first; nothing was run")
+    assert.is_true(tr:info().window_open)
+    assert.is_false(tr:info().pending_forward)
+    assert.equal(0, max_rel_diff(tr:grads(), g))
+    tr:forward(parts[2])
+    tr:backward_step(parts[2])
+    assert.equal(1, tr:step_count())
+    assert.equal(2, accumulate.step(tr, parts).step)
+  end)
+
+  -- the engine refuses backward_step{accumulate} under f16: the first call would fail after forward(b1) ran
+  it("refuses k >= 2 micro-batches on an f16 trainer before running anything", function()
+    local parts = accumulate.split(big, 2)
+    local tr = new_trainer(4)
+    tr.info = function(self)
+      local i = getmetatable(self).info(self)
+      i.dtype = "f16"
+      return i
+    end
+    assert.has_error(function() accumulate.step(tr, parts) end, "m3.accumulate.step: 2 micro-batches on an f16 "
+      .. "trainer: f16 does not accumulate gradients (an overflow skips the whole update); use one batch, or a bf16 or "
+      .. "f32 trainer; nothing was run")
+    assert.is_false(tr:info().pending_forward)
+    assert.equal(0, tr:step_count())
+    assert.equal(1, accumulate.step(tr, { parts[1] }).step)
+  end)
+
   it("with one micro-batch equals a fused step", function()
     local a, b = new_trainer(8), new_trainer(8)
     local ma = a:step(big)
@@ -235,5 +312,19 @@ describe("m3.accumulate", function()
     assert.has_error(function() accumulate.step(tr, accumulate.split(big, 2), { clipp = 1 }) end,
       'm3.accumulate.step: unknown option "clipp" (did you mean "clip"?); valid options: clip')
     assert.equal(0, tr:step_count())
+  end)
+end)
+
+describe("m3.accumulate on CUDA #gpu", function()
+  it("refuses k >= 2 micro-batches on an f16 trainer before running anything; takes k = 1", function()
+    if not helper.need_gpu(pending) then return end
+    local big = data.parity { seed = 3, length = 12, min_length = 2 }:next(8, { pad_to = 12 })
+    local tr = m3.trainer(cfg, { device = "cuda", dtype = "f16", batch = 4, seq_len = 12, seed = 1 })
+    assert.matches("2 micro%-batches on an f16 trainer", helper.error_of(accumulate.step, tr, accumulate.split(big, 2)))
+    assert.is_false(tr:info().pending_forward)
+    assert.is_false(tr:info().window_open)
+    assert.equal(0, tr:step_count())
+    assert.equal(1, accumulate.step(tr, { accumulate.split(big, 2)[1] }).micro)
+    assert.is_false(tr:info().window_open)
   end)
 end)

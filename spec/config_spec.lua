@@ -72,6 +72,13 @@ describe("m3.config", function()
       helper.error_of(m3.config, base({ input = "feature" })))
     assert.matches('head = "ce": expected one of "none", "lm", "mse"', helper.error_of(m3.config, base({ head = "ce" })))
     assert.matches("d_model is required", helper.error_of(m3.config, { n_layers = 1, input = "identity" }))
+    -- int32's range is [-2^31, 2^31 - 1]: -2^31 is one, and breaks the rule >= 1 (the engine names it)
+    assert.matches("d_model = 2147483648: expected an integer %(int32%)",
+      helper.error_of(m3.config, base({ d_model = 2 ^ 31 })))
+    assert.matches("m3: d_model = %-2147483648: must be an integer in %[1, 16777216%]",
+      helper.error_of(m3.config, base({ d_model = -2 ^ 31 })))
+    assert.matches("d_model = %-2147483649: expected an integer %(int32%)",
+      helper.error_of(m3.config, base({ d_model = -2 ^ 31 - 1 })))
     assert.matches("expected a table", helper.error_of(m3.config, 3))
   end)
 

@@ -1,4 +1,5 @@
--- m3.curriculum: phases by step, inheritance, maxima, length curricula, validation.
+-- m3.curriculum: phases by step (handed out as copies), inheritance, maxima, length curricula
+-- (at most 1000 stages), validation.
 
 local curriculum = require "m3.curriculum"
 local helper = require "spec.helper"
@@ -29,6 +30,25 @@ describe("m3.curriculum", function()
     assert.same({ 1, 0 }, p.weights)
     assert.equal(16, cur:phase(200).batch)
     assert.same({ 1, 1 }, cur:phase(200).weights)
+  end)
+
+  -- the phase of a step is a pure function of the step: what phase() and phases() hand out, and the tables
+  -- new() was given, are not the curriculum's own
+  it("hands out copies of its phases, nested tables included", function()
+    local weights = { 1, 0 }
+    local given = { { steps = 10, length = 8, weights = weights }, { length = 16 } }
+    local c = curriculum.new(given)
+    local p = c:phase(1)
+    p.length, p.weights[2] = 999, 5
+    c:phases()[2].weights[1] = 7
+    c:phases()[1].length = 3
+    given[1].length, weights[1] = 4, 6
+    assert.equal(8, c:phase(1).length)
+    assert.same({ 1, 0 }, c:phase(1).weights)
+    assert.same({ 1, 0 }, c:phase(11).weights)
+    assert.equal(8, c:phases()[1].length)
+    assert.equal(16, c:max("length"))
+    assert.are_not.equal(c:phase(1), c:phase(1))
   end)
 
   it("gives the largest value of a field", function()
@@ -82,6 +102,21 @@ describe("m3.curriculum", function()
     assert.matches("min_length must be an integer in %[1, from = 12%].*, got 30",
       err { from = 12, to = 48, steps = 30, min_length = 30 })
     assert.matches("3 stages %(lengths 12, 24, 48%) do not fit in 2 steps", err { from = 12, to = 48, steps = 2 })
+    assert.equal("m3.curriculum.lengths: 11 stages (lengths 1, 2, 4, 8, 16, 32, 64, 128, ..., 1024) do not fit in 3 "
+      .. "steps: at least one step a stage", err { from = 1, to = 1024, steps = 3 })
+  end)
+
+  -- factor 1 + 1e-7 from 1 to 2^31 made 64 million stages (9 s) and a 670 MB message
+  it("builds at most 1000 stages, and says so at once with a short message", function()
+    local t0 = os.clock()
+    local ok, e = pcall(curriculum.lengths, { from = 1, to = 2 ^ 31, steps = 10, factor = 1.0000001 })
+    assert.is_false(ok)
+    assert.equal("m3.curriculum.lengths: from = 1 to 2147483648 by factor = 1.0000001 makes more than 1000 stages, "
+      .. "the most it builds (lengths 1, 2, 3, 4, 5, 6, 7, 8, ..., 2147483648); use a larger factor", e)
+    assert.is_true(os.clock() - t0 < 1)
+    local c = curriculum.lengths { from = 1, to = 1000, steps = 1000, factor = 1.0001 }
+    assert.equal(1000, #c:phases())
+    assert.has_error(function() curriculum.lengths { from = 1, to = 1001, steps = 1001, factor = 1.0001 } end)
   end)
 
   it("passes a phase to a source as is, which refuses a name it does not take", function()

@@ -1,7 +1,8 @@
 -- m3.infer contract (API.md "Inference"): a prompt stepped token by token, in pieces or whole
 -- gives the same bits on the CPU; the logits are the last position's; rows and resets; states
 -- hand over from a trainer; generation is deterministic per seed and per row, stops and pads;
--- bad prompts raise and change nothing; m3.pytorch export/import round trips bit for bit.
+-- bad prompts raise and change nothing; a changed inf.config changes nothing; pointers are
+-- refused; m3.pytorch export/import round trips bit for bit.
 -- CPU unless tagged #gpu (those are pending without a CUDA device).
 
 local m3 = require "m3"
@@ -203,6 +204,52 @@ describe("m3.infer", function()
     local _, want = tr:evaluate(b2)
     assert.is_true(helper.rel_l2(inf:step(b2.input), want) <= 1e-6)
     assert.matches("list of 2 layer tables", helper.error_of(inf.set_states, inf, {}))
+  end)
+
+  -- inf.config is the user's copy: step once sized out and logits, generate its draws, states() its tensors
+  -- and set_states its checks from the table a script could change, and the engine wrote or read past them
+  it("sizes every buffer from its own config: changing inf.config changes nothing the object does", function()
+    local w = m3.weights.init(m3.config(helper.tokens_lm()), { seed = 12 })
+    local inf, ref = m3.infer(w, { device = "cpu", batch = 2 }), m3.infer(w, { device = "cpu", batch = 2 })
+    local x = helper.randint(helper.rng(13), { 2, 6 }, 13)
+    inf.config.d_model, inf.config.vocab_size, inf.config.d_state, inf.config.input = 1, 100000, 2, "identity"
+    assert.matches("d_model 16, 2 layers, input tokens", tostring(inf))
+    local out, logits = inf:step(x)
+    local want_out, want_logits = ref:step(x)
+    assert.is_true(same(want_out, out))
+    assert.is_true(same(want_logits, logits))
+    local s = inf:states()
+    assert.same({ 2, 4, 8, 8 }, s[1].ssm:shape())
+    inf:set_states(s)
+    s[2].ssm = m3.tensor({ 2, 4, 8, 2 })
+    assert.matches("states%[2%].ssm: expected f32 %[2, 4, 8, 8%], got f32 %[2, 4, 8, 2%]",
+      helper.error_of(inf.set_states, inf, s))
+    local toks = inf:generate({ { 1, 2 } }, 20, { seed = 1 })
+    assert.same(ref:generate({ { 1, 2 } }, 20, { seed = 1 }):to_table(), toks:to_table())
+  end)
+
+  it("refuses pointers, whose size the FFI cannot tell, and names the input of an f64 value float32 cannot hold",
+    function()
+    local ffi = require "ffi"
+    local w = m3.weights.init(m3.config(helper.features_none()), { seed = 14 })
+    local inf = m3.infer(w, { device = "cpu", batch = 2 })
+    local x = helper.randn(helper.rng(15), { 2, 3, 5 })
+    local before = inf:states()
+    local ptr = ffi.cast("float *", x.data)
+    assert.matches("step: input: data is a pointer %(ctype<float %*>%), whose size the FFI cannot tell: pass an FFI "
+      .. "array", helper.error_of(inf.step, inf, { input = { data = ptr, shape = { 2, 3, 5 } } }))
+    assert.matches("step: input: got a pointer %(ctype<float %*>%)", helper.error_of(inf.step, inf, ptr))
+    local resets = ffi.new("uint8_t[6]")
+    assert.matches("step: resets: got a pointer %(ctype<unsigned char %*>%)",
+      helper.error_of(inf.step, inf, { input = x, resets = ffi.cast("uint8_t *", resets) }))
+    local s = inf:states()
+    s[1].k = ffi.cast("float *", s[1].k.data)
+    assert.matches("set_states: states%[1%].k: got a pointer", helper.error_of(inf.set_states, inf, s))
+    local big = m3.tensor.from(x, "f64")
+    big[4] = 1e300
+    assert.matches("step: input: converting to f32: element 4 = 1e%+300 is outside float32's range",
+      helper.error_of(inf.step, inf, big))
+    assert.is_true(helper.same_states(before, inf:states()))
   end)
 
   describe("generate", function()

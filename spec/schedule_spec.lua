@@ -161,6 +161,12 @@ describe("m3.schedule", function()
     assert.is_false(ok)
     assert.truthy(err:find("m3.schedule.cosine: expected peak > 0, got nil", 1, true))
     assert.has_error(function() schedule.cosine(5) end)
+    -- cosine has no warmup option: the message says what to use instead, for warmup = 0 too
+    for _, w in ipairs { 0, 10 } do
+      assert.has_error(function() schedule.cosine { peak = 1, total = 10, warmup = w } end,
+        "m3.schedule.cosine: warmup = " .. w .. ": cosine has no warmup option; leave it out for none, or use "
+        .. "warmup_cosine{peak =, warmup =, total =}")
+    end
     -- a string where a number belongs is shown quoted: "1", not 1
     assert.matches('constant: expected a learning rate > 0, got "1"$', helper.error_of(schedule.constant, "1"))
     assert.matches('linear: expected from >= 0, got "1"$',

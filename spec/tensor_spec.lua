@@ -1,5 +1,6 @@
 -- m3.tensor and m3.load_tensors / m3.save_tensors: constructors, dtypes, bounds checks,
--- nested tables, FFI wraps, and safetensors round trips and conversions.
+-- nested tables, FFI wraps (pointers refused where a value's data is copied), and safetensors
+-- round trips and conversions.
 
 local ffi = require "ffi"
 local m3 = require "m3"
@@ -70,6 +71,11 @@ describe("m3.tensor", function()
     assert.matches("index %-1 out of range", helper.error_of(function() t[-1] = 1 end))
     assert.matches("not an integer", helper.error_of(function() return t[0.5] end))
     assert.matches("cannot set field", helper.error_of(function() t.foo = 1 end))
+    -- a name that is not a method reads as an error too, not as nil
+    assert.matches('tensor: no method or field "foo"', helper.error_of(function() return t.foo end))
+    assert.matches('tensor: no method or field "1"', helper.error_of(function() return t["1"] end))
+    assert.matches("tensor: no method or field true", helper.error_of(function() return t[true] end))
+    assert.same({ 2, 2 }, t:shape())
     -- 64-bit integer cdata index like the numbers they hold
     t[2LL] = 1.5
     assert.same({ 1.5, 4.5 }, { t[2ULL], t[3LL] })
@@ -190,6 +196,18 @@ describe("m3.tensor", function()
     assert.equal(7, v[3])
     assert.matches("holds 6 elements, the shape needs 8", helper.error_of(m3.tensor.wrap, a, { 8 }))
     assert.matches("does not match", helper.error_of(m3.tensor.wrap, a, { 6 }, "f32"))
+    -- a pointer too, unchecked: its memory is the caller's to size
+    local p = m3.tensor.wrap(ffi.cast("double *", a), { 2 })
+    assert.equal(2, p[1])
+  end)
+
+  it("copies no pointer, whose size the FFI cannot tell, where it takes a value's data", function()
+    local a = ffi.new("float[4]", 1, 2, 3, 4)
+    assert.matches("m3.tensor.from: data is a pointer %(ctype<float %*>%), whose size the FFI cannot tell: pass an "
+      .. "FFI array", helper.error_of(m3.tensor.from, { data = ffi.cast("float *", a), shape = { 4 } }))
+    assert.matches("m3.tensor.from: data is a pointer %(ctype<void %*>%)",
+      helper.error_of(m3.tensor.from, { data = ffi.cast("void *", a), shape = { 4 } }))
+    assert.same({ 1, 2, 3, 4 }, m3.tensor.from({ data = a, shape = { 4 } }):to_table())
   end)
 
   it("prints dtype, shape and a few values", function()

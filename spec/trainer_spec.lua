@@ -1,6 +1,7 @@
--- m3.trainer contract (API.md): weights that are not finite, split = fused bit for bit,
--- accumulation, interlocks, input errors, non-finite steps, learning rate, closed handles,
--- carried state and resets, states round trip, short windows, evaluate, checkpoints, graphs.
+-- m3.trainer contract (API.md): weights that are not finite, a changed tr.config changing
+-- nothing, split = fused bit for bit, accumulation, interlocks, input errors (pointers
+-- refused), non-finite steps, learning rate, closed handles, carried state and resets, states
+-- round trip, short windows, evaluate, checkpoints, graphs.
 -- CPU unless tagged #gpu.
 
 local m3 = require "m3"
@@ -66,6 +67,31 @@ describe("m3.trainer", function()
       assert.is_false(info.pending_forward)
       assert.is_nil(tr:scaler_state())
       assert.matches("m3.trainer%(cpu f32, batch 3 x seq_len 7", tostring(tr))
+    end)
+
+    -- tr.config is the user's copy: a script changing it (to describe another model, say) once made forward
+    -- and evaluate size out, states() its tensors and set_states its checks from the changed table, and the
+    -- engine then wrote or read past them
+    it("sizes every buffer from its own config: changing tr.config changes nothing the trainer does", function()
+      local tr = m3.trainer(helper.features_none(), opts({ carry_state = true }))
+      local b = helper.batch(tr.config, 3, 7, helper.rng(30))
+      tr.config.d_model, tr.config.d_state, tr.config.n_layers = 1, 2, 1
+      assert.matches("d_model 16, 2 layers", tostring(tr))
+      assert.same({ 3, 7, 16 }, tr:forward(b):shape())
+      tr:backward_step(b)
+      local _, out = tr:evaluate(b)
+      assert.same({ 3, 7, 16 }, out:shape())
+      for _ = 1, 20 do
+        local s = tr:states()
+        assert.equal(2, #s)
+        assert.same({ 3, 4, 8, 8 }, s[1].ssm:shape())
+        tr:set_states(s)
+      end
+      local small = tr:states()
+      small[1].ssm = m3.tensor({ 3, 4, 8, 2 })
+      assert.matches("states%[1%].ssm: expected f32 %[3, 4, 8, 8%], got f32 %[3, 4, 8, 2%]",
+        helper.error_of(tr.set_states, tr, small))
+      assert.equal(m3.config(helper.features_none()).n_params, tr:snapshot():numel())
     end)
 
     it("rejects unknown and malformed options", function()
@@ -228,6 +254,32 @@ describe("m3.trainer", function()
       tr:evaluate(b)
     end)
 
+    it("names the pending forward's shape for a d_out of another shape", function()
+      tr:forward(b)
+      assert.matches("batch.d_out: expected f32 %[3, 7, 16%], got f32 %[1, 1, 1%]",
+        helper.error_of(tr.backward_step, tr, { d_out = { { { 1 } } } }))
+      assert.matches("batch.d_out: expected f32 %[3, 7, 16%], got f32 %[1, 7, 16%]",
+        helper.error_of(tr.backward_step, tr, m3.tensor({ 1, 7, 16 })))
+      assert.is_true(tr:info().pending_forward)
+      tr:backward_step(b)
+      assert.equal(1, tr:step_count())
+    end)
+
+    -- the engine scales in float32: a scale that is 0 or a subnormal there adds nothing, a negative one ascends
+    it("refuses a scale that is not a finite number > 0 float32 holds as a normal number", function()
+      tr:forward(b)
+      for _, scale in ipairs { -1, 0, 1e-300, 2 ^ -127, 0 / 0, math.huge, 1e39, "1" } do
+        local shown = type(scale) == "string" and '"1"' or tostring(scale):gsub("[%-%+%.]", "%%%0")
+        assert.matches("backward_step: scale = " .. shown .. ": expected a finite number > 0 that float32 holds as a "
+          .. "normal number %(2%^%-126 to about 3.4e38%)", helper.error_of(tr.backward_step, tr, b, { scale = scale }))
+      end
+      assert.is_true(tr:info().pending_forward)
+      tr:backward_step(b, { scale = 2 ^ -126, accumulate = true })
+      tr:forward(b)
+      tr:backward_step(b)
+      assert.equal(1, tr:step_count())
+    end)
+
     it("raises at the caller's line", function()
       local err = helper.error_of(function() tr:backward_step(b) end)
       assert.matches("^[^\n]-trainer_spec.lua:%d+: m3: backward_step: no pending forward", err)
@@ -310,6 +362,54 @@ describe("m3.trainer", function()
       g:step(f64)
       assert.is_true(helper.same_weights(f:snapshot(), g:snapshot()))
     end)
+  end)
+
+  -- a pointer's memory may hold fewer values than the shape says: the engine read past it (or crashed)
+  it("refuses pointers, whose size the FFI cannot tell, in batches and set_states, running nothing", function()
+    local ffi = require "ffi"
+    local tr = m3.trainer(helper.tokens_lm(), opts({ batch = 2, seq_len = 8, carry_state = true }))
+    local b = helper.batch(tr.config, 2, 8, helper.rng(31))
+    local arr = ffi.new("int32_t[16]")
+    ffi.copy(arr, b.tokens.data, 64)
+    local ptr = ffi.cast("int32_t *", arr)
+    local as_data = { tokens = { data = ptr, shape = { 2, 8 } }, targets = b.targets }
+    local bare = { tokens = b.tokens, targets = ptr }
+    local data_msg = "batch.tokens: data is a pointer %(ctype<int %*>%), whose size the FFI cannot tell: pass an FFI "
+      .. "array %(ffi.new%(\"float%[%?%]\", n%) or the like%) or an m3.tensor"
+    local bare_msg = "batch.targets: got a pointer %(ctype<int %*>%), whose size the FFI cannot tell"
+    for _, call in ipairs { tr.step, tr.evaluate, tr.check_batch } do
+      assert.matches(data_msg, helper.error_of(call, tr, as_data))
+      assert.matches(bare_msg, helper.error_of(call, tr, bare))
+    end
+    assert.matches(data_msg, helper.error_of(tr.forward, tr, { tokens = as_data.tokens }))
+    tr:forward(b)
+    assert.matches(bare_msg, helper.error_of(tr.backward_step, tr, { targets = ptr }))
+    assert.is_true(tr:info().pending_forward)
+    tr:backward_step(b)
+    local s = tr:states()
+    local kept = tr:states()
+    s[2].ssm = { data = ffi.cast("float *", s[2].ssm.data), shape = s[2].ssm:shape() }
+    assert.matches("set_states: states%[2%].ssm: data is a pointer %(ctype<float %*>%)",
+      helper.error_of(tr.set_states, tr, s))
+    s[2].ssm = ffi.cast("float *", kept[2].ssm.data)
+    assert.matches("set_states: states%[2%].ssm: got a pointer", helper.error_of(tr.set_states, tr, s))
+    assert.is_true(helper.same_states(kept, tr:states()))
+    assert.equal(1, tr:step_count())
+  end)
+
+  it("names the field of an f64 value that float32 cannot hold", function()
+    local tr = m3.trainer(helper.identity_mse(), opts({ batch = 2, seq_len = 4, carry_state = true }))
+    local b = helper.batch(tr.config, 2, 4, helper.rng(32))
+    local big = m3.tensor.from(b.targets, "f64")
+    big[5] = 1e300
+    assert.matches("^[^\n]-trainer_spec.lua:%d+: batch.targets: converting to f32: element 5 = 1e%+300 is outside "
+      .. "float32's range", helper.error_of(function() tr:step({ input = b.input, targets = big }) end))
+    local s = tr:states()
+    s[2].ssm = m3.tensor.from(s[2].ssm, "f64")
+    s[2].ssm[0] = -1e300
+    assert.matches("set_states: states%[2%].ssm: converting to f32: element 0 = %-1e%+300 is outside float32's range",
+      helper.error_of(tr.set_states, tr, s))
+    assert.equal(0, tr:step_count())
   end)
 
   it("raises on a non-finite step and leaves weights and step count unchanged", function()

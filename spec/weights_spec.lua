@@ -114,6 +114,24 @@ describe("m3.weights", function()
     assert.matches('did you mean "norm_f.weight"', helper.error_of(function() w:get("norm_f.weigth") end))
   end)
 
+  it("refuses pointers, whose size the FFI cannot tell, and names the tensor of an f64 value float32 cannot hold",
+    function()
+    local w = m3.weights.create(cfg)
+    local four = ffi.new("float[4]", 1, 2, 3, 4)
+    assert.matches('weights:set%("layers.1.mixer.D"%): data is a pointer %(ctype<float %*>%), whose size the FFI '
+      .. "cannot tell: pass an FFI array", helper.error_of(function()
+        w:set("layers.1.mixer.D", { data = ffi.cast("float *", four), shape = { 4 } })
+      end))
+    assert.matches('weights:set%("layers.1.mixer.D"%): got a pointer %(ctype<float %*>%)',
+      helper.error_of(function() w:set("layers.1.mixer.D", ffi.cast("float *", four)) end))
+    local d = m3.tensor({ 4 }, "f64")
+    d[3] = 1e300
+    assert.matches('weights:set%("layers.1.mixer.D"%): converting to f32: element 3 = 1e%+300 is outside '
+      .. "float32's range",
+      helper.error_of(function() w:set("layers.1.mixer.D", d) end))
+    assert.equal(0, w:get("layers.1.mixer.D")[0])
+  end)
+
   it("saves and loads bit-exactly, with and without a config", function()
     local w = m3.weights.init(cfg, { seed = 3 })
     local path = helper.tmpname(".safetensors")

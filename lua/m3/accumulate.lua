@@ -3,15 +3,16 @@
 --   local m = accumulate.step(tr, {b1, b2, ..., bk}, {clip = 1.0})
 --
 -- Runs tr:forward / tr:backward_step{accumulate = true} on b1..b(k-1) and closes the
--- window on bk (clipping applies there, to the summed gradient). Each micro-batch's loss
--- is scaled by its share of the counted positions, c_i / sum(c): for the "lm" head the
--- targets that are not -1, for "mse" with a mask the masked-in positions, otherwise all
--- rows x len positions (then the share is 1/k for equal shapes). The summed gradient is
--- then the gradient of the loss of the concatenated batch: the same update as one big
--- batch, up to float rounding.
+-- window on bk (clipping applies there, to the summed gradient). For the "lm" and "mse"
+-- heads each micro-batch's loss is scaled by its share of the counted positions,
+-- c_i / sum(c): for "lm" the targets that are not -1, for "mse" the masked-in positions (all
+-- rows x len without a mask). For head "none" d_out is already the gradient of the big
+-- batch's loss with respect to its rows' out, so every micro-batch goes in at scale 1. The
+-- summed gradient is then the gradient of the loss of the concatenated batch: the same
+-- update as one big batch, up to float rounding.
 -- Returns the closing call's metrics with loss and accuracy = those of the big batch (the
--- counted-weighted means), tokens, counted and ms summed over the micro-batches, and
--- micro = k.
+-- counted-weighted means), tokens, counted (what tr:step reports for the big batch: none for
+-- head "none") and ms summed over the micro-batches, and micro = k.
 --
 -- Interrupts (Ctrl-C / SIGTERM) before the first forward are raised as they come; inside
 -- the window they do not leave it open: the engine's flag
@@ -26,7 +27,9 @@
 --   accumulate.counted(tr, batch) -> c for one micro-batch (checked as a step would check it)
 --
 -- Every micro-batch and option is checked before the first forward, so a bad one raises
--- without leaving a forward pending or a window open.
+-- without leaving a forward pending or a window open. So is the trainer: one with a forward
+-- pending or an accumulation window open (from the caller's own forward / backward_step) is
+-- refused, as is an f16 trainer with k >= 2 (the engine accumulates no f16 gradients).
 
 local lib = require "m3.lib"
 local options = require "m3.options"
@@ -63,8 +66,21 @@ function accumulate.step(tr, batches, opts)
   if opts.clip ~= nil and not (type(opts.clip) == "number" and opts.clip >= 0) then
     lib.raise("m3.accumulate.step: clip = " .. options.show(opts.clip) .. ": expected a number >= 0 (0 = off)")
   end
-  -- every micro-batch checked before the first forward: a bad one leaves no window open
   local k = #batches
+  local state = tr:info()
+  if state.pending_forward then
+    lib.raise("m3.accumulate.step: the trainer has a forward pending (tr:forward was called); finish it with "
+      .. "tr:backward_step first; nothing was run")
+  end
+  if state.window_open then
+    lib.raise("m3.accumulate.step: the trainer has an accumulation window open (backward_step with accumulate = "
+      .. "true); close it with tr:forward and a tr:backward_step without accumulate first; nothing was run")
+  end
+  if k >= 2 and state.dtype == "f16" then
+    lib.raise(string.format("m3.accumulate.step: %d micro-batches on an f16 trainer: f16 does not accumulate "
+      .. "gradients (an overflow skips the whole update); use one batch, or a bf16 or f32 trainer; nothing was run", k))
+  end
+  -- every micro-batch checked before the first forward: a bad one leaves no window open
   local counts, total = {}, 0
   for i, b in ipairs(batches) do
     local ok, c = pcall(accumulate.counted, tr, b)
@@ -75,11 +91,13 @@ function accumulate.step(tr, batches, opts)
   if total == 0 then
     lib.raise(string.format("m3.accumulate.step: the %d micro-batches count no position (%s in each): there is "
       .. "no loss to take the gradient of; nothing was run", k,
-      tr.config.head == "lm" and "every target is -1" or "every mask entry is 0"))
+      tr._cfg.head == "lm" and "every target is -1" or "every mask entry is 0"))
   end
   -- a micro-batch's loss weighs its share of the counted positions; one that counts none adds a zero
-  -- gradient at any scale (the engine takes no zero scale)
+  -- gradient at any scale (the engine takes no zero scale); head "none"'s d_out is the big batch's own
+  local head_none = tr._cfg.head == "none" -- the trainer's own config (tr.config is the user's to change)
   local function share(i) return counts[i] / total end
+  local function scale(i) return (head_none or counts[i] == 0) and 1 or share(i) end
   local results = {}
   -- next action: forward or backward of micro-batch i; set before each call so that after
   -- an interrupt the trainer's pending forward tells whether that call took effect
@@ -92,7 +110,7 @@ function accumulate.step(tr, batches, opts)
         action = "backward"
       end
       local last = i == k
-      results[i] = tr:backward_step(b, { accumulate = not last, scale = share(i) > 0 and share(i) or 1,
+      results[i] = tr:backward_step(b, { accumulate = not last, scale = scale(i),
         clip = last and opts.clip or nil })
       i, action = i + 1, "forward"
     end
@@ -115,16 +133,16 @@ function accumulate.step(tr, batches, opts)
     end
   end
   local m = results[k]
-  local loss, acc, tokens, ms = 0, 0, 0, 0
+  local loss, acc, tokens, ms, counted = 0, 0, 0, 0, m.counted and 0
   for j = 1, k do
     local r, w = results[j], share(j)
     if w > 0 then -- a micro-batch that counts nothing has no loss or accuracy to weigh in
       if r.loss and loss then loss = loss + w * r.loss else loss = nil end
       if r.accuracy and acc then acc = acc + w * r.accuracy else acc = nil end
     end
-    tokens, ms = tokens + r.tokens, ms + r.ms
+    tokens, ms, counted = tokens + r.tokens, ms + r.ms, counted and counted + r.counted
   end
-  m.loss, m.accuracy, m.tokens, m.ms, m.counted, m.micro = loss, acc, tokens, ms, total, k
+  m.loss, m.accuracy, m.tokens, m.ms, m.counted, m.micro = loss, acc, tokens, ms, counted, k
   if deferred then
     error(setmetatable({ message = deferred .. " (the accumulation window was closed first)",
       metrics = m }, Deferred), 0)

@@ -5,7 +5,7 @@
 -- rules (m3_config_validate names field, value and rule) and derive the sizes. The result
 -- is a new table with every field (defaults filled) plus d_inner, nheads, num_rope_angles,
 -- in_proj_dim and n_params; feeding it back in is accepted (derived fields must match).
--- Also: conversion to and from the C struct, JSON, and the named presets.
+-- Also: copies, conversion to and from the C struct, JSON, and the named presets.
 
 local ffi = require "ffi"
 local lib = require "m3.lib"
@@ -84,7 +84,7 @@ local function check_value(name, v)
   local f = field_kind[name]
   local kind = f[2]
   if kind == "int" then
-    if type(v) ~= "number" or v ~= math.floor(v) or math.abs(v) > 2147483647 then
+    if type(v) ~= "number" or v ~= math.floor(v) or v < -2147483648 or v > 2147483647 then
       raise(string.format("m3.config: %s = %s: expected an integer (int32)", name, show(v)))
     end
   elseif kind == "number" then
@@ -178,6 +178,13 @@ function config.validate(t)
     end
   end
   return out
+end
+
+-- A new table with the fields of config t (a config is flat: the copy shares nothing with t).
+function config.copy(t)
+  local c = {}
+  for k, v in pairs(t) do c[k] = v end
+  return c
 end
 
 -- The m3_config struct of a Lua config table (validated on the way).

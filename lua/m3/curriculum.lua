@@ -7,7 +7,9 @@
 -- A phase inherits every field it does not set from the phase before, and its fields are
 -- named like the options of m3.data sources, so a phase can be passed to src:next as is.
 -- The phase of a step is a pure function of the step, so a resumed run needs only its
--- step to be back in the right phase.
+-- step to be back in the right phase: new() keeps copies of the phases it is given, and
+-- phase() and phases() hand out new copies (nested tables such as weights included), so
+-- changing what they return changes no later lookup.
 --
 --   local cur = curriculum.new{ {steps = 100, length = 8, batch = 32}, {steps = 100,
 --     length = 16}, {length = 32} }
@@ -21,7 +23,7 @@
 --                                 [min_length, length]; default: = length). Other
 --                                 fields (batch, the options of the m3.data tasks,
 --                                 pad_to, offset, weights) go into every phase; any
---                                 other name is an error.
+--                                 other name is an error. At most 1000 stages.
 
 local lib = require "m3.lib"
 local options = require "m3.options"
@@ -36,6 +38,17 @@ C.__index = C
 
 local show = options.show
 
+-- A copy of v: tables (without a metatable) copied through every level, anything else as is.
+local function copy(v, seen)
+  if type(v) ~= "table" or getmetatable(v) ~= nil then return v end
+  seen = seen or {}
+  if seen[v] then return seen[v] end
+  local c = {}
+  seen[v] = c
+  for k, x in pairs(v) do c[copy(k, seen)] = copy(x, seen) end
+  return c
+end
+
 -- A finite integer >= 1 (math.huge and NaN are not).
 local function is_count(v)
   return type(v) == "number" and v >= 1 and v < math.huge and v == math.floor(v)
@@ -45,7 +58,7 @@ function curriculum.new(phases)
   if type(phases) ~= "table" or #phases == 0 then
     lib.raise("m3.curriculum.new: expected a list of phases, e.g. {{steps = 100, length = 8}, {length = 16}}")
   end
-  local self = setmetatable({ list = {} }, C)
+  local self = setmetatable({ _list = {} }, C)
   local prev, first = {}, 1
   for i, p in ipairs(phases) do
     if type(p) ~= "table" then
@@ -60,32 +73,32 @@ function curriculum.new(phases)
     end
     local full = {}
     for k, v in pairs(prev) do full[k] = v end
-    for k, v in pairs(p) do full[k] = v end
+    for k, v in pairs(p) do full[k] = copy(v) end
     full.steps = p.steps
     full.index, full.first = i, first
     full.last = p.steps and first + p.steps - 1 or math.huge
-    self.list[i] = full
+    self._list[i] = full
     prev, first = full, full.last + 1
   end
   return self
 end
 
--- The phase of 1-based step s (the last phase for steps past the end).
+-- A copy of the phase of 1-based step s (the last phase for steps past the end).
 function C:phase(s)
   if not is_count(s) then
     lib.raise("m3.curriculum: phase expects a step (an integer >= 1), got " .. show(s))
   end
-  local list = self.list
+  local list = self._list
   for i = 1, #list do
-    if s <= list[i].last then return list[i] end
+    if s <= list[i].last then return copy(list[i]) end
   end
-  return list[#list]
+  return copy(list[#list])
 end
 
 -- The largest value of a numeric field over all phases (nil when no phase sets it).
 function C:max(field)
   local m
-  for _, p in ipairs(self.list) do
+  for _, p in ipairs(self._list) do
     local v = p[field]
     if type(v) == "number" and (m == nil or v > m) then m = v end
   end
@@ -94,11 +107,14 @@ end
 
 -- Total steps of all phases (math.huge when the last phase runs on).
 function C:total()
-  return self.list[#self.list].last
+  return self._list[#self._list].last
 end
 
+-- A list of copies of the phases.
 function C:phases()
-  return self.list
+  local out = {}
+  for i, p in ipairs(self._list) do out[i] = copy(p) end
+  return out
 end
 
 -- Iterates step, phase for steps first..last (both required; none when last < first).
@@ -113,6 +129,16 @@ function C:iter(first, last)
     if s > last then return nil end
     return s, self:phase(s)
   end
+end
+
+-- The most stages curriculum.lengths makes, and how many of their lengths a message shows.
+local MAX_STAGES, SHOWN = 1000, 8
+
+-- The stage lengths for a message, ending at `to`: all of them when they are few, else the first
+-- SHOWN, "..." and to.
+local function shown_lengths(lengths, to)
+  if #lengths <= SHOWN and lengths[#lengths] == to then return table.concat(lengths, ", ") end
+  return table.concat(lengths, ", ", 1, math.min(#lengths, SHOWN)) .. ", ..., " .. to
 end
 
 -- A length curriculum from `from` to `to` (multiplying by `factor`, default 2, the last
@@ -147,13 +173,18 @@ function curriculum.lengths(o)
   end
   local lengths, L = {}, from
   while L < to do
+    if #lengths + 2 > MAX_STAGES then -- L and to would make one stage too many
+      lib.raise(string.format("m3.curriculum.lengths: from = %d to %d by factor = %s makes more than %d stages, "
+        .. "the most it builds (lengths %s); use a larger factor", from, to, show(factor), MAX_STAGES,
+        shown_lengths(lengths, to)))
+    end
     lengths[#lengths + 1] = L
     L = math.max(L + 1, math.floor(L * factor + 0.5))
   end
   lengths[#lengths + 1] = to
   if #lengths > steps then
     lib.raise(string.format("m3.curriculum.lengths: %d stages (lengths %s) do not fit in %d steps: at least one "
-      .. "step a stage", #lengths, table.concat(lengths, ", "), steps))
+      .. "step a stage", #lengths, shown_lengths(lengths, to), steps))
   end
   local phases, used = {}, 0
   for i, len in ipairs(lengths) do

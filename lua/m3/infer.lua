@@ -6,10 +6,13 @@
 --   local toks, lengths = inf:generate(prompt, n, {temperature=, top_k=, top_p=, seed=, stop=})
 --
 -- An object is a Lua table holding a box (an ffi.new struct whose __gc destroys the C object),
--- `config` and reusable buffers. Inputs are checked here (shape, dtype) and by the engine (token
--- ids, empty prompts) before anything runs, so a bad call raises a message naming the field
--- and leaves the state as it was. states() / set_states() use the trainer's format, so a
--- trainer's state (same batch) hands over with inf:set_states(tr:states()).
+-- its private copy of the config, _cfg (every buffer is sized from it), `config` (another
+-- copy, the user's: changing it changes nothing the object does) and reusable buffers.
+-- Inputs are checked here (shape, dtype; a pointer, whose size the FFI cannot tell, is
+-- refused) and by the engine (token ids, empty prompts) before anything runs, so a bad call
+-- raises a message naming the field and leaves the state as it was. states() / set_states()
+-- use the trainer's format, so a trainer's state (same batch) hands over with
+-- inf:set_states(tr:states()).
 --
 -- generate(prompt, n, opts) starts the prompt's rows from zero state (opts.carry = true: from
 -- their carried state), feeds the prompt, then draws n tokens per row (m3.sampling, the
@@ -85,7 +88,8 @@ local function new(w, opts)
   local cfg = config.from_c(C.m3_infer_config(out[0]))
   return setmetatable({
     _box = box,
-    config = cfg,
+    _cfg = cfg,
+    config = config.copy(cfg),
     _B = tonumber(info.batch),
     _batch = ffi.new("m3_batch"),
     _logits = cfg.head == "lm" and ffi.new("float[?]", tonumber(info.batch) * cfg.vocab_size) or nil,
@@ -105,7 +109,7 @@ end
 
 -- The input of a step as (field, tensor): tokens int32 [B, T] or input f32 [B, T, width].
 local function step_input(self, b, what)
-  local cfg = self.config
+  local cfg = self._cfg
   local tokens = cfg.input == "tokens"
   local name = tokens and "tokens" or "input"
   local width = cfg.input == "features" and cfg.input_dim or cfg.d_model
@@ -122,7 +126,7 @@ local function step_input(self, b, what)
   end
   t = tensor.coerce(t, what .. ": " .. name, tokens and "i32" or "f32", nil, want)
   if not t then raise(string.format("%s: %s: expected %s, got %s", what, name, want, describe(b))) end
-  if not tokens and t:dtype() == "f64" then t = tensor.cast(t, "f32") end
+  if not tokens and t:dtype() == "f64" then t = tensor.cast(t, "f32", what .. ": " .. name) end
   local ok = t:dtype() == (tokens and "i32" or "f32") and t.ndim_ == (tokens and 2 or 3)
     and (tokens or t.dims_[2] == width)
   if not ok then raise(string.format("%s: %s: expected %s, got %s", what, name, want, describe(t))) end
@@ -146,7 +150,7 @@ local function run(self, p, t, resets, out, logits)
   local cb = self._batch
   ffi.fill(cb, ffi.sizeof(cb))
   cb.rows, cb.len = t.dims_[0], t.dims_[1]
-  if self.config.input == "tokens" then cb.tokens = t.data else cb.input = t.data end
+  if self._cfg.input == "tokens" then cb.tokens = t.data else cb.input = t.data end
   if resets then cb.resets = resets.data end
   local st = C.m3_infer_step(p, cb, out, logits)
   cb.tokens, cb.input, cb.resets = nil, nil, nil
@@ -179,12 +183,13 @@ function I:step(batch, opts)
   options.check_keys(opts, STEP_OPTS, "step")
   local t, resets = step_input(self, batch, "step")
   local B, T_ = t.dims_[0], t.dims_[1]
-  local out = destination(opts.out, { B, T_, self.config.d_model }, "step: opts.out")
+  local cfg = self._cfg
+  local out = destination(opts.out, { B, T_, cfg.d_model }, "step: opts.out")
   local logits = nil
-  if self.config.head == "lm" then
-    logits = destination(opts.logits, { B, self.config.vocab_size }, "step: opts.logits")
+  if cfg.head == "lm" then
+    logits = destination(opts.logits, { B, cfg.vocab_size }, "step: opts.logits")
   elseif tensor.is(opts.logits) then
-    raise("step: opts.logits: the model's head is " .. show(self.config.head) .. ", it has no logits")
+    raise("step: opts.logits: the model's head is " .. show(cfg.head) .. ", it has no logits")
   end
   run(self, p, t, resets, out and out.data, logits and logits.data)
   return out, logits
@@ -198,12 +203,12 @@ end
 
 function I:states()
   local p = live(self)
-  return states.read(self.config, self._B, function(l, a, s, k, v) check(C.m3_infer_get_state(p, l, a, s, k, v)) end)
+  return states.read(self._cfg, self._B, function(l, a, s, k, v) check(C.m3_infer_get_state(p, l, a, s, k, v)) end)
 end
 
 function I:set_states(list)
   local p = live(self)
-  states.write(self.config, self._B, list, function(l, a, s, k, v) check(C.m3_infer_set_state(p, l, a, s, k, v)) end)
+  states.write(self._cfg, self._B, list, function(l, a, s, k, v) check(C.m3_infer_set_state(p, l, a, s, k, v)) end)
 end
 
 -- ---- generation ---------------------------------------------------------------------------------
@@ -217,7 +222,7 @@ local function gen_options(self, opts)
   opts = opts or {}
   options.check_keys(opts, GEN_OPTS, what)
   local o = { sampler = opts }
-  local V = self.config.vocab_size
+  local V = self._cfg.vocab_size
   o.stop = {}
   local stop = opts.stop
   if stop ~= nil and type(stop) ~= "number" and type(stop) ~= "table" then
@@ -289,7 +294,7 @@ end
 
 function I:generate(prompt, n, opts)
   local p = live(self)
-  local cfg = self.config
+  local cfg = self._cfg
   if cfg.head ~= "lm" then raise(string.format("generate: the model's head is %q; generate needs an \"lm\" model", cfg.head)) end
   if cfg.input ~= "tokens" then raise(string.format("generate: the model's input is %q; generate needs \"tokens\"", cfg.input)) end
   n = want_int(n, "generate: n", 1)
@@ -387,7 +392,7 @@ end
 
 function I:__tostring()
   if self._box.p == nil then return "m3.infer (closed)" end
-  local c = self.config
+  local c = self._cfg
   return string.format("m3.infer(%s %s, batch %d; d_model %d, %d layers, input %s, head %s)", self._device,
     self._precision, self._B, c.d_model, c.n_layers, c.input, c.head)
 end

@@ -18,7 +18,8 @@
 --                                                 decay (from at s = 1, to at s = steps + 1);
 --                                                 from and to not both 0
 --   linear_warmup{peak =, warmup =}               peak * s / warmup, then peak
---   cosine{peak =, total =, floor = 0}            half cosine from peak to floor
+--   cosine{peak =, total =, floor = 0}            half cosine from peak to floor (no warmup
+--                                                 option, not even 0: see warmup_cosine)
 --   warmup_cosine{peak =, warmup =, total =, floor = 0}
 --   step_decay{lr =, gamma = 0.1, every = | milestones = {...}}
 --                                                 lr * gamma^k, k = decays taken: every
@@ -178,7 +179,10 @@ function schedule.warmup_cosine(o)
 end
 
 function schedule.cosine(o)
-  if type(o) == "table" and o.warmup then raise("m3.schedule.cosine: has no warmup; use warmup_cosine") end
+  if type(o) == "table" and o.warmup ~= nil then
+    raise("m3.schedule.cosine: warmup = " .. show(o.warmup) .. ": cosine has no warmup option; leave it out for "
+      .. "none, or use warmup_cosine{peak =, warmup =, total =}")
+  end
   opts(o, "cosine", COSINE)
   return warmup_cosine("cosine", o)
 end

@@ -61,7 +61,7 @@ function states.write(cfg, B, list, set)
       same = same and #have == #sh[k]
       for d = 1, #sh[k] do same = same and have[d] == sh[k][d] end
       if not same then raise(string.format("%s: expected %s, got %s", what, want, options.describe(t))) end
-      r[k] = t:dtype() == "f64" and tensor.cast(t, "f32") or t
+      r[k] = t:dtype() == "f64" and tensor.cast(t, "f32", what) or t
       for i = 0, r[k]:numel() - 1 do
         local v = r[k].data[i]
         if v ~= v or v == math.huge or v == -math.huge then

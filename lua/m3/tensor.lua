@@ -6,7 +6,12 @@
 -- anchor (an ffi.new array, calloc'd memory from 2 GiB up, page-locked memory for
 -- m3.tensor(shape, dtype, {pinned = true}), a weights object for views, a user's FFI array
 -- for wraps) kept alive in a registry until the tensor is collected. Nothing here copies or
--- loops over elements unless asked (from, to_table, clone, cast).
+-- loops over elements unless asked (from, to_table, clone, cast). A name that is neither a
+-- method nor a number (t.foo, t["1"]) is an error, as an index out of range is.
+--
+-- User data (coerce, from) is taken as a tensor, a nested table or an FFI array, whose size the FFI
+-- knows; a pointer is refused. tensor.wrap also views a pointer: that its memory holds the shape's
+-- elements is then the caller's responsibility.
 
 local ffi = require "ffi"
 local lib = require "m3.lib"
@@ -95,7 +100,7 @@ local function bad_index(t, k)
     if k ~= floor(k) then raise("tensor index " .. tostring(k) .. " is not an integer") end
     raise(string.format("tensor index %s out of range [0, %d)", tostring(k), t.n_))
   end
-  raise("tensor: no method or field " .. tostring(k))
+  raise("tensor: no method or field " .. show(k))
 end
 
 -- An index given as a 64-bit integer cdata (0LL) as the number it holds; other keys unchanged.
@@ -108,7 +113,7 @@ local mt = {
   __index = function(t, k)
     if type(k) ~= "number" then
       k = as_number(k)
-      if type(k) ~= "number" then return methods[k] end
+      if type(k) ~= "number" then return methods[k] or bad_index(t, k) end
     end
     if k >= 0 and k < t.n_ and k == floor(k) then return t.data[k] end
     bad_index(t, k)
@@ -249,7 +254,19 @@ local function cdata_kind(x)
   return nil, name
 end
 
--- Views a plain FFI array (or pointer) as a tensor; the array is kept alive by the view.
+-- Raises when cdata x (named what; part: "data" for the data of a {data =, shape =} table) is a
+-- pointer: the FFI cannot tell how many elements a pointer's memory holds.
+local function refuse_pointer(x, what, part)
+  local _, kind = cdata_kind(x)
+  if kind == "pointer" then
+    raise(string.format("%s: %s a pointer (%s), whose size the FFI cannot tell: pass an FFI array "
+      .. "(ffi.new(\"float[?]\", n) or the like) or an m3.tensor", what, part and part .. " is" or "got",
+      tostring(ffi.typeof(x))))
+  end
+end
+
+-- Views a plain FFI array as a tensor; the array is kept alive by the view. A pointer is taken too,
+-- unchecked: that it points at the shape's elements is the caller's responsibility.
 function tensor.wrap(x, shape, dtype, what)
   what = what or "m3.tensor.wrap"
   if type(x) ~= "cdata" then raise(string.format("%s: expected an FFI array, got %s", what, type(x))) end
@@ -281,13 +298,17 @@ end
 
 -- A tensor for anything accepted where a tensor is: a tensor; {data = <FFI array>, shape =
 -- {...}}; a nested Lua table (made as dtype); a raw FFI array whose size is exactly that of
--- shape (nil when no shape is given, so the caller can size it later). Anything else is an
--- error "<what>: expected <expect>, got ...".
+-- shape (nil when no shape is given, so the caller can size it later). A pointer, bare or as
+-- data, is an error; so is anything else: "<what>: expected <expect>, got ...".
 function tensor.coerce(v, what, dtype, shape, expect)
   if tensor.is(v) then return v end
-  if type(v) == "table" and type(v.data) == "cdata" then return tensor.wrap(v.data, v.shape, nil, what) end
+  if type(v) == "table" and type(v.data) == "cdata" then
+    refuse_pointer(v.data, what, "data")
+    return tensor.wrap(v.data, v.shape, nil, what)
+  end
   if type(v) == "table" then return tensor.from(v, dtype, what) end
   if type(v) == "cdata" then
+    refuse_pointer(v, what)
     if not shape then return nil end
     local have, kind = cdata_kind(v)
     local n = 1
@@ -337,9 +358,10 @@ local function fill_from(dst, dtype, v, shape, depth, pos, path, what)
 end
 
 -- A new tensor of dtype holding a copy of src (a tensor), converted element by element (into i32 or u8:
--- truncated toward zero, as C converts).
-function tensor.cast(src, dtype)
-  dtype = tensor.dtype_name(dtype)
+-- truncated toward zero, as C converts). what (default "m3.tensor") names src in messages.
+function tensor.cast(src, dtype, what)
+  what = what or "m3.tensor"
+  dtype = tensor.dtype_name(dtype, what)
   local t = zeros(dtype, src:shape(), src.n_)
   if dtype_of(src) == dtype then
     ffi.copy(t.data, src.data, src.n_ * ffi.sizeof(ctype_of[dtype]))
@@ -349,7 +371,7 @@ function tensor.cast(src, dtype)
     for i = 0, src.n_ - 1 do
       local v = s[i]
       if not (v > lo - 1 and v < hi + 1) then
-        raise(string.format("m3.tensor: converting to %s: element %d = %s is outside [%d, %d]", dtype, i, show(v),
+        raise(string.format("%s: converting to %s: element %d = %s is outside [%d, %d]", what, dtype, i, show(v),
           lo, hi))
       end
       d[i] = v
@@ -360,7 +382,7 @@ function tensor.cast(src, dtype)
     for i = 0, src.n_ - 1 do
       local v = s[i]
       if narrowing and f32_overflows(v) then
-        raise(string.format("m3.tensor: converting to f32: element %d = %s is outside float32's range", i, show(v)))
+        raise(string.format("%s: converting to f32: element %d = %s is outside float32's range", what, i, show(v)))
       end
       d[i] = v
     end
@@ -368,14 +390,16 @@ function tensor.cast(src, dtype)
   return t
 end
 
--- A new tensor from a (nested, rectangular) table of numbers, or a converted copy of a tensor. what
--- (default "m3.tensor.from") names the value in messages: the library passes the caller's name for it.
+-- A new tensor from a (nested, rectangular) table of numbers, or a converted copy of a tensor or of
+-- {data = <FFI array>, shape = {...}}. what (default "m3.tensor.from") names the value in messages: the
+-- library passes the caller's name for it.
 function tensor.from(v, dtype, what)
   what = what or "m3.tensor.from"
   dtype = tensor.dtype_name(dtype, what)
-  if tensor.is(v) then return tensor.cast(v, dtype) end
+  if tensor.is(v) then return tensor.cast(v, dtype, what) end
   if type(v) == "table" and type(v.data) == "cdata" then
-    return tensor.cast(tensor.wrap(v.data, v.shape, nil, what), dtype)
+    refuse_pointer(v.data, what, "data")
+    return tensor.cast(tensor.wrap(v.data, v.shape, nil, what), dtype, what)
   end
   if type(v) ~= "table" then
     raise(what .. ": expected a (nested) table of numbers or a tensor, got " .. type(v))

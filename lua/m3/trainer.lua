@@ -1,14 +1,16 @@
 -- m3.trainer — the training loop's handle (API.md "Trainer") over m3_trainer_*.
 --
 -- A trainer is a Lua table holding a box (an ffi.new struct whose __gc destroys the C
--- trainer), `config` (the validated model config) and reusable m3_batch / m3_metrics
--- structs. Batches are Lua tables of tensors: each field is checked here (name, dtype,
--- shape [B, T(, D)] with B <= batch and T <= seq_len taken from the first field given) so
--- errors name the field and what was expected; token id and target ranges are checked by
--- the engine. Float fields also accept f64 tensors (converted to a f32 copy), and any field
--- accepts a nested Lua table, a `{data = <FFI array>, shape = {...}}` table, or a raw FFI
--- array of exactly the expected size. The tensors of a batch stay referenced from the
--- trainer until the engine call returns.
+-- trainer), its private copy of the validated model config, _cfg (every buffer is sized from
+-- it), `config` (another copy, the user's: changing it changes nothing the trainer does) and
+-- reusable m3_batch / m3_metrics structs. Batches are Lua tables of tensors: each field is
+-- checked here (name, dtype, shape [B, T(, D)] with B <= batch and T <= seq_len taken from
+-- the first field given; for backward_step the pending forward's B and T) so errors name the
+-- field and what was expected; token id and target ranges are checked by the engine. Float
+-- fields also accept f64 tensors (converted to a f32 copy), and any field accepts a nested
+-- Lua table, a `{data = <FFI array>, shape = {...}}` table, or a raw FFI array of exactly the
+-- expected size; a pointer, whose size the FFI cannot tell, is refused. The tensors of a
+-- batch stay referenced from the trainer until the engine call returns.
 
 local ffi = require "ffi"
 local lib = require "m3.lib"
@@ -103,7 +105,8 @@ local function wrap_trainer(p)
   local cfg = config.from_c(C.m3_trainer_config(p))
   return setmetatable({
     _box = box,
-    config = cfg,
+    _cfg = cfg,
+    config = config.copy(cfg),
     _spec = batch_spec(cfg),
     _batch = ffi.new("m3_batch"),
     _metrics = ffi.new("m3_metrics"),
@@ -157,7 +160,7 @@ local function expected(spec, B, T_)
 end
 
 local function model_help(self, name)
-  local cfg = self.config
+  local cfg = self._cfg
   if name == "tokens" or name == "input" then
     return string.format("this model's input is %q: use batch.%s", cfg.input, cfg.input == "tokens" and "tokens" or "input")
   end
@@ -183,9 +186,10 @@ local function unknown_field(self, k)
 end
 
 -- Fills self._batch from a Lua batch: need_input / need_target say which field groups the
--- call requires; B0, T0 size raw FFI arrays when no field has a shape (default: the
+-- call requires; window = {rows, len} (backward_step's pending forward) is the B and T every
+-- field must have, else they come from the first field with a shape (raw FFI arrays alone: the
 -- trainer's batch and seq_len). The resolved tensors wait in self._keep until release().
-local function make_batch(self, b, need_input, need_target, B0, T0)
+local function make_batch(self, b, need_input, need_target, window)
   if type(b) ~= "table" then raise("batch: expected a table of tensors, got " .. describe(b)) end
   release(self)
   local spec, keep = self._spec, self._keep
@@ -200,8 +204,9 @@ local function make_batch(self, b, need_input, need_target, B0, T0)
   if need_target and b[target_name] == nil then
     raise(string.format("batch.%s: missing (%s)", target_name, expected(spec[target_name])))
   end
-  -- tensors (false: a raw FFI array, sized below); B and T from the first with a shape
+  -- tensors (false: a raw FFI array, sized below); B and T from the window or the first with a shape
   local B, T_
+  if window then B, T_ = window[1], window[2] end
   for i = 1, #ORDER do
     local name = ORDER[i]
     local v = b[name]
@@ -219,7 +224,7 @@ local function make_batch(self, b, need_input, need_target, B0, T0)
       end
     end
   end
-  B, T_ = B or B0 or self._B, T_ or T0 or self._T
+  B, T_ = B or self._B, T_ or self._T
   local cb = self._batch
   ffi.fill(cb, ffi.sizeof(cb))
   cb.rows, cb.len = B, T_
@@ -236,7 +241,7 @@ local function make_batch(self, b, need_input, need_target, B0, T0)
       local ok = t.ndim_ == (sp.dim and 3 or 2) and t.dims_[0] == B and t.dims_[1] == T_
         and (not sp.dim or t.dims_[2] == sp.dim)
       if ok and dtype == "f64" and sp.dtype == "f32" then
-        t, dtype = tensor.cast(t, "f32"), "f32"
+        t, dtype = tensor.cast(t, "f32", "batch." .. name), "f32"
       end
       if not ok or dtype ~= sp.dtype then
         raise(string.format("batch.%s: expected %s, got %s", name, expected(sp, B, T_), describe(t)))
@@ -263,7 +268,7 @@ local function metrics(self, m)
     tokens = tonumber(m.tokens),
     ms = m.ms,
   }
-  if self.config.head ~= "none" then r.counted = tonumber(m.counted) end
+  if self._cfg.head ~= "none" then r.counted = tonumber(m.counted) end
   if m.has_loss ~= 0 then r.loss = m.loss end -- none where nothing counted: a mean over no positions
   if m.has_accuracy ~= 0 then r.accuracy = m.accuracy end
   if m.has_grad_norm ~= 0 then r.grad_norm = m.grad_norm end
@@ -304,14 +309,18 @@ end
 function T:forward(batch)
   local p = live(self)
   local b = make_batch(self, batch, true, false)
-  local out = tensor({ b.rows, b.len, self.config.d_model })
-  local rows, len = b.rows, b.len
+  local out = tensor({ b.rows, b.len, self._cfg.d_model })
+  local window = { b.rows, b.len }
   call(self, C.m3_trainer_forward, p, b, out.data)
-  self._pending_rows, self._pending_len = rows, len
+  self._window = window
   return out
 end
 
 local BACKWARD_OPTS = { clip = true, accumulate = true, scale = true }
+
+-- The scales float32 holds as normal numbers: a smaller one becomes a subnormal or 0 there (the
+-- micro-batch would add nothing), a larger one infinity.
+local SCALE_MIN, SCALE_MAX = 2 ^ -126, (2 - 2 ^ -23) * 2 ^ 127
 
 local function is_tensor_like(x)
   return tensor.is(x) or type(x) == "cdata" or (type(x) == "table" and type(x.data) == "cdata")
@@ -332,10 +341,18 @@ function T:backward_step(batch_or_d_out, opts)
     end
   end
   if opts.accumulate ~= nil then o.accumulate = want_bool(opts.accumulate, "backward_step: accumulate") and 1 or 0 end
-  if opts.scale ~= nil then o.scale = want_number(opts.scale, "backward_step: scale") end
+  if opts.scale ~= nil then
+    local scale = opts.scale
+    if type(scale) ~= "number" or not (scale >= SCALE_MIN and scale <= SCALE_MAX) then
+      raise("backward_step: scale = " .. show(scale) .. ": expected a finite number > 0 that float32 holds as a "
+        .. "normal number (2^-126 to about 3.4e38)")
+    end
+    o.scale = scale
+  end
   local batch = batch_or_d_out
   if is_tensor_like(batch) then batch = { d_out = batch } end
-  local b = make_batch(self, batch, false, true, self._pending_rows, self._pending_len)
+  C.m3_trainer_get_info(p, self._info)
+  local b = make_batch(self, batch, false, true, self._info.pending_forward ~= 0 and self._window or nil)
   local m = self._metrics
   call(self, C.m3_trainer_backward_step, p, b, o, m)
   return metrics(self, m)
@@ -344,8 +361,8 @@ end
 -- Loss (and accuracy for "lm") without gradients or state changes → metrics, out.
 function T:evaluate(batch)
   local p = live(self)
-  local b = make_batch(self, batch, true, self.config.head ~= "none")
-  local out = tensor({ b.rows, b.len, self.config.d_model })
+  local b = make_batch(self, batch, true, self._cfg.head ~= "none")
+  local out = tensor({ b.rows, b.len, self._cfg.d_model })
   local m = self._metrics
   call(self, C.m3_trainer_evaluate, p, b, m, out.data)
   return metrics(self, m), out
@@ -414,27 +431,27 @@ end
 -- A list with one {angle=, ssm=, k=, v=} table of float32 tensors per layer (copies).
 function T:states()
   local p = live(self)
-  return states.read(self.config, self._B, function(l, a, s, k, v) check(C.m3_trainer_get_state(p, l, a, s, k, v)) end)
+  return states.read(self._cfg, self._B, function(l, a, s, k, v) check(C.m3_trainer_get_state(p, l, a, s, k, v)) end)
 end
 
 -- Sets every layer's state from a list as states() returns (shapes checked first).
 function T:set_states(list)
   local p = live(self)
-  states.write(self.config, self._B, list, function(l, a, s, k, v) check(C.m3_trainer_set_state(p, l, a, s, k, v)) end)
+  states.write(self._cfg, self._B, list, function(l, a, s, k, v) check(C.m3_trainer_set_state(p, l, a, s, k, v)) end)
 end
 
 -- ---- weights ----------------------------------------------------------------------------------------
 
 function T:snapshot()
   local p = live(self)
-  local w = weights.create(self.config)
+  local w = weights.create(self._cfg)
   check(C.m3_trainer_snapshot(p, weights.ptr(w)))
   return w
 end
 
 function T:grads()
   local p = live(self)
-  local w = weights.create(self.config)
+  local w = weights.create(self._cfg)
   check(C.m3_trainer_grads(p, weights.ptr(w)))
   return w
 end
@@ -565,7 +582,7 @@ end
 
 function T:__tostring()
   if self._box.p == nil then return "m3.trainer (closed)" end
-  local c = self.config
+  local c = self._cfg
   return string.format("m3.trainer(%s %s, batch %d x seq_len %d, step %d; d_model %d, %d layers, input %s, head %s)",
     self._device, self._precision, self._B, self._T, self:step_count(), c.d_model, c.n_layers, c.input, c.head)
 end

@@ -132,7 +132,7 @@ function W:set(name, value)
   if not same then
     raise(string.format("%s: expected f32 %s, got %s", what, tensor.format_shape(shape), tensor.describe(t)))
   end
-  if t:dtype() == "f64" then t = tensor.cast(t, "f32") end
+  if t:dtype() == "f64" then t = tensor.cast(t, "f32", what) end
   ffi.copy(info.data, t.data, 4 * tonumber(info.numel))
   return self
 end
