@@ -496,6 +496,13 @@ describe("m3.infer", function()
       m3.fs.write(dir .. "/config.json", '{"d_model": 16, "n_layer": 2, "vocab_size": 13, "ssm_cfg": {"layer": "Mamba2"}}')
       assert.matches('ssm_cfg.layer must be "Mamba3"', helper.error_of(m3.pytorch.import, dir))
       os.remove(dir .. "/config.json")
+      -- a config.json that cannot be read: the file named once, with why
+      assert.equal("m3.pytorch.import: " .. dir .. "/config.json: No such file or directory",
+        helper.error_of(m3.pytorch.import, dir))
+      m3.fs.mkdir(dir .. "/config.json")
+      assert.equal("m3.pytorch.import: " .. dir .. "/config.json is a folder, not a regular file",
+        helper.error_of(m3.pytorch.import, dir))
+      os.remove(dir .. "/config.json")
       -- each field the LM loader cannot honour is named with its value; JSON null counts as absent
       local good = m3.pytorch.config_json(m3.config(helper.tokens_lm()))
       local function refused(pattern, edit)

@@ -169,7 +169,7 @@ function pytorch.import(dir)
   if type(dir) ~= "string" or dir == "" then raise("m3.pytorch.import: expected a folder path, got " .. show(dir)) end
   if not fs.is_dir(dir) then raise("m3.pytorch.import: there is no folder " .. dir) end
   local text, err = fs.read(dir .. "/config.json")
-  if not text then raise("m3.pytorch.import: cannot read " .. dir .. "/config.json: " .. tostring(err)) end
+  if not text then raise("m3.pytorch.import: " .. tostring(err)) end -- m3.fs.read's message names the file
   local ok, t = pcall(json.decode, text)
   if not ok then raise("m3.pytorch.import: " .. dir .. "/config.json: " .. tostring(t)) end
   local cfg, defaulted = from_json(t, dir)
