@@ -8,21 +8,27 @@
 -- Training windows of --seq_len bytes are drawn at random from the first 90% of the file
 -- (--carry: each of the --batch rows reads its stretch of the text on in order and the
 -- recurrent state carries from window to window instead; no accumulation then, so
--- --micro_batch must equal --batch); validation is the loss on the last 10%, in bits per byte.
+-- --micro_batch must equal --batch); validation is the loss on the last 10%, in bits per byte,
+-- over its first --eval_batches x --micro_batch windows (distinct and consecutive, the same
+-- every time; where it holds fewer, each of them once, which the script says at the start).
 -- The sample comes from m3.infer's generate (temperature sampling, seeded by --seed),
 -- prompted by --prompt or the first 64 bytes of the validation text (all of it when shorter).
+-- --data must be a regular file; while a run reads it, replace it only by renaming a new file
+-- over it (mv), never truncate it in place (m3.data.file).
 -- Output: runs/<name>/ under the current folder (metrics.jsonl, plot.svg, checkpoints/,
--- options.json, sample.txt); <name> is the file and the flags that differ from their
--- defaults, numbered -2, -3, ... past folders that hold an earlier run's checkpoints, so that
--- the same command again keeps them (--resume continues the newest; --overwrite starts <name>
--- afresh, deleting its checkpoints). A folder named with --run that holds checkpoints needs
--- --resume or --overwrite. --resume takes the run's own flag values from options.json; flags
+-- options.json, sample.txt, lock); <name> is the file and the flags that differ from their
+-- defaults, numbered -2, -3, ... past folders that hold an earlier run's checkpoints or that a
+-- live run has claimed (lock), so that the same command again keeps them (--resume continues
+-- the one whose newest checkpoint is the newest; --overwrite starts <name> afresh, deleting its
+-- checkpoints). A folder named with --run that holds checkpoints needs --resume or
+-- --overwrite; one a live run has claimed is refused. --resume takes the run's own flag values
+-- from options.json (a missing or unreadable one is refused); flags
 -- given with it change them, except those --help marks "fixed for a run" (the model, the text
 -- and how it is read), which are refused when they differ. Where such a change makes <name>
 -- a folder without checkpoints, --resume takes the run it changes (its other flags agree;
 -- several such runs: name one with --run). Bad flag values, and a file too
--- short for the windows, are refused before that folder is made ("lm.lua: <why>", exit
--- status 2). Ctrl-C or SIGTERM saves a checkpoint
+-- short for the windows, are refused before anything is written, the folder the run claimed
+-- removed again ("lm.lua: <why>", exit status 2). Ctrl-C or SIGTERM saves a checkpoint
 -- and ends the script with its path on stderr and exit status 130 / 143.
 
 local m3 = require "m3"
@@ -77,15 +83,12 @@ local not_in_name = { data = true, run = true, resume = true, overwrite = true, 
 local base = "lm-" .. (o.data:match("([^/]+)$") or "text"):gsub("%.[^.]*$", "")
 
 -- everything the flags build; a value the library refuses, or a file too short for the
--- windows, stops the script here (exit 2), and the folder is made only once all of it has
--- been built, so nothing is left behind
-local dir, train, val, prompt, sched, ck, tr, start
-flags.check("lm.lua", function()
-  if o.carry and o.batch ~= o.micro_batch then
-    error(string.format("--carry reads --batch streams, one per state row of the trainer: --micro_batch "
-      .. "(%d) must equal --batch (%d)", o.micro_batch, o.batch), 0)
-  end
-  dir = rundir.path(o, given, spec, base, not_in_name)
+-- windows, stops the script here (exit 2) before anything is written: options.json is written
+-- only once all of it has been built, and the folder, made when the run claimed it, is removed
+-- again (rundir.setup), so nothing is left behind
+local dir, why, train, val, eval_rows, eval_batches, eval_note, prompt, sched, ck, tr, start
+-- The run's setup in dir, which this process has claimed (rundir.setup).
+local function setup()
   rundir.open(dir, o, given, spec)
   train = m3.data.text(o.data, { split = "train", order = o.carry and "stream" or "random",
     rows = o.carry and o.batch or nil, seed = o.seed, length = o.seq_len })
@@ -96,6 +99,17 @@ flags.check("lm.lua", function()
     local at = src:cursor()
     src:next(math.min(o.batch, o.micro_batch))
     src:seek(at)
+  end
+  -- the validation windows: --eval_batches batches of --micro_batch rows; a split with fewer windows
+  -- is read once whole, in batches of the largest divisor of its window count up to --micro_batch
+  local asked, held = o.eval_batches * o.micro_batch, val:count(o.seq_len)
+  eval_rows, eval_batches = o.micro_batch, o.eval_batches
+  if held < asked then
+    while held % eval_rows ~= 0 do eval_rows = eval_rows - 1 end
+    eval_batches = held / eval_rows
+    eval_note = string.format("validation: the validation text holds %d windows of %d bytes, fewer than "
+      .. "--eval_batches x --micro_batch = %d: each counts once (%d batches of %d)", held, o.seq_len, asked,
+      eval_batches, eval_rows)
   end
 
   prompt = {}
@@ -113,7 +127,7 @@ flags.check("lm.lua", function()
 
   if o.resume then
     tr, start = fit.resume(ck, { device = o.device, dtype = o.dtype })
-    print(tr and string.format("resuming %s at step %d", dir, start.step)
+    print(tr and string.format("resuming %s at step %d%s", dir, start.step, why and " (" .. why .. ")" or "")
       or "no checkpoint in " .. ck.dir .. "; starting from scratch")
   end
   if not tr then
@@ -122,10 +136,19 @@ flags.check("lm.lua", function()
   end
   fit.check_rows { trainer = tr, batch = o.batch } -- f16 and carry_state cannot accumulate
   rundir.create(dir, o)
+end
+flags.check("lm.lua", function()
+  if o.carry and o.batch ~= o.micro_batch then
+    error(string.format("--carry reads --batch streams, one per state row of the trainer: --micro_batch "
+      .. "(%d) must equal --batch (%d)", o.micro_batch, o.batch), 0)
+  end
+  dir, why = rundir.path(o, given, spec, base, not_in_name)
+  rundir.setup(dir, setup)
 end)
 print(string.format("%s: %s (%d KB, %d KB for validation), %d parameters, %s %s",
   dir, o.data, math.floor(train.span / 1024), math.floor(val.span / 1024), tr.config.n_params,
   tr:device(), tr:dtype()))
+if eval_note then print(eval_note) end
 
 -- Ctrl-C or SIGTERM (here or while sampling): a checkpoint, its path on stderr, exit status 130 or 143
 local result = flags.interruptible("lm.lua", fit.run, {
@@ -133,7 +156,7 @@ local result = flags.interruptible("lm.lua", fit.run, {
   schedule = sched, checkpoint = ck, dir = dir, title = dir:match("[^/]+$"), eval_every = o.eval_every,
   graph = tr:device() ~= "cpu",
   eval = function(t)
-    local e = fit.evaluate(t, val, { batches = o.eval_batches, length = o.seq_len })
+    local e = fit.evaluate(t, val, { batches = eval_batches, rows = eval_rows, length = o.seq_len })
     return { val_loss = e.loss, val_bpb = e.loss / math.log(2) }
   end,
 })
@@ -155,8 +178,15 @@ local function sample(prompt, n)
   return bytes
 end
 
+-- The text of a list of bytes (string.char(unpack(bytes)) stops at LuaJIT's 7999 values).
+local function text_of(bytes)
+  local chars = {}
+  for i, b in ipairs(bytes) do chars[i] = string.char(b) end
+  return table.concat(chars)
+end
+
 local generated = flags.interruptible("lm.lua", sample, prompt, o.sample_len)
-local text = string.char(unpack(prompt)) .. string.char(unpack(generated))
+local text = text_of(prompt) .. text_of(generated)
 fs.write(dir .. "/sample.txt", text .. "\n")
 
 local e = result.eval

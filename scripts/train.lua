@@ -22,17 +22,20 @@
 -- With 2x extrapolation (32 -> 64) or lr 1e-2 some seeds stopped short (55-95%): the
 -- rotation must be exact to carry farther.
 -- Output: runs/<name>/ under the current folder (metrics.jsonl, plot.svg, checkpoints/,
--- options.json); <name> is the task and the flags that differ from their defaults, numbered
--- -2, -3, ... past folders that hold an earlier run's checkpoints, so that the same command
--- again keeps them (--resume continues the newest; --overwrite starts <name> afresh, deleting
--- its checkpoints). A folder named with --run that holds checkpoints needs --resume or
--- --overwrite. --resume takes the run's own flag values from options.json; flags
+-- options.json, lock); <name> is the task and the flags that differ from their defaults,
+-- numbered -2, -3, ... past folders that hold an earlier run's checkpoints or that a live run
+-- has claimed (lock), so that the same command again keeps them (--resume continues the one
+-- whose newest checkpoint is the newest; --overwrite starts <name> afresh, deleting its
+-- checkpoints). A folder named with --run that holds checkpoints needs --resume or
+-- --overwrite; one a live run has claimed is refused. --resume takes the run's own flag
+-- values from options.json (a missing or unreadable one is refused); flags
 -- given with it change them (--steps: train on to another end), except those --help marks
 -- "fixed for a run" (the model, the data), which are refused when they differ. Where such a
 -- change makes <name> a folder without checkpoints, --resume takes the run it changes (its
 -- other flags agree; several such runs: name one with --run). Bad flag
 -- values (also those only the library refuses, e.g. --d_model 30 with --headdim 16) stop the
--- script before that folder is made ("train.lua: <why>", exit status 2).
+-- script before anything is written, the folder the run claimed removed again ("train.lua:
+-- <why>", exit status 2).
 
 local m3 = require "m3"
 local flags = require "m3.flags"
@@ -83,21 +86,30 @@ local o, _, given = flags.parse(arg, spec, "m3lua scripts/train.lua [flags]")
 local not_in_name = { task = true, run = true, resume = true, overwrite = true, device = true,
   eval_every = true, save_every = true, keep = true }
 
+-- The evaluation set's seed: seed + 1000003 modulo 2^53 (the seeds the data takes), computed without
+-- passing 2^53, where doubles skip odd integers, so that every --seed has one.
+local function eval_seed(seed)
+  local s = seed - (2 ^ 53 - 1000003)
+  return s < 0 and s + 2 ^ 53 or s
+end
+
 local tasks = {
   parity = function(seed) return m3.data.parity { seed = seed, targets = "running" } end,
   arithmetic = function(seed) return m3.data.arithmetic { seed = seed, targets = "running" } end,
   brackets = function(seed) return m3.data.arithmetic { seed = seed, brackets = true } end,
   mqar = function(seed) return m3.data.mqar { seed = seed } end,
 }
--- everything the flags build; a value the library refuses stops the script here (exit 2),
--- and the folder is made only once all of it has been built, so nothing is left behind
-local dir, train, evalset, eval_opts, min_length, cur, sched, ck, tr, start
-flags.check("train.lua", function()
-  dir = rundir.path(o, given, spec, o.task, not_in_name)
+-- everything the flags build; a value the library refuses stops the script here (exit 2)
+-- before anything is written: options.json is written only once all of it has been built, and
+-- the folder, made when the run claimed it, is removed again (rundir.setup), so nothing is left
+-- behind
+local dir, why, train, evalset, eval_opts, min_length, cur, sched, ck, tr, start
+-- The run's setup in dir, which this process has claimed (rundir.setup).
+local function setup()
   rundir.open(dir, o, given, spec)
   train = tasks[o.task](o.seed)
   -- evaluation: a fixed set (its own seed), final-position targets, the longer length
-  evalset = tasks[o.task](o.seed + 1000003)
+  evalset = tasks[o.task](eval_seed(o.seed))
   eval_opts = { length = o.eval_length, min_length = o.eval_length, batches = o.eval_batches,
     targets = o.task ~= "mqar" and "final" or nil }
   -- the flag's value is what the run records; not given, the task may need longer sequences
@@ -118,7 +130,7 @@ flags.check("train.lua", function()
   if o.resume then
     tr, start = fit.resume(ck, { device = o.device, dtype = o.dtype })
     if tr then
-      print(string.format("resuming %s at step %d", dir, start.step))
+      print(string.format("resuming %s at step %d%s", dir, start.step, why and " (" .. why .. ")" or ""))
     else
       print("no checkpoint in " .. ck.dir .. "; starting from scratch")
     end
@@ -130,6 +142,10 @@ flags.check("train.lua", function()
   end
   fit.check_rows { trainer = tr, batch = o.batch, curriculum = cur } -- f16 and carry_state cannot accumulate
   rundir.create(dir, o)
+end
+flags.check("train.lua", function()
+  dir, why = rundir.path(o, given, spec, o.task, not_in_name)
+  rundir.setup(dir, setup)
 end)
 print(string.format("%s: %s, %d parameters, %s %s; lengths %d..%d -> eval at %d; %d steps of %d sequences",
   dir, o.task, tr.config.n_params, tr:device(), tr:dtype(), min_length, o.max_length,

@@ -28,6 +28,15 @@ local function message_of(f)
   return helper.error_of(f):match("^[^:]*data_spec%.lua:%d+: (.*)$")
 end
 
+-- Runs the Lua source code as a script of the m3lua program (a failure that would take busted down
+-- with it, a hang or a signal, fails only the test: timeout ends it after 20 s); its output and exit status.
+local function m3lua_script(code)
+  local path = tmpfile(code)
+  local out, status = helper.run("timeout 20 " .. helper.m3lua() .. " " .. path)
+  os.remove(path)
+  return out, status
+end
+
 -- A temporary file of the n little-endian u16 ids 0, 1, ..., n - 1.
 local function counting_u16_file(n)
   local ffi = require "ffi"
@@ -75,6 +84,18 @@ describe("m3.data.rng", function()
   it("refuses seeds that would not round-trip", function()
     assert.has_error(function() rng.new(-1) end)
     assert.has_error(function() rng.new(0.5) end)
+  end)
+
+  it("takes a stream nil (the sources' own, not stream 0) or an integer in [0, 2^32), and refuses any other", function()
+    -- no stream is what the sources draw from (and runs resume with): it stays as it was
+    assert.equal(2179490263, rng.new(7, 3):u32())
+    assert.are_not.equal(rng.new(7, 3):u32(), rng.new(7, 3, 0):u32())
+    assert.equal(rng.new(7, 3, 2 ^ 32 - 1):u32(), rng.new(7, 3, 2 ^ 32 - 1):u32())
+    -- 2^32 drew stream 0's values, -1 stream 2^32 - 1's
+    for _, stream in ipairs { -1, 0.5, 2 ^ 32, 0 / 0, math.huge, "1" } do
+      local err = helper.error_of(rng.new, 7, 3, stream)
+      assert.equal("m3.data.rng: stream must be nil or an integer in [0, 2^32), got " .. tostring(stream), err)
+    end
   end)
 end)
 
@@ -210,6 +231,19 @@ describe("m3.data.arithmetic", function()
     for n = 2, 16 do assert.is_true(lengths[n], "length " .. n .. " drawn") end
   end)
 
+  it("draws answers of bracketed expressions unevenly: 0 is about 30% of them at length 64", function()
+    -- scaled_accuracy is 0 for a uniform guess, not for every answer without skill: always 0 scores 12.5%
+    local src = data.arithmetic { seed = 1, brackets = true, length = 64 }
+    local zeros = 0
+    for i = 0, 1999 do
+      local _, tgts = src:sample(i)
+      if tgts[#tgts] == 0 then zeros = zeros + 1 end
+    end
+    assert.is_true(zeros > 540 and zeros < 660, zeros .. " zeros in 2000")
+    assert.equal(0, data.scaled_accuracy(1 / 5, 5))
+    assert.near(0.125, data.scaled_accuracy(0.3, 5), 1e-12)
+  end)
+
   it("draws only the operators asked for", function()
     local src = data.arithmetic { seed = 2, length = 21, ops = "+-" }
     for i = 0, 99 do
@@ -245,6 +279,32 @@ describe("m3.data.mqar", function()
   it("derives pairs and queries from a length", function()
     local toks = data.mqar { length = 30 }:sample(0)
     assert.equal(30, #toks)
+  end)
+
+  it("bounds its vocab keys + values by a model's largest vocab_size (2^24); a sample costs O(pairs)", function()
+    -- keys = 2^31 - 1 built a permutation table of that size for every sample: "table overflow"
+    assert.equal("m3.data.mqar: keys + values = 2147483647 + 32 = 2147483679: the vocab (token ids "
+      .. "0..keys+values-1) must be at most 16777216, the largest vocab_size of a model",
+      message_of(function() data.mqar { keys = 2 ^ 31 - 1 } end))
+    assert.equal("m3.data.mqar: keys + values = 16777180 + 37 = 16777217: the vocab (token ids "
+      .. "0..keys+values-1) must be at most 16777216, the largest vocab_size of a model",
+      message_of(function() data.mqar { keys = 16777180 }:next(1, { values = 37 }) end))
+    local src = data.mqar { seed = 3, keys = 2 ^ 24 - 32, pairs = 8, queries = 4 }
+    assert.equal(2 ^ 24, src.vocab)
+    local start = os.clock()
+    for i = 0, 99 do
+      local toks = src:sample(i)
+      local seen = {}
+      for p = 1, 8 do
+        local k = toks[2 * p - 1]
+        assert.is_true(k >= 0 and k < 2 ^ 24 - 32 and not seen[k])
+        seen[k] = true
+      end
+    end
+    assert.is_true(os.clock() - start < 1, "100 samples took " .. os.clock() - start .. " s")
+    -- the sparse shuffle draws what the full table drew
+    local toks = data.mqar { seed = 1, keys = 6, values = 2, pairs = 6, queries = 2 }:sample(0)
+    assert.same({ 1, 7, 5, 7, 3, 7, 4, 7, 0, 7, 2, 7, 5, 0 }, toks)
   end)
 end)
 
@@ -491,6 +551,45 @@ describe("m3.data batches and files", function()
     os.execute("rm -rf " .. dir)
   end)
 
+  it("refuse a path that is not a regular file before opening it (a FIFO waited for a writer for ever)", function()
+    local fifo = os.tmpname()
+    os.remove(fifo)
+    assert(os.execute("mkfifo " .. fifo) == 0)
+    local out, status = m3lua_script(string.format([[
+      local ok, err = pcall(require("m3.data").text, %q)
+      print(err)
+      local ok2, err2 = pcall(require("m3.data").tokens, "/dev/zero", { dtype = "u8" })
+      print(err2)
+    ]], fifo))
+    os.remove(fifo)
+    assert.equal(0, status, out)
+    assert.equal("m3.data.text: " .. fifo .. " is not a regular file (a FIFO, a device or a socket): expected a file "
+      .. "of ids\nm3.data.tokens: /dev/zero is not a regular file (a FIFO, a device or a socket): expected a file of "
+      .. "ids\n", out)
+  end)
+
+  it("raise an error naming the file when it was truncated in place while mapped (it was SIGBUS)", function()
+    local path = tmpfile(string.rep("abcdefghij", 10000))
+    local out, status = m3lua_script(string.format([[
+      local src = require("m3.data").text(%q, { length = 64, seed = 1 })
+      src:next(4)
+      local f = assert(io.open(%q, "wb")) -- truncates the file in place
+      f:write(string.rep("x", 1000))
+      f:close()
+      for _, read in ipairs { function() src:next(4) end, function() src:sample(7) end,
+                              function() src:slice(0, 2) end } do
+        local ok, err = pcall(read)
+        print(ok, (tostring(err):gsub("^[^:]*:%%d+: ", "")))
+      end
+    ]], path, path))
+    os.remove(path)
+    assert.equal(0, status, out)
+    local message = "m3.data: " .. path .. " now has 1000 bytes, fewer than the 100000 mapped when this source was "
+      .. "made: it was truncated in place while being read; replace a data file by writing the new one elsewhere and "
+      .. "renaming it over the old (mv)"
+    assert.equal(string.rep("false\t" .. message .. "\n", 3), out)
+  end)
+
   it("read text windows: targets are the next bytes; random, sequential and stream orders", function()
     local path = tmpfile("abcdefghijklmnopqrstuvwxyz0123456789")
     local s = data.text(path, { order = "sequential", split = "all", length = 5 })
@@ -717,6 +816,23 @@ describe("m3.data batches and files", function()
     assert.equal("m3.data: slice: first = -1: expected an integer >= 0", refusal(-1, 2))
     assert.equal("m3.data: slice: count = 1.5: expected an integer >= 0", refusal(0, 1.5))
     os.remove(path)
+  end)
+
+  it("slice at offsets past 2^31 (a text file of over 2.4 GB: its validation split's start), up to 2^53", function()
+    local path = os.tmpname()
+    local f = assert(io.open(path, "wb")) -- a sparse file of 2.6 GB: zeros but the last byte
+    assert(f:seek("set", 2599999999))
+    f:write("z")
+    f:close()
+    local val = data.text(path, { split = "val" })
+    assert.equal(2340000000, val.lo)
+    assert.same({ 0, 0 }, val:slice(val.lo, 2))
+    assert.same({ 0, 122 }, val:slice(2599999998, 2))
+    local ok, err = pcall(val.slice, val, 2 ^ 53, 1)
+    os.remove(path)
+    assert.is_false(ok)
+    assert.equal("m3.data: slice: first = " .. tostring(2 ^ 53) .. ": expected an integer below 2^53 (offsets are "
+      .. "exact up to there)", err)
   end)
 
   it("map uint16 and uint32 token files", function()

@@ -268,6 +268,65 @@ describe("scripts/train.lua", function()
       end
       os.execute("rm -rf " .. dir)
     end)
+
+  it("--resume continues the run whose checkpoint is the newest: <name> restarted by --overwrite, not <name>-2",
+    function()
+      local dir = tmpdir()
+      local args = TINY .. " --steps 3 --save_every 3"
+      local out, code = script_in(dir, "train.lua", args)
+      assert.equal(0, code, out)
+      local base = out:match("(runs/[^:\n]+): parity")
+      local pattern = base:gsub("%p", "%%%0")
+      out, code = script_in(dir, "train.lua", args)
+      assert.equal(0, code, out)
+      out, code = script_in(dir, "train.lua", args .. " --overwrite")
+      assert.equal(0, code, out)
+      out, code = script_in(dir, "train.lua", args .. " --resume")
+      assert.equal(0, code, out)
+      assert.matches("^resuming " .. pattern .. " at step 3 %(its newest checkpoint, saved [%d-]+ [%d:]+, is newer "
+        .. "than those of " .. pattern .. "%-2%)\n", out)
+      os.execute("rm -rf " .. dir)
+    end)
+
+  it("--resume refuses a run whose options.json cannot be read, naming it, and writes nothing", function()
+    local dir = tmpdir()
+    local options = dir .. "/runs/r/options.json"
+    local out, code = script_in(dir, "train.lua", "--run r " .. TINY .. " --steps 3 --save_every 3 --lr 0.004")
+    assert.equal(0, code, out)
+    -- a stray comma: the run trained on with the default flags and wrote them over the record
+    local broken = m3.fs.read(options):gsub("}%s*$", ",}\n")
+    m3.fs.write(options, broken)
+    out, code = script_in(dir, "train.lua", "--run r --resume --steps 6")
+    assert.equal(2, code, out)
+    assert.matches("^train%.lua: %-%-resume: runs/r holds checkpoints, but its options%.json cannot be used %(runs/r/"
+      .. "options%.json: json%.decode: .-%); %-%-resume takes the run's flags from it: restore the file, or start "
+      .. "afresh %(%-%-overwrite%)\n$", out)
+    assert.equal(broken, m3.fs.read(options))
+    assert.equal(1, #m3.checkpoint.new { dir = dir .. "/runs/r/checkpoints" }:list())
+    os.execute("rm -rf " .. dir)
+  end)
+
+  it("gives two identical commands started together a run folder each", function()
+    local dir = tmpdir()
+    -- numbering skipped only folders with checkpoints: both took the same one, where keep pruned each other's
+    local command = M3LUA .. " " .. SCRIPTS .. "train.lua " .. TINY .. " --steps 40 --save_every 10"
+    helper.run(("sh -c 'cd %s && { %s >a.out 2>&1 & %s >b.out 2>&1 & wait; }'"):format(dir, command, command))
+    local a, b = m3.fs.read(dir .. "/a.out"), m3.fs.read(dir .. "/b.out")
+    local ra, rb = a:match("(runs/[^:\n]+): parity"), b:match("(runs/[^:\n]+): parity")
+    assert.truthy(ra and rb, a .. b)
+    assert.are_not.equal(ra, rb)
+    assert.equal((ra:gsub("%-2$", "")), (rb:gsub("%-2$", "")))
+    os.execute("rm -rf " .. dir)
+  end)
+
+  it("takes every --seed the data takes: the evaluation set's seed wraps around below 2^53", function()
+    local dir = tmpdir()
+    -- --seed + 1000003 was refused for seeds from 2^53 - 1000003 on
+    local out, code = script_in(dir, "train.lua", "--run s " .. TINY .. " --steps 3 --seed 9007199254740000")
+    assert.equal(0, code, out)
+    assert.matches("accuracy at length 64", out, 1, true)
+    os.execute("rm -rf " .. dir)
+  end)
 end)
 
 describe("m3.rundir", function()
@@ -305,6 +364,53 @@ describe("scripts/lm.lua", function()
     assert.equal("kept\n", m3.fs.read(file))
     os.execute("rm -rf " .. dir)
   end)
+
+  local TINY = "--d_model 16 --n_layers 1 --headdim 8 --d_state 8 --seq_len 16 --batch 4 --micro_batch 4 --device cpu"
+
+  it("writes a sample of 8000 bytes or more, and prompts with the validation text of a file over 2.4 GB", function()
+    local dir = tmpdir()
+    -- a sparse file of 2.6 GB: its validation text starts past 2^31 (zeros, but for the last byte)
+    local f = assert(io.open(dir .. "/big.txt", "wb"))
+    assert(f:seek("set", 2599999999))
+    f:write("z")
+    f:close()
+    local out, code = script_in(dir, "lm.lua", "--run big --data big.txt --steps 1 --eval_batches 1 --sample_len 8000 "
+      .. TINY)
+    assert.equal(0, code, out)
+    local sample = m3.fs.read(dir .. "/runs/big/sample.txt")
+    assert.equal(64 + 8000 + 1, #sample)
+    assert.equal(string.rep("\0", 64), sample:sub(1, 64))
+    out, code = script_in(dir, "lm.lua", "--run prompt --data big.txt --steps 1 --eval_batches 1 --sample_len 1 "
+      .. "--prompt " .. string.rep("a", 9000) .. " " .. TINY)
+    assert.equal(0, code, out)
+    assert.equal(9000 + 1 + 1, #m3.fs.read(dir .. "/runs/prompt/sample.txt"))
+    os.execute("rm -rf " .. dir)
+  end)
+
+  it("validates on distinct windows, each once where the validation text holds fewer than asked, and says so",
+    function()
+      local dir = tmpdir()
+      local r, chars = m3.data.rng.new(3), {}
+      for i = 1, 2000 do chars[i] = string.char(97 + r:below(20)) end
+      m3.fs.write(dir .. "/small.txt", table.concat(chars))
+      -- 200 bytes for validation: 12 windows of 16; 8 batches of 4 drew 32 of them, the 12 over and over
+      local out, code = script_in(dir, "lm.lua", "--run v --data small.txt --steps 3 --save_every 3 --sample_len 1 "
+        .. TINY)
+      assert.equal(0, code, out)
+      assert.matches("\nvalidation: the validation text holds 12 windows of 16 bytes, fewer than --eval_batches x "
+        .. "--micro_batch = 32: each counts once (3 batches of 4)\n", out, 1, true)
+      local records = m3.log.read_jsonl(dir .. "/runs/v/metrics.jsonl")
+      local last = records[#records]
+      assert.equal(3, last.step)
+      -- the loss over the 12 windows, one a batch, from the run's last checkpoint
+      local tr = m3.checkpoint.resume(dir .. "/runs/v/checkpoints", { device = "cpu" })
+      local val = m3.data.text(dir .. "/small.txt", { split = "val", order = "sequential", length = 16 })
+      local e = m3.fit.evaluate(tr, val, { batches = 12, rows = 1, length = 16 })
+      assert.near(e.loss, last.val_loss, 1e-5 * e.loss)
+      assert.near(e.loss / math.log(2), last.val_bpb, 1e-5 * e.loss)
+      tr:close()
+      os.execute("rm -rf " .. dir)
+    end)
 end)
 
 describe("scripts/sweep_state_tracking.lua", function()

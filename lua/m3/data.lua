@@ -14,7 +14,10 @@
 --   data.evaluate(ids, modulus, first, last)  exact value of the arithmetic expression
 --                                    ids[first..last] (a Lua list, without the '=')
 --   data.rng                         the generator behind all of them
---   data.scaled_accuracy(acc, classes)  (acc - 1/classes) / (1 - 1/classes)
+--   data.scaled_accuracy(acc, classes)  (acc - 1/classes) / (1 - 1/classes): 0 for a uniform
+--                                    guess among the classes, 1 when every answer is right; not
+--                                    0 for every answer without skill where the answers are not
+--                                    uniform (brackets: always 0 scores 12.5%, m3.data.tasks)
 
 local tasks = require "m3.data.tasks"
 local source = require "m3.data.source"

@@ -1,8 +1,8 @@
 -- m3.fs — the few file-system helpers the training library needs (POSIX, via the FFI):
 -- make folders, list a folder, read a regular file (anything else there, a folder or a FIFO, is
 -- nil and a message that says what it is, and is not opened), replace a file atomically, resolve
--- a path, tell what is at a path from its metadata (exists, is_dir, is_file: nothing is opened, so
--- a FIFO does not wait for a writer), and check a path before it reaches C (check_path: a string
+-- a path, tell what is at a path from its metadata (exists, is_dir, is_file, stat: nothing is
+-- opened, so a FIFO does not wait for a writer), and check a path before it reaches C (check_path: a string
 -- without a NUL byte, which C would cut the name at, reaching another file).
 --
 -- write replaces a regular file, or, through a symbolic link, the regular file the link resolves
@@ -25,14 +25,18 @@ pcall(ffi.cdef, "char *realpath(const char *path, char *resolved);")
 pcall(ffi.cdef, "void free(void *p);")
 pcall(ffi.cdef, "ssize_t readlink(const char *path, char *buf, size_t size);")
 -- statx under a private name: unlike struct stat, struct statx is laid out alike on every Linux
--- architecture (its first 32 bytes here, the rest padding to its 256).
+-- architecture (its fields up to the modification time here, the rest padding to its 256 bytes).
 pcall(ffi.cdef, [[
 typedef struct {
   uint32_t mask, blksize;
   uint64_t attributes;
   uint32_t nlink, uid, gid;
   uint16_t mode, spare;
-  uint8_t rest[224];
+  uint64_t ino, size;
+  uint8_t between[64];
+  int64_t mtime_sec;
+  uint32_t mtime_nsec;
+  uint8_t rest[132];
 } m3fs_statx_buf;
 int m3fs_statx(int dirfd, const char *path, int flags, unsigned int mask, m3fs_statx_buf *out) __asm__("statx");
 ]])
@@ -63,7 +67,8 @@ function fs.check_path(path, what)
   end
 end
 
-local AT_FDCWD, AT_SYMLINK_NOFOLLOW, STATX_TYPE = -100, 0x100, 1
+local AT_FDCWD, AT_SYMLINK_NOFOLLOW, AT_EMPTY_PATH, STATX_TYPE, STATX_MTIME, STATX_INO = -100, 0x100, 0x1000, 1,
+  0x40, 0x100
 local S_IFMT, S_IFREG, S_IFLNK, S_IFDIR = 0xF000, 0x8000, 0xA000, 0x4000
 local KIND = { [S_IFDIR] = "a folder", [0x1000] = "a FIFO (named pipe)", [0x2000] = "a character device",
                [0x6000] = "a block device", [0xC000] = "a socket" }
@@ -92,6 +97,18 @@ end
 function fs.is_file(path)
   fs.check_path(path, "m3.fs.is_file")
   return file_type(path) == S_IFREG
+end
+
+-- The identity and age of what is at path (through symbolic links), or of the open file fd when
+-- path is "": {ino = inode number, mtime = {seconds, nanoseconds}}; nil when nothing is there.
+function fs.stat(path, fd)
+  fs.check_path(path, "m3.fs.stat")
+  local st = ffi.new("m3fs_statx_buf")
+  if ffi.C.m3fs_statx(fd or AT_FDCWD, path, path == "" and AT_EMPTY_PATH or 0, bit.bor(STATX_MTIME, STATX_INO), st)
+    ~= 0 then
+    return nil
+  end
+  return { ino = st.ino, mtime = { tonumber(st.mtime_sec), tonumber(st.mtime_nsec) } }
 end
 
 -- The absolute path of an existing file or folder, without symbolic links, "." or ".." (nil when it

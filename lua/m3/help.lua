@@ -226,7 +226,8 @@ T["data.evaluate"] = "data.evaluate(ids, modulus = 5, first = 1, last = #ids) ->
   .. "  the exact value mod modulus of the expression ids[first..last], a Lua list of arithmetic token ids\n"
   .. "  (not a tensor); stop last before the '=' of a data.arithmetic row"
 T["data.scaled_accuracy"] = "data.scaled_accuracy(acc, classes) -> (acc - 1/classes) / (1 - 1/classes)\n"
-  .. "  0 at chance, 1 when every answer is right"
+  .. "  0 for a uniform guess, 1 when every answer is right; a constant answer scores more where the answers\n"
+  .. "  are uneven (arithmetic with brackets: always 0 scores 12.5 %)"
 T["data.mixture"] = "data.mixture({src1, src2, ...}, {weights =, seed =})  each row from a source drawn by weight"
 
 T["source"] = [[

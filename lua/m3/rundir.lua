@@ -1,14 +1,26 @@
 -- m3.rundir — the folder of one run of a training script (scripts/train.lua, lm.lua):
--- runs/<name> under the current folder, with the run's options in options.json and its
--- checkpoints in checkpoints/; o holds the script's flags, among them --run, --resume
--- (continue the run from its newest checkpoint) and --overwrite (start it afresh).
+-- runs/<name> under the current folder, with the run's options in options.json, its
+-- checkpoints in checkpoints/ and its claim in lock; o holds the script's flags, among them
+-- --run, --resume (continue the run from its newest checkpoint) and --overwrite (start it
+-- afresh).
 --
 --   local o, _, given = flags.parse(arg, spec, banner)
---   local dir = rundir.path(o, given, spec, base, skip) -- "runs/<name>"
---   rundir.open(dir, o, given, spec)                    -- before anything is built from o
---   ... build everything from o (nothing written yet) ...
---   rundir.create(dir, o)                               -- the folder, o in options.json
+--   local dir, why = rundir.path(o, given, spec, base, skip) -- "runs/<name>"; why: see below
+--   rundir.setup(dir, function()
+--     rundir.open(dir, o, given, spec)                    -- before anything is built from o
+--     ... build everything from o (nothing written yet) ...
+--     rundir.create(dir, o)                               -- o in options.json
+--   end)
 --
+-- A process claims the folder of its run for as long as it lives: an flock(2) on the file
+-- lock in it (which says the pid of the process that holds it), taken by path when it numbers
+-- a new run and by open otherwise, released by the kernel when the process ends, however it
+-- ends, so a crash leaves no claim behind. A folder another live process has claimed is
+-- skipped by the numbering below, and open refuses it (--run, --resume, --overwrite), so that
+-- two runs never write checkpoints into one folder (where keep would prune each other's).
+-- The claim makes the folder (runs/ too) when it is not there; setup runs the script's setup
+-- and, when that raises, gives the claim up and removes the lock file and the folders the
+-- claim made (empty ones only), so a setup that fails leaves nothing behind.
 -- open refuses a folder that holds checkpoints (one named by --run: an automatic name
 -- numbers itself past them, below) unless o.resume or o.overwrite says what to do with
 -- them (and both at once); with o.overwrite, create deletes them (the run's own
@@ -18,23 +30,37 @@
 -- but one marked fixed = true in the spec (the model, the data) that differs from the
 -- run's value is an error listing each of them (a path = true flag differs when it names
 -- another file: fs.realpath). options.json leaves out resume and overwrite, which say what
--- to do with the folder, not how the run trains.
+-- to do with the folder, not how the run trains. A folder that holds checkpoints but whose
+-- options.json is missing, cannot be read, is not JSON, or holds no object of flags or a flag
+-- of another type than the spec's, is an error on --resume that names the file, before
+-- anything is written (the run would otherwise go on with other flags and record those).
 -- <name> is o.run when it is not "", else base and the flags of `spec` whose value differs
 -- from their default and that are not in `skip`, named as m3.sweep names a point
 -- ("parity-d_model=64,lr=0.01"; just base when there are none), numbered so that running the
 -- same command again keeps the earlier run: a new run takes the first of <name>, <name>-2,
--- <name>-3, ... that holds no checkpoints, --resume the last before it that holds some,
--- --overwrite <name> itself. o.run must be a single folder name: one with a "/", only
+-- <name>-3, ... that holds no checkpoints and that no live process has claimed; --resume, of
+-- <name> and the <name>-N (N >= 2) that hold checkpoints, the one whose newest checkpoint is
+-- the newest, by the modification time of the step-N.ckpt files (each written once, renamed
+-- into place when saved: the numbers say nothing of age once <name> is restarted with
+-- --overwrite, or a deleted <name>-2 is taken again), of the <name>-N only those whose
+-- options.json agrees on every flag of the name (not one named so with --run); --overwrite
+-- <name> itself. Where --resume chose among several folders, path's second result says why
+-- ("its newest checkpoint, saved 2026-12-02 22:14:03, is newer than those of runs/a-2"), which
+-- the scripts print in their "resuming ..." line.
+-- o.run must be a single folder name: one with a "/", only
 -- blanks, or "." or ".." (blanks around them aside) is an error (a path would put the run
 -- outside runs/, or into runs/ itself).
 -- A flag given with --resume to change the run (in `given`, not fixed = true) also changes
 -- the automatic name. Where <name> holds no checkpoints, --resume takes the run in
 -- runs/<base> or runs/<base>-* that holds checkpoints and whose options.json agrees with o on
 -- every other flag of the name (`--resume --steps 4000` continues runs/parity, `--resume
--- --steps 5` runs/parity-steps=3; of numbered folders the newest); several such runs are an
--- error that lists them (name one with --run); none, <name> (a run from scratch).
+-- --steps 5` runs/parity-steps=3; of numbered folders the one with the newest checkpoint, as
+-- above); several such runs are an error that lists them (name one with --run); none, <name>
+-- (a run from scratch). A folder there with checkpoints but a bad options.json is an error.
 
+local bit = require "bit"
 local checkpoint = require "m3.checkpoint"
+local ffi = require "ffi"
 local flags = require "m3.flags"
 local fs = require "m3.fs"
 local json = require "m3.json"
@@ -44,23 +70,169 @@ local sweep = require "m3.sweep"
 
 lib.internal_file(debug.getinfo(1, "S").source)
 
+-- one declaration per cdef, so that one already made elsewhere does not hide the others
+for _, decl in ipairs {
+  "int open(const char *path, int flags, ...);",
+  "int close(int fd);",
+  "int flock(int fd, int operation);",
+  "int ftruncate(int fd, int64_t length);",
+  "ssize_t write(int fd, const void *buf, size_t count);",
+  "int getpid(void);",
+  "char *strerror(int errnum);",
+} do pcall(ffi.cdef, decl) end
+
+local C = ffi.C
+local O_RDWR, O_CREAT, O_CLOEXEC, LOCK_EX, LOCK_NB, EWOULDBLOCK = 2, 0x40, 0x80000, 2, 4, 11
+local MODE = ffi.cast("unsigned int", 420) -- 0644 (a Lua number would reach open's variadic mode as a double)
+
 local rundir = {}
+
+-- The claim's file in a run folder.
+local LOCK = "lock"
 
 local function checkpoints(dir)
   return checkpoint.new { dir = dir .. "/checkpoints" }:list()
 end
 
--- Of the folders dir, dir-2, dir-3, ... (up to the first that holds no checkpoints): the
--- last that holds some (nil: none does), and the first that holds none.
-local function numbered(dir)
-  local function at(i) return i == 1 and dir or dir .. "-" .. i end
-  local i = 1
-  while #checkpoints(at(i)) > 0 do i = i + 1 end
-  return i > 1 and at(i - 1) or nil, at(i)
-end
-
 -- The flags that say what to do with the folder: never taken from options.json.
 local ACTIONS = { resume = true, overwrite = true }
+
+-- ---- claims ------------------------------------------------------------------------------
+
+-- The folders this process has claimed: claims[dir] = {fd = the open lock file, made = the folders the claim made}.
+local claims = {}
+
+-- dir's claim file, opened as fd, when it is the file now at its path (not one its last holder removed: see release).
+local function still_there(fd, path)
+  local held, now = fs.stat("", fd), fs.stat(path)
+  return held ~= nil and now ~= nil and held.ino == now.ino
+end
+
+-- Claims dir for this process (see the header), making it when it is not there: true, or false and who holds it
+-- ("process 1234") when another live process does.
+local function claim(dir)
+  if claims[dir] then return true end
+  local made = {}
+  for at in (dir .. "/"):gmatch("()/") do
+    local folder = dir:sub(1, at - 1)
+    if folder ~= "" and not fs.exists(folder) then made[#made + 1] = folder end
+  end
+  fs.mkdir(dir)
+  local path = dir .. "/" .. LOCK
+  while true do
+    local fd = C.open(path, bit.bor(O_RDWR, O_CREAT, O_CLOEXEC), MODE)
+    if fd < 0 then
+      lib.raise(string.format("cannot claim the run folder %s: cannot open %s: %s", dir, path,
+        ffi.string(C.strerror(ffi.errno()))))
+    end
+    if C.flock(fd, bit.bor(LOCK_EX, LOCK_NB)) ~= 0 then
+      local errno = ffi.errno()
+      C.close(fd)
+      if errno ~= EWOULDBLOCK then
+        lib.raise(string.format("cannot claim the run folder %s: cannot lock %s: %s", dir, path,
+          ffi.string(C.strerror(errno))))
+      end
+      local pid = (fs.read(path) or ""):match("^%d+")
+      return false, pid and "process " .. pid or "another process"
+    end
+    if still_there(fd, path) then
+      local pid = tostring(C.getpid())
+      C.ftruncate(fd, 0)
+      C.write(fd, pid, #pid)
+      claims[dir] = { fd = fd, made = made }
+      return true
+    end
+    C.close(fd)
+  end
+end
+
+-- Gives up this process's claim on dir (after a failed setup): removes the lock file (while it still holds it, so
+-- that a process that opened it meanwhile sees it gone: still_there) and the folders the claim made, if empty.
+local function release(dir)
+  local c = claims[dir]
+  if not c then return end
+  claims[dir] = nil
+  os.remove(dir .. "/" .. LOCK)
+  C.close(c.fd)
+  for i = #c.made, 1, -1 do os.remove(c.made[i]) end -- os.remove removes only an empty folder
+end
+
+-- Claims dir (claim), or raises: another live process holds it.
+local function take(dir)
+  local ok, holder = claim(dir)
+  if not ok then
+    lib.raise(string.format("%s is in use: %s has claimed it for a run that writes there (started the same "
+      .. "command twice?); wait until it ends, or choose another --run", dir, holder))
+  end
+end
+
+-- ---- choosing among numbered folders ----------------------------------------------------
+
+-- Whether the time t ({seconds, nanoseconds}) is not before the time than (nil: no time yet).
+local function not_before(t, than)
+  return not than or t[1] > than[1] or t[1] == than[1] and t[2] >= than[2]
+end
+
+-- The modification time of dir's newest checkpoint file: {seconds, nanoseconds} (nil: none can be looked at).
+local function newest_save(dir)
+  local best
+  for _, c in ipairs(checkpoints(dir)) do
+    local st = fs.stat(c.path)
+    local t = st and st.mtime
+    if t and not_before(t, best) then best = t end
+  end
+  return best
+end
+
+-- Of the folders (each holding checkpoints), the one whose newest checkpoint is the newest (the last of them on a
+-- tie), and, when there are several, why: "its newest checkpoint, saved <date>, is newer than those of runs/a-2".
+local function newest(folders)
+  local pick, at
+  for _, folder in ipairs(folders) do
+    local t = newest_save(folder)
+    if t and not_before(t, at) then pick, at = folder, t end
+  end
+  pick = pick or folders[#folders]
+  if #folders < 2 or not at then return pick end
+  local others = {}
+  for _, folder in ipairs(folders) do
+    if folder ~= pick then others[#others + 1] = folder end
+  end
+  return pick, string.format("its newest checkpoint, saved %s, is newer than those of %s",
+    os.date("%Y-%m-%d %H:%M:%S", at[1]), table.concat(others, ", "))
+end
+
+-- name for a numbered folder name-N (N an integer >= 2, as the numbering writes it), else folder itself.
+local function unnumbered(folder)
+  local name, n = folder:match("^(.-)%-([1-9]%d*)$")
+  return name and tonumber(n) >= 2 and name or folder
+end
+
+-- The flag values the run in dir (which holds checkpoints) saved in dir/options.json, flags newer than the run at
+-- their default; an error names the file and what is wrong with it (see the header).
+local function read_options(dir, spec)
+  local path = dir .. "/options.json"
+  local saved, why = json.read(path)
+  local any = false
+  for _, f in ipairs(type(saved) == "table" and spec or {}) do
+    local k, v = f[1], saved[f[1]]
+    if v ~= nil and not ACTIONS[k] then
+      any = true
+      if type(v) ~= type(f[2]) and not why then
+        why = string.format("%s: %s = %s: expected a %s, as --%s takes", path, k, json.encode(v), type(f[2]), k)
+      end
+    end
+  end
+  if saved ~= nil and not any then why = path .. ": holds none of the run's flags (expected a JSON object of them)" end
+  if why then
+    lib.raise(string.format("--resume: %s holds checkpoints, but its options.json cannot be used (%s); --resume "
+      .. "takes the run's flags from it: restore the file, or start afresh (--overwrite)", dir, why))
+  end
+  for _, f in ipairs(spec) do
+    if saved[f[1]] == nil then saved[f[1]] = f[2] end -- a flag newer than the run: its default
+  end
+  return saved
+end
 
 -- Whether flag f's saved value v and value w name the same thing: equal, or (path = true) the same file.
 local function same(f, v, w)
@@ -92,28 +264,43 @@ local function changed_by(o, given, spec, skip, saved)
   return true
 end
 
--- The runs --resume may mean where o's automatic name holds no checkpoints: the folders
--- runs/<base> and runs/<base>-* that hold checkpoints and that the flags given change
--- (changed_by, on their options.json); of numbered folders (<name>, <name>-2, ...), the newest.
-local function changed_runs(o, given, spec, base, skip)
-  local found, runs = {}, {}
+-- The folders runs/<name> and runs/<name>-N (N >= 2) of o's automatic name that hold checkpoints, the <name>-N
+-- only where their options.json agrees with o on every flag of the name (not a folder named so with --run).
+local function numbered(name, o, spec, skip)
+  local out = {}
   for _, entry in ipairs(fs.list("runs")) do
     local folder = "runs/" .. entry
-    local saved = (entry == base or entry:sub(1, #base + 1) == base .. "-") and #checkpoints(folder) > 0
-      and json.read(folder .. "/options.json")
-    if type(saved) == "table" then
-      for _, f in ipairs(spec) do
-        if saved[f[1]] == nil then saved[f[1]] = f[2] end -- a flag newer than the run: its default
-      end
-      if changed_by(o, given, spec, skip, saved) then found[folder] = true end
+    if (folder == name or unnumbered(folder) == name) and #checkpoints(folder) > 0
+      and (folder == name or changed_by(o, {}, spec, skip, read_options(folder, spec))) then
+      out[#out + 1] = folder
     end
   end
-  for folder in pairs(found) do
-    local first = folder:match("^(.*)%-%d+$")
-    local name = found[first] and first or folder
-    if name == folder then runs[#runs + 1] = numbered(name) end
+  return out
+end
+
+-- The runs --resume may mean where o's automatic name holds no checkpoints: the folders
+-- runs/<base> and runs/<base>-* that hold checkpoints and that the flags given change
+-- (changed_by, on their options.json), as lists of the numbered folders of one run name
+-- (<name>, <name>-2, ...: their flags of the name agree; newest picks among them).
+local function changed_runs(o, given, spec, base, skip)
+  local runs = {}
+  for _, entry in ipairs(fs.list("runs")) do
+    local folder = "runs/" .. entry
+    if (entry == base or entry:sub(1, #base + 1) == base .. "-") and #checkpoints(folder) > 0 then
+      local saved = read_options(folder, spec)
+      if changed_by(o, given, spec, skip, saved) then
+        local group
+        for _, g in ipairs(runs) do
+          if unnumbered(g[1]) == unnumbered(folder) and changed_by(g.saved, {}, spec, skip, saved) then group = g end
+        end
+        if not group then
+          group = { saved = saved }
+          runs[#runs + 1] = group
+        end
+        group[#group + 1] = folder
+      end
+    end
   end
-  table.sort(runs)
   return runs
 end
 
@@ -126,25 +313,35 @@ function rundir.path(o, given, spec, base, skip)
   if o.run ~= "" then return "runs/" .. o.run end
   local dir = auto_name(o, spec, base, skip)
   if o.overwrite then return dir end
-  local newest, free = numbered(dir)
-  if not o.resume then return free end
-  if newest then return newest end
+  if not o.resume then
+    local i, at = 1, dir
+    while #checkpoints(at) > 0 or not claim(at) do
+      i = i + 1
+      at = dir .. "-" .. i
+    end
+    return at
+  end
+  local own = numbered(dir, o, spec, skip)
+  if #own > 0 then return newest(own) end
   local runs = changed_runs(o, given, spec, base, skip)
   if #runs > 1 then
+    local each = {}
+    for i, folders in ipairs(runs) do each[i] = (newest(folders)) end
+    table.sort(each)
     lib.raise(string.format("--resume: %s holds no checkpoints, and the flags given could change any of %s: name the "
-      .. "run to resume with --run", dir, table.concat(runs, ", ")))
+      .. "run to resume with --run", dir, table.concat(each, ", ")))
   end
-  return runs[1] or dir
+  if runs[1] then return newest(runs[1]) end
+  return dir
 end
 
 -- o with the saved options of the run it resumes (see the header).
 local function resume_options(dir, o, given, spec)
-  local saved = json.read(dir .. "/options.json")
-  if type(saved) ~= "table" then return end
+  local saved = read_options(dir, spec)
   local differ, theirs = {}, {}
   for _, f in ipairs(spec) do
     local k, v = f[1], saved[f[1]]
-    if not ACTIONS[k] and type(v) == type(o[k]) and not same(f, v, o[k]) then
+    if not ACTIONS[k] and not same(f, v, o[k]) then
       if not given[k] then
         o[k] = v
       elseif f.fixed then
@@ -165,12 +362,22 @@ function rundir.open(dir, o, given, spec)
   if o.resume and o.overwrite then
     lib.raise("--resume continues the run in " .. dir .. ", --overwrite starts it afresh: give one of them")
   end
+  take(dir)
   local found = checkpoints(dir)
   if #found > 0 and not o.resume and not o.overwrite then
     lib.raise(string.format("%s holds the checkpoints of an earlier run (the newest: step %d); pass --resume to "
       .. "continue it, --overwrite to start afresh (deleting them), or choose another --run", dir, found[#found].step))
   end
   if #found > 0 and o.resume then resume_options(dir, o, given, spec) end
+end
+
+-- fn(), the script's setup of the run in dir; an error in it gives up the claim on dir (see the header) and goes on.
+function rundir.setup(dir, fn)
+  local ok, err = pcall(fn)
+  if not ok then
+    release(dir)
+    error(err, 0)
+  end
 end
 
 function rundir.create(dir, o)

@@ -2,7 +2,16 @@
 --
 -- A token file is a raw little-endian array of uint8 / uint16 / uint32 ids (no header),
 -- memory-mapped read-only through the FFI (libc open/mmap), so a file larger than memory
--- costs nothing until read. A text file is a uint8 token file with vocab 256 (bytes).
+-- costs nothing until read. A text file is a uint8 token file with vocab 256 (bytes). The
+-- path must name a regular file (a folder, FIFO, device or socket is refused before it is
+-- opened: opening a FIFO would wait for a writer). Offsets are exact to 2^53 ids.
+-- While a source reads a file, replace the file by writing the new one elsewhere and renaming
+-- it over the old (mv: the source goes on reading the old one); never truncate or rewrite it in
+-- place. A read of a mapped page past the end of a file truncated in place kills the process
+-- (SIGBUS), so every next, sample and slice first checks the file's size (one lseek on the
+-- file, which the source keeps open) and raises an error naming the file instead. That check
+-- cannot see a file rewritten in place to its old size or more (the windows then read the new
+-- bytes) nor a truncation between it and the read.
 -- A token file's vocab (the model's vocab_size) is an integer >= 1, required for "u16" and
 -- "u32" ids (256 for "u8" when not given). Ids >= vocab in the file are not looked for
 -- here: the trainer refuses a batch that holds one, naming the field and the id.
@@ -28,6 +37,7 @@
 -- that its index only counts windows. A cursor of earlier versions, without them, leaves the
 -- count as it was and places the next window at window index / rows of the call's length.
 
+local bit = require "bit"
 local ffi = require "ffi"
 local fs = require "m3.fs"
 local lib = require "m3.lib"
@@ -51,7 +61,9 @@ for _, decl in ipairs {
 } do pcall(ffi.cdef, decl) end
 
 local C = ffi.C
-local O_RDONLY, SEEK_END, PROT_READ, MAP_PRIVATE = 0, 2, 1, 2
+-- O_NONBLOCK: a FIFO put at the path after fs.is_file looked opens at once (its mmap then fails);
+-- O_CLOEXEC: the file stays open as long as its source (check_size), and no child inherits it
+local O_RDONLY, O_NONBLOCK, O_CLOEXEC, SEEK_END, PROT_READ, MAP_PRIVATE = 0, 0x800, 0x80000, 2, 1, 2
 local MAP_FAILED = ffi.cast("void *", -1)
 
 local elem = { u8 = "const uint8_t *", u16 = "const uint16_t *", u32 = "const uint32_t *" }
@@ -59,11 +71,15 @@ local width = { u8 = 1, u16 = 2, u32 = 4 }
 
 local file = {}
 
--- Maps path read-only; returns a typed pointer (unmapped when collected) and the count.
--- Errors begin with what (the caller's function).
+-- Maps path (a regular file) read-only; returns a typed pointer, the count, the mapping and the open file
+-- (unmapped and closed when the mapping is collected). Errors begin with what (the caller's function).
 local function map(path, dtype, what)
   if fs.is_dir(path) then raise(string.format("%s: %s is a folder, not a file", what, path)) end
-  local fd = C.open(path, O_RDONLY)
+  if fs.exists(path) and not fs.is_file(path) then
+    raise(string.format("%s: %s is not a regular file (a FIFO, a device or a socket): expected a file of ids",
+      what, path))
+  end
+  local fd = C.open(path, bit.bor(O_RDONLY, O_NONBLOCK, O_CLOEXEC))
   if fd < 0 then
     raise(string.format("%s: cannot open %s: %s", what, path, ffi.string(C.strerror(ffi.errno()))))
   end
@@ -82,13 +98,16 @@ local function map(path, dtype, what)
     raise(string.format("%s: %s has %d bytes, not a whole number of %s ids", what, path, bytes, dtype))
   end
   local p = C.mmap(nil, bytes, PROT_READ, MAP_PRIVATE, fd, 0)
-  local errno = ffi.errno()
-  C.close(fd)
   if p == MAP_FAILED then
+    local errno = ffi.errno()
+    C.close(fd)
     raise(string.format("%s: cannot map %s: %s", what, path, ffi.string(C.strerror(errno))))
   end
-  ffi.gc(p, function(q) C.munmap(q, bytes) end)
-  return ffi.cast(elem[dtype], p), bytes / width[dtype], p
+  ffi.gc(p, function(q)
+    C.munmap(q, bytes)
+    C.close(fd)
+  end)
+  return ffi.cast(elem[dtype], p), bytes / width[dtype], p, fd
 end
 
 local F = {}
@@ -140,7 +159,7 @@ function file.open(path, opts, kind)
     want_int(opts.rows, what .. ": rows", 1)
   end
   local seed = options.check_seed(opts.seed, what)
-  local ids, n, mapping = map(path, dtype, what)
+  local ids, n, mapping, fd = map(path, dtype, what)
   local cut = math.floor(n * (1 - frac))
   local lo, hi = 0, n
   if split == "train" then
@@ -149,7 +168,7 @@ function file.open(path, opts, kind)
     lo = cut
   end
   local self = setmetatable({
-    path = path, ids = ids, mapping = mapping, n = n, lo = lo, span = hi - lo,
+    path = path, ids = ids, mapping = mapping, fd = fd, n = n, lo = lo, span = hi - lo, bytes = n * width[dtype],
     split = split, val_fraction = frac, order = order, vocab = vocab,
     seed = seed, index = 0, length = length, rows = opts.rows, position = order == "stream" and 0 or nil,
   }, F)
@@ -169,6 +188,16 @@ local function split_of(self)
   if self.split == "all" then return '(split = "all": the whole file)' end
   return string.format("(split = %s: %s val_fraction = %s of the file's %d ids)", show(self.split),
     self.split == "val" and "the last" or "all but the last", show(self.val_fraction), self.n)
+end
+
+-- Raises unless the file still holds the bytes mapped when the source was made (see the header).
+local function check_size(self)
+  local now = tonumber(C.lseek(self.fd, 0, SEEK_END))
+  if now < self.bytes then
+    raise(string.format("m3.data: %s now has %d bytes, fewer than the %d mapped when this source was made: it was "
+      .. "truncated in place while being read; replace a data file by writing the new one elsewhere and renaming it "
+      .. "over the old (mv)", self.path, now, self.bytes))
+  end
 end
 
 -- Raises unless the split holds a window of length L (and its last target).
@@ -216,6 +245,7 @@ function F:sample(index, o)
     raise('m3.data: sample: an order = "stream" source reads windows by row and batch, not by index')
   end
   local L = window_length(self, o, "m3.data: sample")
+  check_size(self)
   local off, ids, toks, tgts = self:offset(index, L), self.ids, {}, {}
   for t = 1, L do toks[t], tgts[t] = ids[off + t - 1], ids[off + t] end
   return toks, tgts
@@ -241,6 +271,7 @@ function F:next(rows, o)
         self.index, rows))
     end
   end
+  check_size(self)
   local stream = self.order == "stream"
   local pos, per
   if stream then pos, per = stream_position(self, L, rows) end
@@ -258,14 +289,20 @@ function F:next(rows, o)
   return { tokens = tokens, targets = targets }
 end
 
--- The ids [first, first + count) of the whole file as a Lua list; ids past its end are an error.
+-- The ids [first, first + count) of the whole file as a Lua list (first below 2^53, as the windows' offsets); ids
+-- past its end are an error.
 function F:slice(first, count)
-  want_int(first, "m3.data: slice: first", 0)
+  if not source.is_id(first) then
+    local past = type(first) == "number" and first >= 2 ^ 53
+    raise(string.format("m3.data: slice: first = %s: expected an integer %s", show(first),
+      past and "below 2^53 (offsets are exact up to there)" or ">= 0"))
+  end
   want_int(count, "m3.data: slice: count", 0)
   if first + count > self.n then
     raise(string.format("m3.data: slice(%d, %d): ids [%d, %d) run past the end of %s (%d ids)", first, count,
       first, first + count, self.path, self.n))
   end
+  check_size(self)
   local out = {}
   for i = 0, count - 1 do out[i + 1] = self.ids[first + i] end
   return out

@@ -6,9 +6,12 @@
 -- (the range `bit.tobit` reduces exactly), hence the 16-bit split in mul32.
 --
 -- Streams: rng.new(seed, index, stream) mixes the integers (seed, index in [0, 2^53),
--- stream in [0, 2^32), default 0) through the murmur3 finalizer into the initial state,
+-- stream nil or in [0, 2^32)) through the murmur3 finalizer into the initial state,
 -- so sample `index` of a data source has its own generator and a data cursor is just
--- (seed, index); distinct streams give independent draws for the same sample.
+-- (seed, index); distinct streams give independent draws for the same sample. No stream
+-- (nil: what the task sources, file windows and sweeps draw from, which runs and their
+-- checkpoints depend on) is a stream of its own, not stream 0: rng.new(s, i) and
+-- rng.new(s, i, 0) differ. A stream that is not nil or such an integer is an error.
 --
 --   r:u32()        integer in [0, 2^32)
 --   r:uniform()    float in [0, 1) with 53 random bits
@@ -48,6 +51,10 @@ end
 function rng.new(seed, index, stream)
   local s_lo, s_hi = split53(seed or 0, "seed")
   local i_lo, i_hi = split53(index or 0, "index")
+  if stream ~= nil and (type(stream) ~= "number" or not (stream >= 0 and stream < 2 ^ 32)
+    or stream ~= floor(stream)) then
+    error(string.format("m3.data.rng: stream must be nil or an integer in [0, 2^32), got %s", tostring(stream)), 2)
+  end
   local h = fmix(bxor(fmix(bxor(s_lo, 0x3c6ef372)), s_hi))
   if stream then h = fmix(bxor(h, tobit(stream + 0x27d4eb2f))) end
   h = fmix(bxor(h, fmix(bxor(i_lo, 0x1b873593))))

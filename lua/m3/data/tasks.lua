@@ -23,12 +23,15 @@
 --              token); targets = "running" also scores every digit with the value of the
 --              expression that ends there. brackets = true: the context-free version
 --              (every binary operation in brackets, unary minus on digits, any length >= 1;
---              "final" targets only). ops: the operators drawn, default "+-*".
+--              "final" targets only). ops: the operators drawn, default "+-*". Its answers
+--              are not uniform: a product with a 0 factor is 0, so about 30% of them are 0 at
+--              length 64 (27% at 12), and always answering 0 beats a uniform guess (1/m).
 -- mqar         multi-query associative recall (Arora et al. 2023): `pairs` key-value pairs
 --              (keys distinct, tokens 0..keys-1; values keys..keys+values-1), then
 --              `queries` keys from those pairs; the target at each query is its value.
 --              Without explicit pairs/queries a length L gives pairs = floor(L/3) and
---              queries = L - 2*pairs.
+--              queries = L - 2*pairs. Its vocab keys + values is at most 2^24, the largest
+--              vocab_size a model takes (m3.config); a sample costs O(pairs), whatever keys.
 --
 -- Lengths: parity and arithmetic draw each sample's length uniformly from
 -- [min_length, length] (min_length defaults to length), as in length curricula where a
@@ -281,22 +284,35 @@ tasks.mqar = {
   options = { length = true, keys = true, values = true, pairs = true, queries = true },
 }
 
+-- The largest vocab_size m3.config takes (engine/src/config.c: 2^24 per field).
+local MAX_VOCAB = 16777216
+
+-- keys, values of mqar's options o, once they are integers >= 1 whose sum (the vocab) a model
+-- can take.
+local function mqar_sizes(o)
+  local keys, values = check_int(o, "keys", 1, "mqar"), check_int(o, "values", 1, "mqar")
+  if keys + values > MAX_VOCAB then
+    raise(string.format("m3.data.mqar: keys + values = %d + %d = %d: the vocab (token ids 0..keys+values-1) must be "
+      .. "at most %d, the largest vocab_size of a model", keys, values, keys + values, MAX_VOCAB))
+  end
+  return keys, values
+end
+
 function tasks.mqar.sample(r, o)
-  local keys = check_int(o, "keys", 1, "mqar")
-  check_int(o, "values", 1, "mqar")
+  local keys = mqar_sizes(o)
   local pairs_n = o.pairs and check_int(o, "pairs", 1, "mqar") or floor(check_int(o, "length", tasks.mqar.shortest, "mqar") / 3)
   local queries = o.queries and check_int(o, "queries", 1, "mqar") or (o.length - 2 * pairs_n)
   if pairs_n < 1 or pairs_n > keys then
     raise(string.format("m3.data.mqar: pairs must be in [1, keys = %d], got %s", keys, tostring(pairs_n)))
   end
   if queries < 1 then raise("m3.data.mqar: queries must be >= 1, got " .. tostring(queries)) end
-  -- distinct keys: a partial Fisher-Yates shuffle of 0..keys-1
+  -- distinct keys: a partial Fisher-Yates shuffle of 0..keys-1, kept sparse (an unset perm[i] stands
+  -- for i - 1), so that a sample costs O(pairs) whatever keys, and draws what the full table drew
   local perm = {}
-  for i = 1, keys do perm[i] = i - 1 end
   local tokens, targets, value_of = {}, {}, {}
   for p = 1, pairs_n do
     local j = p + r:below(keys - p + 1)
-    perm[p], perm[j] = perm[j], perm[p]
+    perm[p], perm[j] = perm[j] or j - 1, perm[p] or p - 1
     local k, v = perm[p], keys + r:below(o.values)
     value_of[p] = v
     tokens[#tokens + 1], targets[#targets + 1] = k, -1
@@ -311,7 +327,8 @@ end
 
 -- Vocabulary and class count of the mqar task for options o (its keys and values checked).
 function tasks.mqar.shape(o)
-  return check_int(o, "keys", 1, "mqar") + check_int(o, "values", 1, "mqar"), o.values
+  local keys, values = mqar_sizes(o)
+  return keys + values, values
 end
 
 return tasks

@@ -1,0 +1,180 @@
+-- m3.rundir: which run folder --resume takes (the newest checkpoint, not the highest number),
+-- the refusal of a run whose options.json cannot be used, and the claim a process holds on its
+-- run folder (skipped by the numbering, refused to open, gone with the process, given up with
+-- what it made when the setup fails). In a temporary folder of its own (the runs/ there), with
+-- other run names in each test (the claims of this process stay with their names).
+
+local ffi = require "ffi"
+local fs = require "m3.fs"
+local json = require "m3.json"
+local rundir = require "m3.rundir"
+local helper = require "spec.helper"
+
+pcall(ffi.cdef, "int chdir(const char *path);")
+
+local M3LUA = helper.m3lua() -- here, where a relative $M3LUA points
+
+local SPEC = { { "steps", 3, "", int = true }, { "lr", 1, "" }, { "data", "", "", fixed = true, path = true },
+  { "run", "", "" }, { "resume", false, "" }, { "overwrite", false, "" } }
+local SKIP = { run = true, resume = true, overwrite = true }
+
+-- The flag values of SPEC with those of t over them.
+local function flags_of(t)
+  local o = { steps = 3, lr = 1, data = "", run = "", resume = false, overwrite = false }
+  for k, v in pairs(t or {}) do o[k] = v end
+  return o
+end
+
+-- Runs fn(dir) with the current folder a new temporary one, dir; back in the first one after, the folder removed.
+local function in_folder(fn)
+  local dir = helper.tmpdir()
+  local pwd = io.popen("pwd")
+  local back = pwd:read("*l")
+  pwd:close()
+  assert(ffi.C.chdir(dir) == 0)
+  local ok, err = pcall(fn, dir)
+  assert(ffi.C.chdir(back) == 0)
+  os.execute("rm -rf " .. dir)
+  assert(ok, err)
+end
+
+-- A run folder runs/<name> holding options.json (a table of flags, or the file's text) and a checkpoint of step
+-- whose file was last written at time ("2026-01-01 00:00:05", for touch -d).
+local function run_folder(name, options, step, time)
+  local dir = "runs/" .. name
+  fs.mkdir(dir .. "/checkpoints")
+  fs.write(dir .. "/options.json", type(options) == "string" and options or json.encode(flags_of(options)))
+  local file = string.format("%s/checkpoints/step-%08d.ckpt", dir, step)
+  fs.write(file, "checkpoint")
+  assert(os.execute(string.format("touch -d '%s' '%s'", time, file)) == 0)
+end
+
+-- rundir.path for the flag values t (given: the names in t) of a run named by default after base.
+local function path(base, t)
+  local given = {}
+  for k in pairs(t or {}) do given[k] = true end
+  return rundir.path(flags_of(t), given, SPEC, base, SKIP)
+end
+
+describe("m3.rundir --resume", function()
+  it("takes the folder whose newest checkpoint is the newest, not the one numbered highest, and says why", function()
+    in_folder(function()
+      -- runs filled a and a-2, then --overwrite restarted a: the -2 run is the older
+      run_folder("a", {}, 7, "2026-01-01 00:00:09")
+      run_folder("a-2", {}, 40, "2026-01-01 00:00:05")
+      local dir, why = path("a", { resume = true })
+      assert.equal("runs/a", dir)
+      assert.equal("its newest checkpoint, saved " .. os.date("%Y-%m-%d %H:%M:%S", os.time { year = 2026, month = 1,
+        day = 1, hour = 0, min = 0, sec = 9 }) .. ", is newer than those of runs/a-2", why)
+      -- three runs, -2 deleted, the next run took the freed -2: the numbering stopped at the gap
+      run_folder("b", {}, 3, "2026-01-01 00:00:01")
+      run_folder("b-3", {}, 3, "2026-01-01 00:00:03")
+      assert.equal("runs/b-3", (path("b", { resume = true })))
+      run_folder("b-2", {}, 3, "2026-01-01 00:00:04")
+      assert.equal("runs/b-2", (path("b", { resume = true })))
+      -- a folder named like a number of the run with --run, for other flags, is not one of them
+      run_folder("b-4", { lr = 2 }, 3, "2026-01-01 00:00:08")
+      assert.equal("runs/b-2", (path("b", { resume = true })))
+      -- one folder: no reason to give
+      run_folder("c", {}, 3, "2026-01-01 00:00:01")
+      assert.same({ "runs/c" }, { path("c", { resume = true }) })
+    end)
+  end)
+
+  it("of the numbered folders of a run that the flags given change, takes the newest too", function()
+    in_folder(function()
+      run_folder("d-steps=5", { steps = 5 }, 5, "2026-01-01 00:00:07")
+      run_folder("d-steps=5-2", { steps = 5 }, 5, "2026-01-01 00:00:02")
+      run_folder("d-steps=5-3", { steps = 5 }, 5, "2026-01-01 00:00:03")
+      local dir, why = path("d", { resume = true, steps = 9 })
+      assert.equal("runs/d-steps=5", dir)
+      assert.matches("is newer than those of runs/d%-steps=5%-2, runs/d%-steps=5%-3$", why)
+    end)
+  end)
+
+  it("refuses a run folder with checkpoints whose options.json cannot be used, naming it, before writing", function()
+    in_folder(function()
+      local cases = {
+        { '{"steps": 4, "lr": 2,}', "runs/e1/options.json: " },
+        { '[1, 2]', "runs/e2/options.json: holds none of the run's flags (expected a JSON object of them)" },
+        { "{}", "runs/e3/options.json: holds none of the run's flags (expected a JSON object of them)" },
+        { '{"steps": "4", "lr": 2}', 'runs/e4/options.json: steps = "4": expected a number, as --steps takes' },
+      }
+      for i, case in ipairs(cases) do
+        local name = "e" .. i
+        run_folder(name, case[1], 2, "2026-01-01 00:00:01")
+        local err = helper.error_of(rundir.open, "runs/" .. name, flags_of { resume = true, run = name },
+          { resume = true, run = true }, SPEC)
+        assert.matches("--resume: runs/" .. name .. " holds checkpoints, but its options.json cannot be used ("
+          .. case[2], err, 1, true)
+        assert.matches("); --resume takes the run's flags from it: restore the file, or start afresh (--overwrite)",
+          err, 1, true)
+        assert.equal(case[1], fs.read("runs/" .. name .. "/options.json"))
+      end
+      run_folder("e5", {}, 2, "2026-01-01 00:00:01")
+      os.remove("runs/e5/options.json")
+      local err = helper.error_of(rundir.open, "runs/e5", flags_of { resume = true, run = "e5" },
+        { resume = true, run = true }, SPEC)
+      assert.matches("--resume: runs/e5 holds checkpoints, but its options.json cannot be used (runs/e5/options.json: "
+        .. "No such file or directory); --resume takes", err, 1, true)
+      assert.is_false(fs.exists("runs/e5/options.json"))
+      -- where the flags given could change it, a bad file is refused too: which run it is cannot be told
+      run_folder("f", "{", 2, "2026-01-01 00:00:01")
+      assert.matches("--resume: runs/f holds checkpoints, but its options.json cannot be used",
+        helper.error_of(path, "f", { resume = true, steps = 8 }), 1, true)
+    end)
+  end)
+end)
+
+describe("m3.rundir claims", function()
+  it("skips a folder a live process claimed when numbering, refuses to open it, and holds none after it died",
+    function()
+      in_folder(function(dir)
+        -- another process claims runs/g (the first free folder of g), then waits until killed (60 s at most)
+        local child = dir .. "/child.lua"
+        fs.write(child, "local rundir = require 'm3.rundir'\n"
+          .. "local o = { run = '', resume = false, overwrite = false }\n"
+          .. "print(rundir.path(o, {}, { { 'run', '' }, { 'resume', false }, { 'overwrite', false } }, 'g', "
+          .. "{ run = true, resume = true, overwrite = true }))\n"
+          .. "io.stdout:flush()\nos.execute('sleep 60')\n")
+        local started = io.popen("cd " .. dir .. " && { " .. M3LUA .. " child.lua >claimed 2>&1 & echo $!; }")
+        local pid = started:read("*l")
+        started:close()
+        finally(function() os.execute("kill -9 " .. pid .. " 2>/dev/null") end)
+        for _ = 1, 200 do
+          if (fs.read("claimed") or "") ~= "" then break end
+          os.execute("sleep 0.05")
+        end
+        assert.equal("runs/g\n", fs.read("claimed"))
+        assert.equal(pid, fs.read("runs/g/lock"))
+        -- the same command again: runs/g holds no checkpoints yet, but it is taken
+        assert.equal("runs/g-2", path("g"))
+        for _, flag in ipairs { "run", "resume", "overwrite" } do
+          local o = flags_of { run = "g", [flag] = flag ~= "run" or nil }
+          assert.equal("runs/g is in use: process " .. pid .. " has claimed it for a run that writes there (started "
+            .. "the same command twice?); wait until it ends, or choose another --run",
+            helper.error_of(rundir.open, "runs/g", o, { run = true, [flag] = true }, SPEC))
+        end
+        -- killed, it leaves no claim: the folder is free again
+        os.execute("kill -9 " .. pid .. " 2>/dev/null; sleep 0.2")
+        rundir.open("runs/g", flags_of { run = "g" }, { run = true }, SPEC)
+        assert.equal(tostring(ffi.C.getpid()), fs.read("runs/g/lock"))
+      end)
+    end)
+
+  it("gives up the claim of a setup that fails, with the folders it made, so that nothing is left", function()
+    in_folder(function()
+      local dir = path("h")
+      assert.equal("runs/h", dir)
+      assert.is_true(fs.is_file("runs/h/lock"))
+      local err = helper.error_of(rundir.setup, dir, function() error("the setup failed", 0) end)
+      assert.equal("the setup failed", err)
+      assert.is_false(fs.exists("runs"))
+      -- a folder that was there (an earlier run's) stays, without the lock file
+      run_folder("i", {}, 2, "2026-01-01 00:00:01")
+      helper.error_of(rundir.setup, "runs/i", function() rundir.open("runs/i", flags_of { run = "i" }, { run = true },
+        SPEC) end)
+      assert.same({ "checkpoints", "options.json" }, fs.list("runs/i"))
+    end)
+  end)
+end)
