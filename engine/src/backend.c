@@ -22,10 +22,25 @@ m3_status m3_check_flag(const char *name, int32_t value) {
   return M3_OK;
 }
 
+/* The compute capability the kernels are built for (kernels/meson.build: sm_90, and PTX that newer GPUs compile). */
+enum { MIN_CAPABILITY = 90 };
+
+/* Device index's compute capability (10 major + minor), 0 without a CUDA build or such a device. */
+static int32_t capability(int32_t index) {
+#ifdef M3_HAVE_CUDA
+  return index < m3_cuda_device_count() ? m3_cuda_device_capability(index) : 0;
+#else
+  (void)index;
+  return 0;
+#endif
+}
+
 m3_status m3_backend_open(const backend_args *a, int32_t device, int32_t *chosen, backend **out,
                           const backend_ops **ops) {
-  const int32_t devices = m3_cuda_device_count();
-  const int32_t want = device == M3_DEVICE_AUTO ? (devices > 0 ? M3_DEVICE_CUDA : M3_DEVICE_CPU) : device;
+  /* auto takes the device only where the kernels can run on it */
+  const int32_t want = device == M3_DEVICE_AUTO
+                           ? (capability(a->device_index) >= MIN_CAPABILITY ? M3_DEVICE_CUDA : M3_DEVICE_CPU)
+                           : device;
   *chosen = want;
   if (want == M3_DEVICE_CPU) {
     if (a->precision != M3_PRECISION_F32)
@@ -35,9 +50,16 @@ m3_status m3_backend_open(const backend_args *a, int32_t device, int32_t *chosen
     return m3_cpu_backend_create(a, out, ops);
   }
 #ifdef M3_HAVE_CUDA
+  const int32_t devices = m3_cuda_device_count();
   if (a->device_index >= devices)
     return m3_fail(M3_ERR_UNSUPPORTED, "device cuda:%d: this machine has %d usable CUDA device(s)", a->device_index,
                    devices);
+  const int32_t cc = capability(a->device_index);
+  if (cc < MIN_CAPABILITY)
+    return m3_fail(M3_ERR_UNSUPPORTED,
+                   "device cuda:%d has compute capability %d.%d: the CUDA kernels are built for %d.%d (Hopper) and "
+                   "newer; use device cpu",
+                   a->device_index, cc / 10, cc % 10, MIN_CAPABILITY / 10, MIN_CAPABILITY % 10);
   return m3_cuda_backend_create(a, out, ops);
 #else
   return m3_fail(M3_ERR_UNSUPPORTED, "device cuda: this libm3 was built without the CUDA backend");

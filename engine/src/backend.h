@@ -134,6 +134,8 @@ m3_status m3_cpu_backend_create(const backend_args *a, backend **out, const back
 m3_status m3_cuda_backend_create(const backend_args *a, backend **out, const backend_ops **ops);
 /* usable CUDA devices; 0 when the driver or a device is missing (never an error) */
 int32_t m3_cuda_count_devices(void);
+/* device index's compute capability as 10 major + minor (90: Hopper); 0 when it cannot be read */
+int32_t m3_cuda_device_capability(int32_t index);
 /* page-locked host memory, zeroed (NULL on failure); free with m3_cuda_host_free (NULL: nothing) */
 void *m3_cuda_host_alloc(size_t bytes);
 void m3_cuda_host_free(void *p);

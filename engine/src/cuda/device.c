@@ -17,6 +17,16 @@ int32_t m3_cuda_count_devices(void) {
   return n;
 }
 
+int32_t m3_cuda_device_capability(int32_t index) {
+  int major = 0, minor = 0;
+  if (cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, index) != cudaSuccess ||
+      cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, index) != cudaSuccess) {
+    cudaGetLastError();
+    return 0;
+  }
+  return 10 * major + minor;
+}
+
 void *m3_cuda_host_alloc(size_t bytes) {
   void *p = NULL;
   if (cudaMallocHost(&p, bytes ? bytes : 1) != cudaSuccess) {
