@@ -2,12 +2,16 @@
 # scripts/test.sh — every test: sets up and builds (scripts/setup.sh), then runs the C tests
 # (meson test), the busted specs under LuaJIT, and a plain-luajit smoke test of the loader,
 # and ends with one line "N passed, N failed, N skipped". GPU tests skip on a machine
-# without a GPU (exit code 77 in C, the #gpu tag in busted). Exit status 1 on any failure.
+# without a GPU (exit code 77 in C, the #gpu tag in busted). Exit status 1 on any failure; a
+# set-up or build that fails counts as one failure. The specs get the build folder ($BUILD_DIR,
+# default build) as BUILD_DIR and its m3lua as M3LUA.
 set -uo pipefail
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
-source "$root/scripts/setup.sh" || exit 1
-set +e
-build=$root/${BUILD_DIR:-build}
+if ! source "$root/scripts/setup.sh"; then
+  echo "0 passed, 1 failed"
+  exit 1
+fi
+export BUILD_DIR=$build M3LUA=$build/m3lua
 log=$(mktemp -d)
 trap 'rm -rf "$log"' EXIT
 passed=0 failed=0 skipped=0
@@ -28,7 +32,7 @@ else
 fi
 
 echo "== Lua specs (busted)"
-(cd "$root" && LUA_PATH="$build/lua/?.lua;;" busted --lua=luajit spec) 2>&1 | tee "$log/busted"
+(cd "$root" && busted --lua=luajit spec) 2>&1 | tee "$log/busted"
 summary=$(grep -aE '[0-9]+ success(es)? / [0-9]+ failures? / [0-9]+ errors? / [0-9]+ pending' "$log/busted" | tail -1)
 if [ -z "$summary" ]; then
   count "Lua specs" 0 1 0

@@ -4,5 +4,5 @@
 # go to train.lua (`scripts/train.sh --help` lists them).
 set -euo pipefail
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
-source "$root/scripts/setup.sh"
-exec "$root/${BUILD_DIR:-build}/m3lua" "$root/scripts/train.lua" "$@"
+source "$root/scripts/setup.sh" || exit 1
+exec "$build/m3lua" "$root/scripts/train.lua" "$@"

@@ -32,7 +32,7 @@ end
 -- with it, a hang or a signal, fails only the test: timeout ends it after 20 s); its output and exit status.
 local function m3lua_script(code)
   local path = tmpfile(code)
-  local out, status = helper.run("timeout 20 " .. helper.m3lua() .. " " .. path)
+  local out, status = helper.run("timeout 20 " .. helper.quote(helper.m3lua()) .. " " .. path)
   os.remove(path)
   return out, status
 end

@@ -84,7 +84,7 @@ describe("m3.fs.exists, is_dir and is_file", function()
     local probe = "local fs = require 'm3.fs' for _, n in ipairs { 'fifo', 'folder', 'file', 'to_file', 'dangling', "
       .. "'to_folder', 'none' } do local p = '" .. dir .. "/' .. n io.write(n, ' ', tostring(fs.exists(p)), ' ', "
       .. "tostring(fs.is_dir(p)), ' ', tostring(fs.is_file(p)), ';') end"
-    local out, code = helper.run("timeout 20 " .. helper.m3lua() .. " -e \"" .. probe .. "\"")
+    local out, code = helper.run("timeout 20 " .. helper.quote(helper.m3lua()) .. " -e \"" .. probe .. "\"")
     os.execute("rm -rf " .. q)
     assert.equal(0, code, out)
     assert.equal("fifo true false false;folder true true false;file true false true;to_file true false true;"
@@ -101,7 +101,7 @@ describe("m3.fs.read", function()
     local probe = "local fs = require 'm3.fs' for _, p in ipairs { 'fifo', 'folder', 'to_folder', 'file', 'none', "
       .. "'/dev/null' } do p = p:sub(1, 1) == '/' and p or '" .. dir .. "/' .. p local s, err = fs.read(p) "
       .. "io.write(string.format('%q %s;', tostring(s), tostring(err):gsub('^' .. p:gsub('%p', '%%%0'), '<p>'))) end"
-    local out, code = helper.run("timeout 20 " .. helper.m3lua() .. " -e \"" .. probe .. "\"")
+    local out, code = helper.run("timeout 20 " .. helper.quote(helper.m3lua()) .. " -e \"" .. probe .. "\"")
     os.execute("rm -rf " .. q)
     assert.equal(0, code, out)
     assert.equal('"nil" <p> is a FIFO (named pipe), not a regular file;"nil" <p> is a folder, not a regular file;'

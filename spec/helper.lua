@@ -1,6 +1,7 @@
 -- spec/helper.lua — shared utilities of the m3 busted specs: error measures, raw-byte
 -- comparisons, small configs, a seeded generator and random batches, temporary paths and
--- the location of ../shared, the m3lua binary and running it, checks through the C API.
+-- the location of ../shared, the m3lua binary, shell quoting and running commands, checks
+-- through the C API.
 
 local ffi = require "ffi"
 local m3 = require "m3"
@@ -244,14 +245,20 @@ function helper.repo_dir()
   return dir_of(dir_of(src))
 end
 
--- The m3lua binary that specs run as a program: $M3LUA (default build/m3lua), as an absolute path.
+-- The m3lua binary that specs run as a program: $M3LUA (default $BUILD_DIR/m3lua, else build/m3lua),
+-- as an absolute path. Put it into a shell command through helper.quote.
 function helper.m3lua()
-  local path = os.getenv("M3LUA") or "build/m3lua"
+  local path = os.getenv("M3LUA") or (os.getenv("BUILD_DIR") or "build") .. "/m3lua"
   if path:sub(1, 1) == "/" then return path end
   local pwd = io.popen("pwd")
   local cwd = pwd:read("*l")
   pwd:close()
   return cwd .. "/" .. path
+end
+
+-- s as one word of a shell command line (in single quotes), whatever it holds: paths may hold spaces.
+function helper.quote(s)
+  return "'" .. s:gsub("'", "'\\''") .. "'"
 end
 
 -- Runs a shell command line with M3LUA unset (the children of a parallel sweep then run with

@@ -11,10 +11,7 @@ local helper = require "spec.helper"
 
 local M3LUA = helper.m3lua()
 local base = os.tmpname()
-
-local function quote(s)
-  return "'" .. s:gsub("'", "'\\''") .. "'"
-end
+local quote = helper.quote
 
 local function slurp(path)
   local f = assert(io.open(path, "rb"))

@@ -490,8 +490,8 @@ describe("m3.log argument errors", function()
       local f = assert(io.open(script, "w"))
       f:write(chunk)
       f:close()
-      return helper.run(string.format("sh -c \"trap '' XFSZ; ulimit -f 16; cd %s && %s %s\"", dir, helper.m3lua(),
-        script))
+      return helper.run("sh -c " .. helper.quote(string.format("trap '' XFSZ; ulimit -f 16; cd %s && %s %s", dir,
+        helper.quote(helper.m3lua()), script)))
     end
     local good = '["small good content"]\n'
     local f = assert(io.open(dir .. "/res.json", "w"))

@@ -137,7 +137,8 @@ describe("m3.rundir claims", function()
           .. "print(rundir.path(o, {}, { { 'run', '' }, { 'resume', false }, { 'overwrite', false } }, 'g', "
           .. "{ run = true, resume = true, overwrite = true }))\n"
           .. "io.stdout:flush()\nos.execute('sleep 60')\n")
-        local started = io.popen("cd " .. dir .. " && { " .. M3LUA .. " child.lua >claimed 2>&1 & echo $!; }")
+        local started = io.popen("cd " .. dir .. " && { " .. helper.quote(M3LUA)
+          .. " child.lua >claimed 2>&1 & echo $!; }")
         local pid = started:read("*l")
         started:close()
         finally(function() os.execute("kill -9 " .. pid .. " 2>/dev/null") end)

@@ -7,9 +7,11 @@ local m3 = require "m3"
 local flags = require "m3.flags"
 local helper = require "spec.helper"
 
-local M3LUA = helper.m3lua()
-local pwd = io.popen("cd " .. helper.repo_dir() .. " && pwd")
-local SCRIPTS = pwd:read("*l") .. "/scripts/" -- absolute: some runs happen in a folder of their own
+local quote = helper.quote
+-- M3LUA and SCRIPTS (a prefix of the scripts' paths) are quoted for the shell commands below
+local M3LUA = quote(helper.m3lua())
+local pwd = io.popen("cd " .. quote(helper.repo_dir()) .. " && pwd")
+local SCRIPTS = quote(pwd:read("*l") .. "/scripts/") -- absolute: some runs happen in a folder of their own
 pwd:close()
 
 local tmpdir = helper.tmpdir
@@ -21,7 +23,7 @@ end
 
 -- Runs scripts/<name> with args in folder dir (where its runs/ goes); returns output and exit status.
 local function script_in(dir, name, args)
-  return helper.run("sh -c 'cd " .. dir .. " && " .. M3LUA .. " " .. SCRIPTS .. name .. " " .. args .. "'")
+  return helper.run("sh -c " .. quote("cd " .. dir .. " && " .. M3LUA .. " " .. SCRIPTS .. name .. " " .. args))
 end
 
 -- Runs scripts/<name> with args in folder dir, in the background with SIGINT at its default (sh
@@ -32,7 +34,7 @@ local function signalled(name, args, dir, ready, sig, mark)
   local line = ("cd %s && { env --default-signal=INT %s %s%s %s & pid=$!; n=0; "
     .. "while ! grep -qs %s %s && [ $n -lt 600 ]; do sleep 0.05; n=$((n + 1)); done; kill -s %s $pid; wait $pid; }")
     :format(dir, M3LUA, SCRIPTS, name, args, mark or "loss", ready, sig)
-  return helper.run("sh -c '" .. line .. "'")
+  return helper.run("sh -c " .. quote(line))
 end
 
 describe("m3.flags", function()
@@ -310,7 +312,8 @@ describe("scripts/train.lua", function()
     local dir = tmpdir()
     -- numbering skipped only folders with checkpoints: both took the same one, where keep pruned each other's
     local command = M3LUA .. " " .. SCRIPTS .. "train.lua " .. TINY .. " --steps 40 --save_every 10"
-    helper.run(("sh -c 'cd %s && { %s >a.out 2>&1 & %s >b.out 2>&1 & wait; }'"):format(dir, command, command))
+    helper.run("sh -c " .. quote(("cd %s && { %s >a.out 2>&1 & %s >b.out 2>&1 & wait; }"):format(dir, command,
+      command)))
     local a, b = m3.fs.read(dir .. "/a.out"), m3.fs.read(dir .. "/b.out")
     local ra, rb = a:match("(runs/[^:\n]+): parity"), b:match("(runs/[^:\n]+): parity")
     assert.truthy(ra and rb, a .. b)

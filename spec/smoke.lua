@@ -1,12 +1,15 @@
 -- spec/smoke.lua — a plain-luajit smoke test of the m3 binding (not busted: busted memoizes
 -- ffi.cdef and would hide a declaration made twice). Loads m3 through ffi.load (the
--- library named by build/lua/m3/cdef.lua, or $M3_LIB), takes two CPU steps on a tiny
+-- library named by <build>/lua/m3/cdef.lua, or $M3_LIB), takes two CPU steps on a tiny
 -- model and checks the losses are finite. Prints "smoke ok" and exits 0; exits 1 on failure.
--- Usage: luajit spec/smoke.lua   (from anywhere; paths are relative to this file)
+-- Usage: luajit spec/smoke.lua   (from anywhere; paths are relative to this file; the build
+-- folder is $BUILD_DIR, relative to the repository unless absolute, default build)
 
 local here = (debug.getinfo(1, "S").source:gsub("^@", ""):match("^(.*)/[^/]*$")) or "."
 local repo = here .. "/.."
-package.path = table.concat({ repo .. "/lua/?.lua", repo .. "/lua/?/init.lua", repo .. "/build/lua/?.lua",
+local build = os.getenv("BUILD_DIR") or "build"
+if build:sub(1, 1) ~= "/" then build = repo .. "/" .. build end
+package.path = table.concat({ repo .. "/lua/?.lua", repo .. "/lua/?/init.lua", build .. "/lua/?.lua",
                               package.path }, ";")
 
 local function main()

@@ -28,7 +28,8 @@ local function read(path)
   return s
 end
 
-local M3LUA = helper.m3lua()
+local quote = helper.quote
+local M3LUA = quote(helper.m3lua()) -- a word of the shell commands below
 
 -- A sweep script in dir: body with DIR (the sweep folder, dir/out) defined and m3 on package.path.
 local function write_script(dir, body)
@@ -617,7 +618,7 @@ require "m3.sweep" {
 ]])
     local out = dir .. "/out"
     -- SIGTERM once both children run; then: the sweep's exit status, and any child still alive
-    local report = helper.run(string.format([[sh -c '
+    local report = helper.run("sh -c " .. quote(string.format([[
 %s %s > %s/log 2>&1 &
 sweep=$!
 n=0
@@ -626,7 +627,7 @@ kill -s TERM $sweep
 wait $sweep
 echo "sweep $?"
 for f in %s/a=*/pid; do kill -0 $(cat $f) 2> /dev/null && echo "alive $f" && kill -s KILL $(cat $f); done
-true']], M3LUA, script, dir, out, out, out))
+true]], M3LUA, script, dir, out, out, out)))
     assert.equal("sweep 143\n", report)
     local log = read(dir .. "/log")
     assert.matches("m3.sweep: stopping a=1 (signal 15)", log, 1, true)
@@ -694,7 +695,7 @@ true']], M3LUA, script, dir, out, out, out))
 end)
 
 describe("scripts/sweep_state_tracking.lua", function()
-  local script = helper.repo_dir() .. "/scripts/sweep_state_tracking.lua"
+  local script = quote(helper.repo_dir() .. "/scripts/sweep_state_tracking.lua")
   local SMALL = " --quick --tasks parity --models rope --from_length 16 --max_length 16 --eval_every 2 "
     .. "--eval_batches 1 --batch 4 --micro_batch 4 --dir "
 
@@ -725,14 +726,14 @@ describe("scripts/sweep_state_tracking.lua", function()
   end)
 
   it("stops on an empty or blank --dir before any point runs", function()
-    local pwd = io.popen("cd " .. helper.repo_dir() .. " && pwd")
-    local script = pwd:read("*l") .. "/scripts/sweep_state_tracking.lua"
+    local pwd = io.popen("cd " .. quote(helper.repo_dir()) .. " && pwd")
+    local script = quote(pwd:read("*l") .. "/scripts/sweep_state_tracking.lua")
     pwd:close()
     local dir = tmpdir() -- the script runs here: a blank --dir would be a folder in it
     for _, value in ipairs { "", " ", "\t" } do
-      local out, code = helper.run(string.format("sh -c 'cd %s && %s %s --dir \"%s\" --quick --tasks parity "
-        .. "--models rope --steps 2 --from_length 16 --max_length 16 --eval_length 16 --eval_every 2 "
-        .. "--eval_batches 1 --batch 4 --micro_batch 4'", dir, M3LUA, script, value))
+      local out, code = helper.run("sh -c " .. quote(string.format("cd %s && %s %s --dir \"%s\" --quick "
+        .. "--tasks parity --models rope --steps 2 --from_length 16 --max_length 16 --eval_length 16 --eval_every 2 "
+        .. "--eval_batches 1 --batch 4 --micro_batch 4", dir, M3LUA, script, value)))
       assert.equal(2, code, out)
       assert.equal(string.format("sweep_state_tracking.lua: --dir must name the sweep folder, got %q\n", value), out)
       assert.equal("", helper.run("ls -A " .. dir))
