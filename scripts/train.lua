@@ -1,7 +1,7 @@
 -- scripts/train.lua — the main job: Mamba-3 learns parity with a length curriculum, then is
 -- evaluated at a longer length than any it trained on.
 --
---   m3lua scripts/train.lua                      # ~1 min on 2 CPU cores: 95-100% at 64
+--   m3lua scripts/train.lua                      # about 30 s on 2 CPU cores: 95-100% at 64
 --   m3lua scripts/train.lua --max_length 160 --eval_length 256 --steps 20000 --device cuda
 --   m3lua scripts/train.lua --resume             # continue an interrupted run
 --   m3lua scripts/train.lua --rope_fraction 0    # the ablation that cannot learn parity
