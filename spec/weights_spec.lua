@@ -76,6 +76,22 @@ describe("m3.weights", function()
     assert.equal(5, w.config.input_dim)
   end)
 
+  it("keeps its own config: changing w.config changes nothing numel, tostring or an export reports", function()
+    local w = m3.weights.init(helper.tokens_lm(), { seed = 2 })
+    local n, text, layers = w:numel(), tostring(w), w.config.n_layers
+    w.config.n_params, w.config.d_model, w.config.n_layers, w.config.vocab_size = 7, 999, 40, 3
+    assert.equal(n, w:numel())
+    assert.equal(text, tostring(w))
+    local dir = helper.tmpname("-export")
+    m3.pytorch.export(w, dir)
+    local conf = m3.json.decode(m3.fs.read(dir .. "/config.json"))
+    os.execute("rm -rf '" .. dir .. "'")
+    assert.equal(layers, conf.n_layer)
+    assert.equal(w:get("embedding.weight"):shape()[1], conf.vocab_size)
+    assert.equal(7, w.config.n_params) -- the user's copy keeps what was written into it
+    assert.equal(n, w:clone().config.n_params)
+  end)
+
   it("gives views that share memory and keep the weights alive", function()
     local w = m3.weights.init(cfg, { seed = 1 })
     local v = w:get("norm_f.weight")

@@ -67,7 +67,9 @@ local methods = {
   load_weights = "tr:load_weights(w)  replace the master weights (and 16-bit copies) with w (same config);\n"
     .. "  Adam moments are kept",
   save = "tr:save(path, extra)  full checkpoint (weights, moments, step, lr, RNG, state) plus a\n  plain Lua table; see ?m3.checkpoint",
-  load = "m3.trainer.load(path, {device =, dtype =, batch =, seq_len =}) -> trainer, extra\n  another batch: every row starts from zero state",
+  load = "m3.trainer.load(path, {device =, dtype =, batch =, seq_len =}) -> trainer, extra\n"
+    .. "  a trainer from a checkpoint (tr:save), on its device and dtype unless opts name others;\n"
+    .. "  with another batch the saved recurrent state is not loaded: every row starts from zero",
   scaler_state = "tr:scaler_state() -> scale, tracker  (f16 only)",
   load_scaler_state = "tr:load_scaler_state(scale, tracker)",
   info = "tr:info() -> {device, dtype, batch, seq_len, step, window_open, pending_forward, ...}",
@@ -94,7 +96,7 @@ m3.config{d_model =, n_layers =, d_state = 128, expand = 2, headdim = 64, ngroup
 
 T["weights"] = [[
 m3.weights.init(cfg, {seed =}), m3.weights.load(path, cfg?), m3.weights.is(x)  host float32 weights
-methods: get set names save clone numel close   (w.config: the validated config)]]
+methods: get set names save clone numel close   (w.config: a copy of the validated config, yours to change)]]
 T["weights.init"] = "m3.weights.init(cfg, {seed = 0}) -> weights  SPEC.md §2 init from one seeded generator"
 T["weights.load"] = "m3.weights.load(path, cfg?) -> weights  a safetensors file (SPEC.md §2 names, optional\n"
   .. "  \"backbone.\" prefix); the config from its metadata when cfg is nil"

@@ -150,7 +150,7 @@ end
 function pytorch.export(w, dir)
   if not weights.is(w) then raise("m3.pytorch.export: expected weights (m3.weights), got " .. type(w)) end
   if type(dir) ~= "string" or dir == "" then raise("m3.pytorch.export: expected a folder path, got " .. show(dir)) end
-  local cfg = lm_config(w.config, "m3.pytorch.export")
+  local cfg = lm_config(w._cfg, "m3.pytorch.export") -- the weights' own config, not the user's copy
   if fs.exists(dir) and not fs.is_dir(dir) then
     raise(string.format("m3.pytorch.export: cannot write into %s: it exists and is not a folder", dir))
   end

@@ -1,7 +1,9 @@
 -- m3.weights — host float32 weights (SPEC.md §2 names) owned by libm3.
 --
 -- A weights object is a Lua table holding a box (an ffi.new struct whose __gc destroys
--- the C weights) and `config`, the validated Lua config. get(name) returns a tensor VIEW
+-- the C weights), its private copy of the validated Lua config, _cfg (what numel, tostring and
+-- m3.pytorch.export read), and `config` (another copy, the user's: changing it changes
+-- nothing the weights report or write). get(name) returns a tensor VIEW
 -- into the arena; a view keeps the box alive, so close() only frees the arena at once when
 -- no view is alive (otherwise the last view's collection frees it). Methods of a closed
 -- object raise "weights are closed".
@@ -33,7 +35,8 @@ function weights.wrap(p)
   local box = Box()
   box.p = p
   local w = setmetatable({ _box = box, _views = setmetatable({}, { __mode = "k" }) }, W)
-  w.config = config.from_c(C.m3_weights_config(p))
+  w._cfg = config.from_c(C.m3_weights_config(p))
+  w.config = config.copy(w._cfg)
   return w
 end
 
@@ -156,7 +159,7 @@ end
 
 function W:numel()
   ptr(self)
-  return self.config.n_params
+  return self._cfg.n_params
 end
 
 -- Releases the weights (at once, unless tensor views from get() are still alive).
@@ -173,7 +176,7 @@ end
 
 function W:__tostring()
   if self._box.p == nil then return "m3.weights (closed)" end
-  local c = self.config
+  local c = self._cfg
   return string.format("m3.weights: %d tensors, %d parameters (d_model %d, %d layers, d_state %d, "
     .. "headdim %d, input %s, head %s)", C.m3_weights_count(self._box.p), c.n_params, c.d_model,
     c.n_layers, c.d_state, c.headdim, c.input, c.head)
