@@ -4,10 +4,14 @@
  * linked in, so the Lua module `m3` reaches the engine through ffi.C and the REPL
  * (lua/m3/repl.lua) reaches libedit the same way.
  *
- * Module path: $M3LUA_PATH, the build tree's lua/ (generated files such as m3/cdef.lua),
- * the source tree's lua/ and the install location are put in front of package.path; an
- * installed binary looks in the install location first. package.loaded["m3.host"]
- * describes the host and offers the interrupt controls used by the REPL.
+ * Module path, put in front of package.path: $M3LUA_PATH, then for the binary in the build
+ * tree its lua/ (generated files such as m3/cdef.lua), the source tree's lua/ and the install
+ * location (M3LUA_LUA_DIR, where `meson install` puts m3/ with its cdef.lua), so that the
+ * tree's sources win over an older install; any other binary (an installed one) searches the
+ * install location first and the two trees after it (a binary copied out of the build tree
+ * still runs; an installed one needs neither, and a removed tree is skipped).
+ * package.loaded["m3.host"] describes the host and offers the interrupt controls used by
+ * the REPL.
  *
  * Interrupts: SIGINT, SIGTERM and SIGPIPE (the reader of our output went away: a run piped
  * into `head` saves its checkpoint as on SIGTERM) set the engine's flag (m3_interrupt: a
