@@ -207,6 +207,10 @@ describe("m3.config_from_json", function()
       helper.error_of(m3.config_from_json, '{"d_model": 16, "n_layers": 1, "headdim": 8, "d_stat": 8} junk'))
     assert.equal(16, m3.config_from_json('{"d_model": 16, "n_layers": 1, "headdim": 8, "input": "identity"} \n').d_model)
     assert.matches("headdim = 5", helper.error_of(m3.config_from_json, '{"d_model": 16, "n_layers": 1, "headdim": 5}'))
+    assert.matches('m3.config_from_json: json.decode: a key given twice: "d_model"', helper.error_of(m3.config_from_json,
+      '{"d_model": 16, "n_layers": 1, "headdim": 8, "input": "identity", "d_model": 32}'), 1, true)
+    assert.equal(16, m3.config_from_json('\239\187\191{"d_model": 16, "n_layers": 1, "headdim": 8, "input": "identity"}')
+      .d_model)
     assert.matches("d_model = 3000000000: must be an integer in %[%-2147483647, 2147483647%]",
       helper.error_of(m3.config_from_json, '{"d_model": 3e9, "n_layers": 1}'))
   end)

@@ -126,6 +126,30 @@ describe("m3.rundir --resume", function()
   end)
 end)
 
+describe("m3.rundir options.json", function()
+  it("keeps a flag's text that is not UTF-8 (a file name, a byte prompt) as its bytes in hex, and reads it back", function()
+    in_folder(function()
+      fs.mkdir("runs/u/checkpoints")
+      rundir.create("runs/u", flags_of { data = "caf\233.txt", run = "u", steps = 5 })
+      local text = fs.read("runs/u/options.json")
+      assert.matches('"data":{"bytes_hex":"636166e92e747874"}', text, 1, true)
+      assert.same({ bytes_hex = "636166e92e747874" }, json.decode(text).data) -- UTF-8: any JSON reader takes it
+      fs.write("runs/u/checkpoints/step-00000002.ckpt", "checkpoint")
+      local o = flags_of { resume = true, run = "u" }
+      rundir.open("runs/u", o, { resume = true, run = true }, SPEC)
+      assert.equal("caf\233.txt", o.data)
+      assert.equal(5, o.steps)
+      -- a UTF-8 text is saved as it is, and an object that is no such record stays an error of type
+      rundir.create("runs/u", flags_of { data = "café.txt", run = "u" })
+      assert.equal("café.txt", json.decode(fs.read("runs/u/options.json")).data)
+      run_folder("v", '{"steps": 4, "lr": 2, "data": {"bytes_hex": "6x"}}', 2, "2026-01-01 00:00:01")
+      assert.matches('runs/v/options.json: data = {"bytes_hex":"6x"}: expected a string',
+        helper.error_of(rundir.open, "runs/v", flags_of { resume = true, run = "v" }, { resume = true, run = true },
+          SPEC), 1, true)
+    end)
+  end)
+end)
+
 describe("m3.rundir claims", function()
   it("skips a folder a live process claimed when numbering, refuses to open it, and holds none after it died",
     function()

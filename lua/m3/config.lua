@@ -193,7 +193,9 @@ function config.to_c(t)
 end
 
 -- m3.config_from_json(text): the engine's reader, which passes over members it does not know (files carry
--- more than the config); one that is a near miss of a field's name is a typo, not extra information.
+-- more than the config); one that is a near miss of a field's name is a typo, not extra information. A text
+-- the engine reads but m3.json refuses (a key given twice, of which the engine would take one; bytes that are
+-- not UTF-8) is an error with m3.json's message.
 function config.from_json(str)
   if type(str) ~= "string" then raise("m3.config_from_json: expected a JSON string, got " .. type(str)) end
   local ok, members = pcall(json.decode, str)
@@ -207,6 +209,7 @@ function config.from_json(str)
   end
   local c = ffi.new("m3_config")
   check(C.m3_config_from_json(str, c))
+  if not ok then raise("m3.config_from_json: " .. tostring(members)) end
   return config.from_c(c)
 end
 

@@ -4,14 +4,21 @@
 -- with their keys sorted (so files are stable and diffable; two keys with one name, 1 and
 -- "1", are an error); numbers, number keys too, as m3.number_text.exact writes them (they
 -- read back exactly); NaN and ±inf become null; an empty table is an object ({}) unless it
--- carries json.array's marker.
--- decode: JSON as RFC 8259 defines it, strictly: no leading zeros, "1." or ".5", no raw
--- control characters in strings, no lone surrogate escapes (an error rather than U+FFFD: a
--- text that holds one was not written as JSON, and a name or path that changes quietly would
--- reach another file), no number past a double's range (1e400; 1e-400 rounds to 0); null
--- becomes json.null (a sentinel), so arrays keep their length. Bytes of strings are taken as
--- they are (encode writes a Lua string's bytes, UTF-8 or not). Errors name the position and
--- what was expected.
+-- carries json.array's marker. A string (or key) that is not UTF-8 is an error naming where it
+-- is (".options.prompt", "[3]") and its first bad byte: a JSON text is UTF-8 (RFC 8259 §8.1),
+-- other readers refuse one that is not, and U+FFFD in its place would be a quietly wrong value.
+-- Lua strings are bytes: a caller that may hold others (a file name, a byte-level model's text)
+-- says how it records them (m3.rundir: options.json); json.utf8_error(s) finds them.
+-- decode: JSON as RFC 8259 defines it, strictly: UTF-8 only (no stray, overlong, surrogate or
+-- past-U+10FFFF bytes, no cut sequence), no leading zeros, "1." or ".5", no raw control
+-- characters in strings, no lone surrogate escapes (an error rather than U+FFFD: a text that
+-- holds one was not written as JSON, and a name or path that changes quietly would reach
+-- another file), no key twice in one object ("a" and "\u0061" too: one of the two values
+-- would win without a word), no number past a double's range (1e400; 1e-400 rounds to 0);
+-- null becomes json.null (a sentinel), so arrays keep their length. A UTF-8 byte order mark
+-- (EF BB BF) at the very start is passed over (some editors write one; RFC 8259 §8.1 allows
+-- ignoring it), anywhere else it is an error; encode never writes one. Errors name the
+-- position (a byte offset from 1, a BOM counted) and what was expected.
 -- Both refuse arrays and objects nested more than 1000 deep with a message (deeper, the Lua
 -- stack would run out: a bare "stack overflow").
 
@@ -32,12 +39,80 @@ function json.array(t)
   return setmetatable(t or {}, array_mark)
 end
 
+-- Where s, from byte i (1), is not UTF-8 (RFC 3629): the position of the first bad sequence's
+-- first byte and what is wrong there; nil when it is UTF-8. Runs of ASCII are skipped by find.
+local function utf8_error(s, i)
+  i = i or 1
+  while true do
+    i = s:find("[\128-\255]", i)
+    if not i then return nil end
+    local c = s:byte(i)
+    local n, lo, hi -- continuation bytes, the range the first of them must be in
+    if c < 0xC0 then
+      return i, string.format("a continuation byte 0x%02x without a lead byte before it", c)
+    elseif c < 0xC2 then
+      return i, string.format("byte 0x%02x, never used in UTF-8 (it only starts overlong forms)", c)
+    elseif c < 0xE0 then
+      n, lo, hi = 1, 0x80, 0xBF
+    elseif c < 0xF0 then
+      n, lo, hi = 2, c == 0xE0 and 0xA0 or 0x80, c == 0xED and 0x9F or 0xBF
+    elseif c < 0xF5 then
+      n, lo, hi = 3, c == 0xF0 and 0x90 or 0x80, c == 0xF4 and 0x8F or 0xBF
+    else
+      return i, string.format("byte 0x%02x, never used in UTF-8", c)
+    end
+    local c2 = s:byte(i + 1)
+    if c2 and c2 >= 0x80 and c2 < 0xC0 and (c2 < lo or c2 > hi) then
+      local what = c == 0xED and "a surrogate (U+D800 to U+DFFF) encoded as UTF-8"
+        or c == 0xF4 and "a code point past U+10FFFF" or "an overlong form (a shorter sequence exists)"
+      return i, string.format("%s: 0x%02x 0x%02x", what, c, c2)
+    end
+    for k = 1, n do
+      local b = s:byte(i + k)
+      if not (b and b >= 0x80 and b < 0xC0) then
+        return i, string.format("a %d-byte sequence (lead byte 0x%02x) cut short after %d byte%s", n + 1, c, k,
+          k > 1 and "s" or "")
+      end
+    end
+    i = i + n + 1
+  end
+end
+json.utf8_error = utf8_error
+
+-- The text of a string for messages: %q, bytes past ASCII as \ddd (the string may not be UTF-8).
+local function quote_bytes(s)
+  return (string.format("%q", s):gsub("[\128-\255]", function(c) return "\\" .. c:byte() end))
+end
+
+-- Where path[1..depth] (keys and indices) leads from the top: ".a[2]['b c']", or "the top level".
+local function path_text(path, depth)
+  local parts = {}
+  for d = 1, depth do
+    local k = path[d]
+    if type(k) == "string" and k:find("^[%a_][%w_]*$") then
+      parts[d] = "." .. k
+    else
+      parts[d] = "[" .. (type(k) == "number" and exact(k) or quote_bytes(k)) .. "]"
+    end
+  end
+  return depth == 0 and "the top level" or table.concat(parts)
+end
+
 local escapes = {
   ['"'] = '\\"', ["\\"] = "\\\\", ["\b"] = "\\b", ["\f"] = "\\f",
   ["\n"] = "\\n", ["\r"] = "\\r", ["\t"] = "\\t",
 }
 
-local function encode_string(s)
+-- s as a JSON string; s a value, or a key (key = true), at path[1..depth]; not UTF-8 is an error.
+local function encode_string(s, path, depth, key)
+  if s:find("[\128-\255]") then
+    local at, why = utf8_error(s)
+    if at then
+      error(string.format("json.encode: cannot encode the %s at %s: not UTF-8 at its byte %d (near %s: %s), which a "
+        .. "JSON text must be (RFC 8259 §8.1)", key and "key" or "string", path_text(path, depth), at,
+        quote_bytes(s:sub(at, at + 10)), why), 0)
+    end
+  end
   return '"' .. s:gsub('[%c"\\]', function(c)
     return escapes[c] or string.format("\\u%04x", c:byte())
   end) .. '"'
@@ -58,7 +133,7 @@ end
 
 local encode_value
 
-local function encode_table(t, out, seen, depth)
+local function encode_table(t, out, seen, depth, path)
   if seen[t] then error("json.encode: cannot encode a table that contains itself", 0) end
   if depth > MAX_DEPTH then
     error(string.format("json.encode: tables nested more than %d deep; a JSON text here holds at most %d arrays "
@@ -69,7 +144,8 @@ local function encode_table(t, out, seen, depth)
     out[#out + 1] = "["
     for i = 1, #t do
       if i > 1 then out[#out + 1] = "," end
-      encode_value(t[i], out, seen, depth)
+      path[depth] = i
+      encode_value(t[i], out, seen, depth, path)
     end
     out[#out + 1] = "]"
   else
@@ -92,16 +168,18 @@ local function encode_table(t, out, seen, depth)
     for i, text in ipairs(keys) do
       local k = key_of[text]
       if i > 1 then out[#out + 1] = "," end
-      out[#out + 1] = encode_string(text)
+      path[depth] = k
+      out[#out + 1] = encode_string(text, path, depth, true)
       out[#out + 1] = ":"
-      encode_value(t[k], out, seen, depth)
+      encode_value(t[k], out, seen, depth, path)
     end
     out[#out + 1] = "}"
   end
   seen[t] = nil
 end
 
-function encode_value(v, out, seen, depth)
+-- Appends v's text to out; v is at path[1..depth] (tables being encoded: seen).
+function encode_value(v, out, seen, depth, path)
   local ty = type(v)
   if v == nil or v == json.null then
     out[#out + 1] = "null"
@@ -110,9 +188,9 @@ function encode_value(v, out, seen, depth)
   elseif ty == "number" then
     out[#out + 1] = encode_number(v)
   elseif ty == "string" then
-    out[#out + 1] = encode_string(v)
+    out[#out + 1] = encode_string(v, path, depth)
   elseif ty == "table" then
-    encode_table(v, out, seen, depth + 1)
+    encode_table(v, out, seen, depth + 1, path)
   elseif ty == "cdata" and tonumber(v) then
     out[#out + 1] = encode_number(tonumber(v))
   else
@@ -122,15 +200,18 @@ end
 
 function json.encode(v)
   local out = {}
-  encode_value(v, out, {}, 0)
+  encode_value(v, out, {}, 0, {})
   return table.concat(out)
 end
 
 -- ---- decoding ------------------------------------------------------------------------------
 
--- Raises "json.decode: <message> at position <pos> (near "<the text there>")".
-local function fail(s, pos, message)
-  error(string.format("json.decode: %s at position %d (near %q)", message, pos, s:sub(pos, pos + 10)), 0)
+-- Raises "json.decode: <message> at position <pos> (near "<the text there>")"; bytes = true: the
+-- text there is not UTF-8, and bytes past ASCII show as \ddd.
+local function fail(s, pos, message, bytes)
+  local near = s:sub(pos, pos + 10)
+  error(string.format("json.decode: %s at position %d (near %s)", message, pos,
+    bytes and quote_bytes(near) or string.format("%q", near)), 0)
 end
 
 local function skip(s, pos)
@@ -238,13 +319,16 @@ end
 
 local function decode_object(s, pos, depth)
   check_depth(s, pos, depth)
-  local out = {}
+  local out, start = {}, pos
   pos = skip(s, pos + 1)
   if s:sub(pos, pos) == "}" then return out, pos + 1 end
   while true do
     if s:sub(pos, pos) ~= '"' then fail(s, pos, "expected a string key") end
-    local k
+    local k, at = nil, pos
     k, pos = decode_string(s, pos)
+    if out[k] ~= nil then -- json.null is a value too
+      fail(s, at, string.format("a key given twice: %q (the object at position %d has it already)", k, start))
+    end
     pos = skip(s, pos)
     if s:sub(pos, pos) ~= ":" then fail(s, pos, "expected ':'") end
     local v
@@ -275,7 +359,12 @@ end
 
 function json.decode(s)
   if type(s) ~= "string" then error("json.decode: expected a string, got " .. type(s), 0) end
-  local v, pos = decode_value(s, 1, 0)
+  local start = s:byte(1) == 0xEF and s:sub(1, 3) == "\239\187\191" and 4 or 1 -- a byte order mark: at the start only
+  if s:find("[\128-\255]", start) then
+    local bad, why = utf8_error(s, start)
+    if bad then fail(s, bad, "expected UTF-8, found " .. why, true) end
+  end
+  local v, pos = decode_value(s, start, 0)
   pos = skip(s, pos)
   if pos <= #s then fail(s, pos, "expected the end of the input") end
   return v

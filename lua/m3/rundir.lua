@@ -50,6 +50,9 @@
 -- o.run must be a single folder name: one with a "/", only
 -- blanks, or "." or ".." (blanks around them aside) is an error (a path would put the run
 -- outside runs/, or into runs/ itself).
+-- options.json is JSON, which holds UTF-8 text only; a flag's text that is not UTF-8 (a file
+-- name or a --prompt of lm.lua, whose tokens are bytes) is saved as {"bytes_hex": "<its bytes
+-- in hex>"} and read back as the same bytes.
 -- A flag given with --resume to change the run (in `given`, not fixed = true) also changes
 -- the automatic name. Where <name> holds no checkpoints, --resume takes the run in
 -- runs/<base> or runs/<base>-* that holds checkpoints and whose options.json agrees with o on
@@ -208,6 +211,21 @@ local function unnumbered(folder)
   return name and tonumber(n) >= 2 and name or folder
 end
 
+-- options.json's value of flag value v: v, or a text that is not UTF-8 as {bytes_hex = ...} (see the header).
+local function saved_value(v)
+  if type(v) ~= "string" or not json.utf8_error(v) then return v end
+  return { bytes_hex = (v:gsub(".", function(c) return string.format("%02x", c:byte()) end)) }
+end
+
+-- The flag value of options.json's value v (saved_value undone).
+local function flag_value(v)
+  if type(v) == "table" and type(v.bytes_hex) == "string" and next(v, next(v)) == nil and #v.bytes_hex % 2 == 0
+    and not v.bytes_hex:find("%X") then
+    return (v.bytes_hex:gsub("%x%x", function(h) return string.char(tonumber(h, 16)) end))
+  end
+  return v
+end
+
 -- The flag values the run in dir (which holds checkpoints) saved in dir/options.json, flags newer than the run at
 -- their default; an error names the file and what is wrong with it (see the header).
 local function read_options(dir, spec)
@@ -215,7 +233,8 @@ local function read_options(dir, spec)
   local saved, why = json.read(path)
   local any = false
   for _, f in ipairs(type(saved) == "table" and spec or {}) do
-    local k, v = f[1], saved[f[1]]
+    local k, v = f[1], flag_value(saved[f[1]])
+    saved[k] = v
     if v ~= nil and not ACTIONS[k] then
       any = true
       if type(v) ~= type(f[2]) and not why then
@@ -386,7 +405,7 @@ function rundir.create(dir, o)
   end
   local saved = {}
   for k, v in pairs(o) do
-    if not ACTIONS[k] then saved[k] = v end
+    if not ACTIONS[k] then saved[k] = saved_value(v) end
   end
   fs.mkdir(dir)
   fs.write(dir .. "/options.json", json.encode(saved) .. "\n")
