@@ -104,6 +104,9 @@ describe("m3.curriculum", function()
     assert.matches("3 stages %(lengths 12, 24, 48%) do not fit in 2 steps", err { from = 12, to = 48, steps = 2 })
     assert.equal("m3.curriculum.lengths: 11 stages (lengths 1, 2, 4, 8, 16, 32, 64, 128, ..., 1024) do not fit in 3 "
       .. "steps: at least one step a stage", err { from = 1, to = 1024, steps = 3 })
+    -- nine lengths are all shown: a "..." between the eighth and the last would hide nothing
+    assert.matches("9 stages %(lengths 1, 2, 4, 8, 16, 32, 64, 128, 256%) do not fit",
+      err { from = 1, to = 256, steps = 3 })
   end)
 
   -- factor 1 + 1e-7 from 1 to 2^31 made 64 million stages (9 s) and a 670 MB message

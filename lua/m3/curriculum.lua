@@ -134,10 +134,10 @@ end
 -- The most stages curriculum.lengths makes, and how many of their lengths a message shows.
 local MAX_STAGES, SHOWN = 1000, 8
 
--- The stage lengths for a message, ending at `to`: all of them when they are few, else the first
--- SHOWN, "..." and to.
+-- The stage lengths for a message, ending at `to`: all of them when they are few (SHOWN and to,
+-- where "..." would hide nothing), else the first SHOWN, "..." and to.
 local function shown_lengths(lengths, to)
-  if #lengths <= SHOWN and lengths[#lengths] == to then return table.concat(lengths, ", ") end
+  if #lengths <= SHOWN + 1 and lengths[#lengths] == to then return table.concat(lengths, ", ") end
   return table.concat(lengths, ", ", 1, math.min(#lengths, SHOWN)) .. ", ..., " .. to
 end
 
