@@ -375,7 +375,7 @@ describe("m3.trainer", function()
     local as_data = { tokens = { data = ptr, shape = { 2, 8 } }, targets = b.targets }
     local bare = { tokens = b.tokens, targets = ptr }
     local data_msg = "batch.tokens: data is a pointer %(ctype<int %*>%), whose size the FFI cannot tell: pass an FFI "
-      .. "array %(ffi.new%(\"float%[%?%]\", n%) or the like%) or an m3.tensor"
+      .. "array %(ffi.new%(\"int32_t%[%?%]\", n%)%) or an m3.tensor" -- the field's element type
     local bare_msg = "batch.targets: got a pointer %(ctype<int %*>%), whose size the FFI cannot tell"
     for _, call in ipairs { tr.step, tr.evaluate, tr.check_batch } do
       assert.matches(data_msg, helper.error_of(call, tr, as_data))

@@ -255,13 +255,14 @@ local function cdata_kind(x)
 end
 
 -- Raises when cdata x (named what; part: "data" for the data of a {data =, shape =} table) is a
--- pointer: the FFI cannot tell how many elements a pointer's memory holds.
-local function refuse_pointer(x, what, part)
+-- pointer: the FFI cannot tell how many elements a pointer's memory holds. dtype (default f32):
+-- the element type the message suggests an array of.
+local function refuse_pointer(x, what, part, dtype)
   local _, kind = cdata_kind(x)
   if kind == "pointer" then
     raise(string.format("%s: %s a pointer (%s), whose size the FFI cannot tell: pass an FFI array "
-      .. "(ffi.new(\"float[?]\", n) or the like) or an m3.tensor", what, part and part .. " is" or "got",
-      tostring(ffi.typeof(x))))
+      .. "(ffi.new(\"%s[?]\", n)) or an m3.tensor", what, part and part .. " is" or "got",
+      tostring(ffi.typeof(x)), ctype_of[dtype or "f32"]))
   end
 end
 
@@ -303,12 +304,12 @@ end
 function tensor.coerce(v, what, dtype, shape, expect)
   if tensor.is(v) then return v end
   if type(v) == "table" and type(v.data) == "cdata" then
-    refuse_pointer(v.data, what, "data")
+    refuse_pointer(v.data, what, "data", dtype)
     return tensor.wrap(v.data, v.shape, nil, what)
   end
   if type(v) == "table" then return tensor.from(v, dtype, what) end
   if type(v) == "cdata" then
-    refuse_pointer(v, what)
+    refuse_pointer(v, what, nil, dtype)
     if not shape then return nil end
     local have, kind = cdata_kind(v)
     local n = 1
@@ -398,7 +399,7 @@ function tensor.from(v, dtype, what)
   dtype = tensor.dtype_name(dtype, what)
   if tensor.is(v) then return tensor.cast(v, dtype, what) end
   if type(v) == "table" and type(v.data) == "cdata" then
-    refuse_pointer(v.data, what, "data")
+    refuse_pointer(v.data, what, "data", dtype)
     return tensor.cast(tensor.wrap(v.data, v.shape, nil, what), dtype, what)
   end
   if type(v) ~= "table" then
