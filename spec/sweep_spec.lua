@@ -577,6 +577,65 @@ print("rows", rows[1].run, rows[1].loss, rows[1].n_inner, rows[2].run, rows[2].l
     os.execute("rm -rf " .. dir)
   end)
 
+  it("runs a parallel sweep inside a sequential sweep's point, at any depth", function()
+    -- one sweep per level of P (parallel = P[i]), each inside a point of the one before; loss: the digits x1 x2 ...
+    local dir = tmpdir()
+    local script = write_script(dir, [[
+local sweep = require "m3.sweep"
+local function level(i, dir, at)
+  return sweep { grid = { ["x" .. i] = { 1, 2 } }, dir = dir, parallel = P[i], metric = "loss",
+    run = function(p, run_dir)
+      local here = at * 10 + p["x" .. i]
+      if i == #P then return { loss = here } end
+      local rows = level(i + 1, run_dir .. "/in", here)
+      return { loss = rows[1].loss, n = #rows }
+    end }
+end
+local rows = level(1, DIR, 0)
+print("rows", #rows, rows[1].run, rows[1].loss, rows[2].run, rows[2].loss)
+]])
+    -- sequential outer, parallel inner
+    local out, code = helper.run("luajit -e 'P = {1, 2}' " .. script)
+    assert.equal(0, code, out)
+    assert.equal("rows\t2\tx1=1\t11\tx1=2\t21", out:match("([^\n]*)\n$"))
+    assert.equal(2, #json.read(dir .. "/out/x1=2/in/results.json"))
+    assert.is_not_nil(read(dir .. "/out/x1=2/in/x2=2/log.txt")) -- ran as a child
+    assert.is_nil(read(dir .. "/out/x1=2/log.txt")) -- ran in the sweep's process
+    os.execute("rm -rf " .. dir .. "/out")
+    -- parallel outer, sequential middle, parallel inner
+    out, code = helper.run("luajit -e 'P = {2, 1, 2}' " .. script)
+    assert.equal(0, code, out)
+    assert.equal("rows\t2\tx1=1\t111\tx1=2\t211", out:match("([^\n]*)\n$"))
+    local inner = json.read(dir .. "/out/x1=2/in/x2=2/in/results.json")
+    assert.same({ 221, 222 }, { inner[1].loss, inner[2].loss })
+    assert.is_nil(read(dir .. "/out/x1=2/in/x2=2/log.txt"))
+    assert.is_not_nil(read(dir .. "/out/x1=2/in/x2=2/in/x3=1/log.txt"))
+    os.execute("rm -rf " .. dir)
+  end)
+
+  it("fails a child that ends without reaching its point, saying so", function()
+    local dir = tmpdir()
+    local script = write_script(dir, [[
+if os.getenv("M3_SWEEP_POINT") and QUIT then os.exit(0) end
+-- in a child, a sweep of another dir than the parent's: the child never reaches its point
+require "m3.sweep" { grid = { x = { 1, 2 } }, parallel = 2, dir = os.getenv("M3_SWEEP_POINT") and DIR .. "-x" or DIR,
+  run = function(p) return { loss = p.x } end }
+]])
+    local out, code = helper.run("luajit " .. script)
+    assert.equal(1, code, out)
+    assert.matches("m3.sweep: x=1 failed: exit status 1; see " .. dir .. "/out/x=1/log.txt", out, 1, true)
+    assert.equal("m3.sweep: the script ended without running the point x=1 of the sweep in " .. dir .. "/out that "
+      .. "this child of a parallel sweep was started for; it runs the same script as the sweep and must reach that "
+      .. "sweep the same way\n", read(dir .. "/out/x=1/log.txt"))
+    -- a child that does not even run a sweep
+    os.execute("rm -rf " .. dir .. "/out " .. dir .. "/out-x")
+    out, code = helper.run("luajit -e 'QUIT = true' " .. script)
+    assert.equal(1, code, out)
+    assert.matches("m3.sweep: x=2 failed: exit status 0 without finishing its point; see " .. dir
+      .. "/out/x=2/log.txt", out, 1, true)
+    os.execute("rm -rf " .. dir)
+  end)
+
   it("says which signal killed a child", function()
     local dir = tmpdir()
     local script = write_script(dir, [[

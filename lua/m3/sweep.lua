@@ -54,8 +54,11 @@
 -- In that child the same m3.sweep call runs only its point and exits; a sweep inside that
 -- point's run is a sweep of its own, one of another dir that the script runs before it reads
 -- only its finished points; the two variables set alone or naming no point are an error. A
--- parallel sweep inside such a point's run gives its children M3_SWEEP_OUTER too (json, the
--- enclosing {dir, point} pairs): the script runs there through those points' runs to its point.
+-- parallel sweep inside the run of any point, of a sequential or a parallel sweep at any depth,
+-- gives its children M3_SWEEP_OUTER too (json, the {dir, point} pairs of the enclosing points,
+-- outermost first): the script runs there through those points' runs to its point. A child whose
+-- script ends without running its point says so and exits with status 1; a child that exits 0
+-- without done.json fails its point alike.
 -- The executable is opts.command, else $M3LUA, else the interpreter that runs the script
 -- (arg's lowest index); the host's options before the script (-joff, -l mod, -e chunk, --)
 -- go along.
@@ -379,12 +382,25 @@ local function metrics_problem(metrics, job, keys)
   end
 end
 
--- Runs job's point in this process and records it in done.json; returns metrics or nil and the error.
-local function run_here(o, job, keys)
-  local ok, metrics = xpcall(function()
+-- The points whose runs this process is in now ({dir, point}, outermost first), in-process points of
+-- sequential sweeps and the enclosing points a child runs through alike: a parallel sweep passes them
+-- to its children (M3_SWEEP_OUTER), so that their script reaches that sweep again.
+local point_stack = {}
+
+-- Runs job's point's run in this process, on point_stack meanwhile: xpcall's ok and the run's result.
+local function run_point(o, job)
+  point_stack[#point_stack + 1] = { dir = o.dir, point = job.name }
+  local ok, result = xpcall(function()
     fs.mkdir(job.run_dir)
     return o.run(job.point, job.run_dir)
   end, debug.traceback)
+  point_stack[#point_stack] = nil
+  return ok, result
+end
+
+-- Runs job's point in this process and records it in done.json; returns metrics or nil and the error.
+local function run_here(o, job, keys)
+  local ok, metrics = run_point(o, job)
   if not ok then
     if is_interrupt(metrics) then error(metrics, 0) end
     return nil, metrics
@@ -452,11 +468,13 @@ local function describe_status(status)
 end
 
 -- A child of a parallel sweep runs one point: M3_SWEEP_DIR / M3_SWEEP_POINT name it, and
--- M3_SWEEP_OUTER (json: {{dir, point}, ...}, outermost first) the points of enclosing sweeps whose
--- runs lead to it (set where a parallel sweep runs inside another one's point). chain: those
--- points, the target last (false: not a child); depth: how many of them this process runs now
--- (sweeps inside the target's run are sweeps of their own).
-local chain, depth = nil, 0
+-- M3_SWEEP_OUTER (json: {{dir, point}, ...}, outermost first) the points of enclosing sweeps,
+-- sequential or parallel, whose runs lead to it (set where the parallel sweep runs inside another
+-- one's point). chain: those points, the target last (false: not a child; nil: not read yet). On
+-- the way to the target, point_stack holds the ones reached (sweeps inside the target's run are
+-- sweeps of their own); target_started: the target's run began.
+local chain, target_started = nil, false
+local child_guard -- its finalizer ends a child whose script ended before its target's run began
 
 local CHILD_ENV = "a parallel sweep sets M3_SWEEP_DIR and M3_SWEEP_POINT (and M3_SWEEP_OUTER) for the child that "
   .. "runs a point; unset them to run the sweep"
@@ -485,13 +503,28 @@ local function child_chain()
   return c
 end
 
+-- Where the Lua state closes (the script's end, an error) in a child that never began its target's
+-- run: says so and exits with status 1 (the parent would count a silent exit 0 as a failure with an
+-- empty log). The target's own end and os.exit leave the state open.
+local function guard_child()
+  child_guard = newproxy(true)
+  getmetatable(child_guard).__gc = function()
+    if target_started then return end
+    local target = chain[#chain]
+    io.stderr:write(string.format("m3.sweep: the script ended without running the point %s of the sweep in %s "
+      .. "that this child of a parallel sweep was started for; it runs the same script as the sweep and must reach "
+      .. "that sweep the same way\n", target.point, target.dir))
+    os.exit(1)
+  end
+end
+
 -- The environment of a child that runs `job` of the sweep in `dir`: the points this process runs
--- now come first, so that the child's script reaches this sweep again.
+-- now (point_stack) come first, so that the child's script reaches this sweep again.
 local function child_env(dir, job)
   local env = string.format("M3_SWEEP_DIR=%s M3_SWEEP_POINT=%s", shell_quote(dir), shell_quote(job.name))
-  if chain and #chain > 0 then
+  if #point_stack > 0 then
     local outer = {}
-    for i, e in ipairs(chain) do outer[i] = json.array { e.dir, e.point } end
+    for i, e in ipairs(point_stack) do outer[i] = json.array { e.dir, e.point } end
     env = env .. " M3_SWEEP_OUTER=" .. shell_quote(json.encode(json.array(outer)))
   end
   return env
@@ -542,7 +575,8 @@ local function run_parallel(o, pending, n, report)
           io.write(string.format("m3.sweep: %s finished\n", r.job.name))
           report(r.job, done.metrics)
         else
-          report(r.job, nil, string.format("%s; see %s/log.txt", describe_status(status[0]), r.job.run_dir))
+          report(r.job, nil, string.format("%s%s; see %s/log.txt", describe_status(status[0]),
+            status[0] == 0 and " without finishing its point" or "", r.job.run_dir))
         end
       end
       if interrupted then error("interrupted: m3.sweep stopped", 0) end
@@ -626,9 +660,14 @@ end
 -- In a child, a sweep whose dir is the next one of the chain runs that point here: the target's
 -- result to done.json and the process ends; an enclosing point's run goes on to the next sweep of
 -- the chain, which ends the process in its turn. Any other sweep there only reads its finished
--- points (true: run nothing).
+-- points (true: run nothing), so that until the target's run point_stack holds just the points of
+-- the chain reached (depth: how many).
 local function child_part(o, jobs, keys)
-  if chain == nil then chain = child_chain() end
+  if chain == nil then
+    chain = child_chain()
+    if chain then guard_child() end
+  end
+  local depth = #point_stack
   if not chain or depth >= #chain then return false end
   local want = chain[depth + 1]
   if want.dir == o.dir then
@@ -640,8 +679,8 @@ local function child_part(o, jobs, keys)
       raise(string.format("m3.sweep: M3_SWEEP_POINT = %s names no point of the sweep in %s: %s", show(want.point),
         o.dir, CHILD_ENV))
     end
-    depth = depth + 1
-    if depth == #chain then
+    if depth + 1 == #chain then
+      target_started = true
       local _, err = run_here(o, job, keys)
       if err then
         io.stderr:write("m3.sweep: ", job.name, ": ", tostring(err), "\n")
@@ -649,8 +688,8 @@ local function child_part(o, jobs, keys)
       end
       os.exit(0)
     end
-    local ok, err = xpcall(function() return o.run(job.point, job.run_dir) end, debug.traceback)
-    local next_sweep = chain[depth + 1]
+    local ok, err = run_point(o, job)
+    local next_sweep = chain[depth + 2]
     io.stderr:write(string.format("m3.sweep: %s: %s\n", job.name, ok
       and string.format("its run returned without running the sweep in %s (point %s) that this child was started for",
         next_sweep.dir, next_sweep.point) or tostring(err)))
