@@ -3,7 +3,8 @@
 -- it is no regular file (a FIFO not opened); write's atomic replace, which
 -- an error on the way (an interrupt) leaves without a temporary file; write refusing a FIFO, a
 -- folder and a link to one or to nothing, and writing through a link into its file; every helper
--- refusing a path that holds a NUL byte; exists / is_dir / is_file by metadata (a FIFO is not opened).
+-- refusing a path that holds a NUL byte; exists / is_dir / is_file by metadata (a FIFO is not opened);
+-- stat, which refuses an empty path without an fd.
 
 local fs = require "m3.fs"
 local helper = require "spec.helper"
@@ -151,6 +152,22 @@ describe("m3.fs.write onto what is not a regular file", function()
     assert.equal("new", text)
     assert.same({ "chain", "link", "real" }, names)
     assert.same({ "file" }, real_names) -- the temporary file went beside the file, and is gone
+  end)
+end)
+
+describe("m3.fs.stat", function()
+  it("gives a file's inode and modification time, nil for nothing, and refuses \"\" without an fd", function()
+    local dir = helper.tmpdir()
+    fs.write(dir .. "/f", "x")
+    assert(os.execute("touch -d '2026-01-01 00:00:05' '" .. dir .. "/f'") == 0)
+    local st, missing = fs.stat(dir .. "/f"), fs.stat(dir .. "/missing")
+    os.execute("rm -rf '" .. dir .. "'")
+    assert.same({ os.time { year = 2026, month = 1, day = 1, hour = 0, min = 0, sec = 5 }, 0 }, st.mtime)
+    assert.is_true(st.ino > 0)
+    assert.is_nil(missing)
+    -- statx took "" for the current folder: a table for a path that names nothing
+    assert.equal('m3.fs.stat: path is "", which names the open file fd, and no fd was given',
+      helper.error_of(fs.stat, ""))
   end)
 end)
 

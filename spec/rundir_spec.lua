@@ -1,7 +1,9 @@
--- m3.rundir: which run folder --resume takes (the newest checkpoint, not the highest number),
--- the refusal of a run whose options.json cannot be used, and the claim a process holds on its
--- run folder (skipped by the numbering, refused to open, gone with the process, given up with
--- what it made when the setup fails). In a temporary folder of its own (the runs/ there), with
+-- m3.rundir: which run folder --resume takes (the newest checkpoint, not the highest number; on
+-- a tie the highest number; only runs named automatically whose flags of the name and flags
+-- fixed for a run agree), the refusal of a run whose options.json cannot be used (also a value
+-- its flag does not take), and the claim a process holds on its run folder (skipped by the
+-- numbering, refused to open, gone with the process, given up with what it made when the setup
+-- or the claim itself fails). In a temporary folder of its own (the runs/ there), with
 -- other run names in each test (the claims of this process stay with their names).
 
 local ffi = require "ffi"
@@ -14,13 +16,14 @@ pcall(ffi.cdef, "int chdir(const char *path);")
 
 local M3LUA = helper.m3lua() -- here, where a relative $M3LUA points
 
-local SPEC = { { "steps", 3, "", int = true }, { "lr", 1, "" }, { "data", "", "", fixed = true, path = true },
+local SPEC = { { "steps", 3, "", int = true, min = 1 }, { "lr", 1, "" },
+  { "data", "", "", fixed = true, path = true }, { "dtype", "f32", "", choices = { "f32", "bf16" } },
   { "run", "", "" }, { "resume", false, "" }, { "overwrite", false, "" } }
 local SKIP = { run = true, resume = true, overwrite = true }
 
 -- The flag values of SPEC with those of t over them.
 local function flags_of(t)
-  local o = { steps = 3, lr = 1, data = "", run = "", resume = false, overwrite = false }
+  local o = { steps = 3, lr = 1, data = "", dtype = "f32", run = "", resume = false, overwrite = false }
   for k, v in pairs(t or {}) do o[k] = v end
   return o
 end
@@ -49,11 +52,16 @@ local function run_folder(name, options, step, time)
   assert(os.execute(string.format("touch -d '%s' '%s'", time, file)) == 0)
 end
 
--- rundir.path for the flag values t (given: the names in t) of a run named by default after base.
-local function path(base, t)
+-- rundir.path for the flag values t (given: the names in t) of a run named by default after base (skip: SKIP).
+local function path(base, t, skip)
   local given = {}
   for k in pairs(t or {}) do given[k] = true end
-  return rundir.path(flags_of(t), given, SPEC, base, SKIP)
+  return rundir.path(flags_of(t), given, SPEC, base, skip or SKIP)
+end
+
+-- The time of the day 2026-01-01 at 00:00:<sec>, as the reasons of --resume write it.
+local function date(sec)
+  return os.date("%Y-%m-%d %H:%M:%S", os.time { year = 2026, month = 1, day = 1, hour = 0, min = 0, sec = sec })
 end
 
 describe("m3.rundir --resume", function()
@@ -64,8 +72,7 @@ describe("m3.rundir --resume", function()
       run_folder("a-2", {}, 40, "2026-01-01 00:00:05")
       local dir, why = path("a", { resume = true })
       assert.equal("runs/a", dir)
-      assert.equal("its newest checkpoint, saved " .. os.date("%Y-%m-%d %H:%M:%S", os.time { year = 2026, month = 1,
-        day = 1, hour = 0, min = 0, sec = 9 }) .. ", is newer than those of runs/a-2", why)
+      assert.equal("its newest checkpoint, saved " .. date(9) .. ", is newer than those of runs/a-2", why)
       -- three runs, -2 deleted, the next run took the freed -2: the numbering stopped at the gap
       run_folder("b", {}, 3, "2026-01-01 00:00:01")
       run_folder("b-3", {}, 3, "2026-01-01 00:00:03")
@@ -78,6 +85,54 @@ describe("m3.rundir --resume", function()
       -- one folder: no reason to give
       run_folder("c", {}, 3, "2026-01-01 00:00:01")
       assert.same({ "runs/c" }, { path("c", { resume = true }) })
+    end)
+  end)
+
+  it("on a tie of checkpoint times takes the folder numbered highest (the later run), and says so", function()
+    in_folder(function()
+      -- fs.list's text order put runs/t-10 before runs/t-2, which took the tie and was "newer"
+      for _, name in ipairs { "t", "t-2", "t-10" } do run_folder(name, {}, 3, "2026-01-01 00:00:05") end
+      run_folder("t-3", {}, 3, "2026-01-01 00:00:01")
+      local dir, why = path("t", { resume = true })
+      assert.equal("runs/t-10", dir)
+      assert.equal("its newest checkpoint, saved " .. date(5) .. ", is as new as those of runs/t, runs/t-2 (it has "
+        .. "the highest number) and newer than those of runs/t-3", why)
+      run_folder("w", {}, 3, "2026-01-01 00:00:05")
+      run_folder("w-2", {}, 3, "2026-01-01 00:00:05")
+      assert.same({ "runs/w-2", "its newest checkpoint, saved " .. date(5) .. ", is as new as those of runs/w (it "
+        .. "has the highest number)" }, { path("w", { resume = true }) })
+    end)
+  end)
+
+  it("chooses only runs whose flags fixed for a run agree, also one left out of the name (lm.lua's --data)",
+    function()
+      in_folder(function()
+        fs.write("wiki.txt", "wiki")
+        fs.write("wiki-2.txt", "wiki 2")
+        -- runs/lm-wiki-2 is the run of wiki-2.txt with the default flags, not a second run of wiki.txt: newer, it
+        -- was taken, and then refused ("--data wiki.txt differs from the run's own --data wiki-2.txt")
+        run_folder("lm-wiki", { data = "wiki.txt" }, 3, "2026-01-01 00:00:01")
+        run_folder("lm-wiki-2", { data = "wiki-2.txt" }, 3, "2026-01-01 00:00:09")
+        local skip = { data = true, run = true, resume = true, overwrite = true }
+        assert.same({ "runs/lm-wiki" }, { path("lm-wiki", { data = "wiki.txt", resume = true }, skip) })
+        -- the same where the flags given change the run (runs/lm-wiki-steps=5 holds no checkpoints)
+        assert.same({ "runs/lm-wiki" }, { path("lm-wiki", { data = "wiki.txt", resume = true, steps = 5 }, skip) })
+        assert.same({ "runs/lm-wiki-2" }, { path("lm-wiki-2", { data = "wiki-2.txt", resume = true }, skip) })
+      end)
+    end)
+
+  it("leaves a folder named with --run to that --run, which keeps the name the run was started with", function()
+    in_folder(function()
+      -- a copy of runs/k, or a run named so: options.json says "run": "k-2"
+      run_folder("k", {}, 3, "2026-01-01 00:00:01")
+      run_folder("k-2", { run = "k-2" }, 3, "2026-01-01 00:00:09")
+      assert.same({ "runs/k" }, { path("k", { resume = true }) })
+      run_folder("k-3", { steps = 5, run = "k-3" }, 3, "2026-01-01 00:00:09")
+      assert.same({ "runs/k" }, { path("k", { resume = true, steps = 5 }) })
+      -- --run k --resume continued the automatic runs/k: its options.json keeps "", so --resume still finds it
+      local o = flags_of { run = "k", resume = true }
+      rundir.open("runs/k", o, { run = true, resume = true }, SPEC)
+      assert.equal("", o.run)
     end)
   end)
 
@@ -99,6 +154,11 @@ describe("m3.rundir --resume", function()
         { '[1, 2]', "runs/e2/options.json: holds none of the run's flags (expected a JSON object of them)" },
         { "{}", "runs/e3/options.json: holds none of the run's flags (expected a JSON object of them)" },
         { '{"steps": "4", "lr": 2}', 'runs/e4/options.json: steps = "4": expected a number, as --steps takes' },
+        -- a value of the right type that the flag does not take, as m3.flags says it of the command line
+        { '{"steps": 2.5, "lr": 2}', 'runs/e5/options.json: steps = 2.5: --steps expects an integer >= 1, got "2.5"' },
+        { '{"steps": 0, "lr": 2}', 'runs/e6/options.json: steps = 0: --steps expects an integer >= 1, got "0"' },
+        { '{"steps": 4, "dtype": "nope"}',
+          'runs/e7/options.json: dtype = "nope": --dtype expects one of f32 | bf16, got "nope"' },
       }
       for i, case in ipairs(cases) do
         local name = "e" .. i
@@ -111,13 +171,13 @@ describe("m3.rundir --resume", function()
           err, 1, true)
         assert.equal(case[1], fs.read("runs/" .. name .. "/options.json"))
       end
-      run_folder("e5", {}, 2, "2026-01-01 00:00:01")
-      os.remove("runs/e5/options.json")
-      local err = helper.error_of(rundir.open, "runs/e5", flags_of { resume = true, run = "e5" },
+      run_folder("e0", {}, 2, "2026-01-01 00:00:01")
+      os.remove("runs/e0/options.json")
+      local err = helper.error_of(rundir.open, "runs/e0", flags_of { resume = true, run = "e0" },
         { resume = true, run = true }, SPEC)
-      assert.matches("--resume: runs/e5 holds checkpoints, but its options.json cannot be used (runs/e5/options.json: "
+      assert.matches("--resume: runs/e0 holds checkpoints, but its options.json cannot be used (runs/e0/options.json: "
         .. "No such file or directory); --resume takes", err, 1, true)
-      assert.is_false(fs.exists("runs/e5/options.json"))
+      assert.is_false(fs.exists("runs/e0/options.json"))
       -- where the flags given could change it, a bad file is refused too: which run it is cannot be told
       run_folder("f", "{", 2, "2026-01-01 00:00:01")
       assert.matches("--resume: runs/f holds checkpoints, but its options.json cannot be used",
@@ -200,6 +260,17 @@ describe("m3.rundir claims", function()
       helper.error_of(rundir.setup, "runs/i", function() rundir.open("runs/i", flags_of { run = "i" }, { run = true },
         SPEC) end)
       assert.same({ "checkpoints", "options.json" }, fs.list("runs/i"))
+    end)
+  end)
+
+  it("removes the folders it made when the lock file cannot be opened", function()
+    in_folder(function()
+      -- a folder of 4094 bytes: mkdir takes it, but its lock file's path is past PATH_MAX (4096 with the NUL)
+      local dir = "runs/" .. string.rep(string.rep("x", 200) .. "/", 20) .. string.rep("y", 4094 - 5 - 20 * 201)
+      assert.equal(4094, #dir)
+      assert.equal("cannot claim the run folder " .. dir .. ": cannot open " .. dir .. "/lock: File name too long",
+        helper.error_of(rundir.open, dir, flags_of { run = "j" }, { run = true }, SPEC))
+      assert.is_false(fs.exists("runs"))
     end)
   end)
 end)

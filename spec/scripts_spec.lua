@@ -296,7 +296,8 @@ describe("scripts/train.lua", function()
     local out, code = script_in(dir, "train.lua", "--run r " .. TINY .. " --steps 3 --save_every 3 --lr 0.004")
     assert.equal(0, code, out)
     -- a stray comma: the run trained on with the default flags and wrote them over the record
-    local broken = m3.fs.read(options):gsub("}%s*$", ",}\n")
+    local made = m3.fs.read(options)
+    local broken = made:gsub("}%s*$", ",}\n")
     m3.fs.write(options, broken)
     out, code = script_in(dir, "train.lua", "--run r --resume --steps 6")
     assert.equal(2, code, out)
@@ -305,6 +306,21 @@ describe("scripts/train.lua", function()
       .. "afresh %(%-%-overwrite%)\n$", out)
     assert.equal(broken, m3.fs.read(options))
     assert.equal(1, #m3.checkpoint.new { dir = dir .. "/runs/r/checkpoints" }:list())
+    -- a value of the right type that the flag does not take: "attempt to call a nil value" for the task, a library
+    -- message without the file for --save_every
+    for _, case in ipairs {
+      { "task", "nope", 'task = "nope": --task expects one of parity | arithmetic | brackets | mqar, got "nope"' },
+      { "save_every", 2.5, 'save_every = 2.5: --save_every expects an integer >= 0, got "2.5"' },
+    } do
+      local saved = m3.json.decode(made)
+      saved[case[1]] = case[2]
+      m3.fs.write(options, m3.json.encode(saved))
+      out, code = script_in(dir, "train.lua", "--run r --resume --steps 6")
+      assert.equal(2, code, out)
+      assert.equal("train.lua: --resume: runs/r holds checkpoints, but its options.json cannot be used (runs/r/"
+        .. "options.json: " .. case[3] .. "); --resume takes the run's flags from it: restore the file, or start "
+        .. "afresh (--overwrite)\n", out)
+    end
     os.execute("rm -rf " .. dir)
   end)
 
@@ -356,6 +372,31 @@ describe("m3.rundir", function()
 end)
 
 describe("scripts/lm.lua", function()
+  it("--resume takes no run of another --data whose folder a numbered one seems (lm-wiki-2 of wiki-2.txt)", function()
+    local dir = tmpdir()
+    local r, chars = m3.data.rng.new(5), {}
+    for i = 1, 4000 do chars[i] = string.char(97 + r:below(20)) end
+    m3.fs.write(dir .. "/wiki.txt", table.concat(chars))
+    m3.fs.write(dir .. "/wiki-2.txt", table.concat(chars))
+    local out, code = script_in(dir, "lm.lua", "--run src --data wiki.txt --steps 2 --save_every 2 --eval_batches 1 "
+      .. "--sample_len 1 --device cpu")
+    assert.equal(0, code, out)
+    -- runs/lm-wiki: the run of wiki.txt with the default flags; runs/lm-wiki-2, newer: that of wiki-2.txt
+    for i, name in ipairs { "lm-wiki", "lm-wiki-2" } do
+      assert(os.execute("cp -r " .. dir .. "/runs/src " .. dir .. "/runs/" .. name) == 0)
+      local saved = m3.json.read(dir .. "/runs/src/options.json")
+      saved.run, saved.steps, saved.eval_batches, saved.data = "", 600, 8, name:sub(4) .. ".txt"
+      m3.fs.write(dir .. "/runs/" .. name .. "/options.json", m3.json.encode(saved))
+      assert(os.execute(("touch -d '2026-01-01 00:00:0%d' %s/runs/%s/checkpoints/*"):format(i, dir, name)) == 0)
+    end
+    -- --steps 2 names runs/lm-wiki-steps=2, which holds none: the run of wiki.txt it changes goes on (it took
+    -- runs/lm-wiki-2, then refused: "--data wiki.txt differs from the run's own --data wiki-2.txt")
+    out, code = script_in(dir, "lm.lua", "--data wiki.txt --steps 2 --sample_len 1 --resume")
+    assert.equal(0, code, out)
+    assert.matches("^resuming runs/lm%-wiki at step 2\n", out)
+    os.execute("rm -rf " .. dir)
+  end)
+
   it("never starts over the checkpoints of an earlier run unless told to", function()
     local dir = tmpdir()
     local file = dir .. "/runs/r/checkpoints/step-00000005.ckpt"

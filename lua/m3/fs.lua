@@ -101,8 +101,12 @@ end
 
 -- The identity and age of what is at path (through symbolic links), or of the open file fd when
 -- path is "": {ino = inode number, mtime = {seconds, nanoseconds}}; nil when nothing is there.
+-- An empty path without fd is an error (statx would take it for the current folder).
 function fs.stat(path, fd)
   fs.check_path(path, "m3.fs.stat")
+  if path == "" and not fd then
+    lib.raise('m3.fs.stat: path is "", which names the open file fd, and no fd was given')
+  end
   local st = ffi.new("m3fs_statx_buf")
   if ffi.C.m3fs_statx(fd or AT_FDCWD, path, path == "" and AT_EMPTY_PATH or 0, bit.bor(STATX_MTIME, STATX_INO), st)
     ~= 0 then

@@ -20,7 +20,8 @@
 -- two runs never write checkpoints into one folder (where keep would prune each other's).
 -- The claim makes the folder (runs/ too) when it is not there; setup runs the script's setup
 -- and, when that raises, gives the claim up and removes the lock file and the folders the
--- claim made (empty ones only), so a setup that fails leaves nothing behind.
+-- claim made (empty ones only), so a setup that fails leaves nothing behind; a claim that
+-- fails (the lock file cannot be opened or locked) removes what it made before it raises.
 -- open refuses a folder that holds checkpoints (one named by --run: an automatic name
 -- numbers itself past them, below) unless o.resume or o.overwrite says what to do with
 -- them (and both at once); with o.overwrite, create deletes them (the run's own
@@ -29,24 +30,33 @@
 -- the run's value (--steps too: the run goes on to its own end), a flag given changes it,
 -- but one marked fixed = true in the spec (the model, the data) that differs from the
 -- run's value is an error listing each of them (a path = true flag differs when it names
--- another file: fs.realpath). options.json leaves out resume and overwrite, which say what
--- to do with the folder, not how the run trains. A folder that holds checkpoints but whose
--- options.json is missing, cannot be read, is not JSON, or holds no object of flags or a flag
--- of another type than the spec's, is an error on --resume that names the file, before
--- anything is written (the run would otherwise go on with other flags and record those).
+-- another file: fs.realpath); --run keeps the run's value, the name it was started with
+-- ("" for an automatic name, which --resume without --run may choose again, below).
+-- options.json leaves out resume and overwrite, which say what to do with the folder, not how
+-- the run trains. A folder that holds checkpoints but whose options.json is missing, cannot be
+-- read, is not JSON, or holds no object of flags or a value its flag does not take (of another
+-- type than the spec's, or one m3.flags refuses on the command line: not among its choices, not
+-- whole, past its min or max), is an error on --resume that names the file, the flag and what
+-- is wrong, before anything is written (the run would otherwise go on with other flags and
+-- record those, or fail on a value no flag lets through).
 -- <name> is o.run when it is not "", else base and the flags of `spec` whose value differs
 -- from their default and that are not in `skip`, named as m3.sweep names a point
 -- ("parity-d_model=64,lr=0.01"; just base when there are none), numbered so that running the
 -- same command again keeps the earlier run: a new run takes the first of <name>, <name>-2,
 -- <name>-3, ... that holds no checkpoints and that no live process has claimed; --resume, of
--- <name> and the <name>-N (N >= 2) that hold checkpoints, the one whose newest checkpoint is
--- the newest, by the modification time of the step-N.ckpt files (each written once, renamed
--- into place when saved: the numbers say nothing of age once <name> is restarted with
--- --overwrite, or a deleted <name>-2 is taken again), of the <name>-N only those whose
--- options.json agrees on every flag of the name (not one named so with --run); --overwrite
--- <name> itself. Where --resume chose among several folders, path's second result says why
--- ("its newest checkpoint, saved 2026-12-02 22:14:03, is newer than those of runs/a-2"), which
--- the scripts print in their "resuming ..." line.
+-- <name> and the <name>-N (N >= 2) that hold checkpoints of a run it may choose, the one whose
+-- newest checkpoint is the newest, by the modification time of the step-N.ckpt files (each
+-- written once, renamed into place when saved: the numbers say nothing of age once <name> is
+-- restarted with --overwrite, or a deleted <name>-2 is taken again; on a tie, the one numbered
+-- highest, the later run); --overwrite <name> itself. A run --resume may choose was named
+-- automatically (options.json's run is "": one named with --run is resumed by that --run)
+-- and its options.json agrees with o on every flag of the name and on every flag fixed for a
+-- run, also one left out of the name, such as the data file lm.lua's base is made from
+-- (runs/lm-wiki-2, a run of wiki-2.txt, is no run of runs/lm-wiki, one of wiki.txt). Where
+-- --resume chose among several folders, path's second result says why ("its newest
+-- checkpoint, saved 2026-12-02 22:14:03, is newer than those of runs/a-2"; on a tie "is as new
+-- as those of runs/a (it has the highest number)"), which the scripts print in their
+-- "resuming ..." line.
 -- o.run must be a single folder name: one with a "/", only
 -- blanks, or "." or ".." (blanks around them aside) is an error (a path would put the run
 -- outside runs/, or into runs/ itself).
@@ -54,12 +64,15 @@
 -- name or a --prompt of lm.lua, whose tokens are bytes) is saved as {"bytes_hex": "<its bytes
 -- in hex>"} and read back as the same bytes.
 -- A flag given with --resume to change the run (in `given`, not fixed = true) also changes
--- the automatic name. Where <name> holds no checkpoints, --resume takes the run in
--- runs/<base> or runs/<base>-* that holds checkpoints and whose options.json agrees with o on
--- every other flag of the name (`--resume --steps 4000` continues runs/parity, `--resume
+-- the automatic name. Where <name> holds no run --resume may choose, it takes the run in
+-- runs/<base> or runs/<base>-* that holds checkpoints, was named automatically and whose
+-- options.json agrees with o on every other flag of the name and on every flag fixed for a
+-- run (`--resume --steps 4000` continues runs/parity, `--resume
 -- --steps 5` runs/parity-steps=3; of numbered folders the one with the newest checkpoint, as
 -- above); several such runs are an error that lists them (name one with --run); none, <name>
--- (a run from scratch). A folder there with checkpoints but a bad options.json is an error.
+-- (a run from scratch, or, where it holds checkpoints of a run --resume may not choose, that
+-- run, which open resumes as it resumes a --run). A folder there with checkpoints but a bad
+-- options.json is an error.
 
 local bit = require "bit"
 local checkpoint = require "m3.checkpoint"
@@ -111,6 +124,11 @@ local function still_there(fd, path)
   return held ~= nil and now ~= nil and held.ino == now.ino
 end
 
+-- Removes the folders a claim made (made: the outermost first) that are empty (os.remove removes no other folder).
+local function unmake(made)
+  for i = #made, 1, -1 do os.remove(made[i]) end
+end
+
 -- Claims dir for this process (see the header), making it when it is not there: true, or false and who holds it
 -- ("process 1234") when another live process does.
 local function claim(dir)
@@ -122,24 +140,26 @@ local function claim(dir)
   end
   fs.mkdir(dir)
   local path = dir .. "/" .. LOCK
+  -- an error: what this claim made (the lock file too, in a folder it made) removed again, then raised
+  local function fail(what, errno)
+    if made[#made] == dir then os.remove(path) end
+    unmake(made)
+    lib.raise(string.format("cannot claim the run folder %s: cannot %s %s: %s", dir, what, path,
+      ffi.string(C.strerror(errno))))
+  end
   while true do
     local fd = C.open(path, bit.bor(O_RDWR, O_CREAT, O_CLOEXEC), MODE)
-    if fd < 0 then
-      lib.raise(string.format("cannot claim the run folder %s: cannot open %s: %s", dir, path,
-        ffi.string(C.strerror(ffi.errno()))))
-    end
+    if fd < 0 then fail("open", ffi.errno()) end
     if C.flock(fd, bit.bor(LOCK_EX, LOCK_NB)) ~= 0 then
       local errno = ffi.errno()
       C.close(fd)
-      if errno ~= EWOULDBLOCK then
-        lib.raise(string.format("cannot claim the run folder %s: cannot lock %s: %s", dir, path,
-          ffi.string(C.strerror(errno))))
-      end
+      if errno ~= EWOULDBLOCK then fail("lock", errno) end
       local pid = (fs.read(path) or ""):match("^%d+")
       return false, pid and "process " .. pid or "another process"
     end
     if still_there(fd, path) then
       local pid = tostring(C.getpid())
+      -- unchecked: the pid only names the holder in take's message ("another process" when it is not there)
       C.ftruncate(fd, 0)
       C.write(fd, pid, #pid)
       claims[dir] = { fd = fd, made = made }
@@ -157,7 +177,7 @@ local function release(dir)
   claims[dir] = nil
   os.remove(dir .. "/" .. LOCK)
   C.close(c.fd)
-  for i = #c.made, 1, -1 do os.remove(c.made[i]) end -- os.remove removes only an empty folder
+  unmake(c.made)
 end
 
 -- Claims dir (claim), or raises: another live process holds it.
@@ -187,28 +207,45 @@ local function newest_save(dir)
   return best
 end
 
--- Of the folders (each holding checkpoints), the one whose newest checkpoint is the newest (the last of them on a
--- tie), and, when there are several, why: "its newest checkpoint, saved <date>, is newer than those of runs/a-2".
-local function newest(folders)
-  local pick, at
-  for _, folder in ipairs(folders) do
-    local t = newest_save(folder)
-    if t and not_before(t, at) then pick, at = folder, t end
-  end
-  pick = pick or folders[#folders]
-  if #folders < 2 or not at then return pick end
-  local others = {}
-  for _, folder in ipairs(folders) do
-    if folder ~= pick then others[#others + 1] = folder end
-  end
-  return pick, string.format("its newest checkpoint, saved %s, is newer than those of %s",
-    os.date("%Y-%m-%d %H:%M:%S", at[1]), table.concat(others, ", "))
-end
-
--- name for a numbered folder name-N (N an integer >= 2, as the numbering writes it), else folder itself.
+-- name and N for a numbered folder name-N (N an integer >= 2, as the numbering writes it), else folder itself and 1.
 local function unnumbered(folder)
   local name, n = folder:match("^(.-)%-([1-9]%d*)$")
-  return name and tonumber(n) >= 2 and name or folder
+  if name and tonumber(n) >= 2 then return name, tonumber(n) end
+  return folder, 1
+end
+
+-- The number of folder as one of run name's: 1 for name itself, N for name-N (name nil: of unnumbered's name).
+local function number(folder, name)
+  if folder == name then return 1 end
+  return (select(2, unnumbered(folder)))
+end
+
+-- Of the folders of the run name (each holding checkpoints), the one whose newest checkpoint is the newest (on a
+-- tie, the one numbered highest: the later run), and, when there are several, why: "its newest checkpoint, saved
+-- <date>, is newer than those of runs/a-2" ("is as new as those of runs/a (it has the highest number) and newer
+-- than ..." on a tie).
+local function newest(folders, name)
+  local order, times = {}, {}
+  for i, folder in ipairs(folders) do order[i], times[folder] = folder, newest_save(folder) end
+  table.sort(order, function(a, b) return number(a, name) < number(b, name) end)
+  local pick, at
+  for _, folder in ipairs(order) do
+    local t = times[folder]
+    if t and not_before(t, at) then pick, at = folder, t end
+  end
+  pick = pick or order[#order]
+  if #order < 2 or not at then return pick end
+  local ties, older = {}, {}
+  for _, folder in ipairs(order) do
+    local t = times[folder]
+    local list = t and t[1] == at[1] and t[2] == at[2] and ties or older
+    if folder ~= pick then list[#list + 1] = folder end
+  end
+  local said = {}
+  if #ties > 0 then said[1] = "as new as those of " .. table.concat(ties, ", ") .. " (it has the highest number)" end
+  if #older > 0 then said[#said + 1] = "newer than those of " .. table.concat(older, ", ") end
+  return pick, string.format("its newest checkpoint, saved %s, is %s", os.date("%Y-%m-%d %H:%M:%S", at[1]),
+    table.concat(said, " and "))
 end
 
 -- options.json's value of flag value v: v, or a text that is not UTF-8 as {bytes_hex = ...} (see the header).
@@ -226,6 +263,15 @@ local function flag_value(v)
   return v
 end
 
+-- What is wrong with v as options.json's value of flag f (nil: nothing): another type than the spec's, or what
+-- m3.flags says of --<f>=<v> on the command line (a number written so that it reads back as the same number).
+local function refusal(f, v)
+  if type(v) ~= type(f[2]) then return string.format("expected a %s, as --%s takes", type(f[2]), f[1]) end
+  local text = type(v) == "number" and string.format("%.17g", v) or tostring(v)
+  local ok, err = pcall(flags.values, { "--" .. f[1] .. "=" .. text }, { f })
+  return not ok and tostring(err) or nil
+end
+
 -- The flag values the run in dir (which holds checkpoints) saved in dir/options.json, flags newer than the run at
 -- their default; an error names the file and what is wrong with it (see the header).
 local function read_options(dir, spec)
@@ -237,9 +283,8 @@ local function read_options(dir, spec)
     saved[k] = v
     if v ~= nil and not ACTIONS[k] then
       any = true
-      if type(v) ~= type(f[2]) and not why then
-        why = string.format("%s: %s = %s: expected a %s, as --%s takes", path, k, json.encode(v), type(f[2]), k)
-      end
+      local wrong = not why and refusal(f, v)
+      if wrong then why = string.format("%s: %s = %s: %s", path, k, json.encode(saved_value(v)), wrong) end
     end
   end
   if saved ~= nil and not any then why = path .. ": holds none of the run's flags (expected a JSON object of them)" end
@@ -272,25 +317,34 @@ local function auto_name(o, spec, base, skip)
 end
 
 -- Whether the run whose saved flag values are `saved` is one that o's flags given to change a
--- run (not fixed for a run) change: every other flag of the name agrees.
+-- run (not fixed for a run) change: every other flag of the name, and every flag fixed for a
+-- run (also one left out of the name, such as the data a base name is made from), agrees.
 local function changed_by(o, given, spec, skip, saved)
   for _, f in ipairs(spec) do
     local k = f[1]
-    if not skip[k] and not ACTIONS[k] and not (given[k] and not f.fixed) and not same(f, saved[k], o[k]) then
+    if not (skip[k] and not f.fixed) and not ACTIONS[k] and not (given[k] and not f.fixed)
+      and not same(f, saved[k], o[k]) then
       return false
     end
   end
   return true
 end
 
--- The folders runs/<name> and runs/<name>-N (N >= 2) of o's automatic name that hold checkpoints, the <name>-N
--- only where their options.json agrees with o on every flag of the name (not a folder named so with --run).
+-- The saved flag values of the run in folder (which holds checkpoints) when --resume may choose it for o's flags
+-- given: a run named automatically (one named with --run is resumed by that --run) that they change (changed_by).
+local function resumable(folder, o, given, spec, skip)
+  local saved = read_options(folder, spec)
+  if saved.run == "" and changed_by(o, given, spec, skip, saved) then return saved end
+end
+
+-- The folders runs/<name> and runs/<name>-N (N >= 2) of o's automatic name that hold checkpoints and that --resume
+-- may choose for o itself (resumable: named automatically, agreeing with o on the flags of the name and those fixed).
 local function numbered(name, o, spec, skip)
   local out = {}
   for _, entry in ipairs(fs.list("runs")) do
     local folder = "runs/" .. entry
     if (folder == name or unnumbered(folder) == name) and #checkpoints(folder) > 0
-      and (folder == name or changed_by(o, {}, spec, skip, read_options(folder, spec))) then
+      and resumable(folder, o, {}, spec, skip) then
       out[#out + 1] = folder
     end
   end
@@ -299,15 +353,15 @@ end
 
 -- The runs --resume may mean where o's automatic name holds no checkpoints: the folders
 -- runs/<base> and runs/<base>-* that hold checkpoints and that the flags given change
--- (changed_by, on their options.json), as lists of the numbered folders of one run name
+-- (resumable, on their options.json), as lists of the numbered folders of one run name
 -- (<name>, <name>-2, ...: their flags of the name agree; newest picks among them).
 local function changed_runs(o, given, spec, base, skip)
   local runs = {}
   for _, entry in ipairs(fs.list("runs")) do
     local folder = "runs/" .. entry
     if (entry == base or entry:sub(1, #base + 1) == base .. "-") and #checkpoints(folder) > 0 then
-      local saved = read_options(folder, spec)
-      if changed_by(o, given, spec, skip, saved) then
+      local saved = resumable(folder, o, given, spec, skip)
+      if saved then
         local group
         for _, g in ipairs(runs) do
           if unnumbered(g[1]) == unnumbered(folder) and changed_by(g.saved, {}, spec, skip, saved) then group = g end
@@ -341,7 +395,7 @@ function rundir.path(o, given, spec, base, skip)
     return at
   end
   local own = numbered(dir, o, spec, skip)
-  if #own > 0 then return newest(own) end
+  if #own > 0 then return newest(own, dir) end
   local runs = changed_runs(o, given, spec, base, skip)
   if #runs > 1 then
     local each = {}
@@ -354,14 +408,15 @@ function rundir.path(o, given, spec, base, skip)
   return dir
 end
 
--- o with the saved options of the run it resumes (see the header).
+-- o with the saved options of the run it resumes (see the header); o.run too keeps the run's own (the name it was
+-- started with: "" for an automatic one, which --resume without --run may then choose again).
 local function resume_options(dir, o, given, spec)
   local saved = read_options(dir, spec)
   local differ, theirs = {}, {}
   for _, f in ipairs(spec) do
     local k, v = f[1], saved[f[1]]
     if not ACTIONS[k] and not same(f, v, o[k]) then
-      if not given[k] then
+      if not given[k] or k == "run" then
         o[k] = v
       elseif f.fixed then
         differ[#differ + 1] = "--" .. k .. " " .. tostring(o[k])
