@@ -68,7 +68,7 @@ local spec = {
   { "eval_batches", 16, "micro-batches per evaluation", int = true, min = 1, max = flags.INT32 },
   { "save_every", 200, "steps between checkpoints (0: only at the end)", int = true, min = 0 },
   { "keep", 3, "checkpoints kept (0: all)", int = true, min = 0 },
-  { "seed", 0, "seed of the weights and the data", int = true, min = 0, fixed = true },
+  { "seed", 0, "seed of the weights and the data", int = true, min = 0, max = 2 ^ 53 - 1, fixed = true },
   { "device", "auto", "auto | cpu | cuda | cuda:N" },
   { "dtype", "f32", "f32 | bf16 | f16 (f16 cannot accumulate: --batch <= --micro_batch)",
     choices = { "f32", "bf16", "f16" } },

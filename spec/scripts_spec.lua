@@ -345,6 +345,12 @@ describe("scripts/train.lua", function()
     assert.equal(0, code, out)
     assert.matches("accuracy at length 64", out, 1, true)
     os.execute("rm -rf " .. dir)
+    -- 2^53 and past: refused with the flags (it reached the library as a rounded seed that looked valid)
+    for _, name in ipairs { "train.lua", "lm.lua" } do
+      out, code = script(name, "--seed 9007199254740992")
+      assert.equal(2, code, out)
+      assert.matches('^%-%-seed expects an integer from 0 to [^,]+, got "9007199254740992"\n', out)
+    end
   end)
 end)
 
