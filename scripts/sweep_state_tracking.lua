@@ -59,7 +59,8 @@ local spec = {
   { "layers_arithmetic", 3, "layers for the arithmetic tasks", int = true, min = 1 },
   { "eval_every", 1000, "steps between validations", int = true, min = 1, max = flags.INT32 },
   { "eval_batches", 4, "micro-batches per validation", int = true, min = 1, max = flags.INT32 },
-  { "seed", 0, "seed of weights and data", int = true, min = 0 },
+  { "seed", 0, "seed of weights and data", int = true, min = 0,
+    max = 2 ^ 53 - 1 - 1000003 }, -- the evaluation data's seed, seed + 1000003, is one the library takes too
   { "device", "auto", "auto | cpu | cuda", choices = { "auto", "cpu", "cuda" } },
   { "dtype", "f32", "f32 | bf16 (bf16 needs a GPU)", choices = { "f32", "bf16" } },
   { "parallel", 1, "points run at once as separate processes (one per GPU)", int = true, min = 1 },

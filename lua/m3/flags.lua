@@ -36,6 +36,8 @@
 -- signal (130, 143), as m3lua gives, without a traceback; other errors go up as they are.
 -- An interrupt during flags.check ends the script the same way.
 
+local number_text = require "m3.number_text"
+
 local flags = {}
 
 flags.INT32 = 2147483647 -- the largest value of the library's int32 options (steps, rows, ...)
@@ -57,8 +59,9 @@ flags.usage = usage
 local function number_kind(f, plural)
   local noun = plural and (f.int and "integers" or (f.min or f.max) and "numbers" or "finite numbers")
     or (f.int and "an integer" or (f.min or f.max) and "a number" or "a finite number")
-  if f.min and f.max then return noun .. " from " .. f.min .. " to " .. f.max end
-  return noun .. (f.min and " >= " .. f.min or f.max and " <= " .. f.max or "")
+  local min, max = f.min and number_text.exact(f.min), f.max and number_text.exact(f.max)
+  if min and max then return noun .. " from " .. min .. " to " .. max end
+  return noun .. (min and " >= " .. min or max and " <= " .. max or "")
 end
 
 -- Whether text is a decimal number: an optional sign, digits with an optional fraction ("5",

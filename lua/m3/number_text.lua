@@ -1,6 +1,6 @@
 -- m3.number_text — the exact text of a number, shared by every writer whose numbers must
 -- read back as the same double: m3.json, m3.serialize (a checkpoint's extra), safetensors
--- metadata (m3.save_tensors) and m3.sweep's folder names.
+-- metadata (m3.save_tensors), m3.sweep's folder names and m3.flags' bounds in its messages.
 --
 -- exact(v): -0 as "-0", integers below 2^53 in plain digits, other numbers with the fewest
 -- significant digits from 15 to 17 that read back as v (from 15: a double that fewer digits
