@@ -2,7 +2,10 @@
 -- temporary files of interrupted writes, and resume bit-identically
 -- (CPU: 10 steps against 5 + save + load + 5, with carried state or with accumulation; also
 -- after interrupts, each metrics record once); fit.run's refusals (also of an earlier run's
--- checkpoints without start). Saving: an extra nested 100 tables deep loads back, a deeper one
+-- checkpoints without start); a step whose gradient is not finite passed over (the run is the
+-- one without its rows), more than max_nonfinite in a row stopping the run with the last good
+-- step saved (and loadable) and a status that ends a script without a traceback. Saving: an
+-- extra nested 100 tables deep loads back, a deeper one
 -- is refused before anything is written; a FIFO or a dangling link is refused and left as it is
 -- (and loading a FIFO is refused, not waited on), a link to a file is saved through; a path
 -- holding a NUL byte is refused to save and to load.
@@ -490,6 +493,97 @@ describe("m3.checkpoint", function()
       end)
     end
   end
+end)
+
+-- A source of random "features" windows (input [n, L, 3], targets [n, L, 2]) whose draws numbered in `bad`
+-- (1-based) get a NaN input, or, with bad = "skip", are drawn and dropped: the rows a run sees once it passes
+-- over the poisoned ones. cursor / seek as m3.data's (the draws made).
+local function features_source(bad, skip)
+  local calls = 0
+  local function draw(n, opts)
+    calls = calls + 1
+    local r, L = data.rng.new(1000 + calls), opts.length or 4
+    local b = { input = m3.tensor({ n, L, 3 }), targets = m3.tensor({ n, L, 2 }) }
+    for i = 0, n * L * 3 - 1 do b.input[i] = r:uniform() - 0.5 end
+    for i = 0, n * L * 2 - 1 do b.targets[i] = r:uniform() - 0.5 end
+    return b
+  end
+  return {
+    next = function(_, n, opts)
+      local b = draw(n, opts or {})
+      while skip and skip[calls] do b = draw(n, opts or {}) end
+      if bad and bad[calls] then b.input[0] = 0 / 0 end
+      return b
+    end,
+    cursor = function() return calls end,
+    seek = function(_, c) calls = c end,
+  }
+end
+
+describe("m3.fit.run and non-finite gradients", function()
+  local features = m3.config { d_model = 16, n_layers = 1, d_state = 8, headdim = 8, input = "features",
+    input_dim = 3, head = "mse", out_dim = 2 }
+  local function trainer() return m3.trainer(features, { device = "cpu", batch = 2, seq_len = 4, seed = 1 }) end
+  local function said()
+    local lines = {}
+    return lines, { write = function(_, ...) lines[#lines + 1] = table.concat({ ... }) end, flush = function() end }
+  end
+
+  it("passes over a step whose gradient is not finite: the run is the one without those rows", function()
+    local d = tmpdir()
+    local lines, out = said()
+    local tr = trainer()
+    local r = fit.run { trainer = tr, data = features_source({ [2] = true, [3] = true }), steps = 4, dir = d,
+      out = out, data_opts = { length = 4 } }
+    local ref = trainer()
+    fit.run { trainer = ref, data = features_source(nil, { [2] = true, [3] = true }), steps = 4, progress = false,
+      data_opts = { length = 4 } }
+    assert.equal(4, r.step)
+    assert.equal(4, tr:step_count())
+    assert.same(bytes(ref:snapshot()), bytes(tr:snapshot()))
+    local steps = {}
+    for _, rec in ipairs(log.read_jsonl(d .. "/metrics.jsonl")) do steps[#steps + 1] = rec.step end
+    assert.same({ 1, 2, 3, 4 }, steps) -- no record of a refused step
+    local text = table.concat(lines)
+    assert.matches("step 2: non%-finite gradient %(global norm nan%): update refused, its rows dropped, the step "
+      .. "taken again on the next %(1 in a row; more than 10 stop the run%)", text)
+    assert.matches("%(2 in a row; more than 10 stop the run%)", text)
+  end)
+
+  it("stops after more than max_nonfinite in a row, saving the last good step, with a status", function()
+    local d = tmpdir()
+    local ck = checkpoint.new { dir = d .. "/checkpoints", every = 100 }
+    local ok, err = pcall(fit.run, { trainer = trainer(), data = features_source({ [3] = true, [4] = true,
+      [5] = true }), steps = 6, dir = d, checkpoint = ck, progress = false, max_nonfinite = 2,
+      data_opts = { length = 4 } })
+    assert.is_false(ok)
+    assert.equal(1, err.status)
+    assert.equal("m3.fit.run: 3 steps in a row had a non-finite gradient (the last at step 3: global norm nan); "
+      .. "stopped at step 2, saved " .. ck.dir .. "/step-00000002.ckpt (lower the learning rate or look at the "
+      .. "data; resume from it or an earlier one)", tostring(err))
+    local tr, start = fit.resume(ck, { device = "cpu" })
+    assert.equal(2, start.step)
+    assert.equal(2, tr:step_count())
+    -- max_nonfinite = 0: the first one stops the run
+    ok, err = pcall(fit.run, { trainer = trainer(), data = features_source({ [1] = true }), steps = 2,
+      progress = false, max_nonfinite = 0, data_opts = { length = 4 } })
+    assert.is_false(ok)
+    assert.matches("^m3%.fit%.run: 1 step in a row had a non%-finite gradient %(the last at step 1: global norm nan%); "
+      .. "stopped at step 0, no checkpoint saved", tostring(err))
+  end)
+
+  it("ends a script with its message and status 1, without a traceback (m3.flags)", function()
+    local d = tmpdir()
+    fs.write(d .. "/t.txt", string.rep("the quick brown fox jumps over the lazy dog. ", 200))
+    local script = fs.realpath(helper.repo_dir() .. "/scripts/lm.lua") -- the command runs in d
+    local out, code = helper.run("sh -c " .. helper.quote("cd " .. helper.quote(d) .. " && timeout 60 "
+      .. helper.quote(helper.m3lua()) .. " " .. helper.quote(script) .. " --data t.txt --steps 30 --lr 1e9 "
+      .. "--d_model 16 --n_layers 1 --batch 4 --micro_batch 4 --seq_len 16 --run big"))
+    assert.equal(1, code, out)
+    assert.is_nil(out:find("traceback", 1, true), out)
+    assert.matches("\nlm%.lua: m3%.fit%.run: 11 steps in a row had a non%-finite gradient .*saved runs/big/checkpoints/"
+      .. "step%-%d+%.ckpt", out)
+  end)
 end)
 
 describe("saving a checkpoint", function()

@@ -384,7 +384,8 @@ m3_status m3_trainer_save(const m3_trainer *tr, const char *path, const char *ex
 
 /* Loading may change the device, the precision (a new f16 scaler starts), the window length
  * and the batch; with another batch the saved recurrent state does not fit and every row
- * starts from zero state. Weights, moments, step, lr, RNG and `extra` always load. */
+ * starts from zero state, as it does for a trainer without carry_state (its saved state, which
+ * no window reads, is not loaded). Weights, moments, step, lr, RNG and `extra` always load. */
 typedef struct m3_load_opts {
   int32_t device;         /* -1: as saved (falling back to the CPU without a GPU) */
   int32_t device_index;   /* -1: as saved */

@@ -371,7 +371,9 @@ static m3_status restore(m3_trainer *tr, const m3_tensor_file *f, int same_preci
     }
     TRY(tr->ops->write_arena(tr->be, kinds[a], buf));
   }
-  return same_batch ? restore_state(tr, f) : M3_OK; /* another batch: zero state */
+  /* another batch: zero state; a trainer that does not carry its state starts every window from zero, and its
+   * saved state (the last forward's, a refused step's non-finite one too) is not read */
+  return same_batch && tr->cfg.carry_state ? restore_state(tr, f) : M3_OK;
 }
 
 m3_status m3_trainer_load(const char *path, const m3_load_opts *opts, m3_trainer **out) {

@@ -20,6 +20,7 @@
 --     graph = true,          -- CUDA: capture the fused step after its first run (the
 --                            -- engine keeps one graph per window shape; lr changes need
 --                            -- no recapture); steps with accumulation run eagerly
+--     max_nonfinite = 10,    -- steps in a row with a non-finite gradient passed over
 --   }
 --
 -- Each step: phase = curriculum:phase(step); lr = schedule(step) (tr:set_lr); rows from
@@ -37,6 +38,12 @@
 -- again at that step when an evaluation is due there or was dropped, and continues:
 -- schedule and curriculum are pure functions of the step, so the run goes on exactly as
 -- if never stopped, each record written once.
+-- A step whose gradient is not finite changes nothing in the trainer (SPEC.md §7; the engine
+-- refuses its update): the run says so, drops that step's rows and takes the step again on the
+-- next rows, writing no record for the refused one. More than max_nonfinite (default 10; 0:
+-- none) such steps in a row stop the run: the last good step's state is saved as a checkpoint
+-- and fit.run raises an error object {message =, status = 1} (tostring gives the message,
+-- which names the checkpoint; m3.flags ends a script with it, without a traceback).
 -- Interrupts (Ctrl-C / SIGTERM make a trainer call, or the host's hook, raise an error
 -- containing "interrupted"; m3.accumulate first closes an open window): the state that
 -- matches the trainer's own step count is saved as a checkpoint and the error is raised
@@ -137,7 +144,7 @@ end
 local OPTS = { trainer = true, data = true, steps = true, schedule = true, curriculum = true, batch = true,
                clip = true, checkpoint = true, start = true, dir = true, eval = true, eval_every = true,
                extra = true, graph = true, data_opts = true, progress = true, out = true, print_every = true,
-               title = true }
+               title = true, max_nonfinite = true }
 
 local function check(o)
   options.check_table(o, OPTS, "m3.fit.run")
@@ -148,6 +155,7 @@ local function check(o)
   options.want_int(o.steps, "m3.fit.run: steps", 1)
   if o.batch ~= nil then options.want_int(o.batch, "m3.fit.run: batch", 1) end
   if o.eval_every ~= nil then options.want_int(o.eval_every, "m3.fit.run: eval_every", 1) end
+  if o.max_nonfinite ~= nil then options.want_int(o.max_nonfinite, "m3.fit.run: max_nonfinite", 0) end
   if o.graph and o.trainer.device and o.trainer:device() == "cpu" then -- refused before the first step
     lib.raise("m3.fit.run: graph = true needs a CUDA trainer (this one runs on " .. o.trainer:device() .. ")")
   end
@@ -219,6 +227,25 @@ function fit.check_rows(o)
   checked_limits(o)
 end
 
+-- One optimizer step over batches (one: tr:step, several: an accumulation window): its metrics, or nil and
+-- the engine's words ("global norm nan") when it refused the update as non-finite, which changed nothing.
+-- Any other error goes up.
+local function take_step(tr, batches, clip)
+  lib.last_status = nil
+  local ok, m = pcall(function()
+    if #batches == 1 then return tr:step(batches[1]) end
+    return accumulate.step(tr, batches, { clip = clip })
+  end)
+  if ok then return m end
+  if lib.last_status == lib.C.M3_ERR_NONFINITE and not checkpoint.is_interrupt(m) then
+    return nil, tostring(m):match("non%-finite gradient %((.-)%)") or tostring(m)
+  end
+  error(m, 0)
+end
+
+-- The error object of a run stopped by non-finite gradients (see the header).
+local Stopped = { __tostring = function(e) return e.message end }
+
 function fit.run(o)
   check(o)
   local lim = checked_limits(o)
@@ -250,6 +277,7 @@ function fit.run(o)
   local committed = { count = tr:step_count(), step = step, extra = state_now(), written = true } -- the start
   local pending = committed
   local result = { step = step, tokens = 0 }
+  local max_nonfinite, refused = o.max_nonfinite or 10, 0 -- refused: steps in a row passed over
 
   local function evaluate(s)
     local e = o.eval(tr, s)
@@ -279,6 +307,22 @@ function fit.run(o)
       rows = p.rows, grad_norm = m.grad_norm, accuracy = m.accuracy }
   end
 
+  -- step s took effect with metrics m: its record, the progress, an evaluation and a checkpoint when due
+  local function done(s, m)
+    pending.record = record_of(pending, m)
+    if writer then
+      writer:write(pending.record)
+      pending.written = true
+    end
+    step = s
+    committed = pending
+    committed.count = tr:step_count()
+    result.step, result.loss, result.tokens = s, m.loss, result.tokens + (m.tokens or 0)
+    if bar then bar:update(s, { loss = m.loss, lr = lr, tokens = m.tokens }) end
+    if eval_due(s) then evaluate(s) end
+    if o.checkpoint and s < total then o.checkpoint:maybe_save(tr, s, committed.extra) end
+  end
+
   local function body()
     -- a resumed run evaluates again at its checkpoint's step (an evaluation there may have been
     -- cut short by the interrupt, and its record was dropped with the others past the step record)
@@ -297,25 +341,17 @@ function fit.run(o)
       end
       pending = { count = committed.count + 1, step = s, extra = state_now(), lr = lr,
         length = opts.length, rows = rows }
-      local m
-      if #batches == 1 then
-        m = tr:step(batches[1])
-        if o.graph and not tr:has_graph() then tr:capture_graph() end
-      else
-        m = accumulate.step(tr, batches, { clip = o.clip })
+      local m, why = take_step(tr, batches, o.clip)
+      if m then
+        refused = 0
+        if #batches == 1 and o.graph and not tr:has_graph() then tr:capture_graph() end
+        done(s, m)
+      else -- nothing changed: the same step again, on the next rows
+        pending, refused = committed, refused + 1
+        if refused > max_nonfinite then error(setmetatable({ status = 1, step = s, why = why }, Stopped), 0) end
+        say(string.format("step %d: non-finite gradient (%s): update refused, its rows dropped, the step taken "
+          .. "again on the next (%d in a row; more than %d stop the run)", s, why, refused, max_nonfinite))
       end
-      pending.record = record_of(pending, m)
-      if writer then
-        writer:write(pending.record)
-        pending.written = true
-      end
-      step = s
-      committed = pending
-      committed.count = tr:step_count()
-      result.step, result.loss, result.tokens = s, m.loss, result.tokens + (m.tokens or 0)
-      if bar then bar:update(s, { loss = m.loss, lr = lr, tokens = m.tokens }) end
-      if eval_due(s) then evaluate(s) end
-      if o.checkpoint and s < total then o.checkpoint:maybe_save(tr, s, committed.extra) end
     end
     if o.eval and not result.eval then evaluate(step) end -- a run resumed past its end
     if o.checkpoint then o.checkpoint:save(tr, step, committed.extra) end
@@ -326,6 +362,16 @@ function fit.run(o)
     return type(e) == "string" and debug.traceback(e, 2) or e
   end)
   if bar then result.elapsed = bar:finish() end
+  if not ok and getmetatable(err) == Stopped then -- the last good step saved, and the error says where
+    if writer then writer:close() end
+    local path, why = nil, "no checkpoint folder given"
+    if o.checkpoint then path, why = o.checkpoint:save_interrupted(tr, committed.step, committed.extra) end
+    err.message = string.format("m3.fit.run: %d step%s in a row had a non-finite gradient (the last at step %d: %s); "
+      .. "stopped at step %d, %s (lower the learning rate or look at the data; resume from it or an earlier one)",
+      refused, refused == 1 and "" or "s", err.step, err.why, committed.step,
+      path and "saved " .. path or "no checkpoint saved (" .. tostring(why) .. ")")
+    error(err, 0)
+  end
   if not ok and checkpoint.is_interrupt(err) and o.checkpoint then
     -- the state that matches the trainer: the pending step's if the engine applied it
     local at = tr:step_count() == pending.count and pending or committed

@@ -33,7 +33,9 @@
 -- on stderr and exit status 2 instead of a traceback. flags.interruptible(script, fn, ...)
 -- runs the part that trains: Ctrl-C or SIGTERM (fit.run's "interrupted at step N; saved ...
 -- (resume from it)") ends the script with "<script>: <message>" and exit status 128 + the
--- signal (130, 143), as m3lua gives, without a traceback; other errors go up as they are.
+-- signal (130, 143), as m3lua gives, without a traceback; so does an error object with a
+-- status and a message (tostring), such as fit.run's stop after non-finite gradients, with its
+-- status; other errors go up as they are.
 -- An interrupt during flags.check ends the script the same way.
 
 local number_text = require "m3.number_text"
@@ -248,6 +250,9 @@ local function interruptible(script, ok, ...)
   if ok then return ... end
   local err = ...
   stop_if_interrupted(script, err)
+  if type(err) == "table" and type(err.status) == "number" and getmetatable(err) and getmetatable(err).__tostring then
+    stop(script, tostring(err), err.status) -- a stop the library explains itself (fit.run's non-finite gradients)
+  end
   error(err, 0)
 end
 
@@ -256,7 +261,8 @@ function flags.check(script, fn, ...)
   return checked(script, pcall(fn, ...))
 end
 
--- fn(...)'s values; an interrupt ends the script: "<script>: <message>", 128 + the signal.
+-- fn(...)'s values; an interrupt ends the script: "<script>: <message>", 128 + the signal (an
+-- error object with a status: that status).
 function flags.interruptible(script, fn, ...)
   return interruptible(script, pcall(fn, ...))
 end
