@@ -6,6 +6,11 @@
 -- and f16 use the SPEC.md §8 bf16 tolerances (out ≤ 2e-2, gradient cosine ≥ 0.99; states
 -- and loss: 2e-2, our choice). f16 cannot accumulate, so there the backward_step closes the
 -- window (an update at loss scale 1) and grads() still holds the window's gradients.
+-- "lm" cases also check the golden logits [B, T, vocab], every position, through m3.infer
+-- (same device and dtype, the case's incoming states, its resets) at the out tolerance: the
+-- window stepped one token at a time (inf:step's logits, the last position's, are position
+-- t's; all of them as one tensor and each position alone), then stepped whole (its last
+-- position).
 
 local m3 = require "m3"
 local helper = require "spec.helper"
@@ -55,6 +60,47 @@ local function check_angle(what, got, ref, limit)
   assert.is_true(e <= limit, string.format("%s: relative L2 error (wrapped) %.3g > %g", what, e, limit))
 end
 
+-- Positions [t0, t0 + n) of every row of the reference logits [B, T, V], as [B, n, V] (f64).
+local function positions(ref, t0, n)
+  local s = ref:shape()
+  local B, T, V = s[1], s[2], s[3]
+  local c = m3.tensor({ B, n, V }, "f64")
+  for r = 0, B - 1 do
+    for t = 0, n - 1 do
+      for v = 0, V - 1 do c[(r * n + t) * V + v] = ref[(r * T + t0 + t) * V + v] end
+    end
+  end
+  return c
+end
+
+local function check_logits(w, cfg, t, B, T, incoming)
+  local inf = m3.infer(w, { device = device, dtype = dtype, batch = B })
+  local function start()
+    inf:reset()
+    if incoming then inf:set_states(incoming) end
+  end
+  local V = cfg.vocab_size
+  local x = { tokens = t.tokens, input = t.input, resets = t.resets }
+  if cfg.input == "tokens" then x.input = nil else x.tokens = nil end
+  local ref = assert(t.logits, "missing logits")
+
+  start()
+  local got = m3.tensor({ B, T, V }, "f64")
+  for s = 0, T - 1 do
+    local _, logits = inf:step(helper.window(x, s, 1))
+    for r = 0, B - 1 do
+      for v = 0, V - 1 do got[(r * T + s) * V + v] = logits[r * V + v] end
+    end
+    check_rel(string.format("logits (stepped), position %d", s), positions(got, s, 1), positions(ref, s, 1), tol.out)
+  end
+  check_rel("logits (stepped token by token)", got, ref, tol.out)
+
+  start()
+  local _, last = inf:step(x)
+  check_rel("logits (whole window, last position)", last, positions(ref, T - 1, 1), tol.out)
+  inf:close()
+end
+
 local function run_case(file)
   local t, meta = m3.load_tensors(dir .. "/" .. file)
   local json = assert(meta.config, "no config metadata")
@@ -67,13 +113,14 @@ local function run_case(file)
     w:set(name, assert(t["param." .. name], "missing param." .. name))
   end
   local tr = m3.trainer(w, { device = device, dtype = dtype, batch = B, seq_len = T, carry_state = stateful })
+  local incoming
   if stateful then
-    local s = {}
+    incoming = {}
     for l = 1, cfg.n_layers do
-      s[l] = {}
-      for _, k in ipairs({ "angle", "ssm", "k", "v" }) do s[l][k] = t[string.format("init.%d.%s", l - 1, k)] end
+      incoming[l] = {}
+      for _, k in ipairs({ "angle", "ssm", "k", "v" }) do incoming[l][k] = t[string.format("init.%d.%s", l - 1, k)] end
     end
-    tr:set_states(s)
+    tr:set_states(incoming)
   end
 
   local batch = { input = t.input, tokens = t.tokens, resets = t.resets }
@@ -108,6 +155,7 @@ local function run_case(file)
     end
   end
   tr:close()
+  if cfg.head == "lm" then check_logits(w, cfg, t, B, T, incoming) end
 end
 
 describe(string.format("golden parity (%s %s)%s", device, dtype, on_gpu and " #gpu" or ""), function()

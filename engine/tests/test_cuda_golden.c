@@ -6,7 +6,15 @@
  * A window is forward (carrying the file's incoming states when it has them), then one closing
  * backward_step (clip off); the gradients read back after it are the unscaled ones the update
  * saw. An f16 step that overflows at the current loss scale is repeated from the same state
- * with the halved scale, as training would. Exit 77 without a CUDA device or without golden/.
+ * with the halved scale, as training would.
+ *
+ * For "lm" cases the golden `logits` [B, T, vocab] too, every position, through the GPU
+ * inference API (m3_infer, same device and precision: bf16 and f16 run on its 16-bit weight
+ * shadows, one-token steps graph-replayed and, where the model is small enough, fused) at the
+ * precision's `out` tolerance (1e-5 f32, 2e-2 bf16 and f16): the window stepped one token at a
+ * time, each step's last-position logits being position t's, then stepped whole, its last
+ * position (golden.h's golden_check_infer_logits, shared with test_golden.c), from the case's
+ * incoming states and with its resets. Exit 77 without a CUDA device or without golden/.
  */
 #include "golden.h"
 
@@ -117,6 +125,16 @@ static void run(const golden_case *g, int prec) {
     const double e = fabs(m.loss - gl) / fabs(gl);
     CHECK(e <= tol_out, "%s %s: loss %.9g vs %.9g", file, tag, m.loss, gl);
     printf(", loss %.2e", e);
+    m3_infer_cfg ic;
+    m3_infer_cfg_defaults(&ic);
+    ic.weights = w;
+    ic.device = M3_DEVICE_CUDA;
+    ic.precision = prec;
+    ic.batch = g->B;
+    m3_infer *inf = NULL;
+    CHECK_OK(m3_infer_create(&ic, &inf));
+    if (inf) golden_check_infer_logits(g, inf, tag, tol_out);
+    m3_infer_destroy(inf);
   }
   CHECK_OK(m3_trainer_grads(tr, grads));
   double worst = f32 ? 0 : 1;

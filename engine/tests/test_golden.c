@@ -3,6 +3,15 @@
  * by an independent implementation). The double build must agree to 1e-9 relative; the
  * float build within SPEC.md §8 f32 tolerances (out, final states, loss 1e-5; every
  * gradient 1e-4). Skipped (exit 77) when ../shared/golden is absent.
+ *
+ * For "lm" cases the golden `logits` [B, T, vocab] too, at the precision's `out` tolerance
+ * (1e-9, 1e-5), every position: the float build through the public inference API on the CPU
+ * (golden.h's golden_check_infer_logits: the window stepped one token at a time, each step's
+ * last-position logits being position t's, then stepped whole, its last position); the double
+ * build, which m3_infer does not offer (the CPU backend computes in float), through the
+ * forward-only model m3_infer runs on, in double, stepped the same ways, with the head's
+ * logits out · W_lmᵀ taken here. Both start from the case's incoming states and honour its
+ * resets.
  */
 #include "cpu/model.h"
 #include "golden.h"
@@ -133,8 +142,108 @@ static void compare(problem *p, const char *tag, double tol_out, double tol_grad
       CHECK(e <= tol_out, "%s %s: %s differs by %.3g", file, tag, name, e);
       worst = fmax(worst, e);
     }
-  printf(", worst final state %.2e\n", worst);
+  printf(", worst final state %.2e", worst);
   free(ref);
+}
+
+/* Logits [rows, len, vocab] of the forward-only model's last window: out · W_lmᵀ. */
+static void lm_logits_f64(const problem *p, const cpu_model_f64 *m, int32_t rows, int32_t len, double *dst) {
+  const long dm = p->d.dm, V = p->g->cfg.vocab_size;
+  const double *W = p->params + m3_layout_lm_weight(&p->lay, &p->d);
+  for (long i = 0; i < (long)rows * len; i++)
+    for (long v = 0; v < V; v++) {
+      double acc = 0;
+      for (long j = 0; j < dm; j++) acc += m->out[i * dm + j] * W[v * dm + j];
+      dst[i * V + v] = acc;
+    }
+}
+
+/* The forward-only model's carried state where the case's window starts. */
+static void start_f64(problem *p, cpu_model_f64 *m) {
+  double *st[4] = {m->state.angle, m->state.ssm, m->state.k, m->state.v};
+  for (int k = 0; k < 4; k++) memset(st[k], 0, (size_t)(p->d.L * p->per[k]) * sizeof(double));
+  incoming(p, st);
+}
+
+/* "lm" logits in the double build (see the header): stepped token by token, every position,
+ * then the whole window in one forward, every position (its last one included). */
+static void logits_f64(problem *p) {
+  const golden_case *g = p->g;
+  const int32_t B = g->B, T = g->T;
+  const long V = g->cfg.vocab_size, w = p->d.input_dim;
+  double *ref = golden_logits_ref(g);
+  if (!ref) return;
+  cpu_model_f64 *m = NULL;
+  CHECK_OK(cpu_model_create_forward_f64(&p->d, &p->lay, B, T, &m));
+  if (!m) {
+    free(ref);
+    return;
+  }
+  m->params = p->params;
+  cpu_model_transpose_weights_f64(m);
+  double *got = calloc((size_t)((long)B * T * V), sizeof(double)), *lg = calloc((size_t)(B * V), sizeof(double));
+  double *in_col = calloc((size_t)(B * w) + 1, sizeof(double));
+  int32_t *tok_col = calloc((size_t)B, sizeof(int32_t));
+  uint8_t *res_col = calloc((size_t)B, 1);
+  start_f64(p, m);
+  for (int32_t s = 0; s < T; s++) {
+    for (int32_t r = 0; r < B; r++) {
+      const long src = (long)r * T + s;
+      if (p->tokens) tok_col[r] = p->tokens[src];
+      else memcpy(in_col + r * w, p->input + src * w, (size_t)w * sizeof(double));
+      if (p->resets) res_col[r] = p->resets[src];
+    }
+    cpu_batch_f64 b = {B, 1, p->tokens ? NULL : in_col, p->tokens ? tok_col : NULL, NULL, NULL, NULL, NULL,
+                       p->resets ? res_col : NULL};
+    CHECK_OK(cpu_model_forward_f64(m, &b, 1, 1));
+    lm_logits_f64(p, m, B, 1, lg);
+    for (int32_t r = 0; r < B; r++) memcpy(got + ((long)r * T + s) * V, lg + r * V, (size_t)V * sizeof(double));
+  }
+  double worst_pos = 0;
+  const double e = golden_logits_rel(g, ref, got, 0, T, &worst_pos);
+  CHECK(e <= TOL_F64 && worst_pos <= TOL_F64, "%s f64: logits (stepped token by token) differ by %.3g (worst position %.3g)",
+        g->file, e, worst_pos);
+  start_f64(p, m);
+  cpu_batch_f64 b = {B, T, p->tokens ? NULL : p->input, p->tokens, NULL, NULL, NULL, NULL, p->resets};
+  CHECK_OK(cpu_model_forward_f64(m, &b, 1, 1));
+  lm_logits_f64(p, m, B, T, got);
+  double worst_whole = 0;
+  const double e_whole = golden_logits_rel(g, ref, got, 0, T, &worst_whole);
+  CHECK(e_whole <= TOL_F64 && worst_whole <= TOL_F64, "%s f64: logits (whole window) differ by %.3g (worst position %.3g)",
+        g->file, e_whole, worst_whole);
+  printf(", logits %.2e (worst position %.2e, whole window %.2e)", e, worst_pos, e_whole);
+  cpu_model_destroy_f64(m);
+  free(ref);
+  free(got);
+  free(lg);
+  free(in_col);
+  free(tok_col);
+  free(res_col);
+}
+
+/* "lm" logits in the float build through m3_infer on the CPU (golden.h). */
+static void logits_f32(problem *p) {
+  const golden_case *g = p->g;
+  m3_weights *w = NULL;
+  CHECK_OK(m3_weights_create(&g->cfg, &w));
+  if (!w) return;
+  char name[128];
+  for (int32_t i = 0; i < m3_weights_count(w); i++) {
+    m3_tensor_info ti;
+    m3_weights_tensor(w, i, &ti);
+    snprintf(name, sizeof name, "param.%s", ti.name);
+    CHECK(golden_to_float(g, name, ti.data) == ti.numel, "%s: %s missing", g->file, name);
+  }
+  m3_infer_cfg ic;
+  m3_infer_cfg_defaults(&ic);
+  ic.weights = w;
+  ic.device = M3_DEVICE_CPU;
+  ic.batch = g->B;
+  m3_infer *inf = NULL;
+  CHECK_OK(m3_infer_create(&ic, &inf));
+  if (inf) golden_check_infer_logits(g, inf, "f32", TOL_F32_OUT);
+  m3_infer_destroy(inf);
+  m3_weights_destroy(w);
 }
 
 static void run_case(const golden_case *g) {
@@ -165,11 +274,16 @@ static void run_case(const golden_case *g) {
   p.out = calloc((size_t)(p.M * d->dm), sizeof(double));
   p.state = calloc((size_t)(d->L * (per[0] + per[1] + per[2] + per[3])) + 1, sizeof(double));
 
+  const int lm = g->cfg.head == M3_HEAD_LM;
   run_f64(&p);
   compare(&p, "f64", TOL_F64, TOL_F64);
+  if (lm) logits_f64(&p);
+  printf("\n");
   memset(p.grads, 0, (size_t)p.lay.total * sizeof(double));
   run_f32(&p);
   compare(&p, "f32", TOL_F32_OUT, TOL_F32_GRAD);
+  if (lm) logits_f32(&p);
+  printf("\n");
 
   m3_layout_free(&p.lay);
   free(p.params);
