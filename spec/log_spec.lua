@@ -80,6 +80,68 @@ describe("m3.log.progress", function()
     assert.equal("2.8e+296h", log.duration(1e300))
   end)
 
+  it("also writes a line when `interval` seconds passed since the last one, when not a terminal", function()
+    local progress, now, t = require "m3.log.progress", nil, 0
+    now, progress.now = progress.now, function() return t end
+    finally(function() progress.now = now end)
+    local out = sink()
+    local p = log.progress { total = 1000, out = out } -- every 50 steps, and after 30 s without a line
+    t = 29
+    p:update(1, { loss = 1 })   -- 29 s after the start: nothing
+    t = 30
+    p:update(2, { loss = 0.5 }) -- 30 s: a line
+    t = 59
+    p:update(3)                 -- 29 s after that line: nothing
+    t = 62
+    p:update(50)                -- a multiple of every: a line, which restarts the 30 s
+    t = 91
+    p:update(51)
+    t = 92
+    p:update(52)
+    local lines = out:lines()
+    assert.equal(3, #lines)
+    assert.truthy(lines[1]:match("^step 2/1000  loss 0%.5000  elapsed 30s  eta %S+$"), lines[1])
+    assert.truthy(lines[2]:match("^step 50/1000  elapsed 1m02s  eta "), lines[2])
+    assert.truthy(lines[3]:match("^step 52/1000  elapsed 1m32s  eta "), lines[3])
+    -- interval = math.huge: by steps only; a terminal keeps its 0.1 s redraw, whatever the interval
+    out = sink()
+    p = log.progress { total = 1000, out = out, interval = math.huge }
+    t = 1e6
+    p:update(1)
+    assert.same({}, out:lines())
+    out = sink()
+    p = log.progress { total = 1000, out = out, tty = true, interval = 1000 }
+    p:update(1)
+    t = t + 0.05
+    p:update(2)
+    t = t + 0.1
+    p:update(3)
+    local text = table.concat(out.text)
+    assert.truthy(text:find("\rstep 1/1000", 1, true))
+    assert.is_nil(text:find("step 2/1000", 1, true))
+    assert.truthy(text:find("\rstep 3/1000", 1, true))
+  end)
+
+  it("writes rates with an SI unit chosen after rounding to three digits", function()
+    local si = require("m3.log.progress").si
+    for _, case in ipairs {
+      { 950, "950" }, { 12345, "12.3k" }, { 4.56e6, "4.56M" }, { 999.6, "1k" }, { 999.4, "999" },
+      { 999999, "1M" }, { 999.95e3, "1M" }, { 999.4e3, "999k" }, { 0.9995, "1" }, { 0.5, "0.5" },
+      { 1e9, "1G" }, { 999.5e9, "1T" }, { 2.5e12, "2.5T" }, { 1e15, "1e+15" }, { 1000, "1k" },
+      { -999.6, "-1k" }, { -12345, "-12.3k" }, { 0, "0" }, { -0.0, "0" }, { 0 / 0, "nan" },
+      { 1 / 0, "inf" }, { -1 / 0, "-inf" }, { 1.234e-4, "0.000123" },
+    } do
+      assert.equal(case[2], si(case[1]), tostring(case[1]))
+    end
+    assert.equal("m3.log.progress.si: expected a number, got nil", (helper.error_of(si, nil):gsub("^[^:]*:%d+: ", "")))
+  end)
+
+  it("counts a noun: singular for 1 only", function()
+    assert.same({ "0 points", "1 point", "2 points", "1.5 points", "1 batch", "3 batches" },
+      { log.plural(0, "point"), log.plural(1, "point"), log.plural(2, "point"), log.plural(1.5, "point"),
+        log.plural(1, "batch", "batches"), log.plural(3, "batch", "batches") })
+  end)
+
   it("writes a huge or tiny loss in a few digits", function()
     local out = sink()
     local p = log.progress { total = 3, every = 1, out = out }
@@ -451,6 +513,10 @@ describe("m3.log argument errors", function()
       { function() log.progress() end, "m3.log.progress: expected {total = <steps>, ...}, got nil" },
       { function() log.progress { total = 0 } end, "m3.log.progress: total = 0: expected an integer >= 1" },
       { function() log.progress { total = 5, every = 0 } end, "m3.log.progress: every = 0: expected an integer >= 1" },
+      { function() log.progress { total = 5, interval = 0 } end,
+        "m3.log.progress: interval = 0: expected seconds (a number > 0)" },
+      { function() log.progress { total = 5, interval = 0 / 0 } end, "m3.log.progress: interval = nan: expected" },
+      { function() log.plural("1", "point") end, 'm3.log.plural: expected a number, got "1"' },
       { function() log.progress { total = 5, out = "x" } end, 'm3.log.progress: out = "x": expected a file' },
       { function() log.progress { total = 5, out = sink() }:update(nil) end, "m3.log.progress: update expects a step" },
       { function() log.progress { total = 5, out = sink() }:message(nil) end,

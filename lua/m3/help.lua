@@ -320,10 +320,11 @@ m3.log.progress{total =, every =, out =}  p:update(step, {loss =, lr =, tokens =
 m3.log.jsonl(path) -> w:write(record), w:close();  m3.log.read_jsonl(path) -> records, skipped
 m3.log.plot(records, path), m3.log.plot_run(dir)  SVG loss / accuracy curves
 m3.log.svg.lines{...}, .bars{...}, .document(charts), .write(path, charts), .nice_ticks(lo, hi, n)
-m3.log.now(), m3.log.duration(s), m3.log.is_terminal(out)]]
-T["log.progress"] = "m3.log.progress{total =, every = total/20, first = 0, out = io.stdout, width = 24, tty =} -> p\n"
-  .. "  p:update(step, {loss =, lr =, tokens =}), p:message(text), p:finish() -> seconds. On a terminal a bar\n"
-  .. "  redrawn at most every 0.1 s, else a line every `every` steps; first: the step a resumed run starts after"
+m3.log.now(), m3.log.duration(s), m3.log.is_terminal(out), m3.log.plural(n, noun) -> "3 points"]]
+T["log.progress"] = "m3.log.progress{total =, every = total/20, first = 0, out = io.stdout, width = 24, tty =,\n"
+  .. "  interval = 30} -> p  p:update(step, {loss =, lr =, tokens =}), p:message(text), p:finish() -> seconds.\n"
+  .. "  On a terminal a bar redrawn at most every 0.1 s, else a line every `every` steps and at least every\n"
+  .. "  `interval` seconds (math.huge: only by steps); first: the step a resumed run starts after"
 T["log.jsonl"] = "m3.log.jsonl(path, {truncate = false}) -> w  w:write(record) appends one JSON line and flushes;\n"
   .. "  w:close(). Appending after a line cut short by a crash first ends that line"
 T["log.read_jsonl"] = "m3.log.read_jsonl(path) -> records, skipped  the JSON objects of a JSONL file; skipped: the\n"
@@ -334,6 +335,7 @@ T["log.plot_run"] = "m3.log.plot_run(dir, {x =, title = <dir's name>}) -> path  
 T["log.now"] = "m3.log.now() -> seconds on a monotonic clock (differences are durations)"
 T["log.duration"] = "m3.log.duration(seconds) -> \"42s\" | \"3m05s\" | \"2h07m\" (\"?\" when not finite)"
 T["log.is_terminal"] = "m3.log.is_terminal(out) -> true when out is io.stdout or io.stderr on a terminal"
+T["log.plural"] = "m3.log.plural(n, noun, nouns = noun .. \"s\") -> \"1 point\" | \"3 points\"  (the plural unless n is 1)"
 T["log.svg"] = [[
 m3.log.svg — standalone SVG charts: lines{...}, bars{...} -> a chart; document(charts) -> text;
   write(path, charts); nice_ticks(lo, hi, n)]]

@@ -17,6 +17,8 @@
 --   log.plot_run(dir)              dir/metrics.jsonl -> dir/plot.svg
 --   log.svg                        the chart writer (m3.log.svg)
 --   log.now(), log.duration(s)     a monotonic clock in seconds, "3m05s"
+--   log.plural(n, noun, nouns)     "1 point", "3 points": n and the noun, plural (nouns, default
+--                                  noun .. "s") unless n is 1
 --
 -- Bad arguments raise at the caller's line, naming the function and what was expected.
 
@@ -38,9 +40,17 @@ local log = {
   is_terminal = progress.is_terminal,
 }
 
-local PROGRESS_OPTS = { total = true, out = true, every = true, first = true, width = true, tty = true }
+local PROGRESS_OPTS = { total = true, out = true, every = true, first = true, width = true, tty = true,
+  interval = true }
 local JSONL_OPTS = { truncate = true }
 local PLOT_OPTS = { x = true, title = true }
+
+function log.plural(n, noun, nouns)
+  if type(n) ~= "number" then raise("m3.log.plural: expected a number, got " .. show(n)) end
+  if type(noun) ~= "string" then raise("m3.log.plural: expected a noun (a string), got " .. show(noun)) end
+  return string.format("%s %s", (n == math.floor(n) and math.abs(n) < 2 ^ 53) and string.format("%d", n) or tostring(n),
+    n == 1 and noun or nouns or noun .. "s")
+end
 
 function log.progress(o)
   if type(o) == "table" then check_keys(o, PROGRESS_OPTS, "m3.log.progress") end

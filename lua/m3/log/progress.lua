@@ -1,6 +1,6 @@
 -- m3.log.progress — training progress: a live bar on a terminal, plain lines otherwise.
 --
---   local p = progress.new{total = 1000, out = io.stdout, every = 50, first = 0}
+--   local p = progress.new{total = 1000, out = io.stdout, every = 50, first = 0, interval = 30}
 --   p:update(step, {loss =, lr =, tokens =})   tokens: processed by this step
 --   p:message("val_loss 0.12")                 a line that does not break the bar
 --   p:finish()
@@ -8,8 +8,11 @@
 -- On a terminal (out is io.stdout or io.stderr and isatty says so, or tty = true) one
 -- line is redrawn at most every 0.1 s: step/total, a bar, loss, lr, tokens/s, ETA.
 -- Otherwise (a file, a pipe, a test) a plain line is written at every step that is a
--- multiple of `every` (default: total/20) and at the last step. `first` is the step the run starts after (a
--- resumed run), so the rates and the ETA count only this session's steps.
+-- multiple of `every` (default: total/20), at the last step, and at the first step that comes
+-- `interval` seconds (default 30; math.huge: never) or more after the last line (or the start),
+-- so that a slow run shows it is alive. `first` is the step the run starts after (a
+-- resumed run), so the rates and the ETA count only this session's steps. The clock is
+-- progress.now, looked up at each call (a spec may replace it).
 -- The step is an integer in [0, 2^53); loss, lr and tokens are numbers when given (a NaN or inf loss is
 -- shown as it is). Bad options or arguments raise at the caller's line.
 
@@ -56,12 +59,21 @@ function progress.duration(s)
   return string.format("%dh%02dm", math.floor(s / 3600), math.floor(s / 60) % 60)
 end
 
--- 950, 12.3k, 4.56M
+local SI = { { 1e12, "T" }, { 1e9, "G" }, { 1e6, "M" }, { 1e3, "k" } }
+
+-- 950, 12.3k, 4.56M, -2k, 0.5, 0, nan, inf: three significant digits, the unit chosen after
+-- rounding (999.6 is "1k", 999999 "1M"); below 1000 and past 999T plain %.3g ("0.000123", "1e+15").
 function progress.si(x)
-  if x >= 1e9 then return string.format("%.3gG", x / 1e9) end
-  if x >= 1e6 then return string.format("%.3gM", x / 1e6) end
-  if x >= 1e3 then return string.format("%.3gk", x / 1e3) end
-  return string.format("%.3g", x)
+  if type(x) ~= "number" then raise("m3.log.progress.si: expected a number, got " .. show(x)) end
+  if x ~= x then return "nan" end
+  if x == 0 then return "0" end
+  if x < 0 then return "-" .. progress.si(-x) end
+  if x == math.huge then return "inf" end
+  local r = tonumber(string.format("%.3g", x))
+  for _, u in ipairs(SI) do
+    if r >= u[1] and r < 1e3 * u[1] then return string.format("%.3g%s", r / u[1], u[2]) end
+  end
+  return string.format("%.3g", r)
 end
 
 -- 0.1234, 1234.5678; 1.2346e+06 from a million on (or below a ten-thousandth), not 300 digits.
@@ -76,6 +88,12 @@ P.__index = P
 
 local METRICS = { "loss", "lr", "tokens" } -- update's fields that must be numbers when given
 
+-- v when it is a number of seconds > 0 (math.huge included), else an error naming it.
+local function want_seconds(v, name)
+  if type(v) ~= "number" or not (v > 0) then raise(name .. " = " .. show(v) .. ": expected seconds (a number > 0)") end
+  return v
+end
+
 function progress.new(o)
   if type(o) ~= "table" then raise("m3.log.progress: expected {total = <steps>, ...}, got " .. show(o)) end
   local total = want_int(o.total, "m3.log.progress: total", 1)
@@ -87,16 +105,18 @@ function progress.new(o)
     total = total, out = out, first = o.first == nil and 0 or want_int(o.first, "m3.log.progress: first", 0),
     every = o.every == nil and math.max(1, math.floor(total / 20)) or want_int(o.every, "m3.log.progress: every", 1),
     width = o.width == nil and 24 or want_int(o.width, "m3.log.progress: width", 1),
+    interval = o.interval == nil and 30 or want_seconds(o.interval, "m3.log.progress: interval"),
     tokens = 0, drawn = -math.huge, line_open = false,
   }, P)
   if o.tty == nil then self.tty = progress.is_terminal(out) else self.tty = want_bool(o.tty, "m3.log.progress: tty") end
   self.start = progress.now()
+  self.written = self.start
   return self
 end
 
--- The fields of a status line for step (after this session's steps and tokens).
-function P:fields(step, m)
-  local elapsed = progress.now() - self.start
+-- The fields of a status line for step at time now (after this session's steps and tokens).
+function P:fields(step, m, now)
+  local elapsed = now - self.start
   local done = step - self.first
   local parts = { string.format("step %d/%d", step, self.total) }
   if m.loss then parts[#parts + 1] = "loss " .. progress.fixed(m.loss) end
@@ -121,23 +141,28 @@ function P:update(step, m)
   end
   self.tokens = self.tokens + (m.tokens or 0)
   self.step, self.last = step, m
-  local final = step >= self.total
+  local final, now = step >= self.total, progress.now()
   if self.tty then
-    local now = progress.now()
     if not final and now - self.drawn < 0.1 then return end
     self.drawn = now
-    self:draw(step, m)
-  elseif final or step % self.every == 0 then
-    local parts, elapsed, eta = self:fields(step, m)
-    parts[#parts + 1] = "elapsed " .. progress.duration(elapsed)
-    if not final then parts[#parts + 1] = "eta " .. progress.duration(eta) end
-    self.out:write(table.concat(parts, "  "), "\n")
-    self.out:flush()
+    self:draw(step, m, now)
+  elseif final or step % self.every == 0 or now - self.written >= self.interval then
+    self.written = now
+    self:line(step, m, now, final)
   end
 end
 
-function P:draw(step, m)
-  local parts, _, eta = self:fields(step, m)
+-- A plain line (not a terminal): the fields, the time so far and, before the last step, the ETA.
+function P:line(step, m, now, final)
+  local parts, elapsed, eta = self:fields(step, m, now)
+  parts[#parts + 1] = "elapsed " .. progress.duration(elapsed)
+  if not final then parts[#parts + 1] = "eta " .. progress.duration(eta) end
+  self.out:write(table.concat(parts, "  "), "\n")
+  self.out:flush()
+end
+
+function P:draw(step, m, now)
+  local parts, _, eta = self:fields(step, m, now or progress.now())
   local frac = math.min(math.max(step / self.total, 0), 1)
   local fill = math.floor(frac * self.width + 0.5)
   table.insert(parts, 2, "[" .. string.rep("#", fill) .. string.rep("-", self.width - fill) .. "]"
