@@ -4,7 +4,7 @@
 -- bf16 speed bars, and for rl and rl-batch the f32 / bf16 step-time ratio against its bar (1.5).
 --
 --   m3lua scripts/bench.lua [--configs rl,rl-batch,mid,lm130,lm130-b16] [--dtypes bf16,f32]
---                           [--device cuda|cpu] [--steps N] [--no-graph] [--profile]
+--                           [--device cuda|cpu] [--steps N] [--no_graph] [--profile]
 --   m3lua scripts/bench.lua --decode [flags]   inference decode speed (scripts/bench_decode.lua)
 --
 -- Exit status: 2 for a bad flag or a device / dtype that cannot run here (--device cuda without
@@ -228,7 +228,8 @@ local function run(name, dtype)
     if r.profile then
       local total = 0
       for _, ph in ipairs(r.profile.phases) do total = total + ph.ms end
-      print(string.format("  profile: %d eager steps timed, %.3f ms of device time per step", r.profile.calls, total))
+      print(string.format("  profile: %s timed, %.3f ms of device time per step",
+        m3.log.plural(r.profile.calls, "eager step"), total))
       for _, ph in ipairs(r.profile.phases) do
         print(string.format("  %-14s %9.3f ms/step %5.1f%%", ph.name, ph.ms, 100 * ph.ms / total))
       end

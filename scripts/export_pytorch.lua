@@ -25,5 +25,5 @@ local w = flags.check("export_pytorch.lua", function()
   return w
 end)
 flags.check("export_pytorch.lua", m3.pytorch.export, w, dir)
-print(string.format("%s: config.json and model.safetensors (%d tensors, %d parameters, d_model %d, %d layers, vocab %d)",
-  dir, #w:names(), w.config.n_params, w.config.d_model, w.config.n_layers, w.config.vocab_size))
+print(string.format("%s: config.json and model.safetensors (%d tensors, %d parameters, d_model %d, %s, vocab %d)",
+  dir, #w:names(), w.config.n_params, w.config.d_model, m3.log.plural(w.config.n_layers, "layer"), w.config.vocab_size))

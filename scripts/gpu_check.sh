@@ -118,7 +118,7 @@ if has ncu; then # counters and per-source-line stall samples of one chunked-sca
     echo "######## $kern on $cfg" >>"$OUT/ncu.log"
     timeout 150 ncu --clock-control none -k "regex:$kern" --launch-skip "$skip" --launch-count 1 --set full \
       --import-source yes -f -o "$rep" $build/m3lua scripts/bench.lua --configs "$cfg" --dtypes bf16 --steps 1 \
-      --no-graph >>"$OUT/ncu.log" 2>&1
+      --no_graph >>"$OUT/ncu.log" 2>&1
     ncu --import "$rep.ncu-rep" --page details >>"$OUT/ncu.log" 2>&1
     ncu --import "$rep.ncu-rep" --page source --csv --print-source cuda >"$rep.cuda.csv" 2>>"$OUT/ncu.log"
     ncu --import "$rep.ncu-rep" --page source --csv --print-source sass >"$rep.sass.csv" 2>>"$OUT/ncu.log"

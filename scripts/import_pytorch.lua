@@ -14,5 +14,5 @@ local flags = require "m3.flags"
 local dir, out = flags.positional({ ... }, 2, "usage: m3lua scripts/import_pytorch.lua <dir> <weights.safetensors>")
 local w = flags.check("import_pytorch.lua", m3.pytorch.import, dir)
 flags.check("import_pytorch.lua", w.save, w, out)
-print(string.format("%s: %d parameters (d_model %d, %d layers, vocab %d, tie_embeddings %s)", out,
-  w.config.n_params, w.config.d_model, w.config.n_layers, w.config.vocab_size, tostring(w.config.tie_embeddings)))
+print(string.format("%s: %d parameters (d_model %d, %s, vocab %d, tie_embeddings %s)", out, w.config.n_params,
+  w.config.d_model, m3.log.plural(w.config.n_layers, "layer"), w.config.vocab_size, tostring(w.config.tie_embeddings)))

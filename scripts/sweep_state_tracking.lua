@@ -33,6 +33,9 @@
 -- point that fails leaves the others going, and the script exits 1 after the table (a re-run tries
 -- that point again).
 
+-- stdout line by line: in piped output (`2>&1 | tail`) the header and the table keep their places
+-- among m3.sweep's lines and the errors on stderr
+io.stdout:setvbuf("line")
 local m3 = require "m3"
 local flags = require "m3.flags"
 local fit = require "m3.fit"
@@ -201,8 +204,9 @@ end
 settings.parity_density = parity_density(o.parity_density)
 if o.device == "auto" then settings.device = m3.cuda_device_count() > 0 and "cuda" or "cpu" end -- as m3.trainer
 
-print(string.format("state tracking: %d points, %d steps each, lengths up to %d, evaluated at %d -> %s",
-  #grid[1][2] * #grid[2][2] * #grid[3][2] * #grid[4][2], o.steps, o.max_length, o.eval_length, o.dir))
+print(string.format("state tracking: %s, %s each, lengths up to %d, evaluated at %d -> %s",
+  m3.log.plural(#grid[1][2] * #grid[2][2] * #grid[3][2] * #grid[4][2], "point"), m3.log.plural(o.steps, "step"),
+  o.max_length, o.eval_length, o.dir))
 
 -- an interrupt ends the script (exit status 130 or 143); a failed point makes m3.sweep raise once
 -- the others are done: the table still shows them

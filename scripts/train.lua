@@ -36,6 +36,8 @@
 -- script before anything is written, the folder the run claimed removed again ("train.lua:
 -- <why>", exit status 2).
 
+-- stdout line by line: in piped output the header keeps its place before an error on stderr
+io.stdout:setvbuf("line")
 local m3 = require "m3"
 local flags = require "m3.flags"
 local fit = require "m3.fit"
@@ -146,9 +148,9 @@ flags.check("train.lua", function()
   dir, why = rundir.path(o, given, spec, o.task, not_in_name)
   rundir.setup(dir, setup)
 end)
-print(string.format("%s: %s, %d parameters, %s %s; lengths %d..%d -> eval at %d; %d steps of %d sequences",
+print(string.format("%s: %s, %d parameters, %s %s; lengths %d..%d -> eval at %d; %s of %s",
   dir, o.task, tr.config.n_params, tr:device(), tr:dtype(), min_length, o.max_length,
-  o.eval_length, o.steps, o.batch))
+  o.eval_length, m3.log.plural(o.steps, "step"), m3.log.plural(o.batch, "sequence")))
 
 local function evaluate(t)
   local e = fit.evaluate(t, evalset, eval_opts)

@@ -244,11 +244,12 @@ describe("m3lua", function()
     try({ "--steps", "-5" }, 2, '^%-%-steps expects an integer from 1 to 2147483647, got "%-5"$')
     try({ "--keep", "-1" }, 2, '^%-%-keep expects an integer >= 0, got "%-1"$')
     try({ "--temperature", "-1" }, 2, '^%-%-temperature expects a number >= 0, got "%-1"$')
-    try({ "--sample_len", "0" }, 2, '^%-%-sample_len expects an integer from 1 to 2147483647, got "0"$')
+    try({ "--sample_len", "-1" }, 2, '^%-%-sample_len expects an integer from 0 to 2147483647, got "%-1"$')
     try({ "--eval_batches", "0" }, 2, '^%-%-eval_batches expects an integer from 1 to 2147483647, got "0"$')
     -- counts the library holds in an int32, refused otherwise once the run had begun (--sample_len: after it)
     for _, flag in ipairs { "steps", "batch", "eval_every", "eval_batches", "sample_len" } do
-      try({ "--" .. flag, "1e10" }, 2, '^%-%-' .. flag .. ' expects an integer from 1 to 2147483647, got "1e10"$')
+      local min = flag == "sample_len" and 0 or 1
+      try({ "--" .. flag, "1e10" }, 2, '^%-%-' .. flag .. ' expects an integer from ' .. min .. ' to 2147483647, got "1e10"$')
     end
     try({ "--warmup", "-3" }, 2, '^%-%-warmup expects a number >= 0, got "%-3"$')
     try({ "--dtype", "f64" }, 2, '^%-%-dtype expects one of f32 | bf16 | f16, got "f64"$')
@@ -392,11 +393,11 @@ describe("m3lua", function()
       "--d_state", "8", "--headdim", "8", "--batch", "2", "--micro_batch", "2", "--seq_len", "16",
       "--eval_batches", "1", "--sample_len", "3", "--device", "cpu", "--run", "small" }, nil,
       "cd " .. quote(dir) .. " &&")
-    local sample = rc == 0 and slurp(dir .. "/runs/small/sample.txt")
+    local prompt, sample = rc == 0 and slurp(dir .. "/runs/small/prompt.txt"), rc == 0 and slurp(dir .. "/runs/small/sample.txt")
     os.execute("rm -rf " .. quote(dir))
     assert.equal(0, rc, err)
-    assert.equal(41 + 3 + 1, #sample)
-    assert.equal(text:sub(-41), sample:sub(1, 41))
+    assert.equal(text:sub(-41), prompt)
+    assert.equal(3, #sample)
   end)
 
   -- A SIGINT that arrives while the engine runs a call that then takes effect: the host's hook

@@ -54,8 +54,17 @@ describe("m3.flags", function()
     assert.equal('--tasks expects a comma-separated list of a | b, got "a,A"', err("--tasks", "a,A"))
     -- an item given twice would run (or sweep) the same thing twice under one name
     assert.equal('--tasks repeats an item ("a" and "a") in "a,b,a": give each once', err("--tasks", "a,b,a"))
+    assert.equal('--tasks expects a comma-separated list of a | b, got ""', err("--tasks="))
     assert.equal('--rates repeats an item ("1e-3" and "0.001") in "1e-3,0.001": give each once',
       err("--rates", "1e-3,0.001"))
+  end)
+
+  it("takes an empty list for a list flag whose default is empty (the script's own choice), no other", function()
+    local spec = { { "configs", "", "comma list; empty: all", list = true, choices = { "a", "b" } },
+      { "widths", "", "", list = true, int = true, min = 1 } }
+    assert.same({ configs = "", widths = "" }, flags.values({ "--configs", "", "--widths=" }, spec))
+    assert.equal('--configs expects a comma-separated list of a | b, got ","',
+      helper.error_of(flags.values, { "--configs", "," }, spec))
   end)
 
   it("bounds a number flag by max", function()
@@ -427,15 +436,41 @@ describe("scripts/lm.lua", function()
     local out, code = script_in(dir, "lm.lua", "--run big --data big.txt --steps 1 --eval_batches 1 --sample_len 8000 "
       .. TINY)
     assert.equal(0, code, out)
-    local sample = m3.fs.read(dir .. "/runs/big/sample.txt")
-    assert.equal(64 + 8000 + 1, #sample)
-    assert.equal(string.rep("\0", 64), sample:sub(1, 64))
+    assert.equal(8000, #m3.fs.read(dir .. "/runs/big/sample.txt"))
+    assert.equal(string.rep("\0", 64), m3.fs.read(dir .. "/runs/big/prompt.txt"))
     out, code = script_in(dir, "lm.lua", "--run prompt --data big.txt --steps 1 --eval_batches 1 --sample_len 1 "
       .. "--prompt " .. string.rep("a", 9000) .. " " .. TINY)
     assert.equal(0, code, out)
-    assert.equal(9000 + 1 + 1, #m3.fs.read(dir .. "/runs/prompt/sample.txt"))
+    assert.equal(string.rep("a", 9000), m3.fs.read(dir .. "/runs/prompt/prompt.txt"))
+    assert.equal(1, #m3.fs.read(dir .. "/runs/prompt/sample.txt"))
     os.execute("rm -rf " .. dir)
   end)
+
+  it("names the file's size and its parts (adding up), shows the prompt and the generation apart; --sample_len 0: none",
+    function()
+      local dir = tmpdir()
+      local r, chars = m3.data.rng.new(4), {}
+      for i = 1, 1000 do chars[i] = string.char(97 + r:below(20)) end
+      -- 303076 bytes: 272768 for training (266.4 KB), 30308 for validation (29.6 KB), 296.0 KB in all
+      m3.fs.write(dir .. "/lic.txt", (table.concat(chars):rep(304)):sub(1, 303076))
+      local out, code = script_in(dir, "lm.lua", "--run s --data lic.txt --steps 1 --eval_batches 1 --sample_len 5 "
+        .. "--prompt abc " .. TINY)
+      assert.equal(0, code, out)
+      assert.matches("^runs/s: lic%.txt %(296 KB: 266 KB for training, 30 KB for validation%), %d+ parameters, cpu f32\n",
+        out)
+      local sample = m3.fs.read(dir .. "/runs/s/sample.txt")
+      assert.equal(5, #sample)
+      assert.equal("abc", m3.fs.read(dir .. "/runs/s/prompt.txt"))
+      assert.matches("\nvalidation: [^\n]* after 1 step %(%d+s%)\nprompt %(3 bytes, in prompt%.txt%):\nabc\n", out)
+      local tail = "\nabc\ngenerated (5 bytes, in sample.txt):\n" .. sample .. (sample:sub(-1) == "\n" and "" or "\n")
+      assert.equal(tail, out:sub(-#tail))
+      out, code = script_in(dir, "lm.lua", "--run n --data lic.txt --steps 1 --eval_batches 1 --sample_len 0 " .. TINY)
+      assert.equal(0, code, out)
+      assert.matches("after 1 step %(%d+s%)\n$", out)
+      assert.is_nil(io.open(dir .. "/runs/n/sample.txt"))
+      assert.is_nil(io.open(dir .. "/runs/n/prompt.txt"))
+      os.execute("rm -rf " .. dir)
+    end)
 
   it("validates on distinct windows, each once where the validation text holds fewer than asked, and says so",
     function()
@@ -447,6 +482,7 @@ describe("scripts/lm.lua", function()
       local out, code = script_in(dir, "lm.lua", "--run v --data small.txt --steps 3 --save_every 3 --sample_len 1 "
         .. TINY)
       assert.equal(0, code, out)
+      assert.matches("^runs/v: small%.txt %(2000 bytes: 1800 bytes for training, 200 bytes for validation%)", out)
       assert.matches("\nvalidation: the validation text holds 12 windows of 16 bytes, fewer than --eval_batches x "
         .. "--micro_batch = 32: each counts once (3 batches of 4)\n", out, 1, true)
       local records = m3.log.read_jsonl(dir .. "/runs/v/metrics.jsonl")
@@ -471,6 +507,7 @@ describe("scripts/sweep_state_tracking.lua", function()
     local dir = tmpdir() .. "/never"
     for args, message in pairs {
       ["--tasks bogus"] = "--tasks expects a comma-separated list of parity | arithmetic | brackets",
+      ["--tasks ''"] = '--tasks expects a comma-separated list of parity | arithmetic | brackets, got ""',
       ["--models ROPE"] = "--models expects a comma-separated list of rope | norope",
       ["--d_models 0"] = "--d_models expects a comma-separated list of integers >= 1",
       ["--lrs -1"] = "--lrs expects a comma-separated list of numbers >= 1e-09",
@@ -501,6 +538,17 @@ describe("scripts/sweep_state_tracking.lua", function()
     assert.equal(2, code, out)
     assert.equal("sweep_state_tracking.lua: m3.fs: cannot create the folder " .. file .. "/sweep: Not a directory\n", out)
     os.remove(file)
+  end)
+
+  it("prints its header before a point's error in piped output; 1 point, not 1 points", function()
+    local dir = tmpdir()
+    assert(os.execute("touch " .. dir .. "/task=parity,model=rope,d_model=32,lr=0.005") == 0)
+    local out, code = script("sweep_state_tracking.lua", SMALL .. " --dir " .. dir .. " --tasks parity --lrs 5e-3")
+    assert.equal(1, code, out)
+    assert.matches("^state tracking: 1 point, 4 steps each, lengths up to 16, evaluated at 16 %-> ", out)
+    -- the table (stdout) comes before the failure's last line (stderr)
+    assert.matches("\nper point: [^\n]*results%.csv\nm3%.sweep: 1 of 1 points failed ", out)
+    os.execute("rm -rf " .. dir)
   end)
 
   it("exits 1 when a point failed (a repeated list item is refused by m3.flags)", function()
@@ -565,6 +613,8 @@ describe("scripts/bench.lua and bench_decode.lua", function()
       ["--device cpu --configs lm130-b16"] = "bench.lua: nothing to run: lm130-b16 runs in bf16 only "
         .. "(the CPU computes in f32 only)\n",
       ["--device cpu --profile"] = "bench.lua: --profile: the phase timing needs the CUDA backend",
+      -- an empty --configs is the default (rl-batch here): the flag takes it, --profile stops the run
+      ["--device cpu --configs '' --profile"] = "bench.lua: --profile: the phase timing needs the CUDA backend",
     } do
       local out, code = script("bench.lua", args)
       assert.equal(2, code, args .. ": " .. out)

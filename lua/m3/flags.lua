@@ -16,7 +16,9 @@
 -- (strings from the list), e.g. {"batch", 32, "rows per step", int = true, min = 1}.
 -- list = true: the value is a comma-separated list (a text, read with flags.list) whose
 -- items are checked the same way, numbers when int or min is given, each item once, e.g.
--- {"widths", "64,128", "d_model values", list = true, int = true, min = 1}.
+-- {"widths", "64,128", "d_model values", list = true, int = true, min = 1}. A list whose
+-- default is "" (the script's own choice, which its help text names) takes "" too (`--configs ''`
+-- asks for that default); any other list takes at least one item.
 -- fixed = true marks a flag that defines a training run (its model, its data): --help says
 -- so, and m3.rundir keeps the run's own value when it resumes. path = true: the value names a
 -- file, which m3.rundir compares by the file it resolves to (./data/x.txt is data/x.txt).
@@ -92,8 +94,9 @@ local function chosen(f, text)
   return false
 end
 
--- A list flag's text, once it holds items and f takes every one.
+-- A list flag's text, once it holds items and f takes every one ("" where that is f's default).
 local function convert_list(f, text)
+  if text == "" and f[2] == "" then return text end
   local numbers = f.int or f.min or f.max
   local items = flags.list(text)
   local ok, seen = #items > 0, {}
