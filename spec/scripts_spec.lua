@@ -547,7 +547,7 @@ describe("scripts/sweep_state_tracking.lua", function()
     assert.equal(1, code, out)
     assert.matches("^state tracking: 1 point, 4 steps each, lengths up to 16, evaluated at 16 %-> ", out)
     -- the table (stdout) comes before the failure's last line (stderr)
-    assert.matches("\nper point: [^\n]*results%.csv\nm3%.sweep: 1 of 1 points failed ", out)
+    assert.matches("\nper point: [^\n]*results%.csv\nm3%.sweep: 1 of 1 point failed ", out)
     os.execute("rm -rf " .. dir)
   end)
 

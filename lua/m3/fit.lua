@@ -117,8 +117,8 @@ function fit.evaluate(tr, src, o)
   end
   src:seek(saved)
   if counted == 0 then
-    lib.raise(string.format("m3.fit.evaluate: no position counts (every target is -1 in the %d batches): there is no "
-      .. "loss to average", batches))
+    lib.raise(string.format("m3.fit.evaluate: no position counts (every target is -1 in the %s): there is no "
+      .. "loss to average", log.plural(batches, "batch", "batches")))
   end
   return { loss = loss / counted, accuracy = acc / counted }
 end
@@ -181,11 +181,11 @@ local function rows_of(o, phase, lim)
   local rows = (phase and phase.batch) or o.batch or lim.micro
   if rows > lim.micro and (lim.carry or lim.f16) then
     local where = phase and phase.batch and phase.index and "phase " .. phase.index .. ": " or "" -- it set the rows
-    local why = lim.carry and "carries its state (carry_state) in %d rows; accumulated micro-batches would mix the "
-      .. "rows' streams" or "computes in f16 with %d rows; an overflow skips a whole update, so it cannot accumulate "
+    local why = lim.carry and "carries its state (carry_state) in %s; accumulated micro-batches would mix the "
+      .. "rows' streams" or "computes in f16 with %s; an overflow skips a whole update, so it cannot accumulate "
       .. "micro-batches (bf16 and f32 can)"
     lib.raise(string.format("m3.fit.run: %sbatch = %d rows a step, but the trainer " .. why .. ": use a batch <= %d",
-      where, rows, lim.micro, lim.micro))
+      where, rows, log.plural(lim.micro, "row"), lim.micro))
   end
   return rows
 end
@@ -366,9 +366,9 @@ function fit.run(o)
     if writer then writer:close() end
     local path, why = nil, "no checkpoint folder given"
     if o.checkpoint then path, why = o.checkpoint:save_interrupted(tr, committed.step, committed.extra) end
-    err.message = string.format("m3.fit.run: %d step%s in a row had a non-finite gradient (the last at step %d: %s); "
+    err.message = string.format("m3.fit.run: %s in a row had a non-finite gradient (the last at step %d: %s); "
       .. "stopped at step %d, %s (lower the learning rate or look at the data; resume from it or an earlier one)",
-      refused, refused == 1 and "" or "s", err.step, err.why, committed.step,
+      log.plural(refused, "step"), err.step, err.why, committed.step,
       path and "saved " .. path or "no checkpoint saved (" .. tostring(why) .. ")")
     error(err, 0)
   end

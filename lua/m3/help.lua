@@ -298,10 +298,12 @@ T["checkpoint.is_interrupt"] = "checkpoint.is_interrupt(err) -> true when err is
 
 T["m3.fit"] = [[
 m3.fit.run{trainer =, data =, steps =, schedule =, curriculum =, batch =, clip =,
-  checkpoint =, start =, dir =, eval = function(tr, step) ... end, eval_every =, extra =}
+  checkpoint =, start =, dir =, eval = function(tr, step) ... end, eval_every =, extra =,
+  max_nonfinite = 10}
   the training loop: lr per step, curriculum phase -> data options, accumulation when a
   step has more rows than the trainer's batch, metrics.jsonl + progress + plot.svg in dir,
-  checkpoints (also on interrupts), bit-identical resume:
+  checkpoints (also on interrupts), a step with a non-finite gradient taken again on the next
+  rows (more than max_nonfinite in a row: the last good step saved, an error), bit-identical resume:
   local tr, start = m3.fit.resume(ck, opts)
 m3.fit.evaluate(tr, src, {batches = 4, rows =, length =}) -> {loss =, accuracy =}]]
 T["fit.run"] = "fit.run{trainer =, data =, steps =, ...}  the training loop; see ?m3.fit"

@@ -70,6 +70,7 @@ local json = require "m3.json"
 local exact = require("m3.number_text").exact
 local rng = require "m3.data.rng"
 local svg = require "m3.log.svg"
+local plural = require("m3.log").plural
 local lib = require "m3.lib"
 local options = require "m3.options"
 
@@ -795,8 +796,9 @@ function sweep.run(o)
   end
   finish_table()
   if #failed > 0 then
-    raise(string.format("m3.sweep: %d of %d points failed (%s; the errors are above, a re-run tries them again); "
-      .. "the results of the others are in %s/results.csv", #failed, #jobs, table.concat(failed, ", "), o.dir))
+    raise(string.format("m3.sweep: %d of %s failed (%s; the errors are above, a re-run tries them again); "
+      .. "the results of the others are in %s/results.csv", #failed, plural(#jobs, "point"), table.concat(failed, ", "),
+      o.dir))
   end
   if o.metric and #rows > 0 and not metric_keys[o.metric] then -- a metric asked for by name
     raise(string.format("m3.sweep: no run returned the metric %s (they returned: %s); %s/results.csv is unsorted",
