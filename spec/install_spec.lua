@@ -1,4 +1,5 @@
--- spec/install_spec.lua — `meson install` of the build folder in use ($BUILD_DIR, default build):
+-- spec/install_spec.lua — `meson install` of the build folder in use (the one the m3lua under test,
+-- helper.m3lua(), was built in):
 -- `meson introspect --installed` puts every .lua file under lua/m3 (a folder installed whole
 -- covers the files in it) and the generated cdef.lua at <lua_dir>/m3/..., lua_dir being the
 -- install location compiled into that folder's m3lua (m3.host.lua_dir), and m3.h under include/;
@@ -10,11 +11,11 @@ local json = require "m3.json"
 local helper = require "spec.helper"
 
 local quote = helper.quote
-local build = os.getenv("BUILD_DIR") or "build"
+local M3LUA = helper.m3lua()
 
--- What the build folder's own m3lua says about itself (source_dir, build_dir, lua_dir).
+-- What the m3lua under test says about itself (source_dir, build_dir, lua_dir).
 local function host_field(name)
-  local out, code = helper.run(quote(build .. "/m3lua") .. " -e " .. quote("io.write(require('m3.host')." .. name .. ")"))
+  local out, code = helper.run(quote(M3LUA) .. " -e " .. quote("io.write(require('m3.host')." .. name .. ")"))
   assert(code == 0, out)
   return out
 end
@@ -44,7 +45,7 @@ describe("meson install", function()
 
   setup(function()
     source_dir, build_dir, lua_dir = host_field("source_dir"), host_field("build_dir"), host_field("lua_dir")
-    local out, code = helper.run("meson introspect --installed " .. quote(build))
+    local out, code = helper.run("meson introspect --installed " .. quote(build_dir))
     assert(code == 0, out)
     installed = json.decode(out)
     files = lua_files(source_dir .. "/lua/m3")
@@ -82,7 +83,7 @@ describe("meson install", function()
 
   it("stages a tree (DESTDIR) from whose Lua folder alone every module loads", function()
     local dest = helper.tmpdir()
-    local out, code = helper.run("meson install --no-rebuild -C " .. quote(build) .. " --destdir " .. quote(dest))
+    local out, code = helper.run("meson install --no-rebuild -C " .. quote(build_dir) .. " --destdir " .. quote(dest))
     local staged = dest .. lua_dir
     local ok, err = pcall(function()
       assert(code == 0, out)
@@ -107,7 +108,7 @@ describe("meson install", function()
         "end",
         "io.write('loaded ', n)",
       }, "\n")
-      local run_out, run_code = helper.run(quote(build .. "/m3lua") .. " -e " .. quote(chunk))
+      local run_out, run_code = helper.run(quote(M3LUA) .. " -e " .. quote(chunk))
       assert.equal(0, run_code, run_out)
       assert.equal("loaded " .. (#files + 1), run_out)
     end)
