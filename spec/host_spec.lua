@@ -278,11 +278,14 @@ describe("m3lua", function()
     assert.equal(0, rc)
   end)
 
-  it("REPL: results, ';', syntax errors, help, the lazy m3 global, os.exit", function()
+  it("REPL: results, ';', =expr, syntax errors, help, the lazy m3 global, os.exit", function()
     local out, err, rc = run({ "-i" }, table.concat({
       "1, nil, 'a'",
       "{ b = 1, a = { 1, 2 } }",
       "2 + 2;",
+      "=3 * 2, 'b'",
+      "= 4 +",
+      "1",
       "x = = 1",
       "saved_path, package.path = package.path, ''",
       "?trainer",
@@ -297,6 +300,8 @@ describe("m3lua", function()
     assert.equal(table.concat({
       '1\tnil\t"a"',
       "{ a = { 1, 2 }, b = 1 }",
+      '6\t"b"',
+      "5",
       "no help available for trainer",
       "m3.schedule",
       'nil\t"P"\ttrue',

@@ -4,7 +4,7 @@
 -- ~/.m3lua_history (or $M3LUA_HISTORY; empty disables it), Tab completion of globals and
 -- of the fields and methods after `.` or `:`. Otherwise lines are read plainly from stdin,
 -- without prompts. A chunk is first tried as an expression list (its values are shown),
--- then as a statement; an incomplete chunk (its load error ends in <eof>) continues on the
+-- then as a statement (`=expr` is the expression list alone, as in Lua 5.1's prompt); an incomplete chunk (its load error ends in <eof>) continues on the
 -- next line, and if the input ends first its error is shown.
 -- Results print with a shallow pretty printer unless the chunk ends with `;`; commands
 -- taking 0.1 s or more show their wall time; errors print with a traceback and the session
@@ -369,11 +369,16 @@ local function at_eof(err) return err:match("<eof>'?$") ~= nil end
 -- an error, and whether the chunk is unfinished, i.e. that error ends at <eof> (the
 -- statement's, or the expression's where only it does: `1 +`, cut after an operator).
 local function compile(src)
-  local expr = src:gsub(";%s*$", "")
+  local shown = src:match("^%s*=(.*)$") -- `=expr`, as Lua 5.1's prompt takes it: an expression list only
+  local expr = (shown or src):gsub(";%s*$", "")
   local f = loadstring("local m3repl_pack = ...; return function(...) return m3repl_pack(" .. expr
     .. "\n) end", "=stdin")
   if f then return f(pack), true end
   local err
+  if shown then
+    err = select(2, loadstring("return " .. expr, "=stdin"))
+    return err, false, at_eof(err)
+  end
   f, err = loadstring(src, "=stdin")
   if f then return f, false end
   local _, expr_err = loadstring("return " .. expr, "=stdin")
