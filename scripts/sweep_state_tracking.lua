@@ -24,7 +24,8 @@
 -- evaluation strings are uniform (0.5) either way.
 -- One run folder per point under --dir (m3.sweep): results.csv / results.json sorted by the
 -- score, summary.svg, and each run's metrics.jsonl and plot.svg; finished points are
--- skipped when the script runs again, so an interrupted sweep continues where it stopped.
+-- skipped when the script runs again, so an interrupted sweep goes on with the points it had
+-- not finished (a point cut short starts again from its first step: points keep no checkpoints).
 -- Each point records the flags that change its results (all but the swept lists, --dir and
 -- --parallel; --quick's values as set): a re-run in the same --dir with other values stops
 -- (exit 2) before any point runs instead of showing the old scores.
