@@ -545,7 +545,7 @@ describe("m3.data batches and files", function()
     assert(os.execute("mkdir " .. dir) == 0)
     local ok, err = pcall(function() data.text(dir) end)
     assert.is_false(ok)
-    assert.matches("^[^:]*data_spec%.lua:%d+: m3%.data%.text: " .. dir:gsub("%p", "%%%0") .. " is a folder, not a file$", err)
+    assert.matches("^[^:]*data_spec%.lua:%d+: m3%.data%.text: " .. dir:gsub("%p", "%%%0") .. " is a folder, not a regular file: expected a file of ids$", err)
     ok, err = pcall(function() data.tokens(dir .. "/missing", { vocab = 10 }) end)
     assert.matches("^[^:]*data_spec%.lua:%d+: m3%.data%.tokens: cannot open .*missing: No such file or directory$", err)
     os.execute("rm -rf " .. dir)
@@ -563,9 +563,8 @@ describe("m3.data batches and files", function()
     ]], fifo))
     os.remove(fifo)
     assert.equal(0, status, out)
-    assert.equal("m3.data.text: " .. fifo .. " is not a regular file (a FIFO, a device or a socket): expected a file "
-      .. "of ids\nm3.data.tokens: /dev/zero is not a regular file (a FIFO, a device or a socket): expected a file of "
-      .. "ids\n", out)
+    assert.equal("m3.data.text: " .. fifo .. " is a FIFO (named pipe), not a regular file: expected a file of ids\n"
+      .. "m3.data.tokens: /dev/zero is a character device, not a regular file: expected a file of ids\n", out)
   end)
 
   it("raise an error naming the file when it was truncated in place while mapped (it was SIGBUS)", function()

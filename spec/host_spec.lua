@@ -257,9 +257,9 @@ describe("m3lua", function()
     try({ "--headdim", "5" }, 2, "^lm%.lua: m3: ")
     try({ "--device", "nowhere" }, 2, "^lm%.lua: m3%.trainer: device")
     try({ "--data", "missing.txt" }, 2, "^lm%.lua: m3%.data%.text: cannot open missing%.txt")
-    try({ "--data", "/dev/null" }, 2, "^lm%.lua: m3%.data%.text: /dev/null is not a regular file %(a FIFO, a device or "
-      .. "a socket%): expected a file of ids$")
-    try({ "--data", "/" }, 2, "^lm%.lua: m3%.data%.text: / is a folder, not a file$")
+    try({ "--data", "/dev/null" }, 2,
+      "^lm%.lua: m3%.data%.text: /dev/null is a character device, not a regular file: expected a file of ids$")
+    try({ "--data", "/" }, 2, "^lm%.lua: m3%.data%.text: / is a folder, not a regular file: expected a file of ids$")
     try({ "--seq_len", "100000" }, 2, "^lm%.lua: m3%.data: .* has %d+ ids in this split, a window of 100000")
     try({ "--run", "..", "--steps", "1", "--sample_len", "1" }, 2, '^lm%.lua: %-%-run "%.%.": a run name is a single')
   end)

@@ -1,7 +1,7 @@
 -- m3.fs — the few file-system helpers the training library needs (POSIX, via the FFI):
 -- make folders, list a folder, read a regular file (anything else there, a folder or a FIFO, is
 -- nil and a message that says what it is, and is not opened), replace a file atomically, resolve
--- a path, tell what is at a path from its metadata (exists, is_dir, is_file, stat: nothing is
+-- a path, tell what is at a path from its metadata (exists, is_dir, is_file, kind, stat: nothing is
 -- opened, so a FIFO does not wait for a writer), and check a path before it reaches C (check_path: a string
 -- without a NUL byte, which C would cut the name at, reaching another file).
 --
@@ -97,6 +97,16 @@ end
 function fs.is_file(path)
   fs.check_path(path, "m3.fs.is_file")
   return file_type(path) == S_IFREG
+end
+
+-- What is at path (through symbolic links) when it is there and no regular file: "a folder", "a FIFO
+-- (named pipe)", "a character device", "a block device", "a socket" (else "not a regular file"); nil for
+-- a regular file or nothing. Told from the metadata: nothing is opened.
+function fs.kind(path)
+  fs.check_path(path, "m3.fs.kind")
+  local t = file_type(path)
+  if t == nil or t == S_IFREG then return nil end
+  return KIND[t] or "not a regular file"
 end
 
 -- The identity and age of what is at path (through symbolic links), or of the open file fd when

@@ -74,11 +74,8 @@ local file = {}
 -- Maps path (a regular file) read-only; returns a typed pointer, the count, the mapping and the open file
 -- (unmapped and closed when the mapping is collected). Errors begin with what (the caller's function).
 local function map(path, dtype, what)
-  if fs.is_dir(path) then raise(string.format("%s: %s is a folder, not a file", what, path)) end
-  if fs.exists(path) and not fs.is_file(path) then
-    raise(string.format("%s: %s is not a regular file (a FIFO, a device or a socket): expected a file of ids",
-      what, path))
-  end
+  local kind = fs.kind(path)
+  if kind then raise(string.format("%s: %s is %s, not a regular file: expected a file of ids", what, path, kind)) end
   local fd = C.open(path, bit.bor(O_RDONLY, O_NONBLOCK, O_CLOEXEC))
   if fd < 0 then
     raise(string.format("%s: cannot open %s: %s", what, path, ffi.string(C.strerror(ffi.errno()))))
