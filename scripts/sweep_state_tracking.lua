@@ -217,7 +217,7 @@ local swept, rows = pcall(flags.interruptible, "sweep_state_tracking.lua", m3.sw
 })
 local failure = not swept and rows
 -- refused before any point ran (e.g. --dir holds results of other settings): no table of old scores
-if failure and not tostring(failure):find(" points failed (", 1, true) then
+if failure and not tostring(failure):find("m3%.sweep: %d+ of %d+ points? failed %(") then
   flags.check("sweep_state_tracking.lua", error, failure, 0)
 end
 if failure then rows = json.read(o.dir .. "/results.json") or {} end
