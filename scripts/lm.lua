@@ -221,8 +221,9 @@ if generated then
 end
 
 local e = result.eval
-print(string.format("validation: %.4f nats/byte = %.3f bits/byte after %s (%s)", e.val_loss,
-  e.val_bpb, plural(result.step, "step"), m3.log.duration(result.elapsed or 0)))
+print(string.format("validation: %.4f nats/byte = %.3f bits/byte after %s (%s%s)", e.val_loss,
+  e.val_bpb, plural(result.step, "step"), m3.log.duration(result.elapsed or 0),
+  start and string.format(" from step %d on", start.step) or ""))
 if generated then
   block("prompt", prompt_text, "prompt.txt")
   block("generated", sample_text, "sample.txt")

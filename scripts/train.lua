@@ -166,6 +166,6 @@ local result = flags.interruptible("train.lua", fit.run, {
 })
 
 local acc = result.eval.val_acc
-print(string.format("accuracy at length %d (trained up to %d): %.2f%% (scaled %.2f); %s in %s",
+print(string.format("accuracy at length %d (trained up to %d): %.2f%% (scaled %.2f); %s in %s%s",
   o.eval_length, o.max_length, 100 * acc, 100 * m3.data.scaled_accuracy(acc, train.classes),
-  dir, m3.log.duration(result.elapsed or 0)))
+  dir, m3.log.duration(result.elapsed or 0), start and string.format(" (from step %d on)", start.step) or ""))

@@ -50,7 +50,8 @@ local function usage(spec, banner)
   local lines = { banner or "flags:" }
   for _, f in ipairs(spec) do
     local default = f[2]
-    local shown = type(default) == "boolean" and (default and "on" or "off") or tostring(default)
+    local shown = type(default) == "boolean" and (default and "on" or "off") or default == "" and '""'
+      or tostring(default)
     lines[#lines + 1] = string.format("  --%-16s %s (default %s%s)", f[1], f[3] or "", shown,
       f.fixed and "; fixed for a run" or "")
   end
