@@ -461,7 +461,7 @@ describe("m3lua", function()
 end)
 
 describe("m3.repl", function()
-  it("pretty-prints values shallowly, sorted, cycle-safe", function()
+  it("pretty-prints values shallowly, sorted, cycle-safe, names given on first use unloaded", function()
     local t = { 1, 2, z = true, [10] = "ten", n = { deep = { deeper = {} } } }
     t.self = t
     assert.equal('{ 1, 2, [10] = "ten", n = { deep = {...} }, self = <cycle>, z = true }',
@@ -469,6 +469,12 @@ describe("m3.repl", function()
     assert.equal('"a\\nb\\"c"', repl.pretty('a\nb"c'))
     assert.equal("{}", repl.pretty({}))
     assert.equal("obj!", repl.pretty(setmetatable({}, { __tostring = function() return "obj!" end })))
+    -- names __fields lists that __index would give (m3's modules) show without being loaded
+    local asked = 0
+    local lazy = setmetatable({ b = 1 }, { __fields = { "a", "b", "c" },
+      __index = function() asked = asked + 1 return 7 end })
+    assert.equal("{ a = <on first use>, b = 1, c = <on first use> }", repl.pretty(lazy))
+    assert.equal(0, asked)
     local long = {}
     for i = 1, 30 do long["key" .. i] = i end
     assert.matches("^{\n  key1 = 1,\n  key10 = 10,\n", repl.pretty(long))

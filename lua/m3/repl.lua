@@ -104,23 +104,30 @@ end
 
 local render
 
--- The entries of t (array part first, then the other keys sorted), rendered.
+-- The entries of t (array part first, then the other keys sorted), rendered; the names its
+-- metatable's __fields lists that t does not hold yet (m3's modules before their first use) as
+-- "<on first use>", without calling __index.
 local function entries(t, depth, seen)
   local items, n = {}, #t
   for i = 1, math.min(n, MAX_FIELDS) do
     items[i] = render(rawget(t, i), depth - 1, seen)
   end
-  local keys = {}
+  local keys, later = {}, {}
   for k in next, t do
     if not (type(k) == "number" and k >= 1 and k <= n and k % 1 == 0) then
       keys[#keys + 1] = k
     end
   end
+  local mt = getmetatable(t)
+  local fields = type(mt) == "table" and rawget(mt, "__fields")
+  for _, k in ipairs(type(fields) == "table" and fields or {}) do
+    if rawget(t, k) == nil and not later[k] then keys[#keys + 1], later[k] = k, true end
+  end
   table.sort(keys, key_before)
   for _, k in ipairs(keys) do
     if #items >= MAX_FIELDS then break end
     local key = is_name(k) and k or "[" .. render(k, depth - 1, seen) .. "]"
-    items[#items + 1] = key .. " = " .. render(rawget(t, k), depth - 1, seen)
+    items[#items + 1] = key .. " = " .. (later[k] and "<on first use>" or render(rawget(t, k), depth - 1, seen))
   end
   local total = n + #keys
   if total > #items then
