@@ -73,6 +73,9 @@ describe("m3.flags", function()
     local function err(...) return helper.error_of(flags.values, { ... }, spec) end
     assert.equal('--steps expects an integer from 1 to 2147483647, got "1e10"', err("--steps", "1e10"))
     assert.equal('--scale expects a number <= 2, got "3"', err("--scale", "3"))
+    -- given twice: the last value (a wrapper's defaults, then the user's), each checked
+    assert.same({ steps = 7, scale = 1 }, (flags.values({ "--steps", "5", "--steps=7" }, spec)))
+    assert.equal('--steps expects an integer from 1 to 2147483647, got "0"', err("--steps", "0", "--steps", "5"))
   end)
 
   it("takes decimal numbers only, also in lists", function()

@@ -24,7 +24,9 @@
 -- file, which m3.rundir compares by the file it resolves to (./data/x.txt is data/x.txt).
 -- `--help` prints the flags and exits. flags.positional(arg, n, usage) takes a script's n
 -- positional arguments (no flags), with the same --help and exit statuses.
--- Unknown flags and stray arguments are errors that list the valid flags. Returns the
+-- Unknown flags and stray arguments are errors that list the valid flags. A flag given twice
+-- takes its last value, as getopt does (a wrapper passes defaults, then the user's "$@").
+-- Returns the
 -- values, the list of names set to something other than their default (in the order of
 -- the spec), for run names, and the set of names given on the command line (given[name] =
 -- true, also when the value given is the default; flags.changed(values, spec) gives the
