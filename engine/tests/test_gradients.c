@@ -108,6 +108,7 @@ static void setup(problem *p, const fd_case *c, m3_rng *r) {
 }
 
 static void teardown(problem *p) {
+  free(p->m->dinput); /* setup's, which the model does not own */
   cpu_model_destroy_f64(p->m);
   m3_layout_free(&p->lay);
   free(p->params);
