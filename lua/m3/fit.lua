@@ -244,7 +244,7 @@ local function take_step(tr, batches, clip)
 end
 
 -- The error object of a run stopped by non-finite gradients (see the header).
-local Stopped = { __tostring = function(e) return e.message end }
+local Stopped = { __tostring = function(e) return e.message or "m3.fit.run: stopped by non-finite gradients" end }
 
 function fit.run(o)
   check(o)
