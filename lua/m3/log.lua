@@ -25,6 +25,7 @@
 local fs = require "m3.fs"
 local json = require "m3.json"
 local lib = require "m3.lib"
+local exact = require("m3.number_text").exact
 local options = require "m3.options"
 local progress = require "m3.log.progress"
 local svg = require "m3.log.svg"
@@ -48,8 +49,7 @@ local PLOT_OPTS = { x = true, title = true }
 function log.plural(n, noun, nouns)
   if type(n) ~= "number" then raise("m3.log.plural: expected a number, got " .. show(n)) end
   if type(noun) ~= "string" then raise("m3.log.plural: expected a noun (a string), got " .. show(noun)) end
-  return string.format("%s %s", (n == math.floor(n) and math.abs(n) < 2 ^ 53) and string.format("%d", n) or tostring(n),
-    n == 1 and noun or nouns or noun .. "s")
+  return exact(n) .. " " .. (n == 1 and noun or nouns or noun .. "s")
 end
 
 function log.progress(o)

@@ -1,6 +1,7 @@
 -- m3.number_text — the exact text of a number, shared by every writer whose numbers must
 -- read back as the same double: m3.json, m3.serialize (a checkpoint's extra), safetensors
--- metadata (m3.save_tensors), m3.sweep's folder names and m3.flags' bounds in its messages.
+-- metadata (m3.save_tensors), m3.sweep's folder names, m3.flags' bounds in its messages,
+-- m3.log.plural's counts and m3.rundir's check of the numbers options.json holds.
 --
 -- exact(v): -0 as "-0", integers below 2^53 in plain digits, other numbers with the fewest
 -- significant digits from 15 to 17 that read back as v (from 15: a double that fewer digits

@@ -81,6 +81,7 @@ local flags = require "m3.flags"
 local fs = require "m3.fs"
 local json = require "m3.json"
 local lib = require "m3.lib"
+local exact = require("m3.number_text").exact
 local options = require "m3.options"
 local sweep = require "m3.sweep"
 
@@ -267,7 +268,7 @@ end
 -- m3.flags says of --<f>=<v> on the command line (a number written so that it reads back as the same number).
 local function refusal(f, v)
   if type(v) ~= type(f[2]) then return string.format("expected a %s, as --%s takes", type(f[2]), f[1]) end
-  local text = type(v) == "number" and string.format("%.17g", v) or tostring(v)
+  local text = type(v) == "number" and exact(v) or tostring(v)
   local ok, err = pcall(flags.values, { "--" .. f[1] .. "=" .. text }, { f })
   return not ok and tostring(err) or nil
 end
