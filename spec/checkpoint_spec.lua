@@ -6,7 +6,8 @@
 -- one without its rows), more than max_nonfinite in a row stopping the run with the last good
 -- step saved (and loadable) and a status that ends a script without a traceback. Saving: an
 -- extra nested 100 tables deep loads back, a deeper one
--- is refused before anything is written; a FIFO or a dangling link is refused and left as it is
+-- is refused before anything is written; an extra holding text that is not UTF-8 is written
+-- as UTF-8; a FIFO or a dangling link is refused and left as it is
 -- (and loading a FIFO is refused, not waited on), a link to a file is saved through; a path
 -- holding a NUL byte is refused to save and to load.
 
@@ -622,6 +623,20 @@ describe("saving a checkpoint", function()
     assert.same(nested(99), saved)
     assert.equal(2, step)
     assert.same({ "100.ckpt", "ck" }, names)
+  end)
+
+  it("saves an extra holding text that is not UTF-8 (a Latin-1 file name) as UTF-8 metadata, and loads it back",
+    function()
+    local dir = tmpdir()
+    local tr = new_trainer()
+    local extra = { data = { path = "caf\233.txt", ["key\255"] = "\255" .. "1" }, utf8 = "caf\195\169" }
+    tr:save(dir .. "/latin1.ckpt", extra)
+    local _, meta = m3.load_tensors(dir .. "/latin1.ckpt")
+    local _, back = m3.trainer.load(dir .. "/latin1.ckpt")
+    os.execute("rm -rf '" .. dir .. "'")
+    assert.is_nil(require("m3.json").utf8_error(meta.extra)) -- what Python's safetensors package reads
+    assert.truthy(meta.extra:find('"caf\195\169"', 1, true)) -- UTF-8 text is kept as it is
+    assert.same(extra, back)
   end)
 
   it("refuses an extra too large for the parser to load back, keeping the checkpoints it has", function()

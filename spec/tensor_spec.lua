@@ -1,6 +1,6 @@
 -- m3.tensor and m3.load_tensors / m3.save_tensors: constructors, dtypes, bounds checks,
 -- nested tables, FFI wraps (pointers refused where a value's data is copied), and safetensors
--- round trips and conversions.
+-- round trips and conversions (names and metadata that are not UTF-8 refused when saving).
 
 local ffi = require "ffi"
 local m3 = require "m3"
@@ -288,6 +288,28 @@ describe("m3.load_tensors / m3.save_tensors", function()
     assert.matches("expected a %(nested%) list of numbers, got a table with key",
       helper.error_of(m3.tensor.from, { data = 1 }))
     assert.is_false(io.open(path) ~= nil)
+  end)
+
+  it("refuses names and metadata that are not UTF-8 (other readers refuse such a header) and an empty path, "
+    .. "writing nothing", function()
+    local path = helper.tmpname(".safetensors")
+    local latin1 = "caf\233" -- a Latin-1 name: UTF-8 has no lone 0xE9
+    for _, case in ipairs {
+      { { [latin1] = { 1 } }, nil, 'tensor name "caf\\xe9" is not UTF%-8 %(byte 3 is 0xe9%)' },
+      { { a = { 1 } }, { [latin1] = "v" }, 'metadata key "caf\\xe9" is not UTF%-8 %(byte 3 is 0xe9%)' },
+      { { a = { 1 } }, { k = "\237\160\128" }, 'metadata "k": the value "\\xed\\xa0\\x80" is not UTF%-8 %(byte 0' },
+    } do
+      local err = helper.error_of(m3.save_tensors, path, case[1], case[2])
+      assert.matches("^m3: " .. case[3] .. "[^:]*: a safetensors header is JSON text, which must be UTF%-8", err)
+      assert.is_nil(io.open(path))
+    end
+    assert.matches("m3_tensor_writer_write: the path is empty: expected a file name",
+      helper.error_of(m3.save_tensors, "", { a = { 1 } }))
+    local utf8 = "caf\195\169 \226\130\172"
+    m3.save_tensors(path, { [utf8] = { 1 } }, { [utf8] = utf8 })
+    local got, meta = m3.load_tensors(path)
+    assert.same({ 1 }, got[utf8]:to_table())
+    assert.equal(utf8, meta[utf8])
   end)
 
   it("converts F16, BF16, BOOL and the integer types", function()

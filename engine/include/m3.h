@@ -205,7 +205,8 @@ typedef struct m3_tensor_writer m3_tensor_writer;
 m3_status m3_tensor_writer_create(m3_tensor_writer **out);
 void m3_tensor_writer_destroy(m3_tensor_writer *w);
 /* The data pointer must stay valid until m3_tensor_writer_write returns. Shape dims and the data section's
- * running byte offset may be at most 2^53 (what a reader takes); more is M3_ERR_ARGUMENT. */
+ * running byte offset may be at most 2^53 (what a reader takes); more is M3_ERR_ARGUMENT. Names, metadata
+ * keys and values must be UTF-8 (a safetensors header is JSON text); others are M3_ERR_ARGUMENT. */
 m3_status m3_tensor_writer_add(m3_tensor_writer *w, const char *name, int32_t dtype,
                                int32_t ndim, const int64_t *shape, const void *data);
 m3_status m3_tensor_writer_add_metadata(m3_tensor_writer *w, const char *key, const char *value);
@@ -213,7 +214,7 @@ m3_status m3_tensor_writer_add_metadata(m3_tensor_writer *w, const char *key, co
  * (names, shapes, metadata) over the reader's 100 MB limit is M3_ERR_ARGUMENT and writes nothing.
  * A symbolic link is written through (the file it resolves to is replaced, the link stays); a
  * target that is neither a regular file nor a link to one (a folder, a FIFO, a device) is
- * M3_ERR_IO before anything is written. */
+ * M3_ERR_IO before anything is written; an empty path is M3_ERR_ARGUMENT. */
 m3_status m3_tensor_writer_write(m3_tensor_writer *w, const char *path);
 
 /* ---- trainer ----------------------------------------------------------------------------- */
@@ -377,7 +378,8 @@ m3_status m3_trainer_scaler_state(const m3_trainer *tr, double *scale, int64_t *
 m3_status m3_trainer_load_scaler_state(m3_trainer *tr, double scale, int64_t tracker);
 
 /* Full checkpoint: weights, Adam moments, step, lr, loss scale, RNG, recurrent state, model
- * and trainer config, plus an opaque caller string (the Lua layer's `extra`), under a checksum
+ * and trainer config, plus an opaque caller string (the Lua layer's `extra`; UTF-8, as all
+ * safetensors metadata, else M3_ERR_ARGUMENT), under a checksum
  * that loading verifies (a damaged file is refused). Refused while an accumulation window is open or a
  * forward is pending. */
 m3_status m3_trainer_save(const m3_trainer *tr, const char *path, const char *extra);

@@ -10,8 +10,10 @@
  * 64-byte aligned slot of one buffer, so `data` can be cast to the element type. The writer
  * builds the header with cJSON (integers as raw text so offsets stay exact), refuses what the reader
  * would (a shape dim or data offset over 2^53 as the tensor is added, a header over the reader's
- * size limit), pads it with spaces to a multiple of 8, and writes a temporary file beside the
- * target that it fsyncs and renames. The target is the path when nothing or a regular file is
+ * size limit), a tensor name, metadata key or value that is not UTF-8 (JSON text is UTF-8, and the
+ * Python safetensors package refuses a file that is not; this reader still takes one, so older files
+ * load) and an empty path, pads the header with spaces to a multiple of 8, and writes a temporary
+ * file beside the target that it fsyncs and renames. The target is the path when nothing or a regular file is
  * there, and the regular file it resolves to when it is a symbolic link (the link stays a link,
  * as when a program opens it for writing); anything else (a folder, a FIFO, a device node, a
  * socket, a link to one of those or to nothing) is refused before a byte is written: the rename
@@ -457,6 +459,39 @@ void m3_tensor_writer_destroy(m3_tensor_writer *w) {
   free(w);
 }
 
+/* The offset of the first byte of s that breaks UTF-8 (RFC 3629: no overlong forms, surrogates or code points
+ * past U+10FFFF, no cut sequence), or -1 when s is UTF-8. */
+static int64_t utf8_error_at(const char *s) {
+  const unsigned char *p = (const unsigned char *)s;
+  for (int64_t i = 0; p[i];) {
+    const unsigned c = p[i];
+    int n = c < 0x80 ? 0 : c >= 0xc2 && c <= 0xdf ? 1 : c >= 0xe0 && c <= 0xef ? 2 : c >= 0xf0 && c <= 0xf4 ? 3 : -1;
+    if (n < 0) return i;
+    /* the second byte's range rules out overlong forms, surrogates and code points past U+10FFFF */
+    const unsigned lo = c == 0xe0 ? 0xa0 : c == 0xf0 ? 0x90 : 0x80, hi = c == 0xed ? 0x9f : c == 0xf4 ? 0x8f : 0xbf;
+    for (int k = 1; k <= n; k++)
+      if (p[i + k] < (k == 1 ? lo : 0x80) || p[i + k] > (k == 1 ? hi : 0xbf)) return i;
+    i += n + 1;
+  }
+  return -1;
+}
+
+/* M3_ERR_ARGUMENT when s (what: "tensor name", "metadata key", ...) is not UTF-8: a safetensors header is JSON,
+ * which is UTF-8, and other readers (the Python safetensors package among them) refuse a file whose header is not.
+ * The message shows s (its first 64 bytes) with bytes past ASCII as \xNN. */
+static m3_status check_utf8(const char *what, const char *s) {
+  const int64_t at = utf8_error_at(s);
+  if (at < 0) return M3_OK;
+  char shown[64 * 4 + 1];
+  size_t n = 0;
+  for (const unsigned char *p = (const unsigned char *)s; *p && p - (const unsigned char *)s < 64; p++)
+    n += (size_t)snprintf(shown + n, sizeof shown - n, *p < 0x80 ? "%c" : "\\x%02x", *p);
+  return m3_fail(M3_ERR_ARGUMENT,
+                 "%s \"%s\"%s is not UTF-8 (byte %lld is 0x%02x): a safetensors header is JSON text, which must be "
+                 "UTF-8 (other readers refuse the file)",
+                 what, shown, strlen(s) > 64 ? "..." : "", (long long)at, ((const unsigned char *)s)[at]);
+}
+
 /* Makes room for one more element of an array of n (capacity *cap). */
 static int grow(void **arr, int32_t *cap, int32_t n, size_t elem) {
   if (n < *cap) return 1;
@@ -474,6 +509,7 @@ static m3_status check_tensor_args(const m3_tensor_writer *w, const char *name, 
   if (!w || !name) return m3_fail(M3_ERR_ARGUMENT, "m3_tensor_writer_add: NULL writer or name");
   if (!name[0] || strcmp(name, "__metadata__") == 0)
     return m3_fail(M3_ERR_ARGUMENT, "tensor name \"%s\" is reserved or empty", name);
+  TRY(check_utf8("tensor name", name));
   if (dtype < 0 || dtype >= N_DTYPES)
     return m3_fail(M3_ERR_ARGUMENT, "tensor \"%s\": dtype %d is not an m3_dtype (0..%d)", name, dtype, N_DTYPES - 1);
   if (ndim < 0 || ndim > MAX_DIMS || (ndim > 0 && !shape))
@@ -515,6 +551,8 @@ m3_status m3_tensor_writer_add(m3_tensor_writer *w, const char *name, int32_t dt
 
 m3_status m3_tensor_writer_add_metadata(m3_tensor_writer *w, const char *key, const char *value) {
   if (!w || !key || !value) return m3_fail(M3_ERR_ARGUMENT, "m3_tensor_writer_add_metadata: NULL argument");
+  TRY(check_utf8("metadata key", key));
+  if (utf8_error_at(value) >= 0) return m3_fail_context(check_utf8("the value", value), "metadata \"%s\"", key);
   for (int32_t i = 0; i < w->n_meta; i++)
     if (strcmp(w->meta[i].key, key) == 0) return m3_fail(M3_ERR_ARGUMENT, "metadata key \"%s\" was already added", key);
   if (!grow((void **)&w->meta, &w->meta_cap, w->n_meta, sizeof *w->meta))
@@ -697,6 +735,7 @@ static m3_status write_file(const m3_tensor_writer *w, const char *path, const c
 
 m3_status m3_tensor_writer_write(m3_tensor_writer *w, const char *path) {
   if (!w || !path) return m3_fail(M3_ERR_ARGUMENT, "m3_tensor_writer_write: NULL writer or path");
+  if (!path[0]) return m3_fail(M3_ERR_ARGUMENT, "m3_tensor_writer_write: the path is empty: expected a file name");
   char *header = header_json(w);
   if (!header) return m3_fail(M3_ERR_MEMORY, "writing %s: out of memory building the header", path);
   const int64_t padded = round_up((int64_t)strlen(header), 8);

@@ -9,7 +9,8 @@
  * through, the link kept; a FIFO read: refused, not waited on); weights save/load (bit-exact, "backbone." prefix,
  * F64/F16/BF16 sources, tied lm_head, missing/extra/mis-shaped tensors, NaN and infinite values
  * refused with the tensor's name, element and value); the writer refusing a shape dim or data offset past 2^53,
- * which the reader would refuse; trainer checkpoints forged without their checksum (a file written before
+ * which the reader would refuse, names and metadata that are not UTF-8, which other readers refuse, and an empty
+ * path; trainer checkpoints forged without their checksum (a file written before
  * checksums): the rng words taken only as saved (16 lowercase hex digits each), a checkpoint saved on CUDA
  * loading on the CPU without a GPU when opts are NULL, as with every opt -1; and every golden
  * file of ../shared. Prints one line per check; exits nonzero when any check fails.
@@ -230,6 +231,30 @@ static void test_writer_arguments(void) {
   check(m3_tensor_writer_add_metadata(w, "k", "w") == M3_ERR_ARGUMENT, "duplicate metadata key rejected");
   check(m3_tensor_writer_add_metadata(w, "k2", NULL) == M3_ERR_ARGUMENT, "NULL metadata value rejected");
   check(m3_tensor_writer_write(w, NULL) == M3_ERR_ARGUMENT, "NULL path rejected");
+  check(m3_tensor_writer_write(w, "") == M3_ERR_ARGUMENT && strstr(m3_last_error(), "the path is empty"),
+        "empty path rejected (not a temporary file in the working folder renamed onto nothing): %s", m3_last_error());
+  /* a header is JSON text, which is UTF-8: other readers (Python's safetensors) refuse a file whose header is not */
+  static const char *const not_utf8[] = {"a\xff", "\xc0\x80", "\xe0\x9f\xbf", "\xed\xa0\x80", "\xf4\x90\x80\x80",
+                                         "caf\xe9", "cut\xe2\x82", "\x80"};
+  for (size_t i = 0; i < sizeof not_utf8 / sizeof not_utf8[0]; i++) {
+    m3_status name_st = m3_tensor_writer_add(w, not_utf8[i], M3_DTYPE_F32, 2, shape, x);
+    const char *bad = " is not UTF-8 (byte ";
+    int name_said = strstr(m3_last_error(), "tensor name \"") && strstr(m3_last_error(), bad);
+    m3_status key_st = m3_tensor_writer_add_metadata(w, not_utf8[i], "v");
+    int key_said = strstr(m3_last_error(), "metadata key \"") && strstr(m3_last_error(), bad);
+    m3_status value_st = m3_tensor_writer_add_metadata(w, "key", not_utf8[i]);
+    int value_said = strstr(m3_last_error(), "metadata \"key\": the value \"") && strstr(m3_last_error(), bad);
+    check(name_st == M3_ERR_ARGUMENT && key_st == M3_ERR_ARGUMENT && value_st == M3_ERR_ARGUMENT && name_said &&
+              key_said && value_said,
+          "not UTF-8 (case %zu) rejected as a tensor name, a metadata key and a metadata value: %s", i,
+          m3_last_error());
+  }
+  check(strstr(m3_last_error(), "the value \"\\x80\" is not UTF-8 (byte 0 is 0x80)") != NULL,
+        "the message shows the bytes past ASCII as \\xNN and names the first bad one: %s", m3_last_error());
+  const char *utf8 = "h\xc3\xa9 \xe2\x82\xac \xf0\x9f\x98\x80 \xf4\x8f\xbf\xbd"; /* é € 😀 U+10FFFD */
+  check(m3_tensor_writer_add(w, utf8, M3_DTYPE_F32, 2, shape, x) == M3_OK &&
+            m3_tensor_writer_add_metadata(w, "\xed\x9f\xbf", "\xee\x80\x80\xef\xbf\xbf") == M3_OK,
+        "UTF-8 names and metadata up to U+10FFFF (around the surrogates) accepted");
   m3_tensor_writer_destroy(w);
   m3_tensor_writer_destroy(NULL);
 

@@ -8,7 +8,8 @@
 -- is (".options.prompt", "[3]") and its first bad byte: a JSON text is UTF-8 (RFC 8259 §8.1),
 -- other readers refuse one that is not, and U+FFFD in its place would be a quietly wrong value.
 -- Lua strings are bytes: a caller that may hold others (a file name, a byte-level model's text)
--- says how it records them (m3.rundir: options.json); json.utf8_error(s) finds them.
+-- says how it records them (m3.rundir: options.json); json.utf8_error(s) finds them, and
+-- json.quote_bytes(s) writes s as a Lua string literal (%q) with its bytes past ASCII as \ddd.
 -- decode: JSON as RFC 8259 defines it, strictly: UTF-8 only (no stray, overlong, surrogate or
 -- past-U+10FFFF bytes, no cut sequence), no leading zeros, "1." or ".5", no raw control
 -- characters in strings, no lone surrogate escapes (an error rather than U+FFFD: a text that
@@ -83,6 +84,7 @@ json.utf8_error = utf8_error
 local function quote_bytes(s)
   return (string.format("%q", s):gsub("[\128-\255]", function(c) return "\\" .. c:byte() end))
 end
+json.quote_bytes = quote_bytes
 
 -- Where path[1..depth] (keys and indices) leads from the top: ".a[2]['b c']", or "the top level".
 local function path_text(path, depth)

@@ -1,7 +1,9 @@
 -- m3.serialize — an exact text form for plain Lua values (a checkpoint's `extra` table).
 --
 -- dump(value, name) writes `return <literal>`: nil, booleans, numbers (m3.number_text.exact,
--- so every double round-trips; 1/0, -1/0, 0/0 for inf, -inf, nan), strings (%q) and nested
+-- so every double round-trips; 1/0, -1/0, 0/0 for inf, -inf, nan), strings (%q; one that is not
+-- UTF-8, such as a Latin-1 file name, with its bytes past ASCII as \ddd, so the text is always
+-- UTF-8, as the safetensors metadata holding a checkpoint's extra must be) and nested
 -- tables whose keys are strings or numbers. Cycles, functions, userdata, cdata, threads and
 -- tables nested more than MAX_DEPTH (100) deep are errors that name the path (`extra.data.fn`),
 -- raised before any text is returned: load() cannot read back what LuaJIT's parser refuses
@@ -11,6 +13,7 @@
 -- return/true/false/nil, no calls) and evaluates it with load() in an empty environment.
 
 local exact = require("m3.number_text").exact
+local json = require "m3.json"
 
 local serialize = {}
 
@@ -33,9 +36,15 @@ local function number(v)
   return exact(v)
 end
 
+-- s as a string literal that is UTF-8 text whatever bytes s holds.
+local function quote(s)
+  if json.utf8_error(s) then return json.quote_bytes(s) end
+  return string.format("%q", s)
+end
+
 local function sub_path(path, k)
   if type(k) == "string" and is_identifier(k) then return path .. "." .. k end
-  if type(k) == "string" then return path .. "[" .. string.format("%q", k) .. "]" end
+  if type(k) == "string" then return path .. "[" .. quote(k) .. "]" end
   return path .. "[" .. number(k) .. "]"
 end
 
@@ -59,7 +68,7 @@ local function write(out, v, path, open, depth)
   elseif t == "number" then
     out[#out + 1] = number(v)
   elseif t == "string" then
-    out[#out + 1] = string.format("%q", v)
+    out[#out + 1] = quote(v)
   elseif t == "table" then
     if open[v] then fail(path .. " is a cycle (a table that contains itself)") end
     if depth > MAX_DEPTH then
@@ -82,7 +91,7 @@ local function write(out, v, path, open, depth)
     for i, k in ipairs(keys) do
       if i > 1 then out[#out + 1] = ", " end
       out[#out + 1] = "["
-      out[#out + 1] = type(k) == "string" and string.format("%q", k) or number(k)
+      out[#out + 1] = type(k) == "string" and quote(k) or number(k)
       out[#out + 1] = "] = "
       write(out, v[k], sub_path(path, k), open, depth + 1)
     end
