@@ -164,8 +164,9 @@ m3.pytorch.import(dir) -> weights   (same bits as exported)
 m3.pytorch.config_json(cfg), m3.pytorch.config_from_json(t, dir)  the config.json mapping
 scripts: m3lua scripts/export_pytorch.lua <weights or checkpoint> <dir>,
          m3lua scripts/import_pytorch.lua <dir> <weights.safetensors>]]
-T["pytorch.export"] = "m3.pytorch.export(weights, dir) -> dir  writes dir/config.json and dir/model.safetensors\n"
-  .. "  (\"backbone.\" names, lm_head.weight even when tied); input \"tokens\" and head \"lm\" only"
+T["pytorch.export"] = "m3.pytorch.export(weights, dir) -> dir, n_tensors  writes dir/config.json and\n"
+  .. "  dir/model.safetensors (\"backbone.\" names, lm_head.weight even when tied); input \"tokens\" and head\n"
+  .. "  \"lm\" only; a NaN or an infinity in the weights is refused before anything is written"
 T["pytorch.import"] = "m3.pytorch.import(dir) -> weights  float32 (F16/BF16/F64 files are converted); the same\n"
   .. "  bits as exported; dir/config.json must describe a SISO Mamba-3 LM"
 T["pytorch.config_json"] = "m3.pytorch.config_json(cfg) -> table  the public MambaConfig fields of an m3 config\n"

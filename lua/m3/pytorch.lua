@@ -3,14 +3,19 @@
 -- model.safetensors.
 --
 --   m3.pytorch.export(weights, dir)   writes the folder ("tokens" input, "lm" head only)
+--                                     → dir, the number of tensors model.safetensors holds
 --   m3.pytorch.import(dir)            → weights (float32; F16/BF16/F64 files are converted)
 --   m3.pytorch.config_json(cfg)       → the config.json table of an m3 config
 --   m3.pytorch.config_from_json(t, dir) → the m3 config of a config.json table
--- Bad arguments (a dir that is a file, a missing folder, a model the public LM cannot hold)
+-- Bad arguments (a dir that is a file, a missing folder, a model the public LM cannot hold,
+-- weights holding a NaN or an infinity, which import would refuse: export then writes nothing)
 -- raise at the caller's line, naming the function and what is wrong. import names
 -- <dir>/config.json in the errors of its fields: d_model, n_layer and vocab_size are
 -- required; a field left out takes the public model's default, and an error about the
--- config or model.safetensors lists the defaults taken.
+-- config or model.safetensors lists the defaults taken. Every error of import begins with
+-- "m3.pytorch.import: " (an interrupt excepted, raised as the engine raises it); a folder with
+-- the public save_pretrained's pytorch_model.bin (a pickle) instead of model.safetensors is told
+-- how to write one.
 --
 -- model.safetensors holds float32 tensors under the public names: SPEC.md §2 names with the
 -- "backbone." prefix (backbone.embedding.weight, backbone.layers.{i}.norm.weight,
@@ -100,7 +105,9 @@ local function from_json(t, dir)
     raise("m3.pytorch.config_from_json: dir = " .. show(dir) .. ": expected the folder's path (for messages)")
   end
   local where = dir and string.format("m3.pytorch.import: %s/config.json", dir) or "m3.pytorch.config_from_json"
-  want(type(t) == "table" and t ~= json.null, where, "expected a JSON object, got " .. show(t))
+  local array = type(t) == "table" and getmetatable(t) == getmetatable(json.array()) -- as json.decode gives one
+  want(type(t) == "table" and t ~= json.null and not array, where,
+    "expected a JSON object, got " .. (array and "an array" or show(t)))
   local s = t.ssm_cfg
   want(type(s) == "table" and s.layer == "Mamba3", where, 'ssm_cfg.layer must be "Mamba3" (a Mamba-3 model)')
   want(absent(s.is_mimo) or s.is_mimo == false, where,
@@ -147,10 +154,27 @@ function pytorch.config_from_json(t, dir)
   return (from_json(t, dir))
 end
 
+-- "name [i] = value" for the first NaN or infinity of the weights (in the words m3.weights.load refuses it in), or
+-- nil when every value is finite.
+local function first_nonfinite(w)
+  for _, name in ipairs(w:names()) do
+    local t = w:get(name)
+    local p = t.data
+    for i = 0, t:numel() - 1 do
+      if p[i] - p[i] ~= 0 then return string.format("%s [%d] = %s", name, i, tostring(p[i])) end
+    end
+  end
+end
+
 function pytorch.export(w, dir)
   if not weights.is(w) then raise("m3.pytorch.export: expected weights (m3.weights), got " .. type(w)) end
   if type(dir) ~= "string" or dir == "" then raise("m3.pytorch.export: expected a folder path, got " .. show(dir)) end
   local cfg = lm_config(w._cfg, "m3.pytorch.export") -- the weights' own config, not the user's copy
+  local bad = first_nonfinite(w)
+  if bad then
+    raise(string.format("m3.pytorch.export: weights: %s: expected a finite value (m3.pytorch.import would refuse "
+      .. "the folder); nothing was written", bad))
+  end
   if fs.exists(dir) and not fs.is_dir(dir) then
     raise(string.format("m3.pytorch.export: cannot write into %s: it exists and is not a folder", dir))
   end
@@ -162,7 +186,7 @@ function pytorch.export(w, dir)
   if cfg.tie_embeddings then tensors["lm_head.weight"] = w:get("embedding.weight") end
   tensors_io.save(dir .. "/model.safetensors", tensors, { format = "pt", config = config.to_json(cfg) })
   fs.write(dir .. "/config.json", json.encode(pytorch.config_json(cfg)) .. "\n")
-  return dir
+  return dir, #w:names() + (cfg.tie_embeddings and 1 or 0)
 end
 
 function pytorch.import(dir)
@@ -173,14 +197,18 @@ function pytorch.import(dir)
   local ok, t = pcall(json.decode, text)
   if not ok then raise("m3.pytorch.import: " .. dir .. "/config.json: " .. tostring(t)) end
   local cfg, defaulted = from_json(t, dir)
+  local model = dir .. "/model.safetensors"
+  if not fs.exists(model) and fs.exists(dir .. "/pytorch_model.bin") then
+    raise(string.format("m3.pytorch.import: %s holds no model.safetensors but a pytorch_model.bin (what the public "
+      .. "save_pretrained writes: a torch.save pickle, which m3lua does not read); write %s from PyTorch with "
+      .. "safetensors.torch.save_model(model, path), which also drops the tied lm_head.weight", dir, model))
+  end
   lib.last_status = nil
-  local loaded, w = pcall(weights.load, dir .. "/model.safetensors", cfg)
+  local loaded, w = pcall(weights.load, model, cfg)
   if loaded then return w end
   if lib.last_status == lib.C.M3_ERR_INTERRUPTED then error(w, 0) end -- as lib.check raises it: no position
-  if lib.last_status == lib.C.M3_ERR_FORMAT then
-    raise("m3.pytorch.import: " .. w .. left_out(defaulted, dir .. "/config.json"))
-  end
-  raise(w)
+  raise("m3.pytorch.import: " .. w .. (lib.last_status == lib.C.M3_ERR_FORMAT
+    and left_out(defaulted, dir .. "/config.json") or ""))
 end
 
 return pytorch
