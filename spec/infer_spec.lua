@@ -59,6 +59,14 @@ describe("m3.infer", function()
     local tr = m3.trainer(w, { device = "cpu", batch = 2, seq_len = 4 })
     local x = helper.randint(helper.rng(1), { 2, 4 }, 13)
     assert.equal(helper.bytes(inf:step(x)), helper.bytes(m3.infer(tr, { device = "cpu", batch = 2 }):step(x)))
+    -- the same weights from a file, and a trained trainer's from the trainer and from its checkpoint
+    local function fresh_out(src) return helper.bytes(m3.infer(src, { device = "cpu", batch = 2 }):step(x)) end
+    assert.equal(fresh_out(w), fresh_out(path))
+    tr:step(helper.batch(m3.config(helper.tokens_lm()), 2, 4, helper.rng(2)))
+    local ck = helper.tmpname(".m3ckpt")
+    tr:save(ck)
+    assert.equal(fresh_out(tr), fresh_out(m3.trainer.load(ck, { device = "cpu" })))
+    assert.are_not.equal(fresh_out(w), fresh_out(tr))
     assert.matches('unknown option "bach" %(did you mean "batch"%?%)', helper.error_of(m3.infer, w, { bach = 2 }))
     assert.matches("batch = 0", helper.error_of(m3.infer, w, { batch = 0 }))
     assert.matches("dtype bf16: the CPU backend computes in f32 only", helper.error_of(m3.infer, w, { device = "cpu", dtype = "bf16" }))
@@ -327,6 +335,8 @@ describe("m3.infer", function()
         assert.matches(case[2], helper.error_of(inf.generate, inf, case[1], 4))
       end
       assert.matches("prompt is empty", helper.error_of(inf.generate, inf, {}, 4))
+      assert.matches("generate: prompt: tokens: expected int32 %[B, T%], got nil$",
+        helper.error_of(inf.generate, inf, nil, 4))
       assert.matches("tokens is empty", helper.error_of(inf.step, inf, m3.tensor({ 1, 0 }, "i32")))
       assert.matches("expected int32 %[B, T%], got f32", helper.error_of(inf.step, inf, m3.tensor({ 1, 3 })))
       assert.matches("expected int32 %[B, T%], got int32 %[1, 3, 1%]",
@@ -403,6 +413,50 @@ describe("m3.infer", function()
       assert.equal(R, cold[1] + cold[3])
     end)
 
+    -- The exact distribution of the sampler's rule for the logits in lg (float64 of their float32 values):
+    -- order by logit then id, keep top_k, weights exp((l - max) / temperature), keep the shortest prefix
+    -- reaching top_p of their sum, renormalise.
+    local function expected(opts)
+      local ids = {}
+      for v = 0, V - 1 do ids[v + 1] = v end
+      table.sort(ids, function(a, b) return lg[a] > lg[b] or (lg[a] == lg[b] and a < b) end)
+      local k = (opts.top_k or 0) > 0 and math.min(opts.top_k, V) or V
+      local w, total = {}, 0
+      for j = 1, k do
+        w[j] = math.exp((lg[ids[j]] - lg[ids[1]]) / (opts.temperature or 1))
+        total = total + w[j]
+      end
+      local kept, acc = k, 0
+      for j = 1, k do
+        acc = acc + w[j]
+        if acc >= (opts.top_p or 1) * total then kept = j break end
+      end
+      local p, sum = {}, 0
+      for v = 0, V - 1 do p[v] = 0 end
+      for j = 1, kept do sum = sum + w[j] end
+      for j = 1, kept do p[ids[j]] = w[j] / sum end
+      return p
+    end
+
+    it("draws each token as often as its probability under temperature, top_k and top_p (chi-square)", function()
+      for _, opts in ipairs({ { temperature = 0.5, seed = 11 }, { temperature = 2.5, seed = 12 },
+                              { top_k = 3, temperature = 1.5, seed = 13 }, { top_p = 0.9, temperature = 2, seed = 14 },
+                              { top_k = 4, top_p = 0.8, temperature = 3, seed = 15 } }) do
+        local c, p = counts(opts), expected(opts)
+        local chi2, cells = 0, 0
+        for v = 0, V - 1 do
+          if p[v] == 0 then
+            assert.equal(0, c[v], "token " .. v .. " is outside the kept set")
+          else
+            chi2, cells = chi2 + (c[v] - R * p[v]) ^ 2 / (R * p[v]), cells + 1
+          end
+        end
+        -- 25 is far in the tail for at most 4 degrees of freedom (p < 1e-4), never reached by a right sampler
+        assert.is_true(cells >= 3 and chi2 < 25, string.format("%s: chi-square %.1f over %d tokens",
+          m3.json.encode(opts), chi2, cells))
+      end
+    end)
+
     it("draws among the largest logits only at temperatures whose inverse overflows a float", function()
       for _, t in ipairs({ 1e-30, 1e-39, 1e-300, 5e-324 }) do
         for _, opts in ipairs({ { temperature = t, seed = 7 }, { temperature = t, top_k = 3, seed = 7 },
@@ -438,6 +492,33 @@ describe("m3.infer", function()
           string.format("temperature %g, top_k %d: id 1 drawn %d times of %d", opts.temperature, opts.top_k or 0,
             ones, R))
       end
+    end)
+
+    it("checks its arguments, names them, and draws from logits and out given as tensors", function()
+      for _, case in ipairs({
+        { { 2, { temp = 0 } }, 'm3.sampling: unknown option "temp"; valid options: seed, temperature, top_k, top_p' },
+        { { 2, 5 }, "m3.sampling: opts must be a table, got number" },
+        { { 0 }, "m3.sampling: rows = 0: expected an integer >= 1" },
+        { { 1.5 }, "m3.sampling: rows = 1.5: expected an integer >= 1" },
+        { { nil, {}, "test" }, "test: rows = nil: expected an integer >= 1" },
+        { { 2, { temperature = -1 } }, "m3.sampling: temperature = %-1" },
+      }) do
+        assert.matches(case[2], helper.error_of(m3.sampling.new, unpack(case[1], 1, 3)))
+      end
+      local s = m3.sampling.new(R, { seed = 1 })
+      local logits, out = m3.tensor({ R, V }), m3.tensor({ R }, "i32")
+      ffi.copy(logits.data, lg, 4 * R * V)
+      assert.matches("m3.sampling: draw: logits: expected an f32 tensor of 20000 elements or an FFI pointer, got "
+        .. "f32 %[4000, 4%]", helper.error_of(s.draw, s, m3.tensor({ R, V - 1 }), V, out))
+      assert.matches("m3.sampling: draw: out: expected an int32 tensor of 4000 elements or an FFI pointer, got "
+        .. "f32 %[4000%]", helper.error_of(s.draw, s, logits, V, m3.tensor({ R })))
+      assert.matches("m3.sampling: draw: out: expected an int32 tensor of 4000 elements or an FFI pointer, got nil",
+        helper.error_of(s.draw, s, logits, V, nil))
+      assert.matches("m3.sampling: draw: vocab = 0: expected an integer >= 1",
+        helper.error_of(s.draw, s, logits, 0, out))
+      s:draw(logits, V, out)
+      local _, want = counts({ seed = 1 })
+      assert.equal(ffi.string(want, 4 * R), ffi.string(out.data, 4 * R))
     end)
 
     it("refuses non-finite logits and leaves the generators as they were", function()

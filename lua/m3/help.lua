@@ -152,8 +152,9 @@ for name, text in pairs(infer_methods) do T["infer:" .. name] = text end
 
 T["m3.sampling"] = [[
 m3.sampling.new(rows, {temperature = 1, top_k = 0, top_p = 1, seed = 0}, what) -> s
-s:draw(logits_ptr, vocab, out_ptr, nonfinite)  one token per row from float [rows, vocab] into
-  int32 [rows]; nonfinite(row), if given, words the error for a row with a non-finite logit
+s:draw(logits, vocab, out, nonfinite)  one token per row from float [rows, vocab] into int32 [rows]
+  (f32 / i32 tensors, or FFI pointers); nonfinite(row), if given, words the error for a row with a
+  non-finite logit
   the engine's sampler (m3_sample): rows in parallel, row r with its own generator (seed, r);
   temperature 0 = greedy; top_k, then top_p over the renormalised rest. inf:generate uses it.]]
 

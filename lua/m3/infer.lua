@@ -221,7 +221,8 @@ local function gen_options(self, opts)
   if opts ~= nil and type(opts) ~= "table" then raise("generate: opts must be a table, got " .. type(opts)) end
   opts = opts or {}
   options.check_keys(opts, GEN_OPTS, what)
-  local o = { sampler = opts }
+  local o = { sampler = { temperature = opts.temperature, top_k = opts.top_k, top_p = opts.top_p,
+                          seed = opts.seed } }
   local V = self._cfg.vocab_size
   o.stop = {}
   local stop = opts.stop
@@ -301,7 +302,7 @@ function I:generate(prompt, n, opts)
   local o = gen_options(self, opts)
   local V = cfg.vocab_size
   local tokens, checked = prompt_tensor(prompt, V)
-  local t = step_input(self, { tokens = tokens }, "generate: prompt")
+  local t = step_input(self, tokens, "generate: prompt")
   local B = t.dims_[0]
   local sampler = sampling.new(B, o.sampler, "generate")
   if not checked then check_prompt_ids(t, V) end

@@ -2,8 +2,14 @@
 -- temperature, top-k, top-p; rows in parallel, each with its own seeded generator).
 --
 --   local s = sampling.new(rows, opts, what)   checked {temperature = 1, top_k = 0, top_p = 1,
---                                              seed = 0}; row r's generator is stream (seed, r)
---   s:draw(logits_ptr, vocab, out_ptr, nonfinite)  one token per row (float [rows, vocab] -> int32 [rows]);
+--                                              seed = 0} (other keys are errors); row r's generator
+--                                              is stream (seed, r); what (default "m3.sampling")
+--                                              begins every message
+--   s:draw(logits, vocab, out, nonfinite)      one token per row (float [rows, vocab] -> int32 [rows]);
+--                                              logits / out: an f32 / i32 tensor (or FFI array plus a
+--                                              shape) of rows x vocab / rows elements (checked), or an
+--                                              FFI pointer or array (as it is: its size is the caller's
+--                                              to get right);
 --                                              nonfinite(row), if given, words the error for a row whose
 --                                              logits are not all finite (else the engine's message)
 --
@@ -13,6 +19,7 @@
 
 local ffi = require "ffi"
 local lib = require "m3.lib"
+local tensor = require "m3.tensor"
 local options = require "m3.options"
 
 lib.internal_file(debug.getinfo(1, "S").source)
@@ -24,7 +31,14 @@ S.__index = S
 
 local sampling = {}
 
+local OPTS = { temperature = true, top_k = true, top_p = true, seed = true }
+
 function sampling.new(rows, opts, what)
+  what = what or "m3.sampling"
+  rows = options.want_int(rows, what .. ": rows", 1)
+  if opts ~= nil and type(opts) ~= "table" then raise(what .. ": opts must be a table, got " .. type(opts)) end
+  opts = opts or {}
+  options.check_keys(opts, OPTS, what)
   local o = ffi.new("m3_sample_opts", 1, 0, 1)
   if opts.temperature ~= nil then
     local t = opts.temperature
@@ -44,15 +58,32 @@ function sampling.new(rows, opts, what)
   local seed = options.check_seed(opts.seed, what)
   local rng = ffi.new("uint64_t[?]", 4 * rows)
   for r = 0, rows - 1 do C.m3_sampler_seed(seed, r, rng + 4 * r) end
-  return setmetatable({ opts = o, rng = rng, rows = rows }, S)
+  return setmetatable({ opts = o, rng = rng, rows = rows, what = what }, S)
+end
+
+-- x as m3_sample takes it: a tensor (or an FFI array plus a shape) once it holds n elements of dtype; an
+-- FFI pointer or array as it is.
+local function data_of(x, dtype, n, name)
+  if type(x) == "table" and x.data ~= nil then x = tensor.coerce(x, name, dtype) end
+  if tensor.is(x) then
+    if x:dtype() == dtype and x:numel() == n then return x.data end
+  elseif type(x) == "cdata" then
+    return x
+  end
+  raise(string.format("%s: expected an %s tensor of %d elements or an FFI pointer, got %s", name,
+    options.LONG[dtype], n, options.describe(x)))
 end
 
 function S:draw(logits, vocab, out, nonfinite)
-  local st = C.m3_sample(logits, self.rows, vocab, self.opts, self.rng, out)
+  local what = self.what .. ": draw"
+  vocab = options.want_int(vocab, what .. ": vocab", 1)
+  local lg = data_of(logits, "f32", self.rows * vocab, what .. ": logits")
+  local ids = data_of(out, "i32", self.rows, what .. ": out")
+  local st = C.m3_sample(lg, self.rows, vocab, self.opts, self.rng, ids)
   if st == C.M3_ERR_NONFINITE and nonfinite then
     for r = 0, self.rows - 1 do
       for i = r * vocab, (r + 1) * vocab - 1 do
-        local v = logits[i]
+        local v = lg[i]
         if v ~= v or v == math.huge or v == -math.huge then raise(nonfinite(r)) end
       end
     end
