@@ -216,7 +216,7 @@ m3.data — deterministic, resumable sources: src:next(rows, opts) -> {tokens =,
   data.mqar{keys = 32, values = 32, pairs =, queries = | length =}
   data.mixture({src1, src2}, {weights = {w1, w2}, seed =})
   data.text(path, {split = "train" | "val" | "all", order = "random" | "sequential" | "stream", length =})
-  data.tokens(path, {dtype = "u16" | "u32", vocab =, ...})   memory-mapped
+  data.tokens(path, {dtype = "u16" | "u32", vocab =, ...})   read a window at a time
   data.evaluate(ids, modulus, first, last)   data.scaled_accuracy(acc, classes)   data.rng]]
 T["data.parity"] = "data.parity{length = 32, min_length = length, targets = \"running\", seed = 0}\n  bits 0/1; targets: the parity of each prefix (running) or only at the end (final)"
 T["data.arithmetic"] = "data.arithmetic{length = 32, min_length =, brackets = false, ops = \"+-*\", modulus = 5,\n  targets = \"final\"}  an expression of length - 1 tokens, then '='; target: its value mod 5"
@@ -225,7 +225,7 @@ T["data.text"] = "data.text(path, {split =, val_fraction = 0.1, order =, length 
   .. "  byte-level windows (vocab 256); targets are the next bytes. order \"stream\": each of `rows` rows\n"
   .. "  (default: the first next's count; another count is an error) continues its own stretch of text"
 T["data.tokens"] = "data.tokens(path, {dtype = \"u16\" | \"u32\", vocab =, split =, order =, length =, seed =, rows =})\n"
-  .. "  raw token ids, memory-mapped; vocab (an integer >= 1) is required for u16 and u32 (u8: 256);\n"
+  .. "  raw token ids, read a window at a time; vocab (an integer >= 1) is required for u16 and u32 (u8: 256);\n"
   .. "  ids >= vocab are refused by the trainer's step. rows: as for data.text"
 T["data.evaluate"] = "data.evaluate(ids, modulus = 5, first = 1, last = #ids) -> value | nil, message\n"
   .. "  the exact value mod modulus of the expression ids[first..last], a Lua list of arithmetic token ids\n"

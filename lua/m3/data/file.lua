@@ -1,17 +1,18 @@
 -- m3.data.file — language-model windows from a token file or a text file.
 --
--- A token file is a raw little-endian array of uint8 / uint16 / uint32 ids (no header),
--- memory-mapped read-only through the FFI (libc open/mmap), so a file larger than memory
--- costs nothing until read. A text file is a uint8 token file with vocab 256 (bytes). The
+-- A token file is a raw little-endian array of uint8 / uint16 / uint32 ids (no header). The
+-- source keeps it open and reads each window's ids with pread through the FFI (no mapping), so
+-- a file larger than memory costs nothing until read, and a file cut short under a run can
+-- only give an error, never kill the process (a read of a mapped page past the end of a
+-- truncated file is a SIGBUS). A text file is a uint8 token file with vocab 256 (bytes). The
 -- path must name a regular file (a folder, FIFO, device or socket is refused before it is
 -- opened: opening a FIFO would wait for a writer). Offsets are exact to 2^53 ids.
 -- While a source reads a file, replace the file by writing the new one elsewhere and renaming
 -- it over the old (mv: the source goes on reading the old one); never truncate or rewrite it in
--- place. A read of a mapped page past the end of a file truncated in place kills the process
--- (SIGBUS), so every next, sample and slice first checks the file's size (one lseek on the
--- file, which the source keeps open) and raises an error naming the file instead. That check
--- cannot see a file rewritten in place to its old size or more (the windows then read the new
--- bytes) nor a truncation between it and the read.
+-- place. Every next, sample and slice first checks the file's size (one lseek) and raises an
+-- error naming the file when it holds fewer bytes than when the source was made, and a read
+-- that meets the end of the file (a truncation after that check) raises the same error. A file
+-- rewritten in place to its old size or more is not seen: the windows read the new bytes.
 -- A token file's vocab (the model's vocab_size) is an integer >= 1, required for "u16" and
 -- "u32" ids (256 for "u8" when not given). Ids >= vocab in the file are not looked for
 -- here: the trainer refuses a batch that holds one, naming the field and the id.
@@ -55,56 +56,39 @@ for _, decl in ipairs {
   "int open(const char *path, int flags, ...);",
   "int close(int fd);",
   "int64_t lseek(int fd, int64_t offset, int whence);",
-  "void *mmap(void *addr, size_t length, int prot, int flags, int fd, int64_t offset);",
-  "int munmap(void *addr, size_t length);",
+  "int64_t pread(int fd, void *buf, size_t count, int64_t offset);",
   "char *strerror(int errnum);",
 } do pcall(ffi.cdef, decl) end
 
 local C = ffi.C
--- O_NONBLOCK: a FIFO put at the path after fs.is_file looked opens at once (its mmap then fails);
--- O_CLOEXEC: the file stays open as long as its source (check_size), and no child inherits it
-local O_RDONLY, O_NONBLOCK, O_CLOEXEC, SEEK_END, PROT_READ, MAP_PRIVATE = 0, 0x800, 0x80000, 2, 1, 2
-local MAP_FAILED = ffi.cast("void *", -1)
+-- O_NONBLOCK: a FIFO put at the path after fs.kind looked opens at once (its reads then fail);
+-- O_CLOEXEC: the file stays open as long as its source, and no child inherits it
+local O_RDONLY, O_NONBLOCK, O_CLOEXEC, SEEK_END, EINTR = 0, 0x800, 0x80000, 2, 4
 
-local elem = { u8 = "const uint8_t *", u16 = "const uint16_t *", u32 = "const uint32_t *" }
+local array = { u8 = "uint8_t[?]", u16 = "uint16_t[?]", u32 = "uint32_t[?]" }
 local width = { u8 = 1, u16 = 2, u32 = 4 }
 
 local file = {}
 
--- Maps path (a regular file) read-only; returns a typed pointer, the count, the mapping and the open file
--- (unmapped and closed when the mapping is collected). Errors begin with what (the caller's function).
-local function map(path, dtype, what)
+-- Opens path (a regular file of dtype ids) for reading; returns its id count and a handle holding the
+-- descriptor (closed when the handle is collected). Errors begin with what (the caller's function).
+local function open_ids(path, dtype, what)
   local kind = fs.kind(path)
   if kind then raise(string.format("%s: %s is %s, not a regular file: expected a file of ids", what, path, kind)) end
   local fd = C.open(path, bit.bor(O_RDONLY, O_NONBLOCK, O_CLOEXEC))
   if fd < 0 then
     raise(string.format("%s: cannot open %s: %s", what, path, ffi.string(C.strerror(ffi.errno()))))
   end
+  local handle = ffi.gc(ffi.new("int[1]", fd), function(h) C.close(h[0]) end)
   local bytes = tonumber(C.lseek(fd, 0, SEEK_END))
   if bytes < 0 then
-    local errno = ffi.errno()
-    C.close(fd)
-    raise(string.format("%s: cannot read %s: %s", what, path, ffi.string(C.strerror(errno))))
+    raise(string.format("%s: cannot read %s: %s", what, path, ffi.string(C.strerror(ffi.errno()))))
   end
-  if bytes == 0 then
-    C.close(fd)
-    raise(string.format("%s: %s is empty", what, path))
-  end
+  if bytes == 0 then raise(string.format("%s: %s is empty", what, path)) end
   if bytes % width[dtype] ~= 0 then
-    C.close(fd)
     raise(string.format("%s: %s has %d bytes, not a whole number of %s ids", what, path, bytes, dtype))
   end
-  local p = C.mmap(nil, bytes, PROT_READ, MAP_PRIVATE, fd, 0)
-  if p == MAP_FAILED then
-    local errno = ffi.errno()
-    C.close(fd)
-    raise(string.format("%s: cannot map %s: %s", what, path, ffi.string(C.strerror(errno))))
-  end
-  ffi.gc(p, function(q)
-    C.munmap(q, bytes)
-    C.close(fd)
-  end)
-  return ffi.cast(elem[dtype], p), bytes / width[dtype], p, fd
+  return bytes / width[dtype], handle
 end
 
 local F = {}
@@ -128,7 +112,7 @@ function file.open(path, opts, kind)
   local what = "m3.data." .. kind
   check_keys(opts, kind == "text" and TEXT_OPTS or TOKEN_OPTS, what)
   local dtype = kind == "text" and "u8" or opts.dtype or "u16"
-  if not elem[dtype] then
+  if not array[dtype] then
     raise(string.format('%s: dtype = %s: expected "u8", "u16" or "u32"', what, show(dtype)))
   end
   local split, frac = opts.split or "train", opts.val_fraction or 0.1
@@ -156,7 +140,7 @@ function file.open(path, opts, kind)
     want_int(opts.rows, what .. ": rows", 1)
   end
   local seed = options.check_seed(opts.seed, what)
-  local ids, n, mapping, fd = map(path, dtype, what)
+  local n, handle = open_ids(path, dtype, what)
   local cut = math.floor(n * (1 - frac))
   local lo, hi = 0, n
   if split == "train" then
@@ -165,7 +149,8 @@ function file.open(path, opts, kind)
     lo = cut
   end
   local self = setmetatable({
-    path = path, ids = ids, mapping = mapping, fd = fd, n = n, lo = lo, span = hi - lo, bytes = n * width[dtype],
+    path = path, dtype = dtype, handle = handle, fd = handle[0], buf = ffi.new(array[dtype], 1), buf_len = 1,
+    n = n, lo = lo, span = hi - lo, bytes = n * width[dtype],
     split = split, val_fraction = frac, order = order, vocab = vocab,
     seed = seed, index = 0, length = length, rows = opts.rows, position = order == "stream" and 0 or nil,
   }, F)
@@ -187,14 +172,34 @@ local function split_of(self)
     self.split == "val" and "the last" or "all but the last", show(self.val_fraction), self.n)
 end
 
--- Raises unless the file still holds the bytes mapped when the source was made (see the header).
+-- Raises unless the file still holds the bytes it held when the source was made (see the header).
 local function check_size(self)
   local now = tonumber(C.lseek(self.fd, 0, SEEK_END))
   if now < self.bytes then
-    raise(string.format("m3.data: %s now has %d bytes, fewer than the %d mapped when this source was made: it was "
+    raise(string.format("m3.data: %s now has %d bytes, fewer than the %d it had when this source was made: it was "
       .. "truncated in place while being read; replace a data file by writing the new one elsewhere and renaming it "
       .. "over the old (mv)", self.path, now, self.bytes))
   end
+end
+
+-- The ids [first, first + count) of the file, read into the source's buffer (valid until its next read;
+-- indexed from 0). A read that meets the end of the file raises check_size's error.
+local function read_ids(self, first, count)
+  if count > self.buf_len then self.buf, self.buf_len = ffi.new(array[self.dtype], count), count end
+  local w = width[self.dtype]
+  local dst, want, got = ffi.cast("uint8_t *", self.buf), count * w, 0
+  while got < want do
+    local n = tonumber(C.pread(self.fd, dst + got, want - got, first * w + got))
+    if n > 0 then
+      got = got + n
+    elseif n == 0 then
+      check_size(self)
+      raise(string.format("m3.data: %s: ids [%d, %d) run past the end of the file", self.path, first, first + count))
+    elseif ffi.errno() ~= EINTR then
+      raise(string.format("m3.data: cannot read %s: %s", self.path, ffi.string(C.strerror(ffi.errno()))))
+    end
+  end
+  return self.buf
 end
 
 -- Raises unless the split holds a window of length L (and its last target).
@@ -243,8 +248,8 @@ function F:sample(index, o)
   end
   local L = window_length(self, o, "m3.data: sample")
   check_size(self)
-  local off, ids, toks, tgts = self:offset(index, L), self.ids, {}, {}
-  for t = 1, L do toks[t], tgts[t] = ids[off + t - 1], ids[off + t] end
+  local ids, toks, tgts = read_ids(self, self:offset(index, L), L + 1), {}, {}
+  for t = 1, L do toks[t], tgts[t] = ids[t - 1], ids[t] end
   return toks, tgts
 end
 
@@ -273,12 +278,12 @@ function F:next(rows, o)
   local pos, per
   if stream then pos, per = stream_position(self, L, rows) end
   local tokens, targets = tensor({ rows, L }, "i32"), tensor({ rows, L }, "i32")
-  local tk, tg, ids = tokens.data, targets.data, self.ids
+  local tk, tg = tokens.data, targets.data
   for r = 0, rows - 1 do
-    local off, base = stream and self.lo + r * per + pos or self:offset(self.index + r, L), r * L
+    local ids, base = read_ids(self, stream and self.lo + r * per + pos or self:offset(self.index + r, L), L + 1), r * L
     for t = 0, L - 1 do
-      tk[base + t] = ids[off + t]
-      tg[base + t] = ids[off + t + 1]
+      tk[base + t] = ids[t]
+      tg[base + t] = ids[t + 1]
     end
   end
   self.index = self.index + rows
@@ -300,8 +305,8 @@ function F:slice(first, count)
       first, first + count, self.path, self.n))
   end
   check_size(self)
-  local out = {}
-  for i = 0, count - 1 do out[i + 1] = self.ids[first + i] end
+  local ids, out = read_ids(self, first, count), {}
+  for i = 0, count - 1 do out[i + 1] = ids[i] end
   return out
 end
 
