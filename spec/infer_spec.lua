@@ -376,6 +376,10 @@ describe("m3.infer", function()
       inf:close()
       assert.matches("inference object is closed", helper.error_of(inf.step, inf, m3.tensor({ 1, 1, 5 })))
       assert.equal("m3.infer (closed)", tostring(inf))
+      for _, name in ipairs { "close", "step" } do -- close raised "attempt to index local 'box'"
+        assert.matches("^[^:]*infer_spec%.lua:%d+: m3%.infer: expected an inference object %(call methods with ':'%)$",
+          helper.error_of(function() inf[name]({}) end), name)
+      end
     end)
   end)
 

@@ -546,6 +546,11 @@ describe("m3.trainer", function()
     assert.matches("trainer is closed", helper.error_of(tr.save, tr, helper.tmpname()))
     assert.matches("trainer is closed", helper.error_of(tr.load_weights, tr, m3.weights.create(tr.config)))
     assert.equal(16, tr.config.d_model)
+    -- a method called with '.' on something else (close raised "attempt to index local 'box'")
+    for _, name in ipairs { "close", "step", "set_lr" } do
+      assert.matches("^[^:]*trainer_spec%.lua:%d+: m3%.trainer: expected a trainer %(call methods with ':'%)$",
+        helper.error_of(function() tr[name]({}, b) end), name)
+    end
   end)
 
   describe("recurrent state", function()

@@ -98,8 +98,13 @@ local function new(w, opts)
   }, I)
 end
 
-local function live(self)
+-- Raises unless self is a inference object (a method called with '.' gets its first argument instead).
+local function check_self(self)
   if getmetatable(self) ~= I then raise("m3.infer: expected an inference object (call methods with ':')") end
+end
+
+local function live(self)
+  check_self(self)
   local p = self._box.p
   if p == nil then raise("inference object is closed") end
   return p
@@ -384,6 +389,7 @@ end
 
 -- Frees the object now (also on garbage collection); later calls raise "inference object is closed".
 function I:close()
+  check_self(self)
   local box = self._box
   if box.p ~= nil then
     C.m3_infer_destroy(box.p)

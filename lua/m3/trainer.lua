@@ -141,8 +141,13 @@ local function new(w_or_cfg, opts)
   return wrap_trainer(out[0])
 end
 
-local function live(self)
+-- Raises unless self is a trainer (a method called with '.' gets its first argument instead).
+local function check_self(self)
   if getmetatable(self) ~= T then raise("m3.trainer: expected a trainer (call methods with ':')") end
+end
+
+local function live(self)
+  check_self(self)
   local p = self._box.p
   if p == nil then raise("trainer is closed") end
   return p
@@ -573,6 +578,7 @@ end
 
 -- Frees the trainer now (also on garbage collection); later calls raise "trainer is closed".
 function T:close()
+  check_self(self)
   local box = self._box
   if box.p ~= nil then
     C.m3_trainer_destroy(box.p)
