@@ -5,6 +5,7 @@
 local m3 = require "m3"
 local data = require "m3.data"
 local accumulate = require "m3.accumulate"
+local options = require "m3.options"
 local helper = require "spec.helper"
 
 local cfg = m3.config { d_model = 16, n_layers = 1, d_state = 8, headdim = 8, input = "tokens",
@@ -112,6 +113,25 @@ describe("m3.accumulate", function()
     assert.is_false(tr:info().pending_forward)
     assert.equal(0, tr:step_count())
     assert.is_number(tr:step(parts[1]).loss) -- nothing was left open
+  end)
+
+  -- a list with a hole: # may count past it (the nil used to be found only after micro-batch 1 had opened the
+  -- window) or stop before it (the batches after it dropped without a word)
+  it("refuses a list of micro-batches with a hole or other keys before the first forward", function()
+    local tr = new_trainer(2)
+    local parts = accumulate.split(big, 4)
+    local past = { parts[1], parts[2], parts[3] }
+    past[2] = nil
+    local before = { parts[1] }
+    before[3] = parts[3]
+    assert.same({ 3, 1 }, { #past, #before }) -- both lengths LuaJIT gives a list with a hole
+    for _, list in ipairs { past, before, { parts[1], parts[2], rows = 4 } } do
+      assert.equal("m3.accumulate.step: expected a list of micro-batches (keys 1 to k, no hole), got "
+        .. options.show(list) .. "; nothing was run", helper.error_of(accumulate.step, tr, list))
+      assert.is_false(tr:info().pending_forward)
+      assert.is_false(tr:info().window_open)
+    end
+    assert.equal(0, tr:step_count())
   end)
 
   it("takes micro-batches that count nothing and nested tables, as a fused step does", function()
@@ -294,7 +314,7 @@ describe("m3.accumulate", function()
 
   it("refuses an empty list", function()
     assert.has_error(function() accumulate.step(new_trainer(8), {}) end,
-      "m3.accumulate.step: expected a list of micro-batches")
+      "m3.accumulate.step: expected a list of micro-batches (keys 1 to k, no hole), got {}; nothing was run")
   end)
 
   it("refuses a missing trainer and options that are not a table", function()

@@ -2,6 +2,7 @@
 -- (at most 1000 stages), validation.
 
 local curriculum = require "m3.curriculum"
+local options = require "m3.options"
 local helper = require "spec.helper"
 
 describe("m3.curriculum", function()
@@ -133,6 +134,19 @@ describe("m3.curriculum", function()
     -- every name of a phase of curriculum.lengths passes
     for _, p in ipairs(curriculum.lengths { from = 2, to = 8, steps = 3, min_length = 1, batch = 2 }:phases()) do
       assert.is_true(src:next(2, p).tokens:shape()[2] <= p.length)
+    end
+  end)
+
+  -- ipairs used to stop at a hole: the phases after it were dropped, the one before it ran on in their steps
+  it("refuses a list of phases with a hole", function()
+    local past = { { steps = 2, length = 4 }, { steps = 2, length = 8 }, { length = 16 } }
+    past[2] = nil
+    local before = { { steps = 2, length = 4 } }
+    before[3] = { length = 16 }
+    assert.same({ 3, 1 }, { #past, #before }) -- both lengths LuaJIT gives a list with a hole
+    for _, phases in ipairs { past, before } do
+      assert.equal("m3.curriculum.new: expected a list of phases (keys 1 to n, no hole), e.g. {{steps = 100, length = "
+        .. "8}, {length = 16}}, got " .. options.show(phases), helper.error_of(curriculum.new, phases))
     end
   end)
 

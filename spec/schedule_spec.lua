@@ -3,6 +3,7 @@
 
 local m3 = require "m3"
 local schedule = require "m3.schedule"
+local options = require "m3.options"
 local helper = require "spec.helper"
 
 local function near(want, got)
@@ -125,6 +126,32 @@ describe("m3.schedule", function()
     near(1 - math.sqrt(0.25), q(86))
     assert.has_error(function() schedule.wsd { peak = 1, warmup = 90, total = 100, decay = 20 } end)
     assert.has_error(function() schedule.wsd { peak = 1, total = 100, shape = "exp" } end)
+  end)
+
+
+  -- the default decay (0.2 of total) rounds to too few or too many steps for a short run: the message says
+  -- which value was taken and the steps it came to, not "got nil"
+  it("WSD: names the default decay and its steps when they do not fit", function()
+    assert.equal("m3.schedule.wsd: expected decay (steps, or a fraction of total) in [1, total - warmup = 2] steps, "
+      .. "got 0.2 (the default), 0 steps of total = 2", helper.error_of(schedule.wsd, { peak = 1, total = 2 }))
+    assert.equal("m3.schedule.wsd: expected decay (steps, or a fraction of total) in [1, total - warmup = 1] steps, "
+      .. "got 0.2 (the default), 2 steps of total = 10",
+      helper.error_of(schedule.wsd, { peak = 1, warmup = 9, total = 10 }))
+    assert.equal("m3.schedule.wsd: expected decay (steps, or a fraction of total) in [1, total - warmup = 10] steps, "
+      .. "got 11", helper.error_of(schedule.wsd, { peak = 1, total = 10, decay = 11 }))
+  end)
+
+  -- ipairs used to stop at a hole: the pieces after it were dropped, and the piece before it ran on in their steps
+  it("sequence: refuses a list of pieces with a hole", function()
+    local past = { { schedule.constant(1), steps = 2 }, { schedule.constant(2), steps = 2 }, { schedule.constant(3) } }
+    past[2] = nil
+    local before = { { schedule.constant(1), steps = 2 } }
+    before[3] = { schedule.constant(3) }
+    assert.same({ 3, 1 }, { #past, #before }) -- both lengths LuaJIT gives a list with a hole
+    for _, pieces in ipairs { past, before } do
+      assert.equal("m3.schedule.sequence: expected a list of pieces {f, steps = n} (keys 1 to k, no hole), got "
+        .. options.show(pieces), helper.error_of(schedule.sequence, pieces))
+    end
   end)
 
   it("sequence: later pieces see their own step", function()

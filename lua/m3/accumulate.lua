@@ -27,7 +27,8 @@
 --   accumulate.counted(tr, batch) -> c for one micro-batch (checked as a step would check it)
 --
 -- Every micro-batch and option is checked before the first forward, so a bad one raises
--- without leaving a forward pending or a window open. So is the trainer: one with a forward
+-- without leaving a forward pending or a window open; so is the list (a hole in it, or a key
+-- other than 1 to k, is an error). So is the trainer: one with a forward
 -- pending or an accumulation window open (from the caller's own forward / backward_step) is
 -- refused, as is an f16 trainer with k >= 2 (the engine accumulates no f16 gradients).
 
@@ -58,8 +59,9 @@ function accumulate.step(tr, batches, opts)
   if type(tr) ~= "table" or type(tr.check_batch) ~= "function" then
     lib.raise("m3.accumulate.step: expected a trainer (m3.trainer), got " .. options.describe(tr))
   end
-  if type(batches) ~= "table" or #batches == 0 then
-    lib.raise("m3.accumulate.step: expected a list of micro-batches")
+  if not options.is_list(batches) or #batches == 0 then
+    lib.raise("m3.accumulate.step: expected a list of micro-batches (keys 1 to k, no hole), got "
+      .. options.show(batches) .. "; nothing was run")
   end
   if opts == nil then opts = {} end
   options.check_table(opts, STEP_OPTS, "m3.accumulate.step")

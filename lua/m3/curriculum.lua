@@ -55,8 +55,9 @@ local function is_count(v)
 end
 
 function curriculum.new(phases)
-  if type(phases) ~= "table" or #phases == 0 then
-    lib.raise("m3.curriculum.new: expected a list of phases, e.g. {{steps = 100, length = 8}, {length = 16}}")
+  if not options.is_list(phases) or #phases == 0 then -- a hole would drop the phases after it
+    lib.raise("m3.curriculum.new: expected a list of phases (keys 1 to n, no hole), e.g. {{steps = 100, length = 8}, "
+      .. "{length = 16}}, got " .. show(phases))
   end
   local self = setmetatable({ _list = {} }, C)
   local prev, first = {}, 1

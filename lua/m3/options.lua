@@ -1,5 +1,5 @@
 -- m3.options — checks of the option tables of the objects' constructors and methods (trainer,
--- infer): unknown keys (with the closest valid name), integers, seeds, numbers, booleans, the
+-- infer): unknown keys (with the closest valid name), integers, seeds, numbers, booleans, lists, the
 -- device and dtype strings, and how a value is shown in a message. Every error names the option and
 -- what was expected.
 
@@ -67,6 +67,18 @@ function options.check_seed(seed, what)
     raise(string.format("%s: seed = %s: expected an integer in [0, 2^53)", what, show(seed)))
   end
   return seed
+end
+
+-- Whether t is a list: a table whose keys are 1 to #t and nothing else (no hole, no named field).
+function options.is_list(t)
+  if type(t) ~= "table" then return false end
+  local n = 0
+  for _ in pairs(t) do n = n + 1 end
+  if n ~= #t then return false end
+  for i = 1, n do
+    if t[i] == nil then return false end
+  end
+  return true
 end
 
 function options.want_number(v, name)

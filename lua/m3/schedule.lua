@@ -195,11 +195,13 @@ local decay_shapes = {
 
 function schedule.wsd(o)
   local peak, warmup, total, floor_lr = warmup_decay("wsd", opts(o, "wsd", WSD))
-  local decay = num(o, "decay", "wsd", 0, 0.2)
-  if decay < 1 then decay = floor(decay * total + 0.5) end
+  local given = num(o, "decay", "wsd", 0, 0.2)
+  local decay = given < 1 and floor(given * total + 0.5) or given
   if decay ~= floor(decay) or decay < 1 or decay > total - warmup then
     raise(string.format("m3.schedule.wsd: expected decay (steps, or a fraction of total) in "
-      .. "[1, total - warmup = %d] steps, got %s", total - warmup, show(o.decay)))
+      .. "[1, total - warmup = %d] steps, got %s%s%s", total - warmup, show(given),
+      o.decay == nil and " (the default)" or "",
+      given < 1 and string.format(", %s steps of total = %s", exact(decay), exact(total)) or ""))
   end
   local shape = decay_shapes[o.shape or "linear"]
   if not shape then
@@ -227,9 +229,7 @@ function schedule.step_decay(o)
     return checked("step_decay", function(s) return lr * gamma ^ floor((s - 1) / every) end)
   end
   local want = "m3.schedule.step_decay: milestones must be a list of increasing steps (integers >= 1)"
-  local entries = 0
-  for _ in pairs(type(milestones) == "table" and milestones or {}) do entries = entries + 1 end
-  if type(milestones) ~= "table" or entries ~= #milestones then raise(want .. ", got " .. show(milestones)) end
+  if not options.is_list(milestones) then raise(want .. ", got " .. show(milestones)) end
   for i, m in ipairs(milestones) do
     if type(m) ~= "number" or m ~= floor(m) or m < 1 or (i > 1 and m <= milestones[i - 1]) then
       raise(string.format("%s, got milestones[%d] = %s", want, i, show(m)))
@@ -245,8 +245,8 @@ function schedule.step_decay(o)
 end
 
 function schedule.sequence(pieces)
-  if type(pieces) ~= "table" or #pieces == 0 then
-    raise("m3.schedule.sequence: expected a list of pieces {f, steps = n}")
+  if not options.is_list(pieces) or #pieces == 0 then -- a hole would drop the pieces after it
+    raise("m3.schedule.sequence: expected a list of pieces {f, steps = n} (keys 1 to k, no hole), got " .. show(pieces))
   end
   local starts, fns = {}, {}
   local at = 0
