@@ -140,6 +140,36 @@ describe("m3.checkpoint", function()
     assert.same({ 1e15 - 1 }, { one:list()[1].step })
   end)
 
+  -- a bad step or trainer is named by the method that got it (no Lua error from inside, no silent skip of a
+  -- NaN step), a string option is shown as a string, and every = math.huge (which would never save) is refused
+  it("names the method and the value of a bad step, trainer, folder or option", function()
+    local ck = checkpoint.new { dir = dir .. "/bad-args", every = 2 }
+    local tr = new_trainer()
+    local cases = {
+      { function() ck:maybe_save(tr, nil) end, "m3.checkpoint: maybe_save expects a step (an integer in [0, 10^15)), "
+        .. "got nil" },
+      { function() ck:maybe_save(tr, 0 / 0) end, "maybe_save expects a step (an integer in [0, 10^15)), got nan" },
+      { function() ck:maybe_save(tr, "4") end, 'maybe_save expects a step (an integer in [0, 10^15)), got "4"' },
+      { function() ck:maybe_save(nil, 4) end, "m3.checkpoint: maybe_save expects a trainer (m3.trainer), got nil" },
+      { function() ck:save({}, 4) end, "m3.checkpoint: save expects a trainer (m3.trainer), got a table" },
+      { function() ck:path("x") end, 'm3.checkpoint: path expects a step (an integer in [0, 10^15)), got "x"' },
+      { function() checkpoint.resume(nil) end,
+        "m3.checkpoint.resume: expected the checkpoint folder (a path), got nil" },
+      { function() checkpoint.new { dir = dir, every = "5" } end, "m3.checkpoint.new: every must be an integer >= 0 "
+        .. '(0: only explicit saves), got "5"' },
+      { function() checkpoint.new { dir = dir, every = math.huge } end, "every must be an integer >= 0 (0: only "
+        .. "explicit saves), got inf" },
+      { function() checkpoint.new { dir = dir, keep = "2" } end,
+        'keep must be an integer >= 0 (0: keep all), got "2"' },
+    }
+    for _, c in ipairs(cases) do
+      local err = helper.error_of(c[1])
+      assert.truthy(err:find(c[2], 1, true), err)
+      assert.falsy(err:find("checkpoint.lua", 1, true), err)
+    end
+    assert.same({}, ck:list())
+  end)
+
   it("rejects unknown options of checkpoint.new, fit.run and the log writers", function()
     local function err(f, ...)
       local ok, e = pcall(f, ...)

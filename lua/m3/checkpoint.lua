@@ -46,8 +46,9 @@ local checkpoint = {}
 local K = {}
 K.__index = K
 
+-- A finite integer >= lo (math.huge and NaN are not).
 local function is_count(v, lo)
-  return type(v) == "number" and v >= lo and v == math.floor(v)
+  return type(v) == "number" and v >= lo and v < math.huge and v == math.floor(v)
 end
 
 local OPTS = { dir = true, every = true, keep = true }
@@ -59,15 +60,28 @@ function checkpoint.new(o)
   end
   local every, keep = o.every or 0, o.keep or 3
   if not is_count(every, 0) then
-    lib.raise("m3.checkpoint.new: every must be an integer >= 0 (0: only explicit saves), got " .. tostring(o.every))
+    lib.raise("m3.checkpoint.new: every must be an integer >= 0 (0: only explicit saves), got "
+      .. options.show(o.every))
   end
   if not is_count(keep, 0) then
-    lib.raise("m3.checkpoint.new: keep must be an integer >= 0 (0: keep all), got " .. tostring(o.keep))
+    lib.raise("m3.checkpoint.new: keep must be an integer >= 0 (0: keep all), got " .. options.show(o.keep))
   end
   return setmetatable({ dir = o.dir, every = every, keep = keep }, K)
 end
 
+-- Steps below 10^15 print exactly with %d and tostring, so a file's name gives back its step.
+local MAX_STEP = 1e15
+
+-- step, once it is one whose file name gives it back (method: the caller, for the message).
+local function want_step(step, method)
+  if not is_count(step, 0) or step >= MAX_STEP then
+    lib.raise("m3.checkpoint: " .. method .. " expects a step (an integer in [0, 10^15)), got " .. options.show(step))
+  end
+  return step
+end
+
 function K:path(step)
+  want_step(step, "path")
   return string.format("%s/step-%08d.ckpt", self.dir, step)
 end
 
@@ -86,8 +100,6 @@ function K:list()
   return out
 end
 
--- Steps below 10^15 print exactly with %d and tostring, so a file's name gives back its step.
-local MAX_STEP = 1e15
 local MAX_PID = 2 ^ 31 - 1 -- a larger number in a name was not a pid: libm3 did not write it
 local ESRCH = 3            -- kill(pid, 0): no such process
 
@@ -105,10 +117,17 @@ local function remove_stale_temporaries(dir)
   end
 end
 
-function K:save(tr, step, extra)
-  if not is_count(step, 0) or step >= MAX_STEP then
-    lib.raise("m3.checkpoint: save expects a step (an integer in [0, 10^15)), got " .. options.show(step))
+-- tr, once it is a trainer (method: the caller, for the message).
+local function want_trainer(tr, method)
+  if type(tr) ~= "table" or type(tr.save) ~= "function" then
+    lib.raise("m3.checkpoint: " .. method .. " expects a trainer (m3.trainer), got " .. options.describe(tr))
   end
+  return tr
+end
+
+function K:save(tr, step, extra)
+  want_trainer(tr, "save")
+  want_step(step, "save")
   fs.mkdir(self.dir)
   remove_stale_temporaries(self.dir)
   local written = self:path(step)
@@ -124,6 +143,8 @@ function K:save(tr, step, extra)
 end
 
 function K:maybe_save(tr, step, extra)
+  want_trainer(tr, "maybe_save")
+  want_step(step, "maybe_save")
   if self.every > 0 and step % self.every == 0 then return self:save(tr, step, extra) end
 end
 
@@ -149,6 +170,9 @@ function K:resume(opts)
 end
 
 function checkpoint.resume(dir, opts)
+  if type(dir) ~= "string" or dir == "" then
+    lib.raise("m3.checkpoint.resume: expected the checkpoint folder (a path), got " .. options.show(dir))
+  end
   return checkpoint.new { dir = dir }:resume(opts)
 end
 
