@@ -362,6 +362,24 @@ describe("m3.log.jsonl and plots", function()
     os.execute("rm -rf " .. dir)
   end)
 
+  -- an array line used to come back as a record, whose keys 1, 2, ... then stopped log.plot with a Lua error
+  it("skips a line holding an array, and plots records whose other keys are not strings", function()
+    local dir = tmpdir()
+    local f = io.open(dir .. "/metrics.jsonl", "w")
+    f:write('{"step":1,"loss":2}\n[3,4]\nnull\n{"step":2,"loss":1}\n')
+    f:close()
+    local recs, skipped = log.read_jsonl(dir .. "/metrics.jsonl")
+    assert.same({ { step = 1, loss = 2 }, { step = 2, loss = 1 } }, recs)
+    assert.same({ 2, 3 }, skipped)
+    local text = io.open(log.plot_run(dir)):read("*a")
+    assert.equal(1, select(2, text:gsub("<polyline", "")))
+    log.plot({ { step = 1, loss = 2, [1] = 5, [true] = 6 }, { step = 2, loss = 1 } }, dir .. "/keys.svg")
+    text = io.open(dir .. "/keys.svg"):read("*a")
+    assert.equal(1, select(2, text:gsub("<polyline", ""))) -- the loss curve, nothing of the other keys
+    assert.truthy(text:find(">loss<", 1, true))
+    os.execute("rm -rf " .. dir)
+  end)
+
   it("breaks a curve at the steps whose loss metrics.jsonl holds as null (NaN, +-inf), on a log axis still", function()
     local dir = tmpdir()
     local w = log.jsonl(dir .. "/metrics.jsonl")
@@ -510,6 +528,12 @@ describe("m3.log argument errors", function()
       { function() log.read_jsonl(nil) end, "m3.log.read_jsonl: expected a file path, got nil" },
       { function() log.read_jsonl(dir .. "/none.jsonl") end, "m3.log.read_jsonl: cannot open " },
       { function() log.jsonl(dir .. "/m.jsonl"):write(5) end, "m3.log.jsonl: write expects a record (a table), got 5" },
+      { function() log.jsonl(dir .. "/m.jsonl"):write { 1, 2 } end,
+        "m3.log.jsonl: write expects a record (a table of named fields), got the list {1, 2}" },
+      { function() log.jsonl(dir .. "/m.jsonl"):write { file = "caf\233" } end,
+        "m3.log.jsonl: write: json.encode: cannot encode the string at .file: not UTF-8" },
+      { function() log.svg.lines { series = { { x = { 1, 2, 3 }, y = { 1, 2 } } } } end,
+        "m3.log.svg.lines: series[1]: expected lists x and y of one length, got 3 and 2 values" },
       { function() log.progress() end, "m3.log.progress: expected {total = <steps>, ...}, got nil" },
       { function() log.progress { total = 0 } end, "m3.log.progress: total = 0: expected an integer >= 1" },
       { function() log.progress { total = 5, every = 0 } end, "m3.log.progress: every = 0: expected an integer >= 1" },
@@ -535,6 +559,7 @@ describe("m3.log argument errors", function()
       local err = here(case[1])
       assert.truthy(err:find(case[2], 1, true), err)
     end
+    assert.equal("", io.open(dir .. "/m.jsonl"):read("*a")) -- the refused records wrote nothing
     log.svg.write(dir .. "/b.svg", { chart })
     assert.truthy(io.open(dir .. "/b.svg"):read("*a"):match("^<svg"))
     os.execute("rm -rf " .. dir)

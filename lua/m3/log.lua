@@ -3,12 +3,13 @@
 --   log.progress{total =, ...}     a progress bar on a terminal, plain lines otherwise
 --                                  (m3.log.progress)
 --   log.jsonl(path, {truncate =})  a metrics writer: w:write(record) appends one JSON
---                                  object per line and flushes; w:close(). Appending to
+--                                  object per line and flushes (a list, or a value m3.json
+--                                  refuses, is an error); w:close(). Appending to
 --                                  a file whose last line was cut short (a crash) first
 --                                  ends that line, so the new records stay whole
 --   log.read_jsonl(path)           the records of a JSONL file (a list), and the numbers
 --                                  of the lines skipped because they hold no JSON object
---                                  (a line cut short by a crash)
+--                                  (a line cut short by a crash, an array, a number)
 --   log.plot(records, path, opts)  an SVG of the curves in records: a panel of the keys
 --                                  with "loss" in their name (not loss_scale) and one of
 --                                  the keys with "acc" (x = opts.x or "step"; title =
@@ -89,7 +90,12 @@ end
 function W:write(record)
   if not self.f then raise("m3.log.jsonl: " .. self.path .. " is closed") end
   if type(record) ~= "table" then raise("m3.log.jsonl: write expects a record (a table), got " .. show(record)) end
-  local wrote, werr = self.f:write(json.encode(record), "\n")
+  local encoded, line = pcall(json.encode, record)
+  if not encoded then raise("m3.log.jsonl: write: " .. tostring(line)) end
+  if line:sub(1, 1) ~= "{" then -- a list: read_jsonl would skip the line
+    raise("m3.log.jsonl: write expects a record (a table of named fields), got the list " .. show(record))
+  end
+  local wrote, werr = self.f:write(line, "\n")
   local flushed, ferr = self.f:flush()
   if not (wrote and flushed) then raise("m3.log.jsonl: cannot write " .. self.path .. ": " .. tostring(werr or ferr)) end
 end
@@ -108,8 +114,9 @@ function log.read_jsonl(path)
     n = n + 1
     if line:find("%S") then
       local ok, v = pcall(json.decode, line)
-      -- a line cut short by a crash is skipped: the records after it (a resumed run) count
-      if ok and type(v) == "table" and v ~= json.null then
+      -- a line cut short by a crash is skipped: the records after it (a resumed run) count; so is a value
+      -- that is not an object (json.decode gives arrays and null a metatable, objects none)
+      if ok and type(v) == "table" and getmetatable(v) == nil then
         out[#out + 1] = v
       else
         skipped[#skipped + 1] = n
@@ -120,13 +127,14 @@ function log.read_jsonl(path)
   return out, skipped
 end
 
--- Series {name, x, y} for the keys of records that pass keep(key), in sorted key order. A JSON null
+-- Series {name, x, y} for the string keys of records that pass keep(key), in sorted key order (a key
+-- of another type names no metric: a list record's 1, 2, ...). A JSON null
 -- (how m3.json writes NaN and +-inf) becomes a NaN point, which breaks the line there.
 local function series_of(records, xkey, keep)
   local keys, seen = {}, {}
   for _, r in ipairs(records) do
     for k, v in pairs(r) do
-      if k ~= xkey and type(v) == "number" and keep(k) and not seen[k] then
+      if type(k) == "string" and k ~= xkey and type(v) == "number" and keep(k) and not seen[k] then
         seen[k] = true
         keys[#keys + 1] = k
       end

@@ -1,7 +1,7 @@
 -- m3.log.svg — line and bar charts as standalone SVG, written by hand (no dependency).
 --
 --   svg.lines{title =, xlabel =, ylabel =, logy =, series = {{name =, x = {...}, y = {...}}}}
---       -> a chart (a table with width, height and body)
+--       -> a chart (a table with width, height and body); x and y of a series have one length
 --   svg.bars{title =, xlabel =, labels = {...}, values = {...}} -> a horizontal bar chart
 --   svg.document(charts) -> SVG text with the charts stacked vertically
 --   svg.write(path, charts) -> writes the document (atomically; the folder must exist)
@@ -191,6 +191,9 @@ function svg.lines(o)
     options.check_table(s, SERIES_OPTS, what)
     if type(s.x) ~= "table" or type(s.y) ~= "table" then
       raise(string.format("%s: expected lists x and y, got %s and %s", what, show(s.x), show(s.y)))
+    end
+    if #s.x ~= #s.y then -- the points past the shorter list would be dropped without a word
+      raise(string.format("%s: expected lists x and y of one length, got %d and %d values", what, #s.x, #s.y))
     end
     -- written into attributes as it is: a name or #hex only, never markup
     if s.color ~= nil and not (type(s.color) == "string" and s.color:match("^#?[%w]+$")) then
