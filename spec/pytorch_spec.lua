@@ -78,6 +78,25 @@ describe("m3.pytorch", function()
     os.execute("rm -rf " .. helper.quote(dir))
   end)
 
+  -- the engine tells a m3.weights.load caller to load with tie_embeddings = false; an import's config is config.json
+  it("tells where to untie a lm_head.weight that differs from the tied embedding: config.json", function()
+    local dir = helper.tmpname("-export")
+    m3.pytorch.export(m3.weights.init(lm({ tie_embeddings = true }), { seed = 4 }), dir)
+    local model = dir .. "/model.safetensors"
+    local tensors, metadata = m3.load_tensors(model)
+    local head = tensors["lm_head.weight"]
+    local changed = m3.tensor(head:shape())
+    for i = 0, head:numel() - 1 do changed[i] = head[i] end
+    changed[0] = changed[0] + 1
+    tensors["lm_head.weight"] = changed
+    m3.save_tensors(model, tensors, metadata)
+    local err = helper.error_of(m3.pytorch.import, dir)
+    assert.truthy(err:find("lm_head.weight differs from embedding.weight, but the config ties them (tie_embeddings = "
+      .. 'true); set "tie_embeddings": false in ' .. dir .. "/config.json to keep a separate lm_head", 1, true), err)
+    assert.falsy(err:find("load with", 1, true), err)
+    os.execute("rm -rf " .. helper.quote(dir))
+  end)
+
   it("export_pytorch.lua exports a checkpoint trained in bf16 bit for bit, reporting the tensors it wrote",
     function()
     local tr = m3.trainer(lm(), { device = "cpu", batch = 2, seq_len = 4, seed = 4 })

@@ -205,6 +205,28 @@ describe("m3.weights", function()
     assert.matches(want, helper.error_of(m3.infer, path))
   end)
 
+  -- a tensor is found under its SPEC.md name or with the "backbone." prefix of the PyTorch model: the message
+  -- says that both were looked for
+  it("names both names it looked for a missing tensor under", function()
+    local w = m3.weights.init(cfg)
+    local path = helper.tmpname(".safetensors")
+    w:save(path)
+    local tensors, metadata = m3.load_tensors(path)
+    tensors["norm_f.weight"] = nil
+    m3.save_tensors(path, tensors, metadata)
+    assert.matches("missing tensor norm_f%.weight %(shape %[16%]%): the file has neither norm_f%.weight nor "
+      .. "backbone%.norm_f%.weight", helper.error_of(m3.weights.load, path))
+  end)
+
+  it("names m3.weights.load and its cfg when that is not a config table", function()
+    local path = helper.tmpname(".safetensors")
+    m3.weights.init(cfg):save(path)
+    assert.equal('m3.weights.load: cfg = "x": expected a config (a table), or nil for the file\'s own',
+      helper.error_of(m3.weights.load, path, "x"))
+    assert.equal("m3.weights.load: cfg = weights (w.config is theirs): expected a config (a table), or nil for the "
+      .. "file's own", helper.error_of(m3.weights.load, path, m3.weights.load(path)))
+  end)
+
   it("names a weights object passed for a config, and a seed given as a string", function()
     local w = m3.weights.init(cfg)
     assert.matches("m3.weights: expected a config, got weights", helper.error_of(m3.weights.init, w))

@@ -119,8 +119,8 @@ static m3_status find_param(const char *path, const m3_tensor_file *f, const par
     return m3_fail(M3_ERR_FORMAT, "%s: both %s and %s are present; keep one", path, p->name, prefixed);
   if (bare < 0 && pre < 0) {
     char want[128];
-    return m3_fail(M3_ERR_FORMAT, "%s: missing tensor %s (shape %s)", path, p->name,
-                   shape_text(want, sizeof want, p->ndim, p->shape));
+    return m3_fail(M3_ERR_FORMAT, "%s: missing tensor %s (shape %s): the file has neither %s nor %s", path, p->name,
+                   shape_text(want, sizeof want, p->ndim, p->shape), p->name, prefixed);
   }
   *index = bare >= 0 ? bare : pre;
   return M3_OK;

@@ -189,6 +189,18 @@ function pytorch.export(w, dir)
   return dir, #w:names() + (cfg.tie_embeddings and 1 or 0)
 end
 
+-- How the engine's message on a lm_head.weight that differs from a tied embedding says to keep both, in the
+-- words of a m3.weights.load caller (weights_io.c); import says where its config comes from instead.
+local ENGINE_UNTIE = "load with tie_embeddings = false"
+
+-- The engine's message w on loading dir's model.safetensors, in the words of an import.
+local function import_words(w, dir)
+  local at = w:find(ENGINE_UNTIE, 1, true)
+  if not at then return w end
+  return w:sub(1, at - 1) .. string.format('set "tie_embeddings": false in %s/config.json', dir)
+    .. w:sub(at + #ENGINE_UNTIE)
+end
+
 function pytorch.import(dir)
   if type(dir) ~= "string" or dir == "" then raise("m3.pytorch.import: expected a folder path, got " .. show(dir)) end
   if not fs.is_dir(dir) then raise("m3.pytorch.import: there is no folder " .. dir) end
@@ -207,7 +219,7 @@ function pytorch.import(dir)
   local loaded, w = pcall(weights.load, model, cfg)
   if loaded then return w end
   if lib.last_status == lib.C.M3_ERR_INTERRUPTED then error(w, 0) end -- as lib.check raises it: no position
-  raise("m3.pytorch.import: " .. w .. (lib.last_status == lib.C.M3_ERR_FORMAT
+  raise("m3.pytorch.import: " .. import_words(w, dir) .. (lib.last_status == lib.C.M3_ERR_FORMAT
     and left_out(defaulted, dir .. "/config.json") or ""))
 end
 

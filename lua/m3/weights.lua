@@ -78,6 +78,10 @@ end
 -- m3.weights.load(path, cfg?): a safetensors file (config from its metadata when cfg is nil).
 function weights.load(path, cfg)
   fs.check_path(path, "m3.weights.load")
+  if cfg ~= nil and (type(cfg) ~= "table" or is_weights(cfg)) then
+    raise("m3.weights.load: cfg = " .. (is_weights(cfg) and "weights (w.config is theirs)" or options.show(cfg))
+      .. ": expected a config (a table), or nil for the file's own")
+  end
   local c = cfg ~= nil and config.to_c(cfg) or nil
   local out = ffi.new("m3_weights *[1]")
   check(C.m3_weights_load(path, c, out))
