@@ -48,9 +48,14 @@ local function create(cfg)
   return weights.wrap(out[0])
 end
 
+-- Raises unless w is a weights object (a method called with '.' gets its first argument instead).
+local function check_self(w)
+  if not is_weights(w) then raise("m3.weights: expected a weights object (call methods with ':')") end
+end
+
 -- The live C pointer, or an error when closed.
 local function ptr(w)
-  if not is_weights(w) then raise("m3.weights: expected a weights object (call methods with ':')") end
+  check_self(w)
   local p = w._box.p
   if p == nil then raise("weights are closed") end
   return p
@@ -168,6 +173,7 @@ end
 
 -- Releases the weights (at once, unless tensor views from get() are still alive).
 function W:close()
+  check_self(self)
   local box = self._box
   if box.p == nil then return end
   if next(self._views) == nil then
