@@ -1,6 +1,7 @@
--- m3.tensor and m3.load_tensors / m3.save_tensors: constructors, dtypes, bounds checks,
--- nested tables, FFI wraps (pointers refused where a value's data is copied), and safetensors
--- round trips and conversions (names and metadata that are not UTF-8 refused when saving).
+-- m3.tensor and m3.load_tensors / m3.save_tensors: constructors, shapes, dtypes, bounds checks,
+-- messages (every digit of a value; methods called with a dot), printing, nested tables, FFI
+-- wraps (pointers refused where a value's data is copied), and safetensors round trips and
+-- conversions (names and metadata that are not UTF-8 refused when saving).
 
 local ffi = require "ffi"
 local m3 = require "m3"
@@ -61,6 +62,32 @@ describe("m3.tensor", function()
     assert.matches("shape%[1%] = 1.5", helper.error_of(m3.tensor, { 1.5 }))
     assert.matches('shape%[1%] = "2"', helper.error_of(m3.tensor, { "2" }))
     assert.matches("unknown dtype f16", helper.error_of(m3.tensor, { 2 }, "f16"))
+    -- a nil among the dims, where # may stop at it: refused, not a tensor of fewer dims
+    assert.matches("m3.tensor: shape has a nil among its dims %(dims up to %[3%]%)",
+      helper.error_of(m3.tensor, { 2, nil, 3 }))
+    -- a dim above 2^53 is refused even where another dim is 0 (no exact double, no safetensors dim)
+    assert.matches("m3.tensor: shape%[2%] = 1.152921504606847e%+18: expected an integer in %[0, 2%^53%]",
+      helper.error_of(m3.tensor, { 0, 2 ^ 60 }))
+    assert.same({ 2 ^ 53, 0 }, m3.tensor({ 2 ^ 53, 0 }):shape())
+    assert.matches("m3.tensor: shape %[9007199254740992, 1%] holds 9007199254740992 elements",
+      helper.error_of(m3.tensor, { 2 ^ 53, 1 }))
+    assert.matches("shape%[1%] = nan: expected an integer", helper.error_of(m3.tensor, { 0 / 0 }))
+    assert.matches("m3.tensor: shape %[1073741824, 1073741824, 1073741824%] holds 1.2379400392853803e%+27 elements, "
+      .. "expected fewer than 2%^53", helper.error_of(m3.tensor, { 2 ^ 30, 2 ^ 30, 2 ^ 30 }))
+    -- shapes in messages carry every digit
+    assert.matches("cannot allocate f32 %[4503599627370497%]", helper.error_of(m3.tensor, { 2 ^ 52 + 1 }))
+  end)
+
+  it("says so when a method is called with a dot, and when cast gets no tensor", function()
+    local t = m3.tensor({ 2 })
+    for _, name in ipairs({ "shape", "numel", "dtype", "clone", "to_table" }) do
+      assert.matches("tensor:" .. name .. ": expected a tensor as self, got nil: call it with a colon, t:" .. name
+        .. "%(%)", helper.error_of(function() return t[name]() end))
+    end
+    assert.matches("^[^\n]-tensor_spec.lua:%d+: tensor:shape: expected a tensor as self, got a table",
+      helper.error_of(function() local shape = t.shape({}) return shape end))
+    assert.matches("m3.tensor: expected a tensor to convert, got a table",
+      helper.error_of(m3.tensor.cast, { 1, 2 }, "f32"))
   end)
 
   it("checks bounds on 0-based flat access", function()
@@ -163,6 +190,12 @@ describe("m3.tensor", function()
     assert.matches("element %[1%]%[2%] = 1.5: expected an integer",
       helper.error_of(m3.tensor.from, { { 1, 1.5 } }, "i32"))
     assert.matches("element %[1%] = %-1: expected an integer in %[0, 255%]", helper.error_of(m3.tensor.from, { -1 }, "u8"))
+    -- values and indices in messages carry every digit: 3.0000000000000004 is not shown as the integer 3
+    assert.matches("element %[1%] = 3.0000000000000004: expected an integer",
+      helper.error_of(m3.tensor.from, { 0.1 * 3 * 10 }, "i32"))
+    assert.matches("tensor index 1000000000000000.5 is not an integer",
+      helper.error_of(function() return i[1e15 + 0.5] end))
+    assert.matches("tensor index 4503599627370497 out of range", helper.error_of(function() return i[2 ^ 52 + 1] end))
     -- f32: a finite number that would round to an infinity is refused; NaN and inf stay what they are
     f[1] = 3.4028234663852886e38
     assert.matches("tensor%[1%] = .*: outside float32's range", helper.error_of(function() f[1] = 3.4028235677973366e38 end))
@@ -215,6 +248,14 @@ describe("m3.tensor", function()
     assert.matches("f32", s)
     assert.matches("%[2, 2%]", s)
     assert.matches("1, 2, 3, 4", s)
+    -- m3.tensor.tostring(t) is tostring(t), with the tensor's own dtype and values
+    local f = m3.tensor.from({ 1.5, -2 }, "f64")
+    assert.equal("m3.tensor(f64 [2]: 1.5, -2)", m3.tensor.tostring(f))
+    assert.equal(tostring(f), m3.tensor.tostring(f))
+    assert.equal("m3.tensor(u8 [0, 3]: )", tostring(m3.tensor({ 0, 3 }, "u8")))
+    local big = tostring(m3.tensor.from({ { 1, 2, 3, 4, 5 }, { 6, 7, 8, 9, 10 } }, "i32"))
+    assert.equal("m3.tensor(i32 [2, 5]: 1, 2, 3, 4, 5, 6, 7, 8, ...)", big)
+    assert.matches("m3.tensor.tostring: expected a tensor, got a table", helper.error_of(m3.tensor.tostring, { 1 }))
   end)
 end)
 
@@ -285,6 +326,8 @@ describe("m3.load_tensors / m3.save_tensors", function()
       helper.error_of(m3.save_tensors, path, { a = { 1 } }, { k = "v\0" }))
     assert.matches('tensor "bad": expected a tensor', helper.error_of(m3.save_tensors, path, { good = { 1 }, bad = "oops" }))
     assert.matches("metadata keys must be strings, got number 1", helper.error_of(m3.save_tensors, path, { a = { 1 } }, { "x" }))
+    assert.matches('m3.save_tensors: tensor "a": expected a tensor, .* got ctype<float %[3%]> without a shape',
+      helper.error_of(m3.save_tensors, path, { a = ffi.new("float[3]") }))
     assert.matches("expected a %(nested%) list of numbers, got a table with key",
       helper.error_of(m3.tensor.from, { data = 1 }))
     assert.is_false(io.open(path) ~= nil)

@@ -7,7 +7,9 @@
 -- m3.tensor(shape, dtype, {pinned = true}), a weights object for views, a user's FFI array
 -- for wraps) kept alive in a registry until the tensor is collected. Nothing here copies or
 -- loops over elements unless asked (from, to_table, clone, cast). A name that is neither a
--- method nor a number (t.foo, t["1"]) is an error, as an index out of range is.
+-- method nor a number (t.foo, t["1"]) is an error, as an index out of range is, and so is a
+-- method called with a dot (t.shape()). A shape is a list of at most 8 integers in [0, 2^53]
+-- whose product is below 2^53.
 --
 -- User data (coerce, from) is taken as a tensor, a nested table or an FFI array, whose size the FFI
 -- knows; a pointer is refused. tensor.wrap also views a pointer: that its memory holds the shape's
@@ -15,11 +17,12 @@
 
 local ffi = require "ffi"
 local lib = require "m3.lib"
+local exact = require("m3.number_text").exact
 
 lib.internal_file(debug.getinfo(1, "S").source)
 
 local raise = lib.raise
-local floor, huge = math.floor, math.huge
+local floor = math.floor
 local MAXDIM = 8
 
 local ctype_of = { f32 = "float", f64 = "double", i32 = "int32_t", u8 = "uint8_t" }
@@ -65,9 +68,11 @@ end
 local ctypes, array_ct, ptr_ct = {}, {}, {}
 local methods = {}
 
--- A value as messages show it (strings quoted, so "2" is not mistaken for 2).
+-- A value as messages show it: strings quoted, so "2" is not mistaken for 2; numbers with every digit,
+-- so 3.0000000000000004 is not shown as 3 nor 2^60 as 1.1529215046068e+18.
 local function show(v)
-  return type(v) == "string" and string.format("%q", v) or tostring(v)
+  if type(v) == "string" then return string.format("%q", v) end
+  return type(v) == "number" and exact(v) or tostring(v)
 end
 
 -- The values an element of an integer dtype holds; a Lua number outside them (or not whole) would be
@@ -97,8 +102,8 @@ end
 
 local function bad_index(t, k)
   if type(k) == "number" then
-    if k ~= floor(k) then raise("tensor index " .. tostring(k) .. " is not an integer") end
-    raise(string.format("tensor index %s out of range [0, %d)", tostring(k), t.n_))
+    if k ~= floor(k) then raise("tensor index " .. show(k) .. " is not an integer") end
+    raise(string.format("tensor index %s out of range [0, %d)", show(k), t.n_))
   end
   raise("tensor: no method or field " .. show(k))
 end
@@ -140,7 +145,7 @@ for _, dtype in ipairs(DTYPES) do
     .. "int32_t code_; double dims_[%d]; } %s;", sname, cname, MAXDIM, sname))
   local m = {}
   for k, v in pairs(mt) do m[k] = v end
-  m.__tostring = function(t) return tensor.tostring(t, dtype) end
+  m.__tostring = function(t) return tensor.tostring(t) end
   ctypes[dtype] = ffi.metatype(sname, m)
   array_ct[dtype] = ffi.typeof(cname .. "[?]")
   ptr_ct[dtype] = ffi.typeof(cname .. "*")
@@ -173,16 +178,23 @@ local function check_shape(shape, what)
   if type(shape) ~= "table" then
     raise(string.format("%s: shape must be a table of integers, got %s", what, type(shape)))
   end
+  if table.maxn(shape) ~= #shape then -- a nil inside the list: # may stop at it
+    raise(string.format("%s: shape has a nil among its dims (dims up to [%d]): expected a list of integers",
+      what, table.maxn(shape)))
+  end
   if #shape > MAXDIM then raise(string.format("%s: at most %d dims, got %d", what, MAXDIM, #shape)) end
   local n = 1
   for i = 1, #shape do
     local d = shape[i]
-    if type(d) ~= "number" or d < 0 or d ~= floor(d) or d == huge then
-      raise(string.format("%s: shape[%d] = %s: expected an integer >= 0", what, i, show(d)))
+    if type(d) ~= "number" or d < 0 or d ~= floor(d) or d > 2 ^ 53 then -- (with a 0 beside it, n would not say so)
+      raise(string.format("%s: shape[%d] = %s: expected an integer in [0, 2^53]", what, i, show(d)))
     end
     n = n * d
   end
-  if n >= 2 ^ 53 then raise(string.format("%s: %g elements is too many", what, n)) end
+  if n >= 2 ^ 53 then
+    raise(string.format("%s: shape %s holds %s elements, expected fewer than 2^53", what, tensor.format_shape(shape),
+      show(n)))
+  end
   return shape, n
 end
 
@@ -362,6 +374,7 @@ end
 -- truncated toward zero, as C converts). what (default "m3.tensor") names src in messages.
 function tensor.cast(src, dtype, what)
   what = what or "m3.tensor"
+  if not tensor.is(src) then raise(string.format("%s: expected a tensor to convert, got %s", what, type_name(src))) end
   dtype = tensor.dtype_name(dtype, what)
   local t = zeros(dtype, src:shape(), src.n_)
   if dtype_of(src) == dtype then
@@ -453,13 +466,29 @@ function methods.to_table(t)
   return (build(t.data, shape, 1, 0))
 end
 
+-- A method called with a dot (t.shape()) gets no tensor: that is said, instead of an error inside it.
+for name, method in pairs(methods) do
+  methods[name] = function(t, ...)
+    if not tensor.is(t) then
+      raise(string.format("tensor:%s: expected a tensor as self, got %s: call it with a colon, t:%s()", name,
+        type_name(t), name))
+    end
+    return method(t, ...)
+  end
+end
+
 local SHOW = 8
 
 function tensor.format_shape(shape)
-  return "[" .. table.concat(shape, ", ") .. "]"
+  local dims = {}
+  for i = 1, #shape do dims[i] = show(shape[i]) end
+  return "[" .. table.concat(dims, ", ") .. "]"
 end
 
-function tensor.tostring(t, dtype)
+-- "m3.tensor(f32 [2, 2]: 1, 2, 3, 4)": dtype, shape and the first SHOW values (what tostring(t) gives).
+function tensor.tostring(t)
+  if not tensor.is(t) then raise("m3.tensor.tostring: expected a tensor, got " .. type_name(t)) end
+  local dtype = dtype_of(t)
   local vals, n = {}, math.min(t.n_, SHOW)
   local fmt = (dtype == "f32" or dtype == "f64") and "%.6g" or "%d"
   for i = 0, n - 1 do vals[#vals + 1] = string.format(fmt, t.data[i]) end

@@ -4,7 +4,8 @@
 -- load: F32, F64, I32, U8 are copied as they are; F16 and BF16 become f32; I64, I16, I8,
 -- U16, U32, U64 become i32 (values outside int32 are an error naming the tensor); BOOL
 -- becomes u8. save: f32, f64, i32, u8 tensors ({data = <FFI array>, shape = ...} tables keep the array's
--- type, nested tables become f32); metadata strings, booleans and numbers (as text that reads back exactly).
+-- type, nested tables become f32, a bare FFI array, whose shape is unknown, is an error); metadata
+-- strings, booleans and numbers (as text that reads back exactly).
 
 local ffi = require "ffi"
 local lib = require "m3.lib"
@@ -134,8 +135,13 @@ function io_.save(path, tensors, metadata)
   local w = ffi.gc(wp[0], C.m3_tensor_writer_destroy)
   local keep = {} -- converted tensors stay alive until the write below
   for _, name in ipairs(names) do
-    local t = tensor.coerce(tensors[name], string.format("m3.save_tensors: tensor %q", name), "f32", nil,
-      "a tensor, a {data = <FFI array>, shape = {...}} table or a nested table of numbers")
+    local what, expected = string.format("m3.save_tensors: tensor %q", name),
+      "a tensor, a {data = <FFI array>, shape = {...}} table or a nested table of numbers"
+    local t = tensor.coerce(tensors[name], what, "f32", nil, expected)
+    if not t then -- a bare FFI array: its shape is not known
+      raise(string.format("%s: expected %s, got %s without a shape (pass {data = array, shape = {...}})", what,
+        expected, tensor.describe(tensors[name])))
+    end
     keep[#keep + 1] = t
     local shape = t:shape()
     local dims = ffi.new("int64_t[?]", math.max(#shape, 1), shape)
