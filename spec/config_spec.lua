@@ -1,6 +1,6 @@
--- m3.config, m3.presets, m3.preset, m3.config_from_json: defaults, derived sizes, the
--- error text of unknown fields, type errors and every SPEC.md §1 rule; the C API's config and
--- info calls given NULL outputs.
+-- m3.config, m3.presets, m3.preset, m3.config_from_json: defaults, derived sizes (n_params
+-- against the weights), JSON round trips, the error text of unknown fields, type errors and
+-- every SPEC.md §1 rule; the C API's config and info calls given NULL outputs.
 
 local m3 = require "m3"
 local helper = require "spec.helper"
@@ -28,6 +28,28 @@ describe("m3.config", function()
     assert.is_true(c.tie_embeddings)
     assert.equal(128, c.d_inner)
     assert.equal(2, c.nheads)
+    assert.equal("features", m3.config({ d_model = 64, n_layers = 2, input_dim = 3 }).input)
+  end)
+
+  it("counts n_params as the weights hold them and survives JSON unchanged, for every input, head and tie", function()
+    local config = require "m3.config"
+    for _, input in ipairs({ "features", "identity", "tokens" }) do
+      for _, head in ipairs({ "none", "lm", "mse" }) do
+        for _, tie in ipairs({ true, false }) do
+          for _, rope_fraction in ipairs({ 0, 0.5, 1 }) do
+            local c = m3.config({ d_model = 12, n_layers = 2, d_state = 10, expand = 3, headdim = 6, ngroups = 2,
+              rope_fraction = rope_fraction, a_floor = 1e-4 / 3, outproj_norm = tie, input = input, head = head,
+              input_dim = input == "features" and 5 or nil, out_dim = head == "mse" and 7 or nil,
+              vocab_size = (input == "tokens" or head == "lm") and 11 or nil,
+              tie_embeddings = tie and (head ~= "lm" or input == "tokens") })
+            local w, total = m3.weights.init(c, { seed = 1 }), 0
+            for _, name in ipairs(w:names()) do total = total + w:get(name):numel() end
+            assert.equal(total, c.n_params)
+            assert.same(c, m3.config_from_json(config.to_json(c)))
+          end
+        end
+      end
+    end
   end)
 
   it("derives d_inner, nheads, num_rope_angles, in_proj_dim and n_params (SPEC.md §1)", function()
@@ -80,6 +102,9 @@ describe("m3.config", function()
     assert.matches("d_model = %-2147483649: expected an integer %(int32%)",
       helper.error_of(m3.config, base({ d_model = -2 ^ 31 - 1 })))
     assert.matches("expected a table", helper.error_of(m3.config, 3))
+    -- every digit of the value: a computed 8.000000000000002 is not shown as the integer 8
+    assert.matches("headdim = 8.000000000000002: expected an integer",
+      helper.error_of(m3.config, base({ headdim = 0.1 * 3 * 10 * 8 / 3 })))
   end)
 
   it("reports each rule with the field, the value and the rule", function()

@@ -10,6 +10,7 @@
 local ffi = require "ffi"
 local lib = require "m3.lib"
 local json = require "m3.json"
+local exact = require("m3.number_text").exact
 
 lib.internal_file(debug.getinfo(1, "S").source)
 
@@ -46,9 +47,10 @@ config.derived_fields = DERIVED
 
 -- ---- messages --------------------------------------------------------------------------------
 
+-- A value as messages show it: strings quoted, numbers with every digit (3.0000000000000004 is no integer).
 local function show(v)
   if type(v) == "string" then return string.format("%q", v) end
-  return tostring(v)
+  return type(v) == "number" and exact(v) or tostring(v)
 end
 
 local function distance(a, b)
