@@ -10,6 +10,10 @@
 -- batch's loss with respect to its rows' out, so every micro-batch goes in at scale 1. The
 -- summed gradient is then the gradient of the loss of the concatenated batch: the same
 -- update as one big batch, up to float rounding.
+-- A trainer with carry_state carries each row's state from one micro-batch into the next, so
+-- there the micro-batches must be consecutive windows of the same rows (row r of each one
+-- continues row r's stream: one update over k windows in time), not the parts of one batch's
+-- rows (accumulate.split), which would each start from the state the part before left.
 -- Returns the closing call's metrics with loss and accuracy = those of the big batch (the
 -- counted-weighted means), tokens, counted (what tr:step reports for the big batch: none for
 -- head "none") and ms summed over the micro-batches, and micro = k.
