@@ -70,7 +70,10 @@ int32_t m3_cuda_device_count(void);/* usable CUDA devices (0 without a GPU or CU
 void *m3_host_pinned_alloc(size_t bytes);
 void m3_host_pinned_free(void *p);
 /* Threads used by the CPU backend (n <= 0: all cores); more than 4 per core is M3_ERR_ARGUMENT (it never
- * helps, and the thread runtime ends the process when it cannot start them). */
+ * helps, and the thread runtime ends the process when it cannot start them). The count is an OpenMP setting of
+ * the calling thread: other threads keep theirs, and m3_cpu_threads reads the caller's. Trainers and inference
+ * objects take most of their threads from the count in force when they were created (their scratch is sized
+ * for it), whatever it is later: set it before creating them. */
 m3_status m3_cpu_set_threads(int32_t n);
 int32_t m3_cpu_threads(void);
 /* The kernel set OpenBLAS chose for this CPU ("SkylakeX", "Haswell", ...). */
@@ -266,8 +269,8 @@ typedef struct m3_batch {
 
 typedef struct m3_backward_opts {
   double clip;            /* < 0: the trainer's clip; 0: none; > 0: max norm */
-  int32_t accumulate;     /* 1: add gradients and keep the window open */
-  double scale;           /* multiplies this micro-batch's loss (1/k for k micro-batches) */
+  int32_t accumulate;     /* 1: add gradients and keep the window open; 0: close it */
+  double scale;           /* multiplies this micro-batch's loss (1/k for k micro-batches); > 0, float32 normal */
 } m3_backward_opts;
 
 typedef struct m3_metrics {
@@ -340,7 +343,8 @@ int32_t m3_trainer_has_graph(const m3_trainer *tr);
  * graph are not timed (drop the graph to profile). m3_trainer_profile writes the phases that
  * took time, in step order, as milliseconds per counted call: the first call after switching
  * on is not counted (it loads modules). Switching on or off clears the totals. The CPU backend
- * answers M3_ERR_UNSUPPORTED. */
+ * answers M3_ERR_UNSUPPORTED, after the checks of the arguments that every backend makes (on: 0 or 1;
+ * out, n and calls not NULL; cap >= 0). */
 typedef struct m3_phase_time {
   const char *name;       /* a static string: "scan fwd", "in_proj bwd", "update", ... */
   double ms_per_call;
@@ -351,10 +355,13 @@ m3_status m3_trainer_profile(const m3_trainer *tr, m3_phase_time *out, int32_t c
 
 m3_status m3_trainer_set_lr(m3_trainer *tr, double lr);
 double m3_trainer_lr(const m3_trainer *tr);
+/* reference: 1 the reference no-decay group (SPEC.md §7), 0 decay every tensor (else M3_ERR_CONFIG, as for the
+ * trainer option it sets). */
 m3_status m3_trainer_set_no_decay(m3_trainer *tr, int32_t reference);
 m3_status m3_trainer_set_clip(m3_trainer *tr, double max_norm);
 
-/* Recurrent state (SPEC.md §4). rows NULL: all rows. Per layer, batch first:
+/* Recurrent state (SPEC.md §4). rows NULL: all rows (n_rows is then not read); else n_rows >= 0 entries in
+ * [0, batch), a repeated one reset once. Per layer, batch first:
  * angle [batch, H, S], ssm [batch, H, P, N], k [batch, H, N], v [batch, H, P]; any pointer
  * may be NULL to skip that tensor. set_state needs a trainer that carries its state (carry_state = 1; without
  * it every window starts from zero, and the call is M3_ERR_UNSUPPORTED). */

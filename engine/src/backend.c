@@ -66,25 +66,29 @@ m3_status m3_backend_open(const backend_args *a, int32_t device, int32_t *chosen
 #endif
 }
 
-m3_status m3_check_batch_inputs(const m3_dims *d, const m3_batch *b, int32_t max_rows, int32_t max_len) {
-  if (!b) return m3_fail(M3_ERR_ARGUMENT, "batch is NULL");
+m3_status m3_check_batch_inputs(const m3_dims *d, const m3_batch *b, int32_t max_rows, int32_t max_len,
+                                const char *call) {
+  if (!b) return m3_fail(M3_ERR_ARGUMENT, "%s: batch is NULL", call);
   if (b->rows < 1 || b->rows > max_rows)
-    return m3_fail(M3_ERR_ARGUMENT, "batch has %d rows: must be in [1, %d] (the %s's batch)", b->rows, max_rows,
-                   max_len > 0 ? "trainer" : "inference object");
+    return m3_fail(M3_ERR_ARGUMENT, "%s: batch has %d rows: must be in [1, %d] (the %s's batch)", call, b->rows,
+                   max_rows, max_len > 0 ? "trainer" : "inference object");
   if (max_len > 0 && (b->len < 1 || b->len > max_len))
-    return m3_fail(M3_ERR_ARGUMENT, "batch has length %d: must be in [1, %d] (the trainer's seq_len)", b->len,
-                   max_len);
-  if (b->len < 1) return m3_fail(M3_ERR_ARGUMENT, "batch has length %d: must be >= 1 (an empty prompt)", b->len);
+    return m3_fail(M3_ERR_ARGUMENT, "%s: batch has length %d: must be in [1, %d] (the trainer's seq_len)", call,
+                   b->len, max_len);
+  if (b->len < 1)
+    return m3_fail(M3_ERR_ARGUMENT, "%s: batch has length %d: must be >= 1 (an empty prompt)", call, b->len);
   const int64_t n = (int64_t)b->rows * b->len;
-  if (n > INT32_MAX) return m3_fail(M3_ERR_ARGUMENT, "batch has %lld positions: must be < 2^31", (long long)n);
+  if (n > INT32_MAX)
+    return m3_fail(M3_ERR_ARGUMENT, "%s: batch has %lld positions: must be < 2^31", call, (long long)n);
   if (d->input == M3_INPUT_TOKENS) {
-    if (!b->tokens) return m3_fail(M3_ERR_ARGUMENT, "batch.tokens is missing: the model's input is \"tokens\"");
+    if (!b->tokens)
+      return m3_fail(M3_ERR_ARGUMENT, "%s: batch.tokens is missing: the model's input is \"tokens\"", call);
     for (int64_t i = 0; i < n; i++)
       if (b->tokens[i] < 0 || b->tokens[i] >= d->vocab)
-        return m3_fail(M3_ERR_ARGUMENT, "batch.tokens[%lld] (row %lld, position %lld) = %d: must be in [0, %d)",
-                       (long long)i, (long long)(i / b->len), (long long)(i % b->len), b->tokens[i], d->vocab);
+        return m3_fail(M3_ERR_ARGUMENT, "%s: batch.tokens[%lld] (row %lld, position %lld) = %d: must be in [0, %d)",
+                       call, (long long)i, (long long)(i / b->len), (long long)(i % b->len), b->tokens[i], d->vocab);
   } else if (!b->input) {
-    return m3_fail(M3_ERR_ARGUMENT, "batch.input is missing: the model's input is \"%s\"",
+    return m3_fail(M3_ERR_ARGUMENT, "%s: batch.input is missing: the model's input is \"%s\"", call,
                    d->input == M3_INPUT_FEATURES ? "features" : "identity");
   }
   return M3_OK;
@@ -92,15 +96,16 @@ m3_status m3_check_batch_inputs(const m3_dims *d, const m3_batch *b, int32_t max
 
 m3_status m3_check_rows(const int32_t *rows, int32_t n_rows, int32_t batch, const char *what) {
   if (!rows) return M3_OK;
-  if (n_rows < 0) return m3_fail(M3_ERR_ARGUMENT, "%s: %d rows", what, n_rows);
+  if (n_rows < 0) return m3_fail(M3_ERR_ARGUMENT, "%s: n_rows = %d: must be >= 0", what, n_rows);
   for (int32_t i = 0; i < n_rows; i++)
     if (rows[i] < 0 || rows[i] >= batch)
       return m3_fail(M3_ERR_ARGUMENT, "%s: row %d out of range [0, %d)", what, rows[i], batch);
   return M3_OK;
 }
 
-m3_status m3_check_layer(const m3_dims *d, int32_t layer) {
-  if (layer < 0 || layer >= d->L) return m3_fail(M3_ERR_ARGUMENT, "layer %d out of range [0, %d)", layer, d->L);
+m3_status m3_check_layer(const m3_dims *d, int32_t layer, const char *call) {
+  if (layer < 0 || layer >= d->L)
+    return m3_fail(M3_ERR_ARGUMENT, "%s: layer = %d: must be in [0, %d) (n_layers)", call, layer, d->L);
   return M3_OK;
 }
 

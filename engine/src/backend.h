@@ -118,13 +118,14 @@ m3_status m3_check_placement(int32_t precision, int32_t device, int32_t device_i
 /* A creation config's on / off field `name`: 0 or 1. */
 m3_status m3_check_flag(const char *name, int32_t value);
 /* The input fields of a window: rows in [1, max_rows], len in [1, max_len] (max_len <= 0:
- * any), tokens in [0, vocab) or the input present. Errors name the field and the rule. */
-m3_status m3_check_batch_inputs(const m3_dims *d, const m3_batch *b, int32_t max_rows, int32_t max_len);
+ * any), tokens in [0, vocab) or the input present. Errors name the call, the field and the rule. */
+m3_status m3_check_batch_inputs(const m3_dims *d, const m3_batch *b, int32_t max_rows, int32_t max_len,
+                                const char *call);
 /* A list of rows to reset: rows NULL (all) or n_rows >= 0 entries in [0, batch). `what` names
  * the call in the message. */
 m3_status m3_check_rows(const int32_t *rows, int32_t n_rows, int32_t batch, const char *what);
-/* A layer index in [0, L). */
-m3_status m3_check_layer(const m3_dims *d, int32_t layer);
+/* A layer index in [0, L); `call` names the call in the message. */
+m3_status m3_check_layer(const m3_dims *d, int32_t layer, const char *call);
 /* Every value of a state given to set_state is finite (NULL tensors are skipped). */
 m3_status m3_check_state_values(const m3_dims *d, int32_t batch, const float *angle, const float *ssm,
                                 const float *k, const float *v);

@@ -125,11 +125,12 @@ void m3_infer_get_info(const m3_infer *inf, m3_infer_info *o) {
 
 /* ---- guards ---------------------------------------------------------------------------------- */
 
-static m3_status usable(const m3_infer *inf) {
-  if (!inf) return m3_fail(M3_ERR_ARGUMENT, "inference object is NULL");
+/* call: the failing call's name, which starts the message. */
+static m3_status usable(const m3_infer *inf, const char *call) {
+  if (!inf) return m3_fail(M3_ERR_ARGUMENT, "%s: the inference object is NULL", call);
   if (inf->poisoned)
-    return m3_fail(M3_ERR_POISONED, "this inference object hit a sticky CUDA error earlier and cannot be used; "
-                                    "create a new one (other objects keep working)");
+    return m3_fail(M3_ERR_POISONED, "%s: this inference object hit a sticky CUDA error earlier and cannot be used; "
+                                    "create a new one (other objects keep working)", call);
   return M3_OK;
 }
 
@@ -171,7 +172,7 @@ static m3_status check_input_finite(const m3_infer *inf, const m3_batch *b) {
   const int64_t w = inf->dims.input_dim;
   for (int64_t i = 0; i < (int64_t)b->rows * b->len; i++)
     TRY(m3_check_finite(M3_ERR_ARGUMENT, b->input + i * w, w, 0,
-                        "batch.input (row %lld, position %lld) feature", (long long)(i / b->len),
+                        "step: batch.input (row %lld, position %lld) feature", (long long)(i / b->len),
                         (long long)(i % b->len)));
   return M3_OK;
 }
@@ -183,8 +184,8 @@ static m3_status has_logits(const m3_infer *inf) {
 }
 
 m3_status m3_infer_step(m3_infer *inf, const m3_batch *b, float *out, float *logits) {
-  TRY(usable(inf));
-  TRY(m3_check_batch_inputs(&inf->dims, b, inf->cfg.batch, 0));
+  TRY(usable(inf, "step"));
+  TRY(m3_check_batch_inputs(&inf->dims, b, inf->cfg.batch, 0, "step"));
   TRY(check_input_finite(inf, b));
   if (logits) TRY(has_logits(inf)); /* refused before the state moves */
   m3_batch in;
@@ -213,7 +214,7 @@ m3_status m3_infer_step(m3_infer *inf, const m3_batch *b, float *out, float *log
 }
 
 m3_status m3_infer_logits(const m3_infer *inf, float *logits) {
-  TRY(usable(inf));
+  TRY(usable(inf, "logits"));
   TRY(has_logits(inf));
   if (!logits) return m3_fail(M3_ERR_ARGUMENT, "logits: the destination is NULL");
   if (!inf->logit_rows) return m3_fail(M3_ERR_ORDER, "logits: no step has run yet");
@@ -223,21 +224,21 @@ m3_status m3_infer_logits(const m3_infer *inf, float *logits) {
 /* ---- state ----------------------------------------------------------------------------------- */
 
 m3_status m3_infer_reset(m3_infer *inf, const int32_t *rows, int32_t n_rows) {
-  TRY(usable(inf));
+  TRY(usable(inf, "reset"));
   TRY(m3_check_rows(rows, n_rows, inf->cfg.batch, "reset"));
   return track(inf, inf->ops->reset_rows(inf->be, rows, n_rows));
 }
 
 m3_status m3_infer_get_state(const m3_infer *inf, int32_t layer, float *angle, float *ssm, float *k, float *v) {
-  TRY(usable(inf));
-  TRY(m3_check_layer(&inf->dims, layer));
+  TRY(usable(inf, "get_state"));
+  TRY(m3_check_layer(&inf->dims, layer, "get_state"));
   return track((m3_infer *)inf, inf->ops->get_state(inf->be, layer, angle, ssm, k, v));
 }
 
 m3_status m3_infer_set_state(m3_infer *inf, int32_t layer, const float *angle, const float *ssm, const float *k,
                              const float *v) {
-  TRY(usable(inf));
-  TRY(m3_check_layer(&inf->dims, layer));
+  TRY(usable(inf, "set_state"));
+  TRY(m3_check_layer(&inf->dims, layer, "set_state"));
   TRY(m3_check_state_values(&inf->dims, inf->cfg.batch, angle, ssm, k, v));
   return track(inf, inf->ops->set_state(inf->be, layer, angle, ssm, k, v));
 }

@@ -43,9 +43,9 @@ void m3_trainer_cfg_defaults(m3_trainer_cfg *c) {
 /* ---- creation ----------------------------------------------------------------------------- */
 
 /* The update computes in float32: its largest step size lr / (1 - beta1) (Adam's bias correction at step 1),
- * weight_decay and lr * weight_decay must stay finite there, and neither lr (no step would move a weight) nor
- * eps (0 / (0 + 0) where a gradient is 0) may round to 0. code: the status of a failure; call: its message
- * prefix. */
+ * weight_decay, lr * weight_decay and eps must stay finite there (an eps that rounds to infinity would divide every
+ * step to 0: only the decay would move a weight), and neither lr (no step would move a weight) nor eps
+ * (0 / (0 + 0) where a gradient is 0) may round to 0. code: the status of a failure; call: its message prefix. */
 static m3_status check_float_range(double lr, double wd, double beta1, double eps, m3_status code, const char *call) {
   if (lr / (1 - beta1) > FLT_MAX)
     return m3_fail(code, "%slr = %g: lr / (1 - beta1) = %g must be at most %g (float32)", call, lr, lr / (1 - beta1),
@@ -55,6 +55,7 @@ static m3_status check_float_range(double lr, double wd, double beta1, double ep
                    FLT_MAX);
   if (!((float)lr > 0)) return m3_fail(code, "%slr = %g: must be at least %g (float32)", call, lr, FLT_TRUE_MIN);
   if (!((float)eps > 0)) return m3_fail(code, "%seps = %g: must be at least %g (float32)", call, eps, FLT_TRUE_MIN);
+  if (eps > FLT_MAX) return m3_fail(code, "%seps = %g: must be at most %g (float32)", call, eps, FLT_MAX);
   return M3_OK;
 }
 
@@ -161,11 +162,12 @@ void m3_trainer_get_info(const m3_trainer *tr, m3_trainer_info *o) {
 
 /* ---- guards -------------------------------------------------------------------------------- */
 
-static m3_status usable(const m3_trainer *tr) {
-  if (!tr) return m3_fail(M3_ERR_ARGUMENT, "trainer is NULL");
+/* call: the failing call's name, which starts every message of the checks below. */
+static m3_status usable(const m3_trainer *tr, const char *call) {
+  if (!tr) return m3_fail(M3_ERR_ARGUMENT, "%s: the trainer is NULL", call);
   if (tr->poisoned)
-    return m3_fail(M3_ERR_POISONED, "this trainer hit a sticky CUDA error earlier and cannot be used; "
-                                    "save nothing from it, create a new one (other objects keep working)");
+    return m3_fail(M3_ERR_POISONED, "%s: this trainer hit a sticky CUDA error earlier and cannot be used; "
+                                    "save nothing from it, create a new one (other objects keep working)", call);
   return M3_OK;
 }
 
@@ -175,34 +177,36 @@ static m3_status track(m3_trainer *tr, m3_status st) {
   return st;
 }
 
-static m3_status check_batch_inputs(const m3_trainer *tr, const m3_batch *b) {
-  return m3_check_batch_inputs(&tr->dims, b, tr->cfg.batch, tr->cfg.seq_len);
+static m3_status check_batch_inputs(const m3_trainer *tr, const m3_batch *b, const char *call) {
+  return m3_check_batch_inputs(&tr->dims, b, tr->cfg.batch, tr->cfg.seq_len, call);
 }
 
 /* Checks the head's fields of b; *counted (may be NULL) receives the positions its loss counts, found in the same
  * pass: "lm" targets other than -1, "mse" positions whose mask is set (all without a mask), every position for
  * "none". */
-static m3_status check_batch_targets(const m3_trainer *tr, const m3_batch *b, int64_t *counted) {
+static m3_status check_batch_targets(const m3_trainer *tr, const m3_batch *b, int64_t *counted, const char *call) {
   const m3_dims *d = &tr->dims;
   const int64_t n = (int64_t)b->rows * b->len;
   int64_t c = n;
   switch (d->head) {
     case M3_HEAD_NONE:
-      if (!b->d_out) return m3_fail(M3_ERR_ARGUMENT, "batch.d_out is missing: the model's head is \"none\"");
+      if (!b->d_out) return m3_fail(M3_ERR_ARGUMENT, "%s: batch.d_out is missing: the model's head is \"none\"", call);
       break;
     case M3_HEAD_LM:
-      if (!b->targets) return m3_fail(M3_ERR_ARGUMENT, "batch.targets is missing: the model's head is \"lm\"");
+      if (!b->targets)
+        return m3_fail(M3_ERR_ARGUMENT, "%s: batch.targets is missing: the model's head is \"lm\"", call);
       c = 0;
       for (int64_t i = 0; i < n; i++) {
         if (b->targets[i] < -1 || b->targets[i] >= d->vocab)
           return m3_fail(M3_ERR_ARGUMENT,
-                         "batch.targets[%lld] (row %lld, position %lld) = %d: must be in [0, %d) or -1 (ignored)",
-                         (long long)i, (long long)(i / b->len), (long long)(i % b->len), b->targets[i], d->vocab);
+                         "%s: batch.targets[%lld] (row %lld, position %lld) = %d: must be in [0, %d) or -1 (ignored)",
+                         call, (long long)i, (long long)(i / b->len), (long long)(i % b->len), b->targets[i], d->vocab);
         c += b->targets[i] != -1;
       }
       break;
     case M3_HEAD_MSE:
-      if (!b->target_values) return m3_fail(M3_ERR_ARGUMENT, "batch.targets is missing: the model's head is \"mse\"");
+      if (!b->target_values)
+        return m3_fail(M3_ERR_ARGUMENT, "%s: batch.target_values is missing: the model's head is \"mse\"", call);
       if (b->mask) {
         c = 0;
         for (int64_t i = 0; i < n; i++) c += b->mask[i] != 0;
@@ -230,9 +234,9 @@ static m3_status check_counts_some(const m3_trainer *tr, int64_t counted, int sp
 }
 
 m3_status m3_trainer_check_batch(const m3_trainer *tr, const m3_batch *b, int64_t *counted) {
-  TRY(usable(tr));
-  TRY(check_batch_inputs(tr, b));
-  TRY(check_batch_targets(tr, b, counted));
+  TRY(usable(tr, "check_batch"));
+  TRY(check_batch_inputs(tr, b, "check_batch"));
+  TRY(check_batch_targets(tr, b, counted, "check_batch"));
   return M3_OK;
 }
 
@@ -300,16 +304,16 @@ static void begin_metrics(const m3_batch *b, m3_metrics *m) {
 /* ---- training calls --------------------------------------------------------------------------- */
 
 m3_status m3_trainer_step(m3_trainer *tr, const m3_batch *b, m3_metrics *out) {
-  TRY(usable(tr));
+  TRY(usable(tr, "step"));
   const double t0 = now_ms();
   if (tr->window_open)
     return m3_fail(M3_ERR_ORDER, "step: an accumulation window is open; close it with backward_step without "
                                  "accumulate first");
   if (tr->pending_forward)
     return m3_fail(M3_ERR_ORDER, "step: a forward is pending; finish it with backward_step first");
-  TRY(check_batch_inputs(tr, b));
+  TRY(check_batch_inputs(tr, b, "step"));
   int64_t counted;
-  TRY(check_batch_targets(tr, b, &counted));
+  TRY(check_batch_targets(tr, b, &counted, "step"));
   TRY(check_counts_some(tr, counted, 0, 0));
   if (m3_interrupted()) return m3_fail(M3_ERR_INTERRUPTED, "interrupted before the step");
   m3_metrics m;
@@ -334,8 +338,8 @@ m3_status m3_trainer_step(m3_trainer *tr, const m3_batch *b, m3_metrics *out) {
 }
 
 m3_status m3_trainer_forward(m3_trainer *tr, const m3_batch *b, float *out) {
-  TRY(usable(tr));
-  TRY(check_batch_inputs(tr, b));
+  TRY(usable(tr, "forward"));
+  TRY(check_batch_inputs(tr, b, "forward"));
   if (m3_interrupted()) return m3_fail(M3_ERR_INTERRUPTED, "interrupted before the forward");
   tr->pending_forward = 0;
   TRY(track(tr, tr->ops->forward(tr->be, b, tr->cfg.carry_state, 1, out)));
@@ -347,15 +351,20 @@ m3_status m3_trainer_forward(m3_trainer *tr, const m3_batch *b, float *out) {
 
 m3_status m3_trainer_backward_step(m3_trainer *tr, const m3_batch *b, const m3_backward_opts *opts,
                                    m3_metrics *out) {
-  TRY(usable(tr));
+  TRY(usable(tr, "backward_step"));
   const double t0 = now_ms();
   m3_backward_opts o = {-1, 0, 1};
   if (opts) o = *opts;
   if (!tr->pending_forward)
     return m3_fail(M3_ERR_ORDER, "backward_step: no pending forward; call forward(batch) first (each forward "
                                  "allows one backward_step)");
-  if (!isfinite(o.scale) || o.scale == 0)
-    return m3_fail(M3_ERR_ARGUMENT, "backward_step: scale = %g must be a finite nonzero number", m3_shown(o.scale));
+  if (!(o.scale >= FLT_MIN && o.scale <= FLT_MAX)) /* the backends weight the loss in float32 */
+    return m3_fail(M3_ERR_ARGUMENT,
+                   "backward_step: scale = %g: expected a finite number > 0 that float32 holds as a normal number "
+                   "(%g to %g; a smaller one would make this micro-batch's gradient 0, a larger one infinite)",
+                   m3_shown(o.scale), FLT_MIN, FLT_MAX);
+  if (o.accumulate != 0 && o.accumulate != 1)
+    return m3_fail(M3_ERR_ARGUMENT, "backward_step: accumulate = %d: must be 0 or 1", o.accumulate);
   if (isnan(o.clip) || isinf(o.clip))
     return m3_fail(M3_ERR_ARGUMENT, "backward_step: clip = %g must be finite (0 = off)", m3_shown(o.clip));
   if (o.accumulate && o.clip > 0)
@@ -364,12 +373,12 @@ m3_status m3_trainer_backward_step(m3_trainer *tr, const m3_batch *b, const m3_b
   if (o.accumulate && tr->cfg.precision == M3_PRECISION_F16)
     return m3_fail(M3_ERR_UNSUPPORTED, "backward_step: accumulate is not supported with f16 (an overflow skips "
                                        "the whole update); use bf16 or f32 for accumulation windows");
-  if (!b) return m3_fail(M3_ERR_ARGUMENT, "batch is NULL");
+  if (!b) return m3_fail(M3_ERR_ARGUMENT, "backward_step: batch is NULL");
   if (b->rows != tr->pending_rows || b->len != tr->pending_len)
     return m3_fail(M3_ERR_ARGUMENT, "backward_step: batch is %d x %d but the pending forward was %d x %d", b->rows,
                    b->len, tr->pending_rows, tr->pending_len);
   int64_t counted;
-  TRY(check_batch_targets(tr, b, &counted));
+  TRY(check_batch_targets(tr, b, &counted, "backward_step"));
   const int64_t window_counted = tr->window_open ? tr->window_counted : 0;
   if (!o.accumulate) TRY(check_counts_some(tr, window_counted + counted, 1, tr->window_open));
   const double clip = o.clip < 0 ? tr->clip : o.clip;
@@ -402,13 +411,13 @@ m3_status m3_trainer_backward_step(m3_trainer *tr, const m3_batch *b, const m3_b
 }
 
 m3_status m3_trainer_evaluate(m3_trainer *tr, const m3_batch *b, m3_metrics *metrics, float *out) {
-  TRY(usable(tr));
+  TRY(usable(tr, "evaluate"));
   const double t0 = now_ms();
   if (tr->pending_forward)
     return m3_fail(M3_ERR_ORDER, "evaluate: a forward is pending and evaluate would overwrite its activations; "
                                  "call backward_step first");
-  TRY(check_batch_inputs(tr, b));
-  if (tr->dims.head != M3_HEAD_NONE) TRY(check_batch_targets(tr, b, NULL));
+  TRY(check_batch_inputs(tr, b, "evaluate"));
+  if (tr->dims.head != M3_HEAD_NONE) TRY(check_batch_targets(tr, b, NULL, "evaluate"));
   m3_metrics m;
   begin_metrics(b, &m);
   head_result h = {0};
@@ -423,40 +432,46 @@ m3_status m3_trainer_evaluate(m3_trainer *tr, const m3_batch *b, m3_metrics *met
 /* ---- graphs, hyper-parameters -------------------------------------------------------------------- */
 
 m3_status m3_trainer_capture_graph(m3_trainer *tr) {
-  TRY(usable(tr));
+  TRY(usable(tr, "capture_graph"));
   if (tr->window_open || tr->pending_forward)
     return m3_fail(M3_ERR_ORDER, "capture_graph: finish the pending forward / accumulation window first");
   return track(tr, tr->ops->capture_graph(tr->be));
 }
 
 m3_status m3_trainer_drop_graph(m3_trainer *tr) {
-  TRY(usable(tr));
+  TRY(usable(tr, "drop_graph"));
   return track(tr, tr->ops->drop_graph(tr->be));
 }
 
 int32_t m3_trainer_has_graph(const m3_trainer *tr) { return tr && !tr->poisoned ? tr->ops->has_graph(tr->be) : 0; }
 
-static m3_status profiling_available(const m3_trainer *tr) {
-  TRY(usable(tr));
+/* Called after the call's own arguments are checked, so that those are judged on every backend. */
+static m3_status profiling_available(const m3_trainer *tr, const char *call) {
   if (!tr->ops->set_profiling)
-    return m3_fail(M3_ERR_UNSUPPORTED, "profiling: phase timing needs the CUDA backend (this trainer runs on %s)",
+    return m3_fail(M3_ERR_UNSUPPORTED, "%s: phase timing needs the CUDA backend (this trainer runs on %s)", call,
                    tr->ops->name);
   return M3_OK;
 }
 
 m3_status m3_trainer_set_profiling(m3_trainer *tr, int32_t on) {
-  TRY(profiling_available(tr));
+  TRY(usable(tr, "set_profiling"));
+  if (on != 0 && on != 1) return m3_fail(M3_ERR_ARGUMENT, "set_profiling: on = %d: must be 0 or 1", on);
+  TRY(profiling_available(tr, "set_profiling"));
   return track(tr, tr->ops->set_profiling(tr->be, on));
 }
 
 m3_status m3_trainer_profile(const m3_trainer *tr, m3_phase_time *out, int32_t cap, int32_t *n, int64_t *calls) {
-  TRY(profiling_available(tr));
-  if (!out || !n || !calls || cap < 0) return m3_fail(M3_ERR_ARGUMENT, "profile: out, n and calls are required");
+  TRY(usable(tr, "profile"));
+  if (!out || !n || !calls)
+    return m3_fail(M3_ERR_ARGUMENT, "profile: out, n and calls are required (out %s, n %s, calls %s)",
+                   out ? "given" : "NULL", n ? "given" : "NULL", calls ? "given" : "NULL");
+  if (cap < 0) return m3_fail(M3_ERR_ARGUMENT, "profile: cap = %d: must be >= 0", cap);
+  TRY(profiling_available(tr, "profile"));
   return tr->ops->profile(tr->be, out, cap, n, calls);
 }
 
 m3_status m3_trainer_set_lr(m3_trainer *tr, double lr) {
-  TRY(usable(tr));
+  TRY(usable(tr, "set_lr"));
   if (!(isfinite(lr) && lr > 0))
     return m3_fail(M3_ERR_ARGUMENT, "set_lr: lr = %g must be a finite number > 0", m3_shown(lr));
   TRY(check_float_range(lr, tr->cfg.weight_decay, tr->cfg.beta1, tr->cfg.eps, M3_ERR_ARGUMENT, "set_lr: "));
@@ -467,14 +482,14 @@ m3_status m3_trainer_set_lr(m3_trainer *tr, double lr) {
 double m3_trainer_lr(const m3_trainer *tr) { return tr ? tr->lr : 0; }
 
 m3_status m3_trainer_set_no_decay(m3_trainer *tr, int32_t reference) {
-  TRY(usable(tr));
-  TRY(m3_check_flag("reference", reference));
+  TRY(usable(tr, "set_no_decay"));
+  TRY(m3_check_flag("reference", reference)); /* as the trainer option it sets */
   tr->no_decay = reference;
   return M3_OK;
 }
 
 m3_status m3_trainer_set_clip(m3_trainer *tr, double max_norm) {
-  TRY(usable(tr));
+  TRY(usable(tr, "set_clip"));
   if (!(isfinite(max_norm) && max_norm >= 0))
     return m3_fail(M3_ERR_ARGUMENT, "set_clip: max_norm = %g must be a finite number >= 0 (0 = off)",
                    m3_shown(max_norm));
@@ -485,25 +500,25 @@ m3_status m3_trainer_set_clip(m3_trainer *tr, double max_norm) {
 /* ---- state, weights, counters --------------------------------------------------------------------- */
 
 m3_status m3_trainer_reset_state(m3_trainer *tr, const int32_t *rows, int32_t n_rows) {
-  TRY(usable(tr));
+  TRY(usable(tr, "reset_state"));
   TRY(m3_check_rows(rows, n_rows, tr->cfg.batch, "reset_state"));
   return track(tr, tr->ops->reset_rows(tr->be, rows, n_rows));
 }
 
 m3_status m3_trainer_get_state(const m3_trainer *tr, int32_t layer, float *angle, float *ssm, float *k, float *v) {
-  TRY(usable(tr));
-  TRY(m3_check_layer(&tr->dims, layer));
+  TRY(usable(tr, "get_state"));
+  TRY(m3_check_layer(&tr->dims, layer, "get_state"));
   return tr->ops->get_state(tr->be, layer, angle, ssm, k, v);
 }
 
 m3_status m3_trainer_set_state(m3_trainer *tr, int32_t layer, const float *angle, const float *ssm, const float *k,
                                const float *v) {
-  TRY(usable(tr));
+  TRY(usable(tr, "set_state"));
   if (!tr->cfg.carry_state) /* it would be taken and never read */
     return m3_fail(M3_ERR_UNSUPPORTED, "set_state: this trainer does not carry its state (carry_state = false): every "
                                        "window starts from zero state, so a state set here would never be used; "
                                        "create the trainer with carry_state = true");
-  TRY(m3_check_layer(&tr->dims, layer));
+  TRY(m3_check_layer(&tr->dims, layer, "set_state"));
   TRY(m3_check_state_values(&tr->dims, tr->cfg.batch, angle, ssm, k, v));
   return track(tr, tr->ops->set_state(tr->be, layer, angle, ssm, k, v));
 }
@@ -512,24 +527,28 @@ m3_status m3_trainer_set_state(m3_trainer *tr, int32_t layer, const float *angle
 static m3_status check_same_model(const m3_trainer *tr, const m3_config *w, const char *call) {
   char why[256];
   if (m3_config_same(w, &tr->model, why, sizeof why)) return M3_OK;
-  return m3_fail(M3_ERR_ARGUMENT, "%sthe weights' config differs from the trainer's (%s)", call, why);
+  return m3_fail(M3_ERR_ARGUMENT, "%s: the weights' config differs from the trainer's (%s)", call, why);
 }
 
-static m3_status read_into(const m3_trainer *tr, arena_kind kind, m3_weights *out) {
-  TRY(usable(tr));
-  if (!out) return m3_fail(M3_ERR_ARGUMENT, "weights are NULL");
-  TRY(check_same_model(tr, &out->cfg, ""));
+static m3_status read_into(const m3_trainer *tr, arena_kind kind, m3_weights *out, const char *call) {
+  TRY(usable(tr, call));
+  if (!out) return m3_fail(M3_ERR_ARGUMENT, "%s: the weights to copy into are NULL", call);
+  TRY(check_same_model(tr, &out->cfg, call));
   return tr->ops->read_arena(tr->be, kind, out->arena);
 }
 
-m3_status m3_trainer_snapshot(const m3_trainer *tr, m3_weights *out) { return read_into(tr, ARENA_PARAMS, out); }
+m3_status m3_trainer_snapshot(const m3_trainer *tr, m3_weights *out) {
+  return read_into(tr, ARENA_PARAMS, out, "snapshot");
+}
 
-m3_status m3_trainer_grads(const m3_trainer *tr, m3_weights *out) { return read_into(tr, ARENA_GRADS, out); }
+m3_status m3_trainer_grads(const m3_trainer *tr, m3_weights *out) {
+  return read_into(tr, ARENA_GRADS, out, "grads");
+}
 
 m3_status m3_trainer_load_weights(m3_trainer *tr, const m3_weights *w) {
-  TRY(usable(tr));
-  if (!w) return m3_fail(M3_ERR_ARGUMENT, "weights are NULL");
-  TRY(check_same_model(tr, &w->cfg, "load_weights: "));
+  TRY(usable(tr, "load_weights"));
+  if (!w) return m3_fail(M3_ERR_ARGUMENT, "load_weights: the weights are NULL");
+  TRY(check_same_model(tr, &w->cfg, "load_weights"));
   if (tr->window_open || tr->pending_forward)
     return m3_fail(M3_ERR_ORDER, "load_weights: finish the pending forward / accumulation window first");
   TRY(m3_weights_check_finite(w, M3_ERR_ARGUMENT));
@@ -539,7 +558,7 @@ m3_status m3_trainer_load_weights(m3_trainer *tr, const m3_weights *w) {
 int64_t m3_trainer_step_count(const m3_trainer *tr) { return tr ? tr->step : 0; }
 
 m3_status m3_trainer_scaler_state(const m3_trainer *tr, double *scale, int64_t *tracker) {
-  TRY(usable(tr));
+  TRY(usable(tr, "scaler_state"));
   if (tr->cfg.precision != M3_PRECISION_F16)
     return m3_fail(M3_ERR_UNSUPPORTED, "scaler_state: only f16 trainers have a loss scaler");
   if (scale) *scale = tr->loss_scale;
@@ -548,7 +567,7 @@ m3_status m3_trainer_scaler_state(const m3_trainer *tr, double *scale, int64_t *
 }
 
 m3_status m3_trainer_load_scaler_state(m3_trainer *tr, double scale, int64_t tracker) {
-  TRY(usable(tr));
+  TRY(usable(tr, "load_scaler_state"));
   if (tr->cfg.precision != M3_PRECISION_F16)
     return m3_fail(M3_ERR_UNSUPPORTED, "load_scaler_state: only f16 trainers have a loss scaler");
   if (!(isfinite(scale) && scale >= 1 && scale <= SCALER_MAX))

@@ -55,6 +55,8 @@ void m3_weights_destroy(m3_weights *w) {
 }
 
 m3_status m3_weights_clone(const m3_weights *w, m3_weights **out) {
+  if (!out) return m3_fail(M3_ERR_ARGUMENT, "m3_weights_clone: out is NULL");
+  *out = NULL;
   if (!w) return m3_fail(M3_ERR_ARGUMENT, "m3_weights_clone: weights are NULL");
   TRY(m3_weights_create(&w->cfg, out));
   memcpy((*out)->arena, w->arena, (size_t)w->layout.total * sizeof(float));
