@@ -1,6 +1,7 @@
 -- m3.sweep: folder naming, grid and random points, results sorted by the metric (results.csv
--- quoted as RFC 4180, header and data), skip-on-rerun and its check of the recorded settings,
--- metrics that cannot be kept, failed points, parallel child processes and sweeps inside them.
+-- quoted as RFC 4180, header and data, its numbers exact), skip-on-rerun and its check of the
+-- recorded settings, metrics that cannot be kept, failed points, parallel child processes (the
+-- executable's path, a killed sweep's children) and sweeps inside them.
 -- Also scripts/sweep_state_tracking.lua's checks of its sweep folder, --parity_density nan and a
 -- re-run with other settings (its other flags: scripts_spec).
 
@@ -156,7 +157,7 @@ print("rows", #rows, rows[1].run, calls)
     local csv = read(dir .. "/results.csv")
     local header, first = csv:match("^([^\n]+)\n([^\n]+)")
     assert.equal("run,d_model,lr,loss,score", header)
-    assert.equal('"d_model=30,lr=2",30,2,0.03333333333,60', first)
+    assert.equal('"d_model=30,lr=2",30,2,0.03333333333333333,60', first)
     assert.equal(6, #json.read(dir .. "/results.json"))
     assert.truthy(read(dir .. "/summary.svg"):find("<svg", 1, true))
 
@@ -229,12 +230,12 @@ print("rows", #rows, rows[1].run, calls)
     local returns = {
       { run = "X", loss = 1 }, { x = 99, loss = 2 }, { f = print, loss = 3 }, { c = cycle, loss = 4 },
       { x = 5, run = "x=5", loss = 5, hist = { 1, 2 } }, -- the column's own values: fine
-      { [1] = 0.5, loss = 6 },
+      { [1] = 0.5, loss = 6 }, { ["caf\233"] = 1, loss = 7 }, -- a name that is not UTF-8
     }
-    local messages, ok, err = with_stderr(pcall, sweep, { grid = { x = { 1, 2, 3, 4, 5, 6 } }, dir = dir,
+    local messages, ok, err = with_stderr(pcall, sweep, { grid = { x = { 1, 2, 3, 4, 5, 6, 7 } }, dir = dir,
       run = function(p) return returns[p.x] end })
     assert.is_false(ok)
-    assert.matches("m3.sweep: 5 of 6 points failed (x=1, x=2, x=3, x=4, x=6;", err, 1, true)
+    assert.matches("m3.sweep: 6 of 7 points failed (x=1, x=2, x=3, x=4, x=6, x=7;", err, 1, true)
     local all = table.concat(messages, "\n")
     assert.matches('x=1 failed: run returned the metric run = "X", but the column run of the results holds "x=1"; '
       .. "give the metric another name", all, 1, true)
@@ -244,6 +245,8 @@ print("rows", #rows, rows[1].run, calls)
     assert.matches("x=4 failed: run returned the metric c = {...}, which done.json cannot record (json.encode: "
       .. "cannot encode a table that contains itself)", all, 1, true)
     assert.matches("x=6 failed: run returned a metric named 1, expected names (text)", all, 1, true)
+    assert.matches('x=7 failed: run returned the metric caf\233 = 1, which done.json cannot record (json.encode: '
+      .. 'cannot encode the key at ["caf\\233"]: not UTF-8', all, 1, true)
     assert.equal("run,x,loss\nx=5,5,5\n", read(dir .. "/results.csv"))
     assert.is_nil(read(dir .. "/x=2/done.json"))
     os.execute("rm -rf " .. dir)
@@ -271,6 +274,26 @@ print("rows", #rows, rows[1].run, calls)
       .. '"k%2Cey=1,name=a%2Cb",1,"a,b",3,1,2\n'
       .. '"k%2Cey=1,name=cr%0Dx",1,"cr\rx",3,1,2\n'
       .. '"k%2Cey=1,name=q""x",1,"q""x",3,1,2\n', read(dir .. "/results.csv"))
+    os.execute("rm -rf " .. dir)
+  end)
+
+  it("writes the numbers of results.csv so that they read back exactly", function()
+    local dir = tmpdir() .. "/csv-numbers"
+    local lrs = { 1e-3, 1e-3 + 1e-15, 2 ^ 53 }
+    sweep { grid = { lr = lrs }, dir = dir, metric = "lr_times",
+      run = function(p) return { lr_times = p.lr * 3, sum = 0.1 + 0.2, big = 1e15 + 1 } end }
+    local lines = {}
+    for line in read(dir .. "/results.csv"):gmatch("[^\n]+") do lines[#lines + 1] = line end
+    assert.equal("run,lr,big,lr_times,sum", lines[1])
+    assert.equal(4, #lines)
+    for i = 2, 4 do
+      local lr, big, lr_times, sum = lines[i]:match("^[^,]*,([^,]*),([^,]*),([^,]*),([^,]*)$")
+      local want = lrs[5 - i] -- sorted by lr_times, highest first
+      assert.equal(want, tonumber(lr))
+      assert.equal(want * 3, tonumber(lr_times))
+      assert.equal(0.1 + 0.2, tonumber(sum))
+      assert.equal(1e15 + 1, tonumber(big))
+    end
     os.execute("rm -rf " .. dir)
   end)
 
@@ -496,6 +519,33 @@ print("best", rows[1].run, rows[1].b)
     os.execute("rm -rf " .. dir)
   end)
 
+  it("starts the children with an executable whose path holds a blank: command, M3LUA or the interpreter", function()
+    local dir = tmpdir()
+    local script = write_script(dir, [[
+local command = os.getenv("SWEEP_COMMAND")
+local rows = require "m3.sweep" {
+  grid = { a = { 1, 2 } }, dir = DIR, parallel = 2, metric = "a", command = command ~= "" and command or nil,
+  run = function(p) return { a = p.a } end,
+}
+print("best", rows[1].run)
+]])
+    local exe = dir .. "/with blank/m3lua"
+    os.execute(string.format("mkdir %s && ln -s %s %s", quote(dir .. "/with blank"),
+      quote(helper.run("readlink -f " .. M3LUA):match("^(.-)\n")), quote(exe)))
+    local ways = { -- environment, interpreter
+      { "SWEEP_COMMAND=" .. quote(exe), M3LUA }, { "M3LUA=" .. quote(exe), M3LUA }, { "M3LUA=", quote(exe) },
+    }
+    for _, way in ipairs(ways) do
+      os.execute("rm -rf " .. dir .. "/out")
+      local out, code = helper.run(way[1] .. " " .. way[2] .. " " .. script)
+      assert.equal(0, code, out)
+      assert.matches("best\ta=2\n$", out)
+    end
+    assert.equal("m3.sweep: command = {}: expected the path of the m3lua executable",
+      helper.error_of(sweep, { grid = { a = { 1 } }, dir = dir .. "/never", run = print, command = {}, parallel = 2 }))
+    os.execute("rm -rf " .. dir)
+  end)
+
   it("runs a sweep inside a child's point as a sweep of its own, and refuses a stray environment", function()
     local dir = tmpdir()
     local script = write_script(dir, [[
@@ -697,6 +747,43 @@ true]], M3LUA, script, dir, out, out, out)))
     os.execute("rm -rf " .. dir)
   end)
 
+  it("leaves no child running its point after the sweep is killed", function()
+    if require("ffi").os ~= "Linux" then return pending("PR_SET_PDEATHSIG is Linux's") end
+    local dir = tmpdir()
+    local script = write_script(dir, [[
+local ffi = require "ffi"
+pcall(ffi.cdef, "int usleep(unsigned int usec); int getpid(void);")
+require "m3.sweep" {
+  grid = { a = { 1, 2 } }, dir = DIR, parallel = 2,
+  run = function(p, run_dir) -- 10 s unless interrupted
+    local f = io.open(run_dir .. "/pid", "w")
+    f:write(ffi.C.getpid())
+    f:close()
+    for _ = 1, 1000 do ffi.C.usleep(10000) end
+    return { b = p.a }
+  end,
+}
+]])
+    local out = dir .. "/out"
+    -- SIGKILL (nothing passed on) once both children run; then any child still alive after 5 s
+    local report = helper.run("sh -c " .. quote(string.format([[
+%s %s > /dev/null 2>&1 &
+sweep=$!
+n=0
+while { [ ! -e %s/a=1/pid ] || [ ! -e %s/a=2/pid ]; } && [ $n -lt 200 ]; do sleep 0.05; n=$((n + 1)); done
+kill -s KILL $sweep
+n=0
+while { kill -0 $(cat %s/a=1/pid) || kill -0 $(cat %s/a=2/pid); } 2> /dev/null && [ $n -lt 100 ]; do
+  sleep 0.05; n=$((n + 1))
+done
+for f in %s/a=*/pid; do kill -0 $(cat $f) 2> /dev/null && echo "alive $f" && kill -s KILL $(cat $f); done
+true]], M3LUA, script, out, out, out, out, out)))
+    assert.equal("", report)
+    assert.is_nil(read(out .. "/a=1/done.json"))
+    assert.matches("interrupted", read(out .. "/a=1/log.txt"), 1, true)
+    os.execute("rm -rf " .. dir)
+  end)
+
   it("explains bad options", function()
     assert.has_error(function() sweep { dir = "x", run = print } end, "m3.sweep: give exactly one of grid and random")
     assert.has_error(function() sweep { grid = { a = {} }, dir = "/tmp/x", run = print } end)
@@ -718,10 +805,12 @@ true]], M3LUA, script, dir, out, out, out)))
     assert.equal('m3.sweep: gpus = "0,1": ' .. gpu_list, err { gpus = "0,1", parallel = 2 })
     assert.equal("m3.sweep: gpus = {}: " .. gpu_list, err { gpus = {}, parallel = 2 })
     assert.equal("m3.sweep: gpus has the key \"x\": " .. gpu_list, err { gpus = { 0, x = 1 }, parallel = 2 })
-    assert.equal("m3.sweep: gpus[1] = true: expected a GPU index (an integer >= 0) or a device name",
+    assert.equal("m3.sweep: gpus[1] = true: expected a GPU index (an integer from 0 to 2^31 - 1) or a device name",
       err { gpus = { true }, parallel = 2 })
-    assert.equal("m3.sweep: gpus[2] = -1: expected a GPU index (an integer >= 0) or a device name",
+    assert.equal("m3.sweep: gpus[2] = -1: expected a GPU index (an integer from 0 to 2^31 - 1) or a device name",
       err { gpus = { 0, -1 } })
+    assert.equal("m3.sweep: gpus[1] = inf: expected a GPU index (an integer from 0 to 2^31 - 1) or a device name",
+      err { gpus = { math.huge } })
     assert.is_nil(io.open(never))
     local ok, e = pcall(function() sweep { grid = { lr = {} }, dir = never, run = print } end)
     assert.is_false(ok)
@@ -746,7 +835,16 @@ true]], M3LUA, script, dir, out, out, out)))
       err { random = { x = { 1 }, [2] = { 1 } }, trials = 1 })
     assert.matches("m3.sweep: random.x must be a list of choices", err { random = { x = { 1, nil, 3 } }, trials = 1 },
       1, true)
+    assert.equal('m3.sweep: random.x = {"log", 1, 10, 100}: expected {"log", lo, hi}, 3 items',
+      err { random = { x = { "log", 1, 10, 100 } }, trials = 1 })
     assert.equal("m3.sweep: gpus has nil at [2]: " .. gpu_list, err { gpus = { 0, nil, 1 }, parallel = 2 })
+    -- run is the results' column of folder names; done.json records every swept value, as UTF-8 json
+    assert.equal('m3.sweep: grid has the key "run": expected other names, run is the results\' column of run folders',
+      err { grid = { run = { 1, "a" } } })
+    assert.equal('m3.sweep: random has the key "run": expected other names, run is the results\' column of run '
+      .. "folders", err { random = { run = { 1, 2 } }, trials = 2 })
+    assert.matches('^m3%.sweep: grid%.name = "caf\233": done%.json cannot record it %(json%.encode: cannot encode the '
+      .. "string at %.name: not UTF%-8", err { grid = { name = { "ok", "caf\233" } } })
     assert.is_nil(io.open(never))
     ok, e = pcall(function() sweep { grid = { a = { 1 } }, dir = never, run = print, gpus = { true } } end)
     assert.matches("^[^:]*sweep_spec%.lua:%d+: m3%.sweep: gpus%[1%] = true: expected a GPU index", e)

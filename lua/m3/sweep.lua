@@ -13,12 +13,12 @@
 --   }
 --
 -- Points: grid = the cartesian product (keys in sorted order, or in the given order when
--- grid is a list {{"lr", {...}}, {"d_model", {...}}}; keys are text, each given once, and
--- value lists have no holes: {1, nil, 3} is an error); random = `trials` points drawn with
--- m3.data.rng from `seed` (default 0): a key's spec is a list of choices, or
--- {"log", lo, hi} (log-uniform), {"uniform", lo, hi} (finite lo <= hi), {"int", lo, hi}
--- (integers lo <= hi, hi - lo < 2^53, each equally likely); drawn reals keep 3 significant
--- digits and stay inside [lo, hi].
+-- grid is a list {{"lr", {...}}, {"d_model", {...}}}; keys are text other than "run", each
+-- given once, and value lists have no holes: {1, nil, 3} is an error); random = `trials`
+-- points drawn with m3.data.rng from `seed` (default 0), keys as for grid: a key's spec is a
+-- list of choices, or {"log", lo, hi} (log-uniform), {"uniform", lo, hi} (finite lo <= hi),
+-- {"int", lo, hi} (integers lo <= hi, hi - lo < 2^53, each equally likely); drawn reals keep
+-- 3 significant digits and stay inside [lo, hi].
 -- Rows whose metric is missing or not finite (NaN, +-inf: done.json keeps them as null, the
 -- rows as NaN, on a re-run too) come last, by name; a metric that no run returned is an error
 -- once the runs are done.
@@ -28,8 +28,9 @@
 -- read back as the same number, lists are written [a,b] (betas = {0.9, 0.99} ->
 -- "betas=[0.9,0.99]"; nested alike), and "%", "/", ",", "=", "\", "[", "]", blanks and
 -- control characters in text are written %XX ("a/b" -> "a%2Fb"). Other values (functions,
--- tables with other keys than 1..n) are an error. A point listed twice runs once; points
--- that still would share a name (1 and "1") are an error before anything runs.
+-- tables with other keys than 1..n) and text that is not UTF-8 (done.json could not record
+-- it) are an error. A point listed twice runs once; points that still would share a name (1
+-- and "1") are an error before anything runs.
 -- A finished point leaves <run_dir>/done.json ({name, point, metrics}; point: all its settings,
 -- defaults included, so defaults must be values json can write); a re-run reads it instead of
 -- running the point again. Where a done.json's point differs from the point the sweep would run
@@ -37,20 +38,23 @@
 -- runs, naming the folders and the settings (old -> new): use another dir or remove them.
 -- Metrics are named by text; a metric named like a column of the results (run, a swept key; the
 -- defaults are no columns) must hold that column's value, and adds no column; one that does
--- not, or whose value json cannot write (a function, a cycle), makes its point fail. After every point dir/results.csv and dir/results.json (rows: run, the swept
--- keys, the metrics; sorted by the metric) and dir/summary.svg (the metric per run) are
+-- not, or whose name or value json cannot write (a function, a cycle, text that is not UTF-8),
+-- makes its point fail. After every point dir/results.csv and dir/results.json (rows: run, the
+-- swept keys, the metrics; sorted by the metric) and dir/summary.svg (the metric per run) are
 -- rewritten; results.csv is RFC 4180 (a cell, header or data, that holds a comma, a quote or
--- a line break is quoted). A point whose run raises an error is reported on stderr and left
--- unfinished (a re-run tries it again) while the others go on; once they are done, m3.sweep
--- raises an error naming the failed points. An interrupt ("interrupted" in the message)
--- stops the sweep.
+-- a line break is quoted); its numbers, like results.json's, read back exactly. A point whose
+-- run raises an error is reported on stderr and left unfinished (a re-run tries it again)
+-- while the others go on; once they are done, m3.sweep raises an error naming the failed
+-- points. An interrupt ("interrupted" in the message) stops the sweep.
 -- parallel = N > 1: each point runs as `<m3lua> <script> <args>` (the running script
 -- again, found through arg) with M3_SWEEP_DIR / M3_SWEEP_POINT naming the point and
 -- CUDA_VISIBLE_DEVICES = one of `gpus` (a list of GPU indices or device names; default: the
 -- machine's GPUs; unset without a GPU) in turn, several points sharing one when N exceeds
 -- them, output in <run_dir>/log.txt. An interrupt (SIGINT, SIGTERM) or an error in the
 -- sweep passes the signal (SIGTERM after an error) to the running children, each in a
--- process group of its own, and waits for them before it ends the sweep.
+-- process group of its own, and waits for them before it ends the sweep; a sweep that dies
+-- without doing so (SIGKILL, a closed terminal's SIGHUP) leaves its children a SIGTERM too
+-- (Linux; from their m3.sweep call on).
 -- In that child the same m3.sweep call runs only its point and exits; a sweep inside that
 -- point's run is a sweep of its own, one of another dir that the script runs before it reads
 -- only its finished points; the two variables set alone or naming no point are an error. A
@@ -59,9 +63,9 @@
 -- outermost first): the script runs there through those points' runs to its point. A child whose
 -- script ends without running its point says so and exits with status 1; a child that exits 0
 -- without done.json fails its point alike.
--- The executable is opts.command, else $M3LUA, else the interpreter that runs the script
--- (arg's lowest index); the host's options before the script (-joff, -l mod, -e chunk, --)
--- go along.
+-- The executable is opts.command, else $M3LUA (unless empty), else the interpreter that runs
+-- the script (arg's lowest index): a path, which may hold blanks, not a shell command line; the
+-- host's options before the script (-joff, -l mod, -e chunk, --) go along.
 
 local ffi = require "ffi"
 local bit = require "bit"
@@ -84,6 +88,7 @@ for _, decl in ipairs {
   "int posix_spawnattr_destroy(void *attr);",
   "int posix_spawnattr_setflags(void *attr, short flags);",
   "int posix_spawnattr_setpgroup(void *attr, int pgroup);",
+  "int prctl(int option, unsigned long arg2, unsigned long arg3, unsigned long arg4, unsigned long arg5);",
 } do pcall(ffi.cdef, decl) end
 
 lib.internal_file(debug.getinfo(1, "S").source)
@@ -205,6 +210,24 @@ local function jobs_of(points, keys, defaults, dir)
   return jobs
 end
 
+-- Refuses, before anything runs, a swept setting named run (the results' column of run folders)
+-- and a swept value that done.json cannot record (text that is not UTF-8); what: "grid" or "random".
+local function check_swept(jobs, keys, what)
+  for _, k in ipairs(keys) do
+    if k == "run" then
+      raise(string.format('m3.sweep: %s has the key "run": expected other names, run is the results\' column of '
+        .. "run folders", what))
+    end
+    for _, job in ipairs(jobs) do
+      local v = job.swept[k]
+      local ok, err = pcall(json.encode, { [k] = v })
+      if not ok then
+        raise(string.format("m3.sweep: %s.%s = %s: done.json cannot record it (%s)", what, k, show_value(v), err))
+      end
+    end
+  end
+end
+
 -- The keys of t (what: its name in the error), sorted; they must be names (text).
 local function sorted_keys(t, what)
   local keys = {}
@@ -280,6 +303,9 @@ local function draw(r, spec, key)
   end
   local kind = spec[1]
   if kind == "log" or kind == "uniform" or kind == "int" then
+    if #spec ~= 3 then -- a 4th item would be dropped without a word
+      raise(string.format("m3.sweep: random.%s = %s: expected {%q, lo, hi}, 3 items", key, show_value(spec), kind))
+    end
     local lo, hi = spec[2], spec[3]
     local int = kind == "int"
     -- int: hi - lo + 1 <= 2^53 integers, so that the count is exact and each one can be drawn
@@ -312,13 +338,6 @@ end
 
 -- ---- files -------------------------------------------------------------------------------
 
--- A number in results.csv, for reading: %d when it is an integer below 1e15, else 10
--- significant digits (the folder names and results.json hold the exact values).
-local function csv_number(v)
-  if v == math.floor(v) and math.abs(v) < 1e15 then return string.format("%d", v) end
-  return string.format("%.10g", v)
-end
-
 -- Text as one results.csv cell, header or data (RFC 4180): in quotes, its quotes doubled, when
 -- it holds a comma, a quote or a line break (\n or \r).
 local function csv_cell(s)
@@ -326,10 +345,10 @@ local function csv_cell(s)
   return s
 end
 
--- v in a results.csv column named key.
+-- v in a results.csv column named key; numbers exactly, as the folder names write them (nan, inf, -inf).
 local function csv_field(v, key)
   if v == nil or v == json.null then return "" end
-  return csv_cell(type(v) == "number" and csv_number(v) or type(v) == "table" and format_value(v, key) or tostring(v))
+  return csv_cell(type(v) == "number" and exact(v) or type(v) == "table" and format_value(v, key) or tostring(v))
 end
 
 local function write_results(dir, rows, columns, metric, mode)
@@ -364,7 +383,7 @@ end
 
 -- Why metrics (what job's run returned) cannot be kept: not a table, a name that is not text,
 -- another value than the column of that name holds (run, the swept keys), a value done.json
--- cannot record.
+-- cannot record (a name or text that is not UTF-8 too).
 local function metrics_problem(metrics, job, keys)
   if type(metrics) ~= "table" then return "run returned " .. type(metrics) .. ", expected a table of metrics" end
   local columns = { run = job.name }
@@ -375,7 +394,7 @@ local function metrics_problem(metrics, job, keys)
       return string.format("run returned the metric %s = %s, but the column %s of the results holds %s; "
         .. "give the metric another name", k, show_value(v), k, show_value(columns[k]))
     end
-    local ok, err = pcall(json.encode, v)
+    local ok, err = pcall(json.encode, { [k] = v }) -- the name too: text that is not UTF-8
     if not ok then
       return string.format("run returned the metric %s = %s, which done.json cannot record (%s); expected numbers, "
         .. "text, booleans or tables of them", k, show(v), err)
@@ -417,16 +436,17 @@ end
 local function script_command(o)
   local first = 0 -- arg[first] is the interpreter (lua.c's convention: the lowest index)
   while arg and arg[first - 1] ~= nil do first = first - 1 end
-  local exe = o.command or os.getenv("M3LUA") or (first < 0 and shell_quote(arg[first]))
+  local env = os.getenv("M3LUA")
+  local exe = o.command or (env ~= "" and env) or (first < 0 and arg[first])
   if not exe or not (arg and arg[0]) then
     raise("m3.sweep: parallel runs need the m3lua executable and the script (set M3LUA or opts.command)")
   end
-  local parts = { exe }
+  local parts = { shell_quote(exe) }
   for i = first + 1, #arg do parts[#parts + 1] = shell_quote(arg[i]) end
   return table.concat(parts, " ")
 end
 
-local POSIX_SPAWN_SETPGROUP, SIGTERM = 2, 15
+local POSIX_SPAWN_SETPGROUP, SIGTERM, PR_SET_PDEATHSIG = 2, 15, 1
 
 -- Starts `sh -c cmd` in a process group of its own, so that a Ctrl-C at the terminal reaches
 -- only the sweep, which passes it on once (a second SIGINT would kill a child at once).
@@ -519,6 +539,13 @@ local function guard_child()
   end
 end
 
+-- In a child of a parallel sweep: SIGTERM (the end of its point as an interrupt) once the sweep's
+-- process dies (Linux), so that a sweep killed before it could stop its children (SIGKILL, a
+-- closed terminal's SIGHUP) leaves no point running on its own, as a re-run would start it again.
+local function end_with_sweep()
+  if ffi.os == "Linux" then ffi.C.prctl(PR_SET_PDEATHSIG, SIGTERM, 0, 0, 0) end
+end
+
 -- The environment of a child that runs `job` of the sweep in `dir`: the points this process runs
 -- now (point_stack) come first, so that the child's script reaches this sweep again.
 local function child_env(dir, job)
@@ -543,7 +570,10 @@ local function run_parallel(o, pending, n, report)
     for i = 1, n do gpus[i] = count > 0 and (i - 1) % count or false end
   end
   local free, running = {}, {}
-  for i = n, 1, -1 do free[#free + 1] = gpus[(i - 1) % #gpus + 1] end
+  for i = n, 1, -1 do
+    local gpu = gpus[(i - 1) % #gpus + 1]
+    free[#free + 1] = type(gpu) == "number" and string.format("%d", gpu) or gpu -- 0, never "-0"
+  end
   local status = ffi.new("int[1]")
   local next_i, active = 1, 0
   local ok, err = pcall(function()
@@ -600,10 +630,10 @@ local function check_gpus(gpus)
   local problem = not_a_list(gpus)
   if problem then raise(string.format("m3.sweep: gpus has %s: %s", problem, expected)) end
   for i, gpu in ipairs(gpus) do
-    local index = type(gpu) == "number" and gpu == math.floor(gpu) and gpu >= 0
+    local index = type(gpu) == "number" and gpu == math.floor(gpu) and gpu >= 0 and gpu < 2 ^ 31
     if not (index or (type(gpu) == "string" and gpu ~= "")) then
-      raise(string.format("m3.sweep: gpus[%d] = %s: expected a GPU index (an integer >= 0) or a device name", i,
-        show(gpu)))
+      raise(string.format("m3.sweep: gpus[%d] = %s: expected a GPU index (an integer from 0 to 2^31 - 1) or a "
+        .. "device name", i, show(gpu)))
     end
   end
 end
@@ -654,6 +684,9 @@ local function check_opts(o)
   if o.metric ~= nil and type(o.metric) ~= "string" then
     raise(string.format("m3.sweep: metric = %s: expected the name of a metric", show(o.metric)))
   end
+  if o.command ~= nil and (type(o.command) ~= "string" or o.command == "") then
+    raise(string.format("m3.sweep: command = %s: expected the path of the m3lua executable", show(o.command)))
+  end
   if o.gpus ~= nil then check_gpus(o.gpus) end
   if o.defaults ~= nil then check_defaults(o.defaults) end
 end
@@ -666,7 +699,10 @@ end
 local function child_part(o, jobs, keys)
   if chain == nil then
     chain = child_chain()
-    if chain then guard_child() end
+    if chain then
+      guard_child()
+      end_with_sweep()
+    end
   end
   local depth = #point_stack
   if not chain or depth >= #chain then return false end
@@ -712,6 +748,7 @@ function sweep.run(o)
     points, keys = random_points(o.random, o.trials, options.check_seed(o.seed, "m3.sweep"))
   end
   local jobs = jobs_of(points, keys, o.defaults or {}, o.dir)
+  check_swept(jobs, keys, o.grid and "grid" or "random")
   local in_child = child_part(o, jobs, keys)
 
   local rows, metric_keys, pending = {}, {}, {}
