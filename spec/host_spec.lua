@@ -96,12 +96,21 @@ describe("m3lua", function()
     assert.equal("0\t9000\t9000\n", out)
   end)
 
-  it("fails when its standard output cannot be written (a full disk)", function()
+  it("fails when its standard output cannot be written (a full disk), also after os.exit", function()
     if not io.open("/dev/full", "w") then return pending("no /dev/full here") end
-    os.execute(("%s -e 'print(1)' > /dev/full 2> %s; echo $? > %s"):format(quote(M3LUA), quote(base .. ".err"),
-      quote(base .. ".rc")))
-    assert.equal("m3lua: writing the standard output failed: No space left on device\n", slurp(base .. ".err"))
-    assert.equal(1, tonumber(slurp(base .. ".rc")))
+    local failed = "m3lua: writing the standard output failed: No space left on device\n"
+    local wants = { -- os.exit(0) gave 0; a failure status stays as it is
+      ["print(1)"] = { failed, 1 },
+      ["print(1) os.exit(0)"] = { failed, 1 },
+      ["print(1) os.exit(true, true)"] = { failed, 1 },
+      ["print(1) os.exit(3)"] = { "", 3 },
+    }
+    for chunk, want in pairs(wants) do
+      os.execute(("%s -e %s > /dev/full 2> %s; echo $? > %s"):format(quote(M3LUA), quote(chunk),
+        quote(base .. ".err"), quote(base .. ".rc")))
+      assert.equal(want[1], slurp(base .. ".err"), chunk)
+      assert.equal(want[2], tonumber(slurp(base .. ".rc")), chunk)
+    end
   end)
 
   it("runs -e chunks in order, and stdin with -", function()
@@ -144,6 +153,9 @@ describe("m3lua", function()
     _, err, rc = run { "-jnonsense" }
     assert.equal(1, rc)
     assert.matches("unknown LuaJIT command", err, 1, true)
+    _, err, rc = run { "-Ononsense" } -- a bad value, reported without a traceback (as luajit does)
+    assert.equal("m3lua: unknown or malformed optimization flag 'nonsense'\n", err)
+    assert.equal(1, rc)
   end)
 
   it("prints --version, --help, and the usage for a bad option", function()
@@ -368,6 +380,16 @@ describe("m3lua", function()
     assert.equal("141\n", slurp(base .. ".rc"))
   end)
 
+  it("ends silently with 141 when the reader of its output goes away and the program does not catch it",
+    function()
+      for _, jit in ipairs { "-joff", "-jon" } do -- the hook's error; the watchdog in a compiled loop
+        os.execute(("{ %s %s -e %s 2> %s; echo $? > %s; } | head -c 5 > /dev/null"):format(quote(M3LUA), jit,
+          quote('while true do io.write("line\\n") end'), quote(base .. ".err"), quote(base .. ".rc")))
+        assert.equal("", slurp(base .. ".err"), jit)
+        assert.equal("141\n", slurp(base .. ".rc"), jit)
+      end
+    end)
+
   it("reports an interrupt inside the library's calls without a library line", function()
     local _, err, rc = run_signalled({ "-joff", "-e", [[
       local m3 = require "m3"
@@ -478,6 +500,29 @@ describe("m3.repl", function()
     local long = {}
     for i = 1, 30 do long["key" .. i] = i end
     assert.matches("^{\n  key1 = 1,\n  key10 = 10,\n", repl.pretty(long))
+  end)
+
+  it("keeps the history in $M3LUA_HISTORY, else in $HOME, and nowhere without a home", function()
+    local ffi = require "ffi"
+    ffi.cdef [[
+      int m3spec_setenv(const char *name, const char *value, int overwrite) __asm__("setenv");
+      int m3spec_unsetenv(const char *name) __asm__("unsetenv");
+    ]]
+    local saved = { M3LUA_HISTORY = os.getenv("M3LUA_HISTORY"), HOME = os.getenv("HOME") }
+    local function set(name, value)
+      if value then ffi.C.m3spec_setenv(name, value, 1) else ffi.C.m3spec_unsetenv(name) end
+    end
+    local found = {}
+    local envs = { { "/h/file", "/home/u" }, { "", "/home/u" }, { nil, "/home/u" }, { nil, "" }, { nil, nil } }
+    for i, env in ipairs(envs) do
+      set("M3LUA_HISTORY", env[1])
+      set("HOME", env[2])
+      found[i] = repl.history_file() or false
+    end
+    set("M3LUA_HISTORY", saved.M3LUA_HISTORY)
+    set("HOME", saved.HOME)
+    -- HOME="" gave /.m3lua_history
+    assert.same({ "/h/file", false, "/home/u/.m3lua_history", false, false }, found)
   end)
 
   it("completes globals, fields and methods", function()

@@ -24,7 +24,11 @@
  * JIT-compiled loops never look at hooks: a watchdog timer checks, after a grace period
  * without the hook having run, whether the main thread is executing machine code that
  * belongs to no loaded object (code made by the JIT); if so it ends the process with the
- * signal. A script that dies while a signal is pending exits with 128 + signo.
+ * signal. A script that dies while a signal is pending exits with 128 + signo; after SIGPIPE
+ * without a message when it dies of the interrupt itself (the hook's error or the watchdog), as
+ * luajit, which that signal kills, would.
+ * At exit (main's return or os.exit), status 0 becomes 1 when the standard output could not be
+ * written (141 after SIGPIPE).
  */
 
 #include <dlfcn.h>
@@ -51,6 +55,8 @@
 #endif
 
 enum { WATCHDOG_MS = 500, DUPLICATE_MS = 100 };
+
+#define INTERRUPTED "interrupted!" /* the error the interrupt hook raises */
 
 static const char usage_text[] =
   "usage: m3lua [options]... [script [args]...]\n"
@@ -101,7 +107,7 @@ static void on_hook(lua_State *L, lua_Debug *ar)
   watchdog_set(0);
   /* no position: the hook fires wherever the interpreter is, often inside the library; the
    * traceback shows where the program was */
-  lua_pushliteral(L, "interrupted!");
+  lua_pushliteral(L, INTERRUPTED);
   lua_error(L);
 }
 
@@ -201,8 +207,10 @@ static void on_watchdog(int sig, siginfo_t *si, void *context)
     watchdog_set(WATCHDOG_MS);
     return;
   }
-  written = write(STDERR_FILENO, msg, sizeof msg - 1);
-  (void)written;
+  if (fatal != SIGPIPE) { /* the reader of our output went away: end as its default action would */
+    written = write(STDERR_FILENO, msg, sizeof msg - 1);
+    (void)written;
+  }
   signal(fatal, SIG_DFL);
   raise(fatal);
 }
@@ -261,10 +269,16 @@ static int read_key(FILE *in)
 
 /* ---- protected calls and error reports ----------------------------------------------- */
 
-/* Message handler: any error value becomes a string with a traceback. */
+/* Message handler: any error value becomes a string with a traceback; the hook's own error after
+ * SIGPIPE becomes nil, which report() leaves out: the reader of our output went away, and a program
+ * that does not catch that ends silently with 141, as one that the signal kills. */
 static int traceback(lua_State *L)
 {
   const char *msg = lua_tostring(L, 1);
+  if (pending_sig == SIGPIPE && lua_type(L, 1) == LUA_TSTRING && strcmp(msg, INTERRUPTED) == 0) {
+    lua_pushnil(L);
+    return 1;
+  }
   if (msg == NULL) {
     if (luaL_callmeta(L, 1, "__tostring") && lua_isstring(L, -1))
       msg = lua_tostring(L, -1);
@@ -474,7 +488,8 @@ static int collect_args(char **argv, int *flags, int *bad, int *missing)
   return i;
 }
 
-/* Calls the function on top of the stack with the comma-separated words of opt. */
+/* Calls the function on top of the stack with the comma-separated words of opt; an error is
+ * reported as its message alone (as luajit does: a bad -j or -O value, not a program's failure). */
 static int call_with_words(lua_State *L, const char *opt)
 {
   int n = 0;
@@ -484,7 +499,7 @@ static int call_with_words(lua_State *L, const char *opt)
     n++;
     opt = comma ? comma + 1 : NULL;
   }
-  return report(L, docall(L, n, 0));
+  return report(L, pcall_interruptible(L, n, 0, 0));
 }
 
 static int no_jit_command(const char *cmd, size_t len)
@@ -531,7 +546,7 @@ static int jit_optimize(lua_State *L, const char *opt)
 {
   lua_getglobal(L, "require");
   lua_pushliteral(L, "jit.opt");
-  if (report(L, docall(L, 1, 1)) != 0)
+  if (report(L, lua_pcall(L, 1, 1, 0)) != 0)
     return 1;
   lua_getfield(L, -1, "start");
   lua_remove(L, -2);
@@ -726,6 +741,24 @@ static void reexec_for_blas(char **argv)
 #endif
 }
 
+/* Runs as the process exits with status, from main or os.exit: output lost to a full disk or a
+ * closed pipe is a failure, not a clean exit; after SIGPIPE (the reader went away) the status its
+ * default action would have given, and no message. */
+static void check_stdout_at_exit(int status, void *unused)
+{
+  (void)unused;
+  if (status != 0)
+    return;
+  const int flushed = fflush(stdout) == 0, flush_errno = errno;
+  if (flushed && !ferror(stdout))
+    return;
+  if (pending_sig != SIGPIPE)
+    fprintf(stderr, "m3lua: writing the standard output failed%s%s\n", flushed ? "" : ": ",
+            flushed ? "" : strerror(flush_errno));
+  fflush(NULL); /* the other streams, which exit flushes after this handler */
+  _exit(pending_sig == SIGPIPE ? 128 + SIGPIPE : 1);
+}
+
 int main(int argc, char **argv)
 {
   static char *no_args[] = { "m3lua", NULL };
@@ -749,20 +782,11 @@ int main(int argc, char **argv)
     return 1;
   }
   init_interrupts(L);
+  on_exit(check_stdout_at_exit, NULL);
   if (lua_cpcall(L, pmain, &r) != 0) {
     report(L, 1);
     r.code = 1;
   }
   lua_close(L);
-  /* output lost to a full disk or a closed pipe is a failure, not a clean exit; after SIGPIPE (the reader
-   * went away) the status its default action would have given, and no message */
-  const int flushed = fflush(stdout) == 0, flush_errno = errno;
-  if ((!flushed || ferror(stdout)) && r.code == 0 && pending_sig == SIGPIPE) {
-    r.code = 128 + SIGPIPE;
-  } else if ((!flushed || ferror(stdout)) && r.code == 0) {
-    fprintf(stderr, "m3lua: writing the standard output failed%s%s\n", flushed ? "" : ": ",
-            flushed ? "" : strerror(flush_errno));
-    r.code = 1;
-  }
   return r.code;
 }

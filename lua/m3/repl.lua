@@ -1,8 +1,9 @@
 -- m3.repl — the interactive prompt of m3lua (`m3lua` on a terminal, or `m3lua -i`).
 --
 -- On a terminal, lines come from libedit through the FFI: editing, history in
--- ~/.m3lua_history (or $M3LUA_HISTORY; empty disables it), Tab completion of globals and
--- of the fields and methods after `.` or `:`. Otherwise lines are read plainly from stdin,
+-- ~/.m3lua_history (or $M3LUA_HISTORY; empty disables it, as does a HOME unset or empty;
+-- M.history_file() names it), Tab completion of globals and of the fields and methods after
+-- `.` or `:`. Otherwise lines are read plainly from stdin,
 -- without prompts. A chunk is first tried as an expression list (its values are shown),
 -- then as a statement (`=expr` is the expression list alone, as in Lua 5.1's prompt); an incomplete chunk (its load error ends in <eof>) continues on the
 -- next line, and if the input ends first its error is shown.
@@ -266,11 +267,13 @@ end
 
 -- ---- line sources -------------------------------------------------------------------------
 
-local function history_file()
+-- The history file: $M3LUA_HISTORY (empty: none), else ~/.m3lua_history; none without a home
+-- (HOME unset or empty: not /.m3lua_history).
+function M.history_file()
   local path = os.getenv("M3LUA_HISTORY")
   if path then return path ~= "" and path or nil end
   local home = os.getenv("HOME")
-  return home and home .. "/.m3lua_history" or nil
+  return home and home ~= "" and home .. "/.m3lua_history" or nil
 end
 
 local function have_libedit()
@@ -279,7 +282,7 @@ end
 
 -- A reader(prompt) → line or nil at the end, plus remember(line) for the history.
 local function edit_reader()
-  local history = history_file()
+  local history = M.history_file()
   completer = completer or ffi.cast("m3repl_completer *", complete)
   C.rl_readline_name = PROGRAM_NAME
   C.rl_basic_word_break_characters = WORD_BREAKS
