@@ -1,6 +1,6 @@
 -- The shipped scripts as programs (build/m3lua, see helper.m3lua): bad flags and settings stop
 -- them before any work with exit status 2, a failure while they run gives a non-zero one, and
--- SIGINT / SIGTERM end a training run with its checkpoint's path and 128 + the signal.
+-- SIGINT / SIGTERM / SIGHUP end a training run with its checkpoint's path and 128 + the signal.
 -- Also m3.flags' list flags, which the scripts use for their comma-separated values.
 
 local m3 = require "m3"
@@ -26,12 +26,13 @@ local function script_in(dir, name, args)
   return helper.run("sh -c " .. quote("cd " .. dir .. " && " .. M3LUA .. " " .. SCRIPTS .. name .. " " .. args))
 end
 
--- Runs scripts/<name> with args in folder dir, in the background with SIGINT at its default (sh
--- starts background jobs with it ignored), and sends it signal sig (INT, TERM) once the file ready
+-- Runs scripts/<name> with args in folder dir, in the background with SIGINT and SIGHUP at their
+-- default (sh starts background jobs with SIGINT ignored; nohup ignores SIGHUP), and sends it signal
+-- sig (INT, TERM, HUP) once the file ready
 -- (relative to dir) holds a training step's record (or the word mark, when given); returns its
 -- output and exit status.
 local function signalled(name, args, dir, ready, sig, mark)
-  local line = ("cd %s && { env --default-signal=INT %s %s%s %s & pid=$!; n=0; "
+  local line = ("cd %s && { env --default-signal=INT,HUP %s %s%s %s & pid=$!; n=0; "
     .. "while ! grep -qs %s %s && [ $n -lt 600 ]; do sleep 0.05; n=$((n + 1)); done; kill -s %s $pid; wait $pid; }")
     :format(dir, M3LUA, SCRIPTS, name, args, mark or "loss", ready, sig)
   return helper.run("sh -c " .. quote(line))
@@ -269,10 +270,10 @@ describe("scripts/train.lua", function()
     os.execute("rm -rf " .. dir)
   end)
 
-  it("saves a checkpoint on SIGINT or SIGTERM and ends with its message and 128 + the signal, no traceback",
+  it("saves a checkpoint on SIGINT, SIGTERM or SIGHUP and ends with its message and 128 + the signal, no traceback",
     function()
       local dir = tmpdir()
-      for sig, status in pairs { INT = 130, TERM = 143 } do
+      for sig, status in pairs { INT = 130, TERM = 143, HUP = 129 } do
         local out, code = signalled("train.lua", TINY .. " --steps 100000 --eval_every 100000 --run " .. sig, dir,
           "runs/" .. sig .. "/metrics.jsonl", sig)
         assert.equal(status, code, out)

@@ -13,8 +13,10 @@
  * package.loaded["m3.host"] describes the host and offers the interrupt controls used by
  * the REPL.
  *
- * Interrupts: SIGINT, SIGTERM and SIGPIPE (the reader of our output went away: a run piped
- * into `head` saves its checkpoint as on SIGTERM) set the engine's flag (m3_interrupt: a
+ * Interrupts: SIGINT, SIGTERM, SIGHUP (the terminal closed: a run started from it saves its
+ * checkpoint as on SIGTERM; one started with nohup, which ignores it, is left alone) and SIGPIPE
+ * (the reader of our output went away: a run piped into `head` saves its checkpoint as on
+ * SIGTERM) set the engine's flag (m3_interrupt: a
  * running step stops between layers with M3_ERR_INTERRUPTED) and, while Lua code runs under
  * the host's protection, set a Lua hook that raises "interrupted!" in interpreted code. A
  * second signal kills a hung program (one that caught the first error and went on), except
@@ -89,7 +91,7 @@ static int ignored_at_start;              /* bit i: caught[i] was ignored, leave
 static timer_t watchdog;
 static int have_watchdog;
 
-static const int caught[] = { SIGINT, SIGTERM, SIGPIPE };
+static const int caught[] = { SIGINT, SIGTERM, SIGHUP, SIGPIPE };
 #define N_CAUGHT ((int)(sizeof caught / sizeof caught[0]))
 
 static void watchdog_set(long ms)
@@ -329,7 +331,7 @@ static int report(lua_State *L, int status)
 /* ---- the m3.host table --------------------------------------------------------------- */
 
 /* host.pcall(f, handler, ...): like xpcall with arguments; an interrupting signal (SIGINT,
- * SIGTERM, SIGPIPE) raises "interrupted!" inside f. */
+ * SIGTERM, SIGHUP, SIGPIPE) raises "interrupted!" inside f. */
 static int host_pcall(lua_State *L)
 {
   int status;

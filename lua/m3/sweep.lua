@@ -50,11 +50,11 @@
 -- again, found through arg) with M3_SWEEP_DIR / M3_SWEEP_POINT naming the point and
 -- CUDA_VISIBLE_DEVICES = one of `gpus` (a list of GPU indices or device names; default: the
 -- machine's GPUs; unset without a GPU) in turn, several points sharing one when N exceeds
--- them, output in <run_dir>/log.txt. An interrupt (SIGINT, SIGTERM) or an error in the
+-- them, output in <run_dir>/log.txt. An interrupt (SIGINT, SIGTERM, SIGHUP) or an error in the
 -- sweep passes the signal (SIGTERM after an error) to the running children, each in a
 -- process group of its own, and waits for them before it ends the sweep; a sweep that dies
--- without doing so (SIGKILL, a closed terminal's SIGHUP) leaves its children a SIGTERM too
--- (Linux; from their m3.sweep call on).
+-- without doing so (SIGKILL) leaves its children a SIGTERM too (Linux; from their m3.sweep
+-- call on).
 -- In that child the same m3.sweep call runs only its point and exits; a sweep inside that
 -- point's run is a sweep of its own, one of another dir that the script runs before it reads
 -- only its finished points; the two variables set alone or naming no point are an error. A
@@ -540,8 +540,8 @@ local function guard_child()
 end
 
 -- In a child of a parallel sweep: SIGTERM (the end of its point as an interrupt) once the sweep's
--- process dies (Linux), so that a sweep killed before it could stop its children (SIGKILL, a
--- closed terminal's SIGHUP) leaves no point running on its own, as a re-run would start it again.
+-- process dies (Linux), so that a sweep killed before it could stop its children (SIGKILL) leaves
+-- no point running on its own, as a re-run would start it again.
 local function end_with_sweep()
   if ffi.os == "Linux" then ffi.C.prctl(PR_SET_PDEATHSIG, SIGTERM, 0, 0, 0) end
 end
@@ -558,8 +558,8 @@ local function child_env(dir, job)
   return env
 end
 
--- Runs the pending points as child processes, at most n at once. An interrupt (SIGINT or
--- SIGTERM to m3lua: the engine's interrupt flag, or the host's "interrupted!" error) or any
+-- Runs the pending points as child processes, at most n at once. An interrupt (SIGINT, SIGTERM or
+-- SIGHUP to m3lua: the engine's interrupt flag, or the host's "interrupted!" error) or any
 -- other error stops the running children before it ends the sweep.
 local function run_parallel(o, pending, n, report)
   local base = script_command(o)
