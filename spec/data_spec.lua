@@ -6,13 +6,31 @@ local rng = require "m3.data.rng"
 local tasks = require "m3.data.tasks"
 local helper = require "spec.helper"
 
-local SYMBOLS = { [5] = " + ", [6] = " - ", [7] = " * ", [8] = " ( ", [9] = " ) " }
-
--- Lua's own parser as the independent judge of an arithmetic expression (tokens, mod 5).
-local function lua_value(tokens, last)
+-- Lua's own parser as the independent judge of an arithmetic expression: tokens[1..last], mod m
+-- (default 5; its symbols m .. m + 4 are + - * ( )).
+local function lua_value(tokens, last, m)
+  m = m or 5
+  local symbols = { [m] = " + ", [m + 1] = " - ", [m + 2] = " * ", [m + 3] = " ( ", [m + 4] = " ) " }
   local parts = {}
-  for i = 1, last do parts[i] = SYMBOLS[tokens[i]] or tostring(tokens[i]) end
-  return assert(loadstring("return " .. table.concat(parts)))() % 5
+  for i = 1, last do parts[i] = symbols[tokens[i]] or tostring(tokens[i]) end
+  return assert(loadstring("return " .. table.concat(parts)))() % m
+end
+
+-- How often each sample length of src occurs in its samples 0 .. n - 1.
+local function length_counts(src, n)
+  local counts = {}
+  for i = 0, n - 1 do
+    local len = #src:sample(i)
+    counts[len] = (counts[len] or 0) + 1
+  end
+  return counts
+end
+
+-- Asserts that count is within 5 standard deviations of a binomial draw of n with probability p.
+local function assert_binomial(count, n, p, what)
+  local sd = math.sqrt(n * p * (1 - p))
+  assert.is_true(math.abs(count - n * p) < 5 * sd,
+    string.format("%s: %d of %d, expected %.1f +- %.1f", what, count, n, n * p, 5 * sd))
 end
 
 local function tmpfile(bytes)
@@ -116,6 +134,12 @@ describe("m3.data.parity", function()
     for n = 1, 10 do assert.is_true(seen[n], "length " .. n .. " drawn") end
   end)
 
+  it("draws every length from min_length to length equally often", function()
+    local counts = length_counts(data.parity { seed = 7, length = 9, min_length = 3 }, 7000)
+    for n = 3, 9 do assert_binomial(counts[n] or 0, 7000, 1 / 7, "length " .. n) end
+    for n in pairs(counts) do assert.is_true(n >= 3 and n <= 9, "length " .. n) end
+  end)
+
   it("scores only the last position with targets = final", function()
     local src = data.parity { seed = 1, length = 6, targets = "final" }
     for i = 0, 99 do
@@ -193,6 +217,17 @@ describe("m3.data.evaluate", function()
     assert.is_nil(data.evaluate({ 1, 5 }, 5))
     assert.is_nil(data.evaluate({ 1, 2 }, 5))
   end)
+
+  it("refuses what is not a token list, a modulus >= 2 or a position, naming it (nil gave a raw Lua error)", function()
+    assert.equal("m3.data.evaluate: expected a Lua list of token ids, got nil",
+      message_of(function() data.evaluate() end))
+    assert.equal("m3.data.evaluate: modulus = 1: expected an integer >= 2",
+      message_of(function() data.evaluate({ 0 }, 1) end))
+    assert.equal("m3.data.evaluate: first = 0: expected an integer >= 1",
+      message_of(function() data.evaluate({ 0 }, 5, 0) end))
+    assert.equal("m3.data.evaluate: last = 1.5: expected an integer >= 0",
+      message_of(function() data.evaluate({ 0 }, 5, 1, 1.5) end))
+  end)
 end)
 
 describe("m3.data.arithmetic", function()
@@ -244,6 +279,89 @@ describe("m3.data.arithmetic", function()
     assert.near(0.125, data.scaled_accuracy(0.3, 5), 1e-12)
   end)
 
+  it("scales accuracy only for a number of classes >= 2 (nil gave a raw Lua error, 1 gave -inf)", function()
+    assert.equal(1, data.scaled_accuracy(1, 2))
+    assert.equal(-1, data.scaled_accuracy(0, 2))
+    for _, c in ipairs { 1, 2.5 } do
+      assert.equal("m3.data.scaled_accuracy: classes = " .. c .. ": expected an integer >= 2",
+        message_of(function() data.scaled_accuracy(0.5, c) end))
+    end
+    assert.equal("m3.data.scaled_accuracy: classes = nil: expected an integer >= 2",
+      message_of(function() data.scaled_accuracy(0.5) end))
+    assert.equal('m3.data.scaled_accuracy: acc = "0.5": expected a number',
+      message_of(function() data.scaled_accuracy("0.5", 2) end))
+  end)
+
+  it("labels expressions exactly for other moduli and operator sets, with and without brackets", function()
+    for _, m in ipairs { 2, 3, 7, 13 } do
+      for _, ops in ipairs { "+-*", "-", "*+" } do
+        local flat = data.arithmetic { seed = m, length = 11, min_length = 2, modulus = m, ops = ops,
+          targets = "running" }
+        local nested = data.arithmetic { seed = m, length = 14, min_length = 2, modulus = m, ops = ops,
+          brackets = true }
+        assert.same({ m + 6, m }, { flat.vocab, flat.classes })
+        for _, src in ipairs { flat, nested } do
+          for i = 0, 99 do
+            local toks, tgts = src:sample(i)
+            local n = #toks
+            assert.equal(m + 5, toks[n]) -- '='
+            assert.equal(lua_value(toks, n - 1, m), tgts[n])
+            for t = 1, n do
+              assert.is_true(toks[t] >= 0 and toks[t] < src.vocab)
+              assert.is_true(tgts[t] == -1 or tgts[t] >= 0 and tgts[t] < src.classes)
+              -- a binary operator (after a digit or ')'; a '-' elsewhere is a unary minus): one of ops
+              local after_operand = t > 1 and (toks[t - 1] < m or toks[t - 1] == m + 4)
+              if after_operand and t < n and toks[t] >= m and toks[t] <= m + 2 then
+                assert.truthy(ops:find(({ "+", "-", "*" })[toks[t] - m + 1], 1, true))
+              end
+              if src == flat and t < n then
+                assert.equal(t % 2 == 1 and lua_value(toks, t, m) or -1, tgts[t])
+              end
+            end
+          end
+        end
+      end
+    end
+  end)
+
+  it("draws lengths uniformly from min_length to length (without brackets: an odd one less one token)", function()
+    local nested = length_counts(data.arithmetic { seed = 3, length = 9, min_length = 2, brackets = true }, 4000)
+    for n = 2, 9 do assert_binomial(nested[n] or 0, 4000, 1 / 8, "bracketed length " .. n) end
+    -- lengths 2k and 2k + 1 both give an expression of 2k - 1 tokens and '='
+    local flat = length_counts(data.arithmetic { seed = 3, length = 9, min_length = 2 }, 2000)
+    for n = 2, 8, 2 do assert_binomial(flat[n] or 0, 2000, 1 / 4, "length " .. n) end
+    for n = 3, 9, 2 do assert.is_nil(flat[n]) end
+  end)
+
+  it("takes brackets as a boolean only (a string \"false\" drew bracketed expressions)", function()
+    for _, b in ipairs { "false", 1, 0 } do
+      local want = "m3.data.arithmetic: brackets = " .. (b == "false" and '"false"' or tostring(b))
+        .. ": expected a boolean"
+      assert.equal(want, message_of(function() data.arithmetic { brackets = b }:next(1) end))
+      assert.equal(want, message_of(function() data.arithmetic {}:next(1, { brackets = b }) end))
+    end
+    assert.equal(9, #data.arithmetic { length = 9, brackets = true }:sample(0))
+  end)
+
+  it("bounds its modulus by a model's largest vocab_size (2^24), below which every product is exact", function()
+    -- modulus 2^31 - 1 made a vocab no model takes, and products past 2^53 gave wrong targets
+    for _, m in ipairs { 2 ^ 24 - 5, 2 ^ 31 - 1 } do
+      assert.equal(string.format("m3.data.arithmetic: modulus = %d: the vocab (modulus + 6 token ids) must be at most "
+        .. "16777216, the largest vocab_size of a model", m),
+        message_of(function() data.arithmetic { modulus = m } end))
+    end
+    local ffi = require "ffi"
+    local m = 2 ^ 24 - 6
+    local src = data.arithmetic { seed = 1, modulus = m, length = 12, ops = "*" }
+    assert.equal(2 ^ 24, src.vocab)
+    for i = 0, 49 do
+      local toks, tgts = src:sample(i)
+      local product = ffi.new("uint64_t", toks[1]) -- exact: (2^24)^2 < 2^64
+      for t = 3, #toks - 1, 2 do product = product * toks[t] % m end
+      assert.equal(tonumber(product), tgts[#toks])
+    end
+  end)
+
   it("draws only the operators asked for", function()
     local src = data.arithmetic { seed = 2, length = 21, ops = "+-" }
     for i = 0, 99 do
@@ -279,6 +397,40 @@ describe("m3.data.mqar", function()
   it("derives pairs and queries from a length", function()
     local toks = data.mqar { length = 30 }:sample(0)
     assert.equal(30, #toks)
+  end)
+
+  it("answers each query with its key's value at every length, within the reported vocab", function()
+    local src = data.mqar { seed = 2, keys = 12, values = 5 }
+    assert.same({ 17, 5 }, { src.vocab, src.classes })
+    for length = 3, 36 do
+      for i = 0, 9 do
+        local toks, tgts = src:sample(i, { length = length })
+        local pairs_n = math.floor(length / 3)
+        assert.equal(length, #toks)
+        local value_of = {}
+        for t = 1, 2 * pairs_n, 2 do
+          assert.is_true(toks[t] >= 0 and toks[t] < 12 and value_of[toks[t]] == nil)
+          assert.is_true(toks[t + 1] >= 12 and toks[t + 1] < 17)
+          assert.same({ -1, -1 }, { tgts[t], tgts[t + 1] })
+          value_of[toks[t]] = toks[t + 1]
+        end
+        for t = 2 * pairs_n + 1, length do assert.equal(value_of[toks[t]], tgts[t]) end
+      end
+    end
+  end)
+
+  it("names length when the pairs it gives, or the room it leaves for queries, do not fit", function()
+    -- "queries must be >= 1, got -16" for a length and pairs never given together; a length "x" a raw Lua error
+    assert.equal("m3.data.mqar: length = 24 leaves no query after pairs = 20 (queries = length - 2 * pairs = -16): "
+      .. "give queries, or a length >= 41", message_of(function() data.mqar { pairs = 20 }:next(1) end))
+    assert.equal("m3.data.mqar: length must be an integer >= 3, got x",
+      message_of(function() data.mqar { pairs = 4 }:next(1, { length = "x" }) end))
+    assert.equal("m3.data.mqar: length = 100 gives pairs = floor(length / 3) = 33, more than keys = 32 (the keys "
+      .. "are distinct): give pairs, or more keys", message_of(function() data.mqar {}:next(1, { length = 100 }) end))
+    assert.equal("m3.data.mqar: pairs = 5: must be at most keys = 4 (the keys are distinct)",
+      message_of(function() data.mqar { keys = 4, pairs = 5 }:next(1) end))
+    assert.same({ 1, 41 }, data.mqar { pairs = 20 }:next(1, { length = 41 }).tokens:shape())
+    assert.same({ 1, 43 }, data.mqar { pairs = 20, queries = 3 }:next(1, { length = "x" }).tokens:shape())
   end)
 
   it("bounds its vocab keys + values by a model's largest vocab_size (2^24); a sample costs O(pairs)", function()
@@ -364,6 +516,121 @@ describe("m3.data sources", function()
     os.remove(path)
   end)
 
+  it("honour mixture weights, of nested mixtures and per call too (counts within 5 standard deviations)", function()
+    local leaves = { data.parity { length = 3 }, data.parity { length = 4 }, data.parity { length = 5 } }
+    local mix = data.mixture(leaves, { seed = 4, weights = { 1, 2, 5 } })
+    local counts = length_counts(mix, 8000)
+    assert_binomial(counts[3], 8000, 1 / 8, "weight 1")
+    assert_binomial(counts[4], 8000, 2 / 8, "weight 2")
+    assert_binomial(counts[5], 8000, 5 / 8, "weight 5")
+    local per_call = {}
+    for i = 0, 1999 do
+      local n = #mix:sample(i, { weights = { 0, 1, 3 } })
+      per_call[n] = (per_call[n] or 0) + 1
+    end
+    assert.is_nil(per_call[3])
+    assert_binomial(per_call[4], 2000, 1 / 4, "weight 1 of 4")
+    local nested = data.mixture({ data.mixture({ leaves[1], leaves[2] }, { weights = { 1, 3 } }), leaves[3] })
+    counts = length_counts(nested, 8000)
+    assert_binomial(counts[3], 8000, 1 / 8, "1/2 * 1/4")
+    assert_binomial(counts[4], 8000, 3 / 8, "1/2 * 3/4")
+    assert_binomial(counts[5], 8000, 1 / 2, "1/2")
+  end)
+
+  it("continue with exactly the same batches from a cursor in a fresh source, for every kind", function()
+    local path = counting_u16_file(3000)
+    local makers = {
+      parity = function() return data.parity { seed = 3, length = 9, min_length = 1, density = "random" } end,
+      arithmetic = function() return data.arithmetic { seed = 4, length = 12, min_length = 2, targets = "running" } end,
+      brackets = function() return data.arithmetic { seed = 5, length = 12, min_length = 2, brackets = true } end,
+      mqar = function() return data.mqar { seed = 6, keys = 16, values = 8 } end,
+      random = function() return data.tokens(path, { vocab = 3000, seed = 7 }) end,
+      sequential = function() return data.tokens(path, { vocab = 3000, order = "sequential" }) end,
+      stream = function() return data.tokens(path, { vocab = 3000, order = "stream" }) end,
+      mixture = function()
+        return data.mixture({ data.parity { seed = 1 }, data.arithmetic { seed = 2, offset = 2, min_length = 2 },
+          data.mixture({ data.mqar { seed = 3 }, data.tokens(path, { vocab = 3000, seed = 8 }) }, { seed = 9 }) },
+          { seed = 10, weights = { 1, 2, 3 } })
+      end,
+    }
+    local lengths = { 6, 12, 9, 7, 11 }
+    for kind, make in pairs(makers) do
+      local a = make()
+      for k = 1, 3 do a:next(4, { length = lengths[k] }) end
+      local c = a:cursor()
+      local b = make()
+      b:seek(c)
+      assert.same(c, b:cursor())
+      for k = 4, 5 do
+        local want, got = a:next(4, { length = lengths[k] }), b:next(4, { length = lengths[k] })
+        assert.same(want.tokens:to_table(), got.tokens:to_table(), kind)
+        assert.same(want.targets:to_table(), got.targets:to_table(), kind)
+      end
+      assert.same(a:cursor(), b:cursor())
+    end
+    os.remove(path)
+  end)
+
+  it("keep a call's ids within the source's vocab: a larger modulus, keys, values or offset per call is an error",
+    function()
+      -- a call with modulus = 7 gave ids up to 12 from a source of vocab 11
+      local a = data.arithmetic { seed = 1, length = 8 }
+      assert.equal("m3.data.arithmetic: this call's options (modulus = 7, offset = 0) need vocab 13, more than this "
+        .. "source's 11 (src.vocab, for the model's vocab_size): make the source with the options that need the most "
+        .. "ids",
+        message_of(function() a:next(2, { modulus = 7 }) end))
+      assert.equal(0, a:cursor().index)
+      assert.matches("^m3%.data%.mqar: this call's options %(keys = 40, values = 32, offset = 0%) need vocab 72, more "
+        .. "than this source's 64 ", message_of(function() data.mqar {}:sample(0, { keys = 40 }) end))
+      assert.matches("^m3%.data%.parity: this call's options %(offset = 1%) need vocab 3, more than this source's 2 ",
+        message_of(function() data.mixture { data.parity {} }:next(1, { offset = 1 }) end))
+      -- what fits is drawn: every id below the source's vocab
+      local big = data.arithmetic { seed = 1, length = 8, modulus = 7, offset = 1 }
+      for _, o in ipairs { { modulus = 3 }, { modulus = 7, offset = 0 }, { modulus = 6, offset = 2 } } do
+        local b = big:next(8, o)
+        for i = 0, b.tokens:numel() - 1 do
+          assert.is_true(b.tokens[i] >= 0 and b.tokens[i] < big.vocab and b.targets[i] < big.vocab)
+        end
+      end
+    end)
+
+  it("refuse a sample index that is not an integer in [0, 2^53) (a sequential file gave a window for -1 and 1.5)",
+    function()
+      local path = tmpfile("abcdefghijklmnopqrstuvwxyz0123456789")
+      local sources = { data.parity { length = 3 }, data.mixture { data.parity { length = 3 } },
+        data.text(path, { length = 3 }), data.text(path, { order = "sequential", length = 3 }) }
+      for _, s in ipairs(sources) do
+        for _, index in ipairs { -1, 1.5, "x", 2 ^ 53 } do
+          assert.equal("m3.data: sample: index = " .. (index == "x" and '"x"' or tostring(index))
+            .. ": expected an integer in [0, 2^53)", message_of(function() s:sample(index) end))
+        end
+      end
+      assert.equal("m3.data: offset: index = -1: expected an integer in [0, 2^53)",
+        message_of(function() sources[4]:offset(-1, 3) end))
+      assert.equal("m3.data: offset: L = nil: expected an integer >= 1",
+        message_of(function() sources[4]:offset(0) end))
+      assert.equal(3, sources[4]:offset(1, 3))
+      os.remove(path)
+    end)
+
+  it("refuse the cursor of a stream in a source of another kind (it dropped where each row stood)", function()
+    local path = tmpfile("abcdefghijklmnopqrstuvwxyz0123456789")
+    local st = data.text(path, { order = "stream", split = "all", length = 4 })
+    st:next(2)
+    local c = st:cursor()
+    for _, s in ipairs { data.parity {}, data.mixture { data.parity {} }, data.text(path, { length = 4 }),
+                         data.text(path, { order = "sequential", length = 4 }) } do
+      assert.equal('m3.data: seek: cursor.rows = 2: the cursor of an order = "stream" file source, which this source '
+        .. "cannot continue (its cursor is {seed =, index =})", message_of(function() s:seek(c) end))
+      assert.equal(0, s:cursor().index)
+    end
+    assert.matches("m3.data: seek: cursor.position = 0: the cursor of an order = \"stream\"",
+      message_of(function() data.parity { cursor = { seed = 0, index = 0, position = 0 } } end), 1, true)
+    local again = data.text(path, { order = "stream", split = "all", length = 4, cursor = c })
+    assert.same(st:next(2).tokens:to_table(), again:next(2).tokens:to_table())
+    os.remove(path)
+  end)
+
   it("refuse mixture weights that are not finite numbers >= 0, one per source, not all 0", function()
     local sources = { data.parity { seed = 1, length = 8 }, data.parity { seed = 2, length = 4 } }
     local cases = {
@@ -419,7 +686,9 @@ describe("m3.data sources", function()
           message_of(function() p:next(2, { pad_to = pad }) end))
       end
       assert.equal(0, p:cursor().index)
-      assert.same({ 2, 6 }, p:next(2, { pad_to = 6, offset = 2 }).tokens:shape())
+      -- a call's offset within the source's vocab (one beyond it: see "keep a call's ids within the source's vocab")
+      assert.same({ 2, 6 }, data.parity { seed = 1, length = 4, offset = 3 }:next(2, { pad_to = 6, offset = 2 })
+        .tokens:shape())
       assert.equal(4, data.parity { offset = 2 }.vocab)
     end)
 
@@ -506,6 +775,8 @@ describe("m3.data batches and files", function()
     local p = data.parity {}
     assert.has_error(function() data.mixture({ p }, { weight = { 1 } }) end,
       'm3.data.mixture: unknown option "weight" (did you mean "weights"?); valid options: cursor, seed, weights')
+    -- options that are no table gave a raw error from inside pairs
+    assert.equal("m3.data.mixture: expected an options table, got 5", message_of(function() data.mixture({ p }, 5) end))
     local path = tmpfile("abcdefghijklmnopqrstuvwxyz0123456789")
     assert.has_error(function() data.text(path, { lenght = 4 }) end,
       'm3.data.text: unknown option "lenght" (did you mean "length"?); valid options: cursor, length, order, rows, '

@@ -17,11 +17,16 @@
 --   data.scaled_accuracy(acc, classes)  (acc - 1/classes) / (1 - 1/classes): 0 for a uniform
 --                                    guess among the classes, 1 when every answer is right; not
 --                                    0 for every answer without skill where the answers are not
---                                    uniform (brackets: always 0 scores 12.5%, m3.data.tasks)
+--                                    uniform (brackets: always 0 scores 12.5%, m3.data.tasks);
+--                                    acc a number, classes an integer >= 2
 
 local tasks = require "m3.data.tasks"
 local source = require "m3.data.source"
 local file = require "m3.data.file"
+local lib = require "m3.lib"
+local options = require "m3.options"
+
+lib.internal_file(debug.getinfo(1, "S").source)
 
 local data = {
   tasks = tasks,
@@ -50,6 +55,8 @@ function data.text(path, opts)
 end
 
 function data.scaled_accuracy(acc, classes)
+  options.want_number(acc, "m3.data.scaled_accuracy: acc")
+  options.want_int(classes, "m3.data.scaled_accuracy: classes", 2)
   return (acc - 1 / classes) / (1 - 1 / classes)
 end
 

@@ -35,8 +35,9 @@
 -- (a stream's index is also a multiple of its rows). A stream's adds rows = (its row count,
 -- once known: a stream resumed from it serves that count) and position = (the ids each row
 -- has read of its stretch since it last started over: where the next window begins), so
--- that its index only counts windows. A cursor of earlier versions, without them, leaves the
--- count as it was and places the next window at window index / rows of the call's length.
+-- that its index only counts windows; the other orders refuse a cursor with them. A cursor
+-- of earlier versions, without them, leaves the count as it was and places the next window
+-- at window index / rows of the call's length.
 
 local bit = require "bit"
 local ffi = require "ffi"
@@ -212,7 +213,8 @@ end
 
 -- Offset of window `index` for windows of length L (orders "random" and "sequential").
 function F:offset(index, L)
-  check_fits(self, L)
+  source.check_index(index, "m3.data: offset")
+  check_fits(self, want_int(L, "m3.data: offset: L", 1))
   if self.order == "random" then
     return self.lo + rng.new(self.seed, index):below(self.span - L)
   end
@@ -246,6 +248,7 @@ function F:sample(index, o)
   if self.order == "stream" then
     raise('m3.data: sample: an order = "stream" source reads windows by row and batch, not by index')
   end
+  source.check_index(index, "m3.data: sample")
   local L = window_length(self, o, "m3.data: sample")
   check_size(self)
   local ids, toks, tgts = read_ids(self, self:offset(index, L), L + 1), {}, {}
@@ -316,7 +319,7 @@ function F:cursor()
 end
 
 function F:seek(c)
-  source.check_cursor(c, "m3.data: seek")
+  source.check_cursor(c, "m3.data: seek", self.order == "stream")
   if c.rows ~= nil then want_int(c.rows, "m3.data: seek: cursor.rows", 1) end
   if c.position ~= nil and not source.is_id(c.position) then
     raise(string.format("m3.data: seek: cursor.position = %s: expected an integer in [0, 2^53)", show(c.position)))

@@ -10,13 +10,16 @@
 --                                 o.pad_to); shorter samples are padded with token 0
 --                                 and target -1 after their end (causal models never see
 --                                 the padding from the scored positions)
---   src:cursor(), src:seek(cursor)   (source.check_cursor: what every source's seek takes)
+--   src:cursor(), src:seek(cursor)   (source.check_cursor: what every source's seek takes; the
+--                                    rows =, position = of a stream's cursor only a stream's)
 --   src.shortest                     the least length its task draws (tasks: shortest), the
 --                                    least min_length a call may give
 --
 -- Options (o, per call over the source's defaults): the task's options (length,
 -- min_length, targets, ...), pad_to (an integer >= 1), and offset (an integer >= 0, added
 -- to every token and target id, to give several tasks of a mixture disjoint vocabularies).
+-- src.vocab is fixed when the source is made: a call whose options need more ids (a larger
+-- modulus, keys, values or offset) is an error, as its ids would reach past the model's vocab.
 -- A call also takes the names m3.fit passes along (source.FIT) and min_length (a phase of
 -- curriculum.lengths may hold it whatever the task; mqar draws no lengths); any other name
 -- is an error, as in the constructor. src.next_options is the set of the names next takes.
@@ -61,11 +64,27 @@ local function is_id(v)
 end
 source.is_id = is_id
 
--- Raises (what: for the message) unless c is a cursor {seed =, index =} a source can seek to.
-function source.check_cursor(c, what)
+-- Raises (what: for the message) unless index is a sample index: an integer in [0, 2^53).
+function source.check_index(index, what)
+  if not is_id(index) then
+    lib.raise(string.format("%s: index = %s: expected an integer in [0, 2^53)", what, show(index)))
+  end
+end
+
+-- Raises (what: for the message) unless c is a cursor {seed =, index =} a source can seek to;
+-- the fields an order = "stream" file source's cursor adds only where stream is true (a
+-- source of another kind would drop where each row of the stream stood).
+function source.check_cursor(c, what, stream)
   if type(c) ~= "table" or not is_id(c.seed) or not is_id(c.index) then
     lib.raise(what .. ": expected a cursor {seed =, index =}, each an integer in [0, 2^53), got "
       .. (type(c) == "table" and string.format("{seed = %s, index = %s}", show(c.seed), show(c.index)) or show(c)))
+  end
+  if stream then return end
+  for _, field in ipairs { "rows", "position" } do
+    if c[field] ~= nil then
+      lib.raise(string.format('%s: cursor.%s = %s: the cursor of an order = "stream" file source, which this source '
+        .. "cannot continue (its cursor is {seed =, index =})", what, field, show(c[field])))
+    end
   end
 end
 
@@ -75,10 +94,31 @@ local function offset_of(opts, what)
   return want_int(opts.offset, what .. ": offset", 0)
 end
 
--- Sample `index` of src for the full options opts, token and target ids shifted by
--- opts.offset.
+-- The vocab a task's options o need (offset included) and the options that set it, as text.
+local function vocab_of(task, o)
+  local off = offset_of(o, "m3.data." .. task.name)
+  if not task.shape then return task.vocab + off, "offset = " .. off end
+  local vocab, _, sizes = task.shape(o)
+  return vocab + off, sizes .. ", offset = " .. off
+end
+
+-- The full options of a call with options o (over src's defaults), once the ids they give fit
+-- in src.vocab.
+local function call_options(src, o)
+  local opts = overlay(src.defaults, o)
+  local need, sizes = vocab_of(src.task, opts)
+  if need > src.vocab then
+    lib.raise(string.format("m3.data.%s: this call's options (%s) need vocab %d, more than this source's %d "
+      .. "(src.vocab, for the model's vocab_size): make the source with the options that need the most ids",
+      src.task.name, sizes, need, src.vocab))
+  end
+  return opts
+end
+
+-- Sample `index` of src for the full options opts (call_options), token and target ids
+-- shifted by opts.offset.
 local function draw(src, index, opts)
-  local off = offset_of(opts, "m3.data." .. src.task.name)
+  local off = opts.offset or 0
   local toks, tgts = src.task.sample(rng.new(src.seed, index), opts)
   if off ~= 0 then
     for t = 1, #toks do
@@ -134,24 +174,21 @@ function source.new(task, opts)
   self.seed = options.check_seed(opts.seed, "m3.data." .. task.name)
   self.index = 0
   if opts.cursor then self:seek(opts.cursor) end
-  if task.shape then
-    self.vocab, self.classes = task.shape(self.defaults)
-  else
-    self.vocab, self.classes = task.vocab, task.classes
-  end
-  self.vocab = self.vocab + offset_of(self.defaults, "m3.data." .. task.name)
+  self.vocab = vocab_of(task, self.defaults)
+  self.classes = task.shape and select(2, task.shape(self.defaults)) or task.classes
   return self
 end
 
 -- Sample `index` for options o (over the defaults): tokens, targets as Lua arrays.
 function S:sample(index, o)
-  return draw(self, index, overlay(self.defaults, o))
+  source.check_index(index, "m3.data: sample")
+  return draw(self, index, call_options(self, o))
 end
 
 function S:next(rows, o)
   want_int(rows, "m3.data: next: rows", 1)
   if o ~= nil then options.check_table(o, self.next_options, "m3.data: next") end
-  local opts = overlay(self.defaults, o)
+  local opts = call_options(self, o)
   local samples = {}
   for r = 1, rows do
     local toks, tgts = draw(self, self.index + r - 1, opts)
@@ -211,8 +248,7 @@ end
 local MIXTURE = { seed = true, weights = true, cursor = true }
 
 function source.mixture(sources, opts)
-  opts = opts or {}
-  check_keys(opts, MIXTURE, "m3.data.mixture")
+  opts = options.check_table(opts or {}, MIXTURE, "m3.data.mixture")
   if type(sources) ~= "table" or #sources == 0 then
     lib.raise("m3.data.mixture: expected a list of sources")
   end
@@ -248,6 +284,7 @@ end
 -- passed on; a mixture among the sources picks with r, this one's generator after its pick
 -- (a generator of its own would repeat this pick when the seeds are equal).
 function M:sample(index, o, r)
+  source.check_index(index, "m3.data: sample")
   local weights = self.weights
   if o and o.weights ~= nil then
     weights = check_weights(o.weights, #self.sources, "m3.data.mixture: this call")

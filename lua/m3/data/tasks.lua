@@ -4,7 +4,8 @@
 -- the set of its option names and sample(r, o) -> tokens, targets draws one sequence from the generator r (m3.data.rng)
 -- for options o (the task's defaults overlaid with the caller's). Both results are Lua
 -- arrays of the same length; targets hold a class id or -1 where nothing is scored. A task
--- whose vocab depends on its options has shape(o) -> vocab, classes (those options checked).
+-- whose vocab depends on its options has shape(o) -> vocab, classes, the options that set them
+-- as text ("modulus = 7": for messages; those options checked).
 -- The models read tokens and predict targets with an "lm" head (vocab = task.vocab). shortest
 -- is the least length a sample can have (the least min_length, or mqar's least length).
 --
@@ -17,20 +18,23 @@
 -- arithmetic   modulus m (default 5): tokens 0..m-1 digits, m '+', m+1 '-', m+2 '*',
 --              m+3 '(', m+4 ')', m+5 '='; vocab m+6. A sample of length L is an expression
 --              of L-1 tokens followed by '='; the target at '=' is its value mod m
---              (standard precedence: '*' before '+' and '-', left to right).
+--              (standard precedence: '*' before '+' and '-', left to right). The vocab m+6 is
+--              at most 2^24 (m3.config's largest vocab_size), which keeps every product exact.
 --              brackets = false: digits and binary operators only (Deletang et al. 2023,
 --              "modular arithmetic"; the expression length is made odd by dropping one
 --              token); targets = "running" also scores every digit with the value of the
 --              expression that ends there. brackets = true: the context-free version
 --              (every binary operation in brackets, unary minus on digits, any length >= 1;
---              "final" targets only). ops: the operators drawn, default "+-*". Its answers
---              are not uniform: a product with a 0 factor is 0, so about 30% of them are 0 at
---              length 64 (27% at 12), and always answering 0 beats a uniform guess (1/m).
+--              "final" targets only); brackets is a boolean. ops: the operators drawn,
+--              default "+-*". Its answers are not uniform: a product with a 0 factor is 0,
+--              so about 30% of them are 0 at length 64 (27% at 12), and always answering 0
+--              beats a uniform guess (1/m).
 -- mqar         multi-query associative recall (Arora et al. 2023): `pairs` key-value pairs
 --              (keys distinct, tokens 0..keys-1; values keys..keys+values-1), then
 --              `queries` keys from those pairs; the target at each query is its value.
---              Without explicit pairs/queries a length L gives pairs = floor(L/3) and
---              queries = L - 2*pairs. Its vocab keys + values is at most 2^24, the largest
+--              Those of pairs and queries not given come from a length L: pairs = floor(L/3)
+--              (at most keys), queries = L - 2*pairs (at least 1); with both given, L is
+--              not read. Its vocab keys + values is at most 2^24, the largest
 --              vocab_size a model takes (m3.config); a sample costs O(pairs), whatever keys.
 --
 -- Lengths: parity and arithmetic draw each sample's length uniformly from
@@ -46,6 +50,9 @@ local floor = math.floor
 local raise, show = lib.raise, options.show
 
 local tasks = {}
+
+-- The largest vocab_size m3.config takes (engine/src/config.c: 2^24 per field).
+local MAX_VOCAB = 16777216
 
 -- o[field], once it is an integer from lo to 2^31 - 1 (a tensor dimension; inf is not).
 local function check_int(o, field, lo, task)
@@ -120,8 +127,12 @@ end
 -- descent over   expr := term {('+'|'-') term};  term := unary {'*' unary};
 -- unary := '-' unary | digit | '(' expr ')'.   Returns nil and a message when malformed.
 function tasks.evaluate(tokens, m, first, last)
-  m = m or 5
-  first, last = first or 1, last or #tokens
+  if type(tokens) ~= "table" then
+    raise("m3.data.evaluate: expected a Lua list of token ids, got " .. show(tokens))
+  end
+  m = options.want_int(m or 5, "m3.data.evaluate: modulus", 2)
+  first = options.want_int(first or 1, "m3.data.evaluate: first", 1)
+  last = options.want_int(last or #tokens, "m3.data.evaluate: last", 0)
   local sym = tasks.arith_symbols(m)
   local pos = first
   local expr
@@ -262,18 +273,29 @@ tasks.arithmetic = {
   options = { length = true, min_length = true, modulus = true, ops = true, brackets = true, targets = true },
 }
 
-function tasks.arithmetic.sample(r, o)
+-- The modulus of options o, once it is an integer >= 2 whose vocab (m + 6) a model can take.
+local function arith_modulus(o)
   local m = check_int(o, "modulus", 2, "arithmetic")
+  if m + 6 > MAX_VOCAB then
+    raise(string.format("m3.data.arithmetic: modulus = %d: the vocab (modulus + 6 token ids) must be at most %d, "
+      .. "the largest vocab_size of a model", m, MAX_VOCAB))
+  end
+  return m
+end
+
+function tasks.arithmetic.sample(r, o)
+  local m = arith_modulus(o)
   local sym = tasks.arith_symbols(m)
   local ops = op_ids(o, sym)
-  if o.brackets then return sample_bracketed(r, o, m, sym, ops) end
+  if options.want_bool(o.brackets, "m3.data.arithmetic: brackets") then return sample_bracketed(r, o, m, sym, ops) end
   return sample_flat(r, o, m, sym, ops)
 end
 
--- Vocabulary and class count of the arithmetic task for options o (its modulus checked).
+-- Vocabulary and class count of the arithmetic task for options o (its modulus checked), and
+-- the option that sets them as text.
 function tasks.arithmetic.shape(o)
-  local m = check_int(o, "modulus", 2, "arithmetic")
-  return m + 6, m
+  local m = arith_modulus(o)
+  return m + 6, m, "modulus = " .. m
 end
 
 -- ---- multi-query associative recall ------------------------------------------------------
@@ -283,9 +305,6 @@ tasks.mqar = {
   defaults = { length = 24, keys = 32, values = 32 },
   options = { length = true, keys = true, values = true, pairs = true, queries = true },
 }
-
--- The largest vocab_size m3.config takes (engine/src/config.c: 2^24 per field).
-local MAX_VOCAB = 16777216
 
 -- keys, values of mqar's options o, once they are integers >= 1 whose sum (the vocab) a model
 -- can take.
@@ -298,14 +317,38 @@ local function mqar_sizes(o)
   return keys, values
 end
 
+-- pairs and queries of options o: given, or derived from o.length (see the header).
+local function mqar_counts(o, keys)
+  local pairs_n, queries = o.pairs, o.queries
+  if pairs_n ~= nil then
+    check_int(o, "pairs", 1, "mqar")
+    if pairs_n > keys then
+      raise(string.format("m3.data.mqar: pairs = %d: must be at most keys = %d (the keys are distinct)", pairs_n, keys))
+    end
+  end
+  if queries ~= nil then check_int(o, "queries", 1, "mqar") end
+  if pairs_n ~= nil and queries ~= nil then return pairs_n, queries end
+  local length = check_int(o, "length", tasks.mqar.shortest, "mqar")
+  if pairs_n == nil then
+    pairs_n = floor(length / 3)
+    if pairs_n > keys then
+      raise(string.format("m3.data.mqar: length = %d gives pairs = floor(length / 3) = %d, more than keys = %d (the "
+        .. "keys are distinct): give pairs, or more keys", length, pairs_n, keys))
+    end
+  end
+  if queries == nil then
+    queries = length - 2 * pairs_n
+    if queries < 1 then
+      raise(string.format("m3.data.mqar: length = %d leaves no query after pairs = %d (queries = length - 2 * pairs "
+        .. "= %d): give queries, or a length >= %d", length, pairs_n, queries, 2 * pairs_n + 1))
+    end
+  end
+  return pairs_n, queries
+end
+
 function tasks.mqar.sample(r, o)
   local keys = mqar_sizes(o)
-  local pairs_n = o.pairs and check_int(o, "pairs", 1, "mqar") or floor(check_int(o, "length", tasks.mqar.shortest, "mqar") / 3)
-  local queries = o.queries and check_int(o, "queries", 1, "mqar") or (o.length - 2 * pairs_n)
-  if pairs_n < 1 or pairs_n > keys then
-    raise(string.format("m3.data.mqar: pairs must be in [1, keys = %d], got %s", keys, tostring(pairs_n)))
-  end
-  if queries < 1 then raise("m3.data.mqar: queries must be >= 1, got " .. tostring(queries)) end
+  local pairs_n, queries = mqar_counts(o, keys)
   -- distinct keys: a partial Fisher-Yates shuffle of 0..keys-1, kept sparse (an unset perm[i] stands
   -- for i - 1), so that a sample costs O(pairs) whatever keys, and draws what the full table drew
   local perm = {}
@@ -325,10 +368,11 @@ function tasks.mqar.sample(r, o)
   return tokens, targets
 end
 
--- Vocabulary and class count of the mqar task for options o (its keys and values checked).
+-- Vocabulary and class count of the mqar task for options o (its keys and values checked), and
+-- the options that set them as text.
 function tasks.mqar.shape(o)
   local keys, values = mqar_sizes(o)
-  return keys + values, values
+  return keys + values, values, string.format("keys = %d, values = %d", keys, values)
 end
 
 return tasks
