@@ -53,7 +53,7 @@ local spec = {
   { "headdim", 16, "head dimension P", int = true, min = 1, fixed = true },
   { "rope_fraction", 0.5, "share of the state rotated (0: no RoPE)", min = 0, fixed = true },
   { "min_length", 1, "shortest training sequence (not given: at least the task's shortest, 2 for arithmetic\n"
-    .. "    and brackets)", int = true, min = 1, fixed = true },
+    .. "    and brackets, 3 for mqar)", int = true, min = 1, fixed = true },
   { "from_length", 12, "longest training sequence of the first curriculum phase", int = true, min = 1,
     fixed = true },
   { "max_length", 48, "longest training sequence of the last phase", int = true, min = 1, fixed = true },

@@ -108,6 +108,17 @@ describe("m3.flags", function()
     assert.same({ run = "-h", resume = true, shift = 0 }, (flags.values({ "--run", "-h", "--resume" }, spec)))
   end)
 
+  it("prints the usage for --help or -h where a flag is expected, not for -h as the value of the flag before", function()
+    local out, code = script("train.lua", "--run -h --steps 0")
+    assert.equal(2, code, out) -- the run "-h": the bad --steps is what stops it (it printed the usage, status 0)
+    assert.matches("^%-%-steps expects an integer from 1 to 2147483647, got \"0\"\n", out)
+    for _, args in ipairs { "--run --help", "--resume -h", "--steps 0 -h" } do
+      out, code = script("train.lua", args)
+      assert.equal(0, code, args)
+      assert.matches("^m3lua scripts/train%.lua %[flags%]\n", out, nil, args)
+    end
+  end)
+
   it("says which flags were given, also at their default value", function()
     local spec = { { "steps", 600, "" }, { "lr", 1e-3, "" }, { "resume", false, "" } }
     local o, changed, given = flags.values({ "--steps=600", "--lr", "2e-3" }, spec)
@@ -164,6 +175,19 @@ describe("scripts/train.lua", function()
     assert.equal("train.lua: m3.data.arithmetic: min_length must be an integer in [2, length = 12], got 1\n", out)
     assert.is_false(m3.fs.exists(dir .. "/runs/a1"))
     os.execute("rm -rf " .. dir)
+  end)
+
+  it("--help names the shortest sequence of each task that draws none of length 1 (--min_length's default)", function()
+    local out, code = script("train.lua", "--help")
+    assert.equal(0, code, out)
+    local line = out:match("%-%-min_length.-%(default") -- the flag's text, over its two lines
+    local sources = { parity = m3.data.parity {}, arithmetic = m3.data.arithmetic {},
+      brackets = m3.data.arithmetic { brackets = true }, mqar = m3.data.mqar {} }
+    for task, src in pairs(sources) do
+      if src.shortest > 1 then -- mqar's 3 was missing
+        assert.matches(src.shortest .. " for [%w%s]-" .. task, line, nil, task)
+      end
+    end
   end)
 
   it("trains on the GPU under captured graphs; refuses f16 accumulation before writing anything #gpu", function()
@@ -475,6 +499,12 @@ describe("scripts/lm.lua", function()
       assert.matches("after 1 step %(%d+s%)\n$", out)
       assert.is_nil(io.open(dir .. "/runs/n/sample.txt"))
       assert.is_nil(io.open(dir .. "/runs/n/prompt.txt"))
+      -- the run that --overwrite replaces leaves no sample behind (they passed for the new run's)
+      out, code = script_in(dir, "lm.lua", "--run s --overwrite --data lic.txt --steps 1 --eval_batches 1 "
+        .. "--sample_len 0 " .. TINY)
+      assert.equal(0, code, out)
+      assert.is_nil(io.open(dir .. "/runs/s/sample.txt"))
+      assert.is_nil(io.open(dir .. "/runs/s/prompt.txt"))
       os.execute("rm -rf " .. dir)
     end)
 

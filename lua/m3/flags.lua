@@ -22,8 +22,9 @@
 -- fixed = true marks a flag that defines a training run (its model, its data): --help says
 -- so, and m3.rundir keeps the run's own value when it resumes. path = true: the value names a
 -- file, which m3.rundir compares by the file it resolves to (./data/x.txt is data/x.txt).
--- `--help` prints the flags and exits. flags.positional(arg, n, usage) takes a script's n
--- positional arguments (no flags), with the same --help and exit statuses.
+-- `--help` (or -h) where a flag is expected prints the flags and exits (`--prompt -h` gives the
+-- value "-h"). flags.positional(arg, n, usage) takes a script's n positional arguments (no
+-- flags), with the same --help and exit statuses.
 -- Unknown flags and stray arguments are errors that list the valid flags. A flag given twice
 -- takes its last value, as getopt does (a wrapper passes defaults, then the user's "$@").
 -- Returns the
@@ -203,15 +204,31 @@ function flags.positional(args, n, usage_line)
   return unpack(args, 1, n)
 end
 
+-- Whether args ask for the usage: --help or -h where a flag is expected, not as the value of the
+-- flag before it (`--prompt -h` is the prompt "-h"; `--run --help` asks, as --run takes no value
+-- that starts with --), whatever else args hold.
+local function asks_help(args, spec)
+  local takes_value = {}
+  for _, f in ipairs(spec) do takes_value[f[1]] = type(f[2]) ~= "boolean" end
+  local i = 1
+  while i <= #args do
+    local a = args[i]
+    if a == "--help" or a == "-h" then return true end
+    local name = a:match("^%-%-([%w_%-]+)$")
+    local value = args[i + 1]
+    if name and takes_value[(name:gsub("%-", "_"))] and value and value:sub(1, 2) ~= "--" then i = i + 1 end
+    i = i + 1
+  end
+  return false
+end
+
 -- values, changed, given; prints the usage and exits on --help (0) or a bad flag (2).
 function flags.parse(args, spec, banner)
   local list = {}
   for i = 1, #(args or {}) do list[i] = args[i] end
-  for _, a in ipairs(list) do
-    if a == "--help" or a == "-h" then
-      print(usage(spec, banner))
-      os.exit(0)
-    end
+  if asks_help(list, spec) then
+    print(usage(spec, banner))
+    os.exit(0)
   end
   local ok, values, changed, given = pcall(flags.values, list, spec)
   if not ok then
