@@ -2,13 +2,13 @@
 -- temporary files of interrupted writes, and resume bit-identically
 -- (CPU: 10 steps against 5 + save + load + 5, with carried state or with accumulation; also
 -- after interrupts, each metrics record once); fit.run's refusals (also of an earlier run's
--- checkpoints without start); a step whose gradient is not finite passed over (the run is the
--- one without its rows), more than max_nonfinite in a row stopping the run with the last good
--- step saved (and loadable) and a status that ends a script without a traceback. Saving: an
--- extra nested 100 tables deep loads back, a deeper one
--- is refused before anything is written; an extra holding text that is not UTF-8 is written
--- as UTF-8; a FIFO or a dangling link is refused and left as it is
--- (and loading a FIFO is refused, not waited on), a link to a file is saved through; a path
+-- checkpoints without start); a run without start keeps no earlier run's plot.svg; a step
+-- whose gradient is not finite passed over (the run is the one without its rows), more than
+-- max_nonfinite in a row stopping the run with the last good step saved (and loadable) and a
+-- status that ends a script without a traceback. Saving: an extra nested 100 tables deep loads
+-- back, a deeper one is refused before anything is written; an extra holding text that is not
+-- UTF-8 is written as UTF-8; a FIFO or a dangling link is refused and left as it is (and
+-- loading a FIFO is refused, not waited on), a link to a file is saved through; a path
 -- holding a NUL byte is refused to save and to load.
 
 local ffi = require "ffi"
@@ -303,6 +303,18 @@ describe("m3.checkpoint", function()
     assert.matches("m3%.fit%.resume: no checkpoint in " .. ck.dir:gsub("%p", "%%%0") .. " loads %(2 there, the "
       .. "newest: step 4%)$", err)
     assert.is_nil(fit.resume(checkpoint.new { dir = d .. "/none" }))
+  end)
+
+  it("starts a run without start with no record or plot of an earlier run in its folder", function()
+    local d = dir .. "/replaced"
+    run({ trainer = new_trainer(), steps = 2, dir = d }, path)
+    assert.is_true(fs.is_file(d .. "/plot.svg"))
+    local ok = pcall(run, { trainer = new_trainer(), steps = 4, dir = d, eval_every = 1,
+      eval = function() error("stopped in the first evaluation") end }, path)
+    assert.is_false(ok)
+    local records = log.read_jsonl(d .. "/metrics.jsonl")
+    assert.same({ 1 }, { records[1].step, records[2] and records[2].step }) -- step 1's record alone
+    assert.is_false(fs.exists(d .. "/plot.svg")) -- the 2-step run's plot stayed beside the new run's records
   end)
 
   it("raises a callback's error value as it is: a table, a number, a message with its traceback", function()

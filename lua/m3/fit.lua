@@ -27,7 +27,8 @@
 -- data:next(n, phase); tr:step, or m3.accumulate.step over k micro-batches; metrics to
 -- dir/metrics.jsonl (one record per step, one per evaluation) and the progress display
 -- (m3.log.progress); a checkpoint every `every` steps and at the end, with extra =
--- {data = cursor, phase = index, lr = lr, user = extra()}. At the end dir/plot.svg.
+-- {data = cursor, phase = index, lr = lr, user = extra()}. At the end dir/plot.svg (a run
+-- without start first empties dir/metrics.jsonl and removes an earlier run's plot.svg).
 -- A length or pad_to of a phase (or of data_opts) that is not an integer from 1 to the
 -- trainer's seq_len is refused before step 1, as are rows a step the trainer cannot take.
 -- A run without start whose checkpoint folder already holds checkpoints (an earlier run's) is
@@ -261,7 +262,12 @@ function fit.run(o)
   local writer, dropped_eval
   if o.dir then
     fs.mkdir(o.dir)
-    if o.start then dropped_eval = truncate_metrics(metrics_path, step) else fs.write(metrics_path, "") end
+    if o.start then
+      dropped_eval = truncate_metrics(metrics_path, step)
+    else -- a new run: no record or plot of an earlier run in dir passes for its own
+      fs.write(metrics_path, "")
+      os.remove(o.dir .. "/plot.svg")
+    end
     writer = log.jsonl(metrics_path)
   end
   local show = o.progress ~= false
