@@ -5,7 +5,8 @@
 -- checkpoints without start); a run without start keeps no earlier run's plot.svg; a step
 -- whose gradient is not finite passed over (the run is the one without its rows), more than
 -- max_nonfinite in a row stopping the run with the last good step saved (and loadable) and a
--- status that ends a script without a traceback. Saving: an extra nested 100 tables deep loads
+-- status that ends a script without a traceback; another error after a step saves that step
+-- and says so below the error (one traceback in a script). Saving: an extra nested 100 tables deep loads
 -- back, a deeper one is refused before anything is written; an extra holding text that is not
 -- UTF-8 is written as UTF-8; a FIFO or a dangling link is refused and left as it is (and
 -- loading a FIFO is refused, not waited on), a link to a file is saved through; a path
@@ -626,6 +627,87 @@ describe("m3.fit.run and non-finite gradients", function()
     assert.is_nil(out:find("traceback", 1, true), out)
     assert.matches("\nlm%.lua: m3%.fit%.run: 11 steps in a row had a non%-finite gradient .*saved runs/big/checkpoints/"
       .. "step%-%d+%.ckpt", out)
+  end)
+end)
+
+describe("m3.fit.run stopped by an error", function()
+  local features = m3.config { d_model = 16, n_layers = 1, d_state = 8, headdim = 8, input = "features",
+    input_dim = 3, head = "mse", out_dim = 2 }
+  local function trainer() return m3.trainer(features, { device = "cpu", batch = 2, seq_len = 4, seed = 1 }) end
+  -- features_source, whose next raises value (as it is) at its call `at` (a data file cut short)
+  local function failing_source(at, value)
+    local src, calls = features_source(), 0
+    local next = src.next
+    src.next = function(self, n, opts)
+      calls = calls + 1
+      if calls == at then error(value, 0) end
+      return next(self, n, opts)
+    end
+    return src
+  end
+  local function run(src, d, ck)
+    return pcall(fit.run, { trainer = trainer(), data = src, steps = 6, dir = d, checkpoint = ck, progress = false,
+      data_opts = { length = 4 } })
+  end
+
+  it("saves the last step taken and says so below the error's traceback; the error value stays as it is", function()
+    local d = tmpdir()
+    local ck = checkpoint.new { dir = d .. "/checkpoints", every = 100 }
+    local ok, err = run(failing_source(4, "data gone"), d, ck)
+    assert.is_false(ok)
+    assert.matches("^data gone\nstack traceback:\n", err)
+    assert.matches("\nm3%.fit%.run: stopped at step 3; saved " .. (ck.dir .. "/step-00000003.ckpt"):gsub("%p", "%%%0")
+      .. " %(resume from it%)$", err)
+    local tr, start = fit.resume(ck, { device = "cpu" })
+    assert.same({ 3, 3 }, { start.step, tr:step_count() })
+    local steps = {}
+    for _, rec in ipairs(log.read_jsonl(d .. "/metrics.jsonl")) do steps[#steps + 1] = rec.step end
+    assert.same({ 1, 2, 3 }, steps)
+    -- a value that is not a message is raised as it is, the step saved all the same
+    local value = { code = 7 }
+    d = tmpdir()
+    ck = checkpoint.new { dir = d .. "/checkpoints", every = 100 }
+    ok, err = run(failing_source(3, value), d, ck)
+    assert.equal(value, err)
+    assert.same({ 2 }, (function() local l = {} for _, c in ipairs(ck:list()) do l[#l + 1] = c.step end return l end)())
+  end)
+
+  it("saves nothing when no step of the run was taken (a rerun needs no --overwrite)", function()
+    local d = tmpdir()
+    local ck = checkpoint.new { dir = d .. "/checkpoints", every = 100 }
+    local ok, err = run(failing_source(1, "data gone"), d, ck)
+    assert.is_false(ok)
+    assert.matches("^data gone\nstack traceback:\n", err)
+    assert.is_nil(err:find("m3.fit.run: stopped", 1, true))
+    assert.same({}, ck:list())
+  end)
+
+  it("ends a script with the message, one traceback and where it stopped, status 1 (m3.flags)", function()
+    local d = tmpdir()
+    local script = d .. "/stop.lua"
+    fs.write(script, string.format([[
+      local m3 = require "m3"
+      local calls = 0
+      local src = { -- zero features; the 4th batch is "data gone"
+        next = function(_, n, o)
+          calls = calls + 1
+          if calls == 4 then error("data gone", 0) end
+          return { input = m3.tensor({ n, o.length, 3 }), targets = m3.tensor({ n, o.length, 2 }) }
+        end,
+        cursor = function() return calls end, seek = function(_, c) calls = c end,
+      }
+      require("m3.flags").interruptible("stop.lua", require("m3.fit").run, {
+        trainer = m3.trainer(m3.config { d_model = 16, n_layers = 1, d_state = 8, headdim = 8, input = "features",
+          input_dim = 3, head = "mse", out_dim = 2 }, { device = "cpu", batch = 2, seq_len = 4, seed = 1 }),
+        data = src, steps = 6, progress = false, data_opts = { length = 4 },
+        checkpoint = require("m3.checkpoint").new { dir = %q, every = 100 } })
+    ]], d .. "/checkpoints"))
+    local out, code = helper.run(helper.quote(helper.m3lua()) .. " " .. helper.quote(script))
+    assert.equal(1, code, out)
+    assert.matches("^stop%.lua: data gone\nstack traceback:\n", out)
+    local _, tracebacks = out:gsub("stack traceback:", "")
+    assert.equal(1, tracebacks, out) -- not the host's too
+    assert.matches("\nm3%.fit%.run: stopped at step 3; saved [^\n]*step%-00000003%.ckpt %(resume from it%)\n$", out)
   end)
 end)
 

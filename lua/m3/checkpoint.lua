@@ -12,7 +12,8 @@
 --                                    (a damaged one is reported on stderr and skipped);
 --                                    nil when there is none. opts: m3.trainer.load's
 --   ck:save_interrupted(tr, step, extra)
---                                    after an "interrupted" error: clears the engine's
+--                                    after an "interrupted" error (or another that stops a
+--                                    run): clears the engine's
 --                                    interrupt flag (the host keeps its pending signal, so
 --                                    the script still exits with 128 + signo) and saves;
 --                                    returns the path, or nil and why not
@@ -180,7 +181,7 @@ function K:save_interrupted(tr, step, extra)
   lib.C.m3_interrupt_clear()
   local info = tr:info()
   if info.window_open or info.pending_forward then
-    return nil, "the interrupt came inside an accumulation window"
+    return nil, "the run stopped inside an accumulation window"
   end
   local ok, path = pcall(self.save, self, tr, step, extra)
   if not ok then return nil, tostring(path) end

@@ -50,7 +50,10 @@
 -- matches the trainer's own step count is saved as a checkpoint and the error is raised
 -- again with the checkpoint's path, so the host exits with 128 + the signal number. An
 -- f16 step skipped for overflow at the very moment of an interrupt is replayed after the
--- resume.
+-- resume. Any other error after a step of the run (a data file cut short, a bug in eval)
+-- saves that state too and is raised as it was, a message with a last line that names the
+-- checkpoint ("m3.fit.run: stopped at step N; saved <path> (resume from it)"; m3.flags ends a
+-- script with it and status 1); an error before the run's first step saves nothing.
 --
 --   fit.evaluate(tr, src, {batches = 4, rows =, ...data options}) -> {loss, accuracy}
 --       over the first batches of src (from index 0: the same set every time), each window from a
@@ -281,7 +284,7 @@ function fit.run(o)
     return { data = src:cursor(), phase = phase and phase.index, lr = lr, user = o.extra and o.extra() }
   end
   local committed = { count = tr:step_count(), step = step, extra = state_now(), written = true } -- the start
-  local pending = committed
+  local pending, committed_at_start = committed, step
   local result = { step = step, tokens = 0 }
   local max_nonfinite, refused = o.max_nonfinite or 10, 0 -- refused: steps in a row passed over
 
@@ -378,18 +381,24 @@ function fit.run(o)
       path and "saved " .. path or "no checkpoint saved (" .. tostring(why) .. ")")
     error(err, 0)
   end
-  if not ok and checkpoint.is_interrupt(err) and o.checkpoint then
-    -- the state that matches the trainer: the pending step's if the engine applied it
-    local at = tr:step_count() == pending.count and pending or committed
-    if writer and not at.written then -- a step that took effect before the interrupt was raised
+  local interrupted = not ok and checkpoint.is_interrupt(err)
+  -- an interrupt, or an error after a step of this run (the data file cut short, a bug in a callback), saves
+  -- the state that matches the trainer: the pending step's if the engine applied it (a poisoned trainer has
+  -- no count to tell, and saves nothing)
+  local counted, count = pcall(tr.step_count, tr)
+  local at = counted and count == pending.count and pending or committed
+  if not ok and o.checkpoint and counted and (interrupted or at.step > committed_at_start) then
+    if writer and not at.written then -- a step that took effect before the error was raised
       writer:write(at.record or record_of(at, type(err) == "table" and err.metrics or tr:_last_metrics()))
     end
     if writer then writer:close() end
     local path, why = o.checkpoint:save_interrupted(tr, at.step, at.extra)
-    if path then
-      error(string.format("interrupted at step %d; saved %s (resume from it)", at.step, path), 0)
-    end
-    error(string.format("interrupted at step %d; no checkpoint saved (%s)", at.step, why), 0)
+    local saved = path and string.format("saved %s (resume from it)", path)
+      or string.format("no checkpoint saved (%s)", why)
+    if interrupted then error(string.format("interrupted at step %d; %s", at.step, saved), 0) end
+    -- the error as it was raised (a value that is not a message stays as it is), its message with a last line
+    -- that says where the run stopped
+    if type(err) == "string" then err = string.format("%s\nm3.fit.run: stopped at step %d; %s", err, at.step, saved) end
   end
   if writer then writer:close() end
   if not ok then error(err, 0) end

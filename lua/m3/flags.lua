@@ -276,6 +276,9 @@ local function interruptible(script, ok, ...)
   if type(err) == "table" and type(err.status) == "number" and getmetatable(err) and getmetatable(err).__tostring then
     stop(script, tostring(err), err.status) -- a stop the library explains itself (fit.run's non-finite gradients)
   end
+  if type(err) == "string" and err:find("\nstack traceback:\n", 1, true) then
+    stop(script, err, 1) -- its traceback once (fit.run's, with where it stopped), not the host's below it
+  end
   error(err, 0)
 end
 
@@ -285,7 +288,7 @@ function flags.check(script, fn, ...)
 end
 
 -- fn(...)'s values; an interrupt ends the script: "<script>: <message>", 128 + the signal (an
--- error object with a status: that status).
+-- error object with a status: that status; a message that carries its traceback: 1).
 function flags.interruptible(script, fn, ...)
   return interruptible(script, pcall(fn, ...))
 end
