@@ -53,21 +53,23 @@ describe("m3.help", function()
       end
     end
     -- m3's exports as init.lua builds them (the live table also holds modules loaded on first use)
+    local TENSOR_USER = { new = true, from = true, is = true }
     local exports = dofile((debug.getinfo(m3.cpu_threads, "S").source:gsub("^@", "")))
     for k in pairs(exports) do need("m3." .. k, k) end
     local modules = { "log", "log.svg", "pytorch", "schedule", "accumulate", "checkpoint", "fit", "curriculum", "data",
-      "data.rng" }
+      "data.rng", "sampling", "sweep", "tensor", "infer", "trainer" }
     for _, name in ipairs(modules) do
       local mod = m3
       for part in name:gmatch("[^.]+") do mod = mod[part] end
       need("m3." .. name, name)
       for k, v in pairs(mod) do
-        if type(v) == "function" then
+        if type(v) == "function" and (name ~= "tensor" or TENSOR_USER[k]) then
           need(name .. "." .. k, "m3." .. name .. "." .. k)
         end
       end
     end
-    -- m3.weights' functions for users (its others, wrap, ptr, ..., serve the binding)
+    -- m3.tensor's and m3.weights' functions for users were walked or are here (tensor.wrap, view, coerce,
+    -- cast, ... and weights.wrap, ptr, ... serve the binding and are not walked)
     need("weights.init", "m3.weights.init", "weights.load", "m3.weights.load", "weights.is")
     local w = m3.weights.init(m3.config(helper.tokens_lm()), { seed = 1 })
     local text = helper.tmpname(".txt")
@@ -98,6 +100,24 @@ describe("m3.help", function()
       end
       if o[3].close then o[3]:close() end
     end
+    -- objects whose module topic lists their methods: each method has a topic under the usual variable name
+    local others = {
+      { "tensor", "t", { "shape", "numel", "dtype", "to_table", "clone" } },
+      { "checkpoint", "ck", m3.checkpoint.new { dir = helper.tmpname("") } },
+      { "curriculum", "cur", m3.curriculum.new { { length = 4 } } },
+      { "sampling", "s", m3.sampling.new(1) },
+    }
+    for _, o in ipairs(others) do
+      local list = o[3]
+      if getmetatable(list) then
+        local mt = getmetatable(list).__index
+        list = {}
+        for k, v in pairs(mt) do
+          if type(v) == "function" and not k:match("^_") then list[#list + 1] = k end
+        end
+      end
+      for _, k in ipairs(list) do need(o[1] .. ":" .. k, o[2] .. ":" .. k) end
+    end
     helper.cleanup()
     table.sort(missing)
     assert.same({}, missing)
@@ -117,8 +137,9 @@ describe("m3.help", function()
     assert.equal(help.text("data.rng.new"), help.text("rng.new"))
     local text, near = help.text("new")
     assert.is_nil(text)
-    assert.same({ "checkpoint.new", "curriculum.new", "data.rng.new" }, near)
-    assert.same({ "checkpoint.resume", "fit.resume" }, select(2, help.text("resume")))
+    assert.same({ "checkpoint.new", "curriculum.new", "data.rng.new", "infer.new", "sampling.new", "tensor.new",
+      "trainer.new" }, near)
+    assert.same({ "checkpoint.resume", "checkpoint:resume", "fit.resume" }, select(2, help.text("resume")))
     assert.equal(help.text("trainer:step"), help.text("step")) -- a trainer method's name: the trainer's
   end)
 
@@ -147,5 +168,50 @@ describe("m3.help", function()
     assert.equal(help.text("weights"), help.text("m3.weights"))
     assert.equal(help.text("log.svg.write"), help.text(m3.log.svg.write))
     assert.equal(help.text("m3.cpu_threads"), help.text(m3.cpu_threads))
+  end)
+
+  it("has no stale topic: each names a function, method or value the loaded modules have", function()
+    local w = m3.weights.init(m3.config(helper.tokens_lm()), { seed = 1 })
+    local text = helper.tmpname(".txt")
+    local f = assert(io.open(text, "wb"))
+    f:write(string.rep("fables ", 20))
+    f:close()
+    local objects = { -- a topic's kind before ":" -> an object whose methods it describes
+      trainer = m3.trainer(w, { device = "cpu", batch = 1, seq_len = 4 }),
+      infer = m3.infer(w, { device = "cpu" }),
+      weights = w,
+      source = m3.data.parity {},
+      file_source = m3.data.text(text, { length = 8 }), -- count, offset, slice: the file sources'
+      rng = m3.data.rng.new(1),
+      tensor = m3.tensor({ 2 }),
+      checkpoint = m3.checkpoint.new { dir = helper.tmpname("") },
+      curriculum = m3.curriculum.new { { length = 4 } },
+      sampling = m3.sampling.new(1),
+    }
+    local kinds = { source = true } -- topics about a kind of object, not a value of m3
+    local stale = {}
+    for _, topic in ipairs(help.topics()) do
+      local kind, method = topic:match("^([%w_]+):([%w_]+)$")
+      local found
+      if kind then
+        local o = objects[kind]
+        found = o ~= nil and type(o[method]) == "function"
+          or kind == "source" and type(objects.file_source[method]) == "function"
+          or kind == "trainer" and type(m3.trainer[method]) == "function" -- trainer:load is m3.trainer.load
+      elseif kinds[topic] or topic == "m3" then
+        found = true
+      else
+        local v = m3
+        for part in topic:gsub("^m3%.", ""):gmatch("[^.]+") do
+          v = type(v) == "table" and v[part] or nil
+        end
+        found = v ~= nil
+      end
+      if not found then stale[#stale + 1] = topic end
+    end
+    objects.trainer:close()
+    objects.infer:close()
+    helper.cleanup()
+    assert.same({}, stale)
   end)
 end)

@@ -7,8 +7,9 @@
 --   help.topics() -> sorted topic names;  help.complete(prefix) -> topics starting with it
 --
 -- Topic names: "m3", "m3.cpu_threads" (every m3.* function), "trainer", "trainer:step" (any
--- method; also "infer:step", "weights:get", "source:next" for data sources, "rng:u32"),
--- "tensor", "config", "weights", "weights.init", "infer", "m3.schedule", "schedule.cosine",
+-- method; also "infer:step", "weights:get", "source:next" for data sources, "rng:u32", "tensor:shape",
+-- "checkpoint:save", "curriculum:phase", "sampling:draw"), "tensor", "config", "weights",
+-- "weights.init", "infer", "m3.schedule", "schedule.cosine",
 -- "m3.log", "log.jsonl", "log.svg.lines", "pytorch.export", "m3.data", "data.parity",
 -- "data.rng", ... Every public function and method has one.
 -- Lookups are forgiving: "tr:step", "trainer.step", "step", "inf:generate", "w:get",
@@ -36,13 +37,15 @@ m3 — train Mamba-3 models from Lua.   local m3 = require "m3"
 T["trainer"] = [[
 m3.trainer(weights_or_config, {device = "auto", dtype = "f32", batch = 8, seq_len = 256,
   lr = 1e-3, weight_decay = 1e-2, betas = {0.9, 0.999}, eps = 1e-8, no_decay = "reference",
-  carry_state = false, clip = 0, seed = 0})
+  carry_state = false, clip = 0, seed = 0, allow_tf32 = false})  allow_tf32: f32 GEMMs may use TF32 (GPU)
 A batch: {tokens = int32 [B,T] | input = float [B,T,D], targets = int32 [B,T] (-1 ignored)
   | float [B,T,out_dim], d_out = ..., resets = uint8 [B,T], mask = ...}; B <= batch, T <= seq_len.
 methods: step forward backward_step evaluate check_batch capture_graph drop_graph has_graph set_profiling profile
   set_lr lr set_clip set_reference_no_decay reset_state states set_states snapshot grads load_weights save
   scaler_state load_scaler_state info device dtype batch seq_len step_count close
+  tr.config: the validated config it was built with (a copy)
   m3.trainer.load(path, {device =, dtype =, batch =, seq_len =}) -> trainer, extra]]
+T["trainer.new"] = "m3.trainer.new(weights_or_config, opts) -> trainer  what m3.trainer(...) does; see ?trainer"
 
 local methods = {
   step = "tr:step(batch) -> metrics\n  fused forward + backward + AdamW (graph-replayed when captured).\n  metrics: step, loss, accuracy, grad_norm, tokens, counted, ms, optimizer_stepped, ...\n  counted: what the loss mean divides by, positions (\"lm\") or elements (\"mse\": positions x out_dim)\n  a batch that counts nothing (every target -1, every mask 0) has no loss: refused, nothing runs",
@@ -83,10 +86,24 @@ local methods = {
 for name, text in pairs(methods) do T["trainer:" .. name] = text end
 
 T["tensor"] = [[
-m3.tensor(shape, dtype)  zeros; dtype "f32" | "f64" | "i32" | "u8"
+m3.tensor(shape, dtype = "f32")  zeros; dtype "f32" | "f64" | "i32" | "u8" (or float32, double, int32, uint8)
 m3.tensor(shape, dtype, {pinned = true})  page-locked (GPU batches upload without a copy; make once, refill)
-m3.tensor.from(nested_table, dtype); t:shape() t:numel() t:dtype() t[i] (0-based) t.data
-t:to_table() t:clone()]]
+  shape: a list of at most 8 integers in [0, 2^53] (or one number) whose product is below 2^53
+m3.tensor.from(nested_table, dtype); m3.tensor.is(x); t[i] (0-based, bounds-checked) t.data #t
+methods: shape numel dtype to_table clone
+  A plain FFI array plus a shape ({data =, shape =}) is accepted wherever a tensor is.]]
+T["tensor.new"] = "m3.tensor.new(shape, dtype = \"f32\", {pinned =}) -> zeros  what m3.tensor(...) does; see ?tensor"
+T["tensor.from"] = "m3.tensor.from(v, dtype = \"f32\") -> a new tensor  v: a nested rectangular table of numbers, a\n"
+  .. "  tensor or {data = <FFI array>, shape =} (converted copies); values the dtype cannot hold are an error"
+T["tensor.is"] = "m3.tensor.is(x) -> true when x is an m3 tensor"
+local tensor_methods = {
+  shape = "t:shape() -> {d1, d2, ...}  a new list of the dims",
+  numel = "t:numel() -> the number of elements (the product of the dims; also #t)",
+  dtype = "t:dtype() -> \"f32\" | \"f64\" | \"i32\" | \"u8\"",
+  to_table = "t:to_table() -> nested Lua lists of the values (shape {} gives {value})",
+  clone = "t:clone() -> an independent copy (same dtype and shape)",
+}
+for name, text in pairs(tensor_methods) do T["tensor:" .. name] = text end
 
 T["config"] = [[
 m3.config{d_model =, n_layers =, d_state = 128, expand = 2, headdim = 64, ngroups = 1,
@@ -131,7 +148,7 @@ T["m3.version"] = "m3.version  libm3's version string"
 
 T["infer"] = [[
 m3.infer(weights | trainer | path, {device = "auto", dtype = "f32", batch = 1, max_len = 256,
-  graph = true})
+  graph = true, allow_tf32 = false})
   a forward-only model that steps rows [0, B) from their carried state (no gradients, no
   moments; one-token steps replay a CUDA graph on the GPU). Prompts longer than max_len run
   in pieces; token by token, in pieces or whole give the same bits on the CPU.
@@ -150,14 +167,22 @@ local infer_methods = {
   close = "inf:close()  free memory now; later calls raise \"inference object is closed\"",
 }
 for name, text in pairs(infer_methods) do T["infer:" .. name] = text end
+T["infer.new"] = "m3.infer.new(weights | trainer | path, opts) -> inf  what m3.infer(...) does; see ?infer"
 
 T["m3.sampling"] = [[
 m3.sampling.new(rows, {temperature = 1, top_k = 0, top_p = 1, seed = 0}, what) -> s
 s:draw(logits, vocab, out, nonfinite)  one token per row from float [rows, vocab] into int32 [rows]
-  (f32 / i32 tensors, or FFI pointers); nonfinite(row), if given, words the error for a row with a
-  non-finite logit
+  logits / out: an f32 / i32 tensor (or FFI array plus a shape) of rows x vocab / rows elements
+  (checked), or an FFI pointer (unchecked); nonfinite(row), if given, words the error for a row
+  with a non-finite logit
   the engine's sampler (m3_sample): rows in parallel, row r with its own generator (seed, r);
   temperature 0 = greedy; top_k, then top_p over the renormalised rest. inf:generate uses it.]]
+T["sampling.new"] = "m3.sampling.new(rows, {temperature = 1, top_k = 0, top_p = 1, seed = 0},\n"
+  .. "  what = \"m3.sampling\") -> s  a sampler for rows rows (other option keys are errors); what begins its\n"
+  .. "  messages; see ?m3.sampling"
+T["sampling:draw"] = "s:draw(logits, vocab, out, nonfinite?)  draws one token id per row into out: logits an f32\n"
+  .. "  tensor of rows x vocab elements, out an i32 tensor of rows (or FFI pointers, unchecked); each call\n"
+  .. "  advances the rows' generators; a non-finite logit is an error (nonfinite(row) words it)"
 
 T["m3.pytorch"] = [[
 m3.pytorch.export(weights, dir)  config.json + model.safetensors for the public PyTorch
@@ -187,8 +212,8 @@ m3.schedule — pure functions step -> lr (1-based: f(s) is the lr of the s-th s
 Warmup reaches peak at s = warmup; a decay over total steps ends at floor at s = total + 1.
 A step that is not an integer from 1 to 2^53 is an error.]]
 T["schedule.constant"] = "schedule.constant(lr)  the same lr at every step"
-T["schedule.linear"] = "schedule.linear{from =, to =, steps =}  a rise is a warmup (to at step steps; from = 0 works), "
-  .. "a fall a decay (from at step 1, to at step steps + 1); then to"
+T["schedule.linear"] = "schedule.linear{from =, to =, steps =}  a rise is a warmup (to at step steps;\n"
+  .. "  from = 0 works), a fall a decay (from at step 1, to at step steps + 1); then to"
 T["schedule.linear_warmup"] = "schedule.linear_warmup{peak =, warmup =}  peak * s / warmup, then peak"
 T["schedule.cosine"] = "schedule.cosine{peak =, total =, floor = 0}\n  floor + (peak - floor) * (1 + cos(pi * (s - 1) / total)) / 2, floor after total"
 T["schedule.warmup_cosine"] = "schedule.warmup_cosine{peak =, warmup =, total =, floor = 0}\n  linear warmup to peak at s = warmup, then a half cosine reaching floor at s = total + 1"
@@ -203,10 +228,18 @@ T["m3.curriculum"] = [[
 m3.curriculum — phases as data: {steps =, length =, min_length =, batch =, <task options>,
   weights = <mixture>}; a phase inherits unset fields; the last may omit steps.
   local cur = m3.curriculum.new{{steps = 500, length = 8}, {steps = 500, length = 16}, {length = 32}}
-  cur:phase(step) -> phase (with index, first, last)   cur:max("length")   cur:total()
+  cur:phase(step) -> phase (with index, first, last)   cur:max("length")   cur:total()   cur:phases()
   for step, phase in cur:iter(1, n) do ... end
   m3.curriculum.lengths{from = 8, to = 32, steps = 3000, factor = 2, min_length = 1}]]
 T["curriculum.new"] = "curriculum.new{phase1, phase2, ...}  see ?m3.curriculum"
+local curriculum_methods = {
+  phase = "cur:phase(step) -> a copy of the phase of 1-based step (with index, first, last); past the end: the last",
+  max = "cur:max(field) -> the largest number a phase sets for field (nil when none sets it)",
+  total = "cur:total() -> the steps of all phases (math.huge when the last phase runs on)",
+  phases = "cur:phases() -> {phase, ...}  copies of the phases",
+  iter = "cur:iter(first, last)  for step, phase in cur:iter(1, n) do ... end  (both bounds required)",
+}
+for name, text in pairs(curriculum_methods) do T["curriculum:" .. name] = text end
 T["curriculum.lengths"] = "curriculum.lengths{from =, to =, steps =, factor = 2, <fields for every phase>}\n  lengths from, from*factor, ..., to in equal shares of steps"
 
 T["m3.data"] = [[
@@ -214,27 +247,37 @@ m3.data — deterministic, resumable sources: src:next(rows, opts) -> {tokens =,
   src:cursor() -> {seed =, index =}; src:seek(cursor); src.vocab, src.classes   (?source)
   data.parity{length =, min_length =, targets = "running" | "final", seed =}
   data.arithmetic{length =, brackets = false, ops = "+-*", modulus = 5, targets = "final"}
-  data.mqar{keys = 32, values = 32, pairs =, queries = | length =}
+  data.mqar{keys = 32, values = 32, pairs =, queries = | length = 24}
+  every source also takes seed =, cursor =, pad_to = and offset = (added to every id)
   data.mixture({src1, src2}, {weights = {w1, w2}, seed =})
   data.text(path, {split = "train" | "val" | "all", order = "random" | "sequential" | "stream", length =})
-  data.tokens(path, {dtype = "u16" | "u32", vocab =, ...})   read a window at a time
+  data.tokens(path, {dtype = "u16" | "u32" | "u8", vocab =, ...})   files are read a window at a time
   data.evaluate(ids, modulus, first, last)   data.scaled_accuracy(acc, classes)   data.rng]]
-T["data.parity"] = "data.parity{length = 32, min_length = length, targets = \"running\", seed = 0}\n  bits 0/1; targets: the parity of each prefix (running) or only at the end (final)"
-T["data.arithmetic"] = "data.arithmetic{length = 32, min_length =, brackets = false, ops = \"+-*\", modulus = 5,\n  targets = \"final\"}  an expression of length - 1 tokens, then '='; target: its value mod 5"
-T["data.mqar"] = "data.mqar{keys = 32, values = 32, pairs =, queries = | length =}\n  key-value pairs, then queried keys; target at each query: its value"
-T["data.text"] = "data.text(path, {split =, val_fraction = 0.1, order =, length = 256, seed =, rows =})\n"
-  .. "  byte-level windows (vocab 256); targets are the next bytes. order \"stream\": each of `rows` rows\n"
-  .. "  (default: the first next's count; another count is an error) continues its own stretch of text"
-T["data.tokens"] = "data.tokens(path, {dtype = \"u16\" | \"u32\", vocab =, split =, order =, length =, seed =, rows =})\n"
-  .. "  raw token ids, read a window at a time; vocab (an integer >= 1) is required for u16 and u32 (u8: 256);\n"
-  .. "  ids >= vocab are refused by the trainer's step. rows: as for data.text"
+T["data.parity"] = "data.parity{length = 32, min_length = length, targets = \"running\", density = 0.5, seed = 0}\n"
+  .. "  bits 0/1, each 1 with probability density (\"random\": drawn per sample); targets: the parity of each\n"
+  .. "  prefix (running) or only at the end (final)"
+T["data.arithmetic"] = "data.arithmetic{length = 32, min_length =, brackets = false, ops = \"+-*\", modulus = 5,\n"
+  .. "  targets = \"final\"}  an expression of length - 1 tokens, then '='; target: its value mod modulus\n"
+  .. "  (vocab modulus + 6, at most 2^24); brackets: a boolean (true: \"final\" targets only)"
+T["data.mqar"] = "data.mqar{keys = 32, values = 32, pairs =, queries = | length = 24}\n"
+  .. "  key-value pairs, then queried keys; target at each query: its value"
+T["data.text"] = "data.text(path, {split = \"train\" | \"val\" | \"all\", val_fraction = 0.1, order = \"random\",\n"
+  .. "  length = 256, seed = 0, rows =, cursor =})  byte-level windows (vocab 256); targets are the next bytes.\n"
+  .. "  order \"stream\": each of `rows` rows (default: the first next's count; another count is an error)\n"
+  .. "  continues its own stretch of text. The file is read a window at a time (pread, no mapping); a file\n"
+  .. "  cut short under the source is an error naming it (replace a file by renaming a new one over it)"
+T["data.tokens"] = "data.tokens(path, {dtype = \"u16\" | \"u32\" | \"u8\", vocab =, split =, val_fraction =,\n"
+  .. "  order =, length =, seed =, rows =, cursor =})  raw little-endian token ids (no header), read a window\n"
+  .. "  at a time; vocab (an integer >= 1) is required for u16 and u32 (u8: 256); ids >= vocab are refused by the\n"
+  .. "  trainer's step. The rest as for data.text"
 T["data.evaluate"] = "data.evaluate(ids, modulus = 5, first = 1, last = #ids) -> value | nil, message\n"
   .. "  the exact value mod modulus of the expression ids[first..last], a Lua list of arithmetic token ids\n"
   .. "  (not a tensor); stop last before the '=' of a data.arithmetic row"
 T["data.scaled_accuracy"] = "data.scaled_accuracy(acc, classes) -> (acc - 1/classes) / (1 - 1/classes)\n"
   .. "  0 for a uniform guess, 1 when every answer is right; a constant answer scores more where the answers\n"
   .. "  are uneven (arithmetic with brackets: always 0 scores 12.5 %)"
-T["data.mixture"] = "data.mixture({src1, src2, ...}, {weights =, seed =})  each row from a source drawn by weight"
+T["data.mixture"] = "data.mixture({src1, src2, ...}, {weights =, seed =})  each row from a source drawn by weight\n"
+  .. "  (weights: one finite number >= 0 per source, not all 0; default equal); no order = \"stream\" file sources"
 
 T["source"] = [[
 a data source (data.parity{...}, data.arithmetic, data.mqar, data.mixture, data.text, data.tokens):
@@ -244,7 +287,8 @@ methods: next cursor seek sample (every source), slice count offset (data.text, 
 local source_methods = {
   next = "src:next(rows, opts) -> {tokens =, targets =}  int32 [rows, T]: the rows samples after the cursor,\n"
     .. "  which moves past them; opts: this call's options over the source's (length =, pad_to =, ...;\n"
-    .. "  a mixture's also weights =). Shorter samples are padded: token 0, target -1",
+    .. "  a mixture's also weights =); options that need more ids than src.vocab are an error.\n"
+    .. "  Shorter samples are padded: token 0, target -1",
   cursor = "src:cursor() -> {seed =, index =}  the seed and the samples drawn so far (an order = \"stream\"\n"
     .. "  file source's also rows =, position =); plain numbers, for a checkpoint's extra or JSON",
   seek = "src:seek(cursor)  continue from a cursor of src:cursor(): the next batches are the ones that followed it",
@@ -289,28 +333,46 @@ T["accumulate.counted"] = "accumulate.counted(tr, batch) -> c  the positions the
   .. "  (\"lm\"), masked-in positions (\"mse\" with a mask), else rows x length"
 
 T["m3.checkpoint"] = [[
-m3.checkpoint.new{dir =, every = N, keep = 3}
-  ck:maybe_save(tr, step, extra)  ck:save(tr, step, extra)  ck:list()  ck:resume(opts)
+m3.checkpoint.new{dir =, every = 0, keep = 3}
+  ck:maybe_save(tr, step, extra)  ck:save(tr, step, extra)  ck:list()  ck:resume(opts)  ck:path(step)
+  ck:save_interrupted(tr, step, extra)
   m3.checkpoint.resume(dir, opts) -> tr, extra, step  (the newest checkpoint that loads)
   keep = k: a save leaves the file it wrote and the k - 1 highest-step others (0: all)
+  a step is an integer in [0, 10^15); another value is an error that names it
 Files dir/step-00000100.ckpt, written atomically; extra: data cursor, schedule position,
-curriculum phase, RNG states. m3.fit saves one on Ctrl-C / SIGTERM.]]
-T["checkpoint.new"] = "checkpoint.new{dir =, every = N, keep = 3} -> ck  see ?m3.checkpoint"
+curriculum phase, RNG states. m3.fit saves one on Ctrl-C / SIGTERM and on any error after a step.]]
+T["checkpoint.new"] = "checkpoint.new{dir =, every = 0, keep = 3} -> ck  every: maybe_save's period\n"
+  .. "  (0: only explicit saves); keep: the checkpoints a save leaves (0: all); see ?m3.checkpoint"
 T["checkpoint.resume"] = "checkpoint.resume(dir, opts) -> tr, extra, step  the newest checkpoint in dir that loads\n"
-  .. "  (a damaged one is reported and skipped); nil when there is none; opts: m3.trainer.load's"
+  .. "  (a damaged one is reported on stderr and skipped); nil when there is none; opts: m3.trainer.load's"
+local checkpoint_methods = {
+  save = "ck:save(tr, step, extra) -> path  dir/step-<step>.ckpt (tr:save plus {step, extra}), written atomically;\n"
+    .. "  then with keep = k > 0 only it and the k - 1 highest-step others remain",
+  maybe_save = "ck:maybe_save(tr, step, extra) -> path | nil  ck:save when every > 0 and step is a multiple of it",
+  list = "ck:list() -> {{step =, path =}, ...}  the checkpoints in dir, oldest first",
+  resume = "ck:resume(opts) -> tr, extra, step  as m3.checkpoint.resume(ck.dir, opts)",
+  path = "ck:path(step) -> \"dir/step-00000100.ckpt\"  the file of a step",
+  save_interrupted = "ck:save_interrupted(tr, step, extra) -> path | nil, why  after an error that stops a run:\n"
+    .. "  clears the engine's interrupt flag and saves (not inside an accumulation window)",
+}
+for name, text in pairs(checkpoint_methods) do T["checkpoint:" .. name] = text end
 T["checkpoint.is_interrupt"] = "checkpoint.is_interrupt(err) -> true when err is an interrupt (Ctrl-C / SIGTERM)"
 
 T["m3.fit"] = [[
-m3.fit.run{trainer =, data =, steps =, schedule =, curriculum =, batch =, clip =,
+m3.fit.run{trainer =, data =, steps =, schedule =, curriculum =, batch =, clip =, data_opts =,
   checkpoint =, start =, dir =, eval = function(tr, step) ... end, eval_every =, extra =,
-  max_nonfinite = 10}
+  graph = false, max_nonfinite = 10, progress = true, out =, print_every =, title =}
+  -> {step =, loss =, tokens =, eval =, elapsed =}
   the training loop: lr per step, curriculum phase -> data options, accumulation when a
   step has more rows than the trainer's batch, metrics.jsonl + progress + plot.svg in dir,
-  checkpoints (also on interrupts), a step with a non-finite gradient taken again on the next
-  rows (more than max_nonfinite in a row: the last good step saved, an error), bit-identical resume:
+  checkpoints every N steps and at the end; a step with a non-finite gradient taken again on the
+  next rows (more than max_nonfinite in a row: the last good step saved, an error). An interrupt
+  (Ctrl-C / SIGTERM) or any other error after a step of the run saves the last step taken; the
+  error's message gets a last line naming the checkpoint. Bit-identical resume:
   local tr, start = m3.fit.resume(ck, opts)
 m3.fit.evaluate(tr, src, {batches = 4, rows =, length =}) -> {loss =, accuracy =}]]
-T["fit.run"] = "fit.run{trainer =, data =, steps =, ...}  the training loop; see ?m3.fit"
+T["fit.run"] = "fit.run{trainer =, data =, steps =, ...} -> result  the training loop; on any error after a step\n"
+  .. "  the last step taken is saved (the message's last line names the checkpoint); see ?m3.fit"
 T["fit.check_rows"] = "fit.check_rows{trainer =, batch =, curriculum =, data_opts =}  raises what fit.run would for\n"
   .. "  rows a step the trainer cannot take (accumulation with carry_state or in f16) and for a phase's length or\n"
   .. "  pad_to past its seq_len, before anything is written"
@@ -355,14 +417,24 @@ T["log.svg.nice_ticks"] = "m3.log.svg.nice_ticks(lo, hi, n = 5) -> ticks, axis_l
 
 T["m3.sweep"] = [[
 m3.sweep{grid = {lr = {1e-3, 3e-3}, d_model = {32, 64}} | random = {lr = {"log", 1e-4, 1e-2}},
-  trials =, seed =, defaults = {...}, dir =, run = function(point, run_dir) return metrics end,
-  metric =, mode = "max" | "min", parallel = N, gpus = {...}} -> rows
+  trials =, seed = 0, defaults = {...}, dir =, run = function(point, run_dir) return metrics end,
+  metric = <loss, else the first by name>, mode = <"min" for a name with "loss", else "max">,
+  parallel = N, gpus = {...}, command =} -> rows   (m3.sweep.run(opts) alike)
+  swept keys are text other than "run" (the results' first column); random specs: a list of choices,
+  {"log", lo, hi}, {"uniform", lo, hi}, {"int", lo, hi}.
   one folder per point named after the options that differ from defaults (exact names:
   "a/b" -> "a%2Fb", {0.9, 0.99} -> "[0.9,0.99]"; points that would share one are an error); done.json marks finished
   points with all their settings (skipped on re-run; one run with other settings, a changed default,
-  is an error before anything runs); results.csv, results.json, summary.svg. Rows rank by metric (NaN
-  and missing last). Points that failed are retried on the next run; once the others are done
-  the sweep raises, naming them. An interrupt stops parallel children before the sweep ends.]]
+  is an error before anything runs); results.csv (RFC 4180), results.json, summary.svg, their numbers
+  exact (they read back as the same numbers). Rows rank by metric (NaN and missing last). Points that
+  failed are retried on the next run; once the others are done the sweep raises, naming them. An
+  interrupt stops parallel children before the sweep ends.]]
+T["sweep.run"] = "m3.sweep.run{grid = | random =, dir =, run =, ...} -> rows  what m3.sweep{...} does; see ?m3.sweep"
+T["sweep.name"] = "m3.sweep.name(point, defaults?, keys?) -> the point's folder name: \"key=value\" for the keys\n"
+  .. "  (default: all, sorted) whose value differs from defaults, joined by \",\"; \"defaults\" when none differs"
+T["sweep.format_value"] = "m3.sweep.format_value(v, key?) -> v as a folder name writes it: numbers exactly,\n"
+  .. "  lists \"[a,b]\", text with %XX for % / , = \\ [ ] blanks and control characters; other values are an\n"
+  .. "  error naming key"
 
 -- ---- lookup ------------------------------------------------------------------------------
 
@@ -390,8 +462,10 @@ function help.complete(prefix)
   return out
 end
 
--- The usual variable names of objects: "?tr:step", "?inf:generate", "?w:get", "?src:next", "?r:u32".
-local OBJECT_NAMES = { tr = "trainer", inf = "infer", w = "weights", src = "source", r = "rng" }
+-- The usual variable names of objects: "?tr:step", "?inf:generate", "?w:get", "?src:next", "?r:u32", "?t:shape",
+-- "?ck:save", "?cur:phase", "?s:draw".
+local OBJECT_NAMES = { tr = "trainer", inf = "infer", w = "weights", src = "source", r = "rng", t = "tensor",
+  ck = "checkpoint", cur = "curriculum", s = "sampling" }
 
 -- The topic a user's spelling means, or nil and the topics it could mean (a short name several end in).
 local function resolve(q)
@@ -429,7 +503,7 @@ local function suggestions(q)
   return out
 end
 
--- The topic for a value: an m3 function by its name, a trainer, infer or weights object, a module table.
+-- The topic for a value: an m3 function by its name, a trainer, infer, weights, tensor, ... object, a module table.
 local function topic_of_value(v)
   if package.loaded.m3 == v then return "m3" end
   for modname, mod in pairs(package.loaded) do
@@ -450,6 +524,11 @@ local function topic_of_value(v)
   if mt and type(v.get) == "function" and type(v.names) == "function" then return "weights" end
   if mt and type(v.next) == "function" and type(v.cursor) == "function" then return "source" end
   if mt and type(v.u32) == "function" and type(v.state) == "function" then return "data.rng" end
+  if mt and type(v.maybe_save) == "function" and type(v.list) == "function" then return "m3.checkpoint" end
+  if mt and type(v.phase) == "function" and type(v.iter) == "function" then return "m3.curriculum" end
+  if mt and type(v.draw) == "function" then return "m3.sampling" end
+  local tensor = package.loaded["m3.tensor"]
+  if type(v) == "cdata" and tensor and tensor.is(v) then return "tensor" end
 end
 
 -- The value a dotted global name refers to (`tr`, `m3.schedule.cosine`), or nil.
