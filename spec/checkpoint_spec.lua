@@ -645,15 +645,17 @@ describe("m3.fit.run stopped by an error", function()
     end
     return src
   end
-  local function run(src, d, ck)
-    return pcall(fit.run, { trainer = trainer(), data = src, steps = 6, dir = d, checkpoint = ck, progress = false,
-      data_opts = { length = 4 } })
+  -- fit.run over src in a new folder d with checkpoints ck (saved only at the end or on a stop): ok, err, d, ck
+  local function run(src)
+    local d = tmpdir()
+    local ck = checkpoint.new { dir = d .. "/checkpoints", every = 100 }
+    local ok, err = pcall(fit.run, { trainer = trainer(), data = src, steps = 6, dir = d, checkpoint = ck,
+      progress = false, data_opts = { length = 4 } })
+    return ok, err, d, ck
   end
 
   it("saves the last step taken and says so below the error's traceback; the error value stays as it is", function()
-    local d = tmpdir()
-    local ck = checkpoint.new { dir = d .. "/checkpoints", every = 100 }
-    local ok, err = run(failing_source(4, "data gone"), d, ck)
+    local ok, err, d, ck = run(failing_source(4, "data gone"))
     assert.is_false(ok)
     assert.matches("^data gone\nstack traceback:\n", err)
     assert.matches("\nm3%.fit%.run: stopped at step 3; saved " .. (ck.dir .. "/step-00000003.ckpt"):gsub("%p", "%%%0")
@@ -665,18 +667,14 @@ describe("m3.fit.run stopped by an error", function()
     assert.same({ 1, 2, 3 }, steps)
     -- a value that is not a message is raised as it is, the step saved all the same
     local value = { code = 7 }
-    d = tmpdir()
-    ck = checkpoint.new { dir = d .. "/checkpoints", every = 100 }
-    ok, err = run(failing_source(3, value), d, ck)
+    ok, err, _, ck = run(failing_source(3, value))
     assert.equal(value, err)
     local saved = ck:list()
     assert.same({ 1, 2 }, { #saved, saved[1].step })
   end)
 
   it("saves nothing when no step of the run was taken (a rerun needs no --overwrite)", function()
-    local d = tmpdir()
-    local ck = checkpoint.new { dir = d .. "/checkpoints", every = 100 }
-    local ok, err = run(failing_source(1, "data gone"), d, ck)
+    local ok, err, _, ck = run(failing_source(1, "data gone"))
     assert.is_false(ok)
     assert.matches("^data gone\nstack traceback:\n", err)
     assert.is_nil(err:find("m3.fit.run: stopped", 1, true))

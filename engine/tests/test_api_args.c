@@ -31,17 +31,10 @@ static int says(const char *const *fragments) {
           m3_status_name(st_), m3_last_error(), m3_status_name(status));                                  \
   } while (0)
 
+/* harness.h's test model at d_model 8 (headdim 4, d_state 8, 4 heads, tied), tokens in, VOCAB ids. */
 static m3_weights *tiny_lm(int head) {
-  m3_config c;
-  m3_config_defaults(&c);
-  c.d_model = 8;
-  c.n_layers = 2;
-  c.d_state = 8;
-  c.headdim = 4;
-  c.input = M3_INPUT_TOKENS;
-  c.head = head;
+  m3_config c = test_config(4, 8, 4, 1, 0.5, 0, M3_INPUT_TOKENS, head, 1);
   c.vocab_size = VOCAB;
-  c.out_dim = head == M3_HEAD_MSE ? 3 : 0;
   m3_weights *w = NULL;
   CHECK_OK(m3_weights_create(&c, &w));
   CHECK_OK(m3_weights_init(w, 7));

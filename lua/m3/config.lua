@@ -10,7 +10,7 @@
 local ffi = require "ffi"
 local lib = require "m3.lib"
 local json = require "m3.json"
-local exact = require("m3.number_text").exact
+local number_text = require "m3.number_text"
 
 lib.internal_file(debug.getinfo(1, "S").source)
 
@@ -47,11 +47,7 @@ config.derived_fields = DERIVED
 
 -- ---- messages --------------------------------------------------------------------------------
 
--- A value as messages show it: strings quoted, numbers with every digit (3.0000000000000004 is no integer).
-local function show(v)
-  if type(v) == "string" then return string.format("%q", v) end
-  return type(v) == "number" and exact(v) or tostring(v)
-end
+local show = number_text.shown -- text quoted, numbers with every digit
 
 local function distance(a, b)
   local prev = {}

@@ -381,24 +381,28 @@ function fit.run(o)
       path and "saved " .. path or "no checkpoint saved (" .. tostring(why) .. ")")
     error(err, 0)
   end
-  local interrupted = not ok and checkpoint.is_interrupt(err)
   -- an interrupt, or an error after a step of this run (the data file cut short, a bug in a callback), saves
   -- the state that matches the trainer: the pending step's if the engine applied it (a poisoned trainer has
   -- no count to tell, and saves nothing)
-  local counted, count = pcall(tr.step_count, tr)
-  local at = counted and count == pending.count and pending or committed
-  if not ok and o.checkpoint and counted and (interrupted or at.step > committed_at_start) then
-    if writer and not at.written then -- a step that took effect before the error was raised
-      writer:write(at.record or record_of(at, type(err) == "table" and err.metrics or tr:_last_metrics()))
+  if not ok and o.checkpoint then
+    local interrupted = checkpoint.is_interrupt(err)
+    local counted, count = pcall(tr.step_count, tr)
+    local at = counted and count == pending.count and pending or committed
+    if counted and (interrupted or at.step > committed_at_start) then
+      if writer and not at.written then -- a step that took effect before the error was raised
+        writer:write(at.record or record_of(at, type(err) == "table" and err.metrics or tr:_last_metrics()))
+      end
+      if writer then writer:close() end
+      local path, why = o.checkpoint:save_interrupted(tr, at.step, at.extra)
+      local saved = path and string.format("saved %s (resume from it)", path)
+        or string.format("no checkpoint saved (%s)", why)
+      if interrupted then error(string.format("interrupted at step %d; %s", at.step, saved), 0) end
+      -- the error as it was raised (a value that is not a message stays as it is), its message with a last
+      -- line that says where the run stopped
+      if type(err) == "string" then
+        err = string.format("%s\nm3.fit.run: stopped at step %d; %s", err, at.step, saved)
+      end
     end
-    if writer then writer:close() end
-    local path, why = o.checkpoint:save_interrupted(tr, at.step, at.extra)
-    local saved = path and string.format("saved %s (resume from it)", path)
-      or string.format("no checkpoint saved (%s)", why)
-    if interrupted then error(string.format("interrupted at step %d; %s", at.step, saved), 0) end
-    -- the error as it was raised (a value that is not a message stays as it is), its message with a last line
-    -- that says where the run stopped
-    if type(err) == "string" then err = string.format("%s\nm3.fit.run: stopped at step %d; %s", err, at.step, saved) end
   end
   if writer then writer:close() end
   if not ok then error(err, 0) end

@@ -24,6 +24,11 @@ local help = {}
 
 local T = {}
 
+-- The topics "<class>:<name>" of texts, a table of method name -> text.
+local function add_methods(class, texts)
+  for name, text in pairs(texts) do T[class .. ":" .. name] = text end
+end
+
 T["m3"] = [[
 m3 — train Mamba-3 models from Lua.   local m3 = require "m3"
   m3.config{...}, m3.preset(name), m3.presets, m3.weights, m3.trainer(w_or_cfg, opts), m3.tensor,
@@ -83,7 +88,7 @@ local methods = {
   step_count = "tr:step_count() -> optimizer steps taken",
   close = "tr:close()  free device memory now; later calls raise \"trainer is closed\"",
 }
-for name, text in pairs(methods) do T["trainer:" .. name] = text end
+add_methods("trainer", methods)
 
 T["tensor"] = [[
 m3.tensor(shape, dtype = "f32")  zeros; dtype "f32" | "f64" | "i32" | "u8" (or float32, double, int32, uint8)
@@ -103,7 +108,7 @@ local tensor_methods = {
   to_table = "t:to_table() -> nested Lua lists of the values (shape {} gives {value})",
   clone = "t:clone() -> an independent copy (same dtype and shape)",
 }
-for name, text in pairs(tensor_methods) do T["tensor:" .. name] = text end
+add_methods("tensor", tensor_methods)
 
 T["config"] = [[
 m3.config{d_model =, n_layers =, d_state = 128, expand = 2, headdim = 64, ngroups = 1,
@@ -128,7 +133,7 @@ local weights_methods = {
   numel = "w:numel() -> the number of parameters (w.config.n_params)",
   close = "w:close()  free the memory now (once no view from get is alive); later calls raise \"weights are closed\"",
 }
-for name, text in pairs(weights_methods) do T["weights:" .. name] = text end
+add_methods("weights", weights_methods)
 
 T["m3.load_tensors"] = "m3.load_tensors(path) -> {name = tensor}, metadata  any safetensors file\n"
   .. "  (F32/F64/I32/U8 as they are, F16/BF16 as f32, other integers as i32); metadata: key -> string"
@@ -166,7 +171,7 @@ local infer_methods = {
   batch = "inf:batch() -> rows the inference object was allocated for",
   close = "inf:close()  free memory now; later calls raise \"inference object is closed\"",
 }
-for name, text in pairs(infer_methods) do T["infer:" .. name] = text end
+add_methods("infer", infer_methods)
 T["infer.new"] = "m3.infer.new(weights | trainer | path, opts) -> inf  what m3.infer(...) does; see ?infer"
 
 T["m3.sampling"] = [[
@@ -239,7 +244,7 @@ local curriculum_methods = {
   phases = "cur:phases() -> {phase, ...}  copies of the phases",
   iter = "cur:iter(first, last)  for step, phase in cur:iter(1, n) do ... end  (both bounds required)",
 }
-for name, text in pairs(curriculum_methods) do T["curriculum:" .. name] = text end
+add_methods("curriculum", curriculum_methods)
 T["curriculum.lengths"] = "curriculum.lengths{from =, to =, steps =, factor = 2, <fields for every phase>}\n  lengths from, from*factor, ..., to in equal shares of steps"
 
 T["m3.data"] = [[
@@ -301,7 +306,7 @@ local source_methods = {
   offset = "src:offset(index, L) -> the file position (0-based) of window `index` of length L\n"
     .. "  (data.text, data.tokens of order \"random\" or \"sequential\")",
 }
-for name, text in pairs(source_methods) do T["source:" .. name] = text end
+add_methods("source", source_methods)
 
 T["data.rng"] = [[
 m3.data.rng — the generator behind the sources and sweeps: xoshiro128** in pure Lua, the same
@@ -318,7 +323,7 @@ local rng_methods = {
   below = "r:below(n) -> an integer in [0, n)",
   state = "r:state() -> {a, b, c, d}  plain integers; m3.data.rng.from_state makes the generator again",
 }
-for name, text in pairs(rng_methods) do T["rng:" .. name] = text end
+add_methods("rng", rng_methods)
 
 T["m3.accumulate"] = [[
 m3.accumulate.step(tr, {b1, ..., bk}, {clip =}) -> metrics
@@ -355,7 +360,7 @@ local checkpoint_methods = {
   save_interrupted = "ck:save_interrupted(tr, step, extra) -> path | nil, why  after an error that stops a run:\n"
     .. "  clears the engine's interrupt flag and saves (not inside an accumulation window)",
 }
-for name, text in pairs(checkpoint_methods) do T["checkpoint:" .. name] = text end
+add_methods("checkpoint", checkpoint_methods)
 T["checkpoint.is_interrupt"] = "checkpoint.is_interrupt(err) -> true when err is an interrupt (Ctrl-C / SIGTERM)"
 
 T["m3.fit"] = [[

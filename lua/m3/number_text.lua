@@ -8,6 +8,8 @@
 -- name prints the same with 15, %g dropping the trailing zeros). Non-finite numbers come out
 -- as %.17g writes them ("inf", "-inf", "nan"); writers with a form of their own for them (JSON
 -- null, m3.serialize's 1/0) handle them first.
+-- shown(v): a value as m3.tensor's and m3.config's messages show it: text quoted (%q, so "2" is
+-- not mistaken for 2), numbers exact (3.0000000000000004 is no integer), anything else tostring.
 
 local number_text = {}
 
@@ -19,6 +21,11 @@ function number_text.exact(v)
     if tonumber(s) == v then return s end
   end
   return string.format("%.17g", v)
+end
+
+function number_text.shown(v)
+  if type(v) == "string" then return string.format("%q", v) end
+  return type(v) == "number" and number_text.exact(v) or tostring(v)
 end
 
 return number_text

@@ -69,16 +69,24 @@ function options.check_seed(seed, what)
   return seed
 end
 
+-- What keeps the table t from being a list (keys 1..n, no holes): "the key k" or "nil at [i]";
+-- nil for a list.
+function options.not_a_list(t)
+  local n, max = 0, 0
+  for k in pairs(t) do
+    if type(k) ~= "number" or k ~= math.floor(k) or k < 1 then return "the key " .. options.show(k) end
+    n, max = n + 1, math.max(max, k)
+  end
+  if max > n then -- n keys, one of them above n: a hole at or below n + 1
+    for i = 1, n + 1 do
+      if t[i] == nil then return "nil at [" .. i .. "]" end
+    end
+  end
+end
+
 -- Whether t is a list: a table whose keys are 1 to #t and nothing else (no hole, no named field).
 function options.is_list(t)
-  if type(t) ~= "table" then return false end
-  local n = 0
-  for _ in pairs(t) do n = n + 1 end
-  if n ~= #t then return false end
-  for i = 1, n do
-    if t[i] == nil then return false end
-  end
-  return true
+  return type(t) == "table" and options.not_a_list(t) == nil
 end
 
 function options.want_number(v, name)

@@ -99,20 +99,6 @@ local sweep = {}
 
 -- ---- points and names ------------------------------------------------------------------
 
--- What keeps t from being a list (keys 1..n, no holes): "the key k" or "nil at [i]"; nil for a list.
-local function not_a_list(t)
-  local n, max = 0, 0
-  for k in pairs(t) do
-    if type(k) ~= "number" or k ~= math.floor(k) or k < 1 then return "the key " .. show(k) end
-    n, max = n + 1, math.max(max, k)
-  end
-  if max > n then -- n keys, one of them above n: a hole at or below n + 1
-    for i = 1, n + 1 do
-      if t[i] == nil then return "nil at [" .. i .. "]" end
-    end
-  end
-end
-
 -- A key or value in a folder name: numbers exactly; lists as "[a,b]", their values named
 -- alike; text and booleans with "%", "/", ",", "=", "\\", "[", "]", blanks and control
 -- characters written as %XX (reversible, so distinct values never share a name). Other
@@ -125,7 +111,7 @@ local function format_value(v, key)
   end
   local why = t ~= "table" and "a " .. t .. " value"
   if not why then
-    local problem = not_a_list(v)
+    local problem = options.not_a_list(v)
     why = problem and "a table with " .. problem
   end
   if why then
@@ -245,7 +231,7 @@ end
 local function grid_axes(grid)
   local keys, values = {}, {}
   if grid[1] ~= nil then
-    local problem = not_a_list(grid)
+    local problem = options.not_a_list(grid)
     if problem then raise(string.format("m3.sweep: grid is a list of {name, {values...}} but has %s", problem)) end
     for i, kv in ipairs(grid) do
       if type(kv) ~= "table" or type(kv[1]) ~= "string" or type(kv[2]) ~= "table" then
@@ -262,7 +248,7 @@ local function grid_axes(grid)
   end
   for _, k in ipairs(keys) do
     local v = values[k]
-    local problem = type(v) ~= "table" and "a " .. type(v) or not_a_list(v)
+    local problem = type(v) ~= "table" and "a " .. type(v) or options.not_a_list(v)
     if problem then
       raise(string.format("m3.sweep: grid.%s = %s: expected a list of values, found %s", k, show(v), problem))
     end
@@ -297,7 +283,7 @@ end
 local function is_finite(x) return type(x) == "number" and x == x and math.abs(x) < math.huge end
 
 local function draw(r, spec, key)
-  if type(spec) ~= "table" or #spec == 0 or not_a_list(spec) then
+  if type(spec) ~= "table" or #spec == 0 or options.not_a_list(spec) then
     raise(string.format('m3.sweep: random.%s must be a list of choices or {"log"|"uniform"|"int", lo, hi}, got %s',
       key, show(spec)))
   end
@@ -627,7 +613,7 @@ local MODES = { min = true, max = true }
 local function check_gpus(gpus)
   local expected = 'expected a non-empty list of GPU indices or names, e.g. {0, 1} or {"GPU-<uuid>"}'
   if type(gpus) ~= "table" or #gpus == 0 then raise(string.format("m3.sweep: gpus = %s: %s", show(gpus), expected)) end
-  local problem = not_a_list(gpus)
+  local problem = options.not_a_list(gpus)
   if problem then raise(string.format("m3.sweep: gpus has %s: %s", problem, expected)) end
   for i, gpu in ipairs(gpus) do
     local index = type(gpu) == "number" and gpu == math.floor(gpu) and gpu >= 0 and gpu < 2 ^ 31

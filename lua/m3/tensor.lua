@@ -17,7 +17,7 @@
 
 local ffi = require "ffi"
 local lib = require "m3.lib"
-local exact = require("m3.number_text").exact
+local number_text = require "m3.number_text"
 
 lib.internal_file(debug.getinfo(1, "S").source)
 
@@ -68,12 +68,7 @@ end
 local ctypes, array_ct, ptr_ct = {}, {}, {}
 local methods = {}
 
--- A value as messages show it: strings quoted, so "2" is not mistaken for 2; numbers with every digit,
--- so 3.0000000000000004 is not shown as 3 nor 2^60 as 1.1529215046068e+18.
-local function show(v)
-  if type(v) == "string" then return string.format("%q", v) end
-  return type(v) == "number" and exact(v) or tostring(v)
-end
+local show = number_text.shown -- text quoted, numbers with every digit
 
 -- The values an element of an integer dtype holds; a Lua number outside them (or not whole) would be
 -- truncated or wrapped by the FFI's conversion, so storing one is an error.

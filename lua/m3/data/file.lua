@@ -211,14 +211,20 @@ local function check_fits(self, L)
   end
 end
 
--- Offset of window `index` for windows of length L (orders "random" and "sequential").
-function F:offset(index, L)
-  source.check_index(index, "m3.data: offset")
-  check_fits(self, want_int(L, "m3.data: offset: L", 1))
+-- Offset of window `index` (a checked index) for windows of length L (a checked length; orders
+-- "random" and "sequential").
+local function window_offset(self, index, L)
+  check_fits(self, L)
   if self.order == "random" then
     return self.lo + rng.new(self.seed, index):below(self.span - L)
   end
   return self.lo + (index % math.floor((self.span - 1) / L)) * L
+end
+
+-- window_offset for a caller's index and L, checked.
+function F:offset(index, L)
+  source.check_index(index, "m3.data: offset")
+  return window_offset(self, index, want_int(L, "m3.data: offset: L", 1))
 end
 
 -- A stream's next windows of length L in `rows` rows: the position in each row's stretch
@@ -251,7 +257,7 @@ function F:sample(index, o)
   source.check_index(index, "m3.data: sample")
   local L = window_length(self, o, "m3.data: sample")
   check_size(self)
-  local ids, toks, tgts = read_ids(self, self:offset(index, L), L + 1), {}, {}
+  local ids, toks, tgts = read_ids(self, window_offset(self, index, L), L + 1), {}, {}
   for t = 1, L do toks[t], tgts[t] = ids[t - 1], ids[t] end
   return toks, tgts
 end
@@ -283,7 +289,8 @@ function F:next(rows, o)
   local tokens, targets = tensor({ rows, L }, "i32"), tensor({ rows, L }, "i32")
   local tk, tg = tokens.data, targets.data
   for r = 0, rows - 1 do
-    local ids, base = read_ids(self, stream and self.lo + r * per + pos or self:offset(self.index + r, L), L + 1), r * L
+    local off = stream and self.lo + r * per + pos or window_offset(self, self.index + r, L)
+    local ids, base = read_ids(self, off, L + 1), r * L
     for t = 0, L - 1 do
       tk[base + t] = ids[t]
       tg[base + t] = ids[t + 1]
