@@ -83,6 +83,11 @@ describe("CUDA trainer #gpu", function()
       tr:forward(bad) -- the split calls alike, for a window of one forward
       assert.matches("the carried state and the step count are unchanged", helper.error_of(tr.backward_step, tr, bad))
       assert.is_true(helper.same_states(twin:states(), tr:states()))
+      tr:forward(bad) -- a row reset after the forward stays reset
+      tr:reset_state({ 1 })
+      assert.matches("the carried state and the step count are unchanged", helper.error_of(tr.backward_step, tr, bad))
+      twin:reset_state({ 1 })
+      assert.is_true(helper.same_states(twin:states(), tr:states()))
       tr:close()
       twin:close()
     end)

@@ -454,6 +454,33 @@ describe("m3.trainer", function()
     assert.is_true(helper.same_weights(twin:snapshot(), tr:snapshot()))
   end)
 
+  it("keeps a reset or set_state made after the forward when a refused backward_step puts the state back", function()
+    local tr = m3.trainer(helper.features_none(), opts({ carry_state = true }))
+    local twin = m3.trainer(helper.features_none(), opts({ carry_state = true }))
+    local b = helper.batch(tr.config, 3, 7, helper.rng(31))
+    tr:step(b)
+    twin:step(b)
+    local bad = { input = b.input:clone(), d_out = b.d_out }
+    bad.input[4] = 0 / 0
+    tr:forward(bad)
+    tr:reset_state({ 1 }) -- row 1's episode ended: the rewind must not bring its state back
+    assert.matches("Adam moments, the carried state and the step count are unchanged",
+      helper.error_of(tr.backward_step, tr, bad))
+    twin:reset_state({ 1 })
+    assert.is_true(helper.same_states(twin:states(), tr:states()))
+    tr:step(b)
+    local chosen = twin:states()
+    tr:forward(bad)
+    tr:set_states(chosen)
+    assert.matches("the step count are unchanged; the carried state stays where set_state put it after the forward",
+      helper.error_of(tr.backward_step, tr, bad))
+    assert.is_true(helper.same_states(chosen, tr:states()))
+    tr:forward(bad) -- a new forward forgets what was done after the last one
+    assert.matches("Adam moments, the carried state and the step count are unchanged",
+      helper.error_of(tr.backward_step, tr, bad))
+    assert.is_true(helper.same_states(chosen, tr:states()))
+  end)
+
   it("raises an error starting with \"interrupted\" after m3_interrupt, applying nothing", function()
     local C = require("m3.lib").C
     local tr = m3.trainer(helper.features_none(), opts())

@@ -320,8 +320,10 @@ m3_status m3_trainer_check_batch(const m3_trainer *tr, const m3_batch *b, int64_
  * (the forward stays pending, the window open). An f32 / bf16 step whose gradient
  * is not finite (M3_ERR_NONFINITE) changes nothing, the carried state included (carry_state). An f16
  * overflow skips only the update. In the split API a backward_step refused as non-finite puts the state
- * back too where its window held one forward; the forwards of a longer window each moved it, and it stays
- * where the last one left it (reset_state or set_states put it where the caller wants). */
+ * back too where its window held one forward, keeping what the caller did after that forward (rows reset
+ * are reset again; after a set_state the state stays as set, and the error says so); the forwards of a
+ * longer window each moved it, and it stays where the last one left it (reset_state or set_states put it
+ * where the caller wants). */
 m3_status m3_trainer_step(m3_trainer *tr, const m3_batch *b, m3_metrics *out);
 /* Split API. forward keeps the activations and the window's inputs; out (may be NULL)
  * receives [rows, len, d_model]. backward_step's batch supplies only the head's fields

@@ -112,7 +112,8 @@ m3_status m3_trainer_create_from(const m3_trainer_cfg *cfg, const m3_config *mod
   tr->no_decay = cfg->no_decay != 0;
   tr->loss_scale = cfg->precision == M3_PRECISION_F16 ? SCALER_INIT : 1.0;
   m3_rng_seed(&tr->rng, cfg->seed);
-  st = make_backend(tr, params);
+  tr->reset_after_forward = calloc((size_t)cfg->batch, 1);
+  st = tr->reset_after_forward ? make_backend(tr, params) : m3_fail(M3_ERR_MEMORY, "out of memory");
   if (st != M3_OK) {
     m3_trainer_destroy(tr);
     return st;
@@ -133,6 +134,7 @@ void m3_trainer_destroy(m3_trainer *tr) {
   if (!tr) return;
   if (tr->be) tr->ops->destroy(tr->be);
   m3_layout_free(&tr->layout);
+  free(tr->reset_after_forward);
   free(tr->extra);
   free(tr);
 }
@@ -257,9 +259,12 @@ static void fill_head(const m3_trainer *tr, m3_metrics *m, const head_result *h)
   }
 }
 
-/* Applies the outcome of an update to the counters (SPEC.md §7); state_rewound: a refused update's step also
- * put the carried state back (m3_trainer_step, m3_trainer_backward_step). */
-static m3_status finish_update(m3_trainer *tr, const update_result *u, double clip, int state_rewound,
+/* What a refused update did to the carried state (rewind_refused). */
+typedef enum { STATE_MOVED, STATE_REWOUND, STATE_SET_KEPT } refused_state;
+
+/* Applies the outcome of an update to the counters (SPEC.md §7); state: what a refused update did to the carried
+ * state (m3_trainer_step, m3_trainer_backward_step). */
+static m3_status finish_update(m3_trainer *tr, const update_result *u, double clip, refused_state state,
                                m3_metrics *m) {
   m->has_grad_norm = clip > 0;
   m->grad_norm = u->grad_norm;
@@ -275,8 +280,9 @@ static m3_status finish_update(m3_trainer *tr, const update_result *u, double cl
     m->step = tr->step;
     return m3_fail(M3_ERR_NONFINITE,
                    "non-finite gradient (global norm %g): the update was skipped; weights, Adam moments%s and the "
-                   "step count are unchanged",
-                   m3_shown(u->grad_norm), state_rewound ? ", the carried state" : "");
+                   "step count are unchanged%s",
+                   m3_shown(u->grad_norm), state == STATE_REWOUND ? ", the carried state" : "",
+                   state == STATE_SET_KEPT ? "; the carried state stays where set_state put it after the forward" : "");
   }
   tr->step++;
   m->optimizer_stepped = 1;
@@ -290,10 +296,27 @@ static m3_status finish_update(m3_trainer *tr, const update_result *u, double cl
 
 /* An f32 / bf16 update that is refused leaves everything as it was, the carried state too: the state of rows [0,
  * rows) goes back to where the last training forward began (SPEC.md §7; an f16 overflow skips only the update, as a
- * skipped optimizer step does elsewhere). *rewound: whether it did. */
-static m3_status rewind_refused(m3_trainer *tr, const update_result *u, int32_t rows, int *rewound) {
-  *rewound = !u->finite && tr->cfg.precision != M3_PRECISION_F16 && tr->cfg.carry_state && tr->ops->rewind_state;
-  return *rewound ? track(tr, tr->ops->rewind_state(tr->be, rows)) : M3_OK;
+ * skipped optimizer step does elsewhere). What the caller did to the state after that forward stays done: rows
+ * it reset are reset again, and after a set_state the state is kept as it is. */
+static m3_status rewind_refused(m3_trainer *tr, const update_result *u, int32_t rows, refused_state *state) {
+  *state = STATE_MOVED;
+  if (u->finite || tr->cfg.precision == M3_PRECISION_F16 || !tr->cfg.carry_state || !tr->ops->rewind_state)
+    return M3_OK;
+  if (tr->state_set_after_forward) {
+    *state = STATE_SET_KEPT;
+    return M3_OK;
+  }
+  *state = STATE_REWOUND;
+  TRY(track(tr, tr->ops->rewind_state(tr->be, rows)));
+  for (int32_t r = 0; r < rows; r++)
+    if (tr->reset_after_forward[r]) TRY(track(tr, tr->ops->reset_rows(tr->be, &r, 1)));
+  return M3_OK;
+}
+
+/* A forward begins: nothing has been done to the state it leaves yet. */
+static void forget_state_changes(m3_trainer *tr) {
+  memset(tr->reset_after_forward, 0, (size_t)tr->cfg.batch);
+  tr->state_set_after_forward = 0;
 }
 
 static void begin_metrics(const m3_batch *b, m3_metrics *m) {
@@ -321,6 +344,7 @@ m3_status m3_trainer_step(m3_trainer *tr, const m3_batch *b, m3_metrics *out) {
   const step_params p = make_params(tr, tr->clip);
   head_result h = {0};
   update_result u = {0};
+  forget_state_changes(tr);
   if (tr->ops->step) {
     TRY(track(tr, tr->ops->step(tr->be, b, tr->cfg.carry_state, tr->loss_scale, &p, &h, &u, &m.graph_replayed)));
   } else {
@@ -329,9 +353,9 @@ m3_status m3_trainer_step(m3_trainer *tr, const m3_batch *b, m3_metrics *out) {
     TRY(track(tr, tr->ops->update(tr->be, &p, &u)));
   }
   fill_head(tr, &m, &h);
-  int rewound;
-  TRY(rewind_refused(tr, &u, b->rows, &rewound));
-  m3_status st = finish_update(tr, &u, p.clip, rewound, &m);
+  refused_state state;
+  TRY(rewind_refused(tr, &u, b->rows, &state));
+  m3_status st = finish_update(tr, &u, p.clip, state, &m);
   m.ms = now_ms() - t0;
   if (out) *out = m;
   return st;
@@ -342,6 +366,7 @@ m3_status m3_trainer_forward(m3_trainer *tr, const m3_batch *b, float *out) {
   TRY(check_batch_inputs(tr, b, "forward"));
   if (m3_interrupted()) return m3_fail(M3_ERR_INTERRUPTED, "interrupted before the forward");
   tr->pending_forward = 0;
+  forget_state_changes(tr);
   TRY(track(tr, tr->ops->forward(tr->be, b, tr->cfg.carry_state, 1, out)));
   tr->pending_forward = 1;
   tr->pending_rows = b->rows;
@@ -401,9 +426,9 @@ m3_status m3_trainer_backward_step(m3_trainer *tr, const m3_batch *b, const m3_b
     TRY(track(tr, tr->ops->update(tr->be, &p, &u)));
     /* the carried state goes back where the window was that forward alone (the forwards of a longer window
      * moved it one after another; it keeps them) */
-    int rewound = 0;
-    if (one_forward) TRY(rewind_refused(tr, &u, b->rows, &rewound));
-    st = finish_update(tr, &u, clip, rewound, &m);
+    refused_state state = STATE_MOVED;
+    if (one_forward) TRY(rewind_refused(tr, &u, b->rows, &state));
+    st = finish_update(tr, &u, clip, state, &m);
   }
   m.ms = now_ms() - t0;
   if (out) *out = m;
@@ -502,7 +527,10 @@ m3_status m3_trainer_set_clip(m3_trainer *tr, double max_norm) {
 m3_status m3_trainer_reset_state(m3_trainer *tr, const int32_t *rows, int32_t n_rows) {
   TRY(usable(tr, "reset_state"));
   TRY(m3_check_rows(rows, n_rows, tr->cfg.batch, "reset_state"));
-  return track(tr, tr->ops->reset_rows(tr->be, rows, n_rows));
+  TRY(track(tr, tr->ops->reset_rows(tr->be, rows, n_rows)));
+  if (!rows) memset(tr->reset_after_forward, 1, (size_t)tr->cfg.batch);
+  for (int32_t i = 0; rows && i < n_rows; i++) tr->reset_after_forward[rows[i]] = 1;
+  return M3_OK;
 }
 
 m3_status m3_trainer_get_state(const m3_trainer *tr, int32_t layer, float *angle, float *ssm, float *k, float *v) {
@@ -520,7 +548,9 @@ m3_status m3_trainer_set_state(m3_trainer *tr, int32_t layer, const float *angle
                                        "create the trainer with carry_state = true");
   TRY(m3_check_layer(&tr->dims, layer, "set_state"));
   TRY(m3_check_state_values(&tr->dims, tr->cfg.batch, angle, ssm, k, v));
-  return track(tr, tr->ops->set_state(tr->be, layer, angle, ssm, k, v));
+  TRY(track(tr, tr->ops->set_state(tr->be, layer, angle, ssm, k, v)));
+  tr->state_set_after_forward = 1;
+  return M3_OK;
 }
 
 /* M3_OK when the weights' config w is the trainer's model; else an error naming the first field that differs. */

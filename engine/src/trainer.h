@@ -22,6 +22,10 @@ struct m3_trainer {
   int32_t no_decay;
   int64_t step;         /* optimizer steps taken */
   int32_t pending_forward, pending_rows, pending_len;
+  /* what the caller did to the carried state after the pending forward, so that a refused update's rewind keeps
+   * it: rows reset (cfg.batch flags) and whether set_state ran */
+  uint8_t *reset_after_forward;
+  int32_t state_set_after_forward;
   int32_t window_open;
   int64_t window_counted; /* positions the open window's micro-batches counted so far */
   double loss_scale;    /* f16 dynamic loss scale */
