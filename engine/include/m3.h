@@ -328,7 +328,8 @@ m3_status m3_trainer_step(m3_trainer *tr, const m3_batch *b, m3_metrics *out);
 /* Split API. forward keeps the activations and the window's inputs; out (may be NULL)
  * receives [rows, len, d_model]. backward_step's batch supplies only the head's fields
  * (targets, target_values and mask, or d_out) for the same rows x len; inputs and resets
- * are the pending forward's. */
+ * are the pending forward's. A forward while one is pending replaces it (the first's activations are
+ * dropped; with carry_state the state moves on from where the first left it). */
 m3_status m3_trainer_forward(m3_trainer *tr, const m3_batch *b, float *out);
 m3_status m3_trainer_backward_step(m3_trainer *tr, const m3_batch *b,
                                    const m3_backward_opts *opts, m3_metrics *out);

@@ -54,7 +54,7 @@ T["trainer.new"] = "m3.trainer.new(weights_or_config, opts) -> trainer  what m3.
 
 local methods = {
   step = "tr:step(batch) -> metrics\n  fused forward + backward + AdamW (graph-replayed when captured).\n  metrics: step, loss, accuracy, grad_norm, tokens, counted, ms, optimizer_stepped, ...\n  counted: what the loss mean divides by, positions (\"lm\") or elements (\"mse\": positions x out_dim)\n  a batch that counts nothing (every target -1, every mask 0) has no loss: refused, nothing runs",
-  forward = "tr:forward(batch) -> out [B,T,d_model]\n  split API: keeps activations; a backward_step must follow.",
+  forward = "tr:forward(batch) -> out [B,T,d_model]\n  split API: keeps activations; a backward_step must follow.\n  another forward before it replaces the pending one (its activations are dropped; with\n  carry_state the state moves on from where the first left it). To look without training: evaluate.",
   backward_step = "tr:backward_step(batch_or_d_out, {clip =, accumulate =, scale =}) -> metrics\n  backward of the pending forward; accumulate = true adds gradients without stepping,\n  a later call without it closes the window (clip applies there); a window that counts nothing\n  cannot close (refused; the forward stays pending). See ?m3.accumulate.",
   evaluate = "tr:evaluate(batch) -> metrics, out\n  loss (and accuracy for \"lm\") without gradients or state changes; no loss where nothing counts.",
   check_batch = "tr:check_batch(batch) -> counted\n  checks a batch as step would and runs nothing; counted: the positions its loss counts\n  (\"lm\": targets other than -1; \"mse\": mask set, or all; \"none\": all).\n  For \"mse\" a step's metrics.counted is this times out_dim (elements).",
