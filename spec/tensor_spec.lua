@@ -140,6 +140,12 @@ describe("m3.tensor", function()
     row[3] = 3 -- # is 1 here
     assert.matches("element %[2%] has a nil among its entries",
       helper.error_of(m3.tensor.from, { { 1, 2, 3 }, row }))
+    -- a named or non-integer key would be dropped: refused (a dtype given inside the table above all)
+    assert.matches("m3.tensor.from: the table has the key \"dtype\": expected a list %(keys 1 to n and no others; a "
+      .. "dtype is an argument of its own%)", helper.error_of(m3.tensor.from, { 1, 2, dtype = "i32" }))
+    assert.matches("element %[2%] has the key \"x\"", helper.error_of(m3.tensor.from, { { 1, 2 }, { 3, 4, x = 5 } }))
+    assert.matches("the table has the key 2.5", helper.error_of(m3.tensor.from, { 1, 2, [2.5] = 3 }))
+    assert.matches("the table has the key 0", helper.error_of(m3.tensor.from, { 1, 2, [0] = 3 }))
     local loop = {}
     loop[1] = loop -- nested without end: refused at the ninth level, not followed forever
     assert.matches("m3.tensor.from: at most 8 dims, got 9", helper.error_of(m3.tensor.from, loop))

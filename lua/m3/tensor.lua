@@ -340,9 +340,16 @@ local function fill_from(dst, dtype, v, shape, depth, pos, path, what)
     raise(string.format("%s: element %s is %s, expected a table of %d entries "
       .. "(nested tables must be rectangular)", what, path, type_name(v), want))
   end
+  local where = path == "" and "the table" or "element " .. path
+  for k in pairs(v) do -- e.g. {1, 2, dtype = "i32"}: the field would be ignored
+    if type(k) ~= "number" or k ~= math.floor(k) or k < 1 then
+      raise(string.format("%s: %s has the key %s: expected a list (keys 1 to n and no others; a dtype is an argument of its own)",
+        what, where, show(k)))
+    end
+  end
   if table.maxn(v) ~= #v then -- a nil inside the list: # may stop at it
     raise(string.format("%s: %s has a nil among its entries (entries up to [%d]): expected a list without holes",
-      what, path == "" and "the table" or "element " .. path, table.maxn(v)))
+      what, where, table.maxn(v)))
   end
   if #v ~= want then
     raise(string.format("%s: element %s has %d entries, expected %d (nested tables "
