@@ -102,7 +102,14 @@ describe("m3.tensor", function()
     assert.matches('tensor: no method or field "foo"', helper.error_of(function() return t.foo end))
     assert.matches('tensor: no method or field "1"', helper.error_of(function() return t["1"] end))
     assert.matches("tensor: no method or field true", helper.error_of(function() return t[true] end))
+    -- the struct's own fields are set once: a NULL data or a larger count would let t[i] read any address
+    assert.matches("constant location", helper.error_of(function() t.data = nil end))
+    assert.matches("constant location", helper.error_of(function() t.n_ = 1e9 end))
+    assert.matches("constant location", helper.error_of(function() t.dims_[0] = 9 end))
     assert.same({ 2, 2 }, t:shape())
+    assert.matches("m3.tensor: shape has the key 0: expected a list of integers",
+      helper.error_of(m3.tensor, { [0] = 5, 2, 2 }))
+    assert.matches('shape has the key "dtype"', helper.error_of(m3.tensor, { 2, 2, dtype = "i32" }))
     -- 64-bit integer cdata index like the numbers they hold
     t[2LL] = 1.5
     assert.same({ 1.5, 4.5 }, { t[2ULL], t[3LL] })

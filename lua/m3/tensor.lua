@@ -1,6 +1,6 @@
 -- m3.tensor — dense host tensors (f32, f64, i32, u8) with a shape.
 --
--- A tensor is an FFI struct (one type per dtype) holding a typed `data` pointer, the
+-- A tensor is an FFI struct (one type per dtype, its fields read-only) holding a typed `data` pointer, the
 -- element count and up to 8 dims; `t[i]` is bounds-checked 0-based flat access (a store
 -- takes only values the element holds) and `#t` the element count. The memory belongs to an
 -- anchor (an ffi.new array, calloc'd memory from 2 GiB up, page-locked memory for
@@ -65,7 +65,7 @@ end
 
 -- ---- struct types and metatables ---------------------------------------------------------
 
-local ctypes, array_ct, ptr_ct = {}, {}, {}
+local ctypes, fill_ct, array_ct, ptr_ct = {}, {}, {}, {}
 local methods = {}
 
 local show = number_text.shown -- text quoted, numbers with every digit
@@ -136,12 +136,17 @@ local mt = {
 for _, dtype in ipairs(DTYPES) do
   local cname = ctype_of[dtype]
   local sname = "m3_lua_tensor_" .. dtype
-  ffi.cdef(string.format("typedef struct %s { %s *data; double n_; int32_t ndim_; int32_t anchor_; "
-    .. "int32_t code_; double dims_[%d]; } %s;", sname, cname, MAXDIM, sname))
+  -- The fields are const (t.data = nil or t.n_ = 1e9 would let t[i] read any address); make sets them once
+  -- through a pointer to the same layout without const (a constructor's initialisers are not compiled).
+  ffi.cdef(string.format("typedef struct %s { %s *const data; const double n_; const int32_t ndim_; "
+    .. "const int32_t anchor_; const int32_t code_; const double dims_[%d]; } %s;", sname, cname, MAXDIM, sname))
+  ffi.cdef(string.format("typedef struct { %s *data; double n_; int32_t ndim_; int32_t anchor_; int32_t code_; "
+    .. "double dims_[%d]; } %s_fill;", cname, MAXDIM, sname))
   local m = {}
   for k, v in pairs(mt) do m[k] = v end
   m.__tostring = function(t) return tensor.tostring(t) end
   ctypes[dtype] = ffi.metatype(sname, m)
+  fill_ct[dtype] = ffi.typeof(sname .. "_fill *")
   array_ct[dtype] = ffi.typeof(cname .. "[?]")
   ptr_ct[dtype] = ffi.typeof(cname .. "*")
 end
@@ -168,10 +173,20 @@ function tensor.dtype_name(dtype, what)
   return d
 end
 
+-- A key of t that no list has (not an integer >= 1: {1, 2, dtype = "i32"} would lose its field), or nil.
+local function key_outside_list(t)
+  for k in pairs(t) do
+    if type(k) ~= "number" or k ~= floor(k) or k < 1 then return k end
+  end
+end
+
 local function check_shape(shape, what)
   if type(shape) == "number" then shape = { shape } end
   if type(shape) ~= "table" then
     raise(string.format("%s: shape must be a table of integers, got %s", what, type(shape)))
+  end
+  if key_outside_list(shape) ~= nil then
+    raise(string.format("%s: shape has the key %s: expected a list of integers", what, show(key_outside_list(shape))))
   end
   if table.maxn(shape) ~= #shape then -- a nil inside the list: # may stop at it
     raise(string.format("%s: shape has a nil among its dims (dims up to [%d]): expected a list of integers",
@@ -196,12 +211,13 @@ end
 -- A tensor over data (a pointer of the dtype's element type) owned by owner.
 local function make(dtype, shape, n, data, owner)
   local t = ctypes[dtype]()
-  t.code_ = CODE[dtype]
-  t.data = data
-  t.n_ = n
-  t.ndim_ = #shape
-  for i = 1, #shape do t.dims_[i - 1] = shape[i] end
-  t.anchor_ = anchor(owner)
+  local f = ffi.cast(fill_ct[dtype], t)
+  f.code_ = CODE[dtype]
+  f.data = data
+  f.n_ = n
+  f.ndim_ = #shape
+  for i = 1, #shape do f.dims_[i - 1] = shape[i] end
+  f.anchor_ = anchor(owner)
   return t
 end
 
@@ -341,11 +357,10 @@ local function fill_from(dst, dtype, v, shape, depth, pos, path, what)
       .. "(nested tables must be rectangular)", what, path, type_name(v), want))
   end
   local where = path == "" and "the table" or "element " .. path
-  for k in pairs(v) do -- e.g. {1, 2, dtype = "i32"}: the field would be ignored
-    if type(k) ~= "number" or k ~= math.floor(k) or k < 1 then
-      raise(string.format("%s: %s has the key %s: expected a list (keys 1 to n and no others; a dtype is an argument of its own)",
-        what, where, show(k)))
-    end
+  local key = key_outside_list(v)
+  if key ~= nil then
+    raise(string.format("%s: %s has the key %s: expected a list (keys 1 to n and no others; a dtype is an "
+      .. "argument of its own)", what, where, show(key)))
   end
   if table.maxn(v) ~= #v then -- a nil inside the list: # may stop at it
     raise(string.format("%s: %s has a nil among its entries (entries up to [%d]): expected a list without holes",
