@@ -6,8 +6,8 @@
 --   m3lua scripts/export_pytorch.lua <weights.safetensors | trainer checkpoint> <out_dir>
 --
 -- The input is a weights file (w:save) or a full trainer checkpoint (tr:save; its float32
--- master weights are exported, whatever device and dtype it was trained on: the checkpoint is
--- loaded on the CPU in f32, one row of one token). The model must have input "tokens" and head "lm".
+-- master weights are exported, whatever device and dtype it was trained on), read as
+-- m3.infer.load_weights reads it. The model must have input "tokens" and head "lm".
 -- A bad input or output is reported by its message alone ("export_pytorch.lua: <why>", no
 -- traceback), exit status 2.
 
@@ -16,17 +16,7 @@ local flags = require "m3.flags"
 
 local src, dir = flags.positional({ ... }, 2, "usage: m3lua scripts/export_pytorch.lua <weights or checkpoint> <out_dir>")
 
-local w = flags.check("export_pytorch.lua", function()
-  local ok, w = pcall(m3.weights.load, src)
-  if ok then return w end
-  local ok2, tr = pcall(m3.trainer.load, src, { device = "cpu", dtype = "f32", batch = 1, seq_len = 1 })
-  if not ok2 then
-    error(string.format("%s is neither a weights file (%s) nor a trainer checkpoint (%s)", src, w, tr), 0)
-  end
-  w = tr:snapshot()
-  tr:close()
-  return w
-end)
+local w = flags.check("export_pytorch.lua", m3.infer.load_weights, src)
 local _, n_tensors = flags.check("export_pytorch.lua", m3.pytorch.export, w, dir)
 print(string.format("%s: config.json and model.safetensors (%d tensors, %d parameters, d_model %d, %s, vocab %d)",
   dir, n_tensors, w.config.n_params, w.config.d_model, m3.log.plural(w.config.n_layers, "layer"), w.config.vocab_size))

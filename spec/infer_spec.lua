@@ -2,7 +2,8 @@
 -- gives the same bits on the CPU; the logits are the last position's; rows and resets; states
 -- hand over from a trainer; generation is deterministic per seed and per row, stops and pads;
 -- bad prompts raise and change nothing; a changed inf.config changes nothing; pointers are
--- refused; m3.pytorch export/import round trips bit for bit.
+-- refused; a checkpoint's path gives its master weights, and a path holding neither a weights file
+-- nor a checkpoint is named; m3.pytorch export/import round trips bit for bit.
 -- CPU unless tagged #gpu (those are pending without a CUDA device).
 
 local m3 = require "m3"
@@ -71,6 +72,62 @@ describe("m3.infer", function()
     assert.matches("batch = 0", helper.error_of(m3.infer, w, { batch = 0 }))
     assert.matches("dtype bf16: the CPU backend computes in f32 only", helper.error_of(m3.infer, w, { device = "cpu", dtype = "bf16" }))
     assert.matches("expected weights", helper.error_of(m3.infer, 42))
+  end)
+
+  it("builds from a trainer checkpoint's path: its float32 master weights, whatever it was trained on", function()
+    local cfg = m3.config(helper.tokens_lm())
+    local tr = m3.trainer(m3.weights.init(cfg, { seed = 1 }), { device = "cpu", batch = 2, seq_len = 4 })
+    tr:step(helper.batch(cfg, 2, 4, helper.rng(2)))
+    local dir = helper.tmpdir()
+    local ck = m3.checkpoint.new { dir = dir }:save(tr, 1000, { cursor = 7 })
+    assert.matches("step%-00001000%.ckpt$", ck)
+    local x = helper.randint(helper.rng(3), { 2, 4 }, 13)
+    local function out(src) return helper.bytes(m3.infer(src, { device = "cpu", batch = 2 }):step(x)) end
+    assert.equal(out(tr), out(ck))
+    assert.equal(out(m3.trainer.load(ck, { device = "cpu" })), out(ck))
+    assert.is_true(helper.same_weights(tr:snapshot(), m3.infer.load_weights(ck)))
+    -- options as for weights: checked before the file is read
+    assert.equal(3, m3.infer(ck, { device = "cpu", batch = 3 }):batch())
+    assert.matches('unknown option "bach"', helper.error_of(m3.infer, ck, { bach = 2 }))
+    -- a checkpoint of a CUDA bf16 run (its checksum left out, as in a file written before checksums) loads on the CPU
+    local tensors, meta = m3.load_tensors(ck)
+    local options = m3.json.decode(meta.trainer)
+    options.device, options.precision = 2, 1
+    meta.trainer, meta.checksum = m3.json.encode(options), nil
+    local bf16 = helper.tmpname(".ckpt")
+    m3.save_tensors(bf16, tensors, meta)
+    assert.equal(out(tr), out(bf16))
+    os.execute("rm -rf " .. helper.quote(dir))
+  end)
+
+  it("names a path that holds no weights file or checkpoint, and says what it expects", function()
+    local expected = "expected a weights file %(w:save%) or a trainer checkpoint %(tr:save%)"
+    local missing = helper.tmpname(".ckpt")
+    assert.matches("^[^:]*infer_spec%.lua:%d+: m3%.infer: " .. missing:gsub("%p", "%%%0") .. ": no such file; "
+      .. expected .. "$", helper.error_of(function() m3.infer(missing, { device = "cpu" }) end))
+    assert.matches("^[^:]*infer_spec%.lua:%d+: m3%.infer%.load_weights: " .. missing:gsub("%p", "%%%0")
+      .. ": no such file; " .. expected .. "$", helper.error_of(function() m3.infer.load_weights(missing) end))
+    local dir = helper.tmpdir()
+    assert.matches("m3%.infer: " .. dir:gsub("%p", "%%%0") .. " is a folder; " .. expected .. "$",
+      helper.error_of(m3.infer, dir))
+    local fifo = dir .. "/fifo"
+    assert.equal(0, os.execute("mkfifo " .. helper.quote(fifo)))
+    assert.matches("m3%.infer: " .. fifo:gsub("%p", "%%%0") .. " is a FIFO %(named pipe%); " .. expected .. "$",
+      helper.error_of(m3.infer, fifo))
+    local text = dir .. "/notes.txt"
+    m3.fs.write(text, "not a model")
+    assert.matches("^m3: " .. text:gsub("%p", "%%%0") .. ": header length %d+ is larger than",
+      helper.error_of(m3.infer, text))
+    assert.matches('m3%.infer: path "a\0b" holds a NUL byte', helper.error_of(m3.infer, "a\0b"))
+    -- a damaged checkpoint is refused in the engine's words, not taken for a weights file
+    local tr = m3.trainer(m3.config(helper.tokens_lm()), { device = "cpu", batch = 1, seq_len = 2 })
+    local ck = dir .. "/damaged.ckpt"
+    tr:save(ck)
+    local tensors, meta = m3.load_tensors(ck)
+    tensors["param.norm_f.weight"][0] = 2
+    m3.save_tensors(ck, tensors, meta)
+    assert.matches("^m3: [^\n]*damaged%.ckpt[^\n]*checksum", helper.error_of(m3.infer, ck))
+    os.execute("rm -rf " .. helper.quote(dir))
   end)
 
   it("refuses flags other than 0 and 1 in the C API's options", function()
@@ -693,8 +750,8 @@ describe("m3.infer", function()
         .. ": it exists and is not a folder", err)
       assert.equal(2, rc)
       err, rc = run("export_pytorch.lua", file .. "-missing", helper.tmpname())
-      assert.matches("^export_pytorch%.lua: [^\n]*%-missing is neither a weights file %(m3: [^\n]*%) nor a trainer "
-        .. "checkpoint %(m3: [^\n]*%)$", err)
+      assert.equal("export_pytorch.lua: m3.infer.load_weights: " .. file .. "-missing: no such file; expected a "
+        .. "weights file (w:save) or a trainer checkpoint (tr:save)", err)
       assert.equal(2, rc)
       err, rc = run("import_pytorch.lua", file, helper.tmpname())
       assert.equal("import_pytorch.lua: m3.pytorch.import: there is no folder " .. file, err)

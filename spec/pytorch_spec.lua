@@ -4,8 +4,10 @@
 -- model.safetensors (with a hint when the public save_pretrained's pytorch_model.bin is there
 -- instead) and a config.json holding an array included; export_pytorch.lua exports
 -- a checkpoint trained in bf16 (loaded on the CPU in f32) bit for bit and reports the tensor
--- count of the file it wrote.
+-- count of the file it wrote; export replaces config.json and model.safetensors as one set (a
+-- failure on the way keeps the old pair: m3.fs.write_together).
 
+local ffi = require "ffi"
 local m3 = require "m3"
 local json = require "m3.json"
 local helper = require "spec.helper"
@@ -51,6 +53,85 @@ describe("m3.pytorch", function()
     end)
   end
 
+  -- The names in a folder, and model.safetensors's bytes (the old pair's, or a new export's).
+  local function folder_state(dir)
+    return { names = m3.fs.list(dir), model = m3.fs.read(dir .. "/model.safetensors") }
+  end
+
+  it("export keeps the old pair when config.json cannot be replaced (a folder there): nothing is written", function()
+    local dir = helper.tmpdir()
+    m3.fs.write(dir .. "/model.safetensors", "the old model")
+    m3.fs.mkdir(dir .. "/config.json")
+    local err = helper.error_of(function() m3.pytorch.export(m3.weights.init(lm(), { seed = 5 }), dir) end)
+    assert.matches("^[^:]*pytorch_spec%.lua:%d+: m3%.fs: cannot write " .. dir:gsub("%p", "%%%0")
+      .. "/config%.json: it exists and is a folder", err)
+    assert.same({ names = { "config.json", "model.safetensors" }, model = "the old model" }, folder_state(dir))
+    os.execute("rm -rf " .. helper.quote(dir))
+  end)
+
+  it("export keeps the old pair when writing config.json fails after model.safetensors was written", function()
+    local dir = helper.tmpdir()
+    local w = m3.weights.init(lm(), { seed = 6 })
+    m3.fs.write(dir .. "/model.safetensors", "the old model")
+    m3.fs.write(dir .. "/config.json", "the old config")
+    -- a folder where config.json's temporary file goes: its write fails once the model's file is written
+    local blocker = dir .. "/config.json.tmp." .. ffi.C.getpid()
+    m3.fs.mkdir(blocker)
+    assert.matches("m3%.fs: cannot write [^\n]*config%.json%.tmp%.%d+: it exists and is a folder",
+      helper.error_of(m3.pytorch.export, w, dir))
+    local kept = folder_state(dir)
+    assert.same({ names = { "config.json", "config.json.tmp." .. ffi.C.getpid(), "model.safetensors" },
+      model = "the old model" }, kept)
+    assert.equal("the old config", m3.fs.read(dir .. "/config.json"))
+    os.remove(blocker)
+    -- the next export replaces both
+    m3.pytorch.export(w, dir)
+    assert.same({ "config.json", "model.safetensors" }, m3.fs.list(dir))
+    assert.is_true(helper.same_weights(m3.pytorch.import(dir), w))
+    os.execute("rm -rf " .. helper.quote(dir))
+  end)
+
+  it("m3.fs.write_together puts every old file back when a later file cannot be renamed into place", function()
+    local dir = helper.tmpdir()
+    local first, second = dir .. "/first", dir .. "/second"
+    m3.fs.write(first, "old first")
+    local err = helper.error_of(m3.fs.write_together, {
+      { first, function(tmp) m3.fs.write(tmp, "new first") end },
+      -- a folder appears at the second path after the check: its rename fails once the first file is in place
+      { second, function(tmp) m3.fs.write(tmp, "new second"); m3.fs.mkdir(second .. "/inside") end },
+    })
+    assert.matches("m3%.fs: cannot rename onto " .. second:gsub("%p", "%%%0") .. ": it is now a folder", err)
+    assert.equal("old first", m3.fs.read(first))
+    assert.same({ "first", "second" }, m3.fs.list(dir))
+    assert.same({ "inside" }, m3.fs.list(second))
+    -- the rename itself fails: the second file's folder (and its temporary file) is gone
+    local sub = dir .. "/sub"
+    m3.fs.mkdir(sub)
+    err = helper.error_of(m3.fs.write_together, {
+      { first, function(tmp) m3.fs.write(tmp, "new first") end },
+      { sub .. "/file", function(tmp) m3.fs.write(tmp, "new"); os.execute("rm -r " .. helper.quote(sub)) end },
+    })
+    assert.matches("m3%.fs: cannot rename onto " .. sub:gsub("%p", "%%%0") .. "/file: [^\n]*No such file", err)
+    assert.equal("old first", m3.fs.read(first))
+    assert.same({ "first", "second" }, m3.fs.list(dir))
+    -- a write that fails (an interrupt alike) replaces nothing and leaves no temporary file
+    err = helper.error_of(m3.fs.write_together, {
+      { first, function(tmp) m3.fs.write(tmp, "new first") end },
+      { dir .. "/third", function() error("interrupted: stop", 0) end },
+    })
+    assert.equal("interrupted: stop", err)
+    assert.equal("old first", m3.fs.read(first))
+    assert.same({ "first", "second" }, m3.fs.list(dir))
+    -- and when all goes well, both are replaced and nothing else is left
+    m3.fs.write_together {
+      { first, function(tmp) m3.fs.write(tmp, "new first") end },
+      { dir .. "/third", function(tmp) m3.fs.write(tmp, "new third") end },
+    }
+    assert.same({ "new first", "new third" }, { m3.fs.read(first), m3.fs.read(dir .. "/third") })
+    assert.same({ "first", "second", "third" }, m3.fs.list(dir))
+    os.execute("rm -rf " .. helper.quote(dir))
+  end)
+
   it("names itself in every error of import: a missing or unreadable model.safetensors, a config.json array",
     function()
     local w = m3.weights.init(lm(), { seed = 3 })
@@ -76,6 +157,14 @@ describe("m3.pytorch", function()
     assert.equal("m3.pytorch.config_from_json: expected a JSON object, got an array",
       helper.error_of(m3.pytorch.config_from_json, json.decode("[]")))
     os.execute("rm -rf " .. helper.quote(dir))
+  end)
+
+  it("names itself when a folder path holds a NUL byte, which no file name can hold", function()
+    local w = m3.weights.init(lm(), { seed = 7 })
+    assert.matches('^[^:]*pytorch_spec%.lua:%d+: m3%.pytorch%.import: path "a\\0b" holds a NUL byte',
+      helper.error_of(function() m3.pytorch.import("a\0b") end))
+    assert.matches('^[^:]*pytorch_spec%.lua:%d+: m3%.pytorch%.export: path "a\\0b" holds a NUL byte',
+      helper.error_of(function() m3.pytorch.export(w, "a\0b") end))
   end)
 
   -- the engine tells a m3.weights.load caller to load with tie_embeddings = false; an import's config is config.json

@@ -1,6 +1,7 @@
 -- m3.fs — the few file-system helpers the training library needs (POSIX, via the FFI):
 -- make folders, list a folder, read a regular file (anything else there, a folder or a FIFO, is
--- nil and a message that says what it is, and is not opened), replace a file atomically, resolve
+-- nil and a message that says what it is, and is not opened), replace a file atomically, replace
+-- several files as one set (write_together: all the new files or all the old ones), resolve
 -- a path, tell what is at a path from its metadata (exists, is_dir, is_file, kind, stat: nothing is
 -- opened, so a FIFO does not wait for a writer), and check a path before it reaches C (check_path: a string
 -- without a NUL byte, which C would cut the name at, reaching another file).
@@ -221,17 +222,22 @@ local function write_target(path)
     .. "is replaced")
 end
 
+-- The temporary name beside target that a write renames over it: it keeps at most 200 bytes of
+-- target's own name, so that a name the file system takes does not grow past its limit.
+local function temporary_beside(target)
+  local dir, base = target:match("^(.*/)([^/]*)$")
+  return (dir or "") .. (base or target):sub(1, 200) .. ".tmp." .. ffi.C.getpid()
+end
+
 -- Writes text to a temporary file beside path and renames it over path, so a reader
 -- never sees a half-written file and a failed write (a full disk) leaves path as it was
 -- (path a symbolic link: beside and over the file it resolves to; see the header).
--- The temporary name keeps at most 200 bytes of path's own, so that a name the file
--- system takes does not grow past its limit. An error on the way (the interrupt that
--- m3lua raises for Ctrl-C or SIGTERM) removes the temporary file before it goes on.
+-- An error on the way (the interrupt that m3lua raises for Ctrl-C or SIGTERM) removes
+-- the temporary file before it goes on.
 function fs.write(path, text)
   fs.check_path(path, "m3.fs.write")
   local target = write_target(path)
-  local dir, base = target:match("^(.*/)([^/]*)$")
-  local tmp = (dir or "") .. (base or target):sub(1, 200) .. ".tmp." .. ffi.C.getpid()
+  local tmp = temporary_beside(target)
   local f, err = io.open(tmp, "wb")
   if not f then lib.raise("m3.fs: cannot write " .. tostring(err)) end
   local ok, failure = pcall(function()
@@ -247,6 +253,53 @@ function fs.write(path, text)
   if ok and not failure then return end
   if io.type(f) == "file" then f:close() end
   os.remove(tmp)
+  if ok then lib.raise(failure) end
+  error(failure, 0)
+end
+
+-- Writes several files as one set: files = {{path, write}, ...}, where write(tmp) writes that file
+-- at tmp, a temporary name beside the file path resolves to (as for fs.write). Every path is
+-- checked first as fs.write checks it (a folder there refuses the set before a byte is written);
+-- every file is written; only then is each renamed over its path, its old file first moved aside
+-- (to <tmp>.old, removed once every new file is in place). An error on the way (a write's, a
+-- rename's, an interrupt) removes the new files, puts every old file back, removes the temporaries
+-- and goes on: the paths hold either all the new files or all the old ones.
+function fs.write_together(files)
+  local targets, temps = {}, {}
+  for i, file in ipairs(files) do
+    fs.check_path(file[1], "m3.fs.write_together")
+    targets[i] = write_target(file[1])
+    temps[i] = temporary_beside(targets[i])
+  end
+  local aside, placed = {}, {} -- [i]: where the old file of targets[i] waits; whether its new file is in place
+  local ok, failure = pcall(function()
+    for i, file in ipairs(files) do file[2](temps[i]) end
+    for i, target in ipairs(targets) do
+      local t = file_type(target, true)
+      if t == S_IFREG then
+        local moved, merr = os.rename(target, temps[i] .. ".old")
+        if not moved then return "m3.fs: cannot move " .. files[i][1] .. " aside: " .. tostring(merr) end
+        aside[i] = temps[i] .. ".old"
+      elseif t ~= nil then
+        return "m3.fs: cannot rename onto " .. files[i][1] .. ": it is now " .. (KIND[t] or "not a regular file")
+          .. " (it appeared while the files were written)"
+      end
+      local renamed, rerr = os.rename(temps[i], target)
+      if not renamed then return "m3.fs: cannot rename onto " .. files[i][1] .. ": " .. tostring(rerr) end
+      placed[i] = true
+    end
+  end)
+  if ok and not failure then
+    for i = 1, #targets do
+      if aside[i] then os.remove(aside[i]) end
+    end
+    return
+  end
+  for i = #targets, 1, -1 do
+    if placed[i] then os.remove(targets[i]) end
+    if aside[i] then os.rename(aside[i], targets[i]) end
+    if file_type(temps[i], true) == S_IFREG then os.remove(temps[i]) end -- not a folder found at its name
+  end
   if ok then lib.raise(failure) end
   error(failure, 0)
 end

@@ -154,6 +154,8 @@ T["m3.version"] = "m3.version  libm3's version string"
 T["infer"] = [[
 m3.infer(weights | trainer | path, {device = "auto", dtype = "f32", batch = 1, max_len = 256,
   graph = true, allow_tf32 = false})
+  path: a weights file (w:save) or a trainer checkpoint (tr:save, m3.checkpoint's
+  step-N.ckpt): its float32 master weights (see ?infer.load_weights).
   a forward-only model that steps rows [0, B) from their carried state (no gradients, no
   moments; one-token steps replay a CUDA graph on the GPU). Prompts longer than max_len run
   in pieces; token by token, in pieces or whole give the same bits on the CPU.
@@ -173,6 +175,9 @@ local infer_methods = {
 }
 add_methods("infer", infer_methods)
 T["infer.new"] = "m3.infer.new(weights | trainer | path, opts) -> inf  what m3.infer(...) does; see ?infer"
+T["infer.load_weights"] = "m3.infer.load_weights(path) -> weights  what m3.infer(path) steps: a weights file's (w:save),\n"
+  .. "  or a trainer checkpoint's float32 master weights (tr:save, m3.checkpoint; read on the CPU in f32,\n"
+  .. "  its checksum verified, whatever device and dtype it was trained on)"
 
 T["m3.sampling"] = [[
 m3.sampling.new(rows, {temperature = 1, top_k = 0, top_p = 1, seed = 0}, what) -> s

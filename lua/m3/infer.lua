@@ -2,8 +2,16 @@
 -- of the weights that steps rows from their carried recurrent state, and text generation.
 --
 --   local inf = m3.infer(weights_or_path_or_trainer, {device=, dtype=, batch=, max_len=, graph=})
+--   local w = m3.infer.load_weights(path)               -- the weights m3.infer takes from a path
 --   local out, logits = inf:step(tokens_or_batch)    -- one token or a whole prompt
 --   local toks, lengths = inf:generate(prompt, n, {temperature=, top_k=, top_p=, seed=, stop=})
+--
+-- A path names a weights file (w:save, m3.weights.load) or a trainer checkpoint (tr:save,
+-- m3.checkpoint), told apart by the "format" metadata in the file's safetensors header; a
+-- checkpoint gives its float32 master weights, whatever device and dtype it was trained on: it
+-- is loaded as a trainer on the CPU in f32, one row of one token (m3.trainer.load verifies its
+-- checksum; no lighter public reader does). A path where no file is, or something other than a
+-- regular file, is an error that names it and says what is expected.
 --
 -- An object is a Lua table holding a box (an ffi.new struct whose __gc destroys the C object),
 -- its private copy of the config, _cfg (every buffer is sized from it), `config` (another
@@ -31,6 +39,9 @@ local weights = require "m3.weights"
 local options = require "m3.options"
 local states = require "m3.states"
 local sampling = require "m3.sampling"
+local trainer = require "m3.trainer"
+local json = require "m3.json"
+local fs = require "m3.fs"
 
 lib.internal_file(debug.getinfo(1, "S").source)
 
@@ -62,6 +73,46 @@ local function fill_cfg(opts)
   return c
 end
 
+-- A safetensors header is at most this long (the format's limit): a longer stated length is not one.
+local MAX_HEADER_BYTES = 100 * 2 ^ 20
+
+-- Whether the file at path is a trainer checkpoint: its safetensors header (only the header is read)
+-- states a format "m3lua-checkpoint-<version>" in its metadata.
+local function is_checkpoint(path)
+  local f = io.open(path, "rb")
+  if not f then return false end
+  local prefix = f:read(8)
+  local length = 0
+  for i = 8, 1, -1 do length = length * 256 + (prefix and prefix:byte(i) or 0) end
+  local header = prefix and #prefix == 8 and length <= MAX_HEADER_BYTES and f:read(length)
+  f:close()
+  if not header then return false end
+  local ok, t = pcall(json.decode, header)
+  local meta = ok and type(t) == "table" and t.__metadata__
+  return type(meta) == "table" and type(meta.format) == "string" and meta.format:find("^m3lua%-checkpoint%-") ~= nil
+end
+
+local EXPECTED_FILE = "expected a weights file (w:save) or a trainer checkpoint (tr:save)"
+
+-- The weights of the weights file at path, or the float32 master weights of the trainer checkpoint there
+-- (what: the caller, for the messages).
+local function weights_at(path, what)
+  fs.check_path(path, what)
+  if not fs.exists(path) then raise(string.format("%s: %s: no such file; %s", what, path, EXPECTED_FILE)) end
+  local kind = fs.kind(path)
+  if kind then raise(string.format("%s: %s is %s; %s", what, path, kind, EXPECTED_FILE)) end
+  if not is_checkpoint(path) then return weights.load(path) end
+  local tr = trainer.load(path, { device = "cpu", dtype = "f32", batch = 1, seq_len = 1 })
+  local w = tr:snapshot()
+  tr:close()
+  return w
+end
+
+-- m3.infer.load_weights(path)
+local function load_weights(path)
+  return weights_at(path, "m3.infer.load_weights")
+end
+
 -- m3.infer(weights_or_path_or_trainer, opts)
 local function new(w, opts)
   if opts ~= nil and type(opts) ~= "table" then raise("m3.infer: opts must be a table, got " .. type(opts)) end
@@ -70,11 +121,12 @@ local function new(w, opts)
   local c = fill_cfg(opts)
   local own = false
   if type(w) == "string" then
-    w, own = weights.load(w), true
+    w, own = weights_at(w, "m3.infer"), true
   elseif type(w) == "table" and not weights.is(w) and type(w.snapshot) == "function" then
     w, own = w:snapshot(), true -- a trainer: its current weights
   elseif not weights.is(w) then
-    raise("m3.infer: expected weights (m3.weights), a trainer or the path of a weights file, got " .. describe(w))
+    raise("m3.infer: expected weights (m3.weights), a trainer, or the path of a weights file or a trainer checkpoint, "
+      .. "got " .. describe(w))
   end
   c.weights = weights.ptr(w)
   local out = ffi.new("m3_infer *[1]")
@@ -404,6 +456,6 @@ function I:__tostring()
     self._precision, self._B, c.d_model, c.n_layers, c.input, c.head)
 end
 
-return setmetatable({ new = new }, {
+return setmetatable({ new = new, load_weights = load_weights }, {
   __call = function(_, w, opts) return new(w, opts) end,
 })

@@ -9,7 +9,10 @@
 --   m3.pytorch.config_from_json(t, dir) → the m3 config of a config.json table
 -- Bad arguments (a dir that is a file, a missing folder, a model the public LM cannot hold,
 -- weights holding a NaN or an infinity, which import would refuse: export then writes nothing)
--- raise at the caller's line, naming the function and what is wrong. import names
+-- raise at the caller's line, naming the function and what is wrong. export replaces the two
+-- files as one set (m3.fs.write_together): when either cannot be written (a folder named
+-- config.json, a full disk, an interrupt) the folder keeps its old pair, never a new
+-- model.safetensors beside an old config.json. import names
 -- <dir>/config.json in the errors of its fields: d_model, n_layer and vocab_size are
 -- required; a field left out takes the public model's default, and an error about the
 -- config or model.safetensors lists the defaults taken. Every error of import begins with
@@ -169,6 +172,7 @@ end
 function pytorch.export(w, dir)
   if not weights.is(w) then raise("m3.pytorch.export: expected weights (m3.weights), got " .. type(w)) end
   if type(dir) ~= "string" or dir == "" then raise("m3.pytorch.export: expected a folder path, got " .. show(dir)) end
+  fs.check_path(dir, "m3.pytorch.export")
   local cfg = lm_config(w._cfg, "m3.pytorch.export") -- the weights' own config, not the user's copy
   local bad = first_nonfinite(w)
   if bad then
@@ -184,8 +188,12 @@ function pytorch.export(w, dir)
     tensors[name == "lm_head.weight" and name or "backbone." .. name] = w:get(name)
   end
   if cfg.tie_embeddings then tensors["lm_head.weight"] = w:get("embedding.weight") end
-  tensors_io.save(dir .. "/model.safetensors", tensors, { format = "pt", config = config.to_json(cfg) })
-  fs.write(dir .. "/config.json", json.encode(pytorch.config_json(cfg)) .. "\n")
+  local config_text = json.encode(pytorch.config_json(cfg)) .. "\n"
+  fs.write_together {
+    { dir .. "/model.safetensors",
+      function(tmp) tensors_io.save(tmp, tensors, { format = "pt", config = config.to_json(cfg) }) end },
+    { dir .. "/config.json", function(tmp) fs.write(tmp, config_text) end },
+  }
   return dir, #w:names() + (cfg.tie_embeddings and 1 or 0)
 end
 
@@ -203,6 +211,7 @@ end
 
 function pytorch.import(dir)
   if type(dir) ~= "string" or dir == "" then raise("m3.pytorch.import: expected a folder path, got " .. show(dir)) end
+  fs.check_path(dir, "m3.pytorch.import")
   if not fs.is_dir(dir) then raise("m3.pytorch.import: there is no folder " .. dir) end
   local text, err = fs.read(dir .. "/config.json")
   if not text then raise("m3.pytorch.import: " .. tostring(err)) end -- m3.fs.read's message names the file
