@@ -278,7 +278,7 @@ describe("m3.infer", function()
     local inf, ref = m3.infer(w, { device = "cpu", batch = 2 }), m3.infer(w, { device = "cpu", batch = 2 })
     local x = helper.randint(helper.rng(13), { 2, 6 }, 13)
     inf.config.d_model, inf.config.vocab_size, inf.config.d_state, inf.config.input = 1, 100000, 2, "identity"
-    assert.matches("d_model 16, 2 layers, input tokens", tostring(inf))
+    assert.matches("d_model 16, n_layers 2, input tokens", tostring(inf))
     local out, logits = inf:step(x)
     local want_out, want_logits = ref:step(x)
     assert.is_true(same(want_out, out))

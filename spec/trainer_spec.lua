@@ -76,7 +76,7 @@ describe("m3.trainer", function()
       local tr = m3.trainer(helper.features_none(), opts({ carry_state = true }))
       local b = helper.batch(tr.config, 3, 7, helper.rng(30))
       tr.config.d_model, tr.config.d_state, tr.config.n_layers = 1, 2, 1
-      assert.matches("d_model 16, 2 layers", tostring(tr))
+      assert.matches("d_model 16, n_layers 2", tostring(tr))
       assert.same({ 3, 7, 16 }, tr:forward(b):shape())
       tr:backward_step(b)
       local _, out = tr:evaluate(b)

@@ -452,7 +452,7 @@ end
 function I:__tostring()
   if self._box.p == nil then return "m3.infer (closed)" end
   local c = self._cfg
-  return string.format("m3.infer(%s %s, batch %d; d_model %d, %d layers, input %s, head %s)", self._device,
+  return string.format("m3.infer(%s %s, batch %d; d_model %d, n_layers %d, input %s, head %s)", self._device,
     self._precision, self._B, c.d_model, c.n_layers, c.input, c.head)
 end
 

@@ -589,7 +589,7 @@ end
 function T:__tostring()
   if self._box.p == nil then return "m3.trainer (closed)" end
   local c = self._cfg
-  return string.format("m3.trainer(%s %s, batch %d x seq_len %d, step %d; d_model %d, %d layers, input %s, head %s)",
+  return string.format("m3.trainer(%s %s, batch %d x seq_len %d, step %d; d_model %d, n_layers %d, input %s, head %s)",
     self._device, self._precision, self._B, self._T, self:step_count(), c.d_model, c.n_layers, c.input, c.head)
 end
 

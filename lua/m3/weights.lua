@@ -187,7 +187,7 @@ end
 function W:__tostring()
   if self._box.p == nil then return "m3.weights (closed)" end
   local c = self._cfg
-  return string.format("m3.weights: %d tensors, %d parameters (d_model %d, %d layers, d_state %d, "
+  return string.format("m3.weights: %d tensors, %d parameters (d_model %d, n_layers %d, d_state %d, "
     .. "headdim %d, input %s, head %s)", C.m3_weights_count(self._box.p), c.n_params, c.d_model,
     c.n_layers, c.d_state, c.headdim, c.input, c.head)
 end
