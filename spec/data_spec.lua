@@ -175,7 +175,8 @@ describe("m3.data.parity", function()
       'm3.data.parity: targets must be "final" or "running", got all')
     assert.has_error(function() data.parity { length = 4, min_length = 5 }:sample(0) end)
     -- at the caller's line; an infinite length is no length (it served [1, 0] batches)
-    assert.equal("m3.data.parity: length = inf: must be at most 2147483647",
+    assert.equal("m3.data.parity: length = inf: must be at most 134217728 (a sample is drawn as Lua lists, which "
+      .. "hold at most 2^27 items)",
       message_of(function() data.parity {}:next(1, { length = math.huge }) end))
     assert.equal("m3.data.mqar: pairs must be an integer >= 1, got 1.5",
       message_of(function() data.mqar {}:next(1, { length = 12, pairs = 1.5 }) end))
@@ -631,6 +632,16 @@ describe("m3.data sources", function()
     os.remove(path)
   end)
 
+  it("refuse a mixture of sources that are not a list (a hole gave a raw Lua error when its index was drawn)",
+    function()
+      local a = data.parity {}
+      assert.equal("m3.data.mixture: the sources have nil at [2]: expected a list of sources",
+        message_of(function() data.mixture({ a, nil, data.parity {} }) end))
+      assert.equal('m3.data.mixture: the sources have the key "x": expected a list of sources',
+        message_of(function() data.mixture({ a, x = a }) end))
+      assert.equal("m3.data.mixture: expected a list of sources, got {}", message_of(function() data.mixture {} end))
+    end)
+
   it("refuse mixture weights that are not finite numbers >= 0, one per source, not all 0", function()
     local sources = { data.parity { seed = 1, length = 8 }, data.parity { seed = 2, length = 4 } }
     local cases = {
@@ -691,6 +702,50 @@ describe("m3.data sources", function()
         .tokens:shape())
       assert.equal(4, data.parity { offset = 2 }.vocab)
     end)
+
+  it("refuse batches past the engine's int32 positions and samples past 2^27 ids before drawing any (they hung)",
+    function()
+      -- in a process of its own, which the timeout ends where a call would hang
+      local out, status = m3lua_script([[
+        local data = require "m3.data"
+        local src = data.parity { length = 2 }
+        for _, call in ipairs {
+          function() src:next(2 ^ 31 - 1) end,
+          function() src:next(2, { pad_to = 2 ^ 31 - 1 }) end,
+          function() data.mixture { src, data.parity {} }:next(2 ^ 31 - 1, { length = 2 }) end,
+          function() data.parity {}:next(1, { length = 2 ^ 31 - 1 }) end,
+          function() data.arithmetic { brackets = true }:next(1, { length = 2 ^ 31 - 1 }) end,
+          function() data.mqar {}:next(1, { pairs = 2, queries = 2 ^ 31 - 1 }) end,
+          function() data.mqar { keys = 1000 }:next(1, { pairs = 1000, queries = 134217000 }) end,
+        } do print((select(2, pcall(call)):gsub("^[^:]*:%d+: ", ""))) end
+        print(src:cursor().index)
+      ]])
+      local too_many = "make 4294967294 positions, more than a batch holds (2147483647: the engine counts rows * len "
+        .. "in an int32); draw fewer rows or shorter ones"
+      local lists = ": must be at most 134217728 (a sample is drawn as Lua lists, which hold at most 2^27 items)"
+      assert.equal(table.concat({
+        "m3.data: next: 2147483647 rows of samples of up to 2 ids " .. too_many,
+        "m3.data: next: 2 rows of pad_to = 2147483647 ids " .. too_many,
+        "m3.data: next: 2147483647 rows of samples of up to 2 ids " .. too_many,
+        "m3.data.parity: length = 2147483647" .. lists,
+        "m3.data.arithmetic: length = 2147483647" .. lists,
+        "m3.data.mqar: queries = 2147483647" .. lists,
+        "m3.data.mqar: pairs = 1000 and queries = 134217000 make samples of 2 * pairs + queries = 134219000 ids"
+          .. lists,
+        "0", "" }, "\n"), out)
+      assert.equal(0, status)
+      -- a sample within the bounds is drawn
+      assert.same({ 1, 5 }, data.mqar {}:next(1, { pairs = 2, queries = 1 }).tokens:shape())
+    end)
+
+  it("bound a task's vocab with its offset by a model's largest vocab_size (2^24; past 2^31 ids wrapped)", function()
+    assert.equal("m3.data.parity: offset = 16777215: the vocab (2 token ids of the task + offset) must be at most "
+      .. "16777216, the largest vocab_size of a model", message_of(function() data.parity { offset = 2 ^ 24 - 1 } end))
+    assert.equal("m3.data.mqar: offset = 2147483647: the vocab (64 token ids of the task + offset) must be at most "
+      .. "16777216, the largest vocab_size of a model",
+      message_of(function() data.mqar {}:next(1, { offset = 2 ^ 31 - 1 }) end))
+    assert.equal(2 ^ 24, data.parity { offset = 2 ^ 24 - 2 }.vocab)
+  end)
 
   it("check a call's option names: the task's, pad_to, offset and those m3.fit passes along; a mixture's too",
     function()
@@ -1051,8 +1106,10 @@ describe("m3.data batches and files", function()
         .tokens:shape())
     end
     local mix = data.mixture { data.text(path, { length = 4 }) }
-    assert.equal("m3.data: sample: length = 0: expected an integer >= 1",
+    assert.equal("m3.data: next: length = 0: expected an integer >= 1",
       message_of(function() mix:next(2, { length = 0 }) end))
+    assert.equal("m3.data: sample: length = 0: expected an integer >= 1",
+      message_of(function() mix:sample(0, { length = 0 }) end))
     os.remove(path)
   end)
 
@@ -1106,6 +1163,8 @@ describe("m3.data batches and files", function()
     local path = counting_u16_file(100)
     local s = data.tokens(path, { vocab = 100 })
     assert.same({ 98, 99 }, s:slice(98, 2))
+    assert.equal(89, s:count(1)) -- the train split: 90 ids
+    assert.equal('m3.data: count: L = "x": expected an integer >= 1', message_of(function() s:count("x") end))
     assert.same({}, s:slice(100, 0))
     local function refusal(...)
       local ok, err = pcall(s.slice, s, ...)
@@ -1135,6 +1194,57 @@ describe("m3.data batches and files", function()
     assert.is_false(ok)
     assert.equal("m3.data: slice: first = " .. tostring(2 ^ 53) .. ": expected an integer below 2^53 (offsets are "
       .. "exact up to there)", err)
+  end)
+
+  it("refuse a window batch past the engine's int32 positions before reading any", function()
+    local path = counting_u16_file(100)
+    local s = data.tokens(path, { vocab = 100, split = "all", length = 4 })
+    assert.equal("m3.data: next: 65536 windows of length = 65536 make 4294967296 positions, more than a batch holds "
+      .. "(2147483647: the engine counts rows * len in an int32); draw fewer rows or shorter ones",
+      message_of(function() s:next(65536, { length = 65536 }) end))
+    assert.equal(0, s:cursor().index)
+    assert.equal("m3.data: sample: length = 134217729: must be at most 134217728 (a sample is drawn as Lua lists, "
+      .. "which hold at most 2^27 items)", message_of(function() s:sample(0, { length = 2 ^ 27 + 1 }) end))
+    assert.equal("m3.data: slice: count = 134217729: must be at most 134217728 (the slice is a Lua list, which holds "
+      .. "at most 2^27 items)", message_of(function() s:slice(0, 2 ^ 27 + 1) end))
+    os.remove(path)
+  end)
+
+  it("read windows and slices longer than one read (1048576 ids) whole, across the reads", function()
+    local n = 2 * 1048576 + 10
+    local ffi = require "ffi"
+    local ids = ffi.new("uint32_t[?]", n)
+    for i = 0, n - 1 do ids[i] = i end
+    local path = tmpfile(ffi.string(ids, 4 * n))
+    local s = data.tokens(path, { dtype = "u32", vocab = n, split = "all", order = "sequential", length = n - 1 })
+    local b = s:next(1)
+    for _, t in ipairs { 0, 1048575, 1048576, 1048577, n - 2 } do
+      assert.equal(t, b.tokens[t])
+      assert.equal(t + 1, b.targets[t])
+    end
+    local toks, tgts = s:sample(0)
+    assert.equal(n - 1, #toks)
+    assert.equal(n - 1, #tgts)
+    assert.same({ 1048575, 1048576, 1048577 }, { toks[1048576], toks[1048577], toks[1048578] })
+    assert.same({ 1048576, 1048577, 1048578 }, { tgts[1048576], tgts[1048577], tgts[1048578] })
+    local slice = s:slice(5, n - 5)
+    assert.equal(n - 5, #slice)
+    assert.same({ 1048580, 1048581, n - 1 }, { slice[1048576], slice[1048577], slice[n - 5] })
+    os.remove(path)
+  end)
+
+  it("refuse a u32 id that no int32 token holds (4294967295 became the ignored target -1)", function()
+    local ffi = require "ffi"
+    local ids = ffi.new("uint32_t[4]", { 1, 2, 4294967295, 3 })
+    local path = tmpfile(ffi.string(ids, 16))
+    local s = data.tokens(path, { dtype = "u32", vocab = 10, split = "all", order = "sequential", length = 2 })
+    local expected = "m3.data: " .. path .. ": id 4294967295 at offset 2 does not fit an int32 token id: expected "
+      .. "ids below vocab = 10"
+    assert.equal(expected, message_of(function() s:next(1) end))
+    assert.equal(expected, message_of(function() s:sample(0) end))
+    assert.equal(expected, message_of(function() data.mixture { s }:next(1) end))
+    assert.equal(0, s:cursor().index)
+    os.remove(path)
   end)
 
   it("map uint16 and uint32 token files", function()

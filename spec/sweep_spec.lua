@@ -126,6 +126,39 @@ print("rows", #rows, rows[1].run, calls)
     assert.matches('m3.sweep: the points x = 1 and x = "1" would share the run folder .*/x=1', err)
   end)
 
+  it("refuses a run folder name longer than 255 bytes before running any point, sequential or parallel", function()
+    local dir = tmpdir() .. "/long"
+    local ran = 0
+    local long = string.rep("y", 254) -- "a=" and 254 bytes: 256
+    for _, parallel in ipairs { 1, 2 } do
+      local err = helper.error_of(sweep, { grid = { a = { "x", long, string.rep("y", 253) } }, dir = dir,
+        parallel = parallel, run = function() ran = ran + 1; return {} end })
+      assert.equal('m3.sweep: the point a = "' .. long .. '" would have a run folder name of 256 bytes (a='
+        .. string.rep("y", 38) .. "...), longer than the 255 a folder name can have; nothing ran: sweep shorter "
+        .. "values (an index into a list of them, say)", err)
+    end
+    assert.equal(0, ran)
+    assert.is_nil(io.open(dir))
+    -- 255 bytes are a folder name
+    local rows = sweep { grid = { a = { string.rep("y", 253) } }, dir = dir, run = function() return {} end }
+    assert.equal("a=" .. string.rep("y", 253), rows[1].run)
+    os.execute("rm -rf " .. dir)
+  end)
+
+  it("runs a NaN grid value listed twice once, as any value (it was refused as two points sharing a folder)",
+    function()
+      local dir = tmpdir() .. "/nan-grid"
+      local ran = {}
+      local rows = sweep { grid = { a = { 0 / 0, 1, 0 / 0 }, b = { { 0 / 0 }, { 0 / 0 } } }, dir = dir,
+        run = function(p) ran[#ran + 1] = sweep.name(p); return { loss = 1, a = p.a } end }
+      assert.same({ "a=1,b=[nan]", "a=nan,b=[nan]" }, (function() table.sort(ran); return ran end)())
+      assert.equal(2, #rows)
+      -- a re-run reads both from done.json
+      assert.equal(2, #sweep { grid = { a = { 0 / 0, 1 }, b = { { 0 / 0 } } }, dir = dir,
+        run = function() error("ran again") end })
+      os.execute("rm -rf " .. dir)
+    end)
+
   it("runs every grid point once, writes sorted results, and skips finished points", function()
     local dir = tmpdir() .. "/sw"
     local calls = {}
@@ -431,11 +464,16 @@ print("rows", #rows, rows[1].run, calls)
     local function bad(spec)
       return helper.error_of(sweep, { random = { n = spec }, trials = 3, dir = dir, run = print })
     end
-    assert.matches('m3.sweep: random.n = {"int", lo, hi} needs integers lo <= hi and hi - lo < 2^53, got 1.5 and 3',
+    assert.matches('m3.sweep: random.n = {"int", lo, hi} needs integers lo <= hi in [-2^53, 2^53] (where every '
+      .. 'integer is a double) and hi - lo < 2^53, got 1.5 and 3',
       bad { "int", 1.5, 3 }, 1, true)
-    assert.matches('needs integers lo <= hi and hi - lo < 2^53, got 1 and 2.5', bad { "int", 1, 2.5 }, 1, true)
-    assert.matches('needs integers lo <= hi and hi - lo < 2^53, got -1e+308 and 1e+308', bad { "int", -1e308, 1e308 },
+    assert.matches('and hi - lo < 2^53, got 1 and 2.5', bad { "int", 1, 2.5 }, 1, true)
+    assert.matches('and hi - lo < 2^53, got -1e+308 and 1e+308', bad { "int", -1e308, 1e308 },
       1, true)
+    -- past 2^53 not every integer is a double: {"int", 2^60, 2^60 + 100} drew 2^60 every time
+    assert.matches('and hi - lo < 2^53, got 1.1529215046068e+18 and 1.1529215046068e+18',
+      bad { "int", 2 ^ 60, 2 ^ 60 + 100 }, 1, true)
+    assert.matches('and hi - lo < 2^53, got -9.007199254741e+15 and 0', bad { "int", -2 ^ 53 - 2, 0 }, 1, true)
     assert.matches('needs finite numbers lo <= hi, got 0 and inf', bad { "uniform", 0, math.huge }, 1, true)
     assert.matches('needs finite numbers lo <= hi and lo > 0, got nan and 1', bad { "log", 0 / 0, 1 }, 1, true)
     assert.matches('m3.sweep: random.n must be a list of choices or {"log"|"uniform"|"int", lo, hi}, got 0.5',

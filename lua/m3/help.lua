@@ -279,7 +279,7 @@ T["data.text"] = "data.text(path, {split = \"train\" | \"val\" | \"all\", val_fr
 T["data.tokens"] = "data.tokens(path, {dtype = \"u16\" | \"u32\" | \"u8\", vocab =, split =, val_fraction =,\n"
   .. "  order =, length =, seed =, rows =, cursor =})  raw little-endian token ids (no header), read a window\n"
   .. "  at a time; vocab (an integer >= 1) is required for u16 and u32 (u8: 256); ids >= vocab are refused by the\n"
-  .. "  trainer's step. The rest as for data.text"
+  .. "  trainer's step; a u32 id past 2^31 - 1 is an error when read. The rest as for data.text"
 T["data.evaluate"] = "data.evaluate(ids, modulus = 5, first = 1, last = #ids) -> value | nil, message\n"
   .. "  the exact value mod modulus of the expression ids[first..last], a Lua list of arithmetic token ids\n"
   .. "  (not a tensor); stop last before the '=' of a data.arithmetic row"
@@ -298,6 +298,7 @@ local source_methods = {
   next = "src:next(rows, opts) -> {tokens =, targets =}  int32 [rows, T]: the rows samples after the cursor,\n"
     .. "  which moves past them; opts: this call's options over the source's (length =, pad_to =, ...;\n"
     .. "  a mixture's also weights =); options that need more ids than src.vocab are an error.\n"
+    .. "  A batch holds at most 2^31 - 1 positions (rows * longest sample or pad_to), a sample at most 2^27 ids.\n"
     .. "  Shorter samples are padded: token 0, target -1",
   cursor = "src:cursor() -> {seed =, index =}  the seed and the samples drawn so far (an order = \"stream\"\n"
     .. "  file source's also rows =, position =); plain numbers, for a checkpoint's extra or JSON",

@@ -17,7 +17,7 @@
 -- given once, and value lists have no holes: {1, nil, 3} is an error); random = `trials`
 -- points drawn with m3.data.rng from `seed` (default 0), keys as for grid: a key's spec is a
 -- list of choices, or {"log", lo, hi} (log-uniform), {"uniform", lo, hi} (finite lo <= hi),
--- {"int", lo, hi} (integers lo <= hi, hi - lo < 2^53, each equally likely); drawn reals keep
+-- {"int", lo, hi} (integers lo <= hi in [-2^53, 2^53], hi - lo < 2^53, each equally likely); drawn reals keep
 -- 3 significant digits and stay inside [lo, hi].
 -- Rows whose metric is missing or not finite (NaN, +-inf: done.json keeps them as null, the
 -- rows as NaN, on a re-run too) come last, by name; a metric that no run returned is an error
@@ -29,8 +29,9 @@
 -- "betas=[0.9,0.99]"; nested alike), and "%", "/", ",", "=", "\", "[", "]", blanks and
 -- control characters in text are written %XX ("a/b" -> "a%2Fb"). Other values (functions,
 -- tables with other keys than 1..n) and text that is not UTF-8 (done.json could not record
--- it) are an error. A point listed twice runs once; points that still would share a name (1
--- and "1") are an error before anything runs.
+-- it) are an error. A point listed twice runs once (NaN is the same value as NaN); points that
+-- still would share a name (1 and "1"), and a name longer than a folder's can be (255 bytes), are
+-- an error before anything runs.
 -- A finished point leaves <run_dir>/done.json ({name, point, metrics}; point: all its settings,
 -- defaults included, so defaults must be values json can write); a re-run reads it instead of
 -- running the point again. Where a done.json's point differs from the point the sweep would run
@@ -124,9 +125,9 @@ local function format_value(v, key)
 end
 sweep.format_value = format_value
 
--- a == b, tables compared key by key.
+-- a == b, tables compared key by key; NaN is the same value as NaN (both name a folder "nan").
 local function same_value(a, b)
-  if type(a) ~= "table" or type(b) ~= "table" then return a == b end
+  if type(a) ~= "table" or type(b) ~= "table" then return a == b or (a ~= a and b ~= b) end
   for k, x in pairs(a) do
     if not same_value(x, b[k]) then return false end
   end
@@ -175,12 +176,21 @@ local function same_point(a, b, keys)
   return true
 end
 
+-- The longest name of a folder (NAME_MAX of Linux and macOS file systems, in bytes).
+local NAME_MAX = 255
+
 -- The jobs of points (name, full point with the defaults, swept values, run folder); a
--- point listed twice runs once; two distinct points that would share a name are an error.
+-- point listed twice runs once; two distinct points that would share a name, and a name
+-- longer than a folder's can be, are an error.
 local function jobs_of(points, keys, defaults, dir)
   local jobs, by_name = {}, {}
   for _, p in ipairs(points) do
     local name = sweep.name(p, defaults, keys)
+    if #name > NAME_MAX then
+      raise(string.format("m3.sweep: the point %s would have a run folder name of %d bytes (%s...), longer than the "
+        .. "%d a folder name can have; nothing ran: sweep shorter values (an index into a list of them, say)",
+        describe(p, keys), #name, name:sub(1, 40), NAME_MAX))
+    end
     local other = by_name[name]
     if not other then
       local full = {}
@@ -294,11 +304,14 @@ local function draw(r, spec, key)
     end
     local lo, hi = spec[2], spec[3]
     local int = kind == "int"
-    -- int: hi - lo + 1 <= 2^53 integers, so that the count is exact and each one can be drawn
+    -- int: hi - lo + 1 <= 2^53 integers, so that the count is exact and each one can be drawn, and lo, hi
+    -- within +-2^53, where every integer is a double, so that lo + (a draw) is exact
     if not (is_finite(lo) and is_finite(hi) and lo <= hi) or (kind == "log" and lo <= 0)
-        or (int and (lo ~= math.floor(lo) or hi ~= math.floor(hi) or hi - lo >= 2 ^ 53)) then
+        or (int and (lo ~= math.floor(lo) or hi ~= math.floor(hi) or hi - lo >= 2 ^ 53 or lo < -2 ^ 53
+          or hi > 2 ^ 53)) then
       raise(string.format("m3.sweep: random.%s = {%q, lo, hi} needs %s lo <= hi%s, got %s and %s", key, kind,
-        int and "integers" or "finite numbers", kind == "log" and " and lo > 0" or int and " and hi - lo < 2^53" or "",
+        int and "integers" or "finite numbers", kind == "log" and " and lo > 0"
+          or int and " in [-2^53, 2^53] (where every integer is a double) and hi - lo < 2^53" or "",
         show(lo), show(hi)))
     end
     if int then return lo + r:below(hi - lo + 1) end

@@ -15,7 +15,10 @@
 -- rewritten in place to its old size or more is not seen: the windows read the new bytes.
 -- A token file's vocab (the model's vocab_size) is an integer >= 1, required for "u16" and
 -- "u32" ids (256 for "u8" when not given). Ids >= vocab in the file are not looked for
--- here: the trainer refuses a batch that holds one, naming the field and the id.
+-- here: the trainer refuses a batch that holds one, naming the field and the id; a u32 id past
+-- 2^31 - 1, which no int32 token holds, is an error here (it would wrap to another id, -1 too).
+-- A batch of windows holds at most 2^31 - 1 ids (source.MAX_POSITIONS); sample and slice give Lua
+-- lists of at most 2^27 ids (tasks.MAX_LENGTH). Windows are read 2^20 ids at a time.
 --
 -- A window of length L at offset o gives tokens = ids[o .. o+L-1] and targets =
 -- ids[o+1 .. o+L] (next-token prediction). The file splits into "train" (the first
@@ -46,6 +49,7 @@ local lib = require "m3.lib"
 local options = require "m3.options"
 local rng = require "m3.data.rng"
 local source = require "m3.data.source"
+local tasks = require "m3.data.tasks"
 local tensor = require "m3.tensor"
 
 lib.internal_file(debug.getinfo(1, "S").source)
@@ -183,8 +187,11 @@ local function check_size(self)
   end
 end
 
--- The ids [first, first + count) of the file, read into the source's buffer (valid until its next read;
--- indexed from 0). A read that meets the end of the file raises check_size's error.
+-- The most ids read at once: the read buffer (an ffi.new array, below 2 GiB) holds this many of any dtype.
+local READ_CHUNK = 1048576
+
+-- The ids [first, first + count) of the file (count <= READ_CHUNK), read into the source's buffer (valid until
+-- its next read; indexed from 0). A read that meets the end of the file raises check_size's error.
 local function read_ids(self, first, count)
   if count > self.buf_len then self.buf, self.buf_len = ffi.new(array[self.dtype], count), count end
   local w = width[self.dtype]
@@ -248,6 +255,37 @@ local function window_length(self, o, what)
   return want_int(o.length, what .. ": length", 1)
 end
 
+-- The window length of a call with options o (checked): what a batch of its windows may need.
+function F:_longest(o)
+  return window_length(self, o, "m3.data: next")
+end
+
+-- Raises unless the count ids (read from offset first) fit the int32 of a token id: a u32 file may hold
+-- ids past 2^31 - 1, which would wrap to other ids (-1 too, an ignored target).
+local function check_int32_ids(self, ids, count, first)
+  for i = 0, count - 1 do
+    if ids[i] > 2147483647 then
+      raise(string.format("m3.data: %s: id %d at offset %d does not fit an int32 token id: expected ids below "
+        .. "vocab = %d", self.path, ids[i], first + i, self.vocab))
+    end
+  end
+end
+
+-- Copies the window of length L at offset off (in pieces of at most READ_CHUNK ids): its ids [0, L) to
+-- tokens[tokens_at + t], its ids [1, L] to targets[targets_at + t] (FFI arrays or Lua lists alike).
+local function copy_window(self, off, L, tokens, tokens_at, targets, targets_at)
+  for first = 0, L - 1, READ_CHUNK - 1 do -- a piece of n tokens reads n + 1 ids (its last target)
+    local n = math.min(READ_CHUNK - 1, L - first)
+    local ids = read_ids(self, off + first, n + 1)
+    if self.dtype == "u32" then check_int32_ids(self, ids, n + 1, off + first) end
+    local tk, tg = tokens_at + first, targets_at + first
+    for t = 0, n - 1 do
+      tokens[tk + t] = ids[t]
+      targets[tg + t] = ids[t + 1]
+    end
+  end
+end
+
 -- Window `index` of length o.length (default: the source's) as Lua arrays tokens, targets
 -- (what a mixture draws; a stream has no window of an index alone).
 function F:sample(index, o)
@@ -256,15 +294,19 @@ function F:sample(index, o)
   end
   source.check_index(index, "m3.data: sample")
   local L = window_length(self, o, "m3.data: sample")
+  if L > tasks.MAX_LENGTH then
+    raise(string.format("m3.data: sample: length = %d: must be at most %d (a sample is drawn as Lua lists, which "
+      .. "hold at most 2^27 items)", L, tasks.MAX_LENGTH))
+  end
   check_size(self)
-  local ids, toks, tgts = read_ids(self, window_offset(self, index, L), L + 1), {}, {}
-  for t = 1, L do toks[t], tgts[t] = ids[t - 1], ids[t] end
+  local toks, tgts = {}, {}
+  copy_window(self, window_offset(self, index, L), L, toks, 1, tgts, 1)
   return toks, tgts
 end
 
 -- The number of distinct windows of length L in the split (order "sequential").
 function F:count(L)
-  return math.floor((self.span - 1) / (L or self.length))
+  return math.floor((self.span - 1) / (L and want_int(L, "m3.data: count: L", 1) or self.length))
 end
 
 -- rows windows of length o.length (default: the source's) as int32 tensors [rows, L].
@@ -272,6 +314,7 @@ function F:next(rows, o)
   want_int(rows, "m3.data: next: rows", 1)
   if o ~= nil then options.check_table(o, self.next_options, "m3.data: next") end
   local L = window_length(self, o, "m3.data: next")
+  source.check_batch(rows, L, "windows of length = %d", "m3.data: next")
   if self.order == "stream" then
     if self.rows and rows ~= self.rows then
       raise(string.format('m3.data: next: rows = %d, but this order = "stream" source serves %d rows a call '
@@ -290,11 +333,7 @@ function F:next(rows, o)
   local tk, tg = tokens.data, targets.data
   for r = 0, rows - 1 do
     local off = stream and self.lo + r * per + pos or window_offset(self, self.index + r, L)
-    local ids, base = read_ids(self, off, L + 1), r * L
-    for t = 0, L - 1 do
-      tk[base + t] = ids[t]
-      tg[base + t] = ids[t + 1]
-    end
+    copy_window(self, off, L, tk, r * L, tg, r * L)
   end
   self.index = self.index + rows
   if stream then self.rows, self.position = rows, pos + L end
@@ -310,13 +349,21 @@ function F:slice(first, count)
       past and "below 2^53 (offsets are exact up to there)" or ">= 0"))
   end
   want_int(count, "m3.data: slice: count", 0)
+  if count > tasks.MAX_LENGTH then
+    raise(string.format("m3.data: slice: count = %d: must be at most %d (the slice is a Lua list, which holds at "
+      .. "most 2^27 items)", count, tasks.MAX_LENGTH))
+  end
   if first + count > self.n then
     raise(string.format("m3.data: slice(%d, %d): ids [%d, %d) run past the end of %s (%d ids)", first, count,
       first, first + count, self.path, self.n))
   end
   check_size(self)
-  local ids, out = read_ids(self, first, count), {}
-  for i = 0, count - 1 do out[i + 1] = ids[i] end
+  local out = {}
+  for done = 0, count - 1, READ_CHUNK do
+    local n = math.min(READ_CHUNK, count - done)
+    local ids = read_ids(self, first + done, n)
+    for i = 0, n - 1 do out[done + i + 1] = ids[i] end
+  end
   return out
 end
 

@@ -19,7 +19,11 @@
 -- min_length, targets, ...), pad_to (an integer >= 1), and offset (an integer >= 0, added
 -- to every token and target id, to give several tasks of a mixture disjoint vocabularies).
 -- src.vocab is fixed when the source is made: a call whose options need more ids (a larger
--- modulus, keys, values or offset) is an error, as its ids would reach past the model's vocab.
+-- modulus, keys, values or offset) is an error, as its ids would reach past the model's vocab;
+-- so is a vocab past 2^24, the largest vocab_size of a model. A batch holds at most 2^31 - 1
+-- positions (source.MAX_POSITIONS: the engine counts rows * len in an int32): a call whose rows
+-- of its longest sample (or pad_to) hold more is an error before any is drawn. src:_longest(o) is
+-- the length of the longest sample a call with options o may draw (at most 2^27, tasks.MAX_LENGTH).
 -- A call also takes the names m3.fit passes along (source.FIT) and min_length (a phase of
 -- curriculum.lengths may hold it whatever the task; mqar draws no lengths); any other name
 -- is an error, as in the constructor. src.next_options is the set of the names next takes.
@@ -34,6 +38,7 @@
 local lib = require "m3.lib"
 local options = require "m3.options"
 local rng = require "m3.data.rng"
+local tasks = require "m3.data.tasks"
 local tensor = require "m3.tensor"
 
 lib.internal_file(debug.getinfo(1, "S").source)
@@ -94,12 +99,44 @@ local function offset_of(opts, what)
   return want_int(opts.offset, what .. ": offset", 0)
 end
 
--- The vocab a task's options o need (offset included) and the options that set it, as text.
+-- The vocab a task's options o need (offset included), at most a model's largest vocab_size,
+-- and the options that set it, as text.
 local function vocab_of(task, o)
-  local off = offset_of(o, "m3.data." .. task.name)
-  if not task.shape then return task.vocab + off, "offset = " .. off end
-  local vocab, _, sizes = task.shape(o)
-  return vocab + off, sizes .. ", offset = " .. off
+  local what = "m3.data." .. task.name
+  local off = offset_of(o, what)
+  local vocab, sizes = task.vocab, "offset = " .. off
+  if task.shape then
+    local _
+    vocab, _, sizes = task.shape(o)
+    sizes = sizes .. ", offset = " .. off
+  end
+  if vocab + off > tasks.MAX_VOCAB then
+    lib.raise(string.format("%s: offset = %d: the vocab (%d token ids of the task + offset) must be at most %d, the "
+      .. "largest vocab_size of a model", what, off, vocab, tasks.MAX_VOCAB))
+  end
+  return vocab + off, sizes
+end
+
+-- The most positions of a batch: the engine counts a window's rows * len in an int32
+-- (m3_trainer_cfg: batch * seq_len <= 2^31 - 1).
+source.MAX_POSITIONS = 2147483647
+
+-- Raises (what: for the message) unless rows rows of width ids (the longest a call may draw, or
+-- its pad_to; rows_text: "rows of pad_to = %d ids", say) fit in a batch the engine can take, before
+-- any is drawn.
+function source.check_batch(rows, width, rows_text, what)
+  if rows * width > source.MAX_POSITIONS then
+    lib.raise(string.format("%s: %d %s make %.0f positions, more than a batch holds (%d: the engine counts rows * "
+      .. "len in an int32); draw fewer rows or shorter ones", what, rows, string.format(rows_text, width),
+      rows * width, source.MAX_POSITIONS))
+  end
+end
+
+-- The longest row a call with options o may give (those options checked) and check_batch's text for it:
+-- o.pad_to when given, else longest(o), the longest sample.
+local function row_width(o, longest)
+  if o and o.pad_to ~= nil then return want_int(o.pad_to, "m3.data: pad_to", 1), "rows of pad_to = %d ids" end
+  return longest(o), "rows of samples of up to %d ids"
 end
 
 -- The full options of a call with options o (over src's defaults), once the ids they give fit
@@ -185,10 +222,17 @@ function S:sample(index, o)
   return draw(self, index, call_options(self, o))
 end
 
+-- The length of the longest sample of a call with options o (over the defaults; checked).
+function S:_longest(o)
+  return self.task.longest(call_options(self, o))
+end
+
 function S:next(rows, o)
   want_int(rows, "m3.data: next: rows", 1)
   if o ~= nil then options.check_table(o, self.next_options, "m3.data: next") end
   local opts = call_options(self, o)
+  local width, rows_text = row_width(opts, self.task.longest)
+  source.check_batch(rows, width, rows_text, "m3.data: next")
   local samples = {}
   for r = 1, rows do
     local toks, tgts = draw(self, self.index + r - 1, opts)
@@ -250,11 +294,15 @@ local MIXTURE = { seed = true, weights = true, cursor = true }
 function source.mixture(sources, opts)
   opts = options.check_table(opts or {}, MIXTURE, "m3.data.mixture")
   if type(sources) ~= "table" or #sources == 0 then
-    lib.raise("m3.data.mixture: expected a list of sources")
+    lib.raise("m3.data.mixture: expected a list of sources, got " .. show(sources))
+  end
+  local problem = options.not_a_list(sources)
+  if problem then
+    lib.raise(string.format("m3.data.mixture: the sources have %s: expected a list of sources", problem))
   end
   for i, s in ipairs(sources) do
-    if type(s) ~= "table" or type(s.sample) ~= "function" or type(s.vocab) ~= "number"
-      or type(s.next_options) ~= "table" then
+    if type(s) ~= "table" or type(s.sample) ~= "function" or type(s._longest) ~= "function"
+      or type(s.vocab) ~= "number" or type(s.next_options) ~= "table" then
       lib.raise(string.format("m3.data.mixture: sources[%d] = %s: expected an m3.data source", i, show(s)))
     end
     if s.order == "stream" then
@@ -297,9 +345,22 @@ function M:sample(index, o, r)
   return s:sample(index, o)
 end
 
+-- The longest sample any of the sources may give a call with options o (o.weights aside).
+function M:_longest(o)
+  if o and o.weights ~= nil then
+    o = overlay(o)
+    o.weights = nil
+  end
+  local longest = 0
+  for _, s in ipairs(self.sources) do longest = math.max(longest, s:_longest(o)) end
+  return longest
+end
+
 function M:next(rows, o)
   want_int(rows, "m3.data: next: rows", 1)
   if o ~= nil then options.check_table(o, self.next_options, "m3.data: next") end
+  local width, rows_text = row_width(o, function(opts) return self:_longest(opts) end)
+  source.check_batch(rows, width, rows_text, "m3.data: next")
   local samples = {}
   for r = 1, rows do
     local toks, tgts = self:sample(self.index + r - 1, o)

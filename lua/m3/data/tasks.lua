@@ -5,7 +5,9 @@
 -- for options o (the task's defaults overlaid with the caller's). Both results are Lua
 -- arrays of the same length; targets hold a class id or -1 where nothing is scored. A task
 -- whose vocab depends on its options has shape(o) -> vocab, classes, the options that set them
--- as text ("modulus = 7": for messages; those options checked).
+-- as text ("modulus = 7": for messages; those options checked). longest(o) is the length of the
+-- longest sample of options o (those options checked): at most 2^27 (tasks.MAX_LENGTH), as a sample
+-- is drawn as Lua lists, whose array part LuaJIT caps there.
 -- The models read tokens and predict targets with an "lm" head (vocab = task.vocab). shortest
 -- is the least length a sample can have (the least min_length, or mqar's least length).
 --
@@ -53,27 +55,40 @@ local tasks = {}
 
 -- The largest vocab_size m3.config takes (engine/src/config.c: 2^24 per field).
 local MAX_VOCAB = 16777216
+tasks.MAX_VOCAB = MAX_VOCAB
+-- The longest sample: a sample is drawn as two Lua lists, whose array part LuaJIT caps at 2^27 items.
+local MAX_LENGTH = 134217728
+tasks.MAX_LENGTH = MAX_LENGTH
 
--- o[field], once it is an integer from lo to 2^31 - 1 (a tensor dimension; inf is not).
-local function check_int(o, field, lo, task)
+-- o[field], once it is an integer from lo to hi (default 2^31 - 1: a tensor dimension; inf is not).
+local function check_int(o, field, lo, task, hi)
   local v = o[field]
   if type(v) ~= "number" or v ~= floor(v) or v < lo then
     raise(string.format("m3.data.%s: %s must be an integer >= %d, got %s", task, field, lo, tostring(v)))
   end
-  if v > 2147483647 then
+  if hi and v > hi then
+    raise(string.format("m3.data.%s: %s = %s: must be at most %d (a sample is drawn as Lua lists, which hold "
+      .. "at most 2^27 items)", task, field, tostring(v), hi))
+  elseif v > 2147483647 then
     raise(string.format("m3.data.%s: %s = %s: must be at most 2147483647", task, field, tostring(v)))
   end
   return v
 end
 
--- The length of one sample: uniform in [min_length, length].
-local function draw_length(r, o, lo, task)
-  local hi = check_int(o, "length", lo, task)
+-- The lengths a sample of options o may have: min_length, length (each checked).
+local function length_range(o, lo, task)
+  local hi = check_int(o, "length", lo, task, MAX_LENGTH)
   local min = o.min_length or hi
   if type(min) ~= "number" or min ~= floor(min) or min < lo or min > hi then
     raise(string.format("m3.data.%s: min_length must be an integer in [%d, length = %d], got %s",
       task, lo, hi, tostring(min)))
   end
+  return min, hi
+end
+
+-- The length of one sample: uniform in [min_length, length].
+local function draw_length(r, o, lo, task)
+  local min, hi = length_range(o, lo, task)
   return min + r:below(hi - min + 1)
 end
 
@@ -96,6 +111,11 @@ tasks.parity = {
   defaults = { length = 32, targets = "running", density = 0.5 },
   options = { length = true, min_length = true, targets = true, density = true },
 }
+
+-- The longest sample of options o (its lengths checked): what a batch of them may need.
+function tasks.parity.longest(o)
+  return select(2, length_range(o, tasks.parity.shortest, "parity"))
+end
 
 function tasks.parity.sample(r, o)
   local targets_kind = check_targets(o, "parity", { running = true, final = true })
@@ -283,6 +303,10 @@ local function arith_modulus(o)
   return m
 end
 
+function tasks.arithmetic.longest(o)
+  return select(2, length_range(o, tasks.arithmetic.shortest, "arithmetic"))
+end
+
 function tasks.arithmetic.sample(r, o)
   local m = arith_modulus(o)
   local sym = tasks.arith_symbols(m)
@@ -317,18 +341,9 @@ local function mqar_sizes(o)
   return keys, values
 end
 
--- pairs and queries of options o: given, or derived from o.length (see the header).
-local function mqar_counts(o, keys)
-  local pairs_n, queries = o.pairs, o.queries
-  if pairs_n ~= nil then
-    check_int(o, "pairs", 1, "mqar")
-    if pairs_n > keys then
-      raise(string.format("m3.data.mqar: pairs = %d: must be at most keys = %d (the keys are distinct)", pairs_n, keys))
-    end
-  end
-  if queries ~= nil then check_int(o, "queries", 1, "mqar") end
-  if pairs_n ~= nil and queries ~= nil then return pairs_n, queries end
-  local length = check_int(o, "length", tasks.mqar.shortest, "mqar")
+-- pairs and queries of options o, those not given (nil) derived from o.length (see the header).
+local function mqar_derived_counts(o, keys, pairs_n, queries)
+  local length = check_int(o, "length", tasks.mqar.shortest, "mqar", MAX_LENGTH)
   if pairs_n == nil then
     pairs_n = floor(length / 3)
     if pairs_n > keys then
@@ -344,6 +359,31 @@ local function mqar_counts(o, keys)
     end
   end
   return pairs_n, queries
+end
+
+-- pairs and queries of options o: given, or derived from o.length (see the header).
+local function mqar_counts(o, keys)
+  local pairs_n, queries = o.pairs, o.queries
+  if pairs_n ~= nil then
+    check_int(o, "pairs", 1, "mqar")
+    if pairs_n > keys then
+      raise(string.format("m3.data.mqar: pairs = %d: must be at most keys = %d (the keys are distinct)", pairs_n, keys))
+    end
+  end
+  if queries ~= nil then check_int(o, "queries", 1, "mqar", MAX_LENGTH) end
+  if pairs_n == nil or queries == nil then pairs_n, queries = mqar_derived_counts(o, keys, pairs_n, queries) end
+  if 2 * pairs_n + queries > MAX_LENGTH then
+    raise(string.format("m3.data.mqar: pairs = %d and queries = %d make samples of 2 * pairs + queries = %d ids: "
+      .. "must be at most %d (a sample is drawn as Lua lists, which hold at most 2^27 items)", pairs_n, queries,
+      2 * pairs_n + queries, MAX_LENGTH))
+  end
+  return pairs_n, queries
+end
+
+-- The length of every sample of options o (its counts checked): 2 * pairs + queries.
+function tasks.mqar.longest(o)
+  local pairs_n, queries = mqar_counts(o, mqar_sizes(o))
+  return 2 * pairs_n + queries
 end
 
 function tasks.mqar.sample(r, o)
