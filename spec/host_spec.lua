@@ -1,10 +1,11 @@
 -- spec/host_spec.lua — the m3lua host as a program: options and `arg`, the module path,
--- errors and exit codes, piped REPL sessions, SIGINT and SIGTERM; and the REPL's pretty
--- printer and completion in-process. The binary is $M3LUA (default build/m3lua); each
--- run goes through /bin/sh with files for stdin, stdout and stderr. A signal goes to m3lua
--- alone once its script has started (a file it creates first says so): a fixed delay could
--- land while the dynamic loader is still mapping libm3's CUDA libraries from a cold disk,
--- before m3lua has installed its handlers.
+-- errors and exit codes, piped REPL sessions, SIGINT and SIGTERM, REPL sessions on a terminal
+-- (a pseudo-terminal driven by python3's pty module: job control, terminal modes, characters);
+-- and the REPL's pretty printer and completion in-process. The binary is $M3LUA (default
+-- build/m3lua); each run goes through /bin/sh with files for stdin, stdout and stderr. A signal
+-- goes to m3lua alone once its script has started (a file it creates first says so): a fixed
+-- delay could land while the dynamic loader is still mapping libm3's CUDA libraries from a cold
+-- disk, before m3lua has installed its handlers.
 
 local repl = require "m3.repl"
 local helper = require "spec.helper"
@@ -72,8 +73,112 @@ kill $guard 2> /dev/null
   return results()
 end
 
+-- The pseudo-terminal driver: runs the program after `--` on a new 24x80 terminal and plays the steps before
+-- it (hex-encoded: s = send these bytes, e = wait for them in the output since the last match, w = wait for the
+-- terminal to leave line mode: a line editor that has drawn its prompt reads keys only once it has, and text
+-- sent before is echoed twice; k = send the program this signal); then waits for the program to end. Stdout: everything the terminal showed, then
+-- "[terminal: cooked]" or "[terminal: raw]" (ICANON and ECHO both on, or not, as it ended); exit status: the
+-- program's (128 + signal when one ended it). Output awaited in vain for 10 s ends the run with the transcript,
+-- "[timed out waiting for ...]" and status 124.
+local PTY_DRIVER = [==[
+import fcntl, os, pty, select, signal, struct, sys, termios, time
+split = sys.argv.index("--")
+steps, program = sys.argv[1:split], sys.argv[split + 1:]
+pid, fd = pty.fork()
+if pid == 0:
+    os.execvp(program[0], program)
+fcntl.ioctl(fd, termios.TIOCSWINSZ, struct.pack("HHHH", 24, 80, 0, 0))
+shown, matched = b"", 0
+
+def read_for(seconds):
+    global shown
+    ready, _, _ = select.select([fd], [], [], seconds)
+    if not ready:
+        return True
+    try:
+        data = os.read(fd, 4096)
+    except OSError:
+        data = b""
+    shown += data
+    return len(data) > 0
+
+def finish(status):
+    lflag = termios.tcgetattr(fd)[3]
+    cooked = lflag & termios.ICANON and lflag & termios.ECHO
+    sys.stdout.buffer.write(shown + (b"\n[terminal: cooked]" if cooked else b"\n[terminal: raw]"))
+    sys.exit(status)
+
+def give_up(why):
+    global shown
+    shown += b"\n[timed out waiting for " + why + b"]"
+    os.kill(pid, signal.SIGKILL)
+    os.waitpid(pid, 0)
+    finish(124)
+
+for step in steps:
+    kind, arg = step[0], bytes.fromhex(step[1:])
+    if kind == "s":
+        os.write(fd, arg)
+    elif kind == "k":
+        os.kill(pid, int(arg))
+    elif kind == "w":
+        deadline = time.time() + 10
+        while termios.tcgetattr(fd)[3] & termios.ICANON:
+            if time.time() > deadline:
+                give_up(b"line editing")
+            read_for(0.01)
+    else:
+        deadline = time.time() + 10
+        while shown.find(arg, matched) < 0:
+            if time.time() > deadline or not read_for(0.05):
+                give_up(arg)
+        matched = shown.find(arg, matched) + len(arg)
+deadline = time.time() + 10
+while read_for(0.05):
+    if time.time() > deadline:
+        give_up(b"the end")
+_, status = os.waitpid(pid, 0)
+finish(os.WEXITSTATUS(status) if os.WIFEXITED(status) else 128 + os.WTERMSIG(status))
+]==]
+
+local function hex(s)
+  return (s:gsub(".", function(c) return ("%02x"):format(c:byte()) end))
+end
+
+-- Runs argv on a pseudo-terminal, playing steps ({ send = bytes } | { expect = text } | { prompt = text }: expect
+-- it, then wait for keys to be read | { signal = number }); returns what the terminal showed, ending with its
+-- modes (see PTY_DRIVER), and the exit status.
+local function on_terminal(argv, steps)
+  spit(base .. ".py", PTY_DRIVER)
+  local words = { "python3", quote(base .. ".py") }
+  for _, step in ipairs(steps) do
+    if step.prompt then
+      words[#words + 1] = "e" .. hex(step.prompt)
+      words[#words + 1] = "w"
+    else
+      words[#words + 1] = step.send and "s" .. hex(step.send) or step.expect and "e" .. hex(step.expect)
+        or "k" .. hex(tostring(step.signal))
+    end
+  end
+  words[#words + 1] = "--"
+  for _, a in ipairs(argv) do words[#words + 1] = quote(a) end
+  os.execute(("%s > %s 2> %s; echo $? > %s"):format(table.concat(words, " "), quote(base .. ".out"),
+    quote(base .. ".err"), quote(base .. ".rc")))
+  local shown, err, rc = results()
+  assert.equal("", err)
+  return shown, rc
+end
+
+-- A REPL session on a terminal, without history, with the environment variable setting `setting` if given:
+-- m3lua alone (its prompt first), with steps to play after it.
+local function repl_on_terminal(steps, setting)
+  local all = { { prompt = "m3> " } }
+  for _, step in ipairs(steps) do all[#all + 1] = step end
+  return on_terminal({ "env", "M3LUA_HISTORY=", setting or "M3LUA_HISTORY=", M3LUA }, all)
+end
+
 teardown(function()
-  for _, ext in ipairs { "", ".in", ".out", ".err", ".rc", ".lua", ".ready" } do os.remove(base .. ext) end
+  for _, ext in ipairs { "", ".in", ".out", ".err", ".rc", ".lua", ".ready", ".py" } do os.remove(base .. ext) end
 end)
 
 describe("m3lua", function()
@@ -473,12 +578,80 @@ describe("m3lua", function()
     end)
   end
 
+  it("lets a script stopped (Ctrl-Z) in a read go on reading after it continues (fg)", function()
+    -- the host's SIGTSTP handler restarts the read, as the default stop does (it failed: Interrupted system call)
+    local out, _, rc = run_signalled({ "-e", "local p = io.popen('sleep 1.2; echo hello') print(p:read('l'))" },
+      "TSTP CONT")
+    assert.equal("hello\n", out)
+    assert.equal(0, rc)
+  end)
+
   it("lets a script catch SIGTERM and read the pending signal", function()
     local out, _, rc = run_signalled({ "-joff", "-e", [[
       local ok, err = pcall(function() while true do end end)
       print(ok, err, require("m3.host").pending_signal())]] }, "TERM")
     assert.equal("false\tinterrupted!\t15\n", out)
     assert.equal(0, rc)
+  end)
+end)
+
+describe("m3lua's REPL on a terminal", function()
+  local function send(bytes) return { send = bytes } end
+  local function expect(text) return { expect = text } end
+  local prompt = { prompt = "m3> " }
+
+  it("comes back from Ctrl-Z and fg (bash's job control) editing the line it was stopped in", function()
+    -- fg put m3lua back with the terminal in line mode: the first line after it was echoed by the terminal
+    -- ("12^[[D3"), keys were read only at Enter, and the prompt was not drawn again. Stopped while a key was
+    -- being handled (here Tab, completing through a slow __index that writes "<" first), it drew the line
+    -- again only after the next key; a Ctrl-C that came while it drew the line was seen only after the next key.
+    -- (env: PS1 does not reach bash through a non-interactive shell in between, such as a python3 wrapper)
+    local shell_prompt = { prompt = "$ " }
+    local shown, rc = on_terminal({ "env", "PS1=$ ", "HISTFILE=", "bash", "--norc", "--noprofile", "-i" }, {
+      shell_prompt, send("M3LUA_HISTORY= " .. quote(M3LUA) .. "\r"), prompt,
+      send("slow = setmetatable({}, { __index = function() io.write('<') io.flush() "
+        .. "local t = os.clock() while os.clock() - t < 0.5 do end end })\r"), prompt,
+      send("12"), expect("12"), send("\26"), expect("Stopped"), shell_prompt,
+      send("fg\r"), { prompt = "m3> 12" }, send("\27[D3\r"), expect("132"), prompt,
+      send("slow.a.b"), expect("slow.a.b"), send("\t"), expect("<"), send("\26"), expect("Stopped"), shell_prompt,
+      send("fg\r"), { prompt = "m3> slow.a.b" }, send("\3"), prompt,
+      send("2 + 3\r"), expect("5"), prompt, send("\4"), shell_prompt, send("exit\r"),
+    })
+    shown = shown:gsub("\27%[%?2004[hl]", "") -- bash's bracketed-paste switches
+    assert.equal(0, rc, shown)
+    local after_fg, after_second_fg = shown:match("%$ fg\r\n(.*)%$ fg\r\n(.*)$")
+    assert.is_not_nil(after_fg, shown)
+    assert.matches("^[^\n]*m3lua'?\r\nm3> 12", after_fg) -- the prompt and the line, drawn again
+    assert.is_nil(after_fg:find("^[", 1, true), after_fg) -- the arrow key echoed as text
+    assert.matches("\r\n132\r\n", after_fg)
+    assert.matches("^[^\n]*m3lua'?\r\nm3> slow%.a%.b", after_second_fg)
+    assert.matches("\r\nm3> 2 %+ 3\r\n5\r\n", after_second_fg)
+  end)
+
+  it("reads characters in the locale's encoding (UTF-8 where the locale is C), invalid bytes as U+FFFD", function()
+    -- "é" came to libedit as two meaningless characters (dropped with a bell: #"é" was 0) and \255 as Meta-Delete
+    for _, locale in ipairs { "LC_ALL=C", "LC_ALL=C.UTF-8" } do
+      local shown, rc = repl_on_terminal({ send("#'\195\169', '\226\134\146'\r"), prompt,
+        send("'a\255b', 'x\195y'\r"), prompt, send("\4") }, locale)
+      assert.equal(0, rc, shown)
+      assert.matches('\r\n2\t"→"\r\n', shown, 1, true)
+      assert.matches('\r\n"a\239\191\189b"\t"x\239\191\189y"\r\n', shown, 1, true)
+    end
+  end)
+
+  it("leaves the terminal in line mode when SIGTERM or SIGHUP ends the session at the prompt (143, 129)", function()
+    for sig, want in pairs { [15] = 143, [1] = 129 } do
+      local shown, rc = repl_on_terminal({ send("x = 1"), expect("x = 1"), { signal = sig } })
+      assert.equal(want, rc, shown)
+      assert.matches("%[terminal: cooked%]$", shown)
+    end
+  end)
+
+  it("drops the line being edited on Ctrl-C and goes on", function()
+    local shown, rc = repl_on_terminal({ send("for i = 1, 2 do"), expect("do"), send("\3"), prompt,
+      send("7 * 6\r"), expect("42"), prompt, send("\4") })
+    assert.equal(0, rc, shown)
+    assert.matches("%[terminal: cooked%]$", shown)
   end)
 end)
 

@@ -31,18 +31,35 @@
  * luajit, which that signal kills, would.
  * At exit (main's return or os.exit), status 0 becomes 1 when the standard output could not be
  * written (141 after SIGPIPE).
+ *
+ * Job control: libedit's own signal handling stays off (rl_catch_signals = 0: it would send each
+ * signal on to the whole process group), so the host stops the process itself on SIGTSTP (Ctrl-Z).
+ * When that comes while the terminal is in character-at-a-time mode (libedit editing a line), the
+ * terminal gets back the modes it had as the line began before the process stops, and its editing
+ * modes when it continues (`fg`; the shell does not put them back), after which the line being
+ * edited is drawn again: typed text is not echoed by the terminal, and keys keep their editing
+ * meaning.
+ *
+ * Characters: the REPL takes the locale's character set from the environment (LC_CTYPE alone: numbers
+ * keep their C format; plain C or POSIX, ASCII alone, becomes C.UTF-8), and read_key decodes the
+ * terminal's bytes in it, so that libedit, which edits wide characters, gets "é" as one character
+ * instead of two meaningless ones (or, past 0x7f, keys bound to Meta commands).
  */
 
 #include <dlfcn.h>
 #include <errno.h>
 #include <limits.h>
+#include <locale.h>
+#include <poll.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <termios.h>
 #include <time.h>
 #include <ucontext.h>
 #include <unistd.h>
+#include <wchar.h>
 
 #include <editline/readline.h>
 #include <lauxlib.h>
@@ -57,6 +74,7 @@
 #endif
 
 enum { WATCHDOG_MS = 500, DUPLICATE_MS = 100 };
+enum { REPLACEMENT_CHARACTER = 0xFFFD }; /* what read_key gives for bytes that decode to nothing */
 
 #define INTERRUPTED "interrupted!" /* the error the interrupt hook raises */
 
@@ -87,6 +105,9 @@ static volatile sig_atomic_t hook_armed;  /* a signal should raise an error in L
 static volatile sig_atomic_t hook_set;    /* the Lua hook is set and has not run yet */
 static volatile sig_atomic_t resized;     /* SIGWINCH: the terminal changed size */
 static sig_atomic_t line_ended_at;        /* sig_count when read_key last ended a line */
+static volatile sig_atomic_t redraw;      /* continued after a stop while a line was edited */
+static struct termios line_start_modes;   /* the terminal as libedit's last line began */
+static volatile sig_atomic_t have_line_start_modes;
 static int ignored_at_start;              /* bit i: caught[i] was ignored, leave it so */
 static timer_t watchdog;
 static int have_watchdog;
@@ -223,12 +244,52 @@ static void on_winch(int sig)
   resized = 1;
 }
 
+/* rl_pre_input_hook: notes the terminal's modes before libedit switches it to editing (a stop
+ * since the last line, in a program's own character-at-a-time mode, leaves nothing to redraw). */
+static int note_line_start_modes(void)
+{
+  redraw = 0;
+  have_line_start_modes = tcgetattr(STDIN_FILENO, &line_start_modes) == 0;
+  return 0;
+}
+
+/* SIGTSTP: stops the process as the default action would; a terminal in editing mode (no ICANON)
+ * is in line mode while stopped and back in editing mode, marked for read_key to redraw, after. */
+static void on_stop(int sig)
+{
+  int saved_errno = errno;
+  struct sigaction dfl = { .sa_handler = SIG_DFL }, self = { .sa_handler = on_stop, .sa_flags = SA_RESTART };
+  struct termios editing;
+  sigset_t just_sig;
+  const int editing_line = have_line_start_modes && tcgetattr(STDIN_FILENO, &editing) == 0 &&
+                           !(editing.c_lflag & ICANON);
+  if (editing_line)
+    tcsetattr(STDIN_FILENO, TCSADRAIN, &line_start_modes);
+  sigemptyset(&dfl.sa_mask);
+  sigemptyset(&self.sa_mask);
+  sigemptyset(&just_sig);
+  sigaddset(&just_sig, sig);
+  sigaction(sig, &dfl, NULL);
+  raise(sig);
+  sigprocmask(SIG_UNBLOCK, &just_sig, NULL); /* stops here until SIGCONT */
+  sigprocmask(SIG_BLOCK, &just_sig, NULL);
+  sigaction(sig, &self, NULL);
+  if (editing_line) {
+    tcsetattr(STDIN_FILENO, TCSADRAIN, &editing);
+    redraw = 1;
+  }
+  errno = saved_errno;
+}
+
 /* The watchdog's timer signals the main thread, whose program counter it inspects.
- * SIGWINCH only marks the terminal as resized for read_key. */
+ * SIGWINCH only marks the terminal as resized for read_key. SIGTSTP, unless ignored (a shell
+ * without job control), stops through on_stop; SA_RESTART, so that a script's reads and writes
+ * go on after `fg` as without the handler (read_key waits in poll, which a handler always ends). */
 static void init_interrupts(lua_State *L)
 {
   struct sigaction sa = { .sa_sigaction = on_watchdog, .sa_flags = SA_SIGINFO | SA_RESTART };
   struct sigaction winch = { .sa_handler = on_winch, .sa_flags = SA_RESTART };
+  struct sigaction stop = { .sa_handler = on_stop, .sa_flags = SA_RESTART }, old_stop;
   struct sigevent ev = { .sigev_notify = SIGEV_THREAD_ID, .sigev_signo = SIGRTMIN };
   main_state = L;
   for (int i = 0; i < N_CAUGHT; i++) {
@@ -239,33 +300,72 @@ static void init_interrupts(lua_State *L)
   catch_signals();
   sigemptyset(&winch.sa_mask);
   sigaction(SIGWINCH, &winch, NULL);
+  sigemptyset(&stop.sa_mask);
+  if (sigaction(SIGTSTP, NULL, &old_stop) == 0 && old_stop.sa_handler != SIG_IGN)
+    sigaction(SIGTSTP, &stop, NULL);
   sigemptyset(&sa.sa_mask);
   ev.sigev_notify_thread_id = gettid();
   have_watchdog = sigaction(SIGRTMIN, &sa, NULL) == 0 &&
                   timer_create(CLOCK_MONOTONIC, &ev, &watchdog) == 0;
 }
 
-/* libedit's key reader (rl_getc_function): an interrupting signal ends the line being
- * edited, once per signal (the REPL sees the pending signal and drops that line); a
- * resized terminal is measured again before the next key is handled. */
+/* libedit's key reader (rl_getc_function): the next character (a wide character: libedit
+ * takes the result as one) of the terminal's bytes in the locale's encoding, U+FFFD for
+ * bytes that are none (a byte that cuts a sequence short starts the next). An interrupting
+ * signal ends the line being edited, once per signal (the REPL sees the pending signal and
+ * drops that line); a resized terminal is measured again, and the line drawn again after a
+ * stop, before the next key is handled. Signals are looked at just before each read (again
+ * after drawing), not only when one ends it: one that comes while libedit handles a key or
+ * while the line is drawn again is acted on at once, not after the next key. */
 static int read_key(FILE *in)
 {
-  int fd = in ? fileno(in) : STDIN_FILENO;
-  unsigned char c;
+  static mbstate_t decoding;
+  static int held = -1; /* a byte read that starts the next character */
+  const int fd = in ? fileno(in) : STDIN_FILENO;
   for (;;) {
+    char byte;
+    wchar_t wc;
     if (line_ended_at != sig_count) {
       line_ended_at = sig_count;
+      memset(&decoding, 0, sizeof decoding);
       return '\n';
     }
-    ssize_t n = read(fd, &c, 1);
     if (resized) {
       resized = 0;
       rl_resize_terminal();
+      continue;
     }
-    if (n == 1)
-      return c;
-    if (n == 0 || errno != EINTR)
-      return EOF;
+    if (redraw) {
+      redraw = 0;
+      rl_forced_update_display();
+      continue;
+    }
+    if (held >= 0) {
+      byte = (char)held;
+      held = -1;
+    } else {
+      struct pollfd ready = { .fd = fd, .events = POLLIN };
+      if (poll(&ready, 1, -1) < 0) { /* a signal's handler ran (poll is never restarted): look again */
+        if (errno == EINTR)
+          continue;
+        return EOF;
+      }
+      const ssize_t n = read(fd, &byte, 1);
+      if (n < 0 && errno == EINTR)
+        continue;
+      if (n != 1)
+        return EOF;
+    }
+    const int inside_sequence = !mbsinit(&decoding);
+    const size_t len = mbrtowc(&wc, &byte, 1, &decoding);
+    if (len == (size_t)-2)
+      continue;
+    if (len != (size_t)-1)
+      return (int)wc;
+    memset(&decoding, 0, sizeof decoding);
+    if (inside_sequence)
+      held = (unsigned char)byte;
+    return REPLACEMENT_CHARACTER;
   }
 }
 
@@ -639,11 +739,20 @@ static int run_script(lua_State *L, char **argv, int script)
   return report(L, docall(L, narg, 0));
 }
 
+/* The locale's character set, for the line editor (see the header). */
+static void use_locale_characters(void)
+{
+  const char *ctype = setlocale(LC_CTYPE, "");
+  if (ctype == NULL || strcmp(ctype, "C") == 0 || strcmp(ctype, "POSIX") == 0)
+    setlocale(LC_CTYPE, "C.UTF-8");
+}
+
 /* require("m3.repl").run(); its result is the exit status. Signals are the REPL's
  * business between its commands, so this call is not interruptible. */
 static int run_repl(lua_State *L, int *code)
 {
   int status;
+  use_locale_characters();
   lua_pushcfunction(L, traceback);
   lua_getglobal(L, "require");
   lua_pushliteral(L, "m3.repl");
@@ -776,8 +885,9 @@ int main(int argc, char **argv)
     fputs("m3lua: libm3 reports no ABI version\n", stderr);
     return 1;
   }
-  rl_catch_signals = 0;        /* libedit leaves SIGINT and SIGTERM to the host */
+  rl_catch_signals = 0;        /* libedit leaves SIGINT, SIGTERM and SIGTSTP to the host */
   rl_getc_function = read_key; /* and Ctrl-C ends the line being edited */
+  rl_pre_input_hook = note_line_start_modes;
   L = luaL_newstate();
   if (L == NULL) {
     fputs("m3lua: cannot create the Lua state: not enough memory\n", stderr);

@@ -15,6 +15,8 @@
 -- Ctrl-C at the prompt drops the line being edited, Ctrl-C during a command stops it and
 -- returns to the prompt (except in a JIT-compiled loop that calls nothing of m3: it never
 -- looks, so the host's watchdog ends the session), SIGTERM ends the session with status 143.
+-- Ctrl-Z stops the session; after `fg` the line being edited is drawn again, still editable.
+-- Keys are read as characters of the locale's encoding (UTF-8 under a plain C locale).
 -- Ctrl-D or os.exit() ends it cleanly.
 
 local ffi = require "ffi"
