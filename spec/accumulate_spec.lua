@@ -300,6 +300,51 @@ describe("m3.accumulate", function()
     end)
   end
 
+  -- the host's hook can raise inside backward_step before the engine ran it: the forward is still pending, so
+  -- that micro-batch's backward is run again, not skipped (the next forward would meet a pending one)
+  it("runs a backward again that an interrupt stopped before it took effect", function()
+    local lib = require "m3.lib"
+    local a, b = new_trainer(4), new_trainer(4)
+    local ma = accumulate.step(a, accumulate.split(big, 2), { clip = 0.05 })
+    local calls, raised = 0, false
+    b.backward_step = function(self, ...)
+      calls = calls + 1
+      if calls == 1 then
+        assert.is_true(self:info().pending_forward)
+        raised = true
+        error("interrupted!")
+      end
+      return getmetatable(self).backward_step(self, ...)
+    end
+    local ok, err = pcall(accumulate.step, b, accumulate.split(big, 2), { clip = 0.05 })
+    assert.is_true(raised)
+    assert.is_false(ok)
+    assert.truthy(tostring(err):find("interrupted.*the accumulation window was closed first"), tostring(err))
+    assert.equal(3, calls)
+    assert.is_false(b:info().window_open)
+    assert.is_false(b:info().pending_forward)
+    for _, k in ipairs { "step", "loss", "accuracy", "grad_norm", "tokens", "counted", "micro" } do
+      assert.equal(ma[k], err.metrics[k], k)
+    end
+    assert.equal(0, max_rel_diff(b:snapshot(), a:snapshot()))
+    assert.equal(0, lib.C.m3_interrupted())
+  end)
+
+  -- ms is the time of the whole step: the sum of what each micro-batch's call reported, in order
+  it("reports ms summed over the micro-batches", function()
+    local tr = new_trainer(2)
+    local seen = {}
+    tr.backward_step = function(self, ...)
+      local m = getmetatable(self).backward_step(self, ...)
+      seen[#seen + 1] = m.ms
+      return m
+    end
+    local m = accumulate.step(tr, accumulate.split(big, 4))
+    assert.equal(4, #seen)
+    for i = 1, 4 do assert.is_true(seen[i] > 0) end
+    assert.equal(((0 + seen[1]) + seen[2] + seen[3]) + seen[4], m.ms)
+  end)
+
   it("raises an interrupt before the first forward as it comes", function()
     local lib = require "m3.lib"
     local tr = new_trainer(4)

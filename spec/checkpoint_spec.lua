@@ -141,6 +141,49 @@ describe("m3.checkpoint", function()
     assert.same({ 1e15 - 1 }, { one:list()[1].step })
   end)
 
+  -- checkpoint.new{dir =} is every = 0 (maybe_save never saves) and keep = 3
+  it("by default saves only when asked and keeps the last 3", function()
+    local ck = checkpoint.new { dir = dir .. "/defaults" }
+    local tr = new_trainer()
+    for s = 1, 4 do assert.is_nil(ck:maybe_save(tr, s)) end
+    assert.same({}, ck:list())
+    for s = 1, 5 do ck:save(tr, s) end
+    local steps = {}
+    for i, c in ipairs(ck:list()) do steps[i] = c.step end
+    assert.same({ 3, 4, 5 }, steps)
+  end)
+
+  it("refuses step 10^15 itself, the first past its range", function()
+    local ck = checkpoint.new { dir = dir .. "/range" }
+    assert.matches("path expects a step %(an integer in %[0, 10%^15%)%), got 1e%+15",
+      helper.error_of(function() ck:path(1e15) end))
+    assert.matches("save expects a step %(an integer in %[0, 10%^15%)%), got 1e%+15",
+      helper.error_of(function() ck:save(new_trainer(), 1e15) end))
+    assert.same({}, ck:list())
+  end)
+
+  -- the step is the one saved in the file: a checkpoint copied under another step's name resumes at its own
+  it("resumes at the step saved in the checkpoint, not the one in its name", function()
+    local ck = checkpoint.new { dir = dir .. "/renamed" }
+    local p = ck:save(new_trainer(), 4, { at = 4 })
+    fs.write(ck:path(9), fs.read(p))
+    os.remove(p)
+    local _, extra, step = ck:resume()
+    assert.equal(4, step)
+    assert.same({ at = 4 }, extra)
+  end)
+
+  -- a forward pending is the middle of a step (its backward not yet run): save_interrupted writes nothing then
+  it("save_interrupted saves nothing while a forward is pending", function()
+    local ck = checkpoint.new { dir = dir .. "/pending" }
+    local tr = new_trainer("accumulate")
+    tr:forward(helper.batch(cfg, 2, 16, helper.rng(1)))
+    local path, why = ck:save_interrupted(tr, 1)
+    assert.is_nil(path)
+    assert.equal("the run stopped inside an accumulation window", why)
+    assert.same({}, ck:list())
+  end)
+
   -- a bad step or trainer is named by the method that got it (no Lua error from inside, no silent skip of a
   -- NaN step), a string option is shown as a string, and every = math.huge (which would never save) is refused
   it("names the method and the value of a bad step, trainer, folder or option", function()
@@ -592,6 +635,32 @@ describe("m3.fit.run and non-finite gradients", function()
     assert.matches("step 2: non%-finite gradient %(global norm nan%): update refused, its rows dropped, the step "
       .. "taken again on the next %(1 in a row; more than 10 stop the run%)", text)
     assert.matches("%(2 in a row; more than 10 stop the run%)", text)
+  end)
+
+  -- "in a row": a step taken resets the count, so two refusals with a good step between them pass max_nonfinite = 1
+  it("counts only refusals in a row against max_nonfinite", function()
+    local lines, out = said()
+    local r = fit.run { trainer = trainer(), data = features_source({ [2] = true, [4] = true }), steps = 4,
+      max_nonfinite = 1, out = out, data_opts = { length = 4 } }
+    assert.equal(4, r.step)
+    local text = table.concat(lines)
+    assert.matches("step 3: non%-finite gradient .* %(1 in a row; more than 1 stop the run%)", text)
+  end)
+
+  -- 5 rows a step on a trainer of batch 2: micro-batches of 2, 2 and 1 (5 windows of 4 positions, 20 tokens a
+  -- step), and the run's tokens are those of all its steps
+  it("takes a step's rows in micro-batches of the trainer's batch, the last one short, and sums its tokens", function()
+    local d = tmpdir()
+    local src = features_source()
+    local r = fit.run { trainer = trainer(), data = src, steps = 2, batch = 5, dir = d, progress = false,
+      data_opts = { length = 4 } }
+    assert.equal(6, src:cursor()) -- 3 draws a step
+    local tokens = {}
+    for _, rec in ipairs(log.read_jsonl(d .. "/metrics.jsonl")) do
+      if rec.tokens then tokens[#tokens + 1] = rec.tokens end
+    end
+    assert.same({ 20, 20 }, tokens)
+    assert.equal(40, r.tokens)
   end)
 
   it("stops after more than max_nonfinite in a row, saving the last good step, with a status", function()

@@ -31,6 +31,10 @@ describe("m3.curriculum", function()
     assert.same({ 1, 0 }, p.weights)
     assert.equal(16, cur:phase(200).batch)
     assert.same({ 1, 1 }, cur:phase(200).weights)
+    -- steps is a phase's own: the last phase runs on, it does not take the 50 of the phase before
+    assert.equal(50, p.steps)
+    assert.is_nil(cur:phase(200).steps)
+    assert.is_nil(cur:phases()[3].steps)
   end)
 
   -- the phase of a step is a pure function of the step: what phase() and phases() hand out, and the tables
@@ -94,6 +98,18 @@ describe("m3.curriculum", function()
     for i, p in ipairs(e:phases()) do lens[i], total = p.length, total + p.steps end
     assert.same({ 3, 9, 27, 40 }, lens)
     assert.equal(7, total)
+    -- each length is the previous times factor rounded to the nearest integer: 3 * 1.6 = 4.8 -> 5, 5 * 1.6 = 8,
+    -- 8 * 1.6 = 12.8 -> 13, 13 * 1.6 = 20.8 -> 21, then to
+    lens = {}
+    for i, p in ipairs(curriculum.lengths { from = 3, to = 30, steps = 6, factor = 1.6 }:phases()) do lens[i] = p.length end
+    assert.same({ 3, 5, 8, 13, 21, 30 }, lens)
+    -- 7 steps in 4 stages: stage i ends at step floor(7 * i / 4) = 1, 3, 5, 7, the longer stages last
+    local steps = {}
+    for i, p in ipairs(e:phases()) do steps[i] = p.steps end
+    assert.same({ 1, 2, 2, 2 }, steps)
+    -- min_length may be from itself: every stage draws from [from, its length]
+    local m = curriculum.lengths { from = 8, to = 16, steps = 2, min_length = 8 }
+    assert.same({ 8, 8 }, { m:phase(1).min_length, m:phase(2).min_length })
     -- refused where they are made, not when a stage first draws a length
     local function err(o)
       local ok, e = pcall(curriculum.lengths, o)

@@ -596,6 +596,27 @@ describe("m3.infer", function()
       assert.equal(ffi.string(out, 8), ffi.string(out2, 8))
     end)
 
+    -- nonfinite(row) words the error: each row's logits are searched to their last entry
+    it("names the row of a non-finite logit through nonfinite, the last of a row included", function()
+      local out = ffi.new("int32_t[2]")
+      for _, case in ipairs({ { 4, math.huge, 0 }, { 9, -math.huge, 1 }, { 5, 0 / 0, 1 }, { 0, 0 / 0, 0 } }) do
+        local bad = ffi.new("float[10]")
+        bad[case[1]] = case[2]
+        local s = m3.sampling.new(2, { seed = 1 }, "test")
+        assert.matches("bad row " .. case[3] .. "$",
+          helper.error_of(s.draw, s, bad, 5, out, function(r) return "bad row " .. r end))
+      end
+    end)
+
+    -- the ends of the ranges are the options' "off" values: top_k = 0 keeps all, top_p = 1 all the mass
+    it("takes top_k = 0 and top_p = 1, the defaults, and draws as without them", function()
+      local _, plain = counts({ seed = 9 })
+      local _, off = counts({ seed = 9, top_k = 0, top_p = 1 })
+      assert.equal(ffi.string(plain, 4 * R), ffi.string(off, 4 * R))
+      assert.matches("test: top_k = %-1", helper.error_of(m3.sampling.new, 2, { top_k = -1 }, "test"))
+      assert.matches("test: top_p = 1%.5", helper.error_of(m3.sampling.new, 2, { top_p = 1.5 }, "test"))
+    end)
+
     it("gives the same tokens for any thread count", function()
       local threads = m3.cpu_threads()
       local _, a = counts({ top_k = 3, top_p = 0.9, seed = 6 })

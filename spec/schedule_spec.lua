@@ -129,6 +129,25 @@ describe("m3.schedule", function()
   end)
 
 
+  -- decay as a fraction of total rounds to the nearest step count: 0.2 * 13 = 2.6 is 3 steps (11, 12, 13, at
+  -- 1, 2/3, 1/3 of peak), and step 10, the last stable one, is peak, not above it
+  it("WSD: a fractional decay rounds to the nearest step; the stable part ends at peak", function()
+    local f = schedule.wsd { peak = 1, total = 13, decay = 0.2 }
+    for s = 1, 10 do near(1, f(s)) end
+    near(1, f(11))
+    near(2 / 3, f(12))
+    near(1 / 3, f(13))
+    near(0, f(14))
+  end)
+
+  it("a floor equal to peak is a constant lr after the warmup", function()
+    local f = schedule.warmup_cosine { peak = 1e-3, warmup = 2, total = 10, floor = 1e-3 }
+    near(5e-4, f(1))
+    for s = 2, 12 do near(1e-3, f(s)) end
+    local g = schedule.wsd { peak = 2, total = 10, decay = 5, floor = 2 }
+    for s = 1, 12 do near(2, g(s)) end
+  end)
+
   -- the default decay (0.2 of total) rounds to too few or too many steps for a short run: the message says
   -- which value was taken and the steps it came to, not "got nil"
   it("WSD: names the default decay and its steps when they do not fit", function()

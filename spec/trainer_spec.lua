@@ -557,6 +557,88 @@ describe("m3.trainer", function()
     first_adam_steps_by_lr("cpu")
   end)
 
+  -- AdamW redone in double from what the trainer shows: grads() after each step (the unclipped, summed gradient),
+  -- the snapshot before it. The global norm is the L2 norm over every tensor; with clip c > 0 and norm n the
+  -- gradient is scaled by c / (n + 1e-6) when that is < 1; the weights of the reference no_decay group (norms,
+  -- dt_bias, D: help's set_reference_no_decay) are not decayed unless no_decay is "none"; weight_decay defaults
+  -- to 1e-2. Steps 1-2 unclipped (clip 100 >> the norm), 3-4 clipped, 5 with no_decay = "none", 6 unclipped by a
+  -- backward_step's clip = 0 on a trainer whose clip is active.
+  it("updates as AdamW recomputed in double: global norm, clipping, weight decay and its no_decay group", function()
+    local cfg = helper.tokens_lm()
+    local lr, b1, b2, eps, wd = 1e-2, 0.9, 0.999, 1e-6, 1e-2
+    local tr = m3.trainer(m3.weights.init(cfg, { seed = 11 }), opts({ lr = lr, eps = eps, clip = 100 }))
+    local function skips_decay(name)
+      return name:match("norm%.weight$") or name:match("norm_f%.weight$") or name:match("%.dt_bias$")
+        or name:match("%.D$")
+    end
+    local M, V, worst, decayed_norms = {}, {}, 0, 0
+    for t = 1, 6 do
+      local b = helper.batch(tr.config, 3, 7, helper.rng(20 + t))
+      local clip = t <= 2 and 100 or 0.05
+      if t == 3 then tr:set_clip(clip) end
+      if t == 5 then tr:set_reference_no_decay(false) end
+      local w0 = tr:snapshot()
+      local m
+      if t == 6 then
+        tr:forward(b)
+        m = tr:backward_step(b, { clip = 0 })
+        assert.is_nil(m.grad_norm) -- clip 0 is off, not the trainer's clip
+        clip = 0
+      else
+        m = tr:step(b)
+      end
+      local g, w1 = tr:grads(), tr:snapshot()
+      local sq = 0
+      for _, name in ipairs(g:names()) do
+        local x = g:get(name)
+        for i = 0, x:numel() - 1 do sq = sq + x[i] * x[i] end
+      end
+      local norm = math.sqrt(sq)
+      if t < 6 then
+        assert.is_true(math.abs(m.grad_norm - norm) <= 1e-9 * norm, string.format("step %d: grad_norm %.17g, "
+          .. "the norm of grads() %.17g", t, m.grad_norm, norm))
+      end
+      local cs = 1
+      if clip > 0 and clip / (norm + 1e-6) < 1 then cs = clip / (norm + 1e-6) end
+      if t <= 2 then assert.equal(1, cs) elseif t <= 5 then assert.is_true(cs < 0.5, "step " .. t .. " clipped") end
+      local bc1, bc2 = 1 - b1 ^ t, 1 - b2 ^ t
+      for _, name in ipairs(w0:names()) do
+        local p0, p1, gx = w0:get(name), w1:get(name), g:get(name)
+        local decay = (t < 5 and skips_decay(name)) and 0 or wd
+        M[name], V[name] = M[name] or {}, V[name] or {}
+        local Mn, Vn = M[name], V[name]
+        for i = 0, p0:numel() - 1 do
+          local gi = gx[i] * cs
+          Mn[i] = b1 * (Mn[i] or 0) + (1 - b1) * gi
+          Vn[i] = b2 * (Vn[i] or 0) + (1 - b2) * gi * gi
+          local want = p0[i] * (1 - lr * decay) - lr / bc1 * Mn[i] / (math.sqrt(Vn[i]) / math.sqrt(bc2) + eps)
+          worst = math.max(worst, math.abs(p1[i] - want) / math.max(1, math.abs(p0[i])))
+          if t == 5 and skips_decay(name) then decayed_norms = decayed_norms + 1 end
+        end
+      end
+      assert.is_true(worst < 1e-4 * lr, string.format("step %d: worst difference %.3g", t, worst))
+    end
+    assert.is_true(decayed_norms > 0)
+  end)
+
+  -- with d_model = 64 the arena ends on norm_f.weight's last entry (no alignment padding after it): the global norm
+  -- counts every entry up to the last
+  it("reports the norm of the whole gradient, the arena's last entry included", function()
+    local tr = m3.trainer(helper.features_none({ d_model = 64 }), opts({ clip = 1 }))
+    local m = tr:step(helper.batch(tr.config, 3, 7, helper.rng(9)))
+    local g = tr:grads()
+    local names, sq = g:names(), 0
+    for _, name in ipairs(names) do
+      local x = g:get(name)
+      for i = 0, x:numel() - 1 do sq = sq + x[i] * x[i] end
+    end
+    local last = g:get("norm_f.weight")
+    assert.equal(64, last:numel())
+    assert.is_true(last[63] ~= 0)
+    assert.is_true(math.abs(m.grad_norm - math.sqrt(sq)) <= 1e-12 * m.grad_norm,
+      string.format("grad_norm %.17g, the norm of grads() %.17g", m.grad_norm, math.sqrt(sq)))
+  end)
+
   it("reports the grad norm when clipping", function()
     local tr = m3.trainer(helper.features_none(), opts({ clip = 1 }))
     local b = helper.batch(tr.config, 3, 7, helper.rng(9))
