@@ -476,6 +476,25 @@ describe("m3.checkpoint", function()
     assert.matches("^m3%.fit%.run: eval must return a table of metrics, got nil\n", err)
   end)
 
+  it("evaluates a run resumed past its end once, at the step it stands at, without taking a step", function()
+    local d = helper.tmpdir()
+    local function go(tr, steps, start, seen)
+      return fit.run { trainer = tr, data = data.parity { length = 4 }, steps = steps, start = start, progress = false,
+        checkpoint = checkpoint.new { dir = d }, eval_every = 100,
+        eval = function(_, s) seen[#seen + 1] = s return { probe = s } end }
+    end
+    local seen = {}
+    assert.same({ probe = 5 }, go(new_trainer("accumulate"), 5, nil, seen).eval)
+    assert.same({ 5 }, seen) -- the last step's evaluation
+    local tr, start = fit.resume(checkpoint.new { dir = d }, { device = "cpu" })
+    seen = {}
+    local r = go(tr, 3, start, seen) -- step 5 of a run of 3: no evaluation is due there, yet the run ends at it
+    assert.equal(5, tr:step_count())
+    assert.same({ 5 }, seen)
+    assert.same({ probe = 5 }, r.eval)
+    os.execute("rm -rf " .. helper.quote(d))
+  end)
+
   it("writes each record once, however often a run is resumed (at its end, or cut in an evaluation)", function()
     local probe = data.text(path, { order = "sequential", length = 8 }):next(2)
     local cut_at -- the step whose evaluation is interrupted once

@@ -59,6 +59,40 @@ describe("CUDA trainer #gpu", function()
     end)
   end
 
+  -- SPEC.md §7's dynamic loss scaling: an overflow halves the scale (not below 1) and restarts the count of clean
+  -- steps; 2000 clean steps in a row double it (not above 2^24). Eager and replayed alike.
+  it("grows the f16 loss scale after 2000 clean steps up to 2^24, halves it on an overflow down to 1", function()
+    if not helper.need_gpu(pending) then return end
+    local cfg = helper.features_none({ d_model = 32, d_state = 16, headdim = 16 })
+    local tr = m3.trainer(cfg, { device = "cuda", dtype = "f16", batch = 2, seq_len = 8, lr = 1e-4, seed = 4 })
+    local b = helper.batch(m3.config(cfg), 2, 8, helper.rng(12))
+    for k = 0, b.d_out:numel() - 1 do b.d_out[k] = b.d_out[k] * 1e-6 end -- clean at every scale up to 2^24
+    local huge = { input = b.input, d_out = b.d_out:clone() }
+    for k = 0, huge.d_out:numel() - 1 do huge.d_out[k] = 1e6 end -- past f16's 65504 at any scale
+    for _, graph in ipairs({ false, true }) do
+      if graph then tr:capture_graph() end
+      tr:load_scaler_state(2 ^ 20, 1998)
+      assert.is_true(tr:step(b).optimizer_stepped)
+      assert.same({ 2 ^ 20, 1999 }, { tr:scaler_state() })
+      assert.equal(2 ^ 20, tr:step(b).loss_scale) -- the 2000th clean step runs at the old scale, then doubles it
+      assert.same({ 2 ^ 21, 0 }, { tr:scaler_state() })
+      tr:load_scaler_state(2 ^ 24, 1999)
+      tr:step(b)
+      assert.same({ 2 ^ 24, 0 }, { tr:scaler_state() }) -- the cap
+      local steps = tr:step_count()
+      tr:load_scaler_state(2, 1500)
+      local m = tr:step(huge)
+      assert.is_true(m.overflow_skipped)
+      assert.equal(steps, tr:step_count())
+      assert.same({ 1, 0 }, { tr:scaler_state() })
+      assert.is_true(tr:step(huge).overflow_skipped)
+      assert.same({ 1, 0 }, { tr:scaler_state() }) -- the floor
+      assert.is_true(tr:step(b).optimizer_stepped)
+      assert.same({ 1, 1 }, { tr:scaler_state() })
+    end
+    tr:close()
+  end)
+
   for _, dtype in ipairs({ "f32", "bf16" }) do
     it("puts the carried state back after a non-finite step in " .. dtype .. ", eager and replayed", function()
       if not helper.need_gpu(pending) then return end
