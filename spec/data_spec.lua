@@ -102,6 +102,31 @@ describe("m3.data.rng", function()
   it("refuses seeds that would not round-trip", function()
     assert.has_error(function() rng.new(-1) end)
     assert.has_error(function() rng.new(0.5) end)
+    -- [0, 2^53): 2^53 itself is no seed and no index (nor a state of three or five words)
+    for _, args in ipairs { { 2 ^ 53 }, { 0, 2 ^ 53 } } do
+      local what = args[2] and "index" or "seed"
+      assert.truthy(helper.error_of(rng.new, unpack(args)):find("m3.data.rng: " .. what
+        .. " must be an integer in [0, 2^53), got " .. tostring(2 ^ 53), 1, true))
+    end
+    for _, s in ipairs { { 1, 2, 3 }, { 1, 2, 3, 4, 5 } } do
+      assert.truthy(helper.error_of(rng.from_state, s):find("expected a table of four integers", 1, true))
+    end
+  end)
+
+  it("gives seeds and indexes past 2^32 generators of their own (their high words count)", function()
+    -- index i + 2^32 is another sample than i, seed s + 2^32 another run than s
+    for _, pair in ipairs { { { 7, 0 }, { 7, 2 ^ 32 } }, { { 7, 3 }, { 7, 2 ^ 32 + 3 } },
+                            { { 0, 3 }, { 2 ^ 32, 3 } }, { { 7, 3 }, { 7 + 2 ^ 32, 3 } } } do
+      local a, b = rng.new(unpack(pair[1])), rng.new(unpack(pair[2]))
+      assert.are_not.same({ a:u32(), a:u32() }, { b:u32(), b:u32() })
+    end
+    assert.is_true(rng.new(2 ^ 53 - 1, 2 ^ 53 - 1):u32() >= 0)
+  end)
+
+  it("keeps stream 1 as it was: a mixture picks each row's source from it, and its cursors resume with it", function()
+    -- a regression pin like stream nil's (2179490263 above), the value since m3.data.rng first took streams: a
+    -- changed stream 1 gives a mixture resumed from its cursor other rows than the run it continues
+    assert.equal(1486391287, rng.new(7, 3, 1):u32())
   end)
 
   it("takes a stream nil (the sources' own, not stream 0) or an integer in [0, 2^32), and refuses any other", function()
@@ -266,6 +291,34 @@ describe("m3.data.arithmetic", function()
     end
     for n = 2, 16 do assert.is_true(lengths[n], "length " .. n .. " drawn") end
   end)
+
+  it("splits a bracketed expression's tokens between its two operands in every way (a bare digit on either side)",
+    function()
+      -- ( left op right ): 9 tokens leave 6 to the operands, so left has 1 .. 5 of them; an operand of 1 token is
+      -- a digit, of 2 a unary minus on a digit, else it is in brackets
+      local src = data.arithmetic { seed = 6, length = 10, brackets = true }
+      local lefts = {}
+      for i = 0, 299 do
+        local toks = src:sample(i)
+        assert.same({ 8, 9 }, { toks[1], toks[9] })
+        local left
+        if toks[2] < 5 then
+          left = 1
+        elseif toks[2] == 6 then
+          left = 2
+        else
+          local depth, t = 0, 2
+          repeat
+            depth = depth + (toks[t] == 8 and 1 or toks[t] == 9 and -1 or 0)
+            t = t + 1
+          until depth == 0
+          left = t - 2
+        end
+        assert.is_true(toks[2 + left] >= 5 and toks[2 + left] <= 7, "a binary operator after the left operand")
+        lefts[left] = (lefts[left] or 0) + 1
+      end
+      for left = 1, 5 do assert.is_true((lefts[left] or 0) > 20, "left operand of " .. left .. " tokens") end
+    end)
 
   it("draws answers of bracketed expressions unevenly: 0 is about 30% of them at length 64", function()
     -- scaled_accuracy is 0 for a uniform guess, not for every answer without skill: always 0 scores 12.5%
@@ -455,6 +508,15 @@ describe("m3.data.mqar", function()
       end
     end
     assert.is_true(os.clock() - start < 1, "100 samples took " .. os.clock() - start .. " s")
+    -- samples of 2 * pairs + queries ids, at most 2^27: pairs = 1000 with 134215728 queries fill it exactly, one query
+    -- more is past it (it counted pairs + queries, which fits)
+    local o = { keys = 1000, values = 32, pairs = 1000 }
+    o.queries = 2 ^ 27 - 2000
+    assert.equal(2 ^ 27, tasks.mqar.longest(o))
+    o.queries = 2 ^ 27 - 1999
+    assert.equal("m3.data.mqar: pairs = 1000 and queries = 134215729 make samples of 2 * pairs + queries = 134217729 "
+      .. "ids: must be at most 134217728 (a sample is drawn as Lua lists, which hold at most 2^27 items)",
+      message_of(function() tasks.mqar.longest(o) end))
     -- the sparse shuffle draws what the full table drew
     local toks = data.mqar { seed = 1, keys = 6, values = 2, pairs = 6, queries = 2 }:sample(0)
     assert.same({ 1, 7, 5, 7, 3, 7, 4, 7, 0, 7, 2, 7, 5, 0 }, toks)
@@ -482,6 +544,66 @@ describe("m3.data sources", function()
     assert.is_true(counts[2] > 2 * counts[1] and counts[1] > 50)
     local only_parity = mix:sample(5, { weights = { 1, 0 } })
     assert.equal(8, #only_parity)
+  end)
+
+  it("add offset to every token and target id (class 0 too) and pad after a sample with token 0, target -1", function()
+    local plain = data.parity { seed = 5, length = 6, min_length = 1 }
+    local shifted = data.parity { seed = 5, length = 6, min_length = 1, offset = 3 }
+    local zeros = 0
+    for i = 0, 49 do
+      local t0, g0 = plain:sample(i)
+      local t1, g1 = shifted:sample(i)
+      assert.equal(#t0, #t1)
+      for t = 1, #t0 do
+        assert.equal(t0[t] + 3, t1[t])
+        assert.equal(g0[t] + 3, g1[t]) -- running parity targets: every position scored, 0 as 3
+        if g0[t] == 0 then zeros = zeros + 1 end
+      end
+    end
+    assert.is_true(zeros > 0)
+    local b = shifted:next(8, { pad_to = 7 })
+    local tokens, targets = b.tokens:to_table(), b.targets:to_table()
+    for r = 1, 8 do
+      local toks, tgts = shifted:sample(r - 1)
+      for t = 1, 7 do
+        assert.equal(toks[t] or 0, tokens[r][t])
+        assert.equal(tgts[t] or -1, targets[r][t])
+      end
+    end
+  end)
+
+  it("take the largest vocab and class count of their sources, in any order", function()
+    local arith, parity = data.arithmetic { modulus = 7 }, data.parity {}
+    for _, list in ipairs { { arith, parity }, { parity, arith } } do
+      local mix = data.mixture(list)
+      assert.same({ 13, 7 }, { mix.vocab, mix.classes })
+    end
+  end)
+
+  it("pick a row's source from a stream of their own, independent of the sources' draws when the seeds are equal",
+    function()
+      -- the same seed everywhere: a pick drawn from the sources' own generators would give the first source (lengths
+      -- 1 and 2) only its short samples and the second (3 and 4) only its long ones
+      local mix = data.mixture({ data.parity { seed = 1, length = 2, min_length = 1 },
+        data.parity { seed = 1, length = 4, min_length = 3 } }, { seed = 1 })
+      local counts = length_counts(mix, 4000)
+      for n = 1, 4 do assert_binomial(counts[n] or 0, 4000, 1 / 4, "length " .. n) end
+    end)
+
+  it("apply a call's weights to every row of its batch, and leave the caller's options as they were", function()
+    local mix = data.mixture({ data.parity { length = 3 }, data.parity { length = 4, targets = "final" } }, { seed = 2 })
+    local o = { weights = { 0, 1 } }
+    local b = mix:next(50, o)
+    for _, row in ipairs(b.targets:to_table()) do assert.same({ -1, -1, -1 }, { row[1], row[2], row[3] }) end
+    assert.same({ 0, 1 }, o.weights)
+  end)
+
+  it("hold at most 2^31 - 1 positions a batch (source.MAX_POSITIONS)", function()
+    local source = require "m3.data.source"
+    assert.equal(2 ^ 31 - 1, source.MAX_POSITIONS)
+    source.check_batch(2 ^ 31 - 1, 1, "rows of %d ids", "x") -- fits
+    assert.truthy(helper.error_of(source.check_batch, 2 ^ 30, 2, "rows of %d ids", "x"):find("x: 1073741824 rows of "
+      .. "2 ids make 2147483648 positions, more than a batch holds (2147483647", 1, true))
   end)
 
   it("mix file sources and mixtures too, and refuse what a mixture cannot draw when it is made", function()
@@ -973,6 +1095,67 @@ describe("m3.data batches and files", function()
     os.remove(path)
   end)
 
+  it("draw random windows at every offset that holds one (the last too), sequential ones within the split", function()
+    -- 6 ids hold windows of 4 (and their last target) at offsets 0 and 1
+    local path = tmpfile("abcdef")
+    local s = data.text(path, { split = "all", length = 4, seed = 3 })
+    local seen = {}
+    for i = 0, 199 do
+      local off = s:offset(i, 4)
+      seen[off] = (seen[off] or 0) + 1
+      local toks, tgts = s:sample(i)
+      assert.same({ 97 + off, 98 + off, 99 + off, 100 + off }, toks)
+      assert.same({ 98 + off, 99 + off, 100 + off, 101 + off }, tgts)
+    end
+    assert.is_true(seen[0] > 50 and seen[1] > 50)
+    for off in pairs(seen) do assert.is_true(off == 0 or off == 1, "offset " .. off) end
+    os.remove(path)
+    -- 8 ids hold one window of 4 and its last target (ids 0 .. 4), not two: window 1 wraps around to it; so does
+    -- the train split of 10 ids with val_fraction = 0.2 (its 8 ids; the 9th is val's)
+    local eight, ten = tmpfile("abcdefgh"), tmpfile("abcdefghij")
+    for _, q in ipairs { data.text(eight, { split = "all", order = "sequential", length = 4 }),
+                         data.text(ten, { val_fraction = 0.2, order = "sequential", length = 4 }) } do
+      assert.equal(1, q:count())
+      local b = q:next(2)
+      assert.same({ { 97, 98, 99, 100 }, { 97, 98, 99, 100 } }, b.tokens:to_table())
+      assert.same({ 98, 99, 100, 101 }, b.targets:to_table()[2])
+    end
+    os.remove(eight)
+    os.remove(ten)
+  end)
+
+  it("split the file at floor(n * (1 - val_fraction)): train never holds more than its share", function()
+    local path = tmpfile("0123456789")
+    -- 10 ids, val_fraction 0.25: train the first 7 (7.5 of them would be its share), val the last 3
+    local train = data.text(path, { val_fraction = 0.25, order = "sequential", length = 1 })
+    local val = data.text(path, { split = "val", val_fraction = 0.25, order = "sequential", length = 1 })
+    assert.same({ 6, 2 }, { train:count(), val:count() })
+    assert.same({ { 48 }, { 49 }, { 50 }, { 51 }, { 52 }, { 53 } }, train:next(6).tokens:to_table())
+    local b = val:next(2)
+    assert.same({ { 55 }, { 56 } }, b.tokens:to_table())
+    assert.same({ { 56 }, { 57 } }, b.targets:to_table())
+    os.remove(path)
+  end)
+
+  it("start a stream's row over only when its window and last target would run past its stretch", function()
+    local path = counting_u16_file(1000)
+    local s = data.tokens(path, { vocab = 1000, length = 8, order = "stream", split = "all", rows = 2 })
+    -- stretches of 500 ids: a window of 8 at 491 reads ids 491 .. 499 (its last target), at 492 it would need 500
+    s:seek { seed = 0, index = 2, rows = 2, position = 491 }
+    local b = s:next(2)
+    assert.same({ 491, 991 }, { b.tokens:to_table()[1][1], b.tokens:to_table()[2][1] })
+    assert.same({ 499, 999 }, { b.targets:to_table()[1][8], b.targets:to_table()[2][8] })
+    s:seek { seed = 0, index = 2, rows = 2, position = 492 }
+    b = s:next(2)
+    assert.same({ 0, 500 }, { b.tokens:to_table()[1][1], b.tokens:to_table()[2][1] })
+    -- a cursor without rows (earlier versions) leaves the stream's count as it was
+    s:seek { seed = 0, index = 4 }
+    assert.has_error(function() s:next(4) end, 'm3.data: next: rows = 4, but this order = "stream" source serves 2 '
+      .. "rows a call (row r continues row r's text)")
+    assert.same({ 2, 8 }, s:next(2).tokens:shape())
+    os.remove(path)
+  end)
+
   it("serve a stream's rows in one count a call, so that each row's text goes on", function()
     local path = tmpfile("abcdefghijklmnopqrstuvwxyz0123456789")
     local st = data.text(path, { order = "stream", split = "all", length = 4 })
@@ -1173,7 +1356,8 @@ describe("m3.data batches and files", function()
     end
     assert.equal("m3.data: slice(0, 3000000): ids [0, 3000000) run past the end of " .. path .. " (100 ids)",
       refusal(0, 3e6))
-    assert.matches("ids %[99, 101%) run past the end", refusal(99, 2))
+    -- checked before any read: slice's own message, not the one of a read that met the end of the file
+    assert.equal("m3.data: slice(99, 2): ids [99, 101) run past the end of " .. path .. " (100 ids)", refusal(99, 2))
     assert.equal("m3.data: slice: first = -1: expected an integer >= 0", refusal(-1, 2))
     assert.equal("m3.data: slice: count = 1.5: expected an integer >= 0", refusal(0, 1.5))
     os.remove(path)

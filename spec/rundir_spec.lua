@@ -147,6 +147,35 @@ describe("m3.rundir --resume", function()
     end)
   end)
 
+  it("counts <name>-N as a number of <name> for N >= 2 only, and <base>-* as runs of base, not <base>* alone", function()
+    in_folder(function()
+      -- runs/m-1 is no numbered folder of m (the numbering writes m, m-2, m-3, ...): newer, it is not taken
+      run_folder("m", {}, 3, "2026-01-01 00:00:01")
+      run_folder("m-1", {}, 3, "2026-01-01 00:00:09")
+      assert.same({ "runs/m" }, { path("m", { resume = true }) })
+      -- runs/pq, an automatic run of base pq, is no run of base p that --steps 9 could change
+      run_folder("pq", {}, 3, "2026-01-01 00:00:01")
+      assert.same({ "runs/p-steps=9" }, { path("p", { resume = true, steps = 9 }) })
+    end)
+  end)
+
+  it("gives a flag newer than the run (not in its options.json) its default", function()
+    in_folder(function()
+      run_folder("n", '{"run": "n", "steps": 4, "lr": 2}', 2, "2026-01-01 00:00:01")
+      local o = flags_of { resume = true, run = "n", dtype = "bf16", data = "x.txt" }
+      rundir.open("runs/n", o, { resume = true, run = true }, SPEC)
+      assert.same({ 4, 2, "f32", "" }, { o.steps, o.lr, o.dtype, o.data })
+    end)
+  end)
+
+  it("takes a --run of a single folder name only: no \"/\", not \".\", \"..\" or blank", function()
+    for _, run in ipairs { "..", " .. ", ".", "a/b", "  " } do
+      assert.equal("--run " .. string.format("%q", run) .. ': a run name is a single folder name under runs/ (no "/", '
+        .. 'not "." or "..", not blank)', helper.error_of(path, "x", { run = run }))
+    end
+    assert.equal("runs/..a", path("x", { run = "..a" }))
+  end)
+
   it("refuses a run folder with checkpoints whose options.json cannot be used, naming it, before writing", function()
     in_folder(function()
       local cases = {
@@ -203,6 +232,11 @@ describe("m3.rundir options.json", function()
       rundir.create("runs/u", flags_of { data = "café.txt", run = "u" })
       assert.equal("café.txt", json.decode(fs.read("runs/u/options.json")).data)
       run_folder("v", '{"steps": 4, "lr": 2, "data": {"bytes_hex": "6x"}}', 2, "2026-01-01 00:00:01")
+      -- nor is a record of an odd number of hex digits, which names no bytes
+      run_folder("v2", '{"steps": 4, "lr": 2, "data": {"bytes_hex": "636"}}', 2, "2026-01-01 00:00:01")
+      assert.matches('runs/v2/options.json: data = {"bytes_hex":"636"}: expected a string',
+        helper.error_of(rundir.open, "runs/v2", flags_of { resume = true, run = "v2" }, { resume = true, run = true },
+          SPEC), 1, true)
       assert.matches('runs/v/options.json: data = {"bytes_hex":"6x"}: expected a string',
         helper.error_of(rundir.open, "runs/v", flags_of { resume = true, run = "v" }, { resume = true, run = true },
           SPEC), 1, true)

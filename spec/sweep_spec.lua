@@ -124,6 +124,11 @@ print("rows", #rows, rows[1].run, calls)
       run = function() ran = ran + 1; return {} end })
     assert.equal(0, ran)
     assert.matches('m3.sweep: the points x = 1 and x = "1" would share the run folder .*/x=1', err)
+    -- random points alike (they ran one of the two without a word)
+    err = helper.error_of(sweep, { random = { x = { 1, "1" } }, trials = 10, dir = dir,
+      run = function() ran = ran + 1; return {} end })
+    assert.equal(0, ran)
+    assert.matches("m3.sweep: the points x = .* and x = .* would share the run folder .*/x=1", err)
   end)
 
   it("refuses a run folder name longer than 255 bytes before running any point, sequential or parallel", function()
@@ -498,6 +503,71 @@ print("rows", #rows, rows[1].run, calls)
     local count = 0
     for _ in pairs(distinct) do count = count + 1 end
     assert.equal(6, count)
+    os.execute("rm -rf " .. dir)
+  end)
+
+  it("draws every choice of a list, reals spread over their range, and a range of one value (lo = hi)", function()
+    local dir = tmpdir() .. "/spread"
+    local seen = {}
+    sweep { random = { c = { "a", "b", "c" }, u = { "uniform", 0, 1 }, l = { "log", 1, 10000 },
+      one = { "uniform", 0.5, 0.5 }, n = { "int", 7, 7 }, g = { "log", 3, 3 } }, trials = 200, dir = dir,
+      run = function(p) seen[#seen + 1] = p; return {} end }
+    local choices, low_u, low_l = {}, 0, 0
+    for _, p in ipairs(seen) do
+      choices[p.c] = (choices[p.c] or 0) + 1
+      if p.u < 0.25 then low_u = low_u + 1 end
+      if p.l < 10 then low_l = low_l + 1 end -- log-uniform: a quarter of them in [1, 10), as in [1000, 10000]
+      assert.same({ 0.5, 7, 3 }, { p.one, p.n, p.g })
+    end
+    assert.equal(200, #seen)
+    for _, c in ipairs { "a", "b", "c" } do assert.is_true((choices[c] or 0) > 30, c .. ": " .. (choices[c] or 0)) end
+    -- a quarter of them in the first quarter: within 5 standard deviations (6.1) of 50 of 200
+    assert.is_true(math.abs(low_u - 50) < 30, "uniform: " .. low_u .. " below 0.25")
+    assert.is_true(math.abs(low_l - 50) < 30, "log: " .. low_l .. " below 10")
+    os.execute("rm -rf " .. dir)
+    -- 2^53 + 1 integers are too many (hi - lo < 2^53)
+    assert.matches('and hi - lo < 2^53, got 0 and 9.007199254741e+15',
+      helper.error_of(sweep, { random = { n = { "int", 0, 2 ^ 53 } }, trials = 1, dir = dir, run = print }), 1, true)
+    assert.is_nil(io.open(dir))
+  end)
+
+  it("keeps a non-finite metric as NaN in the rows on the first run too (inf: null in done.json)", function()
+    local dir = tmpdir() .. "/inf"
+    local o = { grid = { x = { 1, 2 } }, dir = dir, metric = "y",
+      run = function(p) return { y = p.x == 1 and math.huge or 1 } end }
+    for _ = 1, 2 do
+      local rows = sweep(o)
+      assert.same({ "x=2", "x=1" }, { rows[1].run, rows[2].run })
+      assert.is_true(rows[2].y ~= rows[2].y, tostring(rows[2].y))
+      assert.equal("run,x,y\nx=2,2,1\nx=1,1,nan\n", read(dir .. "/results.csv"))
+    end
+    os.execute("rm -rf " .. dir)
+  end)
+
+  it("runs a point again whose done.json holds no metrics, and raises for a metric no run returned of one point",
+    function()
+      local dir = tmpdir() .. "/no-metrics"
+      assert(os.execute("mkdir -p " .. dir .. "/x=1") == 0)
+      local f = assert(io.open(dir .. "/x=1/done.json", "w"))
+      f:write('{"name": "x=1", "point": {"x": 1}}') -- cut short: not a finished point
+      f:close()
+      local ran = 0
+      local rows = sweep { grid = { x = { 1 } }, dir = dir, run = function() ran = ran + 1; return { loss = 2 } end }
+      assert.equal(1, ran)
+      assert.equal(2, rows[1].loss)
+      assert.equal(2, json.read(dir .. "/x=1/done.json").metrics.loss)
+      assert.matches('m3.sweep: no run returned the metric "acc" (they returned: loss)',
+        helper.error_of(sweep, { grid = { x = { 1 } }, dir = dir, metric = "acc", run = print }), 1, true)
+      os.execute("rm -rf " .. dir)
+    end)
+
+  it("names every stale folder past the first: so does one, so do two", function()
+    local dir = tmpdir() .. "/stale3"
+    local function run() return { loss = 1 } end
+    sweep { grid = { lr = { 1, 2, 3 } }, defaults = { lr = 1, steps = 1 }, dir = dir, run = run }
+    assert.equal("m3.sweep: " .. dir .. "/defaults holds results of other settings than this sweep's (steps: 1 -> 2); "
+      .. "so do lr=2, lr=3; nothing ran: use another dir, or remove those folders to run those points again",
+      helper.error_of(sweep, { grid = { lr = { 1, 2, 3 } }, defaults = { lr = 1, steps = 2 }, dir = dir, run = run }))
     os.execute("rm -rf " .. dir)
   end)
 
