@@ -292,3 +292,27 @@ describe("the C API's configuration and info calls", function()
     assert.equal("", ffi.string(C.m3_config_to_json(nil)))
   end)
 end)
+
+describe("m3.options", function()
+  local options = require "m3.options"
+
+  it("shows a plain table by its first four items, and ... for anything more", function()
+    assert.equal("{1, 2, 3, 4}", options.show { 1, 2, 3, 4 })
+    assert.equal("{1, 2, 3, 4, ...}", options.show { 1, 2, 3, 4, 5 })
+    assert.equal('{1, "x", {...}, ...}', options.show { 1, "x", { 2 }, name = 3 })
+    assert.equal("{...}", options.show { a = 1 })
+  end)
+
+  it("names what keeps a table from being a list, a key 0 too", function()
+    assert.equal("the key 0", options.not_a_list { [0] = 1, 2 })
+    assert.equal("nil at [2]", options.not_a_list { 1, [3] = 3 })
+    assert.is_nil(options.not_a_list { 1, 2 })
+  end)
+
+  it("takes cuda:N for any N of an int32, and no more", function()
+    assert.same({ options.DEVICE_CUDA, 2147483647 }, { options.parse_device("cuda:2147483647", "t") })
+    local ok, err = pcall(options.parse_device, "cuda:2147483648", "t")
+    assert.is_false(ok)
+    assert.matches('t: device = "cuda:2147483648": the index must be below 2%^31', err)
+  end)
+end)

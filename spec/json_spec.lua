@@ -181,3 +181,50 @@ describe("m3.json.encode UTF-8", function()
     os.execute("rm -rf " .. helper.quote(dir))
   end)
 end)
+
+describe("m3.json edges", function()
+  it("writes NaN and both infinities as null", function()
+    assert.equal("[null,null,null]", json.encode { 0 / 0, 1 / 0, -1 / 0 })
+    assert.equal('{"x":null}', json.encode { x = -1 / 0 })
+  end)
+
+  it("decodes \\u escapes at the edges of the 1-, 2-, 3- and 4-byte UTF-8 forms (RFC 3629)", function()
+    assert.equal("\127", json.decode('"\\u007f"'))                 -- U+007F: 7F
+    assert.equal("\194\128", json.decode('"\\u0080"'))             -- U+0080: C2 80
+    assert.equal("\223\191", json.decode('"\\u07ff"'))             -- U+07FF: DF BF
+    assert.equal("\224\160\128", json.decode('"\\u0800"'))         -- U+0800: E0 A0 80
+    assert.equal("\237\159\191", json.decode('"\\ud7ff"'))         -- U+D7FF: ED 9F BF
+    assert.equal("\238\128\128", json.decode('"\\ue000"'))         -- U+E000: EE 80 80
+    assert.equal("\239\191\191", json.decode('"\\uffff"'))         -- U+FFFF: EF BF BF
+    assert.equal("\240\144\128\128", json.decode('"\\ud800\\udc00"')) -- U+10000: F0 90 80 80
+  end)
+
+  it("refuses a high surrogate followed by an escape just past the low ones", function()
+    refused('"\\ud800\\ue000"', "a high surrogate \\ud800 without a low one (\\udc00 to \\udfff) after it at position 2")
+    refused('"\\udbff\\udbff"', "a high surrogate \\udbff without a low one")
+  end)
+
+  it("refuses the last control character raw in a string, and anything after the value", function()
+    refused('"\31"', "expected an escape (\\u001f) for the control character 31 in a string at position 2")
+    refused("[1]x", "expected the end of the input at position 4")
+    refused("1 2", "expected the end of the input at position 3")
+  end)
+
+  it("escapes backslashes and control characters in what it writes", function()
+    assert.equal('"a\\\\b\\"c\\u001f\\n"', json.encode('a\\b"c\31\n'))
+    assert.equal('{"\\\\":"\\\\\\\\"}', json.encode { ["\\"] = "\\\\" })
+    assert.equal('a\\b', json.decode(json.encode('a\\b')))
+  end)
+
+  it("refuses a table that contains itself, and writes one table met twice twice", function()
+    local t = { 1 }
+    t[2] = t
+    assert.equal("json.encode: cannot encode a table that contains itself", error_of(json.encode, t))
+    local s = { 1 }
+    assert.equal('{"a":[1],"b":[1],"c":[[1],[1]]}', json.encode { a = s, b = s, c = { s, s } })
+  end)
+
+  it("names a key that is not an identifier in brackets where it shows a path", function()
+    assert.matches('cannot encode the string at %["2x"%]%.y:', error_of(json.encode, { ["2x"] = { y = "\255" } }))
+  end)
+end)

@@ -605,3 +605,186 @@ describe("m3.log argument errors", function()
     os.execute("rm -rf " .. dir)
   end)
 end)
+
+describe("m3.log edges", function()
+  -- the y-axis labels of a chart's SVG text, bottom to top
+  local function y_labels(text)
+    local labels = {}
+    for t in text:gmatch('text%-anchor="end" font%-size="11">([^<]*)<') do labels[#labels + 1] = t end
+    return labels
+  end
+
+  -- progress with its clock stopped at t[1]
+  local function with_clock(f)
+    local progress = require "m3.log.progress"
+    local now, t = progress.now, { 0 }
+    progress.now = function() return t[1] end
+    local ok, err = pcall(f, t)
+    progress.now = now
+    assert(ok, err)
+  end
+
+  it("writes a line every total/20 steps by default", function()
+    with_clock(function()
+      local out = sink()
+      local p = log.progress { total = 40, out = out }
+      for s = 1, 40 do p:update(s) end
+      local lines = out:lines()
+      assert.equal(20, #lines)
+      assert.truthy(lines[1]:match("^step 2/40 "), lines[1])
+    end)
+  end)
+
+  it("counts rates and the ETA of a resumed run from its first step", function()
+    with_clock(function(t)
+      local out = sink()
+      local p = log.progress { total = 200, first = 100, every = 10, out = out }
+      t[1] = 10
+      p:update(110, { tokens = 1000 })
+      -- 10 steps in 10 s, 90 left: 90 s
+      assert.same({ "step 110/200  100 tok/s  elapsed 10s  eta 1m30s" }, out:lines())
+    end)
+  end)
+
+  it("writes a loss of a million on in exponent form, durations rounded to the second", function()
+    with_clock(function()
+      local out = sink()
+      local p = log.progress { total = 2, every = 1, out = out }
+      p:update(1, { loss = 1e6 })
+      p:update(2, { loss = 1e-4 })
+      assert.truthy(out:lines()[1]:match("^step 1/2  loss 1%.0000e%+06  "), out:lines()[1])
+      assert.truthy(out:lines()[2]:match("^step 2/2  loss 0%.0001  "), out:lines()[2])
+    end)
+    assert.same({ "1m00s", "1h00m", "59s" }, { log.duration(59.5), log.duration(3599.5), log.duration(59.49) })
+  end)
+
+  it("draws the bar at step/total on a terminal, never 100% before the last step", function()
+    with_clock(function(t)
+      local out = sink()
+      local p = log.progress { total = 4, first = 2, width = 8, out = out, tty = true }
+      p:update(3)
+      assert.truthy(table.concat(out.text):find("\rstep 3/4  [######--]  75%", 1, true), table.concat(out.text))
+      out = sink()
+      p = log.progress { total = 1000, width = 10, out = out, tty = true }
+      p:update(999)
+      assert.truthy(table.concat(out.text):find("\rstep 999/1000  [##########]  99%", 1, true), table.concat(out.text))
+      t[1] = 1
+    end)
+  end)
+
+  it("writes a message on a terminal above the bar, and redraws the bar after it", function()
+    with_clock(function(t)
+      local out = sink()
+      local p = log.progress { total = 4, out = out, tty = true, width = 4 }
+      p:message("before")
+      assert.equal("before\n", table.concat(out.text))
+      p:update(1, { loss = 0.7 })
+      out.text = {}
+      p:message("val 1")
+      local text = table.concat(out.text)
+      assert.equal(1, text:find("\r\027[Kval 1\n\rstep 1/4  [#---]  25%  loss 0.7000  ETA ", 1, true), text)
+      t[1] = 1
+    end)
+  end)
+
+  it("truncates a metrics file when asked, and passes over blank lines without counting them skipped", function()
+    local dir = tmpdir()
+    local path = dir .. "/metrics.jsonl"
+    local w = log.jsonl(path)
+    w:write { step = 1 }
+    w:close()
+    w = log.jsonl(path, { truncate = true })
+    w:write { step = 2 }
+    w:close()
+    assert.equal('{"step":2}\n', io.open(path):read("*a"))
+    local f = io.open(path, "a")
+    f:write("\n   \n", '{"step":3}\n')
+    f:close()
+    local recs, skipped = log.read_jsonl(path)
+    assert.same({ { step = 2 }, { step = 3 } }, recs)
+    assert.same({}, skipped)
+    os.execute("rm -rf " .. dir)
+  end)
+
+  it("refuses a write after close, naming the file", function()
+    local dir = tmpdir()
+    local w = log.jsonl(dir .. "/m.jsonl")
+    w:close()
+    assert.matches("m3%.log%.jsonl: .*/m%.jsonl is closed", helper.error_of(function() w:write { step = 1 } end))
+    os.execute("rm -rf " .. dir)
+  end)
+
+  it("puts loss on a log axis only when every value is positive and they span more than a factor of 20", function()
+    local dir = tmpdir()
+    local function labels_for(values)
+      local recs = {}
+      for i, v in ipairs(values) do recs[i] = { step = i, loss = v } end
+      return y_labels(io.open(bounded(log.plot, recs, dir .. "/p.svg")):read("*a"))
+    end
+    assert.same({ "0", "20", "40", "60", "80", "100" }, labels_for { 0, 50, 100 }) -- a zero: linear
+    assert.same({ "0", "2", "4", "6", "8", "10" }, labels_for { 1, 10 })
+    assert.same({ "0", "5", "10", "15", "20" }, labels_for { 1, 20 })           -- a factor of 20: linear still
+    assert.same({ "1", "10", "100" }, labels_for { 1, 21 })
+    os.execute("rm -rf " .. dir)
+  end)
+
+  it("leaves loss_scale and the x field out of the curves, and titles plot_run's plot after the folder", function()
+    local dir = tmpdir()
+    local w = log.jsonl(dir .. "/metrics.jsonl")
+    for s = 1, 3 do w:write { step = s, loss = 1 / s, loss_scale = 2 ^ s, acc_x = s, acc = s / 4 } end
+    w:close()
+    local text = io.open(log.plot_run(dir)):read("*a")
+    assert.equal(3, select(2, text:gsub("<polyline", ""))) -- loss; acc and acc_x (x is step)
+    assert.is_nil(text:find(">loss_scale<", 1, true))
+    assert.truthy(text:find(">" .. dir:match("([^/]+)/*$") .. ": loss<", 1, true))
+    text = io.open(log.plot(log.read_jsonl(dir .. "/metrics.jsonl"), dir .. "/x.svg", { x = "acc_x" })):read("*a")
+    assert.equal(2, select(2, text:gsub("<polyline", ""))) -- loss and acc again, acc_x is the x axis
+    os.execute("rm -rf " .. dir)
+  end)
+end)
+
+describe("m3.log.svg edges", function()
+  local svg = log.svg
+
+  local function y_labels(body)
+    local labels = {}
+    for t in body:gmatch('text%-anchor="end" font%-size="11">([^<]*)<') do labels[#labels + 1] = t end
+    return labels
+  end
+
+  it("ticks a range at the step it asks for, its ends included despite rounding", function()
+    local t, a, b = svg.nice_ticks(0.3, 0.7, 4) -- a step of 0.1: 0.3 / 0.1 is 2.9999999999999996
+    assert.equal(5, #t)
+    assert.is_true(math.abs(a - 0.3) < 1e-12 and math.abs(b - 0.7) < 1e-12, a .. " " .. b)
+  end)
+
+  it("counts a range closer to zero than 1e-280 as zero, padded to 1", function()
+    local t, a, b = svg.nice_ticks(0, 1e-300)
+    assert.equal(0, a)
+    assert.is_true(math.abs(b - 1) < 1e-12, tostring(b))
+    assert.is_true(#t >= 2 and #t <= 8)
+  end)
+
+  it("ticks every decade up to ten of them on a log axis, and pads a single power of ten", function()
+    local body = svg.lines { logy = true, series = { { x = { 1, 2 }, y = { 1, 1e10 } } } }.body
+    assert.equal(11, #y_labels(body))
+    body = svg.lines { logy = true, series = { { x = { 1, 2 }, y = { 10, 10 } } } }.body
+    assert.same({ "10", "100" }, y_labels(body))
+    assert.is_nil(body:find("nan", 1, true))
+  end)
+
+  it("leaves out the points a log axis cannot show (zero, negative)", function()
+    local body = svg.lines { logy = true, series = { { x = { 1, 2, 3, 4 }, y = { 1, 0, -1, 100 } } } }.body
+    assert.is_nil(body:find("nan", 1, true))
+    assert.is_nil(body:find("inf", 1, true))
+    assert.equal(0, select(2, body:gsub("<polyline", "")))
+    assert.equal(2, select(2, body:gsub("<circle", "")))
+    assert.same({ "1", "10", "100" }, y_labels(body))
+  end)
+
+  it("writes labels from 1e5 on with a short exponent, like the log axis' 1e100", function()
+    local doc = svg.document { svg.bars { labels = { "a" }, values = { 1e5 } } }
+    assert.truthy(doc:find(">1e5<", 1, true))
+    assert.is_nil(doc:find("e+05", 1, true))
+  end)
+end)

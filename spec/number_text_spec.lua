@@ -19,6 +19,9 @@ describe("m3.number_text", function()
       { 2 ^ 53 - 1, "9007199254740991" }, { 0.1, "0.1" }, { 3e-4, "0.0003" }, { 1e-5, "1e-05" },
       { 1 / 3, "0.3333333333333333" }, { 0.1 + 0.2, "0.30000000000000004" }, { 1e300, "1e+300" },
       { 2 ^ 60, "1.152921504606847e+18" }, { 1 / 0, "inf" }, { -1 / 0, "-inf" },
+      -- 15 digits name these (and read back), 16 would not be the fewest: 1e23 is 9.999999999999999e+22,
+      -- the least subnormal 4.940656458412465e-324; 14 would be fewer than the documented 15
+      { 1e23, "1e+23" }, { 5e-324, "4.94065645841247e-324" }, { -1e23, "-1e+23" },
     }
     for _, c in ipairs(cases) do assert.equal(c[2], exact(c[1])) end
     local r = helper.rng(7)
@@ -43,3 +46,6 @@ describe("m3.number_text", function()
     end
   end)
 end)
+
+-- m3.serialize's own rules (its header comment): the literal it writes, what it refuses and what
+-- load takes; checkpoints' extras are in spec/checkpoint_spec.lua.

@@ -678,3 +678,19 @@ describe("scripts/bench.lua and bench_decode.lua", function()
     end
   end)
 end)
+
+describe("m3.flags spellings", function()
+  local spec = { { "resume", false, "continue" }, { "max_steps", 10, "steps", int = true } }
+
+  it("takes a switch's value as true/false, 1/0 and on/off", function()
+    for text, want in pairs { ["true"] = true, ["1"] = true, on = true, ["false"] = false, ["0"] = false, off = false } do
+      assert.equal(want, (flags.values({ "--resume=" .. text }, spec)).resume, text)
+    end
+    assert.equal('--resume expects true or false, got "yes"', helper.error_of(flags.values, { "--resume=yes" }, spec))
+  end)
+
+  it("reads a dash in a flag's name as an underscore", function()
+    assert.equal(5, (flags.values({ "--max-steps", "5" }, spec)).max_steps)
+    assert.equal(6, (flags.values({ "--max-steps=6" }, spec)).max_steps)
+  end)
+end)

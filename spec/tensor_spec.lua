@@ -268,6 +268,9 @@ describe("m3.tensor", function()
     assert.equal("m3.tensor(u8 [0, 3]: )", tostring(m3.tensor({ 0, 3 }, "u8")))
     local big = tostring(m3.tensor.from({ { 1, 2, 3, 4, 5 }, { 6, 7, 8, 9, 10 } }, "i32"))
     assert.equal("m3.tensor(i32 [2, 5]: 1, 2, 3, 4, 5, 6, 7, 8, ...)", big)
+    -- eight values are all shown, without "..."; floats in %g's default six digits
+    assert.equal("m3.tensor(i32 [8]: 1, 2, 3, 4, 5, 6, 7, 8)", tostring(m3.tensor.from({ 1, 2, 3, 4, 5, 6, 7, 8 }, "i32")))
+    assert.equal("m3.tensor(f64 [2]: 0.333333, 1e+20)", tostring(m3.tensor.from({ 1 / 3, 1e20 }, "f64")))
     assert.matches("m3.tensor.tostring: expected a tensor, got a table", helper.error_of(m3.tensor.tostring, { 1 }))
   end)
 end)
@@ -395,6 +398,46 @@ describe("m3.load_tensors / m3.save_tensors", function()
     assert.same({ 1, 0 }, t.flag:to_table())
   end)
 
+  it("converts F16's -0, NaN and subnormals, and the int32 ends of wider integers", function()
+    local path = helper.tmpname(".safetensors")
+    write_safetensors(path, {
+      { name = "h", dtype = "F16", shape = { 4 }, bytes = raw("uint16_t", { 0x8000, 0x7E00, 0xFC00, 0x8001 }) },
+      { name = "l", dtype = "I64", shape = { 2 }, bytes = raw("int64_t", { -2147483648, 2147483647 }) },
+    })
+    local t = m3.load_tensors(path)
+    assert.equal(-math.huge, 1 / t.h[0])          -- -0
+    assert.is_true(t.h[1] ~= t.h[1])              -- NaN
+    assert.same({ -math.huge, -2 ^ -24 }, { t.h[2], t.h[3] })
+    assert.same({ -2147483648, 2147483647 }, t.l:to_table())
+    for _, case in ipairs {
+      { "I64", "int64_t", -2147483649, "-2147483649" }, { "U32", "uint32_t", 4294967295, "4294967295" },
+      { "U64", "uint64_t", 2147483648, "2147483648" },
+    } do
+      write_safetensors(path, { { name = "w", dtype = case[1], shape = { 1 }, bytes = raw(case[2], { case[3] }) } })
+      local err = helper.error_of(m3.load_tensors, path)
+      assert.truthy(err:find('m3.load_tensors: tensor "w" (' .. case[1] .. ") element 0 = " .. case[4]
+        .. " does not fit in int32", 1, true), err)
+    end
+  end)
+
+  it("writes tensors in the order of their names, whatever the table's order", function()
+    local path = helper.tmpname(".safetensors")
+    local names = { "zeta", "b", "a", "mm", "c", "x1", "x0", "delta", "k" }
+    local ts = {}
+    for i, name in ipairs(names) do ts[name] = { i } end
+    m3.save_tensors(path, ts)
+    local f = assert(io.open(path, "rb"))
+    local bytes = f:read("*a")
+    f:close()
+    local n = 0
+    for i = 1, 8 do n = n + bytes:byte(i) * 256 ^ (i - 1) end
+    local header = require("m3.json").decode(bytes:sub(9, 8 + n))
+    table.sort(names)
+    for i, name in ipairs(names) do
+      assert.same({ (i - 1) * 4, i * 4 }, header[name].data_offsets, name)
+    end
+  end)
+
   it("refuses integers that do not fit in int32, naming the tensor", function()
     local path = helper.tmpname(".safetensors")
     write_safetensors(path, { { name = "big", dtype = "I64", shape = { 2 }, bytes = raw("int64_t", { 1, 2 ^ 40 }) } })
@@ -410,5 +453,17 @@ describe("m3.load_tensors / m3.save_tensors", function()
     f:write("garbage")
     f:close()
     assert.matches("m3: ", helper.error_of(m3.load_tensors, path))
+  end)
+end)
+
+-- m3.states on its own (SPEC.md §4 shapes, batch first): a config whose headdim P and d_state N
+-- differ, so that k [B, H, N] and v [B, H, P] cannot be mistaken for each other.
+describe("m3.tensor of no dims", function()
+  it("holds one element, which to_table gives as a list of one", function()
+    local t = m3.tensor({})
+    assert.equal(1, t:numel())
+    t[0] = 5
+    assert.same({ 5 }, t:to_table())
+    assert.same({}, t:shape())
   end)
 end)
