@@ -786,5 +786,10 @@ describe("m3.log.svg edges", function()
     local doc = svg.document { svg.bars { labels = { "a" }, values = { 1e5 } } }
     assert.truthy(doc:find(">1e5<", 1, true))
     assert.is_nil(doc:find("e+05", 1, true))
+    -- below 1e5 in plain digits: the ticks of 0 .. 1e5 and a bar of 99999 (they read "2e+04", "1e+05")
+    doc = svg.document { svg.bars { labels = { "a", "b" }, values = { 1e5, 99999 } } }
+    assert.truthy(doc:find(">20000<", 1, true))
+    assert.truthy(doc:find(">99999<", 1, true))
+    assert.is_nil(doc:find("e+0", 1, true))
   end)
 end)

@@ -92,7 +92,7 @@ local function label(v)
   if v == 0 then return "0" end
   local a = abs(v)
   if a >= 1e5 or a < 1e-3 then return (string.format("%.2g", v):gsub("e%+?(%-?)0*(%d)", "e%1%2")) end
-  return (string.format("%.4g", v))
+  return (string.format("%.5g", v))
 end
 
 -- Ticks covering [lo, hi]: about n (at most MAX_TICKS) values at a step of 1, 2 or 5
