@@ -189,4 +189,33 @@ describe("m3.fs paths", function()
     os.execute("rm -rf '" .. dir .. "'")
     assert.same({}, names)
   end)
+  -- write_together gives all the new files or all the old ones: a new file placed where no old file was is removed
+  -- again when a later file cannot be renamed into place
+  it("write_together removes a new file it placed where nothing was when a later rename fails", function()
+    local dir = helper.tmpdir()
+    local first, second = dir .. "/first", dir .. "/second"
+    local err = helper.error_of(fs.write_together, {
+      { first, function(tmp) fs.write(tmp, "new first") end },
+      -- a folder appears at the second path after the check: its rename fails once the first file is in place
+      { second, function(tmp) fs.write(tmp, "new second"); fs.mkdir(second) end },
+    })
+    assert.matches("it is now a folder", err, 1, true)
+    assert.is_false(fs.exists(first))
+    assert.same({ "second" }, fs.list(dir))
+    os.execute("rm -rf '" .. dir .. "'")
+  end)
+
+  -- the temporary name beside a file keeps at most 200 bytes of its name, so a name of 255 bytes (the usual limit)
+  -- can be written, alone and in a set
+  it("writes files whose names have 255 bytes, with write and write_together", function()
+    local dir = helper.tmpdir()
+    local long = dir .. "/" .. string.rep("a", 254) .. "b"
+    local other = dir .. "/" .. string.rep("c", 255)
+    fs.write(long, "one")
+    assert.equal("one", fs.read(long))
+    fs.write_together { { long, function(tmp) fs.write(tmp, "two") end }, { other, function(tmp) fs.write(tmp, "three") end } }
+    assert.same({ "two", "three" }, { fs.read(long), fs.read(other) })
+    assert.same({ string.rep("a", 254) .. "b", string.rep("c", 255) }, fs.list(dir))
+    os.execute("rm -rf '" .. dir .. "'")
+  end)
 end)

@@ -222,6 +222,32 @@ describe("m3.infer", function()
       helper.error_of(plain.step, plain, helper.randn(helper.rng(2), { 2, 3, 5 }), { logits = m3.tensor({ 2, 13 }) }))
   end)
 
+  -- a step of B rows (fewer than the batch) returns out [B, T, d_model] and logits [B, vocab]; the caller's tensors must
+  -- have those B rows, and resets must be uint8 [B, T]
+  it("sizes out, logits and resets by the rows stepped, not by the batch", function()
+    local cfg = m3.config(helper.tokens_lm())
+    local inf = m3.infer(m3.weights.init(cfg, { seed = 3 }), { device = "cpu", batch = 3 })
+    local x = helper.randint(helper.rng(5), { 2, 4 }, 13)
+    local out, logits = inf:step(x)
+    assert.same({ 2, 4, 16 }, out:shape())
+    assert.same({ 2, 13 }, logits:shape())
+    local before = inf:states()
+    assert.matches("step: opts.out: expected true, false or an f32 %[2, 4, 16%] tensor",
+      helper.error_of(inf.step, inf, x, { out = m3.tensor({ 3, 4, 16 }) }))
+    assert.matches("step: opts.logits: expected true, false or an f32 %[2, 13%] tensor",
+      helper.error_of(inf.step, inf, x, { logits = m3.tensor({ 3, 13 }) }))
+    assert.matches("step: resets: expected uint8 %[2, 4%]",
+      helper.error_of(inf.step, inf, { tokens = x, resets = m3.tensor({ 2, 5 }, "u8") }))
+    assert.matches("step: resets: expected uint8 %[2, 4%]",
+      helper.error_of(inf.step, inf, { tokens = x, resets = m3.tensor({ 3, 4 }, "u8") }))
+    assert.is_true(helper.same_states(inf:states(), before), "a refused step leaves the state")
+  end)
+
+  it("takes max_len from its options", function()
+    local w = m3.weights.init(helper.tokens_lm(), { seed = 1 })
+    assert.equal(64, m3.infer(w, { device = "cpu", max_len = 64 }):info().max_len)
+  end)
+
   it("steps fewer rows than its batch, resets rows and honours resets", function()
     local cfg = m3.config(helper.tokens_lm())
     local w = m3.weights.init(cfg, { seed = 6 })
@@ -369,6 +395,24 @@ describe("m3.infer", function()
       end
       local d = inf:generate(prompt, 30, { seed = 1, temperature = 1.5, stop = { stop } })
       for i = lengths[1], 29 do assert.equal(stop, d[i]) end -- default pad: the stop token
+    end)
+
+    -- generation ends once every row has stopped: the state has then seen the prompt and the tokens drawn up to the
+    -- stop token, not n tokens (header of m3.infer)
+    it("ends once every row has stopped: the state has seen the prompt and the tokens up to the stop", function()
+      local inf = m3.infer(w, { device = "cpu", batch = 1 })
+      local p = helper.rows({ x = prompt }, 0, 1).x
+      local free = inf:generate(p, 10, { temperature = 0 })
+      local stop, first = free[2], nil
+      for i = 0, 9 do
+        if free[i] == stop then first = first or i end
+      end
+      local _, lengths = inf:generate(p, 10, { temperature = 0, stop = stop })
+      assert.equal(first + 1, lengths[1])
+      local ref = m3.infer(w, { device = "cpu", batch = 1 })
+      ref:step(p)
+      for i = 0, first do ref:step(m3.tensor.from({ { free[i] } }, "i32")) end
+      assert.is_true(helper.same_states(ref:states(), inf:states()))
     end)
 
     it("raises on bad prompts and options and stays usable", function()

@@ -212,4 +212,45 @@ describe("m3.pytorch", function()
     end
     os.execute("rm -rf " .. helper.quote(dir))
   end)
+  -- d_state (N) and headdim (P) differ here, so each ssm_cfg field is read from its own config field; an export then
+  -- import keeps both and the bits
+  it("writes ssm_cfg.d_state and ssm_cfg.headdim from their own fields (P != N)", function()
+    local cfg = lm({ d_state = 16, headdim = 8 })
+    local c = m3.pytorch.config_json(cfg)
+    assert.equal(16, c.ssm_cfg.d_state)
+    assert.equal(8, c.ssm_cfg.headdim)
+    local w = m3.weights.init(cfg, { seed = 9 })
+    local dir = helper.tmpname("-export")
+    m3.pytorch.export(w, dir)
+    local back = m3.pytorch.import(dir)
+    assert.equal(16, back.config.d_state)
+    assert.equal(8, back.config.headdim)
+    assert.is_true(helper.same_weights(w, back))
+    os.execute("rm -rf " .. helper.quote(dir))
+  end)
+
+  -- the header: the public model has no MLP blocks here, so d_intermediate must be 0 (or absent)
+  it("refuses a config.json with MLP blocks (d_intermediate other than 0)", function()
+    local t = m3.pytorch.config_json(lm())
+    t.d_intermediate = 64
+    assert.matches("m3.pytorch.config_from_json: d_intermediate = 64: must be 0 %(no MLP blocks%)",
+      helper.error_of(m3.pytorch.config_from_json, t))
+    t.d_intermediate = nil
+    assert.equal(16, m3.pytorch.config_from_json(t).d_model)
+  end)
+
+  -- ssm_cfg fields left out take the public defaults, which are SPEC.md §1's: d_state 128, expand 2, headdim 64,
+  -- ngroups 1, rope_fraction 0.5, a_floor 1e-4, outproj_norm false (tie_embeddings true)
+  it("takes SPEC.md's defaults for the ssm_cfg fields a config.json leaves out", function()
+    local cfg = m3.pytorch.config_from_json({ d_model = 64, n_layer = 1, vocab_size = 16,
+      ssm_cfg = { layer = "Mamba3" } })
+    assert.equal(128, cfg.d_state)
+    assert.equal(2, cfg.expand)
+    assert.equal(64, cfg.headdim)
+    assert.equal(1, cfg.ngroups)
+    assert.equal(0.5, cfg.rope_fraction)
+    assert.equal(1e-4, cfg.a_floor)
+    assert.is_false(cfg.outproj_norm)
+    assert.is_true(cfg.tie_embeddings)
+  end)
 end)

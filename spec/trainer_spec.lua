@@ -220,6 +220,15 @@ describe("m3.trainer", function()
       assert.equal(1, tr:step_count())
     end)
 
+    -- the pending forward's window is for its own backward: once that is done, a d_out of another shape gets the
+    -- engine's "no pending forward", not a shape error from a window that is gone
+    it("a finished forward leaves no window: a d_out of another shape then has no pending forward", function()
+      tr:forward(b)
+      tr:backward_step(b)
+      local small = helper.batch(tr.config, 1, 2, helper.rng(5))
+      assert.matches("no pending forward", helper.error_of(tr.backward_step, tr, small.d_out))
+    end)
+
     it("refuses clip with accumulate", function()
       tr:forward(b)
       assert.matches("clip", helper.error_of(tr.backward_step, tr, b, { clip = 1, accumulate = true }))
@@ -555,6 +564,65 @@ describe("m3.trainer", function()
 
   it("takes Adam's 1 - beta from the double: a beta within float32's rounding of 1 still updates", function()
     first_adam_steps_by_lr("cpu")
+  end)
+
+  -- betas = {beta1, beta2} (API.md): beta1 weighs the first moment, beta2 the second. Step 1 does not show them (the
+  -- bias corrections cancel them); step 2 is recomputed in double from grads() and the snapshots, with betas far
+  -- apart so that swapping them moves the weights far more than the tolerance.
+  it("applies betas = {beta1, beta2} in that order (Adam's step 2 recomputed in double)", function()
+    local cfg = helper.tokens_lm()
+    local lr, b1, b2, eps = 1e-2, 0.5, 0.99, 1e-8
+    local tr = m3.trainer(m3.weights.init(cfg, { seed = 11 }), opts({ lr = lr, betas = { b1, b2 }, eps = eps,
+      weight_decay = 0, clip = 0 }))
+    local M, V, worst = {}, {}, 0
+    for t = 1, 2 do
+      local w0 = tr:snapshot()
+      assert.is_nil(tr:step(helper.batch(tr.config, 3, 7, helper.rng(40 + t))).grad_norm) -- no clipping
+      local g, w1 = tr:grads(), tr:snapshot()
+      for _, name in ipairs(w0:names()) do
+        local p0, p1, gx = w0:get(name), w1:get(name), g:get(name)
+        M[name], V[name] = M[name] or {}, V[name] or {}
+        for i = 0, p0:numel() - 1 do
+          M[name][i] = b1 * (M[name][i] or 0) + (1 - b1) * gx[i]
+          V[name][i] = b2 * (V[name][i] or 0) + (1 - b2) * gx[i] * gx[i]
+          local want = p0[i] - lr / (1 - b1 ^ t) * M[name][i] / (math.sqrt(V[name][i] / (1 - b2 ^ t)) + eps)
+          worst = math.max(worst, math.abs(p1[i] - want))
+        end
+      end
+    end
+    assert.is_true(worst < 1e-4 * lr, string.format("worst difference %.3g", worst))
+  end)
+
+  it("set_clip(false) and set_clip(nil) turn clipping off, as clip = 0 does", function()
+    local tr = m3.trainer(helper.features_none(), opts({ clip = 1 }))
+    local b = helper.batch(tr.config, 3, 7, helper.rng(9))
+    tr:set_clip(false)
+    assert.equal(0, tr:info().clip)
+    assert.is_nil(tr:step(b).grad_norm)
+    tr:set_clip(0.5)
+    assert.equal(0.5, tr:info().clip)
+    tr:set_clip(nil)
+    assert.equal(0, tr:info().clip)
+  end)
+
+  it("info() reports batch and seq_len apart", function()
+    local tr = m3.trainer(helper.features_none(), opts({ batch = 2, seq_len = 5 }))
+    local i = tr:info()
+    assert.equal(2, i.batch)
+    assert.equal(5, i.seq_len)
+    assert.equal(2, tr:batch())
+    assert.equal(5, tr:seq_len())
+  end)
+
+  -- head "none" has no loss: evaluate takes the input alone (no d_out) and returns out [B, T, d_model]
+  it("evaluates a head \"none\" model from its input alone", function()
+    local tr = m3.trainer(helper.features_none(), opts())
+    local b = helper.batch(tr.config, 2, 5, helper.rng(30))
+    local m, out = tr:evaluate({ input = b.input })
+    assert.same({ 2, 5, tr.config.d_model }, out:shape())
+    assert.is_nil(m.loss)
+    assert.equal(10, m.tokens)
+    assert.equal(0, tr:step_count())
   end)
 
   -- AdamW redone in double from what the trainer shows: grads() after each step (the unclipped, summed gradient),

@@ -313,6 +313,56 @@ describe("m3.weights", function()
     end
   end)
 
+  -- close frees the arena at once only when no view is alive (header of m3.weights): a view taken before close keeps
+  -- its values after close and collection. Run as a program under glibc's MALLOC_PERTURB_, which fills freed memory
+  -- with a byte pattern, so a view into a freed arena reads that pattern instead of passing by chance.
+  it("keeps a view's values after close and collection (freed memory poisoned)", function()
+    local script = helper.tmpname(".lua")
+    local f = assert(io.open(script, "w"))
+    f:write([[
+local m3 = require "m3"
+local w = m3.weights.init({ d_model = 16, n_layers = 2, d_state = 8, headdim = 8, input = "features", input_dim = 5,
+  head = "none" }, { seed = 1 })
+local v = w:get("norm_f.weight")
+for i = 0, 15 do v[i] = i + 0.5 end
+w:close()
+w = nil
+collectgarbage()
+collectgarbage()
+for i = 0, 15 do assert(v[i] == i + 0.5, "view element " .. i .. " = " .. tostring(v[i])) end
+print("view kept")
+]])
+    f:close()
+    local out, code = helper.run("MALLOC_PERTURB_=165 timeout 20 " .. helper.quote(helper.m3lua()) .. " "
+      .. helper.quote(script))
+    assert.equal(0, code, out)
+    assert.equal("view kept\n", out)
+  end)
+
+  -- d_model and n_layers are required (m3.config, SPEC.md §1): the Lua check names the field before the engine sees it
+  it("names a missing n_layers or d_model as required", function()
+    assert.matches("m3.config: n_layers is required", helper.error_of(m3.weights.create, { d_model = 16 }), 1, true)
+    assert.matches("m3.config: d_model is required", helper.error_of(m3.weights.create, { n_layers = 1 }), 1, true)
+  end)
+
+  -- d_state and headdim differ here, so each is read from its own field
+  it("reports d_state and headdim in tostring", function()
+    local w = m3.weights.create(helper.features_none({ d_state = 16, headdim = 8 }))
+    assert.matches("d_state 16, headdim 8,", tostring(w), 1, true)
+  end)
+
+  -- a flat Lua list is taken as the tensor's values only when it holds exactly numel of them
+  it("refuses a flat list with another count of values for a tensor of two or more dimensions", function()
+    local w = m3.weights.create(cfg)
+    local shape = w:get("layers.0.mixer.B_bias"):shape()
+    assert.is_true(#shape >= 2)
+    local flat = {}
+    for i = 1, 31 do flat[i] = i end
+    assert.matches('weights:set%("layers.0.mixer.B_bias"%): expected f32 %[',
+      helper.error_of(function() w:set("layers.0.mixer.B_bias", flat) end))
+    for i = 0, 31 do assert.equal(0, w:get("layers.0.mixer.B_bias")[i]) end
+  end)
+
   it("keeps a view usable after close", function()
     local w = m3.weights.init(cfg)
     local v = w:get("norm_f.weight")
