@@ -224,6 +224,10 @@ static void test_writer_arguments(void) {
   check(m3_tensor_writer_add(w, "b", M3_DTYPE_F32, 1, neg, x) == M3_ERR_ARGUMENT, "negative dim rejected");
   check(m3_tensor_writer_add(w, "b", M3_DTYPE_F32, 2, huge, x) == M3_ERR_ARGUMENT, "overflowing shape rejected");
   check(m3_tensor_writer_add(w, "b", M3_DTYPE_F32, 2, shape, NULL) == M3_ERR_ARGUMENT, "NULL data rejected");
+  const int64_t one_byte[1] = {1};
+  check(m3_tensor_writer_add(w, "b", M3_DTYPE_U8, 1, one_byte, NULL) == M3_ERR_ARGUMENT &&
+            strstr(m3_last_error(), "tensor \"b\": data is NULL"),
+        "NULL data of a one-byte tensor rejected: %s", m3_last_error());
   check(m3_tensor_writer_add(w, "__metadata__", M3_DTYPE_F32, 2, shape, x) == M3_ERR_ARGUMENT,
         "reserved name rejected");
   check(m3_tensor_writer_add(w, "", M3_DTYPE_F32, 2, shape, x) == M3_ERR_ARGUMENT, "empty name rejected");
@@ -333,6 +337,8 @@ static void test_malformed(void) {
   bad_header("fractional dim", "{\"a\": {\"dtype\": \"F32\", \"shape\": [1.5], \"data_offsets\": [0, 4]}}", 4);
   bad_header("string dim", "{\"a\": {\"dtype\": \"F32\", \"shape\": [\"1\"], \"data_offsets\": [0, 4]}}", 4);
   bad_header("shape not an array", "{\"a\": {\"dtype\": \"F32\", \"shape\": 1, \"data_offsets\": [0, 4]}}", 4);
+  bad_header("empty tensor with a dim past 2^53",
+             "{\"a\": {\"dtype\": \"F32\", \"shape\": [0, 9007199254740994], \"data_offsets\": [0, 0]}}", 0);
   bad_header("huge dim", "{\"a\": {\"dtype\": \"F32\", \"shape\": [1e300], \"data_offsets\": [0, 4]}}", 4);
   bad_header("ndim 9", "{\"a\": {\"dtype\": \"U8\", \"shape\": [1,1,1,1,1,1,1,1,1], \"data_offsets\": [0, 1]}}", 1);
   bad_header("numel overflow",
@@ -344,7 +350,12 @@ static void test_malformed(void) {
   bad_header("string offsets", "{\"a\": {\"dtype\": \"F32\", \"shape\": [1], \"data_offsets\": [\"0\", 4]}}", 4);
   bad_header("negative offset", "{\"a\": {\"dtype\": \"F32\", \"shape\": [1], \"data_offsets\": [-4, 0]}}", 4);
   bad_header("begin after end", "{\"a\": {\"dtype\": \"F32\", \"shape\": [0], \"data_offsets\": [4, 0]}}", 4);
+  bad_header("begin one after end", "{\"a\": {\"dtype\": \"F32\", \"shape\": [0], \"data_offsets\": [5, 4]}}", 8);
+  check(strstr(m3_last_error(), "data_offsets [5, 4] begin after end") != NULL, "begin one after end is named: %s",
+        m3_last_error());
   bad_header("end beyond data", "{\"a\": {\"dtype\": \"F32\", \"shape\": [2], \"data_offsets\": [0, 8]}}", 4);
+  check(strstr(m3_last_error(), "data_offsets end 8 is beyond the data section (4 bytes)") != NULL,
+        "an end past the data section is named: %s", m3_last_error());
   bad_header("length != numel * size", "{\"a\": {\"dtype\": \"F32\", \"shape\": [2], \"data_offsets\": [0, 4]}}", 4);
   bad_header("overlapping tensors",
              "{\"a\": {\"dtype\": \"F32\", \"shape\": [2], \"data_offsets\": [0, 8]},"
@@ -393,6 +404,15 @@ static void test_malformed(void) {
   m3_tensor_file *f = NULL;
   check(m3_tensor_file_open(path, &f) == M3_OK && m3_tensor_file_count(f) == 3 && m3_tensor_file_find(f, "a") == 1,
         "zero-sized tensors at a shared offset are accepted");
+  m3_tensor_file_close(f);
+  /* a zero-sized tensor at the begin of a non-empty one, listed after it: it sorts first (an empty range ends first) */
+  const char *empty_after =
+      "{\"b\": {\"dtype\": \"F32\", \"shape\": [1], \"data_offsets\": [0, 4]},"
+      " \"e\": {\"dtype\": \"F32\", \"shape\": [0], \"data_offsets\": [0, 0]}}";
+  write_raw(path, strlen(empty_after), empty_after, strlen(empty_after), 4);
+  f = NULL;
+  check(m3_tensor_file_open(path, &f) == M3_OK && m3_tensor_file_count(f) == 2 && m3_tensor_file_find(f, "e") == 1,
+        "a zero-sized tensor sharing the begin of a non-empty one listed before it is accepted");
   m3_tensor_file_close(f);
   const char *backslash_header = "{\"a\\\\u0000\": {\"dtype\": \"F32\", \"shape\": [1], \"data_offsets\": [0, 4]}}";
   write_raw(path, strlen(backslash_header), backslash_header, strlen(backslash_header), 4);
@@ -769,7 +789,11 @@ static void test_weights(void) {
   v = (variant){.reshape = "layers.0.mixer.B_bias"};
   expect_load("mis-shaped tensor", w, &v, NULL, M3_ERR_FORMAT, "expected shape [4, 1, 8], got [32]");
   v = (variant){.duplicate = "norm_f.weight"};
-  expect_load("bare and backbone. names both present", w, &v, NULL, M3_ERR_FORMAT, "backbone.norm_f.weight");
+  expect_load("bare and backbone. names both present", w, &v, NULL, M3_ERR_FORMAT,
+              "both norm_f.weight and backbone.norm_f.weight are present; keep one");
+  v = (variant){.extra = "lm_head.weight"};
+  expect_load("lm_head.weight beside a model without an lm head", w, &v, NULL, M3_ERR_FORMAT,
+              "unexpected tensor lm_head.weight: not a parameter of this config");
   v = (variant){.no_config = 1};
   expect_load("no config metadata, no cfg", w, &v, NULL, M3_ERR_ARGUMENT, "pass the model config");
   expect_load("no config metadata, cfg given", w, &v, &c, M3_OK, NULL);
@@ -777,6 +801,52 @@ static void test_weights(void) {
   expect_load("broken config metadata", w, &v, NULL, M3_ERR_FORMAT, "config");
   v = (variant){.config = "{\"d_model\": 0, \"n_layers\": 2}"};
   expect_load("invalid config metadata", w, &v, NULL, M3_ERR_CONFIG, "d_model");
+  {
+    m3_config floor3 = c;
+    floor3.a_floor = 1e-3;
+    got = NULL;
+    check(m3_weights_load(path, &floor3, &got) == M3_OK && m3_weights_config(got)->a_floor == 1e-3,
+          "weights loaded with a caller's config keep its a_floor (1e-3)");
+    m3_weights_destroy(got);
+  }
+  {
+    /* F16 by IEEE 754's binary16: subnormals m 2^-24, the least normal 2^-14, infinities and NaN refused */
+    static const uint16_t halves[6] = {0x0001, 0x8001, 0x03ff, 0x0400, 0x3c00, 0xc000};
+    static const float want[6] = {0x1p-24f, -0x1p-24f, 0x3ffp-24f, 0x1p-14f, 1.0f, -2.0f};
+    static const uint16_t not_finite[3] = {0x7c00, 0xfc00, 0x7e00};
+    for (int k = -1; k < 3; k++) {
+      uint16_t h[16];
+      for (int i = 0; i < 16; i++) h[i] = i < 6 ? halves[i] : 0x3c00;
+      if (k >= 0) h[5] = not_finite[k];
+      m3_tensor_writer *tw = NULL;
+      m3_tensor_writer_create(&tw);
+      m3_tensor_info t;
+      for (int32_t i = 0; i < m3_weights_count(w); i++) {
+        m3_weights_tensor(w, i, &t);
+        if (strcmp(t.name, "norm_f.weight") == 0)
+          m3_tensor_writer_add(tw, t.name, M3_DTYPE_F16, t.ndim, t.shape, h);
+        else
+          m3_tensor_writer_add(tw, t.name, M3_DTYPE_F32, t.ndim, t.shape, t.data);
+      }
+      const char *p = tmp_path("f16.safetensors");
+      m3_tensor_writer_write(tw, p);
+      m3_tensor_writer_destroy(tw);
+      got = (m3_weights *)&n_pass;
+      m3_status st = m3_weights_load(p, &c, &got);
+      if (k < 0) {
+        int same = st == M3_OK;
+        if (same) m3_weights_tensor(got, m3_weights_find(got, "norm_f.weight"), &t);
+        for (int i = 0; same && i < 16; i++) same = t.data[i] == (i < 6 ? want[i] : 1.0f);
+        check(same, "F16 subnormals, the least normal and signs convert exactly: %s", m3_status_name(st));
+        if (st == M3_OK) m3_weights_destroy(got);
+      } else {
+        check(st == M3_ERR_FORMAT && got == NULL && strstr(m3_last_error(), "norm_f.weight [5] = ") &&
+                  strstr(m3_last_error(), "expected a finite value"),
+              "F16 0x%04x (not finite) refused: %s", not_finite[k], m3_last_error());
+        if (st == M3_OK) m3_weights_destroy(got);
+      }
+    }
+  }
   m3_config other = c;
   other.d_state = 4;
   v = (variant){0};
