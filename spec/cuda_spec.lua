@@ -90,6 +90,13 @@ describe("CUDA trainer #gpu", function()
       assert.is_true(tr:step(b).optimizer_stepped)
       assert.same({ 1, 1 }, { tr:scaler_state() })
     end
+    -- a checkpoint keeps the scaler exactly, a scale that is no power of 2 too (load_scaler_state takes any in [1, 2^24])
+    tr:load_scaler_state(1 + 1 / 3, 1234)
+    local path = helper.tmpname(".ckpt")
+    tr:save(path)
+    local back = m3.trainer.load(path, { device = "cuda" })
+    assert.same({ 1 + 1 / 3, 1234 }, { back:scaler_state() })
+    back:close()
     tr:close()
   end)
 
