@@ -10,8 +10,9 @@
  * F64/F16/BF16 sources, tied lm_head, missing/extra/mis-shaped tensors, NaN and infinite values
  * refused with the tensor's name, element and value); the writer refusing a shape dim or data offset past 2^53,
  * which the reader would refuse, names and metadata that are not UTF-8, which other readers refuse, and an empty
- * path; trainer checkpoints forged without their checksum (a file written before
- * checksums): the rng words taken only as saved (16 lowercase hex digits each), a checkpoint saved on CUDA
+ * path; trainer checkpoints: the live lr, clip and no-decay choice back exactly; forged without their checksum (a
+ * file written before checksums): the rng words taken only as saved (16 lowercase hex digits each), a scaler state
+ * refused on a trainer without f16, a checkpoint saved on CUDA
  * loading on the CPU without a GPU when opts are NULL, as with every opt -1; and every golden
  * file of ../shared. Prints one line per check; exits nonzero when any check fails.
  */
@@ -1004,9 +1005,35 @@ static void test_checkpoints(void) {
   tc.seq_len = 4;
   m3_trainer *tr = NULL;
   const char *path = tmp_path("ck.safetensors"), *forged = tmp_path("forged.safetensors");
-  check(m3_trainer_create(&tc, &tr) == M3_OK && m3_trainer_save(tr, path, "x") == M3_OK, "save a checkpoint");
+  check(m3_trainer_create(&tc, &tr) == M3_OK, "create a trainer");
+  /* the live lr, clip and no-decay choice come back exactly (17 digits: values that 7 or 9 would round) */
+  const double lr = 0.1 / 3, clip = 2.0 / 3;
+  check(m3_trainer_set_lr(tr, lr) == M3_OK && m3_trainer_set_clip(tr, clip) == M3_OK &&
+            m3_trainer_set_no_decay(tr, 0) == M3_OK && m3_trainer_save(tr, path, "x") == M3_OK,
+        "save a checkpoint");
   m3_trainer_destroy(tr);
   m3_weights_destroy(w);
+  tr = NULL;
+  m3_trainer_info info = {0};
+  check(m3_trainer_load(path, NULL, &tr) == M3_OK, "load the checkpoint");
+  m3_trainer_get_info(tr, &info);
+  check(m3_trainer_lr(tr) == lr && info.clip == clip && info.no_decay == 0,
+        "lr %.17g, clip %.17g, no_decay %d after load (saved %.17g, %.17g, 0)", m3_trainer_lr(tr), info.clip,
+        info.no_decay, lr, clip);
+  m3_trainer_destroy(tr);
+
+  /* a trainer without f16 has no scaler state: a loss_scale other than 1 or a tracker other than 0 is refused */
+  static const struct {
+    const char *key, *value, *says;
+  } scaler[] = {{"tracker", "5", "loss_scale 1, tracker 5"}, {"loss_scale", "2", "loss_scale 2, tracker 0"}};
+  for (size_t i = 0; i < sizeof scaler / sizeof *scaler; i++) {
+    forge_checkpoint(path, forged, scaler[i].key, scaler[i].value);
+    tr = NULL;
+    m3_status st = m3_trainer_load(forged, NULL, &tr);
+    check(st == M3_ERR_FORMAT && !tr && strstr(m3_last_error(), scaler[i].says),
+          "%s = %s without f16 refused: %s '%s'", scaler[i].key, scaler[i].value, m3_status_name(st), m3_last_error());
+    m3_trainer_destroy(tr);
+  }
 
   /* the rng: four words exactly as the saver writes them */
   forge_checkpoint(path, forged, "rng", "0000000000000001 0000000000000002 0000000000000003 0000000000000004");
