@@ -296,24 +296,26 @@ static m3_status finish_update(m3_trainer *tr, const update_result *u, double cl
 
 /* An f32 / bf16 update that is refused leaves everything as it was, the carried state too: the state of rows [0,
  * rows) goes back to where the last training forward began (SPEC.md §7; an f16 overflow skips only the update, as a
- * skipped optimizer step does elsewhere). What the caller did to the state after that forward stays done: rows
- * it reset are reset again, and after a set_state the state is kept as it is. */
-static m3_status rewind_refused(m3_trainer *tr, const update_result *u, int32_t rows, refused_state *state) {
+ * skipped optimizer step does elsewhere). split: the split API's backward_step, where what the caller did to the
+ * state after the forward stays done: rows it reset are reset again, and after a set_state the state is kept as
+ * it is (a fused step leaves the caller no moment to do either). */
+static m3_status rewind_refused(m3_trainer *tr, const update_result *u, int32_t rows, int split,
+                                refused_state *state) {
   *state = STATE_MOVED;
   if (u->finite || tr->cfg.precision == M3_PRECISION_F16 || !tr->cfg.carry_state || !tr->ops->rewind_state)
     return M3_OK;
-  if (tr->state_set_after_forward) {
+  if (split && tr->state_set_after_forward) {
     *state = STATE_SET_KEPT;
     return M3_OK;
   }
   *state = STATE_REWOUND;
   TRY(track(tr, tr->ops->rewind_state(tr->be, rows)));
-  for (int32_t r = 0; r < rows; r++)
+  for (int32_t r = 0; split && r < rows; r++)
     if (tr->reset_after_forward[r]) TRY(track(tr, tr->ops->reset_rows(tr->be, &r, 1)));
   return M3_OK;
 }
 
-/* A forward begins: nothing has been done to the state it leaves yet. */
+/* A split forward begins: nothing has been done to the state it leaves yet. */
 static void forget_state_changes(m3_trainer *tr) {
   memset(tr->reset_after_forward, 0, (size_t)tr->cfg.batch);
   tr->state_set_after_forward = 0;
@@ -344,7 +346,6 @@ m3_status m3_trainer_step(m3_trainer *tr, const m3_batch *b, m3_metrics *out) {
   const step_params p = make_params(tr, tr->clip);
   head_result h = {0};
   update_result u = {0};
-  forget_state_changes(tr);
   if (tr->ops->step) {
     TRY(track(tr, tr->ops->step(tr->be, b, tr->cfg.carry_state, tr->loss_scale, &p, &h, &u, &m.graph_replayed)));
   } else {
@@ -354,7 +355,7 @@ m3_status m3_trainer_step(m3_trainer *tr, const m3_batch *b, m3_metrics *out) {
   }
   fill_head(tr, &m, &h);
   refused_state state;
-  TRY(rewind_refused(tr, &u, b->rows, &state));
+  TRY(rewind_refused(tr, &u, b->rows, 0, &state));
   m3_status st = finish_update(tr, &u, p.clip, state, &m);
   m.ms = now_ms() - t0;
   if (out) *out = m;
@@ -427,7 +428,7 @@ m3_status m3_trainer_backward_step(m3_trainer *tr, const m3_batch *b, const m3_b
     /* the carried state goes back where the window was that forward alone (the forwards of a longer window
      * moved it one after another; it keeps them) */
     refused_state state = STATE_MOVED;
-    if (one_forward) TRY(rewind_refused(tr, &u, b->rows, &state));
+    if (one_forward) TRY(rewind_refused(tr, &u, b->rows, 1, &state));
     st = finish_update(tr, &u, clip, state, &m);
   }
   m.ms = now_ms() - t0;

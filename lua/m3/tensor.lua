@@ -185,9 +185,8 @@ local function check_shape(shape, what)
   if type(shape) ~= "table" then
     raise(string.format("%s: shape must be a table of integers, got %s", what, type(shape)))
   end
-  if key_outside_list(shape) ~= nil then
-    raise(string.format("%s: shape has the key %s: expected a list of integers", what, show(key_outside_list(shape))))
-  end
+  local key = key_outside_list(shape)
+  if key ~= nil then raise(string.format("%s: shape has the key %s: expected a list of integers", what, show(key))) end
   if table.maxn(shape) ~= #shape then -- a nil inside the list: # may stop at it
     raise(string.format("%s: shape has a nil among its dims (dims up to [%d]): expected a list of integers",
       what, table.maxn(shape)))
