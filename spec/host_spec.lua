@@ -647,6 +647,28 @@ describe("m3lua's REPL on a terminal", function()
     end
   end)
 
+  it("shares its history file with other sessions, and says once when the file cannot be written", function()
+    -- each line saved wrote this session's lines alone over the file, dropping those another session had saved
+    local file = base .. ".hist"
+    os.remove(file)
+    local shown, rc = repl_on_terminal({
+      send("f = io.open(os.getenv('M3LUA_HISTORY'), 'w') f:write('_HiStOrY_V2_\\nother_session\\n') f:close()\r"),
+      prompt, send("x = 1\r"), prompt, send("\4") }, "M3LUA_HISTORY=" .. file)
+    assert.equal(0, rc, shown)
+    local saved = slurp(file)
+    os.remove(file)
+    assert.equal("_HiStOrY_V2_\nother_session\nx\\040=\\0401\n", saved)
+    -- an unwritable file was not saved without a word
+    local missing = base .. ".no_such_folder/hist"
+    shown, rc = repl_on_terminal({ send("1\r"), prompt, send("2\r"), prompt, send("\4") },
+      "M3LUA_HISTORY=" .. missing)
+    assert.equal(0, rc, shown)
+    local said = "m3lua: cannot save the history to " .. missing .. ": No such file or directory"
+    local first = shown:find(said, 1, true)
+    assert.is_not_nil(first, shown)
+    assert.is_nil(shown:find(said, first + 1, true), shown)
+  end)
+
   it("drops the line being edited on Ctrl-C and goes on", function()
     local shown, rc = repl_on_terminal({ send("for i = 1, 2 do"), expect("do"), send("\3"), prompt,
       send("7 * 6\r"), expect("42"), prompt, send("\4") })

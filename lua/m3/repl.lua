@@ -2,9 +2,10 @@
 --
 -- On a terminal, lines come from libedit through the FFI: editing, history in
 -- ~/.m3lua_history (or $M3LUA_HISTORY; empty disables it, as does a HOME unset or empty;
--- M.history_file() names it), Tab completion of globals and of the fields and methods after
--- `.` or `:`. Otherwise lines are read plainly from stdin,
--- without prompts. A chunk is first tried as an expression list (its values are shown),
+-- M.history_file() names it; sessions at once share it: each line saved joins the lines the
+-- others saved since, and a file that cannot be written is named once), Tab completion of
+-- globals and of the fields and methods after `.` or `:`. Otherwise lines are read plainly
+-- from stdin, without prompts. A chunk is first tried as an expression list (its values are shown),
 -- then as a statement (`=expr` is the expression list alone, as in Lua 5.1's prompt); an incomplete chunk (its load error ends in <eof>) continues on the
 -- next line, and if the input ends first its error is shown.
 -- Results print with a shallow pretty printer unless the chunk ends with `;`; commands
@@ -30,6 +31,7 @@ char *readline(const char *prompt);
 int add_history(const char *line);
 int read_history(const char *file);
 int write_history(const char *file);
+void clear_history(void);
 void stifle_history(int max);
 typedef char **m3repl_completer(const char *text, int start, int end);
 extern m3repl_completer *rl_attempted_completion_function;
@@ -40,6 +42,7 @@ extern const char *rl_readline_name;
 void *m3repl_malloc(size_t size) __asm__("malloc");
 void m3repl_free(void *ptr) __asm__("free");
 int m3repl_isatty(int fd) __asm__("isatty");
+char *m3repl_strerror(int errnum) __asm__("strerror");
 typedef struct { long sec, nsec; } m3repl_timespec;
 int m3repl_clock_gettime(int clock, m3repl_timespec *ts) __asm__("clock_gettime");
 ]]
@@ -300,11 +303,28 @@ local function edit_reader()
     return line
   end
   jit.off(read) -- completion calls back into Lua from inside readline: never compile this
+  local warned
+  -- Adds line to the file as it is now, with the lines other sessions saved since this one read
+  -- it (they join this session's history too); says once when the file cannot be written.
+  local function save(line)
+    local file = io.open(history, "r")
+    if file then
+      file:close()
+      C.clear_history()
+      C.read_history(history)
+    end
+    C.add_history(line)
+    local err = C.write_history(history)
+    if err ~= 0 and not warned then
+      warned = true
+      io.stderr:write(("m3lua: cannot save the history to %s: %s\n"):format(history,
+        ffi.string(C.m3repl_strerror(err))))
+    end
+  end
   local function remember(line)
     if line:match("%S") and line ~= last then
       last = line
-      C.add_history(line)
-      if history then C.write_history(history) end
+      if history then save(line) else C.add_history(line) end
     end
   end
   return read, remember
