@@ -1321,7 +1321,8 @@ describe("m3.data batches and files", function()
     os.remove(path)
   end)
 
-  it("take a token file's vocab as an integer >= 1, required for u16 and u32 ids", function()
+  it("take a token file's vocab as an integer from 1 to 2^24 (a model's largest vocab_size), required for u16 and "
+    .. "u32 ids", function()
     local path = tmpfile("abcd")
     local function refusal(opts)
       local ok, err = pcall(function() data.tokens(path, opts) end)
@@ -1332,6 +1333,10 @@ describe("m3.data batches and files", function()
       assert.equal("m3.data.tokens: vocab = " .. v .. ": expected an integer >= 1", refusal { vocab = v })
     end
     assert.equal('m3.data.tokens: vocab = "x": expected an integer >= 1', refusal { vocab = "x" })
+    -- a vocab no model takes was accepted (m3.config refused it only later)
+    assert.equal("m3.data.tokens: vocab = 16777217: expected at most 16777216, the largest vocab_size of a model",
+      refusal { dtype = "u32", vocab = 2 ^ 24 + 1 })
+    assert.equal(2 ^ 24, data.tokens(path, { dtype = "u8", vocab = 2 ^ 24 }).vocab)
     for _, dtype in ipairs { "u16", "u32" } do
       assert.equal('m3.data.tokens: vocab: required for dtype "' .. dtype .. '" ids (an integer >= 1: the model\'s '
         .. "vocab_size)", refusal { dtype = dtype })

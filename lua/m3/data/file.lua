@@ -13,7 +13,7 @@
 -- error naming the file when it holds fewer bytes than when the source was made, and a read
 -- that meets the end of the file (a truncation after that check) raises the same error. A file
 -- rewritten in place to its old size or more is not seen: the windows read the new bytes.
--- A token file's vocab (the model's vocab_size) is an integer >= 1, required for "u16" and
+-- A token file's vocab (the model's vocab_size) is an integer from 1 to 2^24, required for "u16" and
 -- "u32" ids (256 for "u8" when not given). Ids >= vocab in the file are not looked for
 -- here: the trainer refuses a batch that holds one, naming the field and the id; a u32 id past
 -- 2^31 - 1, which no int32 token holds, is an error here (it would wrap to another id, -1 too).
@@ -137,6 +137,10 @@ function file.open(path, opts, kind)
       what, dtype))
   end
   want_int(vocab, what .. ": vocab", 1)
+  if vocab > tasks.MAX_VOCAB then
+    raise(string.format("%s: vocab = %d: expected at most %d, the largest vocab_size of a model", what, vocab,
+      tasks.MAX_VOCAB))
+  end
   local length = want_int(opts.length or 256, what .. ": length", 1)
   if opts.rows ~= nil then
     if order ~= "stream" then
