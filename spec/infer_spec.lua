@@ -343,6 +343,33 @@ describe("m3.infer", function()
     assert.is_true(helper.same_states(before, inf:states()))
   end)
 
+  it("refuses a step or state change whose input closes the object while it is read, instead of using it freed",
+    function()
+    local w = m3.weights.init(m3.config(helper.tokens_lm()), { seed = 14 })
+    local tokens = helper.batch(w.config, 2, 3, helper.rng(15)).tokens
+    local function closing(inf, t)
+      return setmetatable({}, { __index = function(_, k)
+        inf:close()
+        return t[k]
+      end })
+    end
+    local calls = {
+      step = function(inf) return inf:step(closing(inf, { tokens = tokens })) end,
+      step_opts = function(inf) return inf:step(tokens, closing(inf, {})) end,
+      generate_carry = function(inf) return inf:generate(tokens, 2, closing(inf, { carry = true })) end,
+      set_states = function(inf)
+        local s = inf:states()
+        s[1] = closing(inf, s[1])
+        return inf:set_states(s)
+      end,
+    }
+    for name, call in pairs(calls) do
+      local inf = m3.infer(w, { device = "cpu", batch = 2 })
+      assert.matches("inference object is closed", helper.error_of(call, inf), name)
+      assert.equal("m3.infer (closed)", tostring(inf), name)
+    end
+  end)
+
   describe("generate", function()
     local cfg = m3.config(helper.tokens_lm({ d_model = 32, d_state = 16, headdim = 16 }))
     local w = m3.weights.init(cfg, { seed = 10 })

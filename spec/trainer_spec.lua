@@ -322,6 +322,27 @@ describe("m3.trainer", function()
       return t
     end
 
+    it("refuses a NULL pointer or another non-table as an options table, naming the call", function()
+      -- a NULL pointer compares equal to nil, so it passed the "opts ~= nil and not a table" checks and failed
+      -- inside pairs: "'float' has no '__pairs' metamethod"
+      local null = require("ffi").new("float *")
+      local w = m3.weights.init(tr.config)
+      assert.matches("m3%.trainer: opts must be a table, got cdata", helper.error_of(m3.trainer, w, null))
+      assert.matches("m3%.weights%.init: opts must be a table, got cdata", helper.error_of(m3.weights.init, tr.config,
+        null))
+      assert.matches("m3%.trainer%.load: opts must be a table, got cdata", helper.error_of(m3.trainer.load, "x", null))
+      assert.matches("m3%.infer: opts must be a table, got cdata", helper.error_of(m3.infer, w, null))
+      assert.matches("m3%.preset: overrides must be a table, got cdata", helper.error_of(m3.preset, "rl", null))
+      assert.matches("m3%.save_tensors: metadata must be a table", helper.error_of(m3.save_tensors, helper.tmpname(),
+        { a = m3.tensor({ 1 }) }, null))
+      tr:forward(b)
+      assert.matches("backward_step: opts must be a table, got cdata", helper.error_of(tr.backward_step, tr, b, null))
+      assert.matches("m3%.data%.text: expected an options table, got true", helper.error_of(m3.data.text, "x", true))
+      assert.matches("m3%.data: sample: expected an options table, got true",
+        helper.error_of(m3.data.parity {}.sample, m3.data.parity {}, 0, true))
+      assert.is_number(tr:backward_step(b).loss)
+    end)
+
     it("names the field and what was expected, and the trainer still works", function()
       local cases = {
         { with("tokens", m3.tensor({ 2, 8 })), "batch.tokens: expected int32 %[2, 8%], got f32 %[2, 8%]" },
@@ -740,6 +761,43 @@ describe("m3.trainer", function()
     for _, name in ipairs { "close", "step", "set_lr" } do
       assert.matches("^[^:]*trainer_spec%.lua:%d+: m3%.trainer: expected a trainer %(call methods with ':'%)$",
         helper.error_of(function() tr[name]({}, b) end), name)
+    end
+  end)
+
+  it("refuses a call whose batch or options close the trainer while they are read, instead of using it freed",
+    function()
+    local cfg = helper.features_none()
+    local b = helper.batch(m3.config(cfg), 3, 7, helper.rng(10))
+    -- a batch (or options) table whose metamethod closes the trainer when a field is read
+    local function closing(tr, t)
+      return setmetatable({}, { __index = function(_, k)
+        tr:close()
+        return t[k]
+      end })
+    end
+    local calls = {
+      step = function(tr) return tr:step(closing(tr, b)) end,
+      forward = function(tr) return tr:forward(closing(tr, b)) end,
+      evaluate = function(tr) return tr:evaluate(closing(tr, b)) end,
+      check_batch = function(tr) return tr:check_batch(closing(tr, b)) end,
+      backward_step = function(tr)
+        tr:forward(b)
+        return tr:backward_step(closing(tr, b))
+      end,
+      backward_step_opts = function(tr)
+        tr:forward(b)
+        return tr:backward_step(b, closing(tr, {}))
+      end,
+      set_states = function(tr)
+        local s = tr:states()
+        s[1] = closing(tr, s[1])
+        return tr:set_states(s)
+      end,
+    }
+    for name, call in pairs(calls) do
+      local tr = m3.trainer(cfg, opts())
+      assert.matches("trainer is closed", helper.error_of(call, tr), name)
+      assert.equal("m3.trainer (closed)", tostring(tr), name)
     end
   end)
 

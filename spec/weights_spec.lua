@@ -294,6 +294,19 @@ describe("m3.weights", function()
     assert.equal(1, w:get("norm_f.weight")[0])
   end)
 
+  it("set refuses a value whose metamethod closes the weights while it is read, writing nothing", function()
+    local ffi = require "ffi"
+    local w = m3.weights.init(cfg)
+    local values = ffi.new("float[?]", w:get("norm_f.weight"):numel())
+    local v = setmetatable({ data = values }, { __index = function(_, k)
+      if k == "shape" then
+        w:close()
+        return { ffi.sizeof(values) / 4 }
+      end
+    end })
+    assert.matches("weights are closed", helper.error_of(w.set, w, "norm_f.weight", v))
+  end)
+
   it("closes idempotently and refuses later calls", function()
     local w = m3.weights.init(cfg)
     assert.matches("m3.weights: %d+ tensors", tostring(w))

@@ -236,7 +236,7 @@ function config.preset(name, overrides)
     raise(string.format("m3.preset: unknown preset %s%s; presets: %s", show(name),
       type(name) == "string" and config.suggest(name, names) or "", table.concat(names, ", ")))
   end
-  if overrides ~= nil and type(overrides) ~= "table" then
+  if type(overrides) ~= "nil" and type(overrides) ~= "table" then
     raise("m3.preset: overrides must be a table, got " .. type(overrides))
   end
   local t = {}

@@ -37,7 +37,7 @@ local data = {
 
 for _, name in ipairs { "parity", "arithmetic", "mqar" } do
   data[name] = function(opts)
-    if opts ~= nil and type(opts) ~= "table" then
+    if type(opts) ~= "nil" and type(opts) ~= "table" then
       error(string.format("m3.data.%s: expected an options table, got %s", name, type(opts)), 2)
     end
     return source.new(tasks[name], opts)

@@ -115,7 +115,7 @@ end
 
 -- m3.infer(weights_or_path_or_trainer, opts)
 local function new(w, opts)
-  if opts ~= nil and type(opts) ~= "table" then raise("m3.infer: opts must be a table, got " .. type(opts)) end
+  if type(opts) ~= "nil" and type(opts) ~= "table" then raise("m3.infer: opts must be a table, got " .. type(opts)) end
   opts = opts or {}
   options.check_keys(opts, OPTS, "m3.infer")
   local c = fill_cfg(opts)
@@ -203,7 +203,10 @@ local function step_input(self, b, what)
   return t, resets
 end
 
-local function run(self, p, t, resets, out, logits)
+-- (p is read again here: checking the input runs the caller's code, a metamethod, that may have
+-- closed the object since the method began.)
+local function run(self, t, resets, out, logits)
+  local p = live(self)
   local cb = self._batch
   ffi.fill(cb, ffi.sizeof(cb))
   cb.rows, cb.len = t.dims_[0], t.dims_[1]
@@ -234,8 +237,8 @@ end
 -- last position's logits [B, vocab]. opts.out / opts.logits: false skips the copy (the logits
 -- then stay on the device), a tensor of that shape receives it (see destination).
 function I:step(batch, opts)
-  local p = live(self)
-  if opts ~= nil and type(opts) ~= "table" then raise("step: opts must be a table, got " .. type(opts)) end
+  live(self)
+  if type(opts) ~= "nil" and type(opts) ~= "table" then raise("step: opts must be a table, got " .. type(opts)) end
   opts = opts or {}
   options.check_keys(opts, STEP_OPTS, "step")
   local t, resets = step_input(self, batch, "step")
@@ -248,14 +251,15 @@ function I:step(batch, opts)
   elseif tensor.is(opts.logits) then
     raise("step: opts.logits: the model's head is " .. show(cfg.head) .. ", it has no logits")
   end
-  run(self, p, t, resets, out and out.data, logits and logits.data)
+  run(self, t, resets, out and out.data, logits and logits.data)
   return out, logits
 end
 
 -- Zeroes the state of all rows, or of a list of 0-based rows.
 function I:reset(rows)
-  local p = live(self)
-  check(C.m3_infer_reset(p, states.rows(rows, "reset")))
+  live(self)
+  local arr, n = states.rows(rows, "reset") -- (a metamethod of rows may close the object)
+  check(C.m3_infer_reset(live(self), arr, n))
 end
 
 function I:states()
@@ -264,8 +268,9 @@ function I:states()
 end
 
 function I:set_states(list)
-  local p = live(self)
-  states.write(self._cfg, self._B, list, function(l, a, s, k, v) check(C.m3_infer_set_state(p, l, a, s, k, v)) end)
+  live(self)
+  states.write(self._cfg, self._B, list,
+    function(l, a, s, k, v) check(C.m3_infer_set_state(live(self), l, a, s, k, v)) end)
 end
 
 -- ---- generation ---------------------------------------------------------------------------------
@@ -275,7 +280,7 @@ local GEN_OPTS = { temperature = true, top_k = true, top_p = true, seed = true, 
 
 local function gen_options(self, opts)
   local what = "generate"
-  if opts ~= nil and type(opts) ~= "table" then raise("generate: opts must be a table, got " .. type(opts)) end
+  if type(opts) ~= "nil" and type(opts) ~= "table" then raise("generate: opts must be a table, got " .. type(opts)) end
   opts = opts or {}
   options.check_keys(opts, GEN_OPTS, what)
   local o = { sampler = { temperature = opts.temperature, top_k = opts.top_k, top_p = opts.top_p,
@@ -283,7 +288,7 @@ local function gen_options(self, opts)
   local V = self._cfg.vocab_size
   o.stop = {}
   local stop = opts.stop
-  if stop ~= nil and type(stop) ~= "number" and type(stop) ~= "table" then
+  if type(stop) ~= "nil" and type(stop) ~= "number" and type(stop) ~= "table" then
     raise("generate: stop = " .. show(stop) .. ": expected a token id or a list of token ids")
   end
   local ids = type(stop) == "number" and { stop } or stop or {}
@@ -351,7 +356,7 @@ local function check_prompt_ids(t, V)
 end
 
 function I:generate(prompt, n, opts)
-  local p = live(self)
+  live(self)
   local cfg = self._cfg
   if cfg.head ~= "lm" then raise(string.format("generate: the model's head is %q; generate needs an \"lm\" model", cfg.head)) end
   if cfg.input ~= "tokens" then raise(string.format("generate: the model's input is %q; generate needs \"tokens\"", cfg.input)) end
@@ -368,7 +373,7 @@ function I:generate(prompt, n, opts)
     for r = 1, B do rows[r] = r - 1 end
     self:reset(rows)
   end
-  run(self, p, t, nil, nil, self._logits)
+  run(self, t, nil, nil, self._logits)
   local result = tensor({ B, n }, "i32")
   local next_tok, drawn = tensor({ B, 1 }, "i32"), ffi.new("int32_t[?]", B)
   local lengths, stopped, live_rows = {}, {}, B
@@ -395,7 +400,7 @@ function I:generate(prompt, n, opts)
       end
       next_tok[r] = id
     end
-    run(self, p, next_tok, nil, nil, self._logits)
+    run(self, next_tok, nil, nil, self._logits)
     if live_rows == 0 then
       for j = i + 1, n - 1 do
         for r = 0, B - 1 do result[r * n + j] = o.pad or stopped[r] end

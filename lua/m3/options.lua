@@ -3,6 +3,7 @@
 -- device and dtype strings, and how a value is shown in a message. Every error names the option and
 -- what was expected.
 
+local ffi = require "ffi"
 local lib = require "m3.lib"
 local tensor = require "m3.tensor"
 local config = require "m3.config"
@@ -30,6 +31,7 @@ end
 local show = options.show
 
 function options.check_keys(t, valid, what)
+  if type(t) ~= "table" then raise(string.format("%s: expected an options table, got %s", what, show(t))) end
   for k in pairs(t) do
     if not valid[k] then
       local names = {}
@@ -123,6 +125,26 @@ function options.parse_dtype(s, what)
   local p = options.PRECISIONS[s]
   if not p then raise(string.format("%s: dtype = %s: expected \"f32\", \"bf16\" or \"f16\"", what, show(s))) end
   return p
+end
+
+local LOAD_OPTS = { device = true, dtype = true, batch = true, seq_len = true }
+
+-- The m3_load_opts of m3.trainer.load's opts, once they are valid; what: the caller, for the messages
+-- (m3.checkpoint checks them before it tries its files: options no file could be loaded with are not a
+-- damaged file's).
+function options.load_opts(opts, what)
+  if type(opts) ~= "nil" and type(opts) ~= "table" then raise(what .. ": opts must be a table, got " .. type(opts)) end
+  opts = opts or {}
+  options.check_keys(opts, LOAD_OPTS, what)
+  local o = ffi.new("m3_load_opts", -1, -1, -1, -1, -1)
+  if opts.device ~= nil then
+    local kind, index = options.parse_device(opts.device, what)
+    o.device, o.device_index = kind, index or -1
+  end
+  if opts.dtype ~= nil then o.precision = options.parse_dtype(opts.dtype, what) end
+  if opts.batch ~= nil then o.batch = options.want_int(opts.batch, what .. ": batch", 1) end
+  if opts.seq_len ~= nil then o.seq_len = options.want_int(opts.seq_len, what .. ": seq_len", 1) end
+  return o
 end
 
 return options

@@ -36,7 +36,7 @@ local OPTS = { temperature = true, top_k = true, top_p = true, seed = true }
 function sampling.new(rows, opts, what)
   what = what or "m3.sampling"
   rows = options.want_int(rows, what .. ": rows", 1)
-  if opts ~= nil and type(opts) ~= "table" then raise(what .. ": opts must be a table, got " .. type(opts)) end
+  if type(opts) ~= "nil" and type(opts) ~= "table" then raise(what .. ": opts must be a table, got " .. type(opts)) end
   opts = opts or {}
   options.check_keys(opts, OPTS, what)
   local o = ffi.new("m3_sample_opts", 1, 0, 1)

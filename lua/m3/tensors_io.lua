@@ -122,7 +122,7 @@ end
 function io_.save(path, tensors, metadata)
   fs.check_path(path, "m3.save_tensors")
   if type(tensors) ~= "table" then raise("m3.save_tensors: tensors must be a table name → tensor") end
-  if metadata ~= nil and type(metadata) ~= "table" then raise("m3.save_tensors: metadata must be a table") end
+  if type(metadata) ~= "nil" and type(metadata) ~= "table" then raise("m3.save_tensors: metadata must be a table") end
   local names = {}
   for k in pairs(tensors) do
     if type(k) ~= "string" then raise("m3.save_tensors: tensor names must be strings, got " .. tostring(k)) end

@@ -121,7 +121,9 @@ end
 
 -- m3.trainer(weights_or_config, opts)
 local function new(w_or_cfg, opts)
-  if opts ~= nil and type(opts) ~= "table" then raise("m3.trainer: opts must be a table, got " .. type(opts)) end
+  if type(opts) ~= "nil" and type(opts) ~= "table" then
+    raise("m3.trainer: opts must be a table, got " .. type(opts))
+  end
   opts = opts or {}
   check_keys(opts, OPTS, "m3.trainer")
   local c = fill_cfg(opts)
@@ -258,9 +260,16 @@ local function make_batch(self, b, need_input, need_target, window)
   return cb
 end
 
--- Calls the engine and raises its status after letting the batch's tensors go.
+-- Calls the engine and raises its status after letting the batch's tensors go. fn gets the
+-- trainer's pointer, read here: building the batch can run the caller's code (a metamethod of a
+-- batch table), which may have closed the trainer since the method began.
 local function call(self, fn, ...)
-  local st = fn(...)
+  local p = self._box.p
+  if p == nil then
+    release(self)
+    raise("trainer is closed")
+  end
+  local st = fn(p, ...)
   release(self)
   check(st)
 end
@@ -293,30 +302,30 @@ end
 -- ---- training calls ----------------------------------------------------------------------------
 
 function T:step(batch)
-  local p = live(self)
+  live(self)
   local b = make_batch(self, batch, true, true)
   local m = self._metrics
-  call(self, C.m3_trainer_step, p, b, m)
+  call(self, C.m3_trainer_step, b, m)
   return metrics(self, m)
 end
 
 -- Checks a window as step would, running nothing; returns the positions its loss counts.
 function T:check_batch(batch)
-  local p = live(self)
+  live(self)
   local b = make_batch(self, batch, true, true)
   local counted = ffi.new("int64_t[1]")
-  call(self, C.m3_trainer_check_batch, p, b, counted)
+  call(self, C.m3_trainer_check_batch, b, counted)
   return tonumber(counted[0])
 end
 
 -- Split API: the forward of a window; returns out [B, T, d_model] and marks a backward
 -- pending. The window's shape is kept: a bare d_out given to backward_step takes it.
 function T:forward(batch)
-  local p = live(self)
+  live(self)
   local b = make_batch(self, batch, true, false)
   local out = tensor({ b.rows, b.len, self._cfg.d_model })
   local window = { b.rows, b.len }
-  call(self, C.m3_trainer_forward, p, b, out.data)
+  call(self, C.m3_trainer_forward, b, out.data)
   self._window = window
   return out
 end
@@ -333,8 +342,10 @@ end
 
 -- Split API: backward of the pending forward, then the update unless accumulate is set.
 function T:backward_step(batch_or_d_out, opts)
-  local p = live(self)
-  if opts ~= nil and type(opts) ~= "table" then raise("backward_step: opts must be a table, got " .. type(opts)) end
+  live(self)
+  if type(opts) ~= "nil" and type(opts) ~= "table" then
+    raise("backward_step: opts must be a table, got " .. type(opts))
+  end
   opts = opts or {}
   check_keys(opts, BACKWARD_OPTS, "backward_step")
   local o = ffi.new("m3_backward_opts", -1, 0, 1)
@@ -356,20 +367,20 @@ function T:backward_step(batch_or_d_out, opts)
   end
   local batch = batch_or_d_out
   if is_tensor_like(batch) then batch = { d_out = batch } end
-  C.m3_trainer_get_info(p, self._info)
+  C.m3_trainer_get_info(live(self), self._info) -- (the options' metamethods may have closed it)
   local b = make_batch(self, batch, false, true, self._info.pending_forward ~= 0 and self._window or nil)
   local m = self._metrics
-  call(self, C.m3_trainer_backward_step, p, b, o, m)
+  call(self, C.m3_trainer_backward_step, b, o, m)
   return metrics(self, m)
 end
 
 -- Loss (and accuracy for "lm") without gradients or state changes → metrics, out.
 function T:evaluate(batch)
-  local p = live(self)
+  live(self)
   local b = make_batch(self, batch, true, self._cfg.head ~= "none")
   local out = tensor({ b.rows, b.len, self._cfg.d_model })
   local m = self._metrics
-  call(self, C.m3_trainer_evaluate, p, b, m, out.data)
+  call(self, C.m3_trainer_evaluate, b, m, out.data)
   return metrics(self, m), out
 end
 
@@ -429,8 +440,9 @@ end
 
 -- Zeroes the state of all rows, or of a list of 0-based rows.
 function T:reset_state(rows)
-  local p = live(self)
-  check(C.m3_trainer_reset_state(p, states.rows(rows, "reset_state")))
+  live(self)
+  local arr, n = states.rows(rows, "reset_state") -- (a metamethod of rows may close the trainer)
+  check(C.m3_trainer_reset_state(live(self), arr, n))
 end
 
 -- A list with one {angle=, ssm=, k=, v=} table of float32 tensors per layer (copies).
@@ -440,9 +452,11 @@ function T:states()
 end
 
 -- Sets every layer's state from a list as states() returns (shapes checked first).
+-- (The pointer is read when the checked states are set: checking runs the list's metamethods.)
 function T:set_states(list)
-  local p = live(self)
-  states.write(self._cfg, self._B, list, function(l, a, s, k, v) check(C.m3_trainer_set_state(p, l, a, s, k, v)) end)
+  live(self)
+  states.write(self._cfg, self._B, list,
+    function(l, a, s, k, v) check(C.m3_trainer_set_state(live(self), l, a, s, k, v)) end)
 end
 
 -- ---- weights ----------------------------------------------------------------------------------------
@@ -546,23 +560,11 @@ function T:save(path, extra)
   return path
 end
 
-local LOAD_OPTS = { device = true, dtype = true, batch = true, seq_len = true }
-
 -- m3.trainer.load(path, {device=, dtype=, batch=, seq_len=}) → trainer, extra
 -- (another batch: the saved recurrent state is not loaded, every row starts from zero)
 local function load(path, opts)
   fs.check_path(path, "m3.trainer.load")
-  if opts ~= nil and type(opts) ~= "table" then raise("m3.trainer.load: opts must be a table, got " .. type(opts)) end
-  opts = opts or {}
-  check_keys(opts, LOAD_OPTS, "m3.trainer.load")
-  local o = ffi.new("m3_load_opts", -1, -1, -1, -1, -1)
-  if opts.device ~= nil then
-    local kind, index = parse_device(opts.device, "m3.trainer.load")
-    o.device, o.device_index = kind, index or -1
-  end
-  if opts.dtype ~= nil then o.precision = parse_dtype(opts.dtype, "m3.trainer.load") end
-  if opts.batch ~= nil then o.batch = want_int(opts.batch, "m3.trainer.load: batch", 1) end
-  if opts.seq_len ~= nil then o.seq_len = want_int(opts.seq_len, "m3.trainer.load: seq_len", 1) end
+  local o = options.load_opts(opts, "m3.trainer.load")
   local out = ffi.new("m3_trainer *[1]")
   check(C.m3_trainer_load(path, o, out))
   local tr = wrap_trainer(out[0])

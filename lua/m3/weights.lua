@@ -69,7 +69,9 @@ end
 
 -- m3.weights.init(cfg, {seed=}): SPEC.md §2 init from one seeded generator.
 function weights.init(cfg, opts)
-  if opts ~= nil and type(opts) ~= "table" then raise("m3.weights.init: opts must be a table, got " .. type(opts)) end
+  if type(opts) ~= "nil" and type(opts) ~= "table" then
+    raise("m3.weights.init: opts must be a table, got " .. type(opts))
+  end
   opts = opts or {}
   for k in pairs(opts) do
     if k ~= "seed" then raise(string.format("m3.weights.init: unknown option %s (valid: seed)", tostring(k))) end
@@ -145,6 +147,8 @@ function W:set(name, value)
     raise(string.format("%s: expected f32 %s, got %s", what, tensor.format_shape(shape), tensor.describe(t)))
   end
   if t:dtype() == "f64" then t = tensor.cast(t, "f32", what) end
+  -- reading value ran its metamethods, which may have closed these weights: the arena again
+  info = info_of(ptr(self), index_of(self, ptr(self), name))
   ffi.copy(info.data, t.data, 4 * tonumber(info.numel))
   return self
 end

@@ -219,6 +219,9 @@ end
 -- Sample `index` for options o (over the defaults): tokens, targets as Lua arrays.
 function S:sample(index, o)
   source.check_index(index, "m3.data: sample")
+  if type(o) ~= "nil" and type(o) ~= "table" then -- (unknown names: a mixture passes every source all of its own)
+    lib.raise("m3.data: sample: expected an options table, got " .. options.show(o))
+  end
   return draw(self, index, call_options(self, o))
 end
 
@@ -229,7 +232,7 @@ end
 
 function S:next(rows, o)
   want_int(rows, "m3.data: next: rows", 1)
-  if o ~= nil then options.check_table(o, self.next_options, "m3.data: next") end
+  if type(o) ~= "nil" then options.check_table(o, self.next_options, "m3.data: next") end
   local opts = call_options(self, o)
   local width, rows_text = row_width(opts, self.task.longest)
   source.check_batch(rows, width, rows_text, "m3.data: next")
@@ -358,7 +361,7 @@ end
 
 function M:next(rows, o)
   want_int(rows, "m3.data: next: rows", 1)
-  if o ~= nil then options.check_table(o, self.next_options, "m3.data: next") end
+  if type(o) ~= "nil" then options.check_table(o, self.next_options, "m3.data: next") end
   local width, rows_text = row_width(o, function(opts) return self:_longest(opts) end)
   source.check_batch(rows, width, rows_text, "m3.data: next")
   local samples = {}

@@ -132,7 +132,7 @@ function P:update(step, m)
   if type(step) ~= "number" or step < 0 or step >= 2 ^ 53 or step ~= math.floor(step) then
     raise("m3.log.progress: update expects a step (an integer in [0, 2^53)), got " .. show(step))
   end
-  if m ~= nil and type(m) ~= "table" then
+  if type(m) ~= "nil" and type(m) ~= "table" then
     raise("m3.log.progress: update expects {loss =, lr =, tokens =} after the step, got " .. show(m))
   end
   m = m or {}
