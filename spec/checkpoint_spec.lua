@@ -214,6 +214,55 @@ describe("m3.checkpoint", function()
     assert.same({}, ck:list())
   end)
 
+  it("names a wrong argument of fit.run, fit.evaluate, fit.resume, accumulate.counted and save_interrupted",
+    function()
+    local tr, src = new_trainer(), data.parity { length = 4 }
+    local base = { trainer = tr, data = src, steps = 1, progress = false, dir = dir .. "/wrong" }
+    local function with(k, v)
+      local o = {}
+      for key, value in pairs(base) do o[key] = value end
+      o[k] = v
+      return o
+    end
+    -- each raised "attempt to index/call ..." from inside m3.fit before
+    for _, case in ipairs {
+      { "curriculum", true, "curriculum = true: expected an m3.curriculum" },
+      { "checkpoint", "", 'checkpoint = "": expected an m3.checkpoint (m3.checkpoint.new)' },
+      { "start", 5, "start = 5: expected what m3.fit.resume returns" },
+      { "schedule", 1e-3, "schedule = 0.001: expected a function" },
+      { "eval", true, "eval = true: expected a function" },
+      { "extra", {}, "extra = {}: expected a function" },
+      { "dir", true, "dir = true: expected a folder path" },
+      { "data_opts", true, "data_opts = true: expected a table of data options" },
+      { "trainer", {}, "trainer = {}: expected an m3.trainer" },
+    } do
+      assert.matches("^m3%.fit%.run: " .. case[3]:gsub("%p", "%%%0") .. "$",
+        helper.error_of(fit.run, with(case[1], case[2])), case[1])
+    end
+    assert.is_false(fs.exists(dir .. "/wrong"))
+    assert.matches("m3%.fit%.evaluate: tr = nil: expected an m3%.trainer", helper.error_of(fit.evaluate, nil, src))
+    assert.matches("m3%.fit%.evaluate: src = \"x\": expected a data source", helper.error_of(fit.evaluate, tr, "x"))
+    assert.matches("m3%.fit%.evaluate: expected an options table, got true",
+      helper.error_of(fit.evaluate, tr, src, true))
+    assert.matches("m3%.fit%.resume: ck = nil: expected an m3%.checkpoint", helper.error_of(fit.resume))
+    assert.matches("m3%.fit%.check_rows: trainer = nil: expected an m3%.trainer", helper.error_of(fit.check_rows, {}))
+    assert.matches("m3%.accumulate%.counted: expected a trainer", helper.error_of(m3.accumulate.counted, nil, {}))
+    local ck = checkpoint.new { dir = dir .. "/wrong_ck" }
+    assert.matches("m3%.checkpoint: save_interrupted expects a trainer",
+      helper.error_of(ck.save_interrupted, ck, nil, 1))
+  end)
+
+  it("resume raises options no checkpoint could load with, instead of skipping every file", function()
+    local ck = checkpoint.new { dir = dir .. "/resume_opts" }
+    ck:save(new_trainer(), 1)
+    -- before: each file was "skipped" on stderr and resume returned nil, as if there were none
+    assert.matches("m3%.checkpoint: resume: batch = 0: expected an integer >= 1",
+      helper.error_of(ck.resume, ck, { batch = 0 }))
+    assert.matches('m3%.checkpoint: resume: unknown option "bach"',
+      helper.error_of(checkpoint.resume, ck.dir, { bach = 2 }))
+    assert.is_table((ck:resume { batch = 1 }))
+  end)
+
   it("rejects unknown options of checkpoint.new, fit.run and the log writers", function()
     local function err(f, ...)
       local ok, e = pcall(f, ...)

@@ -46,6 +46,9 @@ local accumulate = {}
 
 -- The positions b's loss counts, once the trainer has checked b as a step would.
 function accumulate.counted(tr, b)
+  if type(tr) ~= "table" or type(tr.check_batch) ~= "function" then
+    lib.raise("m3.accumulate.counted: expected a trainer (m3.trainer), got " .. options.describe(tr))
+  end
   return tr:check_batch(b)
 end
 

@@ -154,6 +154,7 @@ end
 local NOT_THE_FILE = { [lib.C.M3_ERR_MEMORY] = true, [lib.C.M3_ERR_UNSUPPORTED] = true, [lib.C.M3_ERR_CUDA] = true }
 
 function K:resume(opts)
+  options.load_opts(opts, "m3.checkpoint: resume") -- bad options are the caller's, not a reason to skip every file
   local all = self:list()
   for i = #all, 1, -1 do
     lib.last_status = nil
@@ -178,6 +179,7 @@ function checkpoint.resume(dir, opts)
 end
 
 function K:save_interrupted(tr, step, extra)
+  want_trainer(tr, "save_interrupted")
   lib.C.m3_interrupt_clear()
   local info = tr:info()
   if info.window_open or info.pending_forward then

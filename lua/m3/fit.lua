@@ -76,7 +76,23 @@ lib.internal_file(debug.getinfo(1, "S").source)
 
 local fit = {}
 
+-- Raises "<what>: <name> = ...: expected <expected>" unless v is a table with the methods
+-- (what an object of that kind has, so that a wrong value is named here instead of failing deep
+-- inside); optional: nil is also taken.
+local function want_object(v, methods, what, name, expected, optional)
+  if v == nil and optional then return v end
+  local ok = type(v) == "table"
+  for _, m in ipairs(methods) do ok = ok and type(v[m]) == "function" end
+  if not ok then lib.raise(string.format("%s: %s = %s: expected %s", what, name, options.show(v), expected)) end
+  return v
+end
+
+local TRAINER = { "step", "info", "batch", "seq_len", "lr", "step_count" } -- what fit.run calls
+local LIMITS = { "batch", "info", "seq_len" } -- what fit.check_rows reads
+local SOURCE = { "next", "cursor", "seek" }
+
 function fit.resume(ck, opts)
+  want_object(ck, { "resume", "list" }, "m3.fit.resume", "ck", "an m3.checkpoint (m3.checkpoint.new)")
   local tr, extra, step = ck:resume(opts)
   if not tr then
     local found = ck:list()
@@ -104,6 +120,11 @@ local function from_zero_state(b)
 end
 
 function fit.evaluate(tr, src, o)
+  want_object(tr, { "info", "batch", "evaluate" }, "m3.fit.evaluate", "tr", "an m3.trainer")
+  want_object(src, SOURCE, "m3.fit.evaluate", "src", "a data source with :next, :cursor and :seek (m3.data)")
+  if type(o) ~= "nil" and type(o) ~= "table" then
+    lib.raise("m3.fit.evaluate: expected an options table, got " .. options.show(o))
+  end
   o = o or {}
   local batches = options.want_int(o.batches or 4, "m3.fit.evaluate: batches", 1)
   local carry = tr:info().carry_state
@@ -153,8 +174,31 @@ local OPTS = { trainer = true, data = true, steps = true, schedule = true, curri
 local function check(o)
   options.check_table(o, OPTS, "m3.fit.run")
   if type(o.trainer) ~= "table" then lib.raise("m3.fit.run: trainer = an m3.trainer is required") end
+  want_object(o.trainer, TRAINER, "m3.fit.run", "trainer", "an m3.trainer")
   if type(o.data) ~= "table" or type(o.data.next) ~= "function" then
     lib.raise("m3.fit.run: data = a source with :next(rows, opts) is required (m3.data)")
+  end
+  want_object(o.data, SOURCE, "m3.fit.run", "data", "a data source with :next, :cursor and :seek (m3.data)")
+  want_object(o.curriculum, { "phase", "phases" }, "m3.fit.run", "curriculum", "an m3.curriculum", true)
+  want_object(o.checkpoint, { "list", "save", "save_interrupted" }, "m3.fit.run", "checkpoint",
+    "an m3.checkpoint (m3.checkpoint.new)", true)
+  if o.start ~= nil and (type(o.start) ~= "table" or type(o.start.step) ~= "number"
+      or type(o.start.extra) ~= "table") then
+    lib.raise("m3.fit.run: start = " .. options.show(o.start) .. ": expected what m3.fit.resume returns")
+  end
+  for _, name in ipairs { "schedule", "eval", "extra" } do
+    if o[name] ~= nil and type(o[name]) ~= "function" then
+      lib.raise(string.format("m3.fit.run: %s = %s: expected a function", name, options.show(o[name])))
+    end
+  end
+  if o.dir ~= nil and (type(o.dir) ~= "string" or o.dir == "") then
+    lib.raise("m3.fit.run: dir = " .. options.show(o.dir) .. ": expected a folder path")
+  end
+  if o.title ~= nil and type(o.title) ~= "string" then
+    lib.raise("m3.fit.run: title = " .. options.show(o.title) .. ": expected a string")
+  end
+  if o.data_opts ~= nil and type(o.data_opts) ~= "table" then
+    lib.raise("m3.fit.run: data_opts = " .. options.show(o.data_opts) .. ": expected a table of data options")
   end
   options.want_int(o.steps, "m3.fit.run: steps", 1)
   if o.batch ~= nil then options.want_int(o.batch, "m3.fit.run: batch", 1) end
@@ -228,6 +272,13 @@ end
 -- o.trainer cannot take. fit.run checks it before anything is written; a script can call it
 -- before it writes anything of its own.
 function fit.check_rows(o)
+  options.check_table(o, OPTS, "m3.fit.check_rows")
+  want_object(o.trainer, LIMITS, "m3.fit.check_rows", "trainer", "an m3.trainer")
+  want_object(o.curriculum, { "phase", "phases" }, "m3.fit.check_rows", "curriculum", "an m3.curriculum", true)
+  if o.batch ~= nil then options.want_int(o.batch, "m3.fit.check_rows: batch", 1) end
+  if o.data_opts ~= nil and type(o.data_opts) ~= "table" then
+    lib.raise("m3.fit.check_rows: data_opts = " .. options.show(o.data_opts) .. ": expected a table of data options")
+  end
   checked_limits(o)
 end
 
