@@ -293,6 +293,15 @@ function helper.error_of(fn, ...)
   return tostring(err)
 end
 
+-- A table that reads as t, but closes obj (a trainer, inference object, weights) whenever a field is read:
+-- the caller's code running inside a call that reads its input (a metamethod) closes the call's own object.
+function helper.closing(obj, t)
+  return setmetatable({}, { __index = function(_, k)
+    obj:close()
+    return t[k]
+  end })
+end
+
 -- ---- the C API -----------------------------------------------------------------------------------
 
 -- m3_<kind>_create ("trainer" | "infer") from the defaults plus fill(cfg) refuses 2 in each of the on /

@@ -347,12 +347,7 @@ describe("m3.infer", function()
     function()
     local w = m3.weights.init(m3.config(helper.tokens_lm()), { seed = 14 })
     local tokens = helper.batch(w.config, 2, 3, helper.rng(15)).tokens
-    local function closing(inf, t)
-      return setmetatable({}, { __index = function(_, k)
-        inf:close()
-        return t[k]
-      end })
-    end
+    local closing = helper.closing
     local calls = {
       step = function(inf) return inf:step(closing(inf, { tokens = tokens })) end,
       step_opts = function(inf) return inf:step(tokens, closing(inf, {})) end,

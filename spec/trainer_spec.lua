@@ -768,13 +768,7 @@ describe("m3.trainer", function()
     function()
     local cfg = helper.features_none()
     local b = helper.batch(m3.config(cfg), 3, 7, helper.rng(10))
-    -- a batch (or options) table whose metamethod closes the trainer when a field is read
-    local function closing(tr, t)
-      return setmetatable({}, { __index = function(_, k)
-        tr:close()
-        return t[k]
-      end })
-    end
+    local closing = helper.closing
     local calls = {
       step = function(tr) return tr:step(closing(tr, b)) end,
       forward = function(tr) return tr:forward(closing(tr, b)) end,
