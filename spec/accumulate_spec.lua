@@ -102,7 +102,7 @@ describe("m3.accumulate", function()
     bad.targets[3] = 5
     local err = tostring(select(2, pcall(accumulate.step, tr, { parts[1], bad })))
     assert.matches("micro%-batch 2: .*batch.targets%[3%] .* = 5: must be in %[0, 2%)", err)
-    assert.matches("clip = %-1: expected a number >= 0",
+    assert.matches("clip = %-1: expected a finite number >= 0",
       tostring(select(2, pcall(accumulate.step, tr, parts, { clip = -1 }))))
     assert.matches("micro%-batch 1: batch.targets: missing",
       tostring(select(2, pcall(accumulate.step, tr, { { tokens = parts[1].tokens }, parts[2] }))))

@@ -286,9 +286,42 @@ describe("m3.checkpoint", function()
     local ck = checkpoint.new { dir = file, keep = 1 }
     local ok, err = pcall(function() ck:save(new_trainer(), 1) end)
     assert.is_false(ok)
-    assert.matches("^[^:]*checkpoint_spec%.lua:%d+: m3%.fs: cannot create the folder " .. file:gsub("%p", "%%%0")
+    assert.matches("^[^:]*checkpoint_spec%.lua:%d+: m3%.checkpoint: save: cannot create the folder "
+      .. file:gsub("%p", "%%%0")
       .. ": it exists and is not a folder$", err)
     assert.equal("keep me", fs.read(file))
+    -- list and resume found "no checkpoint" in it ({} and nil)
+    assert.equal("m3.checkpoint: " .. file .. " is a file, not a folder of checkpoints", helper.error_of(ck.list, ck))
+    assert.equal("m3.checkpoint: " .. file .. " is a file, not a folder of checkpoints",
+      helper.error_of(checkpoint.resume, file))
+  end)
+
+  it("names the call: a method called with '.', save's extra, accumulate.step's clip, a folder fit.run cannot make",
+    function()
+    local ck = checkpoint.new { dir = dir .. "/dot" }
+    -- "attempt to index local 'self'"
+    assert.equal("m3.checkpoint: list: expected a checkpoint manager (m3.checkpoint.new) (call it as ck:list()), got "
+      .. "nil", helper.error_of(ck.list))
+    local tr = new_trainer("accumulate")
+    assert.matches("^m3%.checkpoint: save: expected a checkpoint manager %(m3%.checkpoint%.new%) %(call it as "
+      .. "ck:save%(tr, step, extra%)%), got m3%.trainer", helper.error_of(ck.save, tr, 5))
+    -- "serialize: extra.x ..."
+    assert.equal("save: extra.x is a function (only nil, booleans, numbers, strings and tables can be saved)",
+      helper.error_of(tr.save, tr, dir .. "/dot.ckpt", { x = print }))
+    assert.is_false(fs.exists(dir .. "/dot.ckpt"))
+    -- "m3: backward_step: clip = inf must be finite", after the forwards: the trainer was left with one pending
+    local src = data.parity { length = 4 }
+    assert.equal("m3.accumulate.step: clip = inf: expected a finite number >= 0 (0 = off)",
+      helper.error_of(m3.accumulate.step, tr, { src:next(2), src:next(2) }, { clip = math.huge }))
+    assert.is_false(tr:info().pending_forward)
+    -- "m3.fs: cannot create the folder ..."
+    local file = dir .. "/dot-file"
+    fs.write(file, "x")
+    assert.equal("m3.fit.run: cannot create the folder " .. file .. ": it exists and is not a folder",
+      helper.error_of(fit.run, { trainer = tr, data = src, steps = 1, progress = false, dir = file }))
+    -- a NULL pointer was taken for no batch (nil), then compared: "attempt to compare number with float *"
+    assert.matches("^m3%.fit%.run: batch = cdata<float %*>: NULL: expected an integer >= 1$",
+      helper.error_of(fit.run, { trainer = tr, data = src, steps = 1, progress = false, batch = ffi.new("float *") }))
   end)
 
   it("skips a damaged newest checkpoint and finds none in an empty folder", function()
@@ -869,11 +902,11 @@ describe("saving a checkpoint", function()
     local _, extra = m3.trainer.load(dir .. "/100.ckpt")
     assert.same(deepest, extra)
     local err = helper.error_of(function() tr:save(dir .. "/101.ckpt", nested(101)) end)
-    assert.matches("^[^:]*checkpoint_spec%.lua:%d+: serialize: extra" .. ("%.x"):rep(100) .. " is a table nested "
+    assert.matches("^[^:]*checkpoint_spec%.lua:%d+: save: extra" .. ("%.x"):rep(100) .. " is a table nested "
       .. "101 deep %(at most 100 levels of tables can be saved and loaded back%)$", err)
     -- m3.checkpoint keeps the caller's extra one level down, under {step =, extra =}
     local ck = checkpoint.new { dir = dir .. "/ck" }
-    assert.matches("serialize: extra%.extra" .. ("%.x"):rep(99) .. " is a table nested 101 deep",
+    assert.matches("save: extra%.extra" .. ("%.x"):rep(99) .. " is a table nested 101 deep",
       helper.error_of(function() ck:save(tr, 1, nested(100)) end))
     assert.same({}, fs.list(ck.dir))
     ck:save(tr, 2, nested(99))
@@ -908,7 +941,7 @@ describe("saving a checkpoint", function()
     -- run resumed from nothing (keep = 1 had already pruned step 1)
     local history = {}
     for i = 1, 66000 do history[i] = { i } end
-    assert.matches("serialize: extra is too large to load back %(LuaJIT: main function has more than 65536 "
+    assert.matches("save: extra is too large to load back %(LuaJIT: main function has more than 65536 "
       .. "constants%); keep fewer tables in it", helper.error_of(function() ck:save(tr, 2, { history = history }) end))
     local _, extra, step = ck:resume()
     -- 66000 numbers in one flat list are fine

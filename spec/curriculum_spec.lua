@@ -207,4 +207,14 @@ describe("m3.curriculum", function()
     assert.has_error(function() curriculum.new { { steps = math.huge }, { length = 8 } } end,
       "m3.curriculum.new: phase 1: steps must be an integer >= 1, got inf")
   end)
+
+  it("names a method called with '.' instead of ':'", function()
+    -- each raised "attempt to index local 'self'"
+    assert.has_error(function() cur.phase(3) end,
+      "m3.curriculum: phase: expected a curriculum (m3.curriculum.new) (call it as cur:phase(step)), got 3")
+    assert.has_error(function() cur.total() end,
+      "m3.curriculum: total: expected a curriculum (m3.curriculum.new) (call it as cur:total()), got nil")
+    assert.has_error(function() cur.iter(1, 2) end,
+      "m3.curriculum: iter: expected a curriculum (m3.curriculum.new) (call it as cur:iter(first, last)), got 1")
+  end)
 end)

@@ -4,6 +4,7 @@
 local data = require "m3.data"
 local rng = require "m3.data.rng"
 local tasks = require "m3.data.tasks"
+local options = require "m3.options"
 local helper = require "spec.helper"
 
 -- Lua's own parser as the independent judge of an arithmetic expression: tokens[1..last], mod m
@@ -139,6 +140,28 @@ describe("m3.data.rng", function()
       local err = helper.error_of(rng.new, 7, 3, stream)
       assert.equal("m3.data.rng: stream must be nil or an integer in [0, 2^32), got " .. tostring(stream), err)
     end
+  end)
+
+  it("refuses a bound that is not an integer in [1, 2^53], a state that is not four 32-bit words or all 0s, "
+    .. "and a method called with '.'", function()
+    -- below(0) and below(2.5) drew 0, below(0 / 0) NaN, below(nil) a raw error; from_state{1, 2, 3, true} raised
+    -- from bit.tobit, and {0, 0, 0, 0} made a generator that draws only 0
+    local r = rng.new(1)
+    for _, n in ipairs { 0, 2.5, 0 / 0, -1, math.huge, 2 ^ 53 + 2, "3" } do
+      assert.equal("m3.data.rng: below: n = " .. options.show(n) .. ": expected an integer in [1, 2^53]",
+        message_of(function() r:below(n) end))
+    end
+    assert.equal("m3.data.rng: below: n = nil: expected an integer in [1, 2^53]", message_of(function() r:below() end))
+    assert.equal(0, r:below(1))
+    assert.equal("m3.data.rng.from_state: s[4] = true: expected an integer in [-2^31, 2^32) (a 32-bit word of "
+      .. "r:state())", message_of(function() rng.from_state { 1, 2, 3, true } end))
+    assert.matches("^m3%.data%.rng%.from_state: the state {0, 0, 0, 0} never changes",
+      message_of(function() rng.from_state { 0, 0, 0, 0 } end))
+    assert.equal(rng.new(5):u32(), rng.from_state(rng.new(5):state()):u32())
+    assert.equal("m3.data.rng: below: expected a generator (m3.data.rng.new) (call it as r:below(n)), got 5",
+      message_of(function() r.below(5) end))
+    assert.equal("m3.data.rng: u32: expected a generator (m3.data.rng.new) (call it as r:u32()), got nil",
+      message_of(function() r.u32() end))
   end)
 end)
 
@@ -898,6 +921,35 @@ describe("m3.data sources", function()
       assert.same({ 2, 5 }, mix:next(2, { length = 3, density = 0.2, weights = { 1, 1 }, pad_to = 5 }).tokens:shape())
       os.remove(path)
     end)
+
+  it("checks a source's options when it is made, each on its own and length with min_length, and names a method "
+    .. "called with '.'", function()
+    -- each was taken, and only a call of next raised (ops = "" as 'got ' with nothing after it)
+    assert.equal("m3.data.parity: length must be an integer >= 1, got 0", message_of(function() data.parity {
+      length = 0 } end))
+    assert.equal("m3.data.parity: min_length must be an integer in [1, length = 4], got 8",
+      message_of(function() data.parity { min_length = 8, length = 4 } end))
+    for _, d in ipairs { 2, 0 / 0 } do
+      assert.equal('m3.data.parity: density must be a probability in [0, 1] or "random", got ' .. options.show(d),
+        message_of(function() data.parity { density = d } end))
+    end
+    for _, ops in ipairs { "", "/%" } do
+      assert.equal("m3.data.arithmetic: ops must be a non-empty string of '+', '-', '*', got " .. options.show(ops),
+        message_of(function() data.arithmetic { ops = ops } end))
+    end
+    assert.equal('m3.data.arithmetic: targets must be "final", got running',
+      message_of(function() data.arithmetic { brackets = true, targets = "running" } end))
+    -- a call may give what the source's own options leave open
+    assert.same({ 1, 16 }, data.parity { min_length = 8 }:next(1, { length = 16 }).tokens:shape())
+    local src = data.parity { length = 4 }
+    assert.equal("m3.data: next: expected a data source (call it as src:next(rows, o)), got 2",
+      message_of(function() src.next(2) end))
+    assert.equal("m3.data: cursor: expected a data source (call it as src:cursor()), got nil",
+      message_of(function() src.cursor() end))
+    local mix = data.mixture { src, data.arithmetic {} }
+    assert.equal("m3.data: next: expected a data source (call it as src:next(rows, o)), got 3",
+      message_of(function() mix.next(3) end))
+  end)
 end)
 
 describe("m3.data batches and files", function()

@@ -500,7 +500,8 @@ describe("m3.infer", function()
       assert.matches("inference object is closed", helper.error_of(inf.step, inf, m3.tensor({ 1, 1, 5 })))
       assert.equal("m3.infer (closed)", tostring(inf))
       for _, name in ipairs { "close", "step" } do -- close raised "attempt to index local 'box'"
-        assert.matches("^[^:]*infer_spec%.lua:%d+: m3%.infer: expected an inference object %(call methods with ':'%)$",
+        assert.matches("^[^:]*infer_spec%.lua:%d+: m3%.infer: expected an inference object %(call methods with ':'%), "
+          .. "got {}$",
           helper.error_of(function() inf[name]({}) end), name)
       end
     end)
@@ -635,17 +636,44 @@ describe("m3.infer", function()
       local s = m3.sampling.new(R, { seed = 1 })
       local logits, out = m3.tensor({ R, V }), m3.tensor({ R }, "i32")
       ffi.copy(logits.data, lg, 4 * R * V)
-      assert.matches("m3.sampling: draw: logits: expected an f32 tensor of 20000 elements or an FFI pointer, got "
-        .. "f32 %[4000, 4%]", helper.error_of(s.draw, s, m3.tensor({ R, V - 1 }), V, out))
-      assert.matches("m3.sampling: draw: out: expected an int32 tensor of 4000 elements or an FFI pointer, got "
-        .. "f32 %[4000%]", helper.error_of(s.draw, s, logits, V, m3.tensor({ R })))
-      assert.matches("m3.sampling: draw: out: expected an int32 tensor of 4000 elements or an FFI pointer, got nil",
+      assert.matches("m3.sampling: draw: logits: expected an f32 tensor of 20000 elements or an FFI pointer to "
+        .. "float, got f32 %[4000, 4%]", helper.error_of(s.draw, s, m3.tensor({ R, V - 1 }), V, out))
+      assert.matches("m3.sampling: draw: out: expected an int32 tensor of 4000 elements or an FFI pointer to "
+        .. "int32_t, got f32 %[4000%]", helper.error_of(s.draw, s, logits, V, m3.tensor({ R })))
+      assert.matches("m3.sampling: draw: out: expected an int32 tensor of 4000 elements or an FFI pointer to "
+        .. "int32_t, got nil",
         helper.error_of(s.draw, s, logits, V, nil))
       assert.matches("m3.sampling: draw: vocab = 0: expected an integer >= 1",
         helper.error_of(s.draw, s, logits, 0, out))
       s:draw(logits, V, out)
       local _, want = counts({ seed = 1 })
       assert.equal(ffi.string(want, 4 * R), ffi.string(out.data, 4 * R))
+    end)
+
+    it("names a bad what, too many rows, a bad nonfinite or self, and a pointer of another type", function()
+      -- each failed inside before: a concatenation, "size of C type is unknown or too large", "attempt to
+      -- call", error(nil), "cannot convert", "attempt to index local 'self'"
+      assert.equal("m3.sampling: what = true: expected the name that begins its messages (a string)",
+        helper.error_of(m3.sampling.new, 2, {}, true))
+      assert.matches("^m3%.sampling: rows = 2147483647: the rows' generators %(32 bytes a row%) cannot be allocated",
+        helper.error_of(m3.sampling.new, 2 ^ 31 - 1))
+      local s = m3.sampling.new(2, { seed = 1 })
+      local logits, out = m3.tensor.from({ { 1, 2, 0 / 0 }, { 1, 2, 3 } }, "f32"), m3.tensor({ 2 }, "i32")
+      assert.equal("m3.sampling: draw: nonfinite = true: expected a function (row -> the message)",
+        helper.error_of(s.draw, s, logits, 3, out, true))
+      assert.equal("m3.sampling: draw: row 0 of the logits holds a non-finite value, and nonfinite(0) returned nil "
+        .. "instead of its message (a string)", helper.error_of(s.draw, s, logits, 3, out, function() end))
+      assert.equal("row 0 is bad", helper.error_of(s.draw, s, logits, 3, out, function(r) return "row " .. r
+        .. " is bad" end))
+      assert.equal("m3.sampling: draw: logits: expected an f32 tensor of 6 elements or an FFI pointer to float, got "
+        .. "ctype<int64_t>", helper.error_of(s.draw, s, 5LL, 3, out))
+      assert.equal("m3.sampling: draw: out: expected an int32 tensor of 2 elements or an FFI pointer to int32_t, got "
+        .. "ctype<float [2]>", helper.error_of(s.draw, s, logits, 3, ffi.new("float[2]")))
+      assert.equal("m3.sampling: draw: logits: a NULL pointer", helper.error_of(s.draw, s, ffi.new("float *"), 3, out))
+      assert.equal("m3.sampling: draw: expected a sampler (m3.sampling.new) (call it as s:draw(logits, vocab, out, "
+        .. "nonfinite)), got nil", helper.error_of(s.draw, nil, logits, 3, out))
+      logits[2] = 0
+      s:draw(logits, 3, out)
     end)
 
     it("refuses non-finite logits and leaves the generators as they were", function()

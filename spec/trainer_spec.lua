@@ -759,7 +759,8 @@ describe("m3.trainer", function()
     assert.equal(16, tr.config.d_model)
     -- a method called with '.' on something else (close raised "attempt to index local 'box'")
     for _, name in ipairs { "close", "step", "set_lr" } do
-      assert.matches("^[^:]*trainer_spec%.lua:%d+: m3%.trainer: expected a trainer %(call methods with ':'%)$",
+      assert.matches("^[^:]*trainer_spec%.lua:%d+: m3%.trainer: expected a trainer %(call methods with ':'%), "
+          .. "got {}$",
         helper.error_of(function() tr[name]({}, b) end), name)
     end
   end)

@@ -72,8 +72,8 @@ function accumulate.step(tr, batches, opts)
   end
   if opts == nil then opts = {} end
   options.check_table(opts, STEP_OPTS, "m3.accumulate.step")
-  if opts.clip ~= nil and not (type(opts.clip) == "number" and opts.clip >= 0) then
-    lib.raise("m3.accumulate.step: clip = " .. options.show(opts.clip) .. ": expected a number >= 0 (0 = off)")
+  if type(opts.clip) ~= "nil" and not (type(opts.clip) == "number" and opts.clip >= 0 and opts.clip < math.huge) then
+    lib.raise("m3.accumulate.step: clip = " .. options.show(opts.clip) .. ": expected a finite number >= 0 (0 = off)")
   end
   local k = #batches
   local state = tr:info()

@@ -6,7 +6,8 @@
 --                                    removes all but that file and the k - 1 highest-step
 --                                    others (the file just written always survives, even
 --                                    when its step is lower than theirs; 0: keep all)
---   ck:list()                        {{step =, path =}, ...} oldest first
+--   ck:list()                        {{step =, path =}, ...} oldest first ({} when dir does not
+--                                    exist; an error when it is a file)
 --   ck:resume(opts) / checkpoint.resume(dir, opts)
 --                                    -> tr, extra, step of the newest checkpoint that loads
 --                                    (a damaged one is reported on stderr and skipped);
@@ -47,6 +48,12 @@ local checkpoint = {}
 local K = {}
 K.__index = K
 
+-- Raises unless self is a checkpoint manager (a method called with '.' gets its first argument instead).
+local ITSELF = { [K] = true }
+local function check_self(self, method, args)
+  options.check_self(self, ITSELF, "m3.checkpoint", "a checkpoint manager (m3.checkpoint.new)", "ck", method, args)
+end
+
 -- A finite integer >= lo (math.huge and NaN are not).
 local function is_count(v, lo)
   return type(v) == "number" and v >= lo and v < math.huge and v == math.floor(v)
@@ -82,6 +89,7 @@ local function want_step(step, method)
 end
 
 function K:path(step)
+  check_self(self, "path", "step")
   want_step(step, "path")
   return string.format("%s/step-%08d.ckpt", self.dir, step)
 end
@@ -92,6 +100,11 @@ local CHECKPOINT_NAME = "^step%-(%d+)%.ckpt$"
 local TEMPORARY_NAME = "^step%-%d+%.ckpt%.tmp%.(%d+)%.%d+$"
 
 function K:list()
+  check_self(self, "list", "")
+  if fs.exists(self.dir) and not fs.is_dir(self.dir) then -- (fs.list: {} for what it cannot open)
+    lib.raise(string.format("m3.checkpoint: %s is %s, not a folder of checkpoints", self.dir,
+      fs.kind(self.dir) or "a file"))
+  end
   local out = {}
   for _, name in ipairs(fs.list(self.dir)) do
     local step = name:match(CHECKPOINT_NAME)
@@ -127,9 +140,10 @@ local function want_trainer(tr, method)
 end
 
 function K:save(tr, step, extra)
+  check_self(self, "save", "tr, step, extra")
   want_trainer(tr, "save")
   want_step(step, "save")
-  fs.mkdir(self.dir)
+  fs.mkdir(self.dir, "m3.checkpoint: save")
   remove_stale_temporaries(self.dir)
   local written = self:path(step)
   local path = tr:save(written, { step = step, extra = extra })
@@ -144,6 +158,7 @@ function K:save(tr, step, extra)
 end
 
 function K:maybe_save(tr, step, extra)
+  check_self(self, "maybe_save", "tr, step, extra")
   want_trainer(tr, "maybe_save")
   want_step(step, "maybe_save")
   if self.every > 0 and step % self.every == 0 then return self:save(tr, step, extra) end
@@ -154,6 +169,7 @@ end
 local NOT_THE_FILE = { [lib.C.M3_ERR_MEMORY] = true, [lib.C.M3_ERR_UNSUPPORTED] = true, [lib.C.M3_ERR_CUDA] = true }
 
 function K:resume(opts)
+  check_self(self, "resume", "opts")
   options.load_opts(opts, "m3.checkpoint: resume") -- bad options are the caller's, not a reason to skip every file
   local all = self:list()
   for i = #all, 1, -1 do
@@ -179,6 +195,7 @@ function checkpoint.resume(dir, opts)
 end
 
 function K:save_interrupted(tr, step, extra)
+  check_self(self, "save_interrupted", "tr, step, extra")
   want_trainer(tr, "save_interrupted")
   lib.C.m3_interrupt_clear()
   local info = tr:info()

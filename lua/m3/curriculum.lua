@@ -36,6 +36,12 @@ local curriculum = {}
 local C = {}
 C.__index = C
 
+-- Raises unless self is a curriculum (a method called with '.' gets its first argument instead).
+local ITSELF = { [C] = true }
+local function check_self(self, method, args)
+  options.check_self(self, ITSELF, "m3.curriculum", "a curriculum (m3.curriculum.new)", "cur", method, args)
+end
+
 local show = options.show
 
 -- A copy of v: tables (without a metatable) copied through every level, anything else as is.
@@ -86,6 +92,7 @@ end
 
 -- A copy of the phase of 1-based step s (the last phase for steps past the end).
 function C:phase(s)
+  check_self(self, "phase", "step")
   if not is_count(s) then
     lib.raise("m3.curriculum: phase expects a step (an integer >= 1), got " .. show(s))
   end
@@ -98,6 +105,7 @@ end
 
 -- The largest value of a numeric field over all phases (nil when no phase sets it).
 function C:max(field)
+  check_self(self, "max", "field")
   local m
   for _, p in ipairs(self._list) do
     local v = p[field]
@@ -108,11 +116,13 @@ end
 
 -- Total steps of all phases (math.huge when the last phase runs on).
 function C:total()
+  check_self(self, "total", "")
   return self._list[#self._list].last
 end
 
 -- A list of copies of the phases.
 function C:phases()
+  check_self(self, "phases", "")
   local out = {}
   for i, p in ipairs(self._list) do out[i] = copy(p) end
   return out
@@ -120,6 +130,7 @@ end
 
 -- Iterates step, phase for steps first..last (both required; none when last < first).
 function C:iter(first, last)
+  check_self(self, "iter", "first, last")
   if not (is_count(first) and is_count(last)) then
     lib.raise(string.format("m3.curriculum: iter(first, last) expects two steps (integers >= 1), got first = %s, "
       .. "last = %s", show(first), show(last)))

@@ -80,7 +80,7 @@ local fit = {}
 -- (what an object of that kind has, so that a wrong value is named here instead of failing deep
 -- inside); optional: nil is also taken.
 local function want_object(v, methods, what, name, expected, optional)
-  if v == nil and optional then return v end
+  if type(v) == "nil" and optional then return v end
   local ok = type(v) == "table"
   for _, m in ipairs(methods) do ok = ok and type(v[m]) == "function" end
   if not ok then lib.raise(string.format("%s: %s = %s: expected %s", what, name, options.show(v), expected)) end
@@ -111,7 +111,7 @@ local function from_zero_state(b)
   local x = b.tokens or b.input
   local rows, len
   if tensor.is(x) then rows, len = x:shape()[1], x:shape()[2] else rows, len = #x, #x[1] end
-  local resets = b.resets ~= nil and tensor.from(b.resets, "u8", "batch.resets") or tensor({ rows, len }, "u8")
+  local resets = type(b.resets) ~= "nil" and tensor.from(b.resets, "u8", "batch.resets") or tensor({ rows, len }, "u8")
   for r = 0, rows - 1 do resets[r * len] = 1 end
   local out = {}
   for k, v in pairs(b) do out[k] = v end
@@ -182,28 +182,28 @@ local function check(o)
   want_object(o.curriculum, { "phase", "phases" }, "m3.fit.run", "curriculum", "an m3.curriculum", true)
   want_object(o.checkpoint, { "list", "save", "save_interrupted" }, "m3.fit.run", "checkpoint",
     "an m3.checkpoint (m3.checkpoint.new)", true)
-  if o.start ~= nil and (type(o.start) ~= "table" or type(o.start.step) ~= "number"
+  if type(o.start) ~= "nil" and (type(o.start) ~= "table" or type(o.start.step) ~= "number"
       or type(o.start.extra) ~= "table") then
     lib.raise("m3.fit.run: start = " .. options.show(o.start) .. ": expected what m3.fit.resume returns")
   end
   for _, name in ipairs { "schedule", "eval", "extra" } do
-    if o[name] ~= nil and type(o[name]) ~= "function" then
+    if type(o[name]) ~= "nil" and type(o[name]) ~= "function" then
       lib.raise(string.format("m3.fit.run: %s = %s: expected a function", name, options.show(o[name])))
     end
   end
-  if o.dir ~= nil and (type(o.dir) ~= "string" or o.dir == "") then
+  if type(o.dir) ~= "nil" and (type(o.dir) ~= "string" or o.dir == "") then
     lib.raise("m3.fit.run: dir = " .. options.show(o.dir) .. ": expected a folder path")
   end
-  if o.title ~= nil and type(o.title) ~= "string" then
+  if type(o.title) ~= "nil" and type(o.title) ~= "string" then
     lib.raise("m3.fit.run: title = " .. options.show(o.title) .. ": expected a string")
   end
-  if o.data_opts ~= nil and type(o.data_opts) ~= "table" then
+  if type(o.data_opts) ~= "nil" and type(o.data_opts) ~= "table" then
     lib.raise("m3.fit.run: data_opts = " .. options.show(o.data_opts) .. ": expected a table of data options")
   end
   options.want_int(o.steps, "m3.fit.run: steps", 1)
-  if o.batch ~= nil then options.want_int(o.batch, "m3.fit.run: batch", 1) end
-  if o.eval_every ~= nil then options.want_int(o.eval_every, "m3.fit.run: eval_every", 1) end
-  if o.max_nonfinite ~= nil then options.want_int(o.max_nonfinite, "m3.fit.run: max_nonfinite", 0) end
+  if type(o.batch) ~= "nil" then options.want_int(o.batch, "m3.fit.run: batch", 1) end
+  if type(o.eval_every) ~= "nil" then options.want_int(o.eval_every, "m3.fit.run: eval_every", 1) end
+  if type(o.max_nonfinite) ~= "nil" then options.want_int(o.max_nonfinite, "m3.fit.run: max_nonfinite", 0) end
   if o.graph and o.trainer.device and o.trainer:device() == "cpu" then -- refused before the first step
     lib.raise("m3.fit.run: graph = true needs a CUDA trainer (this one runs on " .. o.trainer:device() .. ")")
   end
@@ -275,8 +275,8 @@ function fit.check_rows(o)
   options.check_table(o, OPTS, "m3.fit.check_rows")
   want_object(o.trainer, LIMITS, "m3.fit.check_rows", "trainer", "an m3.trainer")
   want_object(o.curriculum, { "phase", "phases" }, "m3.fit.check_rows", "curriculum", "an m3.curriculum", true)
-  if o.batch ~= nil then options.want_int(o.batch, "m3.fit.check_rows: batch", 1) end
-  if o.data_opts ~= nil and type(o.data_opts) ~= "table" then
+  if type(o.batch) ~= "nil" then options.want_int(o.batch, "m3.fit.check_rows: batch", 1) end
+  if type(o.data_opts) ~= "nil" and type(o.data_opts) ~= "table" then
     lib.raise("m3.fit.check_rows: data_opts = " .. options.show(o.data_opts) .. ": expected a table of data options")
   end
   checked_limits(o)
@@ -315,7 +315,7 @@ function fit.run(o)
   local metrics_path = o.dir and o.dir .. "/metrics.jsonl"
   local writer, dropped_eval
   if o.dir then
-    fs.mkdir(o.dir)
+    fs.mkdir(o.dir, "m3.fit.run")
     if o.start then
       dropped_eval = truncate_metrics(metrics_path, step)
     else -- a new run: no record or plot of an earlier run in dir passes for its own

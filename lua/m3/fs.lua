@@ -138,9 +138,9 @@ function fs.realpath(path)
 end
 
 -- mkdir -p: creates path and its missing parents (existing ones are fine); an error says
--- why not (e.g. path is a file).
-function fs.mkdir(path)
-  fs.check_path(path, "m3.fs.mkdir")
+-- why not (e.g. path is a file), begun by what (the public call that needs the folder; default "m3.fs").
+function fs.mkdir(path, what)
+  fs.check_path(path, what or "m3.fs.mkdir")
   for i in path:gmatch("()/") do
     if i > 1 then ffi.C.mkdir(path:sub(1, i - 1), 493) end -- 0755
   end
@@ -148,7 +148,7 @@ function fs.mkdir(path)
   local errno = ffi.errno()
   if not made and not fs.is_dir(path) then
     local why = fs.exists(path) and "it exists and is not a folder" or ffi.string(ffi.C.strerror(errno))
-    lib.raise("m3.fs: cannot create the folder " .. path .. ": " .. why)
+    lib.raise((what or "m3.fs") .. ": cannot create the folder " .. path .. ": " .. why)
   end
 end
 

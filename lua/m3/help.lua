@@ -183,16 +183,17 @@ T["m3.sampling"] = [[
 m3.sampling.new(rows, {temperature = 1, top_k = 0, top_p = 1, seed = 0}, what) -> s
 s:draw(logits, vocab, out, nonfinite)  one token per row from float [rows, vocab] into int32 [rows]
   logits / out: an f32 / i32 tensor (or FFI array plus a shape) of rows x vocab / rows elements
-  (checked), or an FFI pointer (unchecked); nonfinite(row), if given, words the error for a row
-  with a non-finite logit
+  (checked), or an FFI pointer to float / int32_t (its size unchecked); nonfinite(row), if given,
+  returns the message (a string) of the error for a row with a non-finite logit
   the engine's sampler (m3_sample): rows in parallel, row r with its own generator (seed, r);
   temperature 0 = greedy; top_k, then top_p over the renormalised rest. inf:generate uses it.]]
 T["sampling.new"] = "m3.sampling.new(rows, {temperature = 1, top_k = 0, top_p = 1, seed = 0},\n"
   .. "  what = \"m3.sampling\") -> s  a sampler for rows rows (other option keys are errors); what begins its\n"
   .. "  messages; see ?m3.sampling"
 T["sampling:draw"] = "s:draw(logits, vocab, out, nonfinite?)  draws one token id per row into out: logits an f32\n"
-  .. "  tensor of rows x vocab elements, out an i32 tensor of rows (or FFI pointers, unchecked); each call\n"
-  .. "  advances the rows' generators; a non-finite logit is an error (nonfinite(row) words it)"
+  .. "  tensor of rows x vocab elements, out an i32 tensor of rows (or FFI pointers to float / int32_t, their\n"
+  .. "  size unchecked); each call advances the rows' generators; a non-finite logit is an error\n"
+  .. "  (nonfinite(row), a function, returns its message)"
 
 T["m3.pytorch"] = [[
 m3.pytorch.export(weights, dir)  config.json + model.safetensors for the public PyTorch

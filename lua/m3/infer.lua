@@ -151,8 +151,9 @@ local function new(w, opts)
 end
 
 -- Raises unless self is a inference object (a method called with '.' gets its first argument instead).
+local ITSELF = { [I] = true }
 local function check_self(self)
-  if getmetatable(self) ~= I then raise("m3.infer: expected an inference object (call methods with ':')") end
+  options.check_self(self, ITSELF, "m3.infer", "an inference object")
 end
 
 local function live(self)

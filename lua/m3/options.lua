@@ -30,6 +30,19 @@ function options.show(v)
 end
 local show = options.show
 
+-- Raises unless self is an object whose metatable is a key of mts (a set): a method called with '.' instead of
+-- ':' gets its first argument as self, or nil. "<what>: <method>: expected <noun> (call it as
+-- <var>:<method>(<args>)), got <self>"; without var, method and args, "<what>: expected <noun> (call methods
+-- with ':'), got <self>" (a check shared by every method). Every module's methods check self with it.
+function options.check_self(self, mts, what, noun, var, method, args)
+  if type(self) == "table" and mts[getmetatable(self)] then return self end
+  if not method then
+    raise(string.format("%s: expected %s (call methods with ':'), got %s", what, noun, show(self)))
+  end
+  raise(string.format("%s: %s: expected %s (call it as %s:%s(%s)), got %s", what, method, noun, var, method, args,
+    show(self)))
+end
+
 function options.check_keys(t, valid, what)
   if type(t) ~= "table" then raise(string.format("%s: expected an options table, got %s", what, show(t))) end
   for k in pairs(t) do

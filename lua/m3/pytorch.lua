@@ -182,7 +182,7 @@ function pytorch.export(w, dir)
   if fs.exists(dir) and not fs.is_dir(dir) then
     raise(string.format("m3.pytorch.export: cannot write into %s: it exists and is not a folder", dir))
   end
-  fs.mkdir(dir)
+  fs.mkdir(dir, "m3.pytorch.export")
   local tensors = {}
   for _, name in ipairs(w:names()) do
     tensors[name == "lm_head.weight" and name or "backbone." .. name] = w:get(name)

@@ -144,8 +144,9 @@ local function new(w_or_cfg, opts)
 end
 
 -- Raises unless self is a trainer (a method called with '.' gets its first argument instead).
+local ITSELF = { [T] = true }
 local function check_self(self)
-  if getmetatable(self) ~= T then raise("m3.trainer: expected a trainer (call methods with ':')") end
+  options.check_self(self, ITSELF, "m3.trainer", "a trainer")
 end
 
 local function live(self)
@@ -553,7 +554,7 @@ function T:save(path, extra)
   local text = ""
   if extra ~= nil then
     local ok, s = pcall(serialize.dump, extra, "extra")
-    if not ok then raise(s) end
+    if not ok then raise("save: " .. tostring(s):gsub("^serialize: ", "")) end
     text = s
   end
   check(C.m3_trainer_save(p, path, text))

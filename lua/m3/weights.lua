@@ -49,8 +49,9 @@ local function create(cfg)
 end
 
 -- Raises unless w is a weights object (a method called with '.' gets its first argument instead).
+local ITSELF = { [W] = true }
 local function check_self(w)
-  if not is_weights(w) then raise("m3.weights: expected a weights object (call methods with ':')") end
+  options.check_self(w, ITSELF, "m3.weights", "a weights object")
 end
 
 -- The live C pointer, or an error when closed.

@@ -98,6 +98,8 @@ end
 
 local F = {}
 F.__index = F
+source.ITSELF[F] = true
+local check_self = source.check_self
 
 local ORDERS = { random = true, sequential = true, stream = true }
 local SPLITS = { train = true, val = true, all = true }
@@ -234,6 +236,7 @@ end
 
 -- window_offset for a caller's index and L, checked.
 function F:offset(index, L)
+  check_self(self, "offset", "index, L")
   source.check_index(index, "m3.data: offset")
   return window_offset(self, index, want_int(L, "m3.data: offset: L", 1))
 end
@@ -261,6 +264,7 @@ end
 
 -- The window length of a call with options o (checked): what a batch of its windows may need.
 function F:_longest(o)
+  check_self(self, "_longest", "o")
   return window_length(self, o, "m3.data: next")
 end
 
@@ -293,6 +297,7 @@ end
 -- Window `index` of length o.length (default: the source's) as Lua arrays tokens, targets
 -- (what a mixture draws; a stream has no window of an index alone).
 function F:sample(index, o)
+  check_self(self, "sample", "index, o")
   if self.order == "stream" then
     raise('m3.data: sample: an order = "stream" source reads windows by row and batch, not by index')
   end
@@ -310,11 +315,13 @@ end
 
 -- The number of distinct windows of length L in the split (order "sequential").
 function F:count(L)
+  check_self(self, "count", "L")
   return math.floor((self.span - 1) / (L and want_int(L, "m3.data: count: L", 1) or self.length))
 end
 
 -- rows windows of length o.length (default: the source's) as int32 tensors [rows, L].
 function F:next(rows, o)
+  check_self(self, "next", "rows, o")
   want_int(rows, "m3.data: next: rows", 1)
   if o ~= nil then options.check_table(o, self.next_options, "m3.data: next") end
   local L = window_length(self, o, "m3.data: next")
@@ -347,6 +354,7 @@ end
 -- The ids [first, first + count) of the whole file as a Lua list (first below 2^53, as the windows' offsets); ids
 -- past its end are an error.
 function F:slice(first, count)
+  check_self(self, "slice", "first, count")
   if not source.is_id(first) then
     local past = type(first) == "number" and first >= 2 ^ 53
     raise(string.format("m3.data: slice: first = %s: expected an integer %s", show(first),
@@ -372,11 +380,13 @@ function F:slice(first, count)
 end
 
 function F:cursor()
+  check_self(self, "cursor", "")
   return { seed = self.seed, index = self.index, rows = self.order == "stream" and self.rows or nil,
     position = self.position }
 end
 
 function F:seek(c)
+  check_self(self, "seek", "c")
   source.check_cursor(c, "m3.data: seek", self.order == "stream")
   if c.rows ~= nil then want_int(c.rows, "m3.data: seek: cursor.rows", 1) end
   if c.position ~= nil and not source.is_id(c.position) then

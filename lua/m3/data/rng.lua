@@ -15,16 +15,28 @@
 --
 --   r:u32()        integer in [0, 2^32)
 --   r:uniform()    float in [0, 1) with 53 random bits
---   r:below(n)     integer in [0, n)
---   r:state(), rng.from_state(s)   a plain table {a, b, c, d} and back
+--   r:below(n)     integer in [0, n), for an integer n in [1, 2^53] (anything else is an error)
+--   r:state(), rng.from_state(s)   a plain table {a, b, c, d} (32-bit words as int32) and back;
+--                  from_state takes four integers in [-2^31, 2^32) (a word as int32 or uint32),
+--                  not all 0 (xoshiro's one state that never changes: it draws only 0)
 
 local bit = require "bit"
+local lib = require "m3.lib"
+local options = require "m3.options"
+
+lib.internal_file(debug.getinfo(1, "S").source)
 local bxor, band, rshift, lshift, rol, tobit = bit.bxor, bit.band, bit.rshift, bit.lshift, bit.rol, bit.tobit
 local floor = math.floor
 
 local rng = {}
 local R = {}
 R.__index = R
+
+-- Raises unless self is a generator (a method called with '.' gets its first argument instead).
+local ITSELF = { [R] = true }
+local function check_self(self, method, args)
+  options.check_self(self, ITSELF, "m3.data.rng", "a generator (m3.data.rng.new)", "r", method, args)
+end
 
 -- (a * b) mod 2^32 as an int32, for int32 or uint32 inputs.
 local function mul32(a, b)
@@ -69,6 +81,7 @@ function rng.new(seed, index, stream)
 end
 
 function R:u32()
+  check_self(self, "u32", "")
   local a, b, c, d = self.a, self.b, self.c, self.d
   local result = tobit(rol(tobit(b * 5), 7) * 9)
   local t = lshift(b, 9)
@@ -83,22 +96,41 @@ function R:u32()
 end
 
 function R:uniform()
+  check_self(self, "uniform", "")
   local hi = floor(self:u32() / 2048)     -- 21 bits
   local lo = self:u32()                   -- 32 bits
   return (hi * 4294967296 + lo) / 9007199254740992
 end
 
 function R:below(n)
+  check_self(self, "below", "n")
+  if type(n) ~= "number" or not (n >= 1 and n <= 2 ^ 53) or n ~= floor(n) then
+    lib.raise("m3.data.rng: below: n = " .. options.show(n) .. ": expected an integer in [1, 2^53]")
+  end
   return floor(self:uniform() * n)
 end
 
 function R:state()
+  check_self(self, "state", "")
   return { self.a, self.b, self.c, self.d }
 end
 
 function rng.from_state(s)
   if type(s) ~= "table" or #s ~= 4 then
     error("m3.data.rng.from_state: expected a table of four integers (r:state())", 2)
+  end
+  local zero = true
+  for i = 1, 4 do
+    local w = s[i]
+    if type(w) ~= "number" or not (w >= -2 ^ 31 and w < 2 ^ 32) or w ~= floor(w) then
+      lib.raise(string.format("m3.data.rng.from_state: s[%d] = %s: expected an integer in [-2^31, 2^32) (a 32-bit "
+        .. "word of r:state())", i, options.show(w)))
+    end
+    zero = zero and w == 0
+  end
+  if zero then
+    lib.raise("m3.data.rng.from_state: the state {0, 0, 0, 0} never changes (the generator would draw only 0): "
+      .. "expected a state r:state() gave")
   end
   local r = setmetatable({}, R)
   r.a, r.b, r.c, r.d = tobit(s[1]), tobit(s[2]), tobit(s[3]), tobit(s[4])

@@ -198,8 +198,17 @@ end
 local S = {}
 S.__index = S
 
+-- The metatables of the data sources (task sources and mixtures here, m3.data.file's sources), and the check
+-- of a method's self (a method called with '.' gets its first argument instead).
+source.ITSELF = { [S] = true }
+function source.check_self(self, method, args)
+  options.check_self(self, source.ITSELF, "m3.data", "a data source", "src", method, args)
+end
+local check_self = source.check_self
+
 -- A source over task (see m3.data.tasks) with default options opts (seed, cursor,
--- source.OPTIONS and the task's options; other keys are errors).
+-- source.OPTIONS and the task's options, checked as far as they go without a call's: task.check;
+-- other keys are errors).
 function source.new(task, opts)
   opts = opts or {}
   local valid = overlay(task.options, source.OPTIONS, { seed = true, cursor = true })
@@ -209,6 +218,7 @@ function source.new(task, opts)
   self.defaults = overlay(task.defaults, opts)
   self.defaults.seed, self.defaults.cursor = nil, nil
   self.seed = options.check_seed(opts.seed, "m3.data." .. task.name)
+  if task.check then task.check(self.defaults, opts) end
   self.index = 0
   if opts.cursor then self:seek(opts.cursor) end
   self.vocab = vocab_of(task, self.defaults)
@@ -218,6 +228,7 @@ end
 
 -- Sample `index` for options o (over the defaults): tokens, targets as Lua arrays.
 function S:sample(index, o)
+  check_self(self, "sample", "index, o")
   source.check_index(index, "m3.data: sample")
   if type(o) ~= "nil" and type(o) ~= "table" then -- (unknown names: a mixture passes every source all of its own)
     lib.raise("m3.data: sample: expected an options table, got " .. options.show(o))
@@ -227,10 +238,12 @@ end
 
 -- The length of the longest sample of a call with options o (over the defaults; checked).
 function S:_longest(o)
+  check_self(self, "_longest", "o")
   return self.task.longest(call_options(self, o))
 end
 
 function S:next(rows, o)
+  check_self(self, "next", "rows, o")
   want_int(rows, "m3.data: next: rows", 1)
   if type(o) ~= "nil" then options.check_table(o, self.next_options, "m3.data: next") end
   local opts = call_options(self, o)
@@ -247,10 +260,12 @@ function S:next(rows, o)
 end
 
 function S:cursor()
+  check_self(self, "cursor", "")
   return { seed = self.seed, index = self.index }
 end
 
 function S:seek(c)
+  check_self(self, "seek", "c")
   source.check_cursor(c, "m3.data: seek")
   self.seed, self.index = c.seed, c.index
 end
@@ -259,6 +274,7 @@ end
 
 local M = setmetatable({}, { __index = S })
 M.__index = M
+source.ITSELF[M] = true
 
 -- weights, once it is a list of n finite numbers >= 0 with a finite sum > 0 (what: for messages).
 local function check_weights(weights, n, what)
@@ -335,6 +351,7 @@ end
 -- passed on; a mixture among the sources picks with r, this one's generator after its pick
 -- (a generator of its own would repeat this pick when the seeds are equal).
 function M:sample(index, o, r)
+  check_self(self, "sample", "index, o")
   source.check_index(index, "m3.data: sample")
   local weights = self.weights
   if o and o.weights ~= nil then
@@ -350,6 +367,7 @@ end
 
 -- The longest sample any of the sources may give a call with options o (o.weights aside).
 function M:_longest(o)
+  check_self(self, "_longest", "o")
   if o and o.weights ~= nil then
     o = overlay(o)
     o.weights = nil
@@ -360,6 +378,7 @@ function M:_longest(o)
 end
 
 function M:next(rows, o)
+  check_self(self, "next", "rows, o")
   want_int(rows, "m3.data: next: rows", 1)
   if type(o) ~= "nil" then options.check_table(o, self.next_options, "m3.data: next") end
   local width, rows_text = row_width(o, function(opts) return self:_longest(opts) end)

@@ -7,7 +7,9 @@
 -- whose vocab depends on its options has shape(o) -> vocab, classes, the options that set them
 -- as text ("modulus = 7": for messages; those options checked). longest(o) is the length of the
 -- longest sample of options o (those options checked): at most 2^27 (tasks.MAX_LENGTH), as a sample
--- is drawn as Lua lists, whose array part LuaJIT caps there.
+-- is drawn as Lua lists, whose array part LuaJIT caps there. check(o, given) checks each option of o on
+-- its own, and those that go together as far as the options given fix them (a call may give the others:
+-- min_length <= length when given gives both): m3.data.source checks a source's options when it is made.
 -- The models read tokens and predict targets with an "lm" head (vocab = task.vocab). shortest
 -- is the least length a sample can have (the least min_length, or mqar's least length).
 --
@@ -86,6 +88,15 @@ local function length_range(o, lo, task)
   return min, hi
 end
 
+-- length and min_length of options o each an integer in range, and min_length <= length when given
+-- (the options of a source) gives both.
+local function check_lengths(o, given, task)
+  local lo = tasks[task].shortest
+  check_int(o, "length", lo, task, MAX_LENGTH)
+  if o.min_length ~= nil then check_int(o, "min_length", lo, task, MAX_LENGTH) end
+  if given.length ~= nil and given.min_length ~= nil then length_range(o, lo, task) end
+end
+
 -- The length of one sample: uniform in [min_length, length].
 local function draw_length(r, o, lo, task)
   local min, hi = length_range(o, lo, task)
@@ -117,15 +128,26 @@ function tasks.parity.longest(o)
   return select(2, length_range(o, tasks.parity.shortest, "parity"))
 end
 
+-- o.density, once it is a probability or "random".
+local function parity_density(o)
+  local density = o.density
+  if density ~= "random" and (type(density) ~= "number" or not (density >= 0 and density <= 1)) then -- NaN too
+    raise('m3.data.parity: density must be a probability in [0, 1] or "random", got ' .. show(density))
+  end
+  return density
+end
+
+function tasks.parity.check(o, given)
+  check_targets(o, "parity", { running = true, final = true })
+  check_lengths(o, given, "parity")
+  parity_density(o)
+end
+
 function tasks.parity.sample(r, o)
   local targets_kind = check_targets(o, "parity", { running = true, final = true })
   local n = draw_length(r, o, tasks.parity.shortest, "parity")
-  local density = o.density
-  if density == "random" then
-    density = r:uniform()
-  elseif type(density) ~= "number" or not (density >= 0 and density <= 1) then -- NaN too
-    raise('m3.data.parity: density must be a probability in [0, 1] or "random", got ' .. show(density))
-  end
+  local density = parity_density(o)
+  if density == "random" then density = r:uniform() end
   local tokens, targets, p = {}, {}, 0
   for i = 1, n do
     local b = r:uniform() < density and 1 or 0
@@ -205,8 +227,7 @@ end
 local function op_ids(o, sym)
   local ops = o.ops
   if type(ops) ~= "string" or #ops == 0 or ops:find("[^-+*]") then
-    raise(string.format("m3.data.arithmetic: ops must be a string of '+', '-', '*', got %s",
-      tostring(ops)))
+    raise(string.format("m3.data.arithmetic: ops must be a non-empty string of '+', '-', '*', got %s", show(ops)))
   end
   local ids = {}
   for c in ops:gmatch(".") do ids[#ids + 1] = sym[c] end
@@ -307,6 +328,13 @@ function tasks.arithmetic.longest(o)
   return select(2, length_range(o, tasks.arithmetic.shortest, "arithmetic"))
 end
 
+function tasks.arithmetic.check(o, given)
+  op_ids(o, tasks.arith_symbols(arith_modulus(o)))
+  local brackets = options.want_bool(o.brackets, "m3.data.arithmetic: brackets")
+  check_targets(o, "arithmetic", brackets and { final = true } or { running = true, final = true })
+  check_lengths(o, given, "arithmetic")
+end
+
 function tasks.arithmetic.sample(r, o)
   local m = arith_modulus(o)
   local sym = tasks.arith_symbols(m)
@@ -384,6 +412,13 @@ end
 function tasks.mqar.longest(o)
   local pairs_n, queries = mqar_counts(o, mqar_sizes(o))
   return 2 * pairs_n + queries
+end
+
+function tasks.mqar.check(o)
+  mqar_sizes(o)
+  check_int(o, "length", tasks.mqar.shortest, "mqar", MAX_LENGTH)
+  if o.pairs ~= nil then check_int(o, "pairs", 1, "mqar") end
+  if o.queries ~= nil then check_int(o, "queries", 1, "mqar", MAX_LENGTH) end
 end
 
 function tasks.mqar.sample(r, o)
