@@ -511,6 +511,31 @@ describe("m3.log argument errors", function()
     return err
   end
 
+  it("names a bad plural, progress output, NULL metric, folder to read or bars without labels", function()
+    local ffi = require "ffi"
+    -- each failed inside before: a concatenation, "attempt to index", math.abs of a pointer, "Is a directory"
+    assert.matches("m3%.log%.plural: nouns = {}: expected the plural %(a string%) or nil$",
+      here(function() log.plural(2, "x", {}) end))
+    assert.equal("2 mice", log.plural(2, "mouse", "mice"))
+    assert.matches("m3%.log%.progress: out = userdata: 0x%x+: expected an open file %(or a table with write and "
+      .. "flush methods%)$", here(function() log.progress { total = 3, out = newproxy() } end))
+    assert.matches("m3%.log%.progress: out = .*: expected an open file",
+      here(function() log.progress { total = 3, out = { write = function() end } } end))
+    local f = io.open(tmpdir() .. "/closed.txt", "w")
+    f:close()
+    assert.matches("m3%.log%.progress: out = file %(closed%): the file is closed$",
+      here(function() log.progress { total = 3, out = f } end))
+    local p = log.progress { total = 3, out = { write = function() end, flush = function() end } }
+    assert.matches("m3%.log%.progress: update: loss = cdata<float %*>: NULL: expected a number$",
+      here(function() p:update(1, { loss = ffi.new("float *") }) end))
+    local dir = tmpdir()
+    assert.matches("m3%.log%.read_jsonl: " .. dir:gsub("%p", "%%%0") .. " is a folder, not a JSONL file$",
+      here(function() log.read_jsonl(dir) end))
+    assert.matches("m3%.log%.svg%.bars: 1 labels but values up to values%[2%]: expected at most one value per label$",
+      here(function() log.svg.bars { labels = { "a" }, values = { 1, 2 } } end))
+    assert.is_table(log.svg.bars { labels = { "a", "b" }, values = { 1 } }) -- b has no value: no bar
+  end)
+
   it("names the argument and what was expected, at the caller's line", function()
     local dir = tmpdir()
     local chart = log.svg.lines { series = { { x = { 1 }, y = { 1 } } } }
@@ -541,7 +566,7 @@ describe("m3.log argument errors", function()
         "m3.log.progress: interval = 0: expected seconds (a number > 0)" },
       { function() log.progress { total = 5, interval = 0 / 0 } end, "m3.log.progress: interval = nan: expected" },
       { function() log.plural("1", "point") end, 'm3.log.plural: expected a number, got "1"' },
-      { function() log.progress { total = 5, out = "x" } end, 'm3.log.progress: out = "x": expected a file' },
+      { function() log.progress { total = 5, out = "x" } end, 'm3.log.progress: out = "x": expected an open file' },
       { function() log.progress { total = 5, out = sink() }:update(nil) end, "m3.log.progress: update expects a step" },
       { function() log.progress { total = 5, out = sink() }:message(nil) end,
         "m3.log.progress: message expects a string" },

@@ -957,6 +957,31 @@ true]], M3LUA, script, out, out, out, out, out)))
     ok, e = pcall(function() sweep { grid = { a = { 1 } }, dir = never, run = print, gpus = { true } } end)
     assert.matches("^[^:]*sweep_spec%.lua:%d+: m3%.sweep: gpus%[1%] = true: expected a GPU index", e)
   end)
+
+  it("names a bad point, defaults, keys or key, and refuses a list that holds itself", function()
+    -- each failed inside before: "bad argument #1 to 'pairs'", a concatenation, a stack overflow
+    assert.has_error(function() sweep.name(nil) end, "m3.sweep.name: point = nil: expected a table of settings")
+    assert.has_error(function() sweep.name({ x = 1 }, 5) end,
+      "m3.sweep.name: defaults = 5: expected a table of settings or nil")
+    assert.has_error(function() sweep.name({ x = 1 }, {}, "x") end,
+      'm3.sweep.name: keys = "x": expected a list of the point\'s keys or nil')
+    assert.has_error(function() sweep.name({ 1, x = 2 }) end,
+      "m3.sweep.name: point has the key 1: expected names (text) as keys, or give keys")
+    assert.equal("[1]", sweep.format_value({ 1 }, nil))
+    assert.has_error(function() sweep.format_value({ 1 }, 3) end,
+      "m3.sweep.format_value: key = 3: expected the option's name (a string) or nil")
+    local c = { 1 }
+    c[2] = c
+    assert.has_error(function() sweep.format_value(c, "x") end,
+      "m3.sweep: x[2] is a list it is inside of (a cycle): it cannot name a run folder")
+    local shared = { 1 }
+    assert.equal("[[1],[1]]", sweep.format_value({ shared, shared }, "s")) -- the same list twice is no cycle
+    local dir = tmpdir() .. "/cycle"
+    assert.has_error(function()
+      sweep.run { grid = { x = { c } }, dir = dir, run = function() return { loss = 1 } end }
+    end, "m3.sweep: x[2] is a list it is inside of (a cycle): it cannot name a run folder")
+    assert.is_false(require("m3.fs").exists(dir))
+  end)
 end)
 
 describe("scripts/sweep_state_tracking.lua", function()

@@ -50,6 +50,9 @@ local PLOT_OPTS = { x = true, title = true }
 function log.plural(n, noun, nouns)
   if type(n) ~= "number" then raise("m3.log.plural: expected a number, got " .. show(n)) end
   if type(noun) ~= "string" then raise("m3.log.plural: expected a noun (a string), got " .. show(noun)) end
+  if type(nouns) ~= "nil" and type(nouns) ~= "string" then
+    raise("m3.log.plural: nouns = " .. show(nouns) .. ": expected the plural (a string) or nil")
+  end
   return exact(n) .. " " .. (n == 1 and noun or nouns or noun .. "s")
 end
 
@@ -107,6 +110,9 @@ end
 
 function log.read_jsonl(path)
   if type(path) ~= "string" then raise("m3.log.read_jsonl: expected a file path, got " .. show(path)) end
+  fs.check_path(path, "m3.log.read_jsonl")
+  local kind = fs.kind(path)
+  if kind then raise("m3.log.read_jsonl: " .. path .. " is " .. kind .. ", not a JSONL file") end
   local f, err = io.open(path, "r")
   if not f then raise("m3.log.read_jsonl: cannot open " .. tostring(err)) end
   local out, skipped, n = {}, {}, 0

@@ -103,8 +103,9 @@ local sweep = {}
 -- A key or value in a folder name: numbers exactly; lists as "[a,b]", their values named
 -- alike; text and booleans with "%", "/", ",", "=", "\\", "[", "]", blanks and control
 -- characters written as %XX (reversible, so distinct values never share a name). Other
--- values are an error naming key (the option) and value.
-local function format_value(v, key)
+-- values, and a list that holds itself (at any depth), are an error naming key (the option) and value;
+-- seen: the lists being written around v.
+local function format_value(v, key, seen)
   local t = type(v)
   if t == "number" then return exact(v) end -- distinct numbers never share a name
   if t == "string" or t == "boolean" then
@@ -119,11 +120,23 @@ local function format_value(v, key)
     raise(string.format("m3.sweep: %s = %s: %s cannot name a run folder; use numbers, text, booleans or lists of them",
       key, show(v), why))
   end
+  seen = seen or {}
+  if seen[v] then
+    raise(string.format("m3.sweep: %s is a list it is inside of (a cycle): it cannot name a run folder", key))
+  end
+  seen[v] = true
   local parts = {}
-  for i = 1, #v do parts[i] = format_value(v[i], key .. "[" .. i .. "]") end
+  for i = 1, #v do parts[i] = format_value(v[i], key .. "[" .. i .. "]", seen) end
+  seen[v] = nil
   return "[" .. table.concat(parts, ",") .. "]"
 end
-sweep.format_value = format_value
+
+function sweep.format_value(v, key)
+  if type(key) ~= "nil" and type(key) ~= "string" then
+    raise("m3.sweep.format_value: key = " .. show(key) .. ": expected the option's name (a string) or nil")
+  end
+  return format_value(v, key or "value")
+end
 
 -- a == b, tables compared key by key; NaN is the same value as NaN (both name a folder "nan").
 local function same_value(a, b)
@@ -139,17 +152,29 @@ end
 
 -- The folder name of point: keys (in order) whose value differs from defaults.
 function sweep.name(point, defaults, keys)
+  if type(point) ~= "table" then raise("m3.sweep.name: point = " .. show(point) .. ": expected a table of settings") end
+  if type(defaults) ~= "nil" and type(defaults) ~= "table" then
+    raise("m3.sweep.name: defaults = " .. show(defaults) .. ": expected a table of settings or nil")
+  end
+  if type(keys) ~= "nil" and not options.is_list(keys) then
+    raise("m3.sweep.name: keys = " .. show(keys) .. ": expected a list of the point's keys or nil")
+  end
   defaults = defaults or {}
   if not keys then
     keys = {}
-    for k in pairs(point) do keys[#keys + 1] = k end
+    for k in pairs(point) do
+      if type(k) ~= "string" then
+        raise("m3.sweep.name: point has the key " .. show(k) .. ": expected names (text) as keys, or give keys")
+      end
+      keys[#keys + 1] = k
+    end
     table.sort(keys)
   end
   local parts = {}
   for _, k in ipairs(keys) do
     local v = point[k]
-    local text = v ~= nil and format_value(v, k)
-    if text and not same_value(v, defaults[k]) then parts[#parts + 1] = format_value(k) .. "=" .. text end
+    local text = v ~= nil and format_value(v, tostring(k))
+    if text and not same_value(v, defaults[k]) then parts[#parts + 1] = format_value(k, "a key") .. "=" .. text end
   end
   return #parts > 0 and table.concat(parts, ",") or "defaults"
 end
@@ -409,7 +434,7 @@ local point_stack = {}
 local function run_point(o, job)
   point_stack[#point_stack + 1] = { dir = o.dir, point = job.name }
   local ok, result = xpcall(function()
-    fs.mkdir(job.run_dir)
+    fs.mkdir(job.run_dir, "m3.sweep")
     return o.run(job.point, job.run_dir)
   end, debug.traceback)
   point_stack[#point_stack] = nil
@@ -579,7 +604,7 @@ local function run_parallel(o, pending, n, report)
       while next_i <= #pending and #free > 0 do
         local job = pending[next_i]
         next_i = next_i + 1
-        fs.mkdir(job.run_dir)
+        fs.mkdir(job.run_dir, "m3.sweep")
         local gpu = table.remove(free)
         local device = gpu and "CUDA_VISIBLE_DEVICES=" .. shell_quote(gpu) .. " " or ""
         local cmd = string.format("%s%s exec %s > %s 2>&1", device, child_env(o.dir, job), base,
@@ -819,7 +844,7 @@ function sweep.run(o)
       more and string.format("; so do%s %s", #stale > 2 and "" or "es", table.concat(stale, ", ", 2)) or "",
       more and "those folders" or "that folder", more and "those points" or "the point"))
   end
-  fs.mkdir(o.dir)
+  fs.mkdir(o.dir, "m3.sweep")
   if in_child then pending = {} end
   local n = o.parallel or 1
   if n > 1 and #pending > 0 then

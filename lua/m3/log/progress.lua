@@ -1,6 +1,7 @@
 -- m3.log.progress — training progress: a live bar on a terminal, plain lines otherwise.
 --
 --   local p = progress.new{total = 1000, out = io.stdout, every = 50, first = 0, interval = 30}
+--                                              out: an open file, or a table with write and flush
 --   p:update(step, {loss =, lr =, tokens =})   tokens: processed by this step
 --   p:message("val_loss 0.12")                 a line that does not break the bar
 --   p:finish()
@@ -97,18 +98,23 @@ end
 function progress.new(o)
   if type(o) ~= "table" then raise("m3.log.progress: expected {total = <steps>, ...}, got " .. show(o)) end
   local total = want_int(o.total, "m3.log.progress: total", 1)
-  local out = o.out or io.stdout
-  if (type(out) ~= "userdata" and type(out) ~= "table") or type(out.write) ~= "function" then
-    raise("m3.log.progress: out = " .. show(o.out) .. ": expected a file (something with :write)")
+  local out = o.out
+  if type(out) == "nil" then out = io.stdout end -- (type: a NULL pointer == nil, and is no file)
+  if io.type(out) == "closed file" then raise("m3.log.progress: out = " .. show(out) .. ": the file is closed") end
+  if io.type(out) ~= "file" and (type(out) ~= "table" or type(out.write) ~= "function"
+    or type(out.flush) ~= "function") then
+    raise("m3.log.progress: out = " .. show(o.out) .. ": expected an open file (or a table with write and flush "
+      .. "methods)")
   end
+  local function given(k) return type(o[k]) ~= "nil" end
   local self = setmetatable({
-    total = total, out = out, first = o.first == nil and 0 or want_int(o.first, "m3.log.progress: first", 0),
-    every = o.every == nil and math.max(1, math.floor(total / 20)) or want_int(o.every, "m3.log.progress: every", 1),
-    width = o.width == nil and 24 or want_int(o.width, "m3.log.progress: width", 1),
-    interval = o.interval == nil and 30 or want_seconds(o.interval, "m3.log.progress: interval"),
+    total = total, out = out, first = given("first") and want_int(o.first, "m3.log.progress: first", 0) or 0,
+    every = given("every") and want_int(o.every, "m3.log.progress: every", 1) or math.max(1, math.floor(total / 20)),
+    width = given("width") and want_int(o.width, "m3.log.progress: width", 1) or 24,
+    interval = given("interval") and want_seconds(o.interval, "m3.log.progress: interval") or 30,
     tokens = 0, drawn = -math.huge, line_open = false,
   }, P)
-  if o.tty == nil then self.tty = progress.is_terminal(out) else self.tty = want_bool(o.tty, "m3.log.progress: tty") end
+  if given("tty") then self.tty = want_bool(o.tty, "m3.log.progress: tty") else self.tty = progress.is_terminal(out) end
   self.start = progress.now()
   self.written = self.start
   return self
@@ -136,8 +142,8 @@ function P:update(step, m)
     raise("m3.log.progress: update expects {loss =, lr =, tokens =} after the step, got " .. show(m))
   end
   m = m or {}
-  for _, k in ipairs(METRICS) do
-    if m[k] ~= nil then want_number(m[k], "m3.log.progress: update: " .. k) end
+  for _, k in ipairs(METRICS) do -- (type: a NULL pointer == nil)
+    if type(m[k]) ~= "nil" then want_number(m[k], "m3.log.progress: update: " .. k) end
   end
   self.tokens = self.tokens + (m.tokens or 0)
   self.step, self.last = step, m

@@ -2,7 +2,7 @@
 --
 --   svg.lines{title =, xlabel =, ylabel =, logy =, series = {{name =, x = {...}, y = {...}}}}
 --       -> a chart (a table with width, height and body); x and y of a series have one length
---   svg.bars{title =, xlabel =, labels = {...}, values = {...}} -> a horizontal bar chart
+--   svg.bars{title =, xlabel =, labels = {...}, values = {...}} -> a horizontal bar chart (values[i]: labels[i]'s)
 --   svg.document(charts) -> SVG text with the charts stacked vertically
 --   svg.write(path, charts) -> writes the document (atomically; the folder must exist)
 --   svg.nice_ticks(lo, hi, n = 5) -> ticks, axis_lo, axis_hi  (n at most 100)
@@ -292,6 +292,10 @@ function svg.bars(o)
   options.check_table(o, BARS_OPTS, "m3.log.svg.bars")
   local labels = want_list(o.labels, "labels", "m3.log.svg.bars")
   local values = want_list(o.values, "values", "m3.log.svg.bars")
+  if table.maxn(values) > #labels then -- (a label without a value, nil or not finite, is drawn without a bar)
+    lib.raise(string.format("m3.log.svg.bars: %d labels but values up to values[%d]: expected at most one value per "
+      .. "label", #labels, table.maxn(values)))
+  end
   local n = #labels
   local bar_h, gap = 18, 6
   local left, top = 260, 34
