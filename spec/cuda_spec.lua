@@ -65,6 +65,7 @@ describe("CUDA trainer #gpu", function()
     if not helper.need_gpu(pending) then return end
     local cfg = helper.features_none({ d_model = 32, d_state = 16, headdim = 16 })
     local tr = m3.trainer(cfg, { device = "cuda", dtype = "f16", batch = 2, seq_len = 8, lr = 1e-4, seed = 4 })
+    assert.same({ 2 ^ 16, 0 }, { tr:scaler_state() }) -- the start
     local b = helper.batch(m3.config(cfg), 2, 8, helper.rng(12))
     for k = 0, b.d_out:numel() - 1 do b.d_out[k] = b.d_out[k] * 1e-6 end -- clean at every scale up to 2^24
     local huge = { input = b.input, d_out = b.d_out:clone() }

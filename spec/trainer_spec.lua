@@ -522,6 +522,64 @@ describe("m3.trainer", function()
     assert.matches("Adam moments, the carried state and the step count are unchanged",
       helper.error_of(tr.backward_step, tr, bad))
     assert.is_true(helper.same_states(chosen, tr:states()))
+    tr:forward(bad)
+    tr:reset_state() -- every row, after the forward
+    assert.matches("Adam moments, the carried state and the step count are unchanged",
+      helper.error_of(tr.backward_step, tr, bad))
+    twin:reset_state()
+    assert.is_true(helper.same_states(twin:states(), tr:states()))
+  end)
+
+  -- what reset_state or set_states did after a split forward is for that forward's backward_step alone: a later
+  -- refused update (a fused step, or the backward_step of a new forward) puts the state back where its own forward
+  -- began, neither keeping it as set nor resetting those rows again
+  it("forgets a reset or set_state made after an earlier forward when a later refused update puts the state back",
+    function()
+      local tr = m3.trainer(helper.features_none(), opts({ carry_state = true }))
+      local twin = m3.trainer(helper.features_none(), opts({ carry_state = true }))
+      local b = helper.batch(tr.config, 3, 7, helper.rng(32))
+      local bad = { input = b.input:clone(), d_out = b.d_out }
+      bad.input[4] = 0 / 0
+      for _, t in ipairs { tr, twin } do
+        t:step(b)
+        t:forward(b)
+        t:reset_state({ 1 })
+        t:set_states(t:states())
+        t:backward_step(b)
+        t:step(b) -- row 1 carries a state again
+      end
+      assert.matches("Adam moments, the carried state and the step count are unchanged",
+        helper.error_of(tr.step, tr, bad))
+      assert.is_true(helper.same_states(twin:states(), tr:states()))
+      for _, t in ipairs { tr, twin } do
+        t:forward(b)
+        t:reset_state({ 1 })
+        t:backward_step(b)
+        t:step(b)
+      end
+      tr:forward(bad)
+      assert.matches("Adam moments, the carried state and the step count are unchanged",
+        helper.error_of(tr.backward_step, tr, bad))
+      assert.is_true(helper.same_states(twin:states(), tr:states()))
+      assert.is_true(helper.same_weights(twin:snapshot(), tr:snapshot()))
+    end)
+
+  it("leaves the state where a longer window's last forward left it when the window's update is refused", function()
+    local tr = m3.trainer(helper.features_none(), opts({ carry_state = true }))
+    local twin = m3.trainer(helper.features_none(), opts({ carry_state = true }))
+    local rng = helper.rng(33)
+    local b, c = helper.batch(tr.config, 3, 7, rng), helper.batch(tr.config, 3, 7, rng)
+    local bad = c.d_out:clone()
+    bad[0] = 0 / 0 -- the forward's state stays finite, the gradient does not
+    for _, t in ipairs { tr, twin } do
+      t:forward(b)
+      t:backward_step(b, { accumulate = true })
+      t:forward(c)
+    end
+    assert.matches("weights, Adam moments and the step count are unchanged", helper.error_of(tr.backward_step, tr, bad))
+    twin:backward_step(c) -- an update moves no state
+    assert.is_true(helper.same_states(twin:states(), tr:states()))
+    assert.equal(0, tr:step_count())
   end)
 
   it("raises an error starting with \"interrupted\" after m3_interrupt, applying nothing", function()
@@ -534,6 +592,7 @@ describe("m3.trainer", function()
     C.m3_interrupt_clear()
     assert.is_false(ok)
     assert.matches("^interrupted", err)
+    assert.matches("interrupted before the step", err, 1, true) -- before the forward began, not inside it
     assert.is_true(helper.same_weights(before, tr:snapshot()))
     assert.equal(0, tr:step_count())
     tr:step(b)
@@ -561,6 +620,7 @@ describe("m3.trainer", function()
     assert.matches("expected a number", helper.error_of(a.set_lr, a, "x"))
     -- 0 / 0 is a NaN whose sign bit is set on x86: the messages still say "nan"
     assert.matches("set_lr: lr = nan must be a finite number > 0", helper.error_of(a.set_lr, a, 0 / 0), 1, true)
+    assert.matches("set_lr: lr = 0 must be a finite number > 0", helper.error_of(a.set_lr, a, 0), 1, true)
     assert.matches("set_clip: max_norm = nan must be a finite number >= 0", helper.error_of(a.set_clip, a, 0 / 0), 1,
       true)
     assert.matches("set_lr: lr = 1e%+39: lr / %(1 %- beta1%) = 1e%+40 must be at most", helper.error_of(a.set_lr, a, 1e39))
@@ -923,6 +983,22 @@ describe("m3.trainer", function()
     assert.equal(2, tr:step_count())
   end)
 
+  -- a window of fewer rows moves only its own rows' state: the other rows keep theirs, a reset one stays reset
+  it("leaves the carried state of the rows a narrower window does not hold as it was", function()
+    local tr = m3.trainer(helper.features_none(), opts({ carry_state = true }))
+    local rng = helper.rng(19)
+    tr:step(helper.batch(tr.config, 3, 7, rng))
+    tr:reset_state({ 2 })
+    local before = tr:states()
+    tr:step(helper.batch(tr.config, 2, 7, rng))
+    local after = tr:states()
+    for l = 1, #after do
+      local moved = helper.rows(after[l], 0, 2)
+      assert.is_false(helper.same_states({ helper.rows(before[l], 0, 2) }, { moved }))
+      assert.is_true(helper.same_states({ helper.rows(before[l], 2, 1) }, { helper.rows(after[l], 2, 1) }))
+    end
+  end)
+
   it("check_batch checks a window as step would and counts its scored positions, running nothing", function()
     local tr = m3.trainer(helper.tokens_lm(), opts({ carry_state = true }))
     local b = helper.batch(tr.config, 3, 7, helper.rng(24), { ignore = 0.3 })
@@ -996,6 +1072,26 @@ describe("m3.trainer", function()
       local plain = ref:backward_step(real)
       assert.equal(plain.loss, closed.loss)
       assert.is_true(helper.same_weights(ref:snapshot(), tr:snapshot()))
+    end)
+
+    it("counts over the whole window and only while it is open", function()
+      local tr = m3.trainer(helper.tokens_lm(), opts())
+      local none = counting_none(tr, 44)
+      local real = { tokens = none.tokens, targets = helper.batch(tr.config, 3, 7, helper.rng(45)).targets }
+      tr:step(real)
+      -- a window that counted in its first micro-batch is closed by ones that count none
+      tr:forward(none)
+      assert.equal(1, tr:backward_step(real, { accumulate = true }).step)
+      tr:forward(none)
+      tr:backward_step(none, { accumulate = true })
+      tr:forward(none)
+      assert.is_true(tr:backward_step(none).optimizer_stepped)
+      assert.equal(2, tr:step_count())
+      -- what the closed window counted went with it
+      tr:forward(none)
+      assert.matches("backward_step: the batch counts no position", helper.error_of(tr.backward_step, tr, none))
+      tr:backward_step(real)
+      assert.equal(3, tr:evaluate(real).step)
     end)
   end)
 

@@ -6,9 +6,15 @@
  * 1. A NULL trainer or inference object: each call names itself; a clone of NULL weights leaves *out NULL.
  * 2. backward_step's scale outside float32's normal numbers (the micro-batch's gradient would become 0 or
  *    infinite), a NaN, 0 or a negative scale, and an accumulate other than 0 / 1 are refused with the
- *    forward still pending; eps that float32 rounds to infinity (no step would move a weight) is refused.
+ *    forward still pending; eps that float32 rounds to infinity (no step would move a weight) is refused. So are
+ *    an infinite clip, a batch of another shape than the pending forward's, and step, capture_graph and
+ *    load_weights while a forward is pending (M3_ERR_ORDER); opts NULL takes the trainer's clip. Creation
+ *    fields out of range are refused by their own rule; the accepted ones (device_index on the CPU, no_decay,
+ *    seed) show in info and the RNG.
  * 3. Layers, row lists, flags, profile arguments and batches out of range name the call and the value
- *    (profile's before the CPU's M3_ERR_UNSUPPORTED); an "mse" batch without target_values names that field.
+ *    (profile's before the CPU's M3_ERR_UNSUPPORTED); an "mse" batch without target_values names that field;
+ *    a target equal to the vocabulary size, a non-finite set_state value, weights of another config for
+ *    snapshot / grads and scaler_state without f16 are refused.
  */
 #include <float.h>
 
@@ -119,6 +125,20 @@ static void check_backward_opts(m3_trainer *tr, const m3_batch *b, picture *befo
   }
   const m3_backward_opts twice = {-1, 2, 1};
   REFUSED(m3_trainer_backward_step(tr, b, &twice, &m), M3_ERR_ARGUMENT, "backward_step: accumulate = 2");
+  const m3_backward_opts infinite = {INFINITY, 0, 1};
+  REFUSED(m3_trainer_backward_step(tr, b, &infinite, &m), M3_ERR_ARGUMENT, "backward_step: clip = inf must be finite");
+  m3_batch other = *b; /* backward_step's batch must be the pending forward's rows x len */
+  other.rows = 1;
+  REFUSED(m3_trainer_backward_step(tr, &other, NULL, &m), M3_ERR_ARGUMENT,
+          "backward_step: batch is 1 x 4 but the pending forward was 2 x 4");
+  other = *b;
+  other.len = 3;
+  REFUSED(m3_trainer_backward_step(tr, &other, NULL, &m), M3_ERR_ARGUMENT,
+          "backward_step: batch is 2 x 3 but the pending forward was 2 x 4");
+  /* the interlocks of a pending forward come before anything the backend would say */
+  REFUSED(m3_trainer_step(tr, b, &m), M3_ERR_ORDER, "step: a forward is pending");
+  REFUSED(m3_trainer_capture_graph(tr), M3_ERR_ORDER, "capture_graph: finish the pending forward");
+  REFUSED(m3_trainer_load_weights(tr, before->weights), M3_ERR_ORDER, "load_weights: finish the pending forward");
   check_unchanged(tr, before, now, "a refused backward_step");
   m3_trainer_info info;
   m3_trainer_get_info(tr, &info);
@@ -127,6 +147,19 @@ static void check_backward_opts(m3_trainer *tr, const m3_batch *b, picture *befo
   const m3_backward_opts smallest = {-1, 0, FLT_MIN};
   CHECK_OK(m3_trainer_backward_step(tr, b, &smallest, &m));
   CHECK(m.optimizer_stepped && m3_trainer_step_count(tr) == before->step + 1, "backward_step at scale FLT_MIN");
+  /* opts NULL: clip -1, the trainer's own (here on, so the norm is reported) */
+  CHECK_OK(m3_trainer_set_clip(tr, 1e9));
+  CHECK_OK(m3_trainer_forward(tr, b, NULL));
+  CHECK_OK(m3_trainer_backward_step(tr, b, NULL, &m));
+  CHECK(m.has_grad_norm == 1 && m.grad_norm > 0, "backward_step(opts NULL) clipped with the trainer's clip: "
+        "has_grad_norm %d, grad_norm %g", m.has_grad_norm, m.grad_norm);
+  CHECK_OK(m3_trainer_set_clip(tr, 0));
+  /* clip 0 (off) may open a window: only a clip > 0 waits for the closing backward_step */
+  const m3_backward_opts open_unclipped = {0, 1, 1};
+  CHECK_OK(m3_trainer_forward(tr, b, NULL));
+  CHECK(m3_trainer_backward_step(tr, b, &open_unclipped, &m) == M3_OK, "accumulate with clip 0: %s", m3_last_error());
+  CHECK_OK(m3_trainer_forward(tr, b, NULL));
+  CHECK_OK(m3_trainer_backward_step(tr, b, NULL, &m));
 }
 
 static void check_eps(m3_weights *w) {
@@ -138,6 +171,62 @@ static void check_eps(m3_weights *w) {
   tc.eps = FLT_MAX;
   CHECK_OK(m3_trainer_create(&tc, &tr));
   m3_trainer_destroy(tr);
+}
+
+/* Every creation field is judged by its own rule (another check further on would refuse some of these values
+ * too, under another message); values at the edge of a range are taken, and the taken ones show. */
+static void check_create_fields(m3_weights *w) {
+  m3_trainer_cfg tc;
+  m3_trainer *tr = NULL;
+#define BAD_CFG(assign, ...)                                                   \
+  do {                                                                         \
+    tc = test_trainer_cfg(w, M3_DEVICE_CPU, B, T);                             \
+    assign;                                                                    \
+    tr = NULL;                                                                 \
+    REFUSED(m3_trainer_create(&tc, &tr), M3_ERR_CONFIG, __VA_ARGS__);          \
+    m3_trainer_destroy(tr);                                                    \
+  } while (0)
+  BAD_CFG(tc.batch = 0, "batch = 0: must be an integer >= 1");
+  BAD_CFG(tc.seq_len = 0, "seq_len = 0: must be an integer >= 1");
+  BAD_CFG(tc.lr = 0, "lr = 0: must be a finite number > 0");
+  BAD_CFG(tc.beta1 = 1, "betas[1] = 1: must be in [0, 1)");
+  BAD_CFG(tc.eps = 0, "eps = 0: must be a finite number > 0");
+#undef BAD_CFG
+  tc = test_trainer_cfg(NULL, M3_DEVICE_CPU, B, T);
+  tr = NULL;
+  REFUSED(m3_trainer_create(&tc, &tr), M3_ERR_ARGUMENT, "m3_trainer_create: cfg->weights is NULL");
+  m3_trainer_destroy(tr);
+  tc = test_trainer_cfg(w, M3_DEVICE_CPU, B, T);
+  tc.beta1 = 0;
+  tc.beta2 = 0;
+  tr = NULL;
+  CHECK(m3_trainer_create(&tc, &tr) == M3_OK, "betas {0, 0} taken: %s", m3_last_error());
+  m3_trainer_destroy(tr);
+  /* a CPU trainer reports device index 0 whatever was asked; no_decay 0 and the seed are the trainer's */
+  tc = test_trainer_cfg(w, M3_DEVICE_CPU, B, T);
+  tc.device_index = 3;
+  tc.no_decay = 0;
+  tc.seed = 12345;
+  tr = NULL;
+  CHECK_OK(m3_trainer_create(&tc, &tr));
+  m3_trainer_info info;
+  m3_trainer_get_info(tr, &info);
+  CHECK(info.device == M3_DEVICE_CPU && info.device_index == 0 && info.no_decay == 0,
+        "info: device %d, index %d (expected 0 on the CPU), no_decay %d (expected 0)", info.device,
+        info.device_index, info.no_decay);
+  m3_rng r;
+  m3_rng_seed(&r, 12345);
+  const uint64_t want = m3_rng_next(&r), got = m3_trainer_rng_next(tr);
+  CHECK(got == want, "the trainer's RNG is seeded with cfg.seed: first draw %llu, expected %llu",
+        (unsigned long long)got, (unsigned long long)want);
+  m3_trainer_destroy(tr);
+  /* the generator itself (rng.h): splitmix64's reference words for seed 0, then xoshiro256**'s first draw, so
+   * that a seed gives the same weights and draws in every version */
+  static const uint64_t splitmix0[4] = {0xe220a8397b1dcdafull, 0x6e789e6aa1b965f4ull, 0x06c45d188009454full,
+                                        0xf88bb8a8724c81ecull};
+  m3_rng_seed(&r, 0);
+  CHECK(memcmp(r.s, splitmix0, sizeof splitmix0) == 0 && m3_rng_next(&r) == 0x99ec5f36cb75f2b4ull,
+        "m3_rng_seed(0) is splitmix64's reference sequence and the next draw xoshiro256**'s");
 }
 
 /* ---- 3. indices, flags, fields -------------------------------------------------------------------------- */
@@ -165,7 +254,28 @@ static void check_indices(m3_trainer *tr, m3_infer *inf, const m3_batch *b, pict
   wide.rows = B + 1;
   REFUSED(m3_trainer_forward(tr, &wide, NULL), M3_ERR_ARGUMENT, "forward: batch has 3 rows");
   REFUSED(m3_trainer_evaluate(tr, &wide, NULL, NULL), M3_ERR_ARGUMENT, "evaluate: batch has 3 rows");
+  m3_batch wrong = *b; /* a target equal to the vocabulary size is one past the last id */
+  int32_t targets[B * T];
+  memcpy(targets, b->targets, sizeof targets);
+  targets[5] = VOCAB;
+  wrong.targets = targets;
+  REFUSED(m3_trainer_check_batch(tr, &wrong, NULL), M3_ERR_ARGUMENT,
+          "check_batch: batch.targets[5] (row 1, position 1) = 11: must be in [0, 11)");
+  float ssm[B * 4 * 4 * 8] = {0};
+  ssm[3] = NAN;
+  REFUSED(m3_trainer_set_state(tr, 0, NULL, ssm, NULL, NULL), M3_ERR_ARGUMENT, "set_states: ssm [3] = nan");
+  m3_weights *mse = tiny_lm(M3_HEAD_MSE); /* another head: another config */
+  REFUSED(m3_trainer_snapshot(tr, mse), M3_ERR_ARGUMENT, "snapshot: the weights' config differs");
+  REFUSED(m3_trainer_grads(tr, mse), M3_ERR_ARGUMENT, "grads: the weights' config differs");
+  m3_weights_destroy(mse);
+  double scale;
+  int64_t tracker;
+  REFUSED(m3_trainer_scaler_state(tr, &scale, &tracker), M3_ERR_UNSUPPORTED, "scaler_state: only f16");
   check_unchanged(tr, before, now, "refused calls");
+  m3_trainer_info info;
+  m3_trainer_get_info(tr, &info);
+  CHECK(info.step == before->step && info.step > 0, "info.step %lld, step count %lld", (long long)info.step,
+        (long long)before->step);
   REFUSED(m3_infer_reset(inf, rows, -3), M3_ERR_ARGUMENT, "reset: n_rows = -3");
   REFUSED(m3_infer_get_state(inf, 9, x, NULL, NULL, NULL), M3_ERR_ARGUMENT, "get_state: layer = 9");
   REFUSED(m3_infer_set_state(inf, 2, x, NULL, NULL, NULL), M3_ERR_ARGUMENT, "set_state: layer = 2");
@@ -211,6 +321,7 @@ int main(void) {
   check_null_objects(w);
   check_backward_opts(tr, &b, &before, &now);
   check_eps(w);
+  check_create_fields(w);
   check_indices(tr, inf, &b, &before, &now);
   check_mse_fields(&b);
 
