@@ -925,8 +925,8 @@ describe("m3.data sources", function()
   it("checks a source's options when it is made, each on its own and length with min_length, and names a method "
     .. "called with '.'", function()
     -- each was taken, and only a call of next raised (ops = "" as 'got ' with nothing after it)
-    assert.equal("m3.data.parity: length must be an integer >= 1, got 0", message_of(function() data.parity {
-      length = 0 } end))
+    assert.equal("m3.data.parity: length must be an integer >= 1, got 0",
+      message_of(function() data.parity { length = 0 } end))
     assert.equal("m3.data.parity: min_length must be an integer in [1, length = 4], got 8",
       message_of(function() data.parity { min_length = 8, length = 4 } end))
     for _, d in ipairs { 2, 0 / 0 } do
