@@ -170,11 +170,12 @@ local function on_terminal(argv, steps)
 end
 
 -- A REPL session on a terminal, without history, with the environment variable setting `setting` if given:
--- m3lua alone (its prompt first), with steps to play after it.
+-- m3lua alone (its prompt first), with steps to play after it. SIGHUP at its default (under nohup, which ignores
+-- it, m3lua leaves it ignored and a hangup would not end the session).
 local function repl_on_terminal(steps, setting)
   local all = { { prompt = "m3> " } }
   for _, step in ipairs(steps) do all[#all + 1] = step end
-  return on_terminal({ "env", "M3LUA_HISTORY=", setting or "M3LUA_HISTORY=", M3LUA }, all)
+  return on_terminal({ "env", "--default-signal=HUP", "M3LUA_HISTORY=", setting or "M3LUA_HISTORY=", M3LUA }, all)
 end
 
 teardown(function()
