@@ -469,9 +469,14 @@ describe("m3.trainer", function()
     assert.equal(2, tr:step_count())
   end)
 
+  -- two trainers of one model that carry their state: one takes a refused update, the other shows where it should be
+  local function carrying_twins()
+    return m3.trainer(helper.features_none(), opts({ carry_state = true })),
+      m3.trainer(helper.features_none(), opts({ carry_state = true }))
+  end
+
   it("puts the carried state back after a non-finite step, so the next clean step trains", function()
-    local tr = m3.trainer(helper.features_none(), opts({ carry_state = true }))
-    local twin = m3.trainer(helper.features_none(), opts({ carry_state = true }))
+    local tr, twin = carrying_twins()
     local rng = helper.rng(8)
     local b, c = helper.batch(tr.config, 3, 7, rng), helper.batch(tr.config, 2, 7, rng)
     tr:step(b)
@@ -498,8 +503,7 @@ describe("m3.trainer", function()
   end)
 
   it("keeps a reset or set_state made after the forward when a refused backward_step puts the state back", function()
-    local tr = m3.trainer(helper.features_none(), opts({ carry_state = true }))
-    local twin = m3.trainer(helper.features_none(), opts({ carry_state = true }))
+    local tr, twin = carrying_twins()
     local b = helper.batch(tr.config, 3, 7, helper.rng(31))
     tr:step(b)
     twin:step(b)
@@ -535,8 +539,7 @@ describe("m3.trainer", function()
   -- began, neither keeping it as set nor resetting those rows again
   it("forgets a reset or set_state made after an earlier forward when a later refused update puts the state back",
     function()
-      local tr = m3.trainer(helper.features_none(), opts({ carry_state = true }))
-      local twin = m3.trainer(helper.features_none(), opts({ carry_state = true }))
+      local tr, twin = carrying_twins()
       local b = helper.batch(tr.config, 3, 7, helper.rng(32))
       local bad = { input = b.input:clone(), d_out = b.d_out }
       bad.input[4] = 0 / 0
@@ -565,8 +568,7 @@ describe("m3.trainer", function()
     end)
 
   it("leaves the state where a longer window's last forward left it when the window's update is refused", function()
-    local tr = m3.trainer(helper.features_none(), opts({ carry_state = true }))
-    local twin = m3.trainer(helper.features_none(), opts({ carry_state = true }))
+    local tr, twin = carrying_twins()
     local rng = helper.rng(33)
     local b, c = helper.batch(tr.config, 3, 7, rng), helper.batch(tr.config, 3, 7, rng)
     local bad = c.d_out:clone()
