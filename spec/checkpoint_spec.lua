@@ -234,6 +234,10 @@ describe("m3.checkpoint", function()
       { "extra", {}, "extra = {}: expected a function" },
       { "dir", true, "dir = true: expected a folder path" },
       { "data_opts", true, "data_opts = true: expected a table of data options" },
+      -- a NULL pointer counted as graph = true, and as a clip failed inside set_clip
+      { "graph", require("ffi").new("void *"), "graph = cdata<void *>: NULL: expected a boolean" },
+      { "clip", require("ffi").new("void *"), "clip = cdata<void *>: NULL: expected a number >= 0 (0 = off)" },
+      { "graph", 1, "graph = 1: expected a boolean" },
       { "trainer", {}, "trainer = {}: expected an m3.trainer" },
     } do
       assert.matches("^m3%.fit%.run: " .. case[3]:gsub("%p", "%%%0") .. "$",

@@ -204,6 +204,10 @@ local function check(o)
   if type(o.batch) ~= "nil" then options.want_int(o.batch, "m3.fit.run: batch", 1) end
   if type(o.eval_every) ~= "nil" then options.want_int(o.eval_every, "m3.fit.run: eval_every", 1) end
   if type(o.max_nonfinite) ~= "nil" then options.want_int(o.max_nonfinite, "m3.fit.run: max_nonfinite", 0) end
+  if type(o.graph) ~= "nil" then options.want_bool(o.graph, "m3.fit.run: graph") end -- (a NULL pointer is true)
+  if type(o.clip) ~= "nil" and type(o.clip) ~= "number" then -- (the trainer's set_clip checks the number)
+    lib.raise("m3.fit.run: clip = " .. options.show(o.clip) .. ": expected a number >= 0 (0 = off)")
+  end
   if o.graph and o.trainer.device and o.trainer:device() == "cpu" then -- refused before the first step
     lib.raise("m3.fit.run: graph = true needs a CUDA trainer (this one runs on " .. o.trainer:device() .. ")")
   end
