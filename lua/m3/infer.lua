@@ -115,9 +115,7 @@ end
 
 -- m3.infer(weights_or_path_or_trainer, opts)
 local function new(w, opts)
-  if type(opts) ~= "nil" and type(opts) ~= "table" then raise("m3.infer: opts must be a table, got " .. type(opts)) end
-  opts = opts or {}
-  options.check_keys(opts, OPTS, "m3.infer")
+  opts = options.opts_table(opts, OPTS, "m3.infer")
   local c = fill_cfg(opts)
   local own = false
   if type(w) == "string" then
@@ -239,9 +237,7 @@ end
 -- then stay on the device), a tensor of that shape receives it (see destination).
 function I:step(batch, opts)
   live(self)
-  if type(opts) ~= "nil" and type(opts) ~= "table" then raise("step: opts must be a table, got " .. type(opts)) end
-  opts = opts or {}
-  options.check_keys(opts, STEP_OPTS, "step")
+  opts = options.opts_table(opts, STEP_OPTS, "step")
   local t, resets = step_input(self, batch, "step")
   local B, T_ = t.dims_[0], t.dims_[1]
   local cfg = self._cfg
@@ -281,9 +277,7 @@ local GEN_OPTS = { temperature = true, top_k = true, top_p = true, seed = true, 
 
 local function gen_options(self, opts)
   local what = "generate"
-  if type(opts) ~= "nil" and type(opts) ~= "table" then raise("generate: opts must be a table, got " .. type(opts)) end
-  opts = opts or {}
-  options.check_keys(opts, GEN_OPTS, what)
+  opts = options.opts_table(opts, GEN_OPTS, what)
   local o = { sampler = { temperature = opts.temperature, top_k = opts.top_k, top_p = opts.top_p,
                           seed = opts.seed } }
   local V = self._cfg.vocab_size

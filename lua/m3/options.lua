@@ -43,6 +43,15 @@ function options.check_self(self, mts, what, noun, var, method, args)
     show(self)))
 end
 
+-- A call's options table once its keys are valid (nil: {}); anything else than a table or nil, a NULL pointer
+-- (which equals nil) too, is "<what>: opts must be a table, got <type>".
+function options.opts_table(opts, valid, what)
+  if type(opts) ~= "nil" and type(opts) ~= "table" then raise(what .. ": opts must be a table, got " .. type(opts)) end
+  opts = opts or {}
+  options.check_keys(opts, valid, what)
+  return opts
+end
+
 function options.check_keys(t, valid, what)
   if type(t) ~= "table" then raise(string.format("%s: expected an options table, got %s", what, show(t))) end
   for k in pairs(t) do
@@ -146,9 +155,7 @@ local LOAD_OPTS = { device = true, dtype = true, batch = true, seq_len = true }
 -- (m3.checkpoint checks them before it tries its files: options no file could be loaded with are not a
 -- damaged file's).
 function options.load_opts(opts, what)
-  if type(opts) ~= "nil" and type(opts) ~= "table" then raise(what .. ": opts must be a table, got " .. type(opts)) end
-  opts = opts or {}
-  options.check_keys(opts, LOAD_OPTS, what)
+  opts = options.opts_table(opts, LOAD_OPTS, what)
   local o = ffi.new("m3_load_opts", -1, -1, -1, -1, -1)
   if opts.device ~= nil then
     local kind, index = options.parse_device(opts.device, what)

@@ -43,9 +43,7 @@ function sampling.new(rows, opts, what)
   end
   what = what or "m3.sampling"
   rows = options.want_int(rows, what .. ": rows", 1)
-  if type(opts) ~= "nil" and type(opts) ~= "table" then raise(what .. ": opts must be a table, got " .. type(opts)) end
-  opts = opts or {}
-  options.check_keys(opts, OPTS, what)
+  opts = options.opts_table(opts, OPTS, what)
   local o = ffi.new("m3_sample_opts", 1, 0, 1)
   if opts.temperature ~= nil then
     local t = opts.temperature

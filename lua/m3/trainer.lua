@@ -30,7 +30,7 @@ local Box = lib.box("m3_trainer", C.m3_trainer_destroy)
 
 local DEVICE_CPU = options.DEVICE_CPU
 local PRECISION_NAME = options.PRECISION_NAME
-local show, check_keys, want_int = options.show, options.check_keys, options.want_int
+local show, want_int = options.show, options.want_int
 local want_number, want_bool = options.want_number, options.want_bool
 local parse_device, parse_dtype = options.parse_device, options.parse_dtype
 
@@ -121,11 +121,7 @@ end
 
 -- m3.trainer(weights_or_config, opts)
 local function new(w_or_cfg, opts)
-  if type(opts) ~= "nil" and type(opts) ~= "table" then
-    raise("m3.trainer: opts must be a table, got " .. type(opts))
-  end
-  opts = opts or {}
-  check_keys(opts, OPTS, "m3.trainer")
+  opts = options.opts_table(opts, OPTS, "m3.trainer")
   local c = fill_cfg(opts)
   local w, own
   if weights.is(w_or_cfg) then
@@ -344,11 +340,7 @@ end
 -- Split API: backward of the pending forward, then the update unless accumulate is set.
 function T:backward_step(batch_or_d_out, opts)
   live(self)
-  if type(opts) ~= "nil" and type(opts) ~= "table" then
-    raise("backward_step: opts must be a table, got " .. type(opts))
-  end
-  opts = opts or {}
-  check_keys(opts, BACKWARD_OPTS, "backward_step")
+  opts = options.opts_table(opts, BACKWARD_OPTS, "backward_step")
   local o = ffi.new("m3_backward_opts", -1, 0, 1)
   if opts.clip ~= nil then
     o.clip = want_number(opts.clip, "backward_step: clip")
